@@ -1,0 +1,89 @@
+"""Knob catalogs for the stacks in the seed cards; a profile picks one and may override it."""
+
+from __future__ import annotations
+
+from knobs.errors import KnobError
+from knobs.spec import KnobSpec, RenderSpec
+
+VLLM_DFLASH2: tuple[KnobSpec, ...] = (
+    KnobSpec(
+        name="num_speculative_tokens",
+        type="int",
+        low=1,
+        high=7,
+        default=7,
+        description="K: draft tokens proposed per verify step",
+        render=RenderSpec(
+            kind="json_field", flag="--speculative-config", field="num_speculative_tokens"
+        ),
+    ),
+    KnobSpec(
+        name="max_num_batched_tokens",
+        type="int",
+        low=2048,
+        high=16384,
+        step=512,
+        default=7168,
+        description="MNBT: tokens per scheduler step; bounds prefill chunks",
+        render=RenderSpec(kind="flag", flag="--max-num-batched-tokens"),
+    ),
+    KnobSpec(
+        name="cuda_graphs",
+        type="bool",
+        default=False,
+        description="CUDA graph capture; off renders --enforce-eager",
+        render=RenderSpec(kind="switch", when_false=("--enforce-eager",)),
+    ),
+    KnobSpec(
+        name="drafter_adapter_rank",
+        type="choice",
+        choices=(0, 16, 32, 64, 128),
+        default=64,
+        description="rank of the drafter's merged adapter; 0 is the stock drafter",
+        render=RenderSpec(
+            kind="json_field",
+            flag="--speculative-config",
+            field="model",
+            values={
+                "0": "/models/dflash2-stock",
+                "16": "/models/dflash2-r16",
+                "32": "/models/dflash2-r32",
+                "64": "/models/dflash2-r64",
+                "128": "/models/dflash2-r128",
+            },
+        ),
+    ),
+    KnobSpec(
+        name="kv_cache_dtype",
+        type="choice",
+        choices=("auto", "fp8_e4m3", "fp8_e5m2"),
+        default="fp8_e4m3",
+        description="KV cache element type",
+        render=RenderSpec(kind="flag", flag="--kv-cache-dtype"),
+    ),
+    KnobSpec(
+        name="gpu_memory_utilization",
+        type="float",
+        low=0.70,
+        high=0.95,
+        step=0.01,
+        default=0.85,
+        description="fraction of device memory the engine may take (0.89+ ran out of memory)",
+        render=RenderSpec(kind="flag", flag="--gpu-memory-utilization"),
+    ),
+)
+
+CATALOGS: dict[str, tuple[KnobSpec, ...]] = {"vllm-dflash2": VLLM_DFLASH2}
+
+
+def catalog(name: str) -> tuple[KnobSpec, ...]:
+    """The knob specs of catalog ``name``.
+
+    Raises:
+        KnobError: no such catalog.
+    """
+    try:
+        return CATALOGS[name]
+    except KeyError:
+        known = ", ".join(sorted(CATALOGS))
+        raise KnobError(f"unknown knob catalog {name!r}; known: {known}") from None

@@ -1,0 +1,174 @@
+"""A profile's knob space: its knobs, the hard constraints between them, and validation."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from knobs.config import Change, Config
+from knobs.errors import KnobError
+from knobs.spec import KnobSpec, Value, as_text, printable
+
+
+class ForbiddenCombination(BaseModel):
+    """A hard constraint: configurations matching every ``when`` entry are never run."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    when: dict[str, Value] = Field(min_length=1)
+    reason: str
+
+    def matches(self, config: Mapping[str, Value]) -> bool:
+        """Whether ``config`` falls inside this forbidden region."""
+        return all(k in config and config[k] == v for k, v in self.when.items())
+
+
+class RenderedKnobs(BaseModel):
+    """A config as launcher pieces: extra argv tokens, JSON-flag fields, environment."""
+
+    model_config = ConfigDict(frozen=True)
+
+    argv: tuple[str, ...]
+    json_fields: dict[str, dict[str, Value]]
+    env: dict[str, str]
+
+
+class KnobSpace(BaseModel):
+    """The knobs a profile exposes and the constraints between them."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    knobs: tuple[KnobSpec, ...] = Field(min_length=1)
+    forbidden: tuple[ForbiddenCombination, ...] = ()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> KnobSpace:
+        names = [k.name for k in self.knobs]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"knob names appear twice: {', '.join(dupes)}")
+        for rule in self.forbidden:
+            for name, value in rule.when.items():
+                self.spec(name).parse(value)
+        return self
+
+    @property
+    def names(self) -> list[str]:
+        """Knob names in declaration order."""
+        return [k.name for k in self.knobs]
+
+    def spec(self, name: object) -> KnobSpec:
+        """The spec of knob ``name``.
+
+        Raises:
+            KnobError: no knob of that name in this space.
+        """
+        for knob in self.knobs:
+            if knob.name == name:
+                return knob
+        raise KnobError(
+            f"unknown knob {printable(name)}; known knobs: {', '.join(self.names)}",
+            knob=None,
+            value=name,
+        )
+
+    def default_config(self) -> Config:
+        """Every knob at its default."""
+        return self.config({k.name: k.default for k in self.knobs})
+
+    def config(self, values: Mapping[str, object], *, partial: bool = False) -> Config:
+        """A validated full config from untrusted ``values``.
+
+        With ``partial`` the missing knobs take their defaults.
+
+        Raises:
+            KnobError: unknown knob, missing knob, bad value, or a forbidden combination.
+        """
+        typed: dict[str, Value] = {}
+        for name, raw in values.items():
+            typed[name] = self.spec(name).parse(raw)
+        missing = [k.name for k in self.knobs if k.name not in typed]
+        if missing and not partial:
+            raise KnobError(f"config lacks knobs: {', '.join(missing)}")
+        for knob in self.knobs:
+            typed.setdefault(knob.name, knob.default)
+        config = Config(typed)
+        self.check_constraints(config)
+        return config
+
+    def check_constraints(self, config: Config) -> None:
+        """Raises:
+        KnobError: the config matches a forbidden combination (the error names it).
+        """
+        for rule in self.forbidden:
+            if rule.matches(config):
+                what = ", ".join(f"{k}={as_text(v)}" for k, v in rule.when.items())
+                raise KnobError(f"forbidden combination {what}: {rule.reason}")
+
+    def change(self, champion: Config, knob: object, raw: object) -> Change:
+        """A validated one-knob ``Change`` away from ``champion``.
+
+        Raises:
+            KnobError: unknown knob, bad value, no change at all, or a forbidden result.
+        """
+        spec = self.spec(knob)
+        value = spec.parse(raw)
+        old = champion[spec.name]
+        if value == old and type(value) is type(old):
+            raise KnobError(
+                f"knob {spec.name}: {as_text(value)} is already the champion's value",
+                knob=spec.name,
+                value=raw,
+            )
+        change = Change(knob=spec.name, old=old, new=value)
+        self.check_constraints(champion.apply(change))
+        return change
+
+    def neighbours(self, champion: Config) -> list[Change]:
+        """Every allowed one-knob change away from ``champion``, knob by knob, value by value."""
+        out: list[Change] = []
+        for knob in self.knobs:
+            for value in knob.domain():
+                if value == champion[knob.name]:
+                    continue
+                change = Change(knob=knob.name, old=champion[knob.name], new=value)
+                if not any(rule.matches(champion.apply(change)) for rule in self.forbidden):
+                    out.append(change)
+        return out
+
+    def render(self, config: Config) -> RenderedKnobs:
+        """The launcher pieces of ``config``: flags, JSON-flag fields, environment."""
+        argv: list[str] = []
+        fields: dict[str, dict[str, Value]] = {}
+        env: dict[str, str] = {}
+        for knob in self.knobs:
+            value = config[knob.name]
+            shown = knob.rendered(value)
+            how = knob.render
+            if how.kind == "flag":
+                assert how.flag is not None
+                argv += [how.flag, as_text(shown)]
+            elif how.kind == "switch":
+                argv += list(how.when_true if value else how.when_false)
+            elif how.kind == "json_field":
+                assert how.flag is not None and how.field is not None
+                fields.setdefault(how.flag, {})[how.field] = shown
+            else:
+                assert how.env is not None
+                env[how.env] = as_text(shown)
+        return RenderedKnobs(argv=tuple(argv), json_fields=fields, env=env)
+
+
+def merge_json_flag(base: Mapping[str, Value], fields: Mapping[str, Value]) -> str:
+    """The JSON text of a flag like ``--speculative-config``: ``base`` overlaid with knob fields."""
+    merged = {**base, **fields}
+    return json.dumps(merged, separators=(",", ":"))
+
+
+def overlay(knobs: Sequence[KnobSpec], overrides: Sequence[KnobSpec]) -> tuple[KnobSpec, ...]:
+    """``knobs`` with same-named specs replaced by ``overrides`` and new ones appended."""
+    by_name = {k.name: k for k in overrides}
+    out = [by_name.pop(k.name, k) for k in knobs]
+    return (*out, *by_name.values())

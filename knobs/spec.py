@@ -1,0 +1,225 @@
+"""Knob specs: a name, a type, a finite domain, a default, and how the value reaches a launcher."""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from knobs.errors import KnobError
+
+#: A knob's value. Every domain is finite, so every value can be listed and compared.
+Value = bool | int | float | str
+
+#: Strings that may ever be a knob value or a rendered token ({name} is a launcher placeholder,
+#: filled from validated node fields). Nothing here can open a shell
+#: construct, even before ``shlex.quote`` is applied on the way to a remote command.
+SAFE_TOKEN = re.compile(r"^[A-Za-z0-9_.:/+=@,%{}-]{1,256}$")
+_INT = re.compile(r"^[+-]?\d{1,12}$")
+_FLOAT = re.compile(r"^[+-]?(\d{1,12}(\.\d{0,12})?|\.\d{1,12})([eE][+-]?\d{1,3})?$")
+_TRUE = {"true", "on", "yes", "1"}
+_FALSE = {"false", "off", "no", "0"}
+
+
+def printable(raw: object, limit: int = 60) -> str:
+    """``raw`` as a short, single-line, repr-quoted string safe to put in an error message."""
+    text = repr(raw)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class RenderSpec(BaseModel):
+    """How a knob's value reaches the engine's command line or environment.
+
+    - ``flag``: ``FLAG VALUE`` (``--max-num-batched-tokens 7168``).
+    - ``switch``: a boolean that adds ``when_true`` or ``when_false`` tokens
+      (``cuda_graphs=false`` adds ``--enforce-eager``).
+    - ``json_field``: ``FIELD`` inside the JSON object of flag ``FLAG``
+      (``num_speculative_tokens`` inside ``--speculative-config``).
+    - ``env``: an environment variable ``ENV=VALUE``.
+    ``values`` maps a knob value (as its string) to what is rendered instead, e.g. an adapter
+    rank to the drafter directory it selects.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["flag", "switch", "json_field", "env"]
+    flag: str | None = None
+    field: str | None = None
+    env: str | None = None
+    when_true: tuple[str, ...] = ()
+    when_false: tuple[str, ...] = ()
+    values: dict[str, Value] | None = None
+
+    @model_validator(mode="after")
+    def _complete(self) -> RenderSpec:
+        need = {"flag": ("flag",), "json_field": ("flag", "field"), "env": ("env",), "switch": ()}
+        for attr in need[self.kind]:
+            if not getattr(self, attr):
+                raise ValueError(f"render kind {self.kind!r} needs {attr!r}")
+        for token in (*self.when_true, *self.when_false, self.flag or "x", self.field or "x"):
+            if not SAFE_TOKEN.match(token):
+                raise ValueError(f"render token {token!r} has characters a launcher cannot take")
+        if self.env and not re.match(r"^[A-Z_][A-Z0-9_]{0,127}$", self.env):
+            raise ValueError(f"env name {self.env!r} is not an environment variable name")
+        for mapped in (self.values or {}).values():
+            if isinstance(mapped, str) and not SAFE_TOKEN.match(mapped):
+                raise ValueError(f"rendered value {mapped!r} has characters a launcher cannot take")
+        return self
+
+
+class KnobSpec(BaseModel):
+    """One tunable setting of a serving stack, with a finite, validated domain."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(pattern=r"^[a-z][a-z0-9_]{0,63}$")
+    type: Literal["int", "float", "bool", "choice"]
+    default: Value
+    low: float | None = None
+    high: float | None = None
+    step: float | None = None
+    choices: tuple[Value, ...] | None = None
+    description: str = ""
+    render: RenderSpec
+
+    @model_validator(mode="after")
+    def _domain(self) -> KnobSpec:
+        if self.type in ("int", "float"):
+            if self.low is None or self.high is None or self.low > self.high:
+                raise ValueError(f"knob {self.name}: an {self.type} knob needs low <= high")
+            if self.type == "float" and not self.step:
+                raise ValueError(f"knob {self.name}: a float knob needs a step (domains are finite)")
+            if self.step is not None and self.step <= 0:
+                raise ValueError(f"knob {self.name}: step must be positive")
+        if self.type == "choice":
+            if not self.choices:
+                raise ValueError(f"knob {self.name}: a choice knob needs choices")
+            for choice in self.choices:
+                if isinstance(choice, str) and not SAFE_TOKEN.match(choice):
+                    raise ValueError(f"knob {self.name}: choice {choice!r} is not a safe token")
+        if self.type == "bool" and self.render.kind not in ("switch", "env", "json_field", "flag"):
+            raise ValueError(f"knob {self.name}: cannot render a bool as {self.render.kind}")
+        # the default must itself be in the domain
+        self.parse(self.default)
+        return self
+
+    # ---- the domain -------------------------------------------------------------------------
+    def domain(self) -> list[Value]:
+        """Every value of the domain, in order."""
+        if self.type == "bool":
+            return [False, True]
+        if self.type == "choice":
+            assert self.choices is not None
+            return list(self.choices)
+        assert self.low is not None and self.high is not None
+        step = self.step or 1
+        count = math.floor((self.high - self.low) / step + 1e-9) + 1
+        if self.type == "int":
+            return [int(self.low + i * step) for i in range(count)]
+        return [self._round(self.low + i * step) for i in range(count)]
+
+    def _round(self, value: float) -> float:
+        digits = max(0, -math.floor(math.log10(self.step))) + 2 if self.step else 6
+        return round(value, digits)
+
+    def describe_domain(self) -> str:
+        """The domain in words, for error messages and the proposer's context."""
+        if self.type == "bool":
+            return "true or false"
+        if self.type == "choice":
+            assert self.choices is not None
+            return "one of " + ", ".join(str(c) for c in self.choices)
+        step = f" in steps of {self.step:g}" if self.step and self.step != 1 else ""
+        kind = "an integer" if self.type == "int" else "a number"
+        return f"{kind} from {self.low:g} to {self.high:g}{step}"
+
+    # ---- validation of untrusted values -----------------------------------------------------
+    def parse(self, raw: object) -> Value:
+        """``raw`` (from a profile, a person, an LLM) as a typed value of this knob's domain.
+
+        Raises:
+            KnobError: wrong type, not a value of the domain, or characters that are not allowed.
+        """
+        where = f"knob {self.name}"
+        bad = KnobError(
+            f"{where}: {printable(raw)} is not {self.describe_domain()}", knob=self.name, value=raw
+        )
+        if self.type == "bool":
+            if isinstance(raw, bool):
+                return raw
+            if isinstance(raw, str) and raw.strip().lower() in _TRUE | _FALSE:
+                return raw.strip().lower() in _TRUE
+            raise bad
+        if self.type == "int":
+            value = self._as_number(raw, integer=True, bad=bad)
+            return self._in_range(int(value), bad)
+        if self.type == "float":
+            value = self._as_number(raw, integer=False, bad=bad)
+            return self._in_range(value, bad)
+        assert self.choices is not None
+        for choice in self.choices:
+            if type(raw) is type(choice) and raw == choice:
+                return choice
+            if isinstance(raw, str) and not isinstance(choice, str) and raw.strip() == str(choice):
+                return choice
+            if isinstance(choice, str) and isinstance(raw, str) and raw.strip() == choice:
+                return choice
+            if isinstance(choice, float) and isinstance(raw, int) and not isinstance(raw, bool):
+                if float(raw) == choice:
+                    return choice
+        raise bad
+
+    @staticmethod
+    def _as_number(raw: object, *, integer: bool, bad: KnobError) -> float:
+        if isinstance(raw, bool):
+            raise bad
+        if isinstance(raw, int):
+            return float(raw)
+        if isinstance(raw, float):
+            if not math.isfinite(raw) or (integer and not raw.is_integer()):
+                raise bad
+            return raw
+        if isinstance(raw, str):
+            text = raw.strip()
+            if (_INT if integer else _FLOAT).match(text):
+                return float(text)
+        raise bad
+
+    def _in_range(self, value: float, bad: KnobError) -> Value:
+        assert self.low is not None and self.high is not None
+        if not (self.low - 1e-9 <= value <= self.high + 1e-9):
+            raise bad
+        if self.step:
+            steps = (value - self.low) / self.step
+            if abs(steps - round(steps)) > 1e-6:
+                raise bad
+        return int(value) if self.type == "int" else self._round(value)
+
+    # ---- rendering --------------------------------------------------------------------------
+    def rendered(self, value: Value) -> Value:
+        """The value as the launcher sees it (after the ``values`` map, if any)."""
+        if self.render.values is not None:
+            key = _key(value)
+            if key not in self.render.values:
+                raise KnobError(
+                    f"knob {self.name}: no rendering for value {printable(value)}",
+                    knob=self.name,
+                    value=value,
+                )
+            return self.render.values[key]
+        return value
+
+
+def _key(value: Value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def as_text(value: Value) -> str:
+    """A value as one command-line token or environment value."""
+    return _key(value)

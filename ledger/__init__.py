@@ -1,0 +1,1 @@
+"""The SQL ledger, results.tsv export and the MLflow sink."""

@@ -1,0 +1,1 @@
+"""The round loop, verdicts, champions, budgets, the veto gate, leases, profiles and the CLI."""
