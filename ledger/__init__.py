@@ -1,1 +1,34 @@
-"""The SQL ledger, results.tsv export and the MLflow sink."""
+"""The SQL ledger, results.tsv export and the MLflow sink.
+
+The only package that imports sqlalchemy and mlflow. Callers get frozen records, never rows.
+"""
+
+from __future__ import annotations
+
+from ledger.export import HEADER, tsv_text
+from ledger.records import (
+    BootRecord,
+    ChampionRecord,
+    ExperimentRecord,
+    LeaseRecord,
+    ProposalRecord,
+    RoundRecord,
+    VerdictRecord,
+)
+from ledger.store import STATES, LeaseHeld, Ledger, LedgerError
+
+__all__ = [
+    "HEADER",
+    "STATES",
+    "BootRecord",
+    "ChampionRecord",
+    "ExperimentRecord",
+    "LeaseHeld",
+    "LeaseRecord",
+    "Ledger",
+    "LedgerError",
+    "ProposalRecord",
+    "RoundRecord",
+    "VerdictRecord",
+    "tsv_text",
+]

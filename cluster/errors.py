@@ -1,0 +1,86 @@
+"""Deploy and node failures. Each carries its evidence and a failure class for the ledger."""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from knobs.errors import OrchestrateError
+
+FailureClass = Literal[
+    "unreachable",
+    "auth",
+    "host_key",
+    "upload",
+    "start",
+    "worker_missing",
+    "boot_timeout",
+    "boot_wedge",
+    "oom",
+    "gate_failed",
+    "smoke_failed",
+    "clocks_stuck",
+    "bench_failed",
+    "remote_failed",
+]
+
+#: Failure classes that mean "we could not reach or trust the node" (CLI exit 5).
+NODE_ACCESS = frozenset({"unreachable", "auth", "host_key"})
+
+
+class NodeError(OrchestrateError):
+    """A node operation failed. ``failure_class`` says how; the rest is the evidence."""
+
+    exit_code: ClassVar[int] = 6
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        failure_class: FailureClass,
+        rank: int | None = None,
+        host: str | None = None,
+        command: str | None = None,
+        returncode: int | None = None,
+        stderr_tail: str = "",
+        log_tail: str = "",
+    ) -> None:
+        super().__init__(message)
+        self.failure_class: FailureClass = failure_class
+        self.rank = rank
+        self.host = host
+        self.command = command
+        self.returncode = returncode
+        self.stderr_tail = stderr_tail
+        self.log_tail = log_tail
+
+    def evidence(self) -> str:
+        """Everything known about the failure, for the ledger and MLflow."""
+        parts = [self.message]
+        if self.rank is not None:
+            parts.append(f"node rank {self.rank} ({self.host})")
+        if self.command:
+            parts.append(f"command: {self.command}")
+        if self.returncode is not None:
+            parts.append(f"exit code: {self.returncode}")
+        if self.stderr_tail:
+            parts.append("stderr:\n" + self.stderr_tail)
+        if self.log_tail:
+            parts.append("log tail:\n" + self.log_tail)
+        return "\n".join(parts)
+
+
+class NodeUnreachable(NodeError):
+    """The node cannot be reached or refuses us (network, auth, host key): exit 5."""
+
+    exit_code = 5
+
+
+class DeployError(NodeError):
+    """A boot failed: start, rendezvous, health, smoke, gates or clocks."""
+
+    exit_code = 6
+
+
+def tail(text: str, lines: int = 30) -> str:
+    """The last ``lines`` lines of ``text``."""
+    return "\n".join(text.splitlines()[-lines:])

@@ -1,0 +1,211 @@
+"""Launcher rendering: a profile's command template + a config → one bash script per node.
+
+Every token is validated (knob values by ``knobs``, placeholders by the inventory) and then
+quoted with ``shlex.quote``; the script never interpolates a raw string.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from collections.abc import Mapping
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from cluster.inventory import ClusterSpec, NodeSpec
+from knobs.config import Config
+from knobs.errors import ProfileError
+from knobs.space import KnobSpace
+from knobs.spec import SAFE_TOKEN, Value
+
+_PLACEHOLDER = re.compile(r"\{([a-z_][a-z0-9_]*)\}")
+_ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]{0,127}$")
+# argv tokens may hold more than knob values (a model name, a JSON literal from the profile)
+_ARG = re.compile(r"^[^\x00-\x1f\x7f]{1,4096}$")
+
+#: Files a node keeps in its workdir.
+SCRIPT = "launcher.sh"
+LOG = "engine.log"
+PIDFILE = "engine.pid"
+
+
+class LauncherSpec(BaseModel):
+    """The engine command of a profile, with ``{placeholders}``.
+
+    Placeholders: ``rank``, ``nnodes``, ``host`` (this node), ``head_host``, ``port``,
+    ``master_port``, ``workdir``, ``cluster``, ``python`` and ``twin_models`` (local runtime),
+    and every key of the node's ``vars``.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    argv: tuple[str, ...] = Field(min_length=1)
+    head_argv: tuple[str, ...] = ()
+    worker_argv: tuple[str, ...] = ()
+    env: dict[str, str] = Field(default_factory=dict)
+    json_flags: dict[str, dict[str, Value]] = Field(
+        default_factory=dict, description="base objects of JSON flags such as --speculative-config"
+    )
+
+    @model_validator(mode="after")
+    def _tokens(self) -> LauncherSpec:
+        for token in (*self.argv, *self.head_argv, *self.worker_argv):
+            if not _ARG.match(token):
+                raise ValueError(f"launcher token {token!r} has control characters")
+        for name, value in self.env.items():
+            if not _ENV_NAME.match(name):
+                raise ValueError(f"launcher env name {name!r} is not an environment variable name")
+            if not _ARG.match(value):
+                raise ValueError(f"launcher env {name} has control characters")
+        for flag in self.json_flags:
+            if not SAFE_TOKEN.match(flag):
+                raise ValueError(f"JSON flag {flag!r} is not a flag name")
+        return self
+
+
+class RenderedLauncher(BaseModel):
+    """One node's launcher: its argv, environment and the script that runs them."""
+
+    model_config = ConfigDict(frozen=True)
+
+    rank: int
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    script: str
+
+
+def placeholders(
+    cluster: ClusterSpec, node: NodeSpec, runtime: Mapping[str, str]
+) -> dict[str, str]:
+    """The placeholder values for ``node``: runtime defaults, then inventory, then node vars."""
+    values = dict(runtime)
+    values.update(
+        rank=str(node.rank),
+        nnodes=str(len(cluster.nodes)),
+        host=node.host,
+        head_host=cluster.head.host,
+        port=str(cluster.port),
+        master_port=str(cluster.master_port),
+        workdir=node.workdir,
+        cluster=cluster.name,
+    )
+    values.update(node.vars)
+    return values
+
+
+def fill(text: str, values: Mapping[str, str], where: str) -> str:
+    """``text`` with every ``{name}`` replaced.
+
+    Raises:
+        ProfileError: an unknown placeholder (names the known ones).
+    """
+
+    def one(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in values:
+            known = ", ".join(sorted(values))
+            raise ProfileError(f"{where}: unknown placeholder {{{name}}}; known: {known}")
+        return values[name]
+
+    return _PLACEHOLDER.sub(one, text)
+
+
+def _fill_value(value: Value, values: Mapping[str, str], where: str) -> Value:
+    return fill(value, values, where) if isinstance(value, str) else value
+
+
+def render_node(
+    spec: LauncherSpec,
+    space: KnobSpace,
+    config: Config,
+    cluster: ClusterSpec,
+    node: NodeSpec,
+    runtime: Mapping[str, str],
+) -> RenderedLauncher:
+    """The launcher of ``node`` running ``config``.
+
+    Raises:
+        ProfileError: an unknown placeholder.
+        KnobError: the config cannot be rendered.
+    """
+    values = placeholders(cluster, node, runtime)
+    where = f"launcher of {node.name}"
+    knobs = space.render(config)
+    role = spec.head_argv if node.rank == 0 else spec.worker_argv
+    argv = [fill(t, values, where) for t in (*spec.argv, *role)]
+    argv += [fill(t, values, where) for t in knobs.argv]
+    for flag in sorted(set(spec.json_flags) | set(knobs.json_fields)):
+        merged = {**spec.json_flags.get(flag, {}), **knobs.json_fields.get(flag, {})}
+        filled = {k: _fill_value(v, values, where) for k, v in merged.items()}
+        argv += [flag, json.dumps(filled, separators=(",", ":"))]
+    env = {k: fill(v, values, where) for k, v in spec.env.items()}
+    env.update({k: fill(v, values, where) for k, v in knobs.env.items()})
+    return RenderedLauncher(
+        rank=node.rank,
+        argv=tuple(argv),
+        env=env,
+        script=script_text(cluster, node, config, argv, env),
+    )
+
+
+def script_text(
+    cluster: ClusterSpec, node: NodeSpec, config: Config, argv: list[str], env: Mapping[str, str]
+) -> str:
+    """The bash launcher: cd to the workdir, export the environment, exec the engine."""
+    lines = [
+        "#!/usr/bin/env bash",
+        f"# orchestrate launcher: cluster {cluster.name}, {node.name} (rank {node.rank})",
+        f"# config {config.key}: {config.to_json()}",
+        "set -eu",
+        f"cd {shlex.quote(node.workdir)}",
+    ]
+    lines += [f"export {name}={shlex.quote(value)}" for name, value in sorted(env.items())]
+    lines.append("exec " + " \\\n  ".join(shlex.quote(a) for a in argv))
+    return "\n".join(lines) + "\n"
+
+
+def start_command(node: NodeSpec) -> list[str]:
+    """argv that starts the node's launcher detached (its own session; survives the caller)
+    and records the engine's pid, which is also its process group."""
+    wd = shlex.quote(node.workdir)
+    body = (
+        f"cd {wd} || exit 1; "
+        f"setsid bash {SCRIPT} >{LOG} 2>&1 </dev/null & "
+        f"echo $! >{PIDFILE}; echo $!"
+    )
+    return ["bash", "-c", body]
+
+
+def stop_command(node: NodeSpec, grace_s: float) -> list[str]:
+    """argv that stops the node's engine: SIGTERM to its process group, SIGKILL after
+    ``grace_s``, and confirms it is gone. Prints ``absent``, ``stopped`` or ``killed``."""
+    wd = shlex.quote(node.workdir)
+    ticks = max(1, int(grace_s * 10))
+    body = (
+        f"cd {wd} 2>/dev/null || {{ echo absent; exit 0; }}; "
+        f"[ -s {PIDFILE} ] || {{ echo absent; exit 0; }}; "
+        f'pid=$(cat {PIDFILE}); case "$pid" in ""|*[!0-9]*) rm -f {PIDFILE}; echo absent; exit 0;; esac; '
+        'kill -0 -- "-$pid" 2>/dev/null || '
+        f"{{ rm -f {PIDFILE}; echo absent; exit 0; }}; "
+        'kill -TERM -- "-$pid" 2>/dev/null; '
+        f"for i in $(seq {ticks}); do "
+        'kill -0 -- "-$pid" 2>/dev/null || '
+        f"{{ rm -f {PIDFILE}; echo stopped; exit 0; }}; sleep 0.1; done; "
+        'kill -KILL -- "-$pid" 2>/dev/null; '
+        "for i in $(seq 50); do "
+        'kill -0 -- "-$pid" 2>/dev/null || '
+        f"{{ rm -f {PIDFILE}; echo killed; exit 0; }}; sleep 0.1; done; "
+        "echo alive; exit 1"
+    )
+    return ["bash", "-c", body]
+
+
+def alive_command(node: NodeSpec) -> list[str]:
+    """argv that exits 0 iff the node's engine process group is alive."""
+    wd = shlex.quote(node.workdir)
+    body = (
+        f'pid=$(cat {wd}/{PIDFILE} 2>/dev/null) || exit 1; case "$pid" in ""|*[!0-9]*) exit 1;; esac; '
+        'kill -0 -- "-$pid" 2>/dev/null'
+    )
+    return ["bash", "-c", body]

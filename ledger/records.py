@@ -1,0 +1,125 @@
+"""Frozen records the ledger hands out; callers never hold ORM rows or sessions."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import BaseModel, ConfigDict
+
+from knobs.config import Config
+from knobs.spec import Value
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+
+class LeaseRecord(_Record):
+    """Who holds a cluster's lease."""
+
+    cluster: str
+    holder: str
+    hostname: str
+    pid: int
+    acquired_at: datetime
+    heartbeat_at: datetime
+    expires_at: datetime
+
+
+class RoundRecord(_Record):
+    """A round: its budget, proposer, approval mode and state."""
+
+    id: int
+    cluster: str
+    profile_name: str
+    profile_digest: str
+    budget: int
+    proposer: str
+    approve: str
+    seed: int
+    status: str
+    started_at: datetime
+    finished_at: datetime | None
+    mlflow_run_id: str | None
+
+
+class ProposalRecord(_Record):
+    """A proposed change and its decision (pending, approved, vetoed, rejected)."""
+
+    id: int
+    round_id: int
+    source: str
+    knob: str
+    old_value: Value
+    new_value: Value
+    champion_key: str
+    hypothesis: str
+    expected_effect: str
+    risk: str
+    estimated_cost: str
+    notes: dict[str, str]
+    status: str
+    decided_by: str | None
+    reason: str | None
+    created_at: datetime
+    decided_at: datetime | None
+
+
+class ExperimentRecord(_Record):
+    """An experiment, from approved to decided."""
+
+    id: int
+    cluster: str
+    round_id: int
+    proposal_id: int | None
+    kind: str
+    config: Config
+    champion_key: str | None
+    champion_objective: float | None
+    knob: str | None
+    value: Value | None
+    description: str
+    state: str
+    status: str | None
+    objective: float | None
+    delta_pct: float | None
+    accept_len: float | None
+    failure_class: str | None
+    failure_detail: str | None
+    created_at: datetime
+    decided_at: datetime | None
+    mlflow_run_id: str | None
+
+
+class BootRecord(_Record):
+    """One boot of an experiment's config."""
+
+    id: int
+    experiment_id: int
+    config_key: str
+    status: str
+    failure_class: str | None
+    failure_detail: str | None
+    started_at: datetime
+    healthy_at: datetime | None
+    ended_at: datetime | None
+
+
+class ChampionRecord(_Record):
+    """The current champion of a cluster."""
+
+    id: int
+    cluster: str
+    experiment_id: int
+    config: Config
+    objective: float
+    since: datetime
+
+
+class VerdictRecord(_Record):
+    """The rule that decided an experiment, and its evidence."""
+
+    status: str
+    rule: str
+    reason: str
+    stats: dict[str, object]

@@ -1,0 +1,754 @@
+"""``Ledger``: the one place that opens sessions on the SQL ledger.
+
+Every method is one transaction: it commits before it returns, so a process killed at any
+point leaves the ledger at the last completed state change.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
+
+from sqlalchemy import Engine, create_engine, event, select
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+
+from knobs.config import Config
+from knobs.errors import OrchestrateError
+from knobs.records import CellResultRecord
+from knobs.spec import Value
+from ledger.models import (
+    SCHEMA_VERSION,
+    Base,
+    BootRow,
+    CellResultRow,
+    ChampionRow,
+    ExperimentRow,
+    LeaseRow,
+    ProposalRow,
+    RoundRow,
+    SchemaRow,
+    VerdictRow,
+    utcnow,
+)
+from ledger.records import (
+    BootRecord,
+    ChampionRecord,
+    ExperimentRecord,
+    LeaseRecord,
+    ProposalRecord,
+    RoundRecord,
+    VerdictRecord,
+)
+
+T = TypeVar("T")
+
+#: Experiment states, in order. ``decided`` is final.
+STATES = ("approved", "deploying", "benching", "measured", "decided")
+
+
+class LedgerError(OrchestrateError):
+    """The ledger cannot be opened, read or written; carries the URL (password hidden)."""
+
+    exit_code = 4
+
+    def __init__(self, message: str, *, url: str) -> None:
+        super().__init__(message)
+        self.url = url
+
+
+class LeaseHeld(LedgerError):
+    """Another orchestrator holds the cluster's lease; carries the holder."""
+
+    def __init__(self, message: str, *, url: str, lease: LeaseRecord) -> None:
+        super().__init__(message, url=url)
+        self.lease = lease
+
+
+def _dump(value: Value | None) -> str | None:
+    return None if value is None else json.dumps(value)
+
+
+def _load(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+
+def _aware(moment: datetime | None) -> datetime | None:
+    # SQLite hands back naive datetimes even for timezone=True columns; they were written as UTC.
+    if moment is None or moment.tzinfo is not None:
+        return moment
+    return moment.replace(tzinfo=utcnow().tzinfo)
+
+
+class Ledger:
+    """The SQL ledger at ``url`` (SQLite or PostgreSQL), created on first use."""
+
+    def __init__(self, url: str) -> None:
+        """Open (and if needed create) the ledger.
+
+        Raises:
+            LedgerError: a malformed URL, an unreachable server, or a schema of another version.
+        """
+        try:
+            parsed = make_url(url)
+        except ArgumentError as e:
+            raise LedgerError(
+                f"ledger URL {url!r} is not a database URL (e.g. sqlite:///orchestrate.db)",
+                url=url,
+            ) from e
+        self.url = parsed.render_as_string(hide_password=True)
+        try:
+            if parsed.get_backend_name() == "sqlite":
+                # a person approving from another terminal writes while the round waits
+                self._engine: Engine = create_engine(url, connect_args={"timeout": 30})
+                event.listen(self._engine, "connect", _sqlite_pragmas)
+            else:
+                self._engine = create_engine(url, pool_pre_ping=True)
+        except (SQLAlchemyError, ImportError) as e:
+            raise LedgerError(f"cannot open ledger {self.url}: {e}", url=self.url) from e
+        self._sessions = sessionmaker(self._engine, expire_on_commit=False)
+        try:
+            self._create()
+        except BaseException:
+            self._engine.dispose()
+            raise
+
+    def close(self) -> None:
+        """Release the connection pool."""
+        self._engine.dispose()
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    @contextmanager
+    def _session(self) -> Iterator[Session]:
+        session = self._sessions()
+        try:
+            yield session
+            session.commit()
+        except SQLAlchemyError as e:
+            session.rollback()
+            detail = str(e).splitlines()[0]
+            raise LedgerError(f"ledger {self.url}: {detail}", url=self.url) from e
+        except BaseException:
+            session.rollback()
+            raise
+        finally:
+            session.close()
+
+    def _create(self) -> None:
+        with self._session() as s:
+            Base.metadata.create_all(s.connection())
+            row = s.get(SchemaRow, 1)
+            if row is None:
+                s.add(SchemaRow(id=1, version=SCHEMA_VERSION))
+            elif row.version != SCHEMA_VERSION:
+                raise LedgerError(
+                    f"ledger {self.url} has schema version {row.version}, this orchestrate "
+                    f"needs {SCHEMA_VERSION}: use a new ledger URL or a matching orchestrate",
+                    url=self.url,
+                )
+
+    # ---- leases ---------------------------------------------------------------------------
+    def acquire_lease(
+        self,
+        cluster: str,
+        *,
+        holder: str,
+        hostname: str,
+        pid: int,
+        ttl_s: float,
+        stale: Callable[[LeaseRecord], bool],
+    ) -> LeaseRecord:
+        """Take the cluster's lease for ``holder``.
+
+        A lease is taken over when it has expired, when ``holder`` already holds it, or when
+        ``stale(lease)`` says its holder is gone (e.g. a killed process on this host).
+
+        Raises:
+            LeaseHeld: a live holder has it.
+        """
+        now = utcnow()
+        with self._session() as s:
+            row = s.get(LeaseRow, cluster, with_for_update=True)
+            if row is not None:
+                current = _lease(row)
+                alive = current.expires_at > now and current.holder != holder
+                if alive and not stale(current):
+                    raise LeaseHeld(
+                        f"cluster {cluster} is leased to {current.holder} (pid {current.pid} on "
+                        f"{current.hostname}) until {current.expires_at:%Y-%m-%d %H:%M:%S} UTC; "
+                        "wait for it, or stop that orchestrator",
+                        url=self.url,
+                        lease=current,
+                    )
+                s.delete(row)
+                s.flush()
+            row = LeaseRow(
+                cluster=cluster,
+                holder=holder,
+                hostname=hostname,
+                pid=pid,
+                acquired_at=now,
+                heartbeat_at=now,
+                expires_at=now + timedelta(seconds=ttl_s),
+            )
+            s.add(row)
+            s.flush()
+            return _lease(row)
+
+    def renew_lease(self, cluster: str, *, holder: str, ttl_s: float) -> None:
+        """Extend ``holder``'s lease.
+
+        Raises:
+            LedgerError: the lease is no longer held by ``holder``.
+        """
+        now = utcnow()
+        with self._session() as s:
+            row = s.get(LeaseRow, cluster, with_for_update=True)
+            if row is None or row.holder != holder:
+                raise LedgerError(
+                    f"lease on cluster {cluster} was lost by {holder}", url=self.url
+                )
+            row.heartbeat_at = now
+            row.expires_at = now + timedelta(seconds=ttl_s)
+
+    def release_lease(self, cluster: str, *, holder: str) -> None:
+        """Give the lease back if ``holder`` has it."""
+        with self._session() as s:
+            row = s.get(LeaseRow, cluster)
+            if row is not None and row.holder == holder:
+                s.delete(row)
+
+    def lease(self, cluster: str) -> LeaseRecord | None:
+        """The cluster's lease, if any."""
+        with self._session() as s:
+            row = s.get(LeaseRow, cluster)
+            return None if row is None else _lease(row)
+
+    # ---- rounds ---------------------------------------------------------------------------
+    def create_round(
+        self,
+        *,
+        cluster: str,
+        profile_name: str,
+        profile_digest: str,
+        budget: int,
+        proposer: str,
+        approve: str,
+        seed: int,
+    ) -> RoundRecord:
+        """Start a new round."""
+        with self._session() as s:
+            row = RoundRow(
+                cluster=cluster,
+                profile_name=profile_name,
+                profile_digest=profile_digest,
+                budget=budget,
+                proposer=proposer,
+                approve=approve,
+                seed=seed,
+                status="running",
+            )
+            s.add(row)
+            s.flush()
+            return _round(row)
+
+    def unfinished_round(self, cluster: str) -> RoundRecord | None:
+        """The cluster's round that was started and never finished (a killed run), if any."""
+        with self._session() as s:
+            row = s.scalars(
+                select(RoundRow)
+                .where(RoundRow.cluster == cluster, RoundRow.status == "running")
+                .order_by(RoundRow.id.desc())
+            ).first()
+            return None if row is None else _round(row)
+
+    def round(self, round_id: int) -> RoundRecord:
+        """Round ``round_id``.
+
+        Raises:
+            LedgerError: no such round.
+        """
+        with self._session() as s:
+            return _round(self._get(s, RoundRow, round_id))
+
+    def rounds(self, cluster: str) -> list[RoundRecord]:
+        """Every round of ``cluster``, oldest first."""
+        with self._session() as s:
+            rows = s.scalars(select(RoundRow).where(RoundRow.cluster == cluster).order_by(RoundRow.id))
+            return [_round(r) for r in rows]
+
+    def set_round_mlflow(self, round_id: int, run_id: str) -> None:
+        """Remember the round's MLflow parent run."""
+        with self._session() as s:
+            self._get(s, RoundRow, round_id).mlflow_run_id = run_id
+
+    def finish_round(self, round_id: int, status: str = "done") -> None:
+        """Close a round (done, or failed when it could not go on)."""
+        with self._session() as s:
+            row = self._get(s, RoundRow, round_id)
+            row.status = status
+            row.finished_at = utcnow()
+
+    # ---- proposals ------------------------------------------------------------------------
+    def add_proposal(
+        self,
+        *,
+        round_id: int,
+        source: str,
+        knob: str,
+        old_value: Value,
+        new_value: Value,
+        champion_key: str,
+        hypothesis: str = "",
+        expected_effect: str = "",
+        risk: str = "",
+        estimated_cost: str = "",
+        notes: dict[str, str] | None = None,
+    ) -> ProposalRecord:
+        """Record a proposal as pending."""
+        with self._session() as s:
+            row = ProposalRow(
+                round_id=round_id,
+                source=source,
+                knob=knob,
+                old_value=json.dumps(old_value),
+                new_value=json.dumps(new_value),
+                champion_key=champion_key,
+                hypothesis=hypothesis,
+                expected_effect=expected_effect,
+                risk=risk,
+                estimated_cost=estimated_cost,
+                notes=dict(notes or {}),
+                status="pending",
+            )
+            s.add(row)
+            s.flush()
+            return _proposal(row)
+
+    def decide_proposal(
+        self,
+        proposal_id: int,
+        *,
+        status: str,
+        by: str,
+        reason: str | None = None,
+        new_value: Value | None = None,
+    ) -> ProposalRecord:
+        """Approve, veto or reject a pending proposal (an edit approves a new value).
+
+        Raises:
+            LedgerError: no such proposal, or it was already decided.
+        """
+        with self._session() as s:
+            row = self._get(s, ProposalRow, proposal_id, lock=True)
+            if row.status != "pending":
+                raise LedgerError(
+                    f"proposal {proposal_id} is already {row.status}", url=self.url
+                )
+            row.status = status
+            row.decided_by = by
+            row.reason = reason
+            row.decided_at = utcnow()
+            if new_value is not None:
+                row.new_value = json.dumps(new_value)
+            s.flush()
+            return _proposal(row)
+
+    def proposal(self, proposal_id: int) -> ProposalRecord:
+        """Proposal ``proposal_id``.
+
+        Raises:
+            LedgerError: no such proposal.
+        """
+        with self._session() as s:
+            return _proposal(self._get(s, ProposalRow, proposal_id))
+
+    def proposals(self, *, status: str | None = None, round_id: int | None = None) -> list[ProposalRecord]:
+        """Proposals, oldest first, optionally of one status or round."""
+        query = select(ProposalRow).order_by(ProposalRow.id)
+        if status is not None:
+            query = query.where(ProposalRow.status == status)
+        if round_id is not None:
+            query = query.where(ProposalRow.round_id == round_id)
+        with self._session() as s:
+            return [_proposal(r) for r in s.scalars(query)]
+
+    # ---- experiments ----------------------------------------------------------------------
+    def add_experiment(
+        self,
+        *,
+        cluster: str,
+        round_id: int,
+        kind: str,
+        config: Config,
+        champion_key: str | None,
+        champion_objective: float | None,
+        proposal_id: int | None = None,
+        knob: str | None = None,
+        value: Value | None = None,
+        description: str = "",
+        state: str = "approved",
+    ) -> ExperimentRecord:
+        """Record an experiment that is about to run (or a vetoed one, state ``decided``)."""
+        with self._session() as s:
+            row = ExperimentRow(
+                cluster=cluster,
+                round_id=round_id,
+                proposal_id=proposal_id,
+                kind=kind,
+                config_json=config.to_json(),
+                config_key=config.key,
+                champion_key=champion_key,
+                champion_objective=champion_objective,
+                knob=knob,
+                value=_dump(value),
+                description=description,
+                state=state,
+            )
+            s.add(row)
+            s.flush()
+            return _experiment(row)
+
+    def experiment(self, experiment_id: int) -> ExperimentRecord:
+        """Experiment ``experiment_id``.
+
+        Raises:
+            LedgerError: no such experiment.
+        """
+        with self._session() as s:
+            return _experiment(self._get(s, ExperimentRow, experiment_id))
+
+    def experiments(
+        self, *, cluster: str | None = None, round_id: int | None = None
+    ) -> list[ExperimentRecord]:
+        """Experiments, oldest first."""
+        query = select(ExperimentRow).order_by(ExperimentRow.id)
+        if cluster is not None:
+            query = query.where(ExperimentRow.cluster == cluster)
+        if round_id is not None:
+            query = query.where(ExperimentRow.round_id == round_id)
+        with self._session() as s:
+            return [_experiment(r) for r in s.scalars(query)]
+
+    def set_state(self, experiment_id: int, state: str) -> None:
+        """Move an undecided experiment to ``state``.
+
+        Raises:
+            LedgerError: unknown state, or the experiment is already decided.
+        """
+        if state not in STATES:
+            raise LedgerError(f"unknown experiment state {state!r}", url=self.url)
+        with self._session() as s:
+            row = self._get(s, ExperimentRow, experiment_id, lock=True)
+            if row.state == "decided":
+                raise LedgerError(f"experiment {experiment_id} is already decided", url=self.url)
+            row.state = state
+
+    def set_experiment_mlflow(self, experiment_id: int, run_id: str) -> None:
+        """Remember the experiment's MLflow child run."""
+        with self._session() as s:
+            self._get(s, ExperimentRow, experiment_id).mlflow_run_id = run_id
+
+    def decide(
+        self,
+        experiment_id: int,
+        *,
+        verdict: VerdictRecord,
+        objective: float | None,
+        delta_pct: float | None,
+        accept_len: float | None,
+        failure_class: str | None = None,
+        failure_detail: str | None = None,
+        promote: bool = False,
+    ) -> ExperimentRecord:
+        """Decide an experiment; with ``promote`` its config becomes the cluster's champion
+        in the same transaction.
+
+        Raises:
+            LedgerError: no such experiment, or already decided.
+        """
+        now = utcnow()
+        with self._session() as s:
+            row = self._get(s, ExperimentRow, experiment_id, lock=True)
+            if row.state == "decided":
+                raise LedgerError(f"experiment {experiment_id} is already decided", url=self.url)
+            row.state = "decided"
+            row.status = verdict.status
+            row.objective = objective
+            row.delta_pct = delta_pct
+            row.accept_len = accept_len
+            row.failure_class = failure_class
+            row.failure_detail = failure_detail
+            row.decided_at = now
+            s.add(
+                VerdictRow(
+                    experiment_id=experiment_id,
+                    status=verdict.status,
+                    rule=verdict.rule,
+                    reason=verdict.reason,
+                    stats=dict(verdict.stats),
+                )
+            )
+            if promote:
+                if objective is None:
+                    raise LedgerError(
+                        f"experiment {experiment_id}: a champion needs an objective", url=self.url
+                    )
+                for old in s.scalars(
+                    select(ChampionRow).where(
+                        ChampionRow.cluster == row.cluster, ChampionRow.retired_at.is_(None)
+                    )
+                ):
+                    old.retired_at = now
+                s.add(
+                    ChampionRow(
+                        cluster=row.cluster,
+                        experiment_id=experiment_id,
+                        config_json=row.config_json,
+                        config_key=row.config_key,
+                        objective=objective,
+                        since=now,
+                    )
+                )
+            s.flush()
+            return _experiment(row)
+
+    def verdict(self, experiment_id: int) -> VerdictRecord | None:
+        """The verdict of an experiment, if decided."""
+        with self._session() as s:
+            row = s.scalars(
+                select(VerdictRow).where(VerdictRow.experiment_id == experiment_id)
+            ).first()
+            if row is None:
+                return None
+            return VerdictRecord(status=row.status, rule=row.rule, reason=row.reason, stats=row.stats)
+
+    # ---- champion -------------------------------------------------------------------------
+    def champion(self, cluster: str) -> ChampionRecord | None:
+        """The cluster's current champion, if one was ever measured."""
+        with self._session() as s:
+            row = s.scalars(
+                select(ChampionRow)
+                .where(ChampionRow.cluster == cluster, ChampionRow.retired_at.is_(None))
+                .order_by(ChampionRow.id.desc())
+            ).first()
+            if row is None:
+                return None
+            return ChampionRecord(
+                id=row.id,
+                cluster=row.cluster,
+                experiment_id=row.experiment_id,
+                config=Config.from_json(row.config_json),
+                objective=row.objective,
+                since=_aware(row.since) or row.since,
+            )
+
+    def champion_history(self, cluster: str) -> list[ChampionRecord]:
+        """Every champion the cluster had, oldest first."""
+        with self._session() as s:
+            rows = s.scalars(
+                select(ChampionRow).where(ChampionRow.cluster == cluster).order_by(ChampionRow.id)
+            )
+            return [
+                ChampionRecord(
+                    id=r.id,
+                    cluster=r.cluster,
+                    experiment_id=r.experiment_id,
+                    config=Config.from_json(r.config_json),
+                    objective=r.objective,
+                    since=_aware(r.since) or r.since,
+                )
+                for r in rows
+            ]
+
+    # ---- boots and cells ------------------------------------------------------------------
+    def start_boot(self, experiment_id: int, config: Config) -> BootRecord:
+        """Record that a boot of ``config`` begins (stop-all is its first step)."""
+        with self._session() as s:
+            row = BootRow(experiment_id=experiment_id, config_key=config.key, status="booting")
+            s.add(row)
+            s.flush()
+            return _boot(row)
+
+    def end_boot(
+        self,
+        boot_id: int,
+        *,
+        status: str,
+        failure_class: str | None = None,
+        failure_detail: str | None = None,
+    ) -> None:
+        """Mark a boot ``up`` (healthy), ``failed`` or ``down`` (torn down after use)."""
+        with self._session() as s:
+            row = self._get(s, BootRow, boot_id)
+            row.status = status
+            if status == "up":
+                row.healthy_at = utcnow()
+            else:
+                row.ended_at = utcnow()
+            row.failure_class = failure_class or row.failure_class
+            row.failure_detail = failure_detail or row.failure_detail
+
+    def boots(self, experiment_id: int) -> list[BootRecord]:
+        """The boots of an experiment, oldest first."""
+        with self._session() as s:
+            rows = s.scalars(
+                select(BootRow).where(BootRow.experiment_id == experiment_id).order_by(BootRow.id)
+            )
+            return [_boot(r) for r in rows]
+
+    def open_boots(self) -> list[BootRecord]:
+        """Boots never marked down or failed: servers that may still run."""
+        with self._session() as s:
+            rows = s.scalars(select(BootRow).where(BootRow.status.in_(("booting", "up"))))
+            return [_boot(r) for r in rows]
+
+    def add_cell_result(
+        self, experiment_id: int, boot_id: int, result: CellResultRecord, *, repeat: int = 0
+    ) -> None:
+        """Record one measured cell.
+
+        Raises:
+            LedgerError: that cell of that boot and repeat is already recorded.
+        """
+        with self._session() as s:
+            s.add(
+                CellResultRow(
+                    experiment_id=experiment_id,
+                    boot_id=boot_id,
+                    cell=result.cell,
+                    repeat=repeat,
+                    output_throughput=result.output_throughput,
+                    accepted_per_step=result.accepted_per_step,
+                    p90_ttft_ms=result.p90_ttft_ms,
+                    errors=result.errors,
+                    record=result.model_dump(mode="json"),
+                )
+            )
+
+    def cell_results(self, experiment_id: int) -> list[tuple[int, int, CellResultRecord]]:
+        """``(boot_id, repeat, result)`` of every cell of an experiment, in recording order."""
+        with self._session() as s:
+            rows = s.scalars(
+                select(CellResultRow)
+                .where(CellResultRow.experiment_id == experiment_id)
+                .order_by(CellResultRow.id)
+            )
+            return [
+                (r.boot_id, r.repeat, CellResultRecord.model_validate(r.record)) for r in rows
+            ]
+
+    # ---- helpers --------------------------------------------------------------------------
+    def _get(self, s: Session, cls: type[T], key: object, *, lock: bool = False) -> T:
+        row = s.get(cls, key, with_for_update=lock)
+        if row is None:
+            name = getattr(cls, "__tablename__", cls.__name__)
+            raise LedgerError(f"no {name} {key} in ledger {self.url}", url=self.url)
+        return row
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.close()
+
+
+def _lease(row: LeaseRow) -> LeaseRecord:
+    return LeaseRecord(
+        cluster=row.cluster,
+        holder=row.holder,
+        hostname=row.hostname,
+        pid=row.pid,
+        acquired_at=_aware(row.acquired_at) or row.acquired_at,
+        heartbeat_at=_aware(row.heartbeat_at) or row.heartbeat_at,
+        expires_at=_aware(row.expires_at) or row.expires_at,
+    )
+
+
+def _round(row: RoundRow) -> RoundRecord:
+    return RoundRecord(
+        id=row.id,
+        cluster=row.cluster,
+        profile_name=row.profile_name,
+        profile_digest=row.profile_digest,
+        budget=row.budget,
+        proposer=row.proposer,
+        approve=row.approve,
+        seed=row.seed,
+        status=row.status,
+        started_at=_aware(row.started_at) or row.started_at,
+        finished_at=_aware(row.finished_at),
+        mlflow_run_id=row.mlflow_run_id,
+    )
+
+
+def _proposal(row: ProposalRow) -> ProposalRecord:
+    return ProposalRecord(
+        id=row.id,
+        round_id=row.round_id,
+        source=row.source,
+        knob=row.knob,
+        old_value=json.loads(row.old_value),
+        new_value=json.loads(row.new_value),
+        champion_key=row.champion_key,
+        hypothesis=row.hypothesis,
+        expected_effect=row.expected_effect,
+        risk=row.risk,
+        estimated_cost=row.estimated_cost,
+        notes=dict(row.notes or {}),
+        status=row.status,
+        decided_by=row.decided_by,
+        reason=row.reason,
+        created_at=_aware(row.created_at) or row.created_at,
+        decided_at=_aware(row.decided_at),
+    )
+
+
+def _experiment(row: ExperimentRow) -> ExperimentRecord:
+    return ExperimentRecord(
+        id=row.id,
+        cluster=row.cluster,
+        round_id=row.round_id,
+        proposal_id=row.proposal_id,
+        kind=row.kind,
+        config=Config.from_json(row.config_json),
+        champion_key=row.champion_key,
+        champion_objective=row.champion_objective,
+        knob=row.knob,
+        value=_load(row.value),
+        description=row.description,
+        state=row.state,
+        status=row.status,
+        objective=row.objective,
+        delta_pct=row.delta_pct,
+        accept_len=row.accept_len,
+        failure_class=row.failure_class,
+        failure_detail=row.failure_detail,
+        created_at=_aware(row.created_at) or row.created_at,
+        decided_at=_aware(row.decided_at),
+        mlflow_run_id=row.mlflow_run_id,
+    )
+
+
+def _boot(row: BootRow) -> BootRecord:
+    return BootRecord(
+        id=row.id,
+        experiment_id=row.experiment_id,
+        config_key=row.config_key,
+        status=row.status,
+        failure_class=row.failure_class,
+        failure_detail=row.failure_detail,
+        started_at=_aware(row.started_at) or row.started_at,
+        healthy_at=_aware(row.healthy_at),
+        ended_at=_aware(row.ended_at),
+    )
+

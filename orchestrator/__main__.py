@@ -1,0 +1,5 @@
+"""``python -m orchestrator`` is ``orchestrate``."""
+
+from orchestrator.cli import main
+
+main()

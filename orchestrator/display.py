@@ -1,0 +1,134 @@
+"""What a person sees during and after a round: a live progress line, then a table."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from knobs.spec import as_text
+from ledger import ChampionRecord, ExperimentRecord
+
+_STYLE = {
+    "keep": "bold green",
+    "discard": "yellow",
+    "crash": "bold red",
+    "invalid": "magenta",
+    "inconclusive": "cyan",
+    "vetoed": "dim",
+}
+
+
+def describe(e: ExperimentRecord) -> str:
+    """What an experiment changed, in words."""
+    if e.kind == "baseline":
+        return "baseline (champion as configured)"
+    return e.description or f"{e.knob} → {as_text(e.value) if e.value is not None else '?'}"
+
+
+class RoundDisplay:
+    """Live progress of a round: experiment i of N, the phase, elapsed time.
+
+    On a terminal it redraws one status line; otherwise it prints one line per phase change.
+    """
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self._live: Live | None = None
+        self._started = time.monotonic()
+        self._exp_started = self._started
+        self._header = ""
+        self._phase = ""
+
+    def __rich__(self) -> Group:
+        now = time.monotonic()
+        line = Text.assemble(
+            (self._header, "bold"),
+            "  ",
+            (self._phase, "cyan"),
+            "  ",
+            (f"{now - self._exp_started:5.1f}s", "dim"),
+            (f"  (round {now - self._started:.0f}s)", "dim"),
+        )
+        return Group(line)
+
+    def start(self, title: str) -> None:
+        """Begin the round's display."""
+        self.console.print(Text(title, style="bold"))
+        if self.console.is_terminal:
+            self._live = Live(self, console=self.console, refresh_per_second=8, transient=True)
+            self._live.start()
+
+    def experiment(self, index: int, total: int, title: str) -> None:
+        """A new experiment begins (index is 1-based within the round; 0 for the baseline)."""
+        self._exp_started = time.monotonic()
+        self._header = f"[{index}/{total}] {title}" if index else f"[baseline] {title}"
+        self._phase = "starting"
+        if self._live is None:
+            self.console.print(self._header)
+
+    def phase(self, text: str) -> None:
+        """The experiment's current phase (proposing, deploying node-2, cell 3 of 4 …)."""
+        self._phase = text
+        if self._live is None:
+            self.console.print(f"    {text}", style="dim", highlight=False)
+
+    def note(self, text: str) -> None:
+        """A line worth keeping above the live status."""
+        self.console.print(text, highlight=False)
+
+    def decided(self, e: ExperimentRecord, reason: str) -> None:
+        """An experiment was decided."""
+        status = e.status or "?"
+        objective = "" if e.objective is None else f" objective {e.objective:.1f}"
+        delta = "" if e.delta_pct is None or e.kind == "baseline" else f" ({e.delta_pct:+.2f}%)"
+        self.console.print(
+            Text.assemble(
+                f"  #{e.id} {describe(e)}: ",
+                (status, _STYLE.get(status, "")),
+                f"{objective}{delta}",
+                (f"  {reason}", "dim"),
+            )
+        )
+
+    def stop(self) -> None:
+        """End the live display."""
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
+
+
+def experiments_table(
+    experiments: Sequence[ExperimentRecord], champion: ChampionRecord | None, title: str
+) -> Table:
+    """The round's experiments as a table."""
+    table = Table(title=title, title_justify="left")
+    for column, justify in (
+        ("#", "right"),
+        ("change", "left"),
+        ("objective", "right"),
+        ("Δ%", "right"),
+        ("accept", "right"),
+        ("status", "left"),
+        ("note", "left"),
+    ):
+        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+    for e in experiments:
+        status = e.status or e.state
+        note = e.failure_class or ""
+        if champion is not None and champion.experiment_id == e.id:
+            note = (note + " champion").strip()
+        table.add_row(
+            str(e.id),
+            describe(e),
+            "-" if e.objective is None else f"{e.objective:.1f}",
+            "-" if e.delta_pct is None or e.kind == "baseline" else f"{e.delta_pct:+.2f}",
+            "-" if e.accept_len is None else f"{e.accept_len:.2f}",
+            Text(status, style=_STYLE.get(status, "")),
+            note,
+        )
+    return table

@@ -1,0 +1,214 @@
+"""Profiles: one YAML file describing a cluster, its launcher, knob space, cells and policies."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from importlib import resources
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from cluster.deploy import GateSpec
+from cluster.inventory import ClusterSpec, NodeSpec
+from cluster.launcher import LauncherSpec
+from knobs.catalog import catalog
+from knobs.config import Config
+from knobs.errors import KnobError, ProfileError
+from knobs.records import CellSpec
+from knobs.space import ForbiddenCombination, KnobSpace, overlay
+from knobs.spec import KnobSpec, Value
+
+ProposerKind = Literal["optuna", "sweep", "claude", "hybrid"]
+ApproveMode = Literal["auto", "ask", "queue"]
+
+
+class ObjectiveSpec(BaseModel):
+    """What the loop maximises: a cell metric summed over the profile's cells."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    metric: Literal["output_throughput"] = "output_throughput"
+    aggregate: Literal["sum"] = "sum"
+
+
+class VerdictSpec(BaseModel):
+    """How a candidate is judged against the champion."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    threshold_pct: float = Field(
+        default=2.0, ge=0, le=100, description="keep only if the objective gains more than this"
+    )
+    max_error_rate: float = Field(default=0.0, ge=0, le=1)
+
+
+class ProposerSpec(BaseModel):
+    """Who proposes, with its settings."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: ProposerKind = "optuna"
+    seed: int = 0
+    sweep: tuple[dict[str, Value], ...] | None = None
+
+
+class ApproveSpec(BaseModel):
+    """The veto gate."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    mode: ApproveMode = "auto"
+
+
+class Profile(BaseModel):
+    """A whole profile, validated."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    description: str = ""
+    cluster: ClusterSpec
+    model: str = Field(pattern=r"^[A-Za-z0-9_./:-]{1,256}$", description="served model name")
+    launcher: LauncherSpec
+    knob_catalog: str | None = None
+    knobs: tuple[KnobSpec, ...] = ()
+    forbidden: tuple[ForbiddenCombination, ...] = ()
+    champion: dict[str, Value] = Field(
+        default_factory=dict, description="the starting champion; missing knobs take defaults"
+    )
+    cells: tuple[CellSpec, ...] = Field(min_length=1)
+    gates: GateSpec = GateSpec()
+    objective: ObjectiveSpec = ObjectiveSpec()
+    verdict: VerdictSpec = VerdictSpec()
+    proposer: ProposerSpec = ProposerSpec()
+    approve: ApproveSpec = ApproveSpec()
+    budget: int = Field(default=6, ge=1, le=10_000)
+    ledger_url: str | None = None
+    mlflow_uri: str | None = None
+    twin_landscape: str | None = Field(
+        default=None, description="the landscape whose ground truth `twin optimum` prints"
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Profile:
+        names = [c.name for c in self.cells]
+        if len(set(names)) != len(names):
+            raise ValueError("cell names must be unique")
+        if self.knob_catalog is None and not self.knobs:
+            raise ValueError("a profile needs knob_catalog or knobs")
+        return self
+
+    @property
+    def space(self) -> KnobSpace:
+        """The knob space: the catalog overlaid with the profile's own knobs."""
+        base = catalog(self.knob_catalog) if self.knob_catalog else ()
+        return KnobSpace(knobs=overlay(base, self.knobs), forbidden=self.forbidden)
+
+    def initial_champion(self) -> Config:
+        """The starting champion config.
+
+        Raises:
+            KnobError: the profile's champion is not a valid config.
+        """
+        return self.space.config(self.champion, partial=True)
+
+    @property
+    def digest(self) -> str:
+        """A short digest of the validated profile."""
+        text = json.dumps(self.model_dump(mode="json"), sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def embedded_profiles() -> list[str]:
+    """Names of the profiles shipped inside the package."""
+    folder = resources.files("orchestrator") / "profiles"
+    return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml"))
+
+
+def profile_path(name_or_path: str | None) -> Path:
+    """The file of an embedded profile name (default ``twin``) or a path.
+
+    Raises:
+        ProfileError: neither a file nor an embedded profile.
+    """
+    name = name_or_path or os.environ.get("ORCHESTRATE_PROFILE") or "twin"
+    candidate = Path(name)
+    if candidate.suffix in (".yaml", ".yml") or candidate.exists():
+        if not candidate.is_file():
+            raise ProfileError(
+                f"profile {name}: no such file; give a path or one of {', '.join(embedded_profiles())}",
+                path=name,
+            )
+        return candidate
+    embedded = resources.files("orchestrator") / "profiles" / f"{name}.yaml"
+    if not embedded.is_file():
+        raise ProfileError(
+            f"profile {name!r}: not a file and not an embedded profile "
+            f"({', '.join(embedded_profiles())})",
+            path=name,
+        )
+    return Path(str(embedded))
+
+
+def _first_error(e: ValidationError) -> str:
+    err = e.errors()[0]
+    where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+    more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
+    return f"{where}: {err['msg']}{more}"
+
+
+def load_profile(name_or_path: str | None = None, *, base_dir: Path | None = None) -> Profile:
+    """Load, validate and resolve a profile.
+
+    Relative node workdirs of local nodes are resolved against ``base_dir`` (default: the
+    current directory), so the embedded cluster lives next to the ledger.
+
+    Raises:
+        ProfileError: unreadable YAML, a schema violation, an invalid champion, or a launcher
+            that does not render.
+    """
+    path = profile_path(name_or_path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as e:
+        detail = str(e).splitlines()[0]
+        raise ProfileError(f"profile {path}: cannot read YAML: {detail}", path=str(path)) from e
+    if not isinstance(data, dict):
+        raise ProfileError(f"profile {path}: expected a mapping at the top", path=str(path))
+    try:
+        profile = Profile.model_validate(data)
+    except ValidationError as e:
+        raise ProfileError(f"profile {path}: {_first_error(e)}", path=str(path)) from e
+    except KnobError as e:
+        raise ProfileError(f"profile {path}: {e}", path=str(path)) from e
+    profile = _resolve_workdirs(profile, base_dir or Path.cwd(), path)
+    try:
+        profile.initial_champion()
+        for entry in profile.proposer.sweep or ():
+            for knob, value in entry.items():
+                profile.space.spec(knob).parse(value)
+    except KnobError as e:
+        raise ProfileError(f"profile {path}: {e}", path=str(path)) from e
+    return profile
+
+
+def _resolve_workdirs(profile: Profile, base: Path, path: Path) -> Profile:
+    nodes: list[NodeSpec] = []
+    for node in profile.cluster.nodes:
+        workdir = node.workdir
+        if node.transport == "local" and not workdir.startswith("/"):
+            workdir = str((base / workdir).resolve())
+        try:
+            nodes.append(NodeSpec.model_validate({**node.model_dump(), "workdir": workdir}))
+        except ValidationError as e:
+            raise ProfileError(
+                f"profile {path}: node {node.rank} workdir resolves to {workdir!r}, which a "
+                "launcher cannot use; run from a directory whose path has no spaces or quotes",
+                path=str(path),
+            ) from e
+    cluster = profile.cluster.model_copy(update={"nodes": tuple(nodes)})
+    return profile.model_copy(update={"cluster": cluster})

@@ -1,0 +1,491 @@
+"""The round loop as a persisted state machine.
+
+Each experiment moves approved → deploying → benching → measured → decided, every step
+committed to the ledger before the next begins. Running the same command after a kill picks
+up the unfinished round where the ledger says it stopped: a cell already recorded is not
+measured again, no engine is left running unrecorded, and the round's budget is honoured.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from agents import (
+    HistoryEntry,
+    KnownBad,
+    Proposal,
+    ProposalContext,
+    ProposalExhausted,
+    Proposer,
+)
+from cluster.bench import run_cell
+from cluster.deploy import Deployer
+from cluster.errors import NodeError
+from knobs.errors import OrchestrateError
+from knobs.spec import as_text
+from ledger import (
+    ChampionRecord,
+    ExperimentRecord,
+    Ledger,
+    ProposalRecord,
+    RoundRecord,
+    VerdictRecord,
+)
+from ledger.mlflow_sink import MlflowSink
+from orchestrator.approval import ApprovalGate
+from orchestrator.display import RoundDisplay, describe
+from orchestrator.profile import Profile
+from orchestrator.verdict import accept_len, decide, objective
+
+
+class BaselineFailed(OrchestrateError):
+    """The champion as configured does not boot or measure: nothing to compare against."""
+
+    exit_code = 6
+
+
+@dataclass(frozen=True)
+class RoundOptions:
+    """What ``orchestrate round`` was asked for."""
+
+    budget: int
+    proposer: str
+    approve: str
+    max_hours: float | None = None
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class RoundReport:
+    """What a round did."""
+
+    round: RoundRecord
+    experiments: list[ExperimentRecord]
+    champion: ChampionRecord | None
+    resumed: bool
+    stopped_by: str
+
+
+class RoundRunner:
+    """Runs (or resumes) one round on one cluster."""
+
+    def __init__(
+        self,
+        profile: Profile,
+        ledger: Ledger,
+        sink: MlflowSink,
+        deployer: Deployer,
+        proposer: Proposer,
+        gate: ApprovalGate,
+        display: RoundDisplay,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.profile = profile
+        self.ledger = ledger
+        self.sink = sink
+        self.deployer = deployer
+        self.proposer = proposer
+        self.gate = gate
+        self.display = display
+        self.cluster = profile.cluster.name
+        self._clock = clock
+
+    # ---- the loop ---------------------------------------------------------------------------
+    def run(self, options: RoundOptions) -> RoundReport:
+        """Run the round to its budget.
+
+        Raises:
+            BaselineFailed: no champion exists and the configured one crashed.
+            LedgerError, MlflowSinkError: the ledger or MLflow failed.
+        """
+        started = self._clock()
+        existing = self.ledger.unfinished_round(self.cluster)
+        resumed = existing is not None
+        rnd = existing or self.ledger.create_round(
+            cluster=self.cluster,
+            profile_name=self.profile.name,
+            profile_digest=self.profile.digest,
+            budget=options.budget,
+            proposer=options.proposer,
+            approve=options.approve,
+            seed=options.seed,
+        )
+        if rnd.mlflow_run_id is None:
+            run_id = self.sink.start_round(
+                round_id=rnd.id,
+                cluster=self.cluster,
+                params={
+                    "profile": self.profile.name,
+                    "profile_digest": self.profile.digest,
+                    "budget": str(rnd.budget),
+                    "proposer": rnd.proposer,
+                    "approve": rnd.approve,
+                    "seed": str(rnd.seed),
+                },
+            )
+            self.ledger.set_round_mlflow(rnd.id, run_id)
+            rnd = self.ledger.round(rnd.id)
+        done = self._candidates_done(rnd)
+        verb = "resuming" if resumed else "starting"
+        self.display.start(
+            f"{verb} round {rnd.id} on {self.cluster} ({self.profile.name}): "
+            f"{done} of {rnd.budget} experiments done, proposer {rnd.proposer}, approve {rnd.approve}"
+        )
+        stopped_by = "budget"
+        try:
+            self._clean_up_stale_boots()
+            for e in self.ledger.experiments(round_id=rnd.id):
+                if e.state != "decided":
+                    self._run_experiment(rnd, e)
+            self._adopt_approved_proposals(rnd)
+            if self.ledger.champion(self.cluster) is None:
+                self._baseline(rnd)
+            while self._candidates_done(rnd) < rnd.budget:
+                if options.max_hours is not None and (
+                    self._clock() - started > options.max_hours * 3600
+                ):
+                    stopped_by = "max-hours"
+                    break
+                try:
+                    experiment = self._next_experiment(rnd)
+                except ProposalExhausted as e:
+                    self.display.note(f"no allowed change is left: {e}")
+                    stopped_by = "exhausted"
+                    break
+                if experiment is not None:
+                    self._run_experiment(rnd, experiment)
+        finally:
+            self.display.stop()
+        if stopped_by != "max-hours":
+            self.ledger.finish_round(rnd.id, "done")
+            self.sink.finish(rnd.mlflow_run_id or "", "FINISHED")
+        return RoundReport(
+            round=self.ledger.round(rnd.id),
+            experiments=self.ledger.experiments(round_id=rnd.id),
+            champion=self.ledger.champion(self.cluster),
+            resumed=resumed,
+            stopped_by=stopped_by,
+        )
+
+    def _candidates_done(self, rnd: RoundRecord) -> int:
+        return sum(
+            1
+            for e in self.ledger.experiments(round_id=rnd.id)
+            if e.kind == "candidate" and e.state == "decided" and e.status != "vetoed"
+        )
+
+    def _clean_up_stale_boots(self) -> None:
+        """A killed orchestrator may have left engines up: stop every node, close the boots."""
+        stale = [b for b in self.ledger.open_boots() if self._boot_is_ours(b.experiment_id)]
+        if not stale:
+            return
+        self.display.phase("stopping engines left by an interrupted run")
+        self.deployer.stop_all()
+        for boot in stale:
+            self.ledger.end_boot(
+                boot.id, status="down", failure_class=None, failure_detail="interrupted"
+            )
+
+    def _boot_is_ours(self, experiment_id: int) -> bool:
+        return self.ledger.experiment(experiment_id).cluster == self.cluster
+
+    def _adopt_approved_proposals(self, rnd: RoundRecord) -> None:
+        """An approved proposal whose experiment was never recorded (a kill in between)."""
+        used = {e.proposal_id for e in self.ledger.experiments(round_id=rnd.id)}
+        for p in self.ledger.proposals(round_id=rnd.id):
+            if p.id in used:
+                continue
+            if p.status == "approved":
+                self._run_experiment(rnd, self._experiment_for(rnd, p))
+            elif p.status == "vetoed":
+                self._record_veto(rnd, p)
+
+    # ---- proposals --------------------------------------------------------------------------
+    def context(self, rnd: RoundRecord) -> ProposalContext:
+        """What the proposer sees now, built from the ledger."""
+        champion = self.ledger.champion(self.cluster)
+        assert champion is not None
+        history: list[HistoryEntry] = []
+        known_bad: list[KnownBad] = []
+        decided = {champion.config.key}
+        for e in self.ledger.experiments(cluster=self.cluster):
+            if e.state != "decided" or e.status is None:
+                continue
+            history.append(
+                HistoryEntry(
+                    experiment=e.id,
+                    config=e.config.as_dict(),
+                    knob=e.knob,
+                    value=e.value,
+                    status=e.status,  # type: ignore[arg-type]
+                    objective=e.objective if e.status not in ("crash", "vetoed") else None,
+                    delta_pct=e.delta_pct,
+                    champion_key=e.champion_key or "",
+                    failure_class=e.failure_class,
+                )
+            )
+            if e.champion_key == champion.config.key:
+                decided.add(e.config.key)
+            if e.knob is not None and e.value is not None and e.status in ("crash", "invalid", "vetoed"):
+                source = {"crash": "crash", "invalid": "invalid", "vetoed": "veto"}[e.status]
+                known_bad.append(
+                    KnownBad(
+                        when={e.knob: e.value},
+                        reason=e.failure_class or (e.failure_detail or e.status)[:200],
+                        source=source,  # type: ignore[arg-type]
+                    )
+                )
+        return ProposalContext(
+            space=self.profile.space,
+            champion=champion.config,
+            champion_objective=champion.objective,
+            history=tuple(history),
+            known_bad=tuple(known_bad),
+            decided_keys=frozenset(decided),
+            budget_left=max(0, rnd.budget - self._candidates_done(rnd)),
+            seed=rnd.seed,
+        )
+
+    def _next_experiment(self, rnd: RoundRecord) -> ExperimentRecord | None:
+        """Propose, record, pass the veto gate; the experiment to run, or None if vetoed."""
+        index = self._candidates_done(rnd) + 1
+        self.display.experiment(index, rnd.budget, "proposing")
+        self.display.phase(f"proposing ({self.proposer.name})")
+        pending = [p for p in self.ledger.proposals(round_id=rnd.id, status="pending")]
+        if pending:
+            record = pending[0]
+        else:
+            proposal = self.proposer.propose(self.context(rnd))
+            record = self._record_proposal(rnd, proposal)
+        self.display.experiment(index, rnd.budget, f"{record.knob} {as_text(record.old_value)} → {as_text(record.new_value)}")
+        self.display.phase(f"waiting for approval ({rnd.approve})")
+        decision = self.gate.decide(record, self.context(rnd))
+        if decision.status == "vetoed":
+            self._record_veto(rnd, decision)
+            return None
+        return self._experiment_for(rnd, decision)
+
+    def _record_proposal(self, rnd: RoundRecord, proposal: Proposal) -> ProposalRecord:
+        champion = self.ledger.champion(self.cluster)
+        assert champion is not None
+        return self.ledger.add_proposal(
+            round_id=rnd.id,
+            source=proposal.source,
+            knob=proposal.change.knob,
+            old_value=proposal.change.old,
+            new_value=proposal.change.new,
+            champion_key=champion.config.key,
+            hypothesis=proposal.hypothesis,
+            expected_effect=proposal.expected_effect,
+            risk=proposal.risk,
+            estimated_cost=proposal.estimated_cost,
+            notes=dict(proposal.notes),
+        )
+
+    def _experiment_for(self, rnd: RoundRecord, p: ProposalRecord) -> ExperimentRecord:
+        champion = self.ledger.champion(self.cluster)
+        assert champion is not None
+        change = self.profile.space.change(champion.config, p.knob, p.new_value)
+        return self.ledger.add_experiment(
+            cluster=self.cluster,
+            round_id=rnd.id,
+            kind="candidate",
+            config=champion.config.apply(change),
+            champion_key=champion.config.key,
+            champion_objective=champion.objective,
+            proposal_id=p.id,
+            knob=change.knob,
+            value=change.new,
+            description=f"{change.describe()} ({p.source})",
+        )
+
+    def _record_veto(self, rnd: RoundRecord, p: ProposalRecord) -> None:
+        champion = self.ledger.champion(self.cluster)
+        assert champion is not None
+        change = self.profile.space.change(champion.config, p.knob, p.new_value)
+        e = self.ledger.add_experiment(
+            cluster=self.cluster,
+            round_id=rnd.id,
+            kind="candidate",
+            config=champion.config.apply(change),
+            champion_key=champion.config.key,
+            champion_objective=champion.objective,
+            proposal_id=p.id,
+            knob=change.knob,
+            value=change.new,
+            description=f"{change.describe()} vetoed by {p.decided_by}: {p.reason or ''}".strip(),
+        )
+        verdict = VerdictRecord(
+            status="vetoed", rule="veto", reason=p.reason or "vetoed", stats={"by": p.decided_by}
+        )
+        decided = self.ledger.decide(
+            e.id, verdict=verdict, objective=None, delta_pct=None, accept_len=None
+        )
+        run_id = self._child_run(rnd, decided)
+        self.sink.set_tags(run_id, {"status": "vetoed", "veto_reason": p.reason or ""})
+        self.sink.finish(run_id, "KILLED")
+        self.display.decided(decided, verdict.reason)
+
+    # ---- experiments ------------------------------------------------------------------------
+    def _baseline(self, rnd: RoundRecord) -> None:
+        config = self.profile.initial_champion()
+        e = self.ledger.add_experiment(
+            cluster=self.cluster,
+            round_id=rnd.id,
+            kind="baseline",
+            config=config,
+            champion_key=None,
+            champion_objective=None,
+            description="baseline",
+        )
+        self._run_experiment(rnd, e)
+
+    def _child_run(self, rnd: RoundRecord, e: ExperimentRecord) -> str:
+        if e.mlflow_run_id is not None:
+            return e.mlflow_run_id
+        params: dict[str, object] = {k: as_text(v) for k, v in e.config.items()}
+        params["description"] = describe(e)
+        params["config_key"] = e.config.key
+        run_id = self.sink.start_experiment(
+            parent_run_id=rnd.mlflow_run_id or "",
+            number=e.id,
+            kind=e.kind,
+            params=params,
+            tags={"knob": e.knob or "-", "experiment": str(e.id)},
+        )
+        self.ledger.set_experiment_mlflow(e.id, run_id)
+        return run_id
+
+    def _run_experiment(self, rnd: RoundRecord, e: ExperimentRecord) -> None:
+        index = self._candidates_done(rnd) + (1 if e.kind == "candidate" else 0)
+        self.display.experiment(index if e.kind == "candidate" else 0, rnd.budget, describe(e))
+        run_id = self._child_run(rnd, e)
+        if e.state == "measured":
+            self._judge(rnd, self.ledger.experiment(e.id), run_id)
+            return
+        self.ledger.set_state(e.id, "deploying")
+        boot = self.ledger.start_boot(e.id, e.config)
+        failure: NodeError | None = None
+        try:
+            self.display.phase("deploying")
+            result = self.deployer.deploy(e.config)
+            self.ledger.end_boot(boot.id, status="up")
+            self.sink.log_texts(
+                run_id,
+                {f"launchers/node-{r}.sh": x.script for r, x in result.launchers.items()},
+            )
+            self.ledger.set_state(e.id, "benching")
+            self._bench(e, boot.id)
+        except NodeError as err:
+            failure = err
+        finally:
+            # logs first (they are the evidence), then no engine may outlive the experiment
+            logs = self.deployer.logs()
+            self.sink.log_texts(run_id, {f"logs/node-{r}.log": text for r, text in logs.items()})
+            self.display.phase("tearing down")
+            self.deployer.stop_all()
+        if failure is not None:
+            self._crash(rnd, e, run_id, boot.id, failure)
+            return
+        self.ledger.end_boot(boot.id, status="down")
+        self.ledger.set_state(e.id, "measured")
+        self._judge(rnd, self.ledger.experiment(e.id), run_id)
+
+    def _bench(self, e: ExperimentRecord, boot_id: int) -> None:
+        done = {r.cell for _, _, r in self.ledger.cell_results(e.id)}
+        cells = self.profile.cells
+        for i, cell in enumerate(cells, start=1):
+            if cell.name in done:
+                continue
+            self.display.phase(f"cell {i} of {len(cells)}: {cell.name}")
+            try:
+                measured = run_cell(
+                    self.profile.cluster.base_url,
+                    self.profile.model,
+                    cell,
+                    clocks=self.deployer.clocks,
+                )
+            except OrchestrateError as err:
+                raise NodeError(
+                    f"bench cell {cell.name} failed: {err}",
+                    failure_class="bench_failed",
+                    rank=0,
+                    host=self.profile.cluster.head.host,
+                ) from err
+            self.ledger.add_cell_result(e.id, boot_id, measured)
+
+    def _crash(
+        self, rnd: RoundRecord, e: ExperimentRecord, run_id: str, boot_id: int, err: NodeError
+    ) -> None:
+        self.ledger.end_boot(
+            boot_id, status="failed", failure_class=err.failure_class, failure_detail=err.message
+        )
+        verdict = VerdictRecord(
+            status="crash", rule="boot" if err.failure_class != "bench_failed" else "bench",
+            reason=err.message, stats={"failure_class": err.failure_class},
+        )
+        decided = self.ledger.decide(
+            e.id,
+            verdict=verdict,
+            objective=None,
+            delta_pct=None,
+            accept_len=None,
+            failure_class=err.failure_class,
+            failure_detail=err.evidence(),
+        )
+        self.sink.log_texts(run_id, {"failure.txt": err.evidence()})
+        self.sink.set_tags(run_id, {"status": "crash", "failure_class": err.failure_class})
+        self.sink.finish(run_id, "FAILED")
+        self.display.decided(decided, f"{err.failure_class}: {err.message}")
+        if e.kind == "baseline":
+            self.ledger.finish_round(rnd.id, "failed")
+            raise BaselineFailed(
+                f"the configured champion did not boot ({err.failure_class}): {err.message}"
+            )
+
+    def _judge(self, rnd: RoundRecord, e: ExperimentRecord, run_id: str) -> None:
+        cells = [r for _, _, r in self.ledger.cell_results(e.id)]
+        value = objective(cells)
+        if e.kind == "baseline":
+            verdict = VerdictRecord(
+                status="keep", rule="baseline", reason="first measurement of the champion", stats={}
+            )
+            delta = 0.0
+        else:
+            champion = self.ledger.champion(self.cluster)
+            assert champion is not None
+            champion_cells = [r for _, _, r in self.ledger.cell_results(champion.experiment_id)]
+            verdict = decide(self.profile, cells, champion_cells, e.champion_objective or champion.objective)
+            delta = float(verdict.stats.get("delta_pct", 0.0))  # type: ignore[arg-type]
+        decided = self.ledger.decide(
+            e.id,
+            verdict=verdict,
+            objective=value,
+            delta_pct=delta,
+            accept_len=accept_len(cells),
+            promote=verdict.status == "keep",
+        )
+        metrics: dict[str, float] = {"objective": value, "delta_pct": delta}
+        for cell in cells:
+            metrics[f"{cell.cell}.output_throughput"] = cell.output_throughput
+            metrics[f"{cell.cell}.p90_ttft_ms"] = cell.p90_ttft_ms
+            if cell.accepted_per_step is not None:
+                metrics[f"{cell.cell}.accepted_per_step"] = cell.accepted_per_step
+        if decided.accept_len is not None:
+            metrics["accept_len"] = decided.accept_len
+        self.sink.log_metrics(run_id, metrics)
+        self.sink.log_texts(
+            run_id,
+            {
+                "cells.json": json.dumps([c.model_dump(mode="json") for c in cells], indent=2),
+                "verdict.json": json.dumps(verdict.model_dump(mode="json"), indent=2),
+            },
+        )
+        self.sink.set_tags(run_id, {"status": verdict.status, "rule": verdict.rule})
+        self.sink.finish(run_id, "FINISHED")
+        self.display.decided(decided, verdict.reason)
+

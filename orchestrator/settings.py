@@ -1,0 +1,40 @@
+"""Settings: the profile, then ``ORCHESTRATE_*`` environment variables, then flags."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from cluster.twin import models_dir
+from orchestrator.profile import Profile
+
+DEFAULT_LEDGER = "sqlite:///orchestrate.db"
+DEFAULT_MLFLOW = "sqlite:///mlflow.db"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Where the ledger and MLflow live, resolved once at the CLI and passed down."""
+
+    ledger_url: str
+    mlflow_uri: str
+    artifact_root: Path
+
+    @classmethod
+    def resolve(cls, profile: Profile | None) -> Settings:
+        """Profile values, overridden by the environment, else the defaults."""
+        ledger = os.environ.get("ORCHESTRATE_LEDGER") or (profile and profile.ledger_url)
+        mlflow = os.environ.get("MLFLOW_TRACKING_URI") or (profile and profile.mlflow_uri)
+        return cls(
+            ledger_url=ledger or DEFAULT_LEDGER,
+            mlflow_uri=mlflow or DEFAULT_MLFLOW,
+            artifact_root=Path(os.environ.get("ORCHESTRATE_ARTIFACTS", "mlartifacts")).resolve(),
+        )
+
+
+def runtime_placeholders() -> dict[str, str]:
+    """Launcher placeholders this machine provides: the Python that runs orchestrate (for
+    local nodes) and where the twin's drafter directories are installed."""
+    return {"python": sys.executable, "twin_models": str(models_dir())}

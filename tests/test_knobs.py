@@ -1,0 +1,141 @@
+"""knobs: specs, validation of untrusted values, configs, changes, rendering."""
+
+from __future__ import annotations
+
+import pytest
+
+from knobs import Change, Config, KnobError, KnobSpace, KnobSpec, RenderSpec, catalog
+from knobs.space import ForbiddenCombination
+
+SPACE = KnobSpace(knobs=catalog("vllm-dflash2"))
+
+
+def test_default_config_is_card_002_champion() -> None:
+    config = SPACE.default_config()
+    assert config["num_speculative_tokens"] == 7
+    assert config["max_num_batched_tokens"] == 7168
+    assert config["cuda_graphs"] is False
+    assert config["drafter_adapter_rank"] == 64
+
+
+def test_config_hash_ignores_order_and_distinguishes_types() -> None:
+    a = Config({"x": 1, "y": True})
+    b = Config({"y": True, "x": 1})
+    c = Config({"y": 1, "x": 1})
+    assert a == b and hash(a) == hash(b) and a.key == b.key
+    assert a != c and a.key != c.key
+    assert {a: "first"}[b] == "first"
+    assert Config.from_json(a.to_json()) == a
+
+
+@pytest.mark.parametrize(
+    ("knob", "raw", "expected"),
+    [
+        ("num_speculative_tokens", "5", 5),
+        ("num_speculative_tokens", 3, 3),
+        ("num_speculative_tokens", 4.0, 4),
+        ("max_num_batched_tokens", "8192", 8192),
+        ("cuda_graphs", "on", True),
+        ("cuda_graphs", False, False),
+        ("drafter_adapter_rank", "128", 128),
+        ("kv_cache_dtype", "auto", "auto"),
+        ("gpu_memory_utilization", "0.8", 0.8),
+        ("gpu_memory_utilization", 0.95, 0.95),
+    ],
+)
+def test_parse_accepts_values_of_the_domain(knob: str, raw: object, expected: object) -> None:
+    value = SPACE.spec(knob).parse(raw)
+    assert value == expected and type(value) is type(expected)
+
+
+@pytest.mark.parametrize(
+    ("knob", "raw"),
+    [
+        ("num_speculative_tokens", 0),
+        ("num_speculative_tokens", 8),
+        ("num_speculative_tokens", "7; reboot"),
+        ("num_speculative_tokens", "$(id)"),
+        ("num_speculative_tokens", "`id`"),
+        ("num_speculative_tokens", "7\n8"),
+        ("num_speculative_tokens", True),
+        ("num_speculative_tokens", 2.5),
+        ("max_num_batched_tokens", 7000),
+        ("max_num_batched_tokens", 1024),
+        ("cuda_graphs", "maybe"),
+        ("cuda_graphs", 1),
+        ("drafter_adapter_rank", 48),
+        ("kv_cache_dtype", "fp8'; rm -rf /"),
+        ("gpu_memory_utilization", 0.965),
+        ("gpu_memory_utilization", float("nan")),
+        ("gpu_memory_utilization", "1e400"),
+    ],
+)
+def test_parse_rejects_values_outside_the_domain(knob: str, raw: object) -> None:
+    with pytest.raises(KnobError) as info:
+        SPACE.spec(knob).parse(raw)
+    assert info.value.knob == knob
+    assert knob in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_unknown_knob_names_the_known_ones() -> None:
+    with pytest.raises(KnobError, match=r"unknown knob 'num_spec_tokens'; known knobs: num_speculative_tokens"):
+        SPACE.change(SPACE.default_config(), "num_spec_tokens", 5)
+
+
+def test_change_is_exactly_one_knob_and_a_real_change() -> None:
+    champion = SPACE.default_config()
+    change = SPACE.change(champion, "num_speculative_tokens", "5")
+    assert change == Change(knob="num_speculative_tokens", old=7, new=5)
+    assert champion.apply(change).diff(champion) == ["num_speculative_tokens"]
+    with pytest.raises(KnobError, match="already the champion's value"):
+        SPACE.change(champion, "num_speculative_tokens", 7)
+
+
+def test_forbidden_combinations_are_refused_and_skipped() -> None:
+    space = KnobSpace(
+        knobs=catalog("vllm-dflash2"),
+        forbidden=(ForbiddenCombination(when={"cuda_graphs": True, "num_speculative_tokens": 7}, reason="trap"),),
+    )
+    champion = space.default_config()
+    with pytest.raises(KnobError, match="forbidden combination cuda_graphs=true, num_speculative_tokens=7: trap"):
+        space.change(champion, "cuda_graphs", True)
+    assert all(c.knob != "cuda_graphs" for c in space.neighbours(champion))
+
+
+def test_neighbours_cover_every_other_value_once() -> None:
+    champion = SPACE.default_config()
+    neighbours = SPACE.neighbours(champion)
+    expected = sum(len(k.domain()) - 1 for k in SPACE.knobs)
+    assert len(neighbours) == expected
+    assert len({(c.knob, str(c.new)) for c in neighbours}) == expected
+
+
+def test_render_places_each_knob_where_the_launcher_expects_it() -> None:
+    rendered = SPACE.render(SPACE.default_config())
+    argv = list(rendered.argv)
+    assert argv[argv.index("--max-num-batched-tokens") + 1] == "7168"
+    assert "--enforce-eager" in argv
+    assert argv[argv.index("--gpu-memory-utilization") + 1] == "0.85"
+    assert rendered.json_fields["--speculative-config"] == {
+        "num_speculative_tokens": 7,
+        "model": "/models/dflash2-r64",
+    }
+    graphs = SPACE.render(SPACE.config({"cuda_graphs": True}, partial=True))
+    assert "--enforce-eager" not in graphs.argv
+
+
+def test_specs_refuse_unsafe_tokens_and_bad_domains() -> None:
+    with pytest.raises(ValueError, match="not a safe token"):
+        KnobSpec(name="x", type="choice", choices=("a b",), default="a b", render=RenderSpec(kind="flag", flag="--x"))
+    with pytest.raises(ValueError, match="cannot take"):
+        RenderSpec(kind="flag", flag="--x; id")
+    with pytest.raises(ValueError, match="needs a step"):
+        KnobSpec(name="x", type="float", low=0, high=1, default=0.5, render=RenderSpec(kind="flag", flag="--x"))
+    with pytest.raises(KnobError):
+        KnobSpec(name="x", type="int", low=1, high=3, default=9, render=RenderSpec(kind="flag", flag="--x"))
+
+
+def test_unknown_catalog() -> None:
+    with pytest.raises(KnobError, match="unknown knob catalog 'nope'"):
+        catalog("nope")

@@ -1,0 +1,198 @@
+"""`orchestrate round` end to end on a four-node twin cluster: real processes, real HTTP, real
+SQLite ledger, real MLflow store. These are the acceptance checks of issue #2."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from ledger import HEADER, Ledger
+from tests.fixtures.profiles import twin_profile_data, write_profile
+
+ORCHESTRATE = [sys.executable, "-m", "orchestrator"]
+
+
+def orchestrate(cwd: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*ORCHESTRATE, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def engines_alive(workdir: Path) -> list[int]:
+    """Ranks whose engine process group still exists, by their pid files and by /proc."""
+    alive = []
+    for node in sorted((workdir / "nodes").glob("node-*")):
+        pidfile = node / "engine.pid"
+        if pidfile.exists() and pidfile.read_text().strip().isdigit():
+            try:
+                os.killpg(int(pidfile.read_text()), 0)
+                alive.append(int(node.name.split("-")[1]))
+            except ProcessLookupError:
+                pass
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                environ = (proc / "environ").read_bytes()
+            except OSError:
+                continue
+            if "cluster.twin serve" in cmdline and str(workdir).encode() in environ:
+                alive.append(-int(proc.name))
+    return alive
+
+
+@pytest.fixture
+def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    monkeypatch.setenv("ORCHESTRATE_LEDGER", f"sqlite:///{tmp_path}/orchestrate.db")
+    monkeypatch.setenv("ORCHESTRATE_ARTIFACTS", str(tmp_path / "mlartifacts"))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    yield tmp_path
+    # whatever happened, no engine outlives the test
+    subprocess.run([*ORCHESTRATE, "cluster", "down", "--profile", str(tmp_path / "profile.yaml")],
+                   cwd=tmp_path, capture_output=True, check=False, timeout=60)
+    assert engines_alive(tmp_path) == []
+
+
+def test_round_records_everything_and_a_second_round_continues(workdir: Path) -> None:
+    profile = write_profile(workdir, twin_profile_data())
+    first = orchestrate(workdir, "round", "--budget", "2", "--profile", str(profile), "--json")
+    assert first.returncode == 0, first.stderr
+    report = json.loads(first.stdout)
+    kinds = [e["kind"] for e in report["experiments"]]
+    assert kinds == ["baseline", "candidate", "candidate"]
+    assert all(e["state"] == "decided" for e in report["experiments"])
+    assert all(e["status"] in {"keep", "discard", "crash", "invalid"} for e in report["experiments"])
+    baseline = report["experiments"][0]
+    assert baseline["status"] == "keep" and baseline["objective"] > 0
+    assert baseline["accept_len"] is not None and baseline["accept_len"] > 1
+    assert engines_alive(workdir) == []
+
+    exported = orchestrate(workdir, "export", "results.tsv", "--profile", str(profile))
+    assert exported.returncode == 0, exported.stderr
+    lines = (workdir / "results.tsv").read_text().splitlines()
+    assert lines[0].split("\t") == list(HEADER)
+    assert [line.split("\t")[0] for line in lines[1:]] == [str(e["experiment"]) for e in report["experiments"]]
+
+    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    parents = client.search_runs(
+        [client.get_experiment_by_name("orchestrate").experiment_id],
+        filter_string="tags.mlflow.runName = 'round-1'",
+    )
+    assert len(parents) == 1
+    children = client.search_runs(
+        [parents[0].info.experiment_id],
+        filter_string=f"tags.mlflow.parentRunId = '{parents[0].info.run_id}'",
+    )
+    assert sorted(c.info.run_name for c in children) == sorted(f"exp-{e['experiment']}" for e in report["experiments"])
+    for child in children:
+        paths = {a.path for a in client.list_artifacts(child.info.run_id)}
+        assert "logs" in paths, paths
+        if child.data.tags.get("status") != "crash":
+            assert {"launchers", "cells.json", "verdict.json"} <= paths
+            launchers = {a.path for a in client.list_artifacts(child.info.run_id, "launchers")}
+            assert launchers == {f"launchers/node-{r}.sh" for r in range(4)}
+            assert float(child.data.metrics["objective"]) > 0
+        assert child.data.params["num_speculative_tokens"] in {str(k) for k in range(1, 8)}
+
+    second = orchestrate(workdir, "round", "--budget", "1", "--profile", str(profile), "--json")
+    assert second.returncode == 0, second.stderr
+    again = json.loads(second.stdout)
+    assert again["round"] == report["round"] + 1
+    assert [e["kind"] for e in again["experiments"]] == ["candidate"]
+    assert again["experiments"][0]["experiment"] == report["experiments"][-1]["experiment"] + 1
+    candidate = again["experiments"][0]
+    assert candidate["config"] != report["champion"]["config"]
+    assert len([k for k in candidate["config"] if candidate["config"][k] != report["champion"]["config"][k]]) == 1
+    orchestrate(workdir, "export", "results.tsv", "--profile", str(profile))
+    assert len((workdir / "results.tsv").read_text().splitlines()) == len(lines) + 1
+
+
+def test_sigkill_mid_experiment_resumes_without_duplicates(workdir: Path) -> None:
+    profile = write_profile(workdir, twin_profile_data())
+    ledger_url = os.environ["ORCHESTRATE_LEDGER"]
+    proc = subprocess.Popen(
+        [*ORCHESTRATE, "round", "--budget", "2", "--profile", str(profile), "--json"],
+        cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        target = None
+        while target is None:
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            assert time.monotonic() < deadline, "no candidate reached benching"
+            if (workdir / "orchestrate.db").exists():
+                ledger = Ledger(ledger_url)
+                for e in ledger.experiments():
+                    if e.kind == "candidate" and e.state == "benching" and ledger.cell_results(e.id):
+                        target = e
+                ledger.close()
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert engines_alive(workdir), "the kill should leave the engines up (the resume must clean them)"
+    cells_before = {r.cell for _, _, r in Ledger(ledger_url).cell_results(target.id)}
+
+    resumed = orchestrate(workdir, "round", "--budget", "2", "--profile", str(profile), "--json")
+    assert resumed.returncode == 0, resumed.stderr
+    report = json.loads(resumed.stdout)
+    assert report["resumed"] is True
+    experiments = report["experiments"]
+    assert [e["kind"] for e in experiments] == ["baseline", "candidate", "candidate"]
+    assert len({e["experiment"] for e in experiments}) == 3
+    assert all(e["state"] == "decided" for e in experiments)
+    ledger = Ledger(ledger_url)
+    results = ledger.cell_results(target.id)
+    names = [r.cell for _, _, r in results]
+    assert sorted(names) == sorted(set(names)), "a cell was measured twice"
+    assert cells_before <= set(names)
+    assert len(names) == 4
+    assert len({boot for boot, _, _ in results}) == (1 if len(cells_before) == 4 else 2)
+    assert ledger.open_boots() == []
+    assert ledger.unfinished_round("twin-local") is None
+    assert engines_alive(workdir) == []
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda d: d["champion"].update(num_spec_tokens=5), "unknown knob 'num_spec_tokens'"),
+        (lambda d: d["champion"].update(num_speculative_tokens=9), "knob num_speculative_tokens: 9 is not an integer from 1 to 7"),
+        (lambda d: d["cells"][0].update(concurrency=0), "cells.0.concurrency"),
+        (lambda d: d.pop("cells"), "cells: Field required"),
+        (lambda d: d["cluster"]["nodes"][1].update(workdir="x; rm -rf /"), "not a safe path"),
+    ],
+)
+def test_bad_profiles_give_one_line_exit_3_and_write_nothing(workdir: Path, mutate: object, message: str) -> None:
+    data = twin_profile_data()
+    mutate(data)  # type: ignore[operator]
+    profile = write_profile(workdir, data, "bad.yaml")
+    write_profile(workdir, twin_profile_data())  # for the fixture's teardown
+    result = orchestrate(workdir, "round", "--budget", "1", "--profile", str(profile))
+    assert result.returncode == 3
+    assert result.stdout == ""
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("Error: profile ")
+    assert message in result.stderr
+    assert not (workdir / "orchestrate.db").exists()
+    assert not (workdir / "mlflow.db").exists()
+
+
+def test_malformed_yaml_is_one_line(workdir: Path) -> None:
+    write_profile(workdir, twin_profile_data())
+    (workdir / "broken.yaml").write_text("name: [unclosed\n  cells: {")
+    result = orchestrate(workdir, "round", "--profile", str(workdir / "broken.yaml"))
+    assert result.returncode == 3
+    assert result.stderr.startswith("Error: profile ") and "cannot read YAML" in result.stderr
+    assert result.stderr.count("\n") == 1
+    assert not (workdir / "orchestrate.db").exists()
