@@ -96,9 +96,7 @@ class ApprovalGate:
             problem = f"unknown answer {answer.action!r}: approve, edit or veto"
 
     def _wait(self, proposal: ProposalRecord) -> ProposalRecord:
-        deadline = (
-            None if self.queue_timeout_s is None else self._clock() + self.queue_timeout_s
-        )
+        deadline = None if self.queue_timeout_s is None else self._clock() + self.queue_timeout_s
         while True:
             current = self.ledger.proposal(proposal.id)
             if current.status != "pending":

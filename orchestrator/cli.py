@@ -9,10 +9,10 @@ from typing import Annotated, Any
 
 import click
 import typer
+from cluster.bench import run_cell, smoke
 from rich.console import Console
 
 from agents import make_proposer
-from cluster.bench import run_cell, smoke
 from cluster.deploy import Deployer
 from cluster.transport import open_transport
 from cluster.twin import cli as twin_cli
@@ -35,7 +35,9 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-proposals_app = typer.Typer(help="Proposals waiting for a person (--approve queue).", no_args_is_help=True)
+proposals_app = typer.Typer(
+    help="Proposals waiting for a person (--approve queue).", no_args_is_help=True
+)
 cluster_app = typer.Typer(help="Drive the profile's cluster by hand.", no_args_is_help=True)
 twin_app = typer.Typer(help="The digital twin engine.", no_args_is_help=True)
 app.add_typer(proposals_app, name="proposals")
@@ -115,7 +117,8 @@ def _ask_at_terminal(console: Console) -> Any:
 @app.command("round")
 def round_(
     budget: Annotated[
-        int | None, typer.Option("--budget", "-n", min=1, help="experiments to run (default: the profile's)")
+        int | None,
+        typer.Option("--budget", "-n", min=1, help="experiments to run (default: the profile's)"),
     ] = None,
     profile: ProfileOpt = None,
     proposer: Annotated[
@@ -124,8 +127,12 @@ def round_(
     approve: Annotated[
         str | None, typer.Option(help="auto | ask | queue (default: the profile's)")
     ] = None,
-    max_hours: Annotated[float | None, typer.Option(min=0, help="stop starting experiments after this")] = None,
-    seed: Annotated[int | None, typer.Option(help="the proposer's seed (default: the profile's)")] = None,
+    max_hours: Annotated[
+        float | None, typer.Option(min=0, help="stop starting experiments after this")
+    ] = None,
+    seed: Annotated[
+        int | None, typer.Option(help="the proposer's seed (default: the profile's)")
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Run a round: baseline if there is no champion, then BUDGET one-knob experiments.
@@ -213,11 +220,15 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
             "done": sum(
                 1
                 for e in experiments
-                if e.round_id == running.id and e.kind == "candidate" and e.state == "decided"
+                if e.round_id == running.id
+                and e.kind == "candidate"
+                and e.state == "decided"
                 and e.status != "vetoed"
             ),
         },
-        "lease": None if lease is None else {"holder": lease.holder, "expires_at": lease.expires_at.isoformat()},
+        "lease": None
+        if lease is None
+        else {"holder": lease.holder, "expires_at": lease.expires_at.isoformat()},
     }
     if as_json:
         typer.echo(json.dumps(data, indent=2))
@@ -233,7 +244,10 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
         )
     if running is not None:
         r = data["running_round"]
-        out.print(f"round {running.id} unfinished: {r['done']} of {r['budget']} done (run `orchestrate round` to resume)")
+        out.print(
+            f"round {running.id} unfinished: {r['done']} of {r['budget']} done "
+            "(run `orchestrate round` to resume)"
+        )
     if lease is not None:
         out.print(f"lease: {lease.holder} until {lease.expires_at:%H:%M:%S} UTC")
 
@@ -310,7 +324,10 @@ def cluster_check(profile: ProfileOpt = None) -> None:
     prof = load_profile(profile)
     deployer = _deployer(prof)
     for clock in deployer.preflight():
-        typer.echo(f"node-{clock.rank}: sm clock {clock.sm_clock_mhz:.0f} MHz, matmul rate {clock.matmul_rate:.2f}")
+        typer.echo(
+            f"node-{clock.rank}: sm clock {clock.sm_clock_mhz:.0f} MHz, "
+            f"matmul rate {clock.matmul_rate:.2f}"
+        )
     typer.echo(f"{len(prof.cluster.nodes)} node(s) ready")
 
 
@@ -329,7 +346,9 @@ def cluster_up(profile: ProfileOpt = None) -> None:
         except OrchestrateError:
             deployer.stop_all()
             raise
-    console.print(f"up in {result.boot_seconds:.1f}s at {prof.cluster.base_url} (config {config.key})")
+    console.print(
+        f"up in {result.boot_seconds:.1f}s at {prof.cluster.base_url} (config {config.key})"
+    )
 
 
 @cluster_app.command("down")
@@ -355,7 +374,8 @@ def bench(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
     prof = load_profile(profile)
     deployer = _deployer(prof)
     results = [
-        run_cell(prof.cluster.base_url, prof.model, cell, clocks=deployer.clocks) for cell in prof.cells
+        run_cell(prof.cluster.base_url, prof.model, cell, clocks=deployer.clocks)
+        for cell in prof.cells
     ]
     if as_json:
         typer.echo(json.dumps([r.model_dump(mode="json") for r in results], indent=2))
@@ -383,7 +403,8 @@ def twin_serve(ctx: typer.Context) -> None:
 @twin_app.command("optimum")
 def twin_optimum(
     landscape: Annotated[
-        str | None, typer.Option(help="landscape YAML path or shipped name (default: the profile's)")
+        str | None,
+        typer.Option(help="landscape YAML path or shipped name (default: the profile's)"),
     ] = None,
     profile: ProfileOpt = None,
 ) -> None:

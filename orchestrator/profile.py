@@ -140,7 +140,8 @@ def profile_path(name_or_path: str | None) -> Path:
     if candidate.suffix in (".yaml", ".yml") or candidate.exists():
         if not candidate.is_file():
             raise ProfileError(
-                f"profile {name}: no such file; give a path or one of {', '.join(embedded_profiles())}",
+                f"profile {name}: no such file; give a path or one of "
+                + ", ".join(embedded_profiles()),
                 path=name,
             )
         return candidate

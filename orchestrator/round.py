@@ -133,7 +133,8 @@ class RoundRunner:
         verb = "resuming" if resumed else "starting"
         self.display.start(
             f"{verb} round {rnd.id} on {self.cluster} ({self.profile.name}): "
-            f"{done} of {rnd.budget} experiments done, proposer {rnd.proposer}, approve {rnd.approve}"
+            f"{done} of {rnd.budget} experiments done, "
+            f"proposer {rnd.proposer}, approve {rnd.approve}"
         )
         stopped_by = "budget"
         try:
@@ -221,7 +222,7 @@ class RoundRunner:
                     config=e.config.as_dict(),
                     knob=e.knob,
                     value=e.value,
-                    status=e.status,  # type: ignore[arg-type]
+                    status=e.status,
                     objective=e.objective if e.status not in ("crash", "vetoed") else None,
                     delta_pct=e.delta_pct,
                     champion_key=e.champion_key or "",
@@ -230,13 +231,17 @@ class RoundRunner:
             )
             if e.champion_key == champion.config.key:
                 decided.add(e.config.key)
-            if e.knob is not None and e.value is not None and e.status in ("crash", "invalid", "vetoed"):
+            if (
+                e.knob is not None
+                and e.value is not None
+                and e.status in ("crash", "invalid", "vetoed")
+            ):
                 source = {"crash": "crash", "invalid": "invalid", "vetoed": "veto"}[e.status]
                 known_bad.append(
                     KnownBad(
                         when={e.knob: e.value},
                         reason=e.failure_class or (e.failure_detail or e.status)[:200],
-                        source=source,  # type: ignore[arg-type]
+                        source=source,
                     )
                 )
         return ProposalContext(
@@ -261,7 +266,11 @@ class RoundRunner:
         else:
             proposal = self.proposer.propose(self.context(rnd))
             record = self._record_proposal(rnd, proposal)
-        self.display.experiment(index, rnd.budget, f"{record.knob} {as_text(record.old_value)} → {as_text(record.new_value)}")
+        self.display.experiment(
+            index,
+            rnd.budget,
+            f"{record.knob} {as_text(record.old_value)} → {as_text(record.new_value)}",
+        )
         self.display.phase(f"waiting for approval ({rnd.approve})")
         decision = self.gate.decide(record, self.context(rnd))
         if decision.status == "vetoed":
@@ -425,8 +434,10 @@ class RoundRunner:
             boot_id, status="failed", failure_class=err.failure_class, failure_detail=err.message
         )
         verdict = VerdictRecord(
-            status="crash", rule="boot" if err.failure_class != "bench_failed" else "bench",
-            reason=err.message, stats={"failure_class": err.failure_class},
+            status="crash",
+            rule="boot" if err.failure_class != "bench_failed" else "bench",
+            reason=err.message,
+            stats={"failure_class": err.failure_class},
         )
         decided = self.ledger.decide(
             e.id,
@@ -459,7 +470,9 @@ class RoundRunner:
             champion = self.ledger.champion(self.cluster)
             assert champion is not None
             champion_cells = [r for _, _, r in self.ledger.cell_results(champion.experiment_id)]
-            verdict = decide(self.profile, cells, champion_cells, e.champion_objective or champion.objective)
+            verdict = decide(
+                self.profile, cells, champion_cells, e.champion_objective or champion.objective
+            )
             delta = float(verdict.stats.get("delta_pct", 0.0))  # type: ignore[arg-type]
         decided = self.ledger.decide(
             e.id,
@@ -488,4 +501,3 @@ class RoundRunner:
         self.sink.set_tags(run_id, {"status": verdict.status, "rule": verdict.rule})
         self.sink.finish(run_id, "FINISHED")
         self.display.decided(decided, verdict.reason)
-

@@ -20,7 +20,7 @@ class Settings:
 
     ledger_url: str
     mlflow_uri: str
-    artifact_root: Path
+    artifact_root: Path | None
 
     @classmethod
     def resolve(cls, profile: Profile | None) -> Settings:
@@ -30,7 +30,10 @@ class Settings:
         return cls(
             ledger_url=ledger or DEFAULT_LEDGER,
             mlflow_uri=mlflow or DEFAULT_MLFLOW,
-            artifact_root=Path(os.environ.get("ORCHESTRATE_ARTIFACTS", "mlartifacts")).resolve(),
+            # None: the sink keeps artifacts in mlartifacts/ next to a sqlite store
+            artifact_root=Path(art).resolve()
+            if (art := os.environ.get("ORCHESTRATE_ARTIFACTS"))
+            else None,
         )
 
 

@@ -69,7 +69,12 @@ def decide(
             stats={**stats, "mismatched_prompts": mismatch},
         )
     slow = sorted(
-        {c.rank for cell in candidate for c in cell.clocks if c.matmul_rate < profile.gates.min_matmul_rate}
+        {
+            c.rank
+            for cell in candidate
+            for c in cell.clocks
+            if c.matmul_rate < profile.gates.min_matmul_rate
+        }
     )
     if slow:
         return VerdictRecord(

@@ -56,30 +56,50 @@ def _keep(reason: str = "r") -> VerdictRecord:
     return VerdictRecord(status="keep", rule="test", reason=reason, stats={"x": 1.5})
 
 
-def test_round_experiment_champion_lifecycle(ledger_url: str, open_ledger: Callable[[str], Ledger]) -> None:
+def test_round_experiment_champion_lifecycle(
+    ledger_url: str, open_ledger: Callable[[str], Ledger]
+) -> None:
     ledger = open_ledger(ledger_url)
     rnd = ledger.create_round(
-        cluster="c", profile_name="p", profile_digest="d", budget=2, proposer="sweep", approve="auto", seed=3
+        cluster="c",
+        profile_name="p",
+        profile_digest="d",
+        budget=2,
+        proposer="sweep",
+        approve="auto",
+        seed=3,
     )
     assert ledger.unfinished_round("c") == rnd
     assert ledger.champion("c") is None
     base = SPACE.default_config()
     e0 = ledger.add_experiment(
-        cluster="c", round_id=rnd.id, kind="baseline", config=base, champion_key=None, champion_objective=None
+        cluster="c",
+        round_id=rnd.id,
+        kind="baseline",
+        config=base,
+        champion_key=None,
+        champion_objective=None,
     )
     for state in ("deploying", "benching", "measured"):
         ledger.set_state(e0.id, state)
     boot = ledger.start_boot(e0.id, base)
     ledger.add_cell_result(e0.id, boot.id, _cell("code-c1", 100.0))
     ledger.end_boot(boot.id, status="down")
-    decided = ledger.decide(e0.id, verdict=_keep(), objective=100.0, delta_pct=0.0, accept_len=3.5, promote=True)
+    decided = ledger.decide(
+        e0.id, verdict=_keep(), objective=100.0, delta_pct=0.0, accept_len=3.5, promote=True
+    )
     assert decided.state == "decided" and decided.status == "keep"
     champion = ledger.champion("c")
     assert champion is not None and champion.config == base and champion.objective == 100.0
 
     p = ledger.add_proposal(
-        round_id=rnd.id, source="sweep", knob="num_speculative_tokens", old_value=7, new_value=5,
-        champion_key=base.key, hypothesis="h",
+        round_id=rnd.id,
+        source="sweep",
+        knob="num_speculative_tokens",
+        old_value=7,
+        new_value=5,
+        champion_key=base.key,
+        hypothesis="h",
     )
     assert [x.id for x in ledger.proposals(status="pending")] == [p.id]
     approved = ledger.decide_proposal(p.id, status="approved", by="auto")
@@ -88,10 +108,19 @@ def test_round_experiment_champion_lifecycle(ledger_url: str, open_ledger: Calla
         ledger.decide_proposal(p.id, status="vetoed", by="x")
     change = SPACE.change(base, "num_speculative_tokens", 5)
     e1 = ledger.add_experiment(
-        cluster="c", round_id=rnd.id, kind="candidate", config=base.apply(change), champion_key=base.key,
-        champion_objective=100.0, proposal_id=p.id, knob="num_speculative_tokens", value=5,
+        cluster="c",
+        round_id=rnd.id,
+        kind="candidate",
+        config=base.apply(change),
+        champion_key=base.key,
+        champion_objective=100.0,
+        proposal_id=p.id,
+        knob="num_speculative_tokens",
+        value=5,
     )
-    ledger.decide(e1.id, verdict=_keep(), objective=110.0, delta_pct=10.0, accept_len=3.0, promote=True)
+    ledger.decide(
+        e1.id, verdict=_keep(), objective=110.0, delta_pct=10.0, accept_len=3.0, promote=True
+    )
     assert ledger.champion("c").config == base.apply(change)  # type: ignore[union-attr]
     assert [c.objective for c in ledger.champion_history("c")] == [100.0, 110.0]
     assert ledger.verdict(e1.id) == _keep()
@@ -102,13 +131,25 @@ def test_round_experiment_champion_lifecycle(ledger_url: str, open_ledger: Calla
     assert ledger.champion("other") is None
 
 
-def test_cell_results_round_trip_and_are_unique(ledger_url: str, open_ledger: Callable[[str], Ledger]) -> None:
+def test_cell_results_round_trip_and_are_unique(
+    ledger_url: str, open_ledger: Callable[[str], Ledger]
+) -> None:
     ledger = open_ledger(ledger_url)
     rnd = ledger.create_round(
-        cluster="c", profile_name="p", profile_digest="d", budget=1, proposer="optuna", approve="auto", seed=0
+        cluster="c",
+        profile_name="p",
+        profile_digest="d",
+        budget=1,
+        proposer="optuna",
+        approve="auto",
+        seed=0,
     )
     e = ledger.add_experiment(
-        cluster="c", round_id=rnd.id, kind="baseline", config=SPACE.default_config(), champion_key=None,
+        cluster="c",
+        round_id=rnd.id,
+        kind="baseline",
+        config=SPACE.default_config(),
+        champion_key=None,
         champion_objective=None,
     )
     boot = ledger.start_boot(e.id, e.config)
@@ -124,13 +165,21 @@ def test_cell_results_round_trip_and_are_unique(ledger_url: str, open_ledger: Ca
     assert ledger.boots(e.id)[0].failure_class == "oom"
 
 
-def test_lease_excludes_a_live_holder_and_replaces_a_dead_one(ledger_url: str, open_ledger: Callable[[str], Ledger]) -> None:
+def test_lease_excludes_a_live_holder_and_replaces_a_dead_one(
+    ledger_url: str, open_ledger: Callable[[str], Ledger]
+) -> None:
     ledger = open_ledger(ledger_url)
     host = socket.gethostname()
-    ledger.acquire_lease("c", holder="a", hostname=host, pid=os.getpid(), ttl_s=60, stale=lambda _l: False)
+    ledger.acquire_lease(
+        "c", holder="a", hostname=host, pid=os.getpid(), ttl_s=60, stale=lambda _l: False
+    )
     with pytest.raises(LeaseHeld, match="cluster c is leased to a"):
-        ledger.acquire_lease("c", holder="b", hostname=host, pid=1, ttl_s=60, stale=lambda _l: False)
-    taken = ledger.acquire_lease("c", holder="b", hostname=host, pid=1, ttl_s=60, stale=lambda _l: True)
+        ledger.acquire_lease(
+            "c", holder="b", hostname=host, pid=1, ttl_s=60, stale=lambda _l: False
+        )
+    taken = ledger.acquire_lease(
+        "c", holder="b", hostname=host, pid=1, ttl_s=60, stale=lambda _l: True
+    )
     assert taken.holder == "b"
     with pytest.raises(LedgerError, match="lost by a"):
         ledger.renew_lease("c", holder="a", ttl_s=60)
@@ -141,34 +190,81 @@ def test_lease_excludes_a_live_holder_and_replaces_a_dead_one(ledger_url: str, o
     assert ledger.lease("c") is None
 
 
-def test_export_is_stable_and_has_the_design_header(ledger_url: str, open_ledger: Callable[[str], Ledger]) -> None:
+def test_export_is_stable_and_has_the_design_header(
+    ledger_url: str, open_ledger: Callable[[str], Ledger]
+) -> None:
     ledger = open_ledger(ledger_url)
     rnd = ledger.create_round(
-        cluster="c", profile_name="p", profile_digest="d", budget=3, proposer="sweep", approve="auto", seed=0
+        cluster="c",
+        profile_name="p",
+        profile_digest="d",
+        budget=3,
+        proposer="sweep",
+        approve="auto",
+        seed=0,
     )
     base = SPACE.default_config()
     e0 = ledger.add_experiment(
-        cluster="c", round_id=rnd.id, kind="baseline", config=base, champion_key=None, champion_objective=None,
+        cluster="c",
+        round_id=rnd.id,
+        kind="baseline",
+        config=base,
+        champion_key=None,
+        champion_objective=None,
         description="baseline",
     )
-    ledger.decide(e0.id, verdict=_keep(), objective=123.456, delta_pct=0.0, accept_len=3.21, promote=True)
+    ledger.decide(
+        e0.id, verdict=_keep(), objective=123.456, delta_pct=0.0, accept_len=3.21, promote=True
+    )
     change = SPACE.change(base, "gpu_memory_utilization", 0.9)
     e1 = ledger.add_experiment(
-        cluster="c", round_id=rnd.id, kind="candidate", config=base.apply(change), champion_key=base.key,
-        champion_objective=123.456, knob=change.knob, value=change.new, description="gpu\tmem\n0.9",
+        cluster="c",
+        round_id=rnd.id,
+        kind="candidate",
+        config=base.apply(change),
+        champion_key=base.key,
+        champion_objective=123.456,
+        knob=change.knob,
+        value=change.new,
+        description="gpu\tmem\n0.9",
     )
     crash = VerdictRecord(status="crash", rule="boot", reason="oom", stats={})
-    ledger.decide(e1.id, verdict=crash, objective=None, delta_pct=None, accept_len=None, failure_class="oom")
+    ledger.decide(
+        e1.id, verdict=crash, objective=None, delta_pct=None, accept_len=None, failure_class="oom"
+    )
     ledger.add_experiment(  # undecided: not in the file
-        cluster="c", round_id=rnd.id, kind="candidate", config=base, champion_key=base.key, champion_objective=1.0
+        cluster="c",
+        round_id=rnd.id,
+        kind="candidate",
+        config=base,
+        champion_key=base.key,
+        champion_objective=1.0,
     )
     text = tsv_text(ledger.experiments(cluster="c"))
     lines = text.splitlines()
     assert lines[0].split("\t") == list(HEADER)
-    assert lines[0] == "experiment\tobjective\tdelta_pct\taccept_len\tstatus\tknob\tvalue\tdescription"
-    assert lines[1].split("\t") == [str(e0.id), "123.46", "+0.00", "3.210", "keep", "-", "-", "baseline"]
+    assert (
+        lines[0] == "experiment\tobjective\tdelta_pct\taccept_len\tstatus\tknob\tvalue\tdescription"
+    )
+    assert lines[1].split("\t") == [
+        str(e0.id),
+        "123.46",
+        "+0.00",
+        "3.210",
+        "keep",
+        "-",
+        "-",
+        "baseline",
+    ]
     assert lines[2].split("\t") == [
-        str(e1.id), "0.00", "+0.00", "0.000", "crash", "gpu_memory_utilization", "0.9", "gpu mem 0.9"
+        str(e1.id),
+        "0.00",
+        "+0.00",
+        "0.000",
+        "crash",
+        "gpu_memory_utilization",
+        "0.9",
+        "gpu mem 0.9",
     ]
     assert len(lines) == 3
     assert tsv_text(open_ledger(ledger_url).experiments(cluster="c")) == text
@@ -177,5 +273,5 @@ def test_export_is_stable_and_has_the_design_header(ledger_url: str, open_ledger
 def test_bad_urls_are_one_clear_error(tmp_path: object) -> None:
     with pytest.raises(LedgerError, match="is not a database URL"):
         Ledger("not a url at all")
-    with pytest.raises(LedgerError, match="cannot open ledger|ledger postgresql"):
+    with pytest.raises(LedgerError, match=r"cannot open ledger|ledger postgresql"):
         Ledger("postgresql+psycopg://nobody@127.0.0.1:1/nothing")

@@ -1,0 +1,220 @@
+"""What a proposer sees: the knob space, the champion, the decided history, the no-go regions.
+
+A ``ProposalContext`` is built by the orchestrator from the ledger before every proposal and
+is the only input a proposer gets, so a proposer that is a pure function of it resumes after a
+kill with nothing to restore.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from knobs.config import Change, Config
+from knobs.errors import KnobError
+from knobs.space import KnobSpace
+from knobs.spec import Value, as_text
+
+#: How an experiment was decided (the ``status`` column of ``results.tsv``).
+Status = Literal["keep", "discard", "crash", "inconclusive", "invalid", "vetoed"]
+
+#: Where a known-bad region comes from.
+KnownBadSource = Literal["crash", "invalid", "veto", "constraint"]
+
+#: Statuses whose objective is a trustworthy measurement of the config that ran. An ``invalid``
+#: config may carry a (fast, wrong) objective: it must never count as a measurement.
+MEASURED: frozenset[str] = frozenset({"keep", "discard", "inconclusive"})
+
+
+def same_value(a: object, b: object) -> bool:
+    """Equal as knob values: ``True`` is not ``1`` here, while ``1`` and ``1.0`` are."""
+    return a == b and isinstance(a, bool) == isinstance(b, bool)
+
+
+def describe_values(values: Mapping[str, Value]) -> str:
+    """``knob=value, …`` in the launcher's spelling of each value."""
+    return ", ".join(f"{k}={as_text(v)}" for k, v in values.items())
+
+
+class HistoryEntry(BaseModel):
+    """One decided experiment, as the ledger recorded it. Histories are oldest first."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    experiment: int
+    #: The full config that ran.
+    config: dict[str, Value]
+    #: The changed knob; ``None`` for a baseline or a re-measure of the champion.
+    knob: str | None
+    value: Value | None
+    status: Status
+    #: ``None`` for a crash or a veto.
+    objective: float | None
+    #: Against the champion of the time.
+    delta_pct: float | None
+    #: ``Config.key`` of the champion it was compared against.
+    champion_key: str
+    failure_class: str | None = None
+
+    @property
+    def measured(self) -> bool:
+        """Whether ``objective`` is a measurement a model may learn from."""
+        return self.objective is not None and self.status in MEASURED
+
+    def describe(self) -> str:
+        """``#7 cuda_graphs=true: keep, 101.3 (+2.1%)`` for hypotheses and logs."""
+        what = "baseline" if self.knob is None else f"{self.knob}={_text(self.value)}"
+        score = "" if self.objective is None else f", {self.objective:.4g}"
+        delta = "" if self.delta_pct is None else f" ({self.delta_pct:+.1f}%)"
+        why = f" [{self.failure_class}]" if self.failure_class else ""
+        return f"#{self.experiment} {what}: {self.status}{score}{delta}{why}"
+
+
+class KnownBad(BaseModel):
+    """A region no proposer may enter: every config matching all of ``when``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    when: dict[str, Value] = Field(min_length=1)
+    reason: str
+    source: KnownBadSource
+
+    def matches(self, config: Mapping[str, Value]) -> bool:
+        """Whether ``config`` falls inside this region (a knob it lacks never matches)."""
+        return all(k in config and same_value(config[k], v) for k, v in self.when.items())
+
+    def describe(self) -> str:
+        """``gpu_memory_utilization=0.9 (crash: OOM on the head)``."""
+        return f"{describe_values(self.when)} ({self.source}: {self.reason})"
+
+
+class Refusal(BaseModel):
+    """Why a change may not run: a short ``kind`` to count by and the full ``reason``."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: Literal["invalid", "decided", "known-bad"]
+    reason: str
+
+
+class ProposalContext(BaseModel):
+    """Everything a proposer may base a proposal on. Proposers must be deterministic given it.
+
+    Raises (on construction):
+        pydantic.ValidationError: the champion does not assign exactly the space's knobs, or a
+            field has the wrong type.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    space: KnobSpace
+    champion: Config
+    champion_objective: float | None
+    history: tuple[HistoryEntry, ...]
+    known_bad: tuple[KnownBad, ...]
+    #: ``Config.key`` of every config already decided under this champion: never propose again.
+    decided_keys: frozenset[str]
+    budget_left: int = Field(ge=0)
+    #: The round's seed.
+    seed: int
+    #: The user's research brief (for LLM proposers).
+    brief: str = ""
+
+    @model_validator(mode="after")
+    def _champion_fits(self) -> ProposalContext:
+        names = set(self.space.names)
+        if set(self.champion) != names:
+            missing = sorted(names - set(self.champion))
+            extra = sorted(set(self.champion) - names)
+            raise ValueError(f"champion does not fit the space: missing {missing}, extra {extra}")
+        return self
+
+    def refusal(self, change: Change) -> Refusal | None:
+        """``None`` if ``change`` may run now, else why not.
+
+        Never raises: a change that does not validate is refused with the validation message.
+        """
+        try:
+            valid = self.space.change(self.champion, change.knob, change.new)
+        except KnobError as e:
+            return Refusal(kind="invalid", reason=e.message)
+        if not same_value(change.old, valid.old):
+            return Refusal(
+                kind="invalid",
+                reason=f"stale change: the champion's {change.knob} is {as_text(valid.old)}, "
+                f"not {_text(change.old)}",
+            )
+        if not same_value(change.new, valid.new) or type(change.new) is not type(valid.new):
+            return Refusal(
+                kind="invalid",
+                reason=f"knob {change.knob}: write {change.new!r} as {as_text(valid.new)}",
+            )
+        candidate = self.champion.apply(valid)
+        if candidate.key in self.decided_keys:
+            return Refusal(
+                kind="decided",
+                reason=f"{valid.describe()} was already decided under this champion "
+                f"(config {candidate.key})",
+            )
+        for region in self.known_bad:
+            if region.matches(candidate):
+                return Refusal(
+                    kind="known-bad",
+                    reason=f"{valid.describe()} enters a known-bad region: {region.describe()}",
+                )
+        return None
+
+    def allowed(self, change: Change) -> str | None:
+        """``None`` if ``change`` may run now, else the reason it may not.
+
+        A change is allowed when ``space.change`` validates it (known knob, value of the domain,
+        a real change, no forbidden combination), its ``old`` is the champion's value, its
+        ``new`` is written as the domain writes it, the resulting config was not decided under
+        this champion and it lies in no known-bad region. Never raises.
+        """
+        refused = self.refusal(change)
+        return None if refused is None else refused.reason
+
+    def candidates(self) -> list[Change]:
+        """Every allowed one-knob change away from the champion, in ``space.neighbours`` order."""
+        return [c for c in self.space.neighbours(self.champion) if self.refusal(c) is None]
+
+    def refusals(self, changes: Iterable[Change]) -> dict[str, int]:
+        """How many of ``changes`` are refused, counted by refusal kind (allowed ones omitted)."""
+        counts: Counter[str] = Counter()
+        for change in changes:
+            refused = self.refusal(change)
+            if refused is not None:
+                counts[refused.kind] += 1
+        return dict(sorted(counts.items()))
+
+    def risk_of(self, change: Change) -> str:
+        """What the history and the known-bad regions say about the risk of ``change``."""
+        knob = change.knob
+        parts: list[str] = []
+        failed = [e for e in self.history if e.knob == knob and not e.measured]
+        if failed:
+            parts.append(f"{knob} failed before: " + "; ".join(e.describe() for e in failed[-3:]))
+        regions = [r for r in self.known_bad if knob in r.when]
+        if regions:
+            parts.append("known-bad regions on it: " + "; ".join(r.describe() for r in regions[:3]))
+        if not self.tries(knob, change.new):
+            parts.append(f"{knob}={_text(change.new)} was never run as a change")
+        return "; ".join(parts) if parts else "low: this knob and value ran before without failing"
+
+    def tries(self, knob: str, value: Value | None = None) -> int:
+        """How many history entries changed ``knob`` (to ``value``, when given)."""
+        return sum(
+            1
+            for e in self.history
+            if e.knob == knob and (value is None or same_value(e.value, value))
+        )
+
+
+def _text(value: object) -> str:
+    if isinstance(value, bool | int | float | str):
+        return as_text(value)
+    return repr(value)

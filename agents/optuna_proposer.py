@@ -1,0 +1,319 @@
+"""The Optuna proposer: TPE over the whole knob space, narrowed to one knob away from the champion.
+
+Stateless between calls: every ``propose`` rebuilds an in-memory study from the context's
+history, so a killed round resumes with nothing to restore and the same context always gives
+the same proposal.
+
+How history becomes trials:
+
+- a measured entry (keep, discard or inconclusive, with an objective) is a COMPLETE trial with
+  that objective; so is the champion's own measurement when no history entry carries it;
+- a crash, an invalid config and a veto are FAIL trials. TPE fits its densities on completed
+  trials only, so they teach it nothing, on purpose: a crash has no objective, and inventing one
+  (the worst seen, say) would put a fake point on the surface and drag the "bad" density
+  towards a region that may have crashed for a reason unrelated to the knobs (a wedged node);
+  an invalid config's objective is fast because it is wrong; a veto is a person's judgement,
+  not a measurement. Keeping them out of the model loses nothing, because the regions they mark
+  are enforced exactly through ``known_bad`` and ``decided_keys``. Keeping them in the study as
+  FAIL, rather than dropping them, keeps the study a full mirror of the decided history (one
+  trial per experiment, in order), which an RDB-backed study shared between clusters will want;
+- an entry whose config no longer fits the space (the profile changed) is skipped and counted
+  in the proposal's notes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Mapping, Sequence
+from typing import Literal
+
+import optuna
+from optuna.distributions import (
+    BaseDistribution,
+    CategoricalDistribution,
+    FloatDistribution,
+    IntDistribution,
+)
+from optuna.trial import TrialState, create_trial
+
+from agents.context import HistoryEntry, ProposalContext, same_value
+from agents.proposal import ONE_EXPERIMENT, Proposal, ProposalExhausted
+from knobs.config import Change, Config
+from knobs.errors import KnobError
+from knobs.space import KnobSpace
+from knobs.spec import KnobSpec, Value, as_text
+
+Direction = Literal["maximize", "minimize"]
+
+#: How many times ``study.ask`` is tried before the deterministic fallback. Each extra ask sees
+#: the earlier ones as running trials (TPE's constant liar), so it lands somewhere else.
+MAX_ASKS = 12
+
+
+def distributions(space: KnobSpace) -> dict[str, BaseDistribution]:
+    """One Optuna distribution per knob: int → Int, float → Float (both stepped), else categorical.
+
+    ``high`` is the last value of the knob's domain, so Optuna never has to adjust it.
+    """
+    out: dict[str, BaseDistribution] = {}
+    for spec in space.knobs:
+        values = spec.domain()
+        if spec.type == "int":
+            step = int(spec.step or 1)
+            out[spec.name] = IntDistribution(int(values[0]), int(values[-1]), step=step)
+        elif spec.type == "float":
+            assert spec.step is not None
+            out[spec.name] = FloatDistribution(
+                float(values[0]), float(values[-1]), step=float(spec.step)
+            )
+        else:
+            out[spec.name] = CategoricalDistribution(values)
+    return out
+
+
+def seed_for(*parts: object) -> int:
+    """A 32-bit seed from ``parts`` (stable across processes, unlike ``hash`` of a string)."""
+    text = "\x1f".join(str(p) for p in parts)
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "big")
+
+
+class OptunaProposer:
+    """Ask/tell with TPE over the knob space, one knob away from the champion.
+
+    TPE (seeded from the proposer's seed, the round's seed and the history's length) suggests a
+    whole config. Of the knobs where it differs from the champion, the one taken is the knob
+    changed least often relative to how much it has been seen to matter (``tries / (1 + √ of
+    the largest |delta_pct| of its measured changes)``), so untried knobs come first and flat
+    ones fade; among equals, the one TPE moved furthest (as a fraction of its domain; a
+    categorical move counts as the whole domain); then a seeded hash. That knob at TPE's value
+    is the change.
+    When a dozen asks give no allowed change, the fallback is the allowed neighbour whose knob,
+    then value, was tried least (ties by the seeded hash).
+    """
+
+    name = "optuna"
+
+    def __init__(
+        self, seed: int = 0, n_startup: int = 4, *, direction: Direction = "maximize"
+    ) -> None:
+        """Raises:
+        ValueError: ``n_startup`` is negative or ``direction`` is neither maximize nor minimize.
+        """
+        if n_startup < 0:
+            raise ValueError(f"n_startup must be >= 0, not {n_startup}")
+        if direction not in ("maximize", "minimize"):
+            raise ValueError(f"direction must be maximize or minimize, not {direction!r}")
+        self.seed = seed
+        self.n_startup = n_startup
+        self.direction: Direction = direction
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+    def propose(self, context: ProposalContext) -> Proposal:
+        """TPE's suggestion, narrowed to one allowed knob change away from the champion.
+
+        Raises:
+            ProposalExhausted: no allowed one-knob change is left.
+        """
+        allowed = context.candidates()
+        if not allowed:
+            neighbours = context.space.neighbours(context.champion)
+            raise ProposalExhausted.after(
+                self.name, len(neighbours), context.refusals(neighbours), what="neighbours"
+            )
+        dists = distributions(context.space)
+        sampler_seed = seed_for(self.seed, context.seed, len(context.history))
+        study, skipped = self._study(context, dists)
+        completed = sum(1 for t in study.trials if t.state == TrialState.COMPLETE)
+        for asks in range(1, MAX_ASKS + 1):
+            asked = _params(context.space, study.ask(dists).params)
+            if asked is None:  # unreachable: TPE samples inside the distributions
+                continue
+            moved = self._moved(context, asked, sampler_seed)
+            for knob in moved:
+                change = Change(knob=knob, old=context.champion[knob], new=asked[knob])
+                if context.refusal(change) is None:
+                    notes = {
+                        "sampler": "tpe" if completed >= self.n_startup else "random (startup)",
+                        "completed_trials": str(completed),
+                        "asks": str(asks),
+                    }
+                    others = [f"{k}={as_text(asked[k])}" for k in moved if k != knob]
+                    if others:
+                        notes["tpe_also_moved"] = ", ".join(others)
+                    return self._proposal(context, change, completed, notes, skipped)
+        return self._fallback(context, allowed, sampler_seed, completed, skipped)
+
+    # ---- the study -----------------------------------------------------------------------------
+    def _study(
+        self, context: ProposalContext, dists: dict[str, BaseDistribution]
+    ) -> tuple[optuna.Study, int]:
+        sampler_seed = seed_for(self.seed, context.seed, len(context.history))
+        sampler = optuna.samplers.TPESampler(seed=sampler_seed, n_startup_trials=self.n_startup)
+        study = optuna.create_study(direction=self.direction, sampler=sampler)
+        skipped = 0
+        measured: set[str] = set()
+        for entry in context.history:
+            params = _params(context.space, entry.config)
+            if params is None:
+                skipped += 1
+                continue
+            if entry.measured:
+                measured.add(Config(params).key)
+                trial = create_trial(params=params, distributions=dists, value=entry.objective)
+            else:
+                trial = create_trial(state=TrialState.FAIL, params=params, distributions=dists)
+            study.add_trial(trial)
+        champion = _params(context.space, context.champion)
+        objective = context.champion_objective
+        if champion is not None and objective is not None and context.champion.key not in measured:
+            # the champion's measurement, when the history does not carry it (a fresh ledger)
+            study.add_trial(create_trial(params=champion, distributions=dists, value=objective))
+        return study, skipped
+
+    # ---- which knob ----------------------------------------------------------------------------
+    def _moved(
+        self, context: ProposalContext, asked: Mapping[str, Value], sampler_seed: int
+    ) -> list[str]:
+        """The knobs where ``asked`` differs from the champion, best first (see the class)."""
+        ranked: list[tuple[float, float, int, str]] = []
+        for spec in context.space.knobs:
+            old = context.champion[spec.name]
+            new = asked[spec.name]
+            if same_value(new, old):
+                continue
+            effects = [
+                abs(e.delta_pct)
+                for e in context.history
+                if e.knob == spec.name and e.measured and e.delta_pct is not None
+            ]
+            explored = context.tries(spec.name) / (1.0 + math.sqrt(max(effects, default=0.0)))
+            tie = seed_for(sampler_seed, spec.name)
+            ranked.append((explored, -_move(spec, old, new), tie, spec.name))
+        return [name for *_, name in sorted(ranked)]
+
+    def _fallback(
+        self,
+        context: ProposalContext,
+        allowed: Sequence[Change],
+        sampler_seed: int,
+        completed: int,
+        skipped: int,
+    ) -> Proposal:
+
+        def rank(change: Change) -> tuple[int, int, int]:
+            tie = seed_for(sampler_seed, change.knob, as_text(change.new))
+            return (context.tries(change.knob), context.tries(change.knob, change.new), tie)
+
+        notes = {
+            "sampler": "fallback",
+            "completed_trials": str(completed),
+            "asks": str(MAX_ASKS),
+            "fallback": f"TPE's {MAX_ASKS} suggestions gave no allowed change; "
+            f"took the least-tried of {len(allowed)} allowed neighbours",
+        }
+        return self._proposal(context, min(allowed, key=rank), completed, notes, skipped)
+
+    # ---- the words -----------------------------------------------------------------------------
+    def _proposal(
+        self,
+        context: ProposalContext,
+        change: Change,
+        completed: int,
+        notes: dict[str, str],
+        skipped: int,
+    ) -> Proposal:
+        spec = context.space.spec(change.knob)
+        target = f"{change.knob}={as_text(change.new)}"
+        if notes["sampler"] == "fallback":
+            how = f"TPE kept suggesting decided or refused configs; {target} is least explored"
+        elif notes["sampler"] == "tpe":
+            how = f"TPE over {completed} completed trials puts {target} in the promising region"
+        else:
+            how = (
+                f"exploring: {completed} completed trial(s) of the {self.n_startup} TPE needs "
+                f"before it models the surface, so {target} is a random draw"
+            )
+        evidence = _evidence(context.history, spec, change.new)
+        hypothesis = f"{change.describe()}: {how}."
+        if evidence:
+            hypothesis += " Nearest evidence: " + "; ".join(_line(e, spec) for e in evidence) + "."
+        if skipped:
+            notes["skipped_history"] = f"{skipped} entries no longer fit the knob space"
+        return Proposal(
+            change=change,
+            source=self.name,
+            hypothesis=hypothesis,
+            expected_effect=_expected(evidence, change, spec, self.direction),
+            risk=context.risk_of(change),
+            estimated_cost=ONE_EXPERIMENT,
+            notes=notes,
+        )
+
+
+def _evidence(history: Sequence[HistoryEntry], spec: KnobSpec, value: Value) -> list[HistoryEntry]:
+    """Up to three measured entries at ``value`` (changes of this knob first), else the changes
+    of this knob nearest ``value`` (numeric knobs only)."""
+    measured = [e for e in history if e.measured and spec.name in e.config]
+    exact = [e for e in measured if same_value(e.config[spec.name], value)]
+    changed_here = [e for e in exact if e.knob == spec.name]
+    if exact:
+        return (changed_here or exact)[-3:]
+    if spec.type not in ("int", "float") or isinstance(value, bool | str):
+        return []
+    moved = [e for e in measured if e.knob == spec.name and isinstance(e.value, int | float)]
+
+    def distance(e: HistoryEntry) -> tuple[float, int]:
+        assert isinstance(e.value, int | float)
+        return (abs(float(e.value) - float(value)), -e.experiment)
+
+    return sorted(moved, key=distance)[:3]
+
+
+def _line(entry: HistoryEntry, spec: KnobSpec) -> str:
+    if entry.knob == spec.name:
+        return entry.describe()
+    return f"{entry.describe()} (with {spec.name}={as_text(entry.config[spec.name])})"
+
+
+def _expected(
+    evidence: Sequence[HistoryEntry], change: Change, spec: KnobSpec, direction: Direction
+) -> str:
+    deltas = [e.delta_pct for e in evidence if e.delta_pct is not None]
+    if not deltas:
+        return (
+            f"unknown: nothing measured near {spec.name}={as_text(change.new)} yet; "
+            "a first look at this region"
+        )
+    mean = sum(deltas) / len(deltas)
+    if abs(mean) < 0.5:
+        word = "about the same as the champion"
+    elif (mean > 0) == (direction == "maximize"):
+        word = "better than the champion"
+    else:
+        word = "worse than the champion so far, though TPE still ranks the region high"
+    exact = any(same_value(e.config.get(spec.name), change.new) for e in evidence)
+    where = "at this value" if exact else "at the nearest measured values"
+    return (
+        f"{word}: objective {mean:+.1f}% on average over {len(deltas)} measurement(s) {where}, "
+        "each against the champion of its time"
+    )
+
+
+def _params(space: KnobSpace, config: Mapping[str, object]) -> dict[str, Value] | None:
+    """``config`` as typed values of the space's domains (TPE's floats rounded onto the grid),
+    or ``None`` when it does not assign exactly the space's knobs or a value is outside."""
+    if set(config) != set(space.names):
+        return None
+    try:
+        return {spec.name: spec.parse(config[spec.name]) for spec in space.knobs}
+    except KnobError:
+        return None
+
+
+def _move(spec: KnobSpec, old: Value, new: Value) -> float:
+    if spec.type in ("int", "float") and isinstance(new, int | float):
+        assert spec.low is not None and spec.high is not None
+        span = spec.high - spec.low
+        return abs(float(new) - float(old)) / span if span else 0.0
+    return 1.0

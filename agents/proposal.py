@@ -1,0 +1,99 @@
+"""A proposal (one knob change and the reasoning behind it) and the protocol of its authors."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict
+
+from agents.context import ProposalContext
+from knobs.config import Change
+from knobs.errors import OrchestrateError
+
+#: What a proposal's estimated cost says when the proposer knows nothing more specific: every
+#: change redeploys the cluster and measures the profile's cells once.
+ONE_EXPERIMENT = "1 boot (all nodes, workers first) + 1 pass of the profile's bench cells"
+
+
+class Proposal(BaseModel):
+    """One knob change for the champion, with what its author expects and why."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    change: Change
+    #: Who proposed it: "optuna", "sweep", "claude", "person", "optuna (fallback from claude)" …
+    source: str
+    hypothesis: str
+    #: Direction and size, in words.
+    expected_effect: str
+    risk: str
+    #: e.g. "1 boot + 4 cells".
+    estimated_cost: str
+    notes: dict[str, str] = {}
+
+
+@runtime_checkable
+class Proposer(Protocol):
+    """Suggests the next one-knob change. Must be deterministic given the context.
+
+    ``propose`` raises ``ProposalExhausted`` when no allowed change is left; any other
+    ``OrchestrateError`` it raises is the proposer's own (an LLM API error, say).
+    """
+
+    name: str
+
+    def propose(self, context: ProposalContext) -> Proposal:
+        """The next proposal for ``context.champion``.
+
+        Raises:
+            ProposalExhausted: no allowed one-knob change remains for this proposer.
+        """
+        ...
+
+
+class ProposalExhausted(OrchestrateError):
+    """No allowed one-knob change remains: the round ends early, this is not a failure.
+
+    Carries the proposer's name, how many candidates it considered, the refusals of those
+    counted by kind (``invalid``, ``decided``, ``known-bad``, and for a sweep ``done``), and how
+    many allowed one-knob changes are left outside its candidates (0 when it considered every
+    neighbour; a finished sweep list may leave some).
+    """
+
+    exit_code = 1
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        proposer: str,
+        considered: int,
+        left: int = 0,
+        refusals: Mapping[str, int] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.proposer = proposer
+        self.considered = considered
+        self.left = left
+        self.refusals = dict(refusals or {})
+
+    @classmethod
+    def after(
+        cls,
+        proposer: str,
+        considered: int,
+        refusals: Mapping[str, int],
+        *,
+        what: str,
+        left: int = 0,
+    ) -> ProposalExhausted:
+        """The error for ``proposer`` having refused all ``considered`` candidates of ``what``,
+        with ``left`` allowed one-knob changes outside them."""
+        why = ", ".join(f"{n} {kind}" for kind, n in sorted(refusals.items())) or "none refused"
+        message = (
+            f"{proposer}: no allowed one-knob change is left among {considered} {what} ({why})"
+        )
+        if left:
+            message += f"; {left} other allowed one-knob changes remain outside it"
+        return cls(message, proposer=proposer, considered=considered, left=left, refusals=refusals)

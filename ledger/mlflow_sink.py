@@ -1,0 +1,673 @@
+"""The MLflow sink: one parent run per round, one child run per experiment.
+
+The SQL ledger is the source of truth; MLflow is where a person looks. Every call names its
+run id explicitly through ``MlflowClient`` (never the fluent ``mlflow.start_run``), so there is
+no global active run that could leak between rounds or tests, and a resumed round logs to the
+runs it created before.
+
+Secrets never reach MLflow: params, tags and texts are redacted before they are logged (see
+``_Redactor``). Every MLflow, database and filesystem failure comes out as ``MlflowSinkError``.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+import re
+import tempfile
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
+from pathlib import Path, PurePosixPath
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Final, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+from knobs.errors import OrchestrateError
+
+if TYPE_CHECKING:
+    from mlflow.entities import Param
+    from mlflow.tracking import MlflowClient
+
+_T = TypeVar("_T")
+
+__all__ = ["DEFAULT_TRACKING_URI", "MlflowSink", "MlflowSinkError"]
+
+DEFAULT_TRACKING_URI: Final = "sqlite:///mlflow.db"
+DEFAULT_ARTIFACT_DIR: Final = "mlartifacts"
+REDACTED: Final = "***"
+TRUNCATION_MARK: Final = "...[truncated]"
+
+TAG_ROUND: Final = "orchestrate.round"
+TAG_CLUSTER: Final = "orchestrate.cluster"
+TAG_EXPERIMENT: Final = "orchestrate.experiment"
+TAG_KIND: Final = "orchestrate.kind"
+_PARENT_TAG: Final = "mlflow.parentRunId"
+
+_STATUSES: Final = frozenset({"FINISHED", "FAILED", "KILLED"})
+_EMPTY: Final[Mapping[str, str]] = MappingProxyType({})
+
+# MLflow's own limits (mlflow.utils.validation), restated so that importing this module does
+# not import mlflow; tests/test_mlflow_sink.py checks they still match the installed mlflow.
+MAX_PARAM_VALUE: Final = 6000
+MAX_TAG_VALUE: Final = 8000
+MAX_KEY: Final = 250
+_MAX_PARAMS_TAGS_PER_BATCH: Final = 100
+_MAX_METRICS_PER_BATCH: Final = 1000
+
+# Schemes that MLflow serves from a SQL database through SQLAlchemy.
+_DB_SCHEMES: Final = frozenset({"sqlite", "postgresql", "mysql", "mssql"})
+# Text files larger than this are uploaded as they are rather than read in to be redacted.
+_MAX_REDACTED_FILE_BYTES: Final = 64 * 1024 * 1024
+
+
+class MlflowSinkError(OrchestrateError):
+    """MLflow (or its database, or its artifact store) failed, or was configured wrongly.
+
+    Carries the tracking URI (with any password masked) and the operation that failed.
+    """
+
+    exit_code = 4
+
+    def __init__(self, message: str, *, tracking_uri: str, operation: str) -> None:
+        super().__init__(message)
+        self.tracking_uri = tracking_uri
+        self.operation = operation
+
+
+class MlflowSink:
+    """Logs rounds and experiments to MLflow under one experiment (default ``orchestrate``).
+
+    ``tracking_uri`` defaults to ``$MLFLOW_TRACKING_URI``, then ``sqlite:///mlflow.db`` in the
+    working directory. A relative sqlite path is made absolute once, here. Artifacts of a new
+    experiment go to ``artifact_root`` when given, else to ``mlartifacts/`` next to a sqlite
+    database (``./mlartifacts`` for the default), else ``./mlartifacts`` for other databases;
+    a tracking server (``http(s)://``) chooses its own. An existing experiment keeps the
+    artifact location it was created with.
+    """
+
+    def __init__(
+        self,
+        tracking_uri: str | None = None,
+        experiment_name: str = "orchestrate",
+        artifact_root: str | Path | None = None,
+    ) -> None:
+        """Open the tracking store (running MLflow's schema migrations if it is new) and find
+        or create the experiment.
+
+        Raises:
+            MlflowSinkError: the URI is a file store or a plain path, the store cannot be
+                reached or opened, or the experiment exists but is deleted.
+        """
+        self.tracking_uri, default_artifacts = _resolve_tracking_uri(tracking_uri)
+        self.experiment_name = experiment_name
+        root = artifact_root if artifact_root is not None else default_artifacts
+        self._artifact_location = _artifact_location(root)
+        with self._translate("open the tracking store"):
+            _probe_database(self.tracking_uri)
+            # Imported here: importing mlflow costs about a second, and code that only needs
+            # MlflowSinkError (the CLI, for one) should not pay it.
+            from mlflow.tracking import MlflowClient
+
+            self._client: MlflowClient = MlflowClient(tracking_uri=self.tracking_uri)
+            self.experiment_id = self._find_or_create_experiment()
+
+    # -- runs ---------------------------------------------------------------------------------
+
+    def start_round(
+        self,
+        *,
+        round_id: int,
+        cluster: str,
+        params: Mapping[str, str],
+        tags: Mapping[str, str] = _EMPTY,
+    ) -> str:
+        """Create the parent run ``round-<round_id>`` and return its run id.
+
+        Raises:
+            ValueError: two param or tag names become the same name once sanitised.
+            MlflowSinkError: MLflow refused or failed to create the run or log its params.
+        """
+        system = {TAG_ROUND: str(round_id), TAG_CLUSTER: cluster, TAG_KIND: "round"}
+        with self._translate("start round"):
+            return self._create_run(
+                experiment_id=self.experiment_id,
+                run_name=f"round-{round_id}",
+                tags={**tags, **system},
+                params=params,
+            )
+
+    def start_experiment(
+        self,
+        *,
+        parent_run_id: str,
+        number: int,
+        kind: str,
+        params: Mapping[str, object],
+        tags: Mapping[str, str] = _EMPTY,
+    ) -> str:
+        """Create the child run ``exp-<number>`` under a round's run and return its run id.
+
+        ``params`` are the knobs and the description; values that are not strings are written
+        as JSON (``true``, ``0.9``, ``{"method": "dflash"}``).
+
+        Raises:
+            ValueError: two param or tag names become the same name once sanitised.
+            MlflowSinkError: the parent run does not exist, or MLflow failed.
+        """
+        with self._translate("start experiment"):
+            parent = self._client.get_run(parent_run_id)
+            system = {_PARENT_TAG: parent_run_id, TAG_EXPERIMENT: str(number), TAG_KIND: kind}
+            round_tag = parent.data.tags.get(TAG_ROUND)
+            if round_tag is not None:
+                system[TAG_ROUND] = round_tag
+            return self._create_run(
+                experiment_id=parent.info.experiment_id,
+                run_name=f"exp-{number}",
+                tags={**tags, **system},
+                params={key: _stringify(value) for key, value in params.items()},
+            )
+
+    def log_metrics(
+        self, run_id: str, metrics: Mapping[str, float], step: int | None = None
+    ) -> None:
+        """Log metric values at ``step`` (0 when not given); names are sanitised to MLflow's
+        characters (letters, digits, ``_ - . /`` and space; anything else becomes ``_``).
+
+        Raises:
+            ValueError: two names become the same name once sanitised.
+            MlflowSinkError: MLflow failed (unknown run id included).
+        """
+        named = _clean_keys(metrics, "metric")
+        with self._translate("log metrics"):
+            from mlflow.entities import Metric
+
+            now = int(time.time() * 1000)
+            entries = [
+                Metric(key=key, value=float(value), timestamp=now, step=step or 0)
+                for key, value in named.items()
+            ]
+            for chunk in _chunks(entries, _MAX_METRICS_PER_BATCH):
+                self._client.log_batch(run_id, metrics=chunk, synchronous=True)
+
+    def log_texts(self, run_id: str, texts: Mapping[str, str]) -> None:
+        """Write each text as an artifact at its path (``launchers/node-0.sh``, ``cells.json``),
+        redacted; a text whose path names a secret is replaced by ``***`` whole.
+
+        Raises:
+            ValueError: a path is absolute, empty, or climbs out with ``..``.
+            MlflowSinkError: MLflow or the artifact store failed.
+        """
+        paths = {key: _artifact_path(key, allow_root=False) for key in texts}
+        if not texts:
+            return
+        redactor = _Redactor.from_environment()
+        with self._translate("log texts"), tempfile.TemporaryDirectory(prefix="mlflow-") as tmp:
+            staging = Path(tmp)
+            for key, text in texts.items():
+                target = staging.joinpath(*paths[key].parts)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_text(redactor.value(key, text), encoding="utf-8")
+            # One upload for all of them: one round trip to a remote artifact store.
+            self._client.log_artifacts(run_id, str(staging))
+
+    def log_files(self, run_id: str, files: Mapping[str, Path]) -> None:
+        """Upload each local file into its artifact directory (``""`` is the run's root).
+
+        A UTF-8 text file is redacted on the way (the local file is left as it is); other
+        files are uploaded byte for byte.
+
+        Raises:
+            ValueError: a directory is absolute or climbs out with ``..``.
+            MlflowSinkError: a file cannot be read, or MLflow or the artifact store failed.
+        """
+        dirs = {key: _artifact_path(key, allow_root=True) for key in files}
+        if not files:
+            return
+        redactor = _Redactor.from_environment()
+        with self._translate("log files"), tempfile.TemporaryDirectory(prefix="mlflow-") as tmp:
+            for index, (key, local) in enumerate(files.items()):
+                source = Path(local)
+                redacted = _redacted_copy(source, Path(tmp) / str(index), redactor)
+                artifact_dir = str(dirs[key]) if dirs[key].parts else None
+                self._client.log_artifact(run_id, str(redacted or source), artifact_dir)
+
+    def set_tags(self, run_id: str, tags: Mapping[str, str]) -> None:
+        """Set (or overwrite) tags on a run, redacted and truncated to MLflow's limit.
+
+        Raises:
+            ValueError: two tag names become the same name once sanitised.
+            MlflowSinkError: MLflow failed (unknown run id included).
+        """
+        entries = _tag_entries(tags, _Redactor.from_environment())
+        with self._translate("set tags"):
+            self._log_tags(run_id, entries)
+
+    def finish(self, run_id: str, status: str = "FINISHED") -> None:
+        """Mark a run terminated with ``status``: FINISHED, FAILED or KILLED.
+
+        Raises:
+            ValueError: another status.
+            MlflowSinkError: MLflow failed (unknown run id included).
+        """
+        if status not in _STATUSES:
+            raise ValueError(f"status must be one of {sorted(_STATUSES)}, not {status!r}")
+        with self._translate("finish run"):
+            self._client.set_terminated(run_id, status=status)
+
+    def runs_of_round(self, parent_run_id: str) -> list[str]:
+        """The child run ids of a round's run, in experiment-number order.
+
+        Raises:
+            MlflowSinkError: the parent run does not exist, or MLflow failed.
+        """
+        with self._translate("list runs of round"):
+            parent = self._client.get_run(parent_run_id)
+            # run ids are [0-9a-f]{32}; get_run above has already refused anything else
+            query = f"tags.`{_PARENT_TAG}` = '{parent.info.run_id}'"
+            found: list[tuple[int, int, str]] = []
+            token: str | None = None
+            while True:
+                page = self._client.search_runs(
+                    [parent.info.experiment_id],
+                    filter_string=query,
+                    max_results=1000,
+                    page_token=token,
+                )
+                for run in page:
+                    number = run.data.tags.get(TAG_EXPERIMENT, "")
+                    order = int(number) if number.lstrip("-").isdigit() else 2**62
+                    found.append((order, run.info.start_time or 0, run.info.run_id))
+                token = page.token
+                if not token:
+                    break
+        return [run_id for _, _, run_id in sorted(found)]
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _create_run(
+        self,
+        *,
+        experiment_id: str,
+        run_name: str,
+        tags: Mapping[str, str],
+        params: Mapping[str, str],
+    ) -> str:
+        redactor = _Redactor.from_environment()
+        tag_entries = _tag_entries(tags, redactor)
+        param_entries = _param_entries(params, redactor)
+        # The tags go in with the run: a child is never seen without its parent tag.
+        run = self._client.create_run(experiment_id, tags=dict(tag_entries), run_name=run_name)
+        run_id: str = run.info.run_id
+        try:
+            for chunk in _chunks(param_entries, _MAX_PARAMS_TAGS_PER_BATCH):
+                self._client.log_batch(run_id, params=chunk, synchronous=True)
+        except BaseException:
+            # Not left RUNNING for ever in the UI; the original error is what matters.
+            with suppress(Exception):
+                self._client.set_terminated(run_id, status="FAILED")
+            raise
+        return run_id
+
+    def _log_tags(self, run_id: str, entries: Sequence[tuple[str, str]]) -> None:
+        from mlflow.entities import RunTag
+
+        tags = [RunTag(key, value) for key, value in entries]
+        for chunk in _chunks(tags, _MAX_PARAMS_TAGS_PER_BATCH):
+            self._client.log_batch(run_id, tags=chunk, synchronous=True)
+
+    def _find_or_create_experiment(self) -> str:
+        from mlflow.exceptions import MlflowException
+
+        experiment = self._client.get_experiment_by_name(self.experiment_name)
+        if experiment is None:
+            try:
+                created: str = self._client.create_experiment(
+                    self.experiment_name, artifact_location=self._artifact_location
+                )
+                return created
+            except MlflowException as e:
+                # Another orchestrator sharing this store created it first.
+                if e.error_code != "RESOURCE_ALREADY_EXISTS":
+                    raise
+                experiment = self._client.get_experiment_by_name(self.experiment_name)
+                if experiment is None:
+                    raise
+        if experiment.lifecycle_stage != "active":
+            raise MlflowSinkError(
+                f"MLflow experiment {self.experiment_name!r} is deleted: restore it "
+                f"(`mlflow experiments restore --experiment-id {experiment.experiment_id}`) "
+                "or choose another experiment name",
+                tracking_uri=_display_uri(self.tracking_uri),
+                operation="open the experiment",
+            )
+        experiment_id: str = experiment.experiment_id
+        return experiment_id
+
+    @contextmanager
+    def _translate(self, operation: str) -> Iterator[None]:
+        """Turn MLflow, SQLAlchemy, driver and filesystem errors into ``MlflowSinkError``."""
+        from sqlalchemy.exc import SQLAlchemyError
+
+        try:
+            yield
+        except MlflowSinkError:
+            raise
+        except (SQLAlchemyError, OSError, ImportError) as e:
+            raise _sink_error(self.tracking_uri, operation, e) from e
+        except Exception as e:
+            if _is_mlflow_exception(e):
+                raise _sink_error(self.tracking_uri, operation, e) from e
+            raise
+
+
+# -- the tracking URI ---------------------------------------------------------------------------
+
+
+def _resolve_tracking_uri(explicit: str | None) -> tuple[str, Path | None]:
+    """The URI to use, and the default artifact root that goes with it (None: the server's).
+
+    Raises:
+        MlflowSinkError: a plain path or a ``file:`` URI (MLflow's deprecated file store).
+    """
+    raw = explicit if explicit is not None else os.environ.get("MLFLOW_TRACKING_URI", "")
+    uri = raw.strip() or DEFAULT_TRACKING_URI
+    scheme = urlsplit(uri).scheme.lower()
+    # one letter: a Windows drive ("C:\\mlruns"), which is a path too
+    if len(scheme) <= 1 or scheme == "file":
+        raise MlflowSinkError(
+            f"MLflow tracking URI {uri!r} is a file store, which MLflow has deprecated: use "
+            "sqlite:///mlflow.db (or another database URI) or an http(s):// tracking server",
+            tracking_uri=_display_uri(uri),
+            operation="configure",
+        )
+    dialect = scheme.split("+", 1)[0]
+    if dialect == "sqlite":
+        return _absolute_sqlite(uri)
+    if dialect in _DB_SCHEMES:
+        return uri, Path.cwd() / DEFAULT_ARTIFACT_DIR
+    return uri, None
+
+
+def _absolute_sqlite(uri: str) -> tuple[str, Path | None]:
+    """Pin a relative sqlite path to the current directory, so a later chdir changes nothing."""
+    prefix, sep, rest = uri.partition(":///")
+    if not sep:
+        return uri, Path.cwd() / DEFAULT_ARTIFACT_DIR  # "sqlite://": in memory
+    path, query_sep, query = rest.partition("?")
+    if path in ("", ":memory:"):
+        return uri, Path.cwd() / DEFAULT_ARTIFACT_DIR
+    absolute = Path(path) if path.startswith("/") else Path.cwd() / path
+    return f"{prefix}:///{absolute}{query_sep}{query}", absolute.parent / DEFAULT_ARTIFACT_DIR
+
+
+def _artifact_location(root: str | Path | None) -> str | None:
+    if root is None:
+        return None
+    if isinstance(root, str) and "://" in root:
+        return root  # already a URI (s3://, gs://, file:///…)
+    return Path(root).resolve().as_uri()
+
+
+def _probe_database(uri: str) -> None:
+    """Connect once to a server database before MLflow does.
+
+    MLflow retries a failing database connection ten times with backoff (about 100 s) before
+    it gives up; one direct attempt turns "server down" into an error at once.
+
+    Raises:
+        sqlalchemy.exc.SQLAlchemyError, ImportError: the server refuses, or no driver.
+    """
+    dialect = urlsplit(uri).scheme.lower().split("+", 1)[0]
+    if dialect not in _DB_SCHEMES or dialect == "sqlite":
+        return
+    import sqlalchemy
+    from sqlalchemy.pool import NullPool
+
+    connect_args: dict[str, object] = {"connect_timeout": 10} if dialect == "postgresql" else {}
+    engine = sqlalchemy.create_engine(uri, poolclass=NullPool, connect_args=connect_args)
+    try:
+        with engine.connect():
+            pass
+    finally:
+        engine.dispose()
+
+
+def _display_uri(uri: str) -> str:
+    """The URI with any password replaced by ``***`` (it goes into error messages)."""
+    try:
+        parts = urlsplit(uri)
+    except ValueError:
+        return uri
+    if parts.password is None:
+        return uri
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    netloc = f"{parts.username or ''}:{REDACTED}@{host}"
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def _is_mlflow_exception(error: Exception) -> bool:
+    from mlflow.exceptions import MlflowException
+
+    return isinstance(error, MlflowException)
+
+
+def _sink_error(uri: str, operation: str, error: BaseException) -> MlflowSinkError:
+    shown = _display_uri(uri)
+    first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    reason = _Redactor.from_environment().text(first_line)[:500]
+    hint = ""
+    if isinstance(error, ImportError) and "psycopg2" in str(error):
+        hint = " (psycopg 3 is installed: write the URI as postgresql+psycopg://…)"
+    return MlflowSinkError(
+        f"MLflow could not {operation} at {shown}: {type(error).__name__}: {reason}{hint}",
+        tracking_uri=shown,
+        operation=operation,
+    )
+
+
+# -- keys, values, paths ------------------------------------------------------------------------
+
+
+def _sanitize_key(key: str) -> str:
+    """A name MLflow accepts on every platform: ASCII letters, digits, ``_ - . /`` and space,
+    no empty, ``.`` or ``..`` path segment, at most 250 characters."""
+    cleaned = re.sub(r"[^A-Za-z0-9_\-. /]", "_", key)
+    parts = [part for part in cleaned.split("/") if part not in ("", ".", "..")]
+    joined = "/".join(parts)[:MAX_KEY].rstrip("/")
+    return joined or "_"
+
+
+def _clean_keys(mapping: Mapping[str, _T], what: str) -> dict[str, _T]:
+    """Sanitised key → value.
+
+    Raises:
+        ValueError: two keys sanitise to the same key.
+    """
+    cleaned: dict[str, _T] = {}
+    origin: dict[str, str] = {}
+    for key, value in mapping.items():
+        clean = _sanitize_key(key)
+        if clean in origin:
+            raise ValueError(
+                f"{what} names {origin[clean]!r} and {key!r} both become {clean!r} in MLflow"
+            )
+        origin[clean] = key
+        cleaned[clean] = value
+    return cleaned
+
+
+def _truncate(value: str, limit: int) -> str:
+    if len(value) <= limit:
+        return value
+    return value[: limit - len(TRUNCATION_MARK)] + TRUNCATION_MARK
+
+
+def _param_entries(params: Mapping[str, str], redactor: _Redactor) -> list[Param]:
+    from mlflow.entities import Param
+
+    return [
+        Param(key, _truncate(redactor.value(key, str(value)), MAX_PARAM_VALUE))
+        for key, value in _clean_keys(params, "param").items()
+    ]
+
+
+def _tag_entries(tags: Mapping[str, str], redactor: _Redactor) -> list[tuple[str, str]]:
+    return [
+        (key, _truncate(redactor.value(key, str(value)), MAX_TAG_VALUE))
+        for key, value in _clean_keys(tags, "tag").items()
+    ]
+
+
+def _stringify(value: object) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, enum.Enum):
+        return _stringify(value.value)
+    if value is None or isinstance(value, bool | int | float):
+        return json.dumps(value)
+    if isinstance(value, Mapping | list | tuple):
+        return json.dumps(value, sort_keys=True, default=str)
+    return str(value)
+
+
+def _artifact_path(key: str, *, allow_root: bool) -> PurePosixPath:
+    """A run-relative artifact path that stays inside the run.
+
+    Raises:
+        ValueError: absolute, empty (unless ``allow_root``), a backslash, or a ``..`` segment.
+    """
+    # "logs/" is the directory "logs"; "/" and "" are the run's root
+    path = PurePosixPath(key.rstrip("/") if allow_root else key)
+    if (
+        "\\" in key
+        or path.is_absolute()
+        or ".." in path.parts
+        or (not allow_root and not path.parts)
+    ):
+        raise ValueError(f"artifact path {key!r} must be relative and stay inside the run")
+    return path
+
+
+def _chunks(items: Sequence[_T], size: int) -> Iterator[Sequence[_T]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def _redacted_copy(source: Path, staging: Path, redactor: _Redactor) -> Path | None:
+    """A redacted copy of a UTF-8 text file under ``staging`` (same name), or None when the
+    file is binary, too large, or has nothing to redact.
+
+    Raises:
+        OSError: the file cannot be read, or the copy cannot be written.
+    """
+    if source.stat().st_size > _MAX_REDACTED_FILE_BYTES:
+        return None
+    data = source.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    redacted = redactor.value(source.name, text)
+    if redacted == text:
+        return None
+    staging.mkdir(parents=True, exist_ok=True)
+    copy = staging / source.name
+    copy.write_text(redacted, encoding="utf-8")
+    return copy
+
+
+# -- secrets ------------------------------------------------------------------------------------
+
+# A name is a secret's when one of its words is one of these (or ends in one of the longer
+# ones: HFTOKEN, DBPASSWORD). Words, not substrings: `max_num_batched_tokens`,
+# `num_speculative_tokens` and `tokenizer` are serving knobs, not secrets.
+_SECRET_WORDS: Final = frozenset(
+    {"KEY", "TOKEN", "SECRET", "SECRETS", "PASSWORD", "PASSWD", "APIKEY", "CREDENTIALS"}
+)
+_SECRET_SUFFIXES: Final = ("APIKEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD")
+_WORD_BOUNDARY: Final = re.compile(r"[^A-Za-z0-9]+|(?<=[a-z0-9])(?=[A-Z])")
+
+# An environment secret shorter than this is matched only as a whole value, never inside a
+# text: replacing every "1234" in every log would destroy the logs and protect nothing.
+_MIN_SECRET_IN_TEXT: Final = 8
+_MIN_SECRET_VALUE: Final = 6
+
+_VALUE: Final = r"\"[^\"\n]*\"|'[^'\n]*'"
+# Each pattern starts only where a name can start (the lookbehinds): without that a long run of
+# name characters is tried from each of its positions, quadratic in its length.
+_URL_PASSWORD: Final = re.compile(
+    r"(?<![A-Za-z0-9+.\-])(?P<head>[A-Za-z][A-Za-z0-9+.\-]*://[^:/@\s]*:)[^@/\s]+@"
+)
+_ASSIGNMENT: Final = re.compile(
+    r"(?<![A-Za-z0-9_.\-])(?P<name>[A-Za-z_][A-Za-z0-9_.\-]*)(?P<quote>[\"']?)"
+    r"(?P<sep>[ \t]*[=:][ \t]*)"
+    rf"(?P<value>{_VALUE}|[^\s\"',;}}\]]+)"
+)
+_FLAG: Final = re.compile(
+    r"(?<![\w-])(?P<name>--?[A-Za-z][A-Za-z0-9_\-]*)(?P<sep>(?:[ \t]|\\\r?\n)+)"
+    rf"(?P<value>{_VALUE}|[^\s\"'\-\\]\S*)"
+)
+_BEARER: Final = re.compile(r"(?i)\b(?P<name>bearer)(?P<sep>\s+)(?P<value>[\w.~+/=\-]{8,})")
+_KNOWN_TOKENS: Final = re.compile(
+    r"\bsk-ant-[\w\-]{8,}|\bsk-[A-Za-z0-9_\-]{20,}|\bhf_[A-Za-z0-9]{20,}"
+    r"|\bgh[pousr]_[A-Za-z0-9]{20,}|\bAKIA[0-9A-Z]{16}\b|\bxox[abprs]-[A-Za-z0-9\-]{10,}"
+)
+
+
+def _is_secret_name(name: str) -> bool:
+    for word in _WORD_BOUNDARY.split(name):
+        upper = word.upper()
+        if upper in _SECRET_WORDS or (upper and upper.endswith(_SECRET_SUFFIXES)):
+            return True
+    return False
+
+
+def _masked(match: re.Match[str]) -> str:
+    value = match["value"]
+    quote = value[0] if value[:1] in ("'", '"') else ""
+    return match.group(0)[: match.start("value") - match.start()] + f"{quote}{REDACTED}{quote}"
+
+
+def _masked_if_secret(match: re.Match[str]) -> str:
+    return _masked(match) if _is_secret_name(match["name"]) else match.group(0)
+
+
+class _Redactor:
+    """Redacts secrets from what goes to MLflow.
+
+    A value whose key names a secret becomes ``***``; so does a value equal to the current
+    value of a secret-named environment variable (``ANTHROPIC_API_KEY``, ``HF_TOKEN``). In any
+    other value or text: those environment values, ``NAME=value`` / ``"name": value`` and
+    ``--flag value`` where the name is a secret's, URL passwords, bearer tokens and well-known
+    key formats (``sk-ant-…``, ``hf_…``, ``ghp_…``, ``AKIA…``) become ``***``.
+    """
+
+    def __init__(self, secrets: Sequence[str]) -> None:
+        self._whole = frozenset(s for s in secrets if len(s) >= _MIN_SECRET_VALUE)
+        # longest first, so that a secret containing another is replaced whole
+        self._inner = sorted(
+            (s for s in secrets if len(s) >= _MIN_SECRET_IN_TEXT), key=len, reverse=True
+        )
+
+    @classmethod
+    def from_environment(cls) -> _Redactor:
+        """Read the environment now: a key exported after the sink was made still counts."""
+        return cls([v.strip() for k, v in os.environ.items() if _is_secret_name(k) and v.strip()])
+
+    def value(self, key: str, value: str) -> str:
+        if _is_secret_name(key) or value.strip() in self._whole:
+            return REDACTED
+        return self.text(value)
+
+    def text(self, text: str) -> str:
+        for secret in self._inner:
+            text = text.replace(secret, REDACTED)
+        text = _URL_PASSWORD.sub(rf"\g<head>{REDACTED}@", text)
+        text = _ASSIGNMENT.sub(_masked_if_secret, text)
+        text = _FLAG.sub(_masked_if_secret, text)
+        text = _BEARER.sub(_masked, text)
+        return _KNOWN_TOKENS.sub(REDACTED, text)

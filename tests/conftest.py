@@ -1,0 +1,19 @@
+"""Fixtures shared by every test.
+
+Each test gets its own MLflow sqlite store (autouse, ``tests/fixtures/mlflow_store.py``) and
+may ask for a real PostgreSQL database (``postgres``, ``pg_url``, ``ledger_url`` in
+``tests/fixtures/postgres.py``).
+"""
+
+from __future__ import annotations
+
+import os
+
+# Before anything imports mlflow: a test run never phones home.
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
+pytest_plugins = [
+    "pytester",
+    "tests.fixtures.mlflow_store",
+    "tests.fixtures.postgres",
+]

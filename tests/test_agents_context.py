@@ -1,0 +1,175 @@
+"""The context a proposer sees: history records, known-bad regions, and what is allowed."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from agents import HistoryEntry, KnownBad, ProposalContext
+from knobs import Change, Config, ForbiddenCombination, KnobSpace, catalog
+
+SPACE = KnobSpace(
+    knobs=catalog("vllm-dflash2"),
+    forbidden=(
+        ForbiddenCombination(
+            when={"cuda_graphs": True, "num_speculative_tokens": 7},
+            reason="batch-descriptor collision pins acceptance at 1.00",
+        ),
+    ),
+)
+CHAMPION = SPACE.default_config()
+
+
+def context(
+    *,
+    decided: frozenset[str] = frozenset(),
+    known_bad: tuple[KnownBad, ...] = (),
+    history: tuple[HistoryEntry, ...] = (),
+) -> ProposalContext:
+    return ProposalContext(
+        space=SPACE,
+        champion=CHAMPION,
+        champion_objective=100.0,
+        history=history,
+        known_bad=known_bad,
+        decided_keys=decided,
+        budget_left=5,
+        seed=0,
+    )
+
+
+def change(knob: str, new: object) -> Change:
+    return Change.model_validate({"knob": knob, "old": CHAMPION[knob], "new": new})
+
+
+def test_a_valid_untried_change_is_allowed() -> None:
+    assert context().allowed(change("num_speculative_tokens", 5)) is None
+
+
+@pytest.mark.parametrize(
+    ("knob", "new", "reason"),
+    [
+        ("num_speculative_tokens", 9, "is not an integer from 1 to 7"),
+        ("max_num_batched_tokens", 7000, "in steps of 512"),
+        ("num_speculative_tokens", 5.0, "write 5.0 as 5"),
+        ("kv_cache_dtype", "fp8_e4m3", "already the champion's value"),
+        ("no_such_knob", 1, "unknown knob 'no_such_knob'"),
+        ("cuda_graphs", True, "forbidden combination cuda_graphs=true, num_speculative_tokens=7"),
+    ],
+)
+def test_an_invalid_change_is_refused_with_the_validation_message(
+    knob: str, new: object, reason: str
+) -> None:
+    stale_safe = Change.model_validate({"knob": knob, "old": CHAMPION.get(knob, 0), "new": new})
+    refused = context().refusal(stale_safe)
+    assert refused is not None
+    assert refused.kind == "invalid"
+    assert reason in refused.reason
+
+
+def test_a_stale_change_is_refused() -> None:
+    stale = Change(knob="num_speculative_tokens", old=6, new=5)
+    reason = context().allowed(stale)
+    assert reason == "stale change: the champion's num_speculative_tokens is 7, not 6"
+
+
+def test_a_config_decided_under_this_champion_is_refused() -> None:
+    move = change("num_speculative_tokens", 5)
+    ctx = context(decided=frozenset({CHAMPION.apply(move).key}))
+    refused = ctx.refusal(move)
+    assert refused is not None and refused.kind == "decided"
+    assert "already decided under this champion" in refused.reason
+    assert ctx.allowed(change("num_speculative_tokens", 4)) is None
+
+
+def test_a_change_into_a_known_bad_region_is_refused_and_names_the_region() -> None:
+    oom = KnownBad(when={"gpu_memory_utilization": 0.9}, reason="OOM on the head", source="crash")
+    reason = context(known_bad=(oom,)).allowed(change("gpu_memory_utilization", 0.9))
+    assert reason == (
+        "gpu_memory_utilization 0.85 → 0.9 enters a known-bad region: "
+        "gpu_memory_utilization=0.9 (crash: OOM on the head)"
+    )
+
+
+def test_known_bad_matching_tells_booleans_from_integers() -> None:
+    region = KnownBad(when={"num_speculative_tokens": 1}, reason="r", source="veto")
+    assert region.matches({"num_speculative_tokens": 1, "cuda_graphs": True})
+    assert not region.matches({"num_speculative_tokens": True})
+    assert not region.matches({"cuda_graphs": True})
+    assert KnownBad(when={"gpu_memory_utilization": 0.9}, reason="r", source="crash").matches(
+        {"gpu_memory_utilization": 0.9}
+    )
+
+
+def test_known_bad_needs_a_region_and_a_known_source() -> None:
+    with pytest.raises(ValidationError):
+        KnownBad(when={}, reason="everything", source="crash")
+    with pytest.raises(ValidationError):
+        KnownBad.model_validate({"when": {"x": 1}, "reason": "r", "source": "hunch"})
+
+
+def test_candidates_are_the_allowed_neighbours_in_order() -> None:
+    first = SPACE.neighbours(CHAMPION)[0]
+    ctx = context(decided=frozenset({CHAMPION.apply(first).key}))
+    candidates = ctx.candidates()
+    assert first not in candidates
+    assert candidates == [c for c in SPACE.neighbours(CHAMPION) if c != first]
+    assert ctx.refusals(SPACE.neighbours(CHAMPION)) == {"decided": 1}
+
+
+def test_the_champion_must_assign_exactly_the_spaces_knobs() -> None:
+    partial = Config({"num_speculative_tokens": 7})
+    with pytest.raises(ValidationError, match="champion does not fit the space"):
+        ProposalContext(
+            space=SPACE,
+            champion=partial,
+            champion_objective=None,
+            history=(),
+            known_bad=(),
+            decided_keys=frozenset(),
+            budget_left=1,
+            seed=0,
+        )
+
+
+def test_history_entries_are_frozen_and_know_their_statuses() -> None:
+    entry = HistoryEntry(
+        experiment=3,
+        config=CHAMPION.as_dict(),
+        knob="cuda_graphs",
+        value=True,
+        status="invalid",
+        objective=140.0,
+        delta_pct=40.0,
+        champion_key=CHAMPION.key,
+        failure_class="greedy-mismatch",
+    )
+    assert not entry.measured  # fast because wrong: never a measurement
+    assert entry.describe() == "#3 cuda_graphs=true: invalid, 140 (+40.0%) [greedy-mismatch]"
+    with pytest.raises(ValidationError):
+        entry.objective = 1.0  # type: ignore[misc]
+    with pytest.raises(ValidationError):
+        HistoryEntry.model_validate({**entry.model_dump(), "status": "maybe"})
+
+
+def test_risk_names_past_failures_and_known_bad_regions() -> None:
+    crash = HistoryEntry(
+        experiment=1,
+        config=CHAMPION.apply(change("gpu_memory_utilization", 0.93)).as_dict(),
+        knob="gpu_memory_utilization",
+        value=0.93,
+        status="crash",
+        objective=None,
+        delta_pct=None,
+        champion_key=CHAMPION.key,
+        failure_class="oom",
+    )
+    oom = KnownBad(when={"gpu_memory_utilization": 0.93}, reason="OOM", source="crash")
+    risk = context(history=(crash,), known_bad=(oom,)).risk_of(
+        change("gpu_memory_utilization", 0.92)
+    )
+    assert "gpu_memory_utilization failed before: #1 gpu_memory_utilization=0.93: crash [oom]" in (
+        risk
+    )
+    assert "known-bad regions on it: gpu_memory_utilization=0.93 (crash: OOM)" in risk
+    assert "gpu_memory_utilization=0.92 was never run as a change" in risk
