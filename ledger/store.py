@@ -144,6 +144,17 @@ class Ledger:
             session.close()
 
     def _create(self) -> None:
+        # two processes opening a new ledger at once race on CREATE TABLE; the loser retries
+        # and then finds the tables
+        for attempt in range(3):
+            try:
+                self._create_once()
+                return
+            except LedgerError as e:
+                if attempt == 2 or "already exists" not in e.message:
+                    raise
+
+    def _create_once(self) -> None:
         with self._session() as s:
             Base.metadata.create_all(s.connection())
             row = s.get(SchemaRow, 1)
@@ -214,9 +225,7 @@ class Ledger:
         with self._session() as s:
             row = s.get(LeaseRow, cluster, with_for_update=True)
             if row is None or row.holder != holder:
-                raise LedgerError(
-                    f"lease on cluster {cluster} was lost by {holder}", url=self.url
-                )
+                raise LedgerError(f"lease on cluster {cluster} was lost by {holder}", url=self.url)
             row.heartbeat_at = now
             row.expires_at = now + timedelta(seconds=ttl_s)
 
@@ -283,7 +292,9 @@ class Ledger:
     def rounds(self, cluster: str) -> list[RoundRecord]:
         """Every round of ``cluster``, oldest first."""
         with self._session() as s:
-            rows = s.scalars(select(RoundRow).where(RoundRow.cluster == cluster).order_by(RoundRow.id))
+            rows = s.scalars(
+                select(RoundRow).where(RoundRow.cluster == cluster).order_by(RoundRow.id)
+            )
             return [_round(r) for r in rows]
 
     def set_round_mlflow(self, round_id: int, run_id: str) -> None:
@@ -351,9 +362,7 @@ class Ledger:
         with self._session() as s:
             row = self._get(s, ProposalRow, proposal_id, lock=True)
             if row.status != "pending":
-                raise LedgerError(
-                    f"proposal {proposal_id} is already {row.status}", url=self.url
-                )
+                raise LedgerError(f"proposal {proposal_id} is already {row.status}", url=self.url)
             row.status = status
             row.decided_by = by
             row.reason = reason
@@ -372,7 +381,9 @@ class Ledger:
         with self._session() as s:
             return _proposal(self._get(s, ProposalRow, proposal_id))
 
-    def proposals(self, *, status: str | None = None, round_id: int | None = None) -> list[ProposalRecord]:
+    def proposals(
+        self, *, status: str | None = None, round_id: int | None = None
+    ) -> list[ProposalRecord]:
         """Proposals, oldest first, optionally of one status or round."""
         query = select(ProposalRow).order_by(ProposalRow.id)
         if status is not None:
@@ -530,7 +541,9 @@ class Ledger:
             ).first()
             if row is None:
                 return None
-            return VerdictRecord(status=row.status, rule=row.rule, reason=row.reason, stats=row.stats)
+            return VerdictRecord(
+                status=row.status, rule=row.rule, reason=row.reason, stats=row.stats
+            )
 
     # ---- champion -------------------------------------------------------------------------
     def champion(self, cluster: str) -> ChampionRecord | None:
@@ -643,9 +656,7 @@ class Ledger:
                 .where(CellResultRow.experiment_id == experiment_id)
                 .order_by(CellResultRow.id)
             )
-            return [
-                (r.boot_id, r.repeat, CellResultRecord.model_validate(r.record)) for r in rows
-            ]
+            return [(r.boot_id, r.repeat, CellResultRecord.model_validate(r.record)) for r in rows]
 
     # ---- helpers --------------------------------------------------------------------------
     def _get(self, s: Session, cls: type[T], key: object, *, lock: bool = False) -> T:
@@ -751,4 +762,3 @@ def _boot(row: BootRow) -> BootRecord:
         healthy_at=_aware(row.healthy_at),
         ended_at=_aware(row.ended_at),
     )
-

@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -57,8 +56,13 @@ def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
     yield tmp_path
     # whatever happened, no engine outlives the test
-    subprocess.run([*ORCHESTRATE, "cluster", "down", "--profile", str(tmp_path / "profile.yaml")],
-                   cwd=tmp_path, capture_output=True, check=False, timeout=60)
+    subprocess.run(
+        [*ORCHESTRATE, "cluster", "down", "--profile", str(tmp_path / "profile.yaml")],
+        cwd=tmp_path,
+        capture_output=True,
+        check=False,
+        timeout=60,
+    )
     assert engines_alive(tmp_path) == []
 
 
@@ -70,7 +74,9 @@ def test_round_records_everything_and_a_second_round_continues(workdir: Path) ->
     kinds = [e["kind"] for e in report["experiments"]]
     assert kinds == ["baseline", "candidate", "candidate"]
     assert all(e["state"] == "decided" for e in report["experiments"])
-    assert all(e["status"] in {"keep", "discard", "crash", "invalid"} for e in report["experiments"])
+    assert all(
+        e["status"] in {"keep", "discard", "crash", "invalid"} for e in report["experiments"]
+    )
     baseline = report["experiments"][0]
     assert baseline["status"] == "keep" and baseline["objective"] > 0
     assert baseline["accept_len"] is not None and baseline["accept_len"] > 1
@@ -80,7 +86,9 @@ def test_round_records_everything_and_a_second_round_continues(workdir: Path) ->
     assert exported.returncode == 0, exported.stderr
     lines = (workdir / "results.tsv").read_text().splitlines()
     assert lines[0].split("\t") == list(HEADER)
-    assert [line.split("\t")[0] for line in lines[1:]] == [str(e["experiment"]) for e in report["experiments"]]
+    assert [line.split("\t")[0] for line in lines[1:]] == [
+        str(e["experiment"]) for e in report["experiments"]
+    ]
 
     client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
     parents = client.search_runs(
@@ -92,7 +100,9 @@ def test_round_records_everything_and_a_second_round_continues(workdir: Path) ->
         [parents[0].info.experiment_id],
         filter_string=f"tags.mlflow.parentRunId = '{parents[0].info.run_id}'",
     )
-    assert sorted(c.info.run_name for c in children) == sorted(f"exp-{e['experiment']}" for e in report["experiments"])
+    assert sorted(c.info.run_name for c in children) == sorted(
+        f"exp-{e['experiment']}" for e in report["experiments"]
+    )
     for child in children:
         paths = {a.path for a in client.list_artifacts(child.info.run_id)}
         assert "logs" in paths, paths
@@ -111,7 +121,16 @@ def test_round_records_everything_and_a_second_round_continues(workdir: Path) ->
     assert again["experiments"][0]["experiment"] == report["experiments"][-1]["experiment"] + 1
     candidate = again["experiments"][0]
     assert candidate["config"] != report["champion"]["config"]
-    assert len([k for k in candidate["config"] if candidate["config"][k] != report["champion"]["config"][k]]) == 1
+    assert (
+        len(
+            [
+                k
+                for k in candidate["config"]
+                if candidate["config"][k] != report["champion"]["config"][k]
+            ]
+        )
+        == 1
+    )
     orchestrate(workdir, "export", "results.tsv", "--profile", str(profile))
     assert len((workdir / "results.tsv").read_text().splitlines()) == len(lines) + 1
 
@@ -121,28 +140,38 @@ def test_sigkill_mid_experiment_resumes_without_duplicates(workdir: Path) -> Non
     ledger_url = os.environ["ORCHESTRATE_LEDGER"]
     proc = subprocess.Popen(
         [*ORCHESTRATE, "round", "--budget", "2", "--profile", str(profile), "--json"],
-        cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        cwd=workdir,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
+    seen: list[str] = []
     try:
-        deadline = time.monotonic() + 120
-        target = None
-        while target is None:
-            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-            assert time.monotonic() < deadline, "no candidate reached benching"
-            if (workdir / "orchestrate.db").exists():
-                ledger = Ledger(ledger_url)
-                for e in ledger.experiments():
-                    if e.kind == "candidate" and e.state == "benching" and ledger.cell_results(e.id):
-                        target = e
-                ledger.close()
+        # the progress lines on stderr say where the round is: kill it in the second cell of
+        # the first candidate, once its first cell is recorded
+        assert proc.stderr is not None
+        in_candidate = False
+        for line in proc.stderr:
+            seen.append(line)
+            in_candidate = in_candidate or line.startswith("[1/2]")
+            if in_candidate and "cell 2 of 4" in line:
+                break
+        else:
+            raise AssertionError("the round ended before its first candidate:\n" + "".join(seen))
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert engines_alive(workdir), "the kill should leave the engines up (the resume must clean them)"
-    cells_before = {r.cell for _, _, r in Ledger(ledger_url).cell_results(target.id)}
+        if proc.stderr is not None:
+            proc.stderr.close()
+    assert engines_alive(workdir), "the kill leaves the engines up (the resume must stop them)"
+    with Ledger(ledger_url) as ledger:
+        target = next(e for e in ledger.experiments() if e.kind == "candidate")
+        assert target.state == "benching"
+        cells_before = {r.cell for _, _, r in ledger.cell_results(target.id)}
+    assert len(cells_before) == 1
 
     resumed = orchestrate(workdir, "round", "--budget", "2", "--profile", str(profile), "--json")
     assert resumed.returncode == 0, resumed.stderr
@@ -150,17 +179,18 @@ def test_sigkill_mid_experiment_resumes_without_duplicates(workdir: Path) -> Non
     assert report["resumed"] is True
     experiments = report["experiments"]
     assert [e["kind"] for e in experiments] == ["baseline", "candidate", "candidate"]
+    assert experiments[1]["experiment"] == target.id
     assert len({e["experiment"] for e in experiments}) == 3
     assert all(e["state"] == "decided" for e in experiments)
-    ledger = Ledger(ledger_url)
-    results = ledger.cell_results(target.id)
+    with Ledger(ledger_url) as ledger:
+        results = ledger.cell_results(target.id)
+        assert ledger.open_boots() == []
+        assert ledger.unfinished_round("twin-local") is None
     names = [r.cell for _, _, r in results]
     assert sorted(names) == sorted(set(names)), "a cell was measured twice"
     assert cells_before <= set(names)
     assert len(names) == 4
-    assert len({boot for boot, _, _ in results}) == (1 if len(cells_before) == 4 else 2)
-    assert ledger.open_boots() == []
-    assert ledger.unfinished_round("twin-local") is None
+    assert len({boot for boot, _, _ in results}) == 2
     assert engines_alive(workdir) == []
 
 
@@ -168,13 +198,18 @@ def test_sigkill_mid_experiment_resumes_without_duplicates(workdir: Path) -> Non
     ("mutate", "message"),
     [
         (lambda d: d["champion"].update(num_spec_tokens=5), "unknown knob 'num_spec_tokens'"),
-        (lambda d: d["champion"].update(num_speculative_tokens=9), "knob num_speculative_tokens: 9 is not an integer from 1 to 7"),
+        (
+            lambda d: d["champion"].update(num_speculative_tokens=9),
+            "knob num_speculative_tokens: 9 is not an integer from 1 to 7",
+        ),
         (lambda d: d["cells"][0].update(concurrency=0), "cells.0.concurrency"),
         (lambda d: d.pop("cells"), "cells: Field required"),
         (lambda d: d["cluster"]["nodes"][1].update(workdir="x; rm -rf /"), "not a safe path"),
     ],
 )
-def test_bad_profiles_give_one_line_exit_3_and_write_nothing(workdir: Path, mutate: object, message: str) -> None:
+def test_bad_profiles_give_one_line_exit_3_and_write_nothing(
+    workdir: Path, mutate: object, message: str
+) -> None:
     data = twin_profile_data()
     mutate(data)  # type: ignore[operator]
     profile = write_profile(workdir, data, "bad.yaml")
