@@ -36,7 +36,11 @@ T = TypeVar("T")
 
 DEFAULT_FAILURE_PATTERNS: dict[FailureClass, tuple[str, ...]] = {
     "oom": (r"out of memory", r"OutOfMemoryError", r"CUDA error: out of memory"),
-    "worker_missing": (r"timed out waiting for .*worker", r"rendezvous .*timed out", r"lost .*worker"),
+    "worker_missing": (
+        r"timed out waiting for .*worker",
+        r"rendezvous .*timed out",
+        r"lost .*worker",
+    ),
 }
 
 
@@ -47,7 +51,9 @@ class GateSpec(BaseModel):
 
     boot_timeout_s: float = Field(default=120.0, gt=0)
     stall_s: float | None = Field(
-        default=None, gt=0, description="no new head log output for this long while not healthy: wedge"
+        default=None,
+        gt=0,
+        description="no new head log output for this long while not healthy: wedge",
     )
     poll_s: float = Field(default=0.25, gt=0)
     worker_ready_line: str | None = Field(
@@ -218,7 +224,9 @@ class Deployer:
                 node = self.cluster.by_rank(record.rank)
                 self._progress(f"preflight: power-cycling {node.name} (clocks stuck)")
                 values = placeholders(self.cluster, node, self.runtime)
-                argv = [fill(t, values, f"recover of {node.name}") for t in self.gates.recover_command]
+                argv = [
+                    fill(t, values, f"recover of {node.name}") for t in self.gates.recover_command
+                ]
                 check(self._t(node).run(argv, timeout=600), node, "the power cycle")
             clocks = self.clocks()
             stuck = [c for c in clocks if c.matmul_rate < self.gates.min_matmul_rate]
@@ -248,7 +256,9 @@ class Deployer:
         clocks = self.preflight()
 
         def upload(node: NodeSpec) -> None:
-            self._t(node).put_text(f"{node.workdir}/{SCRIPT}", launchers[node.rank].script, mode=0o755)
+            self._t(node).put_text(
+                f"{node.workdir}/{SCRIPT}", launchers[node.rank].script, mode=0o755
+            )
 
         self._progress("uploading launchers")
         self._parallel(self.cluster.nodes, upload)
@@ -368,7 +378,10 @@ class Deployer:
         head = self.cluster.head
         try:
             text = self._smoke(
-                self.cluster.base_url, self.model, self.gates.smoke_prompt, self.gates.smoke_max_tokens
+                self.cluster.base_url,
+                self.model,
+                self.gates.smoke_prompt,
+                self.gates.smoke_max_tokens,
             )
         except Exception as e:  # the bench client's errors and any transport error alike
             raise DeployError(

@@ -185,7 +185,8 @@ def stop_command(node: NodeSpec, grace_s: float) -> list[str]:
     body = (
         f"cd {wd} 2>/dev/null || {{ echo absent; exit 0; }}; "
         f"[ -s {PIDFILE} ] || {{ echo absent; exit 0; }}; "
-        f'pid=$(cat {PIDFILE}); case "$pid" in ""|*[!0-9]*) rm -f {PIDFILE}; echo absent; exit 0;; esac; '
+        f"pid=$(cat {PIDFILE}); "
+        f'case "$pid" in ""|*[!0-9]*) rm -f {PIDFILE}; echo absent; exit 0;; esac; '
         'kill -0 -- "-$pid" 2>/dev/null || '
         f"{{ rm -f {PIDFILE}; echo absent; exit 0; }}; "
         'kill -TERM -- "-$pid" 2>/dev/null; '
@@ -205,7 +206,8 @@ def alive_command(node: NodeSpec) -> list[str]:
     """argv that exits 0 iff the node's engine process group is alive."""
     wd = shlex.quote(node.workdir)
     body = (
-        f'pid=$(cat {wd}/{PIDFILE} 2>/dev/null) || exit 1; case "$pid" in ""|*[!0-9]*) exit 1;; esac; '
+        f"pid=$(cat {wd}/{PIDFILE} 2>/dev/null) || exit 1; "
+        'case "$pid" in ""|*[!0-9]*) exit 1;; esac; '
         'kill -0 -- "-$pid" 2>/dev/null'
     )
     return ["bash", "-c", body]

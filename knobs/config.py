@@ -68,7 +68,11 @@ class Config(Mapping[str, Value]):
     def diff(self, other: Config) -> list[str]:
         """Names of the knobs whose values differ between the two configs."""
         names = set(self) | set(other)
-        return sorted(n for n in names if self.get(n) != other.get(n) or type(self.get(n)) is not type(other.get(n)))
+        return sorted(
+            n
+            for n in names
+            if self.get(n) != other.get(n) or type(self.get(n)) is not type(other.get(n))
+        )
 
     @classmethod
     def from_json(cls, text: str) -> Config:

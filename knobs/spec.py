@@ -90,7 +90,9 @@ class KnobSpec(BaseModel):
             if self.low is None or self.high is None or self.low > self.high:
                 raise ValueError(f"knob {self.name}: an {self.type} knob needs low <= high")
             if self.type == "float" and not self.step:
-                raise ValueError(f"knob {self.name}: a float knob needs a step (domains are finite)")
+                raise ValueError(
+                    f"knob {self.name}: a float knob needs a step (domains are finite)"
+                )
             if self.step is not None and self.step <= 0:
                 raise ValueError(f"knob {self.name}: step must be positive")
         if self.type == "choice":
@@ -166,9 +168,9 @@ class KnobSpec(BaseModel):
                 return choice
             if isinstance(choice, str) and isinstance(raw, str) and raw.strip() == choice:
                 return choice
-            if isinstance(choice, float) and isinstance(raw, int) and not isinstance(raw, bool):
-                if float(raw) == choice:
-                    return choice
+            numeric = isinstance(raw, int) and not isinstance(raw, bool)
+            if isinstance(choice, float) and numeric and float(raw) == choice:  # type: ignore[arg-type]
+                return choice
         raise bad
 
     @staticmethod

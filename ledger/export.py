@@ -8,7 +8,16 @@ from collections.abc import Iterable
 from knobs.spec import as_text
 from ledger.records import ExperimentRecord
 
-HEADER = ("experiment", "objective", "delta_pct", "accept_len", "status", "knob", "value", "description")
+HEADER = (
+    "experiment",
+    "objective",
+    "delta_pct",
+    "accept_len",
+    "status",
+    "knob",
+    "value",
+    "description",
+)
 #: Statuses whose row carries zeros, as autoresearch logs a crash.
 ZERO_STATUSES = frozenset({"crash", "vetoed"})
 

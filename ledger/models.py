@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any, ClassVar
 
 from sqlalchemy import (
     JSON,
@@ -28,7 +29,10 @@ def utcnow() -> datetime:
 class Base(DeclarativeBase):
     """Declarative base of every ledger table."""
 
-    type_annotation_map = {datetime: DateTime(timezone=True), dict: JSON}
+    type_annotation_map: ClassVar[dict[Any, Any]] = {
+        datetime: DateTime(timezone=True),
+        dict: JSON,
+    }
 
 
 class SchemaRow(Base):

@@ -79,7 +79,9 @@ def test_parse_rejects_values_outside_the_domain(knob: str, raw: object) -> None
 
 
 def test_unknown_knob_names_the_known_ones() -> None:
-    with pytest.raises(KnobError, match=r"unknown knob 'num_spec_tokens'; known knobs: num_speculative_tokens"):
+    with pytest.raises(
+        KnobError, match=r"unknown knob 'num_spec_tokens'; known knobs: num_speculative_tokens"
+    ):
         SPACE.change(SPACE.default_config(), "num_spec_tokens", 5)
 
 
@@ -95,10 +97,16 @@ def test_change_is_exactly_one_knob_and_a_real_change() -> None:
 def test_forbidden_combinations_are_refused_and_skipped() -> None:
     space = KnobSpace(
         knobs=catalog("vllm-dflash2"),
-        forbidden=(ForbiddenCombination(when={"cuda_graphs": True, "num_speculative_tokens": 7}, reason="trap"),),
+        forbidden=(
+            ForbiddenCombination(
+                when={"cuda_graphs": True, "num_speculative_tokens": 7}, reason="trap"
+            ),
+        ),
     )
     champion = space.default_config()
-    with pytest.raises(KnobError, match="forbidden combination cuda_graphs=true, num_speculative_tokens=7: trap"):
+    with pytest.raises(
+        KnobError, match="forbidden combination cuda_graphs=true, num_speculative_tokens=7: trap"
+    ):
         space.change(champion, "cuda_graphs", True)
     assert all(c.knob != "cuda_graphs" for c in space.neighbours(champion))
 
@@ -127,13 +135,33 @@ def test_render_places_each_knob_where_the_launcher_expects_it() -> None:
 
 def test_specs_refuse_unsafe_tokens_and_bad_domains() -> None:
     with pytest.raises(ValueError, match="not a safe token"):
-        KnobSpec(name="x", type="choice", choices=("a b",), default="a b", render=RenderSpec(kind="flag", flag="--x"))
+        KnobSpec(
+            name="x",
+            type="choice",
+            choices=("a b",),
+            default="a b",
+            render=RenderSpec(kind="flag", flag="--x"),
+        )
     with pytest.raises(ValueError, match="cannot take"):
         RenderSpec(kind="flag", flag="--x; id")
     with pytest.raises(ValueError, match="needs a step"):
-        KnobSpec(name="x", type="float", low=0, high=1, default=0.5, render=RenderSpec(kind="flag", flag="--x"))
+        KnobSpec(
+            name="x",
+            type="float",
+            low=0,
+            high=1,
+            default=0.5,
+            render=RenderSpec(kind="flag", flag="--x"),
+        )
     with pytest.raises(KnobError):
-        KnobSpec(name="x", type="int", low=1, high=3, default=9, render=RenderSpec(kind="flag", flag="--x"))
+        KnobSpec(
+            name="x",
+            type="int",
+            low=1,
+            high=3,
+            default=9,
+            render=RenderSpec(kind="flag", flag="--x"),
+        )
 
 
 def test_unknown_catalog() -> None:
