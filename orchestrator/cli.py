@@ -9,10 +9,10 @@ from typing import Annotated, Any
 
 import click
 import typer
-from cluster.bench import run_cell, smoke
 from rich.console import Console
 
 from agents import make_proposer
+from cluster.bench import run_cell, smoke
 from cluster.deploy import Deployer
 from cluster.transport import open_transport
 from cluster.twin import cli as twin_cli
@@ -26,6 +26,7 @@ from orchestrator.lease import ClusterLease
 from orchestrator.profile import Profile, load_profile
 from orchestrator.round import RoundOptions, RoundRunner
 from orchestrator.settings import Settings, runtime_placeholders
+from orchestrator.testbed import ClusterTestbed
 
 app = typer.Typer(
     name="orchestrate",
@@ -160,9 +161,11 @@ def round_(
     gate = ApprovalGate(ledger, mode, asker=asker)
     sink = MlflowSink(settings.mlflow_uri, artifact_root=settings.artifact_root)
     display = RoundDisplay(console)
-    deployer = _deployer(prof, progress=display.phase)
+    testbed = ClusterTestbed(
+        _deployer(prof, progress=display.phase), prof.cluster.base_url, prof.model
+    )
     with ClusterLease(ledger, prof.cluster.name):
-        report = RoundRunner(prof, ledger, sink, deployer, proposer_obj, gate, display).run(options)
+        report = RoundRunner(prof, ledger, sink, testbed, proposer_obj, gate, display).run(options)
     if as_json:
         payload = {
             "round": report.round.id,

@@ -21,8 +21,6 @@ from agents import (
     ProposalExhausted,
     Proposer,
 )
-from cluster.bench import run_cell
-from cluster.deploy import Deployer
 from cluster.errors import NodeError
 from knobs.errors import OrchestrateError
 from knobs.spec import as_text
@@ -34,10 +32,10 @@ from ledger import (
     RoundRecord,
     VerdictRecord,
 )
-from ledger.mlflow_sink import MlflowSink
 from orchestrator.approval import ApprovalGate
 from orchestrator.display import RoundDisplay, describe
 from orchestrator.profile import Profile
+from orchestrator.testbed import Sink, Testbed
 from orchestrator.verdict import accept_len, decide, objective
 
 
@@ -76,8 +74,8 @@ class RoundRunner:
         self,
         profile: Profile,
         ledger: Ledger,
-        sink: MlflowSink,
-        deployer: Deployer,
+        sink: Sink,
+        testbed: Testbed,
         proposer: Proposer,
         gate: ApprovalGate,
         display: RoundDisplay,
@@ -87,7 +85,7 @@ class RoundRunner:
         self.profile = profile
         self.ledger = ledger
         self.sink = sink
-        self.deployer = deployer
+        self.testbed = testbed
         self.proposer = proposer
         self.gate = gate
         self.display = display
@@ -185,7 +183,7 @@ class RoundRunner:
         if not stale:
             return
         self.display.phase("stopping engines left by an interrupted run")
-        self.deployer.stop_all()
+        self.testbed.stop_all()
         for boot in stale:
             self.ledger.end_boot(
                 boot.id, status="down", failure_class=None, failure_detail="interrupted"
@@ -381,11 +379,10 @@ class RoundRunner:
         failure: NodeError | None = None
         try:
             self.display.phase("deploying")
-            result = self.deployer.deploy(e.config)
+            launchers = self.testbed.deploy(e.config)
             self.ledger.end_boot(boot.id, status="up")
             self.sink.log_texts(
-                run_id,
-                {f"launchers/node-{r}.sh": x.script for r, x in result.launchers.items()},
+                run_id, {f"launchers/node-{r}.sh": text for r, text in launchers.items()}
             )
             self.ledger.set_state(e.id, "benching")
             self._bench(e, boot.id)
@@ -393,10 +390,10 @@ class RoundRunner:
             failure = err
         finally:
             # logs first (they are the evidence), then no engine may outlive the experiment
-            logs = self.deployer.logs()
+            logs = self.testbed.logs()
             self.sink.log_texts(run_id, {f"logs/node-{r}.log": text for r, text in logs.items()})
             self.display.phase("tearing down")
-            self.deployer.stop_all()
+            self.testbed.stop_all()
         if failure is not None:
             self._crash(rnd, e, run_id, boot.id, failure)
             return
@@ -411,20 +408,7 @@ class RoundRunner:
             if cell.name in done:
                 continue
             self.display.phase(f"cell {i} of {len(cells)}: {cell.name}")
-            try:
-                measured = run_cell(
-                    self.profile.cluster.base_url,
-                    self.profile.model,
-                    cell,
-                    clocks=self.deployer.clocks,
-                )
-            except OrchestrateError as err:
-                raise NodeError(
-                    f"bench cell {cell.name} failed: {err}",
-                    failure_class="bench_failed",
-                    rank=0,
-                    host=self.profile.cluster.head.host,
-                ) from err
+            measured = self.testbed.bench(cell)
             self.ledger.add_cell_result(e.id, boot_id, measured)
 
     def _crash(

@@ -1,0 +1,172 @@
+"""What a round needs from a cluster and from MLflow, as protocols.
+
+``ClusterTestbed`` is the real thing (a ``Deployer`` plus the bench client); the research
+benchmark drives the same round loop against a simulated testbed and a ``NullSink``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Protocol
+
+from cluster.bench import run_cell
+from cluster.deploy import Deployer
+from cluster.errors import NodeError
+from knobs.config import Config
+from knobs.errors import OrchestrateError
+from knobs.records import CellResultRecord, CellSpec
+
+
+class Testbed(Protocol):
+    """Deploys configs, measures cells, tears down."""
+
+    def deploy(self, config: Config) -> dict[int, str]:
+        """Boot ``config`` on every node; the rendered launcher of each rank.
+
+        Raises:
+            NodeError: the boot failed (its ``failure_class`` says how).
+        """
+        ...
+
+    def bench(self, cell: CellSpec) -> CellResultRecord:
+        """Measure one cell against what is deployed.
+
+        Raises:
+            NodeError: class bench_failed.
+        """
+        ...
+
+    def logs(self) -> dict[int, str]:
+        """Every node's engine log."""
+        ...
+
+    def stop_all(self) -> None:
+        """Stop every engine; confirmed gone.
+
+        Raises:
+            NodeError: a node could not be reached or its engine would not stop.
+        """
+        ...
+
+
+class Sink(Protocol):
+    """Where a person looks: one parent run per round, one child per experiment."""
+
+    def start_round(
+        self,
+        *,
+        round_id: int,
+        cluster: str,
+        params: Mapping[str, str],
+        tags: Mapping[str, str] = ...,
+    ) -> str: ...
+
+    def start_experiment(
+        self,
+        *,
+        parent_run_id: str,
+        number: int,
+        kind: str,
+        params: Mapping[str, object],
+        tags: Mapping[str, str] = ...,
+    ) -> str: ...
+
+    def log_metrics(
+        self, run_id: str, metrics: Mapping[str, float], step: int | None = None
+    ) -> None: ...
+
+    def log_texts(self, run_id: str, texts: Mapping[str, str]) -> None: ...
+
+    def log_files(self, run_id: str, files: Mapping[str, Path]) -> None: ...
+
+    def set_tags(self, run_id: str, tags: Mapping[str, str]) -> None: ...
+
+    def finish(self, run_id: str, status: str = "FINISHED") -> None: ...
+
+
+class NullSink:
+    """A sink that records nothing (benchmarks that simulate thousands of experiments)."""
+
+    def __init__(self) -> None:
+        self._runs = 0
+
+    def _next(self) -> str:
+        self._runs += 1
+        return f"null-{self._runs}"
+
+    def start_round(
+        self,
+        *,
+        round_id: int,
+        cluster: str,
+        params: Mapping[str, str],
+        tags: Mapping[str, str] = {},
+    ) -> str:
+        return self._next()
+
+    def start_experiment(
+        self,
+        *,
+        parent_run_id: str,
+        number: int,
+        kind: str,
+        params: Mapping[str, object],
+        tags: Mapping[str, str] = {},
+    ) -> str:
+        return self._next()
+
+    def log_metrics(
+        self, run_id: str, metrics: Mapping[str, float], step: int | None = None
+    ) -> None:
+        pass
+
+    def log_texts(self, run_id: str, texts: Mapping[str, str]) -> None:
+        pass
+
+    def log_files(self, run_id: str, files: Mapping[str, Path]) -> None:
+        pass
+
+    def set_tags(self, run_id: str, tags: Mapping[str, str]) -> None:
+        pass
+
+    def finish(self, run_id: str, status: str = "FINISHED") -> None:
+        pass
+
+
+class ClusterTestbed:
+    """A real cluster: deploy through its transports, measure with the bench client."""
+
+    def __init__(self, deployer: Deployer, base_url: str, model: str) -> None:
+        self.deployer = deployer
+        self.base_url = base_url
+        self.model = model
+
+    def deploy(self, config: Config) -> dict[int, str]:
+        """Boot ``config`` (see ``Deployer.deploy``)."""
+        result = self.deployer.deploy(config)
+        return {rank: launcher.script for rank, launcher in result.launchers.items()}
+
+    def bench(self, cell: CellSpec) -> CellResultRecord:
+        """One cell, with every node's clocks read around it.
+
+        Raises:
+            NodeError: class bench_failed, with the bench client's evidence.
+        """
+        try:
+            return run_cell(self.base_url, self.model, cell, clocks=self.deployer.clocks)
+        except OrchestrateError as err:
+            raise NodeError(
+                f"bench cell {cell.name} failed: {err}",
+                failure_class="bench_failed",
+                rank=0,
+                host=self.deployer.cluster.head.host,
+            ) from err
+
+    def logs(self) -> dict[int, str]:
+        """Every node's engine log."""
+        return self.deployer.logs()
+
+    def stop_all(self) -> None:
+        """Stop every node (head first)."""
+        self.deployer.stop_all()
