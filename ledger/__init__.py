@@ -9,6 +9,7 @@ from ledger.export import HEADER, tsv_text
 from ledger.records import (
     BootRecord,
     ChampionRecord,
+    DriftRecord,
     ExperimentRecord,
     LeaseRecord,
     ProposalRecord,
@@ -22,6 +23,7 @@ __all__ = [
     "STATES",
     "BootRecord",
     "ChampionRecord",
+    "DriftRecord",
     "ExperimentRecord",
     "LeaseHeld",
     "LeaseRecord",

@@ -138,6 +138,10 @@ class BootRow(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     experiment_id: Mapped[int] = mapped_column(ForeignKey("experiment.id"), index=True)
     config_key: Mapped[str] = mapped_column(String(32))
+    # measure | repeat | confirm | remeasure: why this boot happened
+    role: Mapped[str] = mapped_column(String(16), default="measure")
+    # boots of one measurement: a boot interrupted mid-cells is continued by another boot
+    measurement: Mapped[int] = mapped_column(Integer, default=0)
     status: Mapped[str] = mapped_column(String(16), default="booting")  # booting|up|failed|down
     failure_class: Mapped[str | None] = mapped_column(String(32))
     failure_detail: Mapped[str | None] = mapped_column(Text)
@@ -176,6 +180,22 @@ class VerdictRow(Base):
     rule: Mapped[str] = mapped_column(String(64))
     reason: Mapped[str] = mapped_column(Text)
     stats: Mapped[dict[str, object]] = mapped_column(JSON, default=dict)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class DriftRow(Base):
+    """A re-measurement of the champion and how far it moved from what was known."""
+
+    __tablename__ = "drift"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    cluster: Mapped[str] = mapped_column(String(128), index=True)
+    experiment_id: Mapped[int] = mapped_column(ForeignKey("experiment.id"))
+    measurement: Mapped[int] = mapped_column(Integer)
+    before: Mapped[float] = mapped_column(Float)
+    after: Mapped[float] = mapped_column(Float)
+    drift_pct: Mapped[float] = mapped_column(Float)
+    significant: Mapped[bool]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 

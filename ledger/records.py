@@ -97,6 +97,8 @@ class BootRecord(_Record):
     id: int
     experiment_id: int
     config_key: str
+    role: str
+    measurement: int
     status: str
     failure_class: str | None
     failure_detail: str | None
@@ -123,3 +125,16 @@ class VerdictRecord(_Record):
     rule: str
     reason: str
     stats: dict[str, object]
+
+
+class DriftRecord(_Record):
+    """A champion re-measurement and its drift from the champion's earlier measurements."""
+
+    cluster: str
+    experiment_id: int
+    measurement: int
+    before: float
+    after: float
+    drift_pct: float
+    significant: bool
+    created_at: datetime

@@ -27,6 +27,7 @@ from ledger.models import (
     BootRow,
     CellResultRow,
     ChampionRow,
+    DriftRow,
     ExperimentRow,
     LeaseRow,
     ProposalRow,
@@ -38,6 +39,7 @@ from ledger.models import (
 from ledger.records import (
     BootRecord,
     ChampionRecord,
+    DriftRecord,
     ExperimentRecord,
     LeaseRecord,
     ProposalRecord,
@@ -584,10 +586,34 @@ class Ledger:
             ]
 
     # ---- boots and cells ------------------------------------------------------------------
-    def start_boot(self, experiment_id: int, config: Config) -> BootRecord:
-        """Record that a boot of ``config`` begins (stop-all is its first step)."""
+    def start_boot(
+        self,
+        experiment_id: int,
+        config: Config,
+        *,
+        role: str = "measure",
+        measurement: int | None = None,
+    ) -> BootRecord:
+        """Record that a boot of ``config`` begins (stop-all is its first step).
+
+        ``measurement`` continues an interrupted measurement; by default the boot starts the
+        experiment's next one.
+        """
         with self._session() as s:
-            row = BootRow(experiment_id=experiment_id, config_key=config.key, status="booting")
+            if measurement is None:
+                last = s.scalars(
+                    select(BootRow.measurement)
+                    .where(BootRow.experiment_id == experiment_id)
+                    .order_by(BootRow.measurement.desc())
+                ).first()
+                measurement = 0 if last is None else last + 1
+            row = BootRow(
+                experiment_id=experiment_id,
+                config_key=config.key,
+                role=role,
+                measurement=measurement,
+                status="booting",
+            )
             s.add(row)
             s.flush()
             return _boot(row)
@@ -658,6 +684,50 @@ class Ledger:
             )
             return [(r.boot_id, r.repeat, CellResultRecord.model_validate(r.record)) for r in rows]
 
+    def set_champion_objective(self, cluster: str, objective: float) -> None:
+        """The champion's best estimate changed (a re-measurement)."""
+        with self._session() as s:
+            row = s.scalars(
+                select(ChampionRow)
+                .where(ChampionRow.cluster == cluster, ChampionRow.retired_at.is_(None))
+                .order_by(ChampionRow.id.desc())
+            ).first()
+            if row is not None:
+                row.objective = objective
+
+    def add_drift(
+        self,
+        *,
+        cluster: str,
+        experiment_id: int,
+        measurement: int,
+        before: float,
+        after: float,
+        significant: bool,
+    ) -> DriftRecord:
+        """Record a champion re-measurement and its drift."""
+        with self._session() as s:
+            row = DriftRow(
+                cluster=cluster,
+                experiment_id=experiment_id,
+                measurement=measurement,
+                before=before,
+                after=after,
+                drift_pct=(after / before - 1.0) * 100.0 if before > 0 else 0.0,
+                significant=significant,
+            )
+            s.add(row)
+            s.flush()
+            return _drift(row)
+
+    def drifts(self, cluster: str) -> list[DriftRecord]:
+        """Every drift record of the cluster, oldest first."""
+        with self._session() as s:
+            rows = s.scalars(
+                select(DriftRow).where(DriftRow.cluster == cluster).order_by(DriftRow.id)
+            )
+            return [_drift(r) for r in rows]
+
     # ---- helpers --------------------------------------------------------------------------
     def _get(self, s: Session, cls: type[T], key: object, *, lock: bool = False) -> T:
         row = s.get(cls, key, with_for_update=lock)
@@ -665,6 +735,19 @@ class Ledger:
             name = getattr(cls, "__tablename__", cls.__name__)
             raise LedgerError(f"no {name} {key} in ledger {self.url}", url=self.url)
         return row
+
+
+def _drift(row: DriftRow) -> DriftRecord:
+    return DriftRecord(
+        cluster=row.cluster,
+        experiment_id=row.experiment_id,
+        measurement=row.measurement,
+        before=row.before,
+        after=row.after,
+        drift_pct=row.drift_pct,
+        significant=row.significant,
+        created_at=_aware(row.created_at) or row.created_at,
+    )
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
@@ -755,6 +838,8 @@ def _boot(row: BootRow) -> BootRecord:
         id=row.id,
         experiment_id=row.experiment_id,
         config_key=row.config_key,
+        role=row.role,
+        measurement=row.measurement,
         status=row.status,
         failure_class=row.failure_class,
         failure_detail=row.failure_detail,

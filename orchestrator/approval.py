@@ -1,16 +1,24 @@
 """The veto gate between a proposal and a boot: auto, ask (a person at this terminal), or
-queue (the round waits; a person decides with ``orchestrate proposals approve|veto``)."""
+queue (the round waits; a person decides with ``orchestrate proposals approve|veto``).
+
+Every decision is committed to the ledger before the gate returns. A vetoed proposal is
+recorded by the round as a ``vetoed`` experiment (no boot) and becomes a known-bad region
+that every proposer sees with its reason. In queue mode the profile may set a timeout and
+what happens at it (veto or approve); when timeouts veto ``max_timeouts`` proposals in a row
+nobody is deciding, and the gate stops the round (resumable) rather than let it propose,
+and pay for proposals, forever.
+"""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from agents import ProposalContext
-from knobs.errors import KnobError, UsageError
+from knobs.errors import KnobError, OrchestrateError, UsageError
 from knobs.spec import Value
-from ledger import Ledger, ProposalRecord
+from ledger import Ledger, LedgerError, ProposalRecord
 
 
 @dataclass(frozen=True)
@@ -26,6 +34,40 @@ class Answer:
 Asker = Callable[[ProposalRecord, str | None], Answer]
 
 
+def llm_summary(notes: Mapping[str, str]) -> str:
+    """What a proposal's LLM calls cost, from its notes (``''`` when no LLM was asked)."""
+    if "llm_model" not in notes:
+        return ""
+
+    def number(key: str) -> float:
+        try:
+            return float(notes.get(key, "0"))
+        except ValueError:
+            return 0.0
+
+    text = (
+        f"{notes['llm_model']}: {number('llm_input_tokens'):,.0f} in + "
+        f"{number('llm_output_tokens'):,.0f} out tokens, ${number('llm_cost_usd'):.4f} "
+        f"(round ${number('llm_round_spend_usd'):.4f})"
+    )
+    if "llm_fallback" in notes:
+        text += f"; fell back: {notes['llm_fallback']}"
+    return text
+
+
+class NobodyDeciding(OrchestrateError):
+    """The queue's timeout vetoed ``timeouts`` proposals in a row: the round stops where it
+    is (resumable, like an interruption) instead of proposing forever. Carries the count and
+    the timeout."""
+
+    exit_code = 130
+
+    def __init__(self, message: str, *, timeouts: int, timeout_s: float) -> None:
+        super().__init__(message)
+        self.timeouts = timeouts
+        self.timeout_s = timeout_s
+
+
 class ApprovalGate:
     """Decides every proposal before anything is deployed; each decision is committed."""
 
@@ -37,11 +79,18 @@ class ApprovalGate:
         asker: Asker | None = None,
         queue_timeout_s: float | None = None,
         on_timeout: str = "veto",
+        max_timeouts: int = 3,
         poll_s: float = 0.5,
         clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        """Raises:
-        UsageError: an unknown mode, or ``ask`` without a terminal to ask at.
+        """``queue_timeout_s`` (queue mode): how long a proposal may wait for a person;
+        ``on_timeout``: then ``veto`` or ``approve`` it; ``max_timeouts``: timeout vetoes in a
+        row before the round stops. ``clock`` and ``sleep`` pace the queue's polling.
+
+        Raises:
+            UsageError: an unknown mode or timeout action, a timeout that is not positive, or
+                ``ask`` without a terminal to ask at.
         """
         if mode not in ("auto", "ask", "queue"):
             raise UsageError(f"--approve {mode!r}: use auto, ask or queue")
@@ -49,16 +98,32 @@ class ApprovalGate:
             raise UsageError("--approve ask needs a terminal; use --approve queue instead")
         if on_timeout not in ("veto", "approve"):
             raise UsageError(f"queue timeout action {on_timeout!r}: use veto or approve")
+        if queue_timeout_s is not None and queue_timeout_s <= 0:
+            raise UsageError(f"queue timeout {queue_timeout_s:g}s: must be positive")
+        if max_timeouts < 1:
+            raise UsageError(f"max_timeouts {max_timeouts}: must be at least 1")
         self.ledger = ledger
         self.mode = mode
         self.asker = asker
         self.queue_timeout_s = queue_timeout_s
         self.on_timeout = on_timeout
+        self.max_timeouts = max_timeouts
         self.poll_s = poll_s
         self._clock = clock
+        self._sleep = sleep
+        self._timeouts_in_a_row = 0
 
     def decide(self, proposal: ProposalRecord, context: ProposalContext) -> ProposalRecord:
-        """The decided proposal (approved, possibly with an edited value, or vetoed)."""
+        """The decided proposal (approved, possibly with an edited value, or vetoed).
+
+        ``ask`` re-asks until an edited value validates (``KnobSpace.change``) and is allowed
+        now (``context.refusal``); ``queue`` polls the ledger until a person decides or the
+        timeout does.
+
+        Raises:
+            NobodyDeciding: the timeout vetoed ``max_timeouts`` proposals in a row.
+            LedgerError: the ledger failed.
+        """
         if proposal.status != "pending":
             return proposal
         if self.mode == "auto":
@@ -96,17 +161,44 @@ class ApprovalGate:
             problem = f"unknown answer {answer.action!r}: approve, edit or veto"
 
     def _wait(self, proposal: ProposalRecord) -> ProposalRecord:
-        deadline = None if self.queue_timeout_s is None else self._clock() + self.queue_timeout_s
+        timeout = self.queue_timeout_s
+        deadline = None if timeout is None else self._clock() + timeout
         while True:
             current = self.ledger.proposal(proposal.id)
             if current.status != "pending":
+                self._timeouts_in_a_row = 0
                 return current
-            if deadline is not None and self._clock() >= deadline:
-                status = "approved" if self.on_timeout == "approve" else "vetoed"
-                return self.ledger.decide_proposal(
-                    proposal.id,
-                    status=status,
-                    by="timeout",
-                    reason=f"no decision within {self.queue_timeout_s:g}s",
-                )
-            time.sleep(self.poll_s)
+            if timeout is not None and deadline is not None and self._clock() >= deadline:
+                return self._time_out(proposal, timeout)
+            self._sleep(self.poll_s)
+
+    def _time_out(self, proposal: ProposalRecord, timeout: float) -> ProposalRecord:
+        status = "approved" if self.on_timeout == "approve" else "vetoed"
+        try:
+            decided = self.ledger.decide_proposal(
+                proposal.id,
+                status=status,
+                by="timeout",
+                reason=f"no decision within {timeout:g}s (the profile's on_timeout: "
+                f"{self.on_timeout})",
+            )
+        except LedgerError:
+            # a person decided in the instant between the last poll and the timeout
+            current = self.ledger.proposal(proposal.id)
+            if current.status == "pending":
+                raise
+            self._timeouts_in_a_row = 0
+            return current
+        if status == "approved":
+            self._timeouts_in_a_row = 0
+            return decided
+        self._timeouts_in_a_row += 1
+        if self._timeouts_in_a_row >= self.max_timeouts:
+            raise NobodyDeciding(
+                f"{self._timeouts_in_a_row} proposals in a row were vetoed by the queue's "
+                f"{timeout:g}s timeout: nobody is deciding, so the round is paused; decide "
+                "with `orchestrate proposals`, then run the same command to resume",
+                timeouts=self._timeouts_in_a_row,
+                timeout_s=timeout,
+            )
+        return decided

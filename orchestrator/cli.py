@@ -10,6 +10,7 @@ from typing import Annotated, Any
 import click
 import typer
 from rich.console import Console
+from rich.text import Text
 
 from agents import make_proposer
 from cluster.bench import run_cell, smoke
@@ -20,10 +21,10 @@ from knobs.errors import OrchestrateError, UsageError
 from knobs.spec import as_text
 from ledger import ExperimentRecord, Ledger, ProposalRecord, tsv_text
 from ledger.mlflow_sink import MlflowSink
-from orchestrator.approval import Answer, ApprovalGate
+from orchestrator.approval import Answer, ApprovalGate, llm_summary
 from orchestrator.display import RoundDisplay, experiments_table
 from orchestrator.lease import ClusterLease
-from orchestrator.profile import Profile, load_profile
+from orchestrator.profile import Profile, default_brief, load_profile
 from orchestrator.round import RoundOptions, RoundRunner
 from orchestrator.settings import Settings, runtime_placeholders
 from orchestrator.testbed import ClusterTestbed
@@ -57,7 +58,7 @@ def _out() -> Console:
 
 
 def _deployer(profile: Profile, progress: Any = None) -> Deployer:
-    transports = {n.rank: open_transport(n) for n in profile.cluster.nodes}
+    transports = {n.rank: open_transport(n, profile.cluster.ssh) for n in profile.cluster.nodes}
     return Deployer(
         profile.cluster,
         profile.launcher,
@@ -91,28 +92,38 @@ def _experiment_json(e: ExperimentRecord) -> dict[str, Any]:
     }
 
 
-def _ask_at_terminal(console: Console) -> Any:
+def _ask_at_terminal(console: Console, display: RoundDisplay) -> Any:
     def ask(p: ProposalRecord, problem: str | None) -> Answer:
-        if problem:
-            console.print(f"[red]{problem}[/red]")
-        else:
-            console.print(
-                f"\n[bold]Proposal {p.id}[/bold] ({p.source}): "
-                f"[bold]{p.knob}[/bold] {as_text(p.old_value)} → {as_text(p.new_value)}\n"
-                f"  hypothesis: {p.hypothesis or '-'}\n"
-                f"  expected:   {p.expected_effect or '-'}\n"
-                f"  risk:       {p.risk or '-'}\n"
-                f"  cost:       {p.estimated_cost or '-'}"
-            )
-        action = typer.prompt("approve, edit or veto", default="approve").strip().lower()
-        action = {"a": "approve", "e": "edit", "v": "veto"}.get(action, action)
-        if action == "edit":
-            return Answer("edit", value=typer.prompt(f"new value for {p.knob}"))
-        if action == "veto":
-            return Answer("veto", reason=typer.prompt("reason"))
-        return Answer(action)
+        with display.paused():
+            return _ask(console, p, problem)
 
     return ask
+
+
+def _ask(console: Console, p: ProposalRecord, problem: str | None) -> Answer:
+    # proposal texts may come from an LLM: shown as data, never as console markup
+    if problem:
+        console.print(Text(problem, style="red"))
+    else:
+        console.print(Text(f"\nProposal {p.id} ({p.source}): ", style="bold"), end="")
+        console.print(Text(f"{p.knob} {as_text(p.old_value)} → {as_text(p.new_value)}"))
+        rows = [
+            ("hypothesis", p.hypothesis),
+            ("expected", p.expected_effect),
+            ("risk", p.risk),
+            ("cost", p.estimated_cost),
+            ("llm", llm_summary(p.notes)),
+        ]
+        for label, value in rows:
+            if value or label != "llm":
+                console.print(Text(f"  {label + ':':<11} {value or '-'}"))
+    action = typer.prompt("approve, edit or veto", default="approve").strip().lower()
+    action = {"a": "approve", "e": "edit", "v": "veto"}.get(action, action)
+    if action == "edit":
+        return Answer("edit", value=typer.prompt(f"new value for {p.knob}"))
+    if action == "veto":
+        return Answer("veto", reason=typer.prompt("reason"))
+    return Answer(action)
 
 
 @app.command("round")
@@ -151,16 +162,29 @@ def round_(
         max_hours=max_hours,
         seed=prof.proposer.seed if seed is None else seed,
     )
-    sweep = {"changes": prof.proposer.sweep} if prof.proposer.sweep else {}
-    proposer_obj = make_proposer(kind, seed=options.seed, options=sweep)
+    proposer_options: dict[str, object] = (
+        {"changes": prof.proposer.sweep} if prof.proposer.sweep else {}
+    )
+    if kind in ("claude", "hybrid"):
+        claude = prof.proposer.claude
+        proposer_options.update(claude.model_dump(exclude={"brief"}))
+        proposer_options["brief"] = claude.brief or str(default_brief())
+    proposer_obj = make_proposer(kind, seed=options.seed, options=proposer_options)
     console = Console(stderr=True) if as_json else _out()
-    asker = _ask_at_terminal(console) if mode == "ask" and sys.stdin.isatty() else None
-    if mode == "ask" and asker is None and not as_json:
-        asker = _ask_at_terminal(console)
-    ledger = Ledger(settings.ledger_url)
-    gate = ApprovalGate(ledger, mode, asker=asker)
-    sink = MlflowSink(settings.mlflow_uri, artifact_root=settings.artifact_root)
     display = RoundDisplay(console)
+    # --json keeps stdout for the report: ask only where a person can answer
+    at_terminal = mode == "ask" and (sys.stdin.isatty() or not as_json)
+    asker = _ask_at_terminal(console, display) if at_terminal else None
+    ledger = Ledger(settings.ledger_url)
+    gate = ApprovalGate(
+        ledger,
+        mode,
+        asker=asker,
+        queue_timeout_s=prof.approve.timeout_s,
+        on_timeout=prof.approve.on_timeout,
+        max_timeouts=prof.approve.max_timeouts,
+    )
+    sink = MlflowSink(settings.mlflow_uri, artifact_root=settings.artifact_root)
     testbed = ClusterTestbed(
         _deployer(prof, progress=display.phase), prof.cluster.base_url, prof.model
     )
@@ -323,52 +347,108 @@ def proposals_veto(
 
 @cluster_app.command("check")
 def cluster_check(profile: ProfileOpt = None) -> None:
-    """Preflight every node: reachable, clocks healthy."""
+    """Preflight every node: reachable (SSH: host key, auth), its address on the cluster
+    interface, free memory settled, clocks healthy. Changes nothing."""
     prof = load_profile(profile)
     deployer = _deployer(prof)
-    for clock in deployer.preflight():
-        typer.echo(
-            f"node-{clock.rank}: sm clock {clock.sm_clock_mhz:.0f} MHz, "
-            f"matmul rate {clock.matmul_rate:.2f}"
-        )
+    try:
+        reached = deployer.reach()
+        for rank, err in sorted(reached.items()):
+            typer.echo(f"node-{rank}: " + ("reachable" if err is None else f"{err.message}"))
+        failed = [e for _, e in sorted(reached.items()) if e is not None]
+        if failed:
+            raise failed[0]
+        for clock in deployer.preflight():
+            typer.echo(
+                f"node-{clock.rank}: sm clock {clock.sm_clock_mhz:.0f} MHz, "
+                f"matmul rate {clock.matmul_rate:.2f}"
+            )
+    finally:
+        deployer.close()
     typer.echo(f"{len(prof.cluster.nodes)} node(s) ready")
 
 
 @cluster_app.command("up")
-def cluster_up(profile: ProfileOpt = None) -> None:
-    """Deploy the champion (or the profile's starting config) and leave it running."""
+def cluster_up(
+    profile: ProfileOpt = None,
+    set_: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            metavar="KNOB=VALUE",
+            help="deploy the champion with this change (repeatable); if it fails, the champion "
+            "is restored when the profile says restore_champion",
+        ),
+    ] = None,
+) -> None:
+    """Deploy the champion (or the profile's starting config) and leave it running.
+
+    On failure every node is torn down and the command exits with the failure's code.
+    """
     prof = load_profile(profile)
     ledger = Ledger(Settings.resolve(prof).ledger_url)
     champion = ledger.champion(prof.cluster.name)
-    config = champion.config if champion else prof.initial_champion()
+    base = champion.config if champion else prof.initial_champion()
+    config = base
+    for item in set_ or []:
+        knob, sep, value = item.partition("=")
+        if not sep:
+            raise UsageError(f"--set {item!r}: expected KNOB=VALUE")
+        config = config.apply(prof.space.change(config, knob, value))
+    fallback = base if set_ and prof.restore_champion else None
     console = _out()
     deployer = _deployer(prof, progress=lambda msg: console.print(f"  {msg}", style="dim"))
-    with ClusterLease(ledger, prof.cluster.name):
-        try:
-            result = deployer.deploy(config)
-        except OrchestrateError:
-            deployer.stop_all()
-            raise
+    try:
+        with ClusterLease(ledger, prof.cluster.name):
+            attempt = deployer.attempt(config, fallback=fallback)
+    finally:
+        deployer.close()
+    if attempt.failure is not None:
+        for rank, how in sorted(attempt.teardown.items()):
+            console.print(f"  node-{rank}: {how}")
+        if attempt.restored is not None:
+            console.print(f"champion restored at {prof.cluster.base_url} (config {base.key})")
+        elif attempt.restore_failure is not None:
+            console.print(f"champion NOT restored: {attempt.restore_failure.message}")
+        raise attempt.failure
+    assert attempt.result is not None
     console.print(
-        f"up in {result.boot_seconds:.1f}s at {prof.cluster.base_url} (config {config.key})"
+        f"up in {attempt.result.boot_seconds:.1f}s at {prof.cluster.base_url} (config {config.key})"
     )
 
 
 @cluster_app.command("down")
 def cluster_down(profile: ProfileOpt = None) -> None:
-    """Stop the engine on every node (head first), confirming each is gone."""
+    """Stop the engine on every node (head first), confirming each is gone; a node that
+    cannot be reached is reported and the others are still stopped."""
     prof = load_profile(profile)
-    for rank, how in _deployer(prof).stop_all().items():
+    deployer = _deployer(prof)
+    try:
+        outcomes, errors = deployer.stop_each()
+    finally:
+        deployer.close()
+    for rank, how in sorted(outcomes.items()):
         typer.echo(f"node-{rank}: {how}")
+    if errors:
+        raise errors[0]
 
 
 @cluster_app.command("status")
 def cluster_status(profile: ProfileOpt = None) -> None:
-    """Which nodes have an engine running."""
+    """Which nodes have an engine running (and which cannot be reached)."""
     prof = load_profile(profile)
     deployer = _deployer(prof)
-    for node in prof.cluster.nodes:
-        typer.echo(f"{node.name} ({node.host}): {'running' if deployer.alive(node) else 'stopped'}")
+    try:
+        reached = deployer.reach()
+        for node in sorted(prof.cluster.nodes, key=lambda n: n.rank):
+            err = reached[node.rank]
+            state = err.message if err else ("running" if deployer.alive(node) else "stopped")
+            typer.echo(f"{node.name} ({node.host}): {state}")
+    finally:
+        deployer.close()
+    failed = [e for _, e in sorted(reached.items()) if e is not None]
+    if failed:
+        raise failed[0]
 
 
 @app.command()

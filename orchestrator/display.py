@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 from rich.console import Console, Group
 from rich.live import Live
@@ -94,6 +95,19 @@ class RoundDisplay:
                 (f"  {reason}", "dim"),
             )
         )
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """No live redraw inside the block (a person is answering a prompt)."""
+        live = self._live
+        if live is None:
+            yield
+            return
+        live.stop()
+        try:
+            yield
+        finally:
+            live.start()
 
     def stop(self) -> None:
         """End the live display."""

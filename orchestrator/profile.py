@@ -12,6 +12,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from agents import ClaudeOptions
 from cluster.deploy import GateSpec
 from cluster.inventory import ClusterSpec, NodeSpec
 from cluster.launcher import LauncherSpec
@@ -35,15 +36,65 @@ class ObjectiveSpec(BaseModel):
     aggregate: Literal["sum"] = "sum"
 
 
-class VerdictSpec(BaseModel):
-    """How a candidate is judged against the champion."""
+class NoiseSpec(BaseModel):
+    """The noise the profile expects before the ledger has taught the model better."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    threshold_pct: float = Field(
-        default=2.0, ge=0, le=100, description="keep only if the objective gains more than this"
+    run_to_run: float = Field(default=0.02, gt=0, le=1, description="relative sd of one cell run")
+    boot_to_boot: float = Field(default=0.05, gt=0, le=1, description="relative sd across boots")
+    prior_weight: float = Field(
+        default=8.0, ge=0, description="degrees of freedom the prior counts for"
     )
+
+
+class VerdictSpec(BaseModel):
+    """How a candidate is judged against the champion.
+
+    ``sequential`` (default): Bayesian, with a spike-and-slab prior on the change's effect
+    (a share ``prior_null`` of changes do nothing, the rest are spread ``prior_effect_pct``),
+    boots added while undecided, and a keep only after a confirmation boot with the champion
+    re-measured. ``threshold``: the common practice — keep if one run beats the champion by
+    more than ``threshold_pct`` (kept for comparison; it keeps noise).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    policy: Literal["sequential", "threshold"] = "sequential"
+    threshold_pct: float = Field(
+        default=2.0, ge=0, le=100, description="threshold policy: keep above this gain"
+    )
+    confidence: float = Field(
+        default=0.95, gt=0.5, lt=1, description="keep when P(gain > 0) reaches this"
+    )
+    equivalence_pct: float = Field(
+        default=1.0, ge=0, le=50, description="gains below this are not worth a new champion"
+    )
+    futility: float = Field(
+        default=0.25, gt=0, lt=1, description="discard when P(gain > equivalence) falls below"
+    )
+    prior_null: float = Field(default=0.5, ge=0, lt=1)
+    prior_effect_pct: float = Field(default=5.0, gt=0, le=100)
+    max_boots: int = Field(
+        default=3, ge=1, le=20, description="candidate boots before inconclusive"
+    )
+    confirm_boots: int = Field(default=1, ge=0, le=10)
+    noise: NoiseSpec = NoiseSpec()
     max_error_rate: float = Field(default=0.0, ge=0, le=1)
+    check_greedy: bool = Field(
+        default=True,
+        description="invalid when greedy outputs differ from the champion's (off only to "
+        "reproduce loops that do not check)",
+    )
+    ttft_p90_regression_pct: float | None = Field(
+        default=50.0, ge=0, description="a guardrail: discard if any cell's TTFT p90 grows more"
+    )
+    drift_every: int = Field(
+        default=6, ge=1, description="re-measure the champion after this many decided experiments"
+    )
+    drift_max_age_s: float | None = Field(
+        default=None, gt=0, description="…or when its last measurement is older than this"
+    )
 
 
 class ProposerSpec(BaseModel):
@@ -54,6 +105,10 @@ class ProposerSpec(BaseModel):
     kind: ProposerKind = "optuna"
     seed: int = 0
     sweep: tuple[dict[str, Value], ...] | None = None
+    #: The Claude and hybrid proposers' settings: model, max_tries, max_usd_per_round (the
+    #: LLM spend cap of a round), brief (a markdown file; relative to the profile), API
+    #: retries and timeout, prices. See ``agents.ClaudeOptions``.
+    claude: ClaudeOptions = ClaudeOptions()
 
 
 class ApproveSpec(BaseModel):
@@ -62,6 +117,12 @@ class ApproveSpec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     mode: ApproveMode = "auto"
+    #: queue: how long a proposal waits for a person (None: for ever) …
+    timeout_s: float | None = Field(default=None, gt=0)
+    #: … and what the timeout decides.
+    on_timeout: Literal["veto", "approve"] = "veto"
+    #: queue: timeout vetoes in a row after which the round pauses (nobody is deciding).
+    max_timeouts: int = Field(default=3, ge=1, le=1000)
 
 
 class Profile(BaseModel):
@@ -92,6 +153,11 @@ class Profile(BaseModel):
     twin_landscape: str | None = Field(
         default=None, description="the landscape whose ground truth `twin optimum` prints"
     )
+    restore_champion: bool = Field(
+        default=False,
+        description="issue #4: after a failed deploy, boot the champion again and leave it "
+        "serving (real stacks carry traffic between experiments; the twin serves nobody)",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> Profile:
@@ -121,6 +187,11 @@ class Profile(BaseModel):
         """A short digest of the validated profile."""
         text = json.dumps(self.model_dump(mode="json"), sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def default_brief() -> Path:
+    """The research brief shipped with orchestrate (what an LLM proposer reads by default)."""
+    return Path(str(resources.files("orchestrator") / "profiles" / "brief.md"))
 
 
 def embedded_profiles() -> list[str]:
@@ -187,6 +258,7 @@ def load_profile(name_or_path: str | None = None, *, base_dir: Path | None = Non
     except KnobError as e:
         raise ProfileError(f"profile {path}: {e}", path=str(path)) from e
     profile = _resolve_workdirs(profile, base_dir or Path.cwd(), path)
+    profile = _resolve_brief(profile, path)
     try:
         profile.initial_champion()
         for entry in profile.proposer.sweep or ():
@@ -195,6 +267,22 @@ def load_profile(name_or_path: str | None = None, *, base_dir: Path | None = Non
     except KnobError as e:
         raise ProfileError(f"profile {path}: {e}", path=str(path)) from e
     return profile
+
+
+def _resolve_brief(profile: Profile, path: Path) -> Profile:
+    """The proposer's brief as an absolute path (relative ones are relative to the profile)."""
+    brief = profile.proposer.claude.brief
+    if brief is None:
+        return profile
+    resolved = Path(brief) if Path(brief).is_absolute() else path.parent / brief
+    if not resolved.is_file():
+        raise ProfileError(
+            f"profile {path}: proposer.claude.brief: no such file {str(resolved)!r}",
+            path=str(path),
+        )
+    claude = profile.proposer.claude.model_copy(update={"brief": str(resolved.resolve())})
+    proposer = profile.proposer.model_copy(update={"claude": claude})
+    return profile.model_copy(update={"proposer": proposer})
 
 
 def _resolve_workdirs(profile: Profile, base: Path, path: Path) -> Profile:

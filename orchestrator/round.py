@@ -9,9 +9,11 @@ measured again, no engine is left running unrecorded, and the round's budget is 
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from agents import (
     HistoryEntry,
@@ -23,6 +25,7 @@ from agents import (
 )
 from cluster.errors import NodeError
 from knobs.errors import OrchestrateError
+from knobs.records import CellResultRecord
 from knobs.spec import as_text
 from ledger import (
     ChampionRecord,
@@ -34,9 +37,10 @@ from ledger import (
 )
 from orchestrator.approval import ApprovalGate
 from orchestrator.display import RoundDisplay, describe
+from orchestrator.noise import NoiseModel, learn
 from orchestrator.profile import Profile
 from orchestrator.testbed import Sink, Testbed
-from orchestrator.verdict import accept_len, decide, objective
+from orchestrator.verdict import Assessment, Evidence, accept_len, assess, objective, objective_of
 
 
 class BaselineFailed(OrchestrateError):
@@ -157,6 +161,7 @@ class RoundRunner:
                     break
                 if experiment is not None:
                     self._run_experiment(rnd, experiment)
+                    self._maybe_remeasure(rnd)
         finally:
             self.display.stop()
         if stopped_by != "max-hours":
@@ -233,6 +238,8 @@ class RoundRunner:
                 e.knob is not None
                 and e.value is not None
                 and e.status in ("crash", "invalid", "vetoed")
+                # stuck clocks are the node's fault, not the config's
+                and e.failure_class != "clocks_stuck"
             ):
                 source = {"crash": "crash", "invalid": "invalid", "vetoed": "veto"}[e.status]
                 known_bad.append(
@@ -368,55 +375,251 @@ class RoundRunner:
         return run_id
 
     def _run_experiment(self, rnd: RoundRecord, e: ExperimentRecord) -> None:
+        """Boot and measure until the verdict is final; every boot and cell is committed."""
         index = self._candidates_done(rnd) + (1 if e.kind == "candidate" else 0)
         self.display.experiment(index if e.kind == "candidate" else 0, rnd.budget, describe(e))
         run_id = self._child_run(rnd, e)
-        if e.state == "measured":
-            self._judge(rnd, self.ledger.experiment(e.id), run_id)
-            return
-        self.ledger.set_state(e.id, "deploying")
-        boot = self.ledger.start_boot(e.id, e.config)
+        while True:
+            e = self.ledger.experiment(e.id)
+            if e.state == "decided":
+                return
+            measurements = self._measurements(e.id)
+            unfinished = next((m for m in measurements if not m.complete), None)
+            if unfinished is not None or not measurements:
+                failure = self._measure(
+                    e,
+                    run_id,
+                    role=unfinished.role if unfinished else "measure",
+                    measurement=unfinished.index if unfinished else None,
+                )
+                if failure is not None:
+                    self._crash(rnd, e, run_id, failure)
+                    return
+                continue
+            if e.kind == "baseline":
+                verdict = Assessment(
+                    "keep", "baseline", "first measurement of the champion", {"delta_pct": 0.0}
+                )
+                self._decide(e, run_id, verdict, measurements)
+                return
+            assessment = self._assess(e, measurements)
+            if assessment.final:
+                self._decide(e, run_id, assessment, measurements)
+                return
+            self.display.phase(assessment.reason)
+            if assessment.status == "confirm":
+                champion = self.ledger.champion(self.cluster)
+                assert champion is not None
+                if self._last_boot_id(champion.experiment_id) < self._last_boot_id(e.id):
+                    failure = self._remeasure_champion(rnd)
+                    if failure is not None:
+                        verdict = Assessment(
+                            "inconclusive",
+                            "champion-remeasure",
+                            f"the champion's re-measurement failed ({failure.failure_class}): "
+                            f"{failure.message}",
+                            {},
+                        )
+                        self._decide(e, run_id, verdict, measurements)
+                        return
+                    continue
+                role = "confirm"
+            else:
+                role = "repeat"
+            failure = self._measure(e, run_id, role=role, measurement=None)
+            if failure is not None:
+                self._crash(rnd, e, run_id, failure)
+                return
+
+    def _last_boot_id(self, experiment_id: int) -> int:
+        boots = self.ledger.boots(experiment_id)
+        return boots[-1].id if boots else 0
+
+    def _measurements(self, experiment_id: int) -> list[Measurement]:
+        """The experiment's measurements: boots grouped by measurement index, with cells."""
+        boots = self.ledger.boots(experiment_id)
+        by_boot: dict[int, list[CellResultRecord]] = {}
+        for boot_id, _repeat, record in self.ledger.cell_results(experiment_id):
+            by_boot.setdefault(boot_id, []).append(record)
+        wanted = {c.name for c in self.profile.cells}
+        out: dict[int, Measurement] = {}
+        for boot in boots:
+            m = out.setdefault(boot.measurement, Measurement(boot.measurement, boot.role, []))
+            m.cells.extend(by_boot.get(boot.id, []))
+        for m in out.values():
+            m.complete = wanted <= {c.cell for c in m.cells}
+        return [out[k] for k in sorted(out)]
+
+    def _measure(
+        self, e: ExperimentRecord, run_id: str, *, role: str, measurement: int | None
+    ) -> NodeError | None:
+        """One boot of ``e``'s config: deploy, the cells its measurement still lacks, teardown.
+        The failure, if the boot or the bench failed."""
+        if e.state != "decided":  # the champion's re-measurements add boots to a decided one
+            self.ledger.set_state(e.id, "deploying")
+        boot = self.ledger.start_boot(e.id, e.config, role=role, measurement=measurement)
         failure: NodeError | None = None
         try:
-            self.display.phase("deploying")
+            self.display.phase(f"deploying ({role})")
             launchers = self.testbed.deploy(e.config)
             self.ledger.end_boot(boot.id, status="up")
             self.sink.log_texts(
                 run_id, {f"launchers/node-{r}.sh": text for r, text in launchers.items()}
             )
-            self.ledger.set_state(e.id, "benching")
-            self._bench(e, boot.id)
+            if e.state != "decided":
+                self.ledger.set_state(e.id, "benching")
+            self._bench(e.id, boot.id, boot.measurement)
         except NodeError as err:
             failure = err
         finally:
-            # logs first (they are the evidence), then no engine may outlive the experiment
+            # logs first (they are the evidence), then no engine may outlive the boot
             logs = self.testbed.logs()
-            self.sink.log_texts(run_id, {f"logs/node-{r}.log": text for r, text in logs.items()})
+            self.sink.log_texts(
+                run_id, {f"logs/boot-{boot.id}/node-{r}.log": t for r, t in logs.items()}
+            )
             self.display.phase("tearing down")
             self.testbed.stop_all()
         if failure is not None:
-            self._crash(rnd, e, run_id, boot.id, failure)
-            return
+            self.ledger.end_boot(
+                boot.id,
+                status="failed",
+                failure_class=failure.failure_class,
+                failure_detail=failure.message,
+            )
+            return failure
         self.ledger.end_boot(boot.id, status="down")
-        self.ledger.set_state(e.id, "measured")
-        self._judge(rnd, self.ledger.experiment(e.id), run_id)
+        if e.state != "decided":
+            self.ledger.set_state(e.id, "measured")
+        return None
 
-    def _bench(self, e: ExperimentRecord, boot_id: int) -> None:
-        done = {r.cell for _, _, r in self.ledger.cell_results(e.id)}
+    def _bench(self, experiment_id: int, boot_id: int, measurement: int) -> None:
+        done = {
+            c.cell
+            for m in self._measurements(experiment_id)
+            if m.index == measurement
+            for c in m.cells
+        }
         cells = self.profile.cells
         for i, cell in enumerate(cells, start=1):
             if cell.name in done:
                 continue
             self.display.phase(f"cell {i} of {len(cells)}: {cell.name}")
-            measured = self.testbed.bench(cell)
-            self.ledger.add_cell_result(e.id, boot_id, measured)
+            self.ledger.add_cell_result(experiment_id, boot_id, self.testbed.bench(cell))
 
-    def _crash(
-        self, rnd: RoundRecord, e: ExperimentRecord, run_id: str, boot_id: int, err: NodeError
-    ) -> None:
-        self.ledger.end_boot(
-            boot_id, status="failed", failure_class=err.failure_class, failure_detail=err.message
+    # ---- the champion and the noise ---------------------------------------------------------
+    def _champion_measurements(self) -> list[Measurement]:
+        """The champion's complete measurements since its last significant drift."""
+        champion = self.ledger.champion(self.cluster)
+        assert champion is not None
+        measurements = [m for m in self._measurements(champion.experiment_id) if m.complete]
+        cuts = [
+            d.measurement
+            for d in self.ledger.drifts(self.cluster)
+            if d.experiment_id == champion.experiment_id and d.significant
+        ]
+        if cuts:
+            measurements = [m for m in measurements if m.index >= max(cuts)] or measurements
+        return measurements
+
+    def noise(self) -> NoiseModel:
+        """The cluster's noise model: the profile's prior and the ledger's repeated boots."""
+        spec = self.profile.verdict.noise
+        groups: list[list[float]] = []
+        for e in self.ledger.experiments(cluster=self.cluster):
+            if e.status in ("crash", "vetoed", "invalid"):
+                continue
+            values = [objective(m.cells) for m in self._measurements(e.id) if m.complete]
+            if len(values) >= 2:
+                groups.append(values)
+        cells = max(1, len(self.profile.cells))
+        return learn(
+            prior_boot_cv=math.sqrt(spec.boot_to_boot**2 + spec.run_to_run**2 / cells),
+            prior_run_cv=spec.run_to_run,
+            prior_weight=spec.prior_weight,
+            boot_groups=groups,
+            run_groups=[],
         )
+
+    def _remeasure_champion(self, rnd: RoundRecord) -> NodeError | None:
+        """A fresh boot of the champion; records its drift and re-baselines on a real one."""
+        champion = self.ledger.champion(self.cluster)
+        assert champion is not None
+        before = [objective(m.cells) for m in self._champion_measurements()]
+        e = self.ledger.experiment(champion.experiment_id)
+        self.display.phase("re-measuring the champion")
+        run_id = self._child_run(rnd, e)
+        failure = self._measure(e, run_id, role="remeasure", measurement=None)
+        if failure is not None:
+            self.display.note(f"  the champion's re-measurement failed: {failure.message}")
+            return failure
+        latest = [m for m in self._measurements(e.id) if m.complete][-1]
+        after = objective(latest.cells)
+        noise = self.noise()
+        old = objective_of(before) if before else after
+        threshold = 2.0 * noise.boot_cv * math.sqrt(1.0 + 1.0 / max(1, len(before)))
+        significant = abs(math.log(after / old)) > threshold if old > 0 and after > 0 else False
+        drift = self.ledger.add_drift(
+            cluster=self.cluster,
+            experiment_id=e.id,
+            measurement=latest.index,
+            before=old,
+            after=after,
+            significant=significant,
+        )
+        trusted = [objective(m.cells) for m in self._champion_measurements()]
+        self.ledger.set_champion_objective(self.cluster, objective_of(trusted))
+        self.sink.log_metrics(run_id, {"remeasure.objective": after}, step=latest.index)
+        if significant:
+            self.display.note(
+                f"  drift: the champion measured {drift.drift_pct:+.1f}% vs before; "
+                "comparisons re-baselined on its new measurements"
+            )
+        return None
+
+    def _maybe_remeasure(self, rnd: RoundRecord) -> None:
+        """The drift sentinel: re-measure the champion every N decided experiments or when its
+        last measurement is older than T."""
+        champion = self.ledger.champion(self.cluster)
+        if champion is None:
+            return
+        boots = [b for b in self.ledger.boots(champion.experiment_id) if b.status == "down"]
+        if not boots:
+            return
+        last = boots[-1]
+        spec = self.profile.verdict
+        since = sum(
+            1
+            for e in self.ledger.experiments(cluster=self.cluster)
+            if e.kind == "candidate"
+            and e.status not in (None, "vetoed")
+            and e.decided_at is not None
+            and e.decided_at > (last.ended_at or last.started_at)
+        )
+        old = (
+            spec.drift_max_age_s is not None
+            and (datetime.now(UTC) - (last.ended_at or last.started_at)).total_seconds()
+            > spec.drift_max_age_s
+        )
+        if since >= spec.drift_every or old:
+            self._remeasure_champion(rnd)
+
+    # ---- verdicts ---------------------------------------------------------------------------
+    def _assess(self, e: ExperimentRecord, measurements: list[Measurement]) -> Assessment:
+        champion = self._champion_measurements()
+        return assess(
+            self.profile.verdict,
+            Evidence(
+                candidate=[objective(m.cells) for m in measurements],
+                champion=[objective(m.cells) for m in champion],
+                confirmations=sum(1 for m in measurements if m.role == "confirm"),
+                candidate_cells=[c for m in measurements for c in m.cells],
+                champion_cells=champion[-1].cells,
+                min_matmul_rate=self.profile.gates.min_matmul_rate,
+            ),
+            self.noise(),
+        )
+
+    def _crash(self, rnd: RoundRecord, e: ExperimentRecord, run_id: str, err: NodeError) -> None:
         verdict = VerdictRecord(
             status="crash",
             rule="boot" if err.failure_class != "bench_failed" else "bench",
@@ -442,22 +645,23 @@ class RoundRunner:
                 f"the configured champion did not boot ({err.failure_class}): {err.message}"
             )
 
-    def _judge(self, rnd: RoundRecord, e: ExperimentRecord, run_id: str) -> None:
-        cells = [r for _, _, r in self.ledger.cell_results(e.id)]
-        value = objective(cells)
-        if e.kind == "baseline":
-            verdict = VerdictRecord(
-                status="keep", rule="baseline", reason="first measurement of the champion", stats={}
-            )
-            delta = 0.0
-        else:
-            champion = self.ledger.champion(self.cluster)
-            assert champion is not None
-            champion_cells = [r for _, _, r in self.ledger.cell_results(champion.experiment_id)]
-            verdict = decide(
-                self.profile, cells, champion_cells, e.champion_objective or champion.objective
-            )
-            delta = float(verdict.stats.get("delta_pct", 0.0))  # type: ignore[arg-type]
+    def _decide(
+        self,
+        e: ExperimentRecord,
+        run_id: str,
+        assessment: Assessment,
+        measurements: list[Measurement],
+    ) -> None:
+        per_boot = [objective(m.cells) for m in measurements]
+        cells = [c for m in measurements for c in m.cells]
+        value = objective_of(per_boot)
+        delta = float(assessment.stats.get("delta_pct", 0.0))  # type: ignore[arg-type]
+        verdict = VerdictRecord(
+            status=assessment.status,
+            rule=assessment.rule,
+            reason=assessment.reason,
+            stats=dict(assessment.stats),
+        )
         decided = self.ledger.decide(
             e.id,
             verdict=verdict,
@@ -465,9 +669,14 @@ class RoundRunner:
             delta_pct=delta,
             accept_len=accept_len(cells),
             promote=verdict.status == "keep",
+            failure_class="clocks_stuck" if verdict.rule == "clocks" else None,
         )
-        metrics: dict[str, float] = {"objective": value, "delta_pct": delta}
-        for cell in cells:
+        metrics: dict[str, float] = {"objective": value, "delta_pct": delta, "boots": len(per_boot)}
+        for name in ("p_gain", "p_worth", "se", "boot_cv"):
+            stat = assessment.stats.get(name)
+            if isinstance(stat, float):
+                metrics[name] = stat
+        for cell in measurements[0].cells:
             metrics[f"{cell.cell}.output_throughput"] = cell.output_throughput
             metrics[f"{cell.cell}.p90_ttft_ms"] = cell.p90_ttft_ms
             if cell.accepted_per_step is not None:
@@ -485,3 +694,14 @@ class RoundRunner:
         self.sink.set_tags(run_id, {"status": verdict.status, "rule": verdict.rule})
         self.sink.finish(run_id, "FINISHED")
         self.display.decided(decided, verdict.reason)
+
+
+@dataclass
+class Measurement:
+    """The cells of one measurement of an experiment (one boot, or a boot and its
+    continuation after an interruption)."""
+
+    index: int
+    role: str
+    cells: list[CellResultRecord]
+    complete: bool = False

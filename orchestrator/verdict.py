@@ -1,22 +1,36 @@
-"""Verdicts: keep, discard, invalid (crash is decided where the boot fails).
+"""Verdicts: keep, discard, inconclusive, invalid — or ask for more evidence.
 
-Issue #2's rule: keep when the objective beats the champion's by more than the profile's
-threshold, unless the candidate is invalid (greedy outputs differ from the champion's, or a
-node's clocks were off while it was measured). Issue #5 makes the comparison statistical.
+A candidate is measured on one or more boots; each boot's objective is the sum over the
+profile's cells of decode tok/s. The champion has its own boots. ``assess`` compares them:
+
+1. invalid — greedy outputs differ from the champion's (speculative decoding is lossless, so a
+   difference is a bug however fast it is), or a node's clocks were off while measuring;
+2. guardrails — errors, or a TTFT p90 regression beyond the profile's limit: discard;
+3. the gain ``δ = log(candidate / champion)``: with a spike-and-slab prior (a share
+   ``prior_null`` of changes do nothing; the rest spread ``prior_effect_pct``) and the
+   observed mean log ratio ``g ~ N(δ, se²)`` whose ``se`` comes from the noise model,
+   ``P(δ > 0 | g)`` and ``P(δ > equivalence | g)`` follow in closed form. The prior makes the
+   posterior honest whatever rule decided to take another boot, so one rule serves every look:
+   - P(δ > 0) ≥ confidence: ``confirm`` until ``confirm_boots`` fresh boots were added (with
+     the champion re-measured), then ``keep``;
+   - P(δ > equivalence) < futility: ``discard`` (clearly worse, or not worth it);
+   - otherwise ``more`` — another boot — until ``max_boots``, then ``inconclusive``.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 from knobs.records import CellResultRecord
-from ledger.records import VerdictRecord
-from orchestrator.profile import Profile
+from orchestrator.noise import NoiseModel
+from orchestrator.profile import VerdictSpec
 
 
 def objective(cells: Sequence[CellResultRecord]) -> float:
-    """The profile's objective over measured cells: decode tok/s summed over cells (the mean
-    of repeats of the same cell)."""
+    """The objective over measured cells: decode tok/s summed over cells (repeats of a cell
+    count as their mean)."""
     by_cell: dict[str, list[float]] = {}
     for cell in cells:
         by_cell.setdefault(cell.cell, []).append(cell.output_throughput)
@@ -36,74 +50,193 @@ def fingerprint_mismatch(
     theirs: dict[str, str] = {}
     for cell in champion:
         theirs.update(cell.fingerprints)
-    out: list[str] = []
-    for cell in candidate:
-        for prompt, digest in cell.fingerprints.items():
-            if prompt in theirs and theirs[prompt] != digest:
-                out.append(prompt)
-    return sorted(set(out))
-
-
-def decide(
-    profile: Profile,
-    candidate: Sequence[CellResultRecord],
-    champion: Sequence[CellResultRecord],
-    champion_objective: float,
-) -> VerdictRecord:
-    """The verdict of a measured candidate against the champion."""
-    value = objective(candidate)
-    delta = (value / champion_objective - 1.0) * 100.0 if champion_objective > 0 else 0.0
-    stats: dict[str, object] = {
-        "objective": value,
-        "champion_objective": champion_objective,
-        "delta_pct": delta,
-        "threshold_pct": profile.verdict.threshold_pct,
+    out = {
+        prompt
+        for cell in candidate
+        for prompt, digest in cell.fingerprints.items()
+        if prompt in theirs and theirs[prompt] != digest
     }
-    mismatch = fingerprint_mismatch(candidate, champion)
+    return sorted(out)
+
+
+def _phi(x: float) -> float:
+    return 0.5 * (1.0 + math.erf(x / math.sqrt(2.0)))
+
+
+def _normal_pdf(x: float, sd: float) -> float:
+    return math.exp(-0.5 * (x / sd) ** 2) / (sd * math.sqrt(2 * math.pi))
+
+
+@dataclass(frozen=True)
+class Posterior:
+    """The posterior of the log gain δ given the observed mean log ratio."""
+
+    p_effect: float  # P(the change does anything)
+    mean: float  # of δ given it does something
+    sd: float
+
+    def p_above(self, threshold: float) -> float:
+        """P(δ > threshold); ``threshold`` ≥ 0 (the null's δ = 0 is never above)."""
+        return self.p_effect * (1.0 - _phi((threshold - self.mean) / self.sd))
+
+
+def posterior(g: float, se: float, *, prior_null: float, prior_sd: float) -> Posterior:
+    """Spike-and-slab posterior of δ from ``g ~ N(δ, se²)``."""
+    null = prior_null * _normal_pdf(g, se)
+    slab = (1.0 - prior_null) * _normal_pdf(g, math.sqrt(se**2 + prior_sd**2))
+    p_effect = slab / (null + slab) if null + slab > 0 else (1.0 if abs(g) > se else 0.0)
+    shrink = prior_sd**2 / (prior_sd**2 + se**2)
+    return Posterior(p_effect=p_effect, mean=g * shrink, sd=math.sqrt(shrink) * se)
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What a verdict looks at: per-boot objectives and the cells behind them."""
+
+    candidate: Sequence[float]
+    champion: Sequence[float]
+    confirmations: int
+    candidate_cells: Sequence[CellResultRecord]
+    champion_cells: Sequence[CellResultRecord]
+    min_matmul_rate: float = 0.9
+
+
+@dataclass(frozen=True)
+class Assessment:
+    """``keep | discard | inconclusive | invalid`` (final) or ``more | confirm`` (boot again)."""
+
+    status: str
+    rule: str
+    reason: str
+    stats: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def final(self) -> bool:
+        """Whether this decides the experiment."""
+        return self.status not in ("more", "confirm")
+
+
+def _mean_log(values: Sequence[float]) -> float:
+    return sum(math.log(v) for v in values) / len(values)
+
+
+def _validity(spec: VerdictSpec, ev: Evidence, stats: dict[str, object]) -> Assessment | None:
+    mismatch = fingerprint_mismatch(ev.candidate_cells, ev.champion_cells) if spec.check_greedy else []
     if mismatch:
-        return VerdictRecord(
-            status="invalid",
-            rule="greedy-mismatch",
-            reason=f"greedy outputs differ from the champion's on {len(mismatch)} prompt(s): "
+        return Assessment(
+            "invalid",
+            "greedy-mismatch",
+            f"greedy outputs differ from the champion's on {len(mismatch)} prompt(s): "
             + ", ".join(mismatch[:5]),
-            stats={**stats, "mismatched_prompts": mismatch},
+            {**stats, "mismatched_prompts": mismatch},
         )
     slow = sorted(
         {
             c.rank
-            for cell in candidate
+            for cell in ev.candidate_cells
             for c in cell.clocks
-            if c.matmul_rate < profile.gates.min_matmul_rate
+            if c.matmul_rate < ev.min_matmul_rate
         }
     )
     if slow:
-        return VerdictRecord(
-            status="invalid",
-            rule="clocks",
-            reason="clocks were off during the measurement on node(s) " + ", ".join(map(str, slow)),
-            stats={**stats, "slow_ranks": slow},
+        return Assessment(
+            "invalid",
+            "clocks",
+            "clocks were off during the measurement on node(s) " + ", ".join(map(str, slow)),
+            {**stats, "slow_ranks": slow},
         )
-    requests = sum(c.completed + c.errors for c in candidate)
-    errors = sum(c.errors for c in candidate)
-    if requests and errors / requests > profile.verdict.max_error_rate:
-        return VerdictRecord(
-            status="discard",
-            rule="errors",
-            reason=f"{errors} of {requests} requests failed",
-            stats={**stats, "errors": errors},
+    return None
+
+
+def _guardrails(spec: VerdictSpec, ev: Evidence, stats: dict[str, object]) -> Assessment | None:
+    requests = sum(c.completed + c.errors for c in ev.candidate_cells)
+    errors = sum(c.errors for c in ev.candidate_cells)
+    if requests and errors / requests > spec.max_error_rate:
+        return Assessment(
+            "discard",
+            "errors",
+            f"{errors} of {requests} requests failed",
+            {**stats, "errors": errors},
         )
-    if delta > profile.verdict.threshold_pct:
-        return VerdictRecord(
-            status="keep",
-            rule="threshold",
-            reason=f"objective {value:.1f} is {delta:+.2f}% vs champion {champion_objective:.1f} "
-            f"(> +{profile.verdict.threshold_pct:g}%)",
-            stats=stats,
+    if spec.ttft_p90_regression_pct is None:
+        return None
+    mine: dict[str, list[float]] = {}
+    theirs: dict[str, list[float]] = {}
+    for c in ev.candidate_cells:
+        mine.setdefault(c.cell, []).append(c.p90_ttft_ms)
+    for c in ev.champion_cells:
+        theirs.setdefault(c.cell, []).append(c.p90_ttft_ms)
+    for name in sorted(mine.keys() & theirs.keys()):
+        a = sum(mine[name]) / len(mine[name])
+        b = sum(theirs[name]) / len(theirs[name])
+        if b > 0 and (a / b - 1) * 100 > spec.ttft_p90_regression_pct:
+            return Assessment(
+                "discard",
+                "ttft-guardrail",
+                f"TTFT p90 of {name} grew {(a / b - 1) * 100:+.0f}% "
+                f"(limit +{spec.ttft_p90_regression_pct:g}%)",
+                {**stats, "ttft_cell": name},
+            )
+    return None
+
+
+def assess(spec: VerdictSpec, ev: Evidence, noise: NoiseModel) -> Assessment:
+    """The verdict on the evidence so far (or a request for another boot)."""
+    if not ev.candidate or not ev.champion:
+        raise ValueError("a verdict needs at least one boot of candidate and champion")
+    cand, champ = objective_of(ev.candidate), objective_of(ev.champion)
+    delta_pct = (cand / champ - 1.0) * 100.0
+    stats: dict[str, object] = {
+        "objective": cand,
+        "champion_objective": champ,
+        "delta_pct": delta_pct,
+        "candidate_boots": len(ev.candidate),
+        "champion_boots": len(ev.champion),
+        "confirmations": ev.confirmations,
+        "boot_cv": noise.boot_cv,
+    }
+    invalid = _validity(spec, ev, stats)
+    if invalid is not None:
+        return invalid
+    guard = _guardrails(spec, ev, stats)
+    if guard is not None:
+        return guard
+    if spec.policy == "threshold":
+        status = "keep" if delta_pct > spec.threshold_pct else "discard"
+        relation = ">" if status == "keep" else "not >"
+        return Assessment(
+            status,
+            "threshold",
+            f"{delta_pct:+.2f}% vs champion ({relation} +{spec.threshold_pct:g}%, one run)",
+            stats,
         )
-    return VerdictRecord(
-        status="discard",
-        rule="threshold",
-        reason=f"objective {value:.1f} is {delta:+.2f}% vs champion {champion_objective:.1f} "
-        f"(not > +{profile.verdict.threshold_pct:g}%)",
-        stats=stats,
+    g = _mean_log(ev.candidate) - _mean_log(ev.champion)
+    se = noise.se(len(ev.candidate), len(ev.champion))
+    post = posterior(
+        g, se, prior_null=spec.prior_null, prior_sd=math.log1p(spec.prior_effect_pct / 100)
     )
+    equivalence = math.log1p(spec.equivalence_pct / 100)
+    p_gain = post.p_above(0.0)
+    p_worth = post.p_above(equivalence)
+    stats.update(g=g, se=se, p_gain=p_gain, p_worth=p_worth)
+    where = (
+        f"{delta_pct:+.2f}% over {len(ev.candidate)} boot(s) vs {len(ev.champion)}; "
+        f"P(gain)={p_gain:.2f}, P(gain>{spec.equivalence_pct:g}%)={p_worth:.2f}"
+    )
+    if p_gain >= spec.confidence:
+        if ev.confirmations >= spec.confirm_boots:
+            return Assessment("keep", "posterior", f"{where}: confirmed gain", stats)
+        return Assessment("confirm", "posterior", f"{where}: promising, confirming", stats)
+    if p_worth < spec.futility:
+        why = "worse" if g < 0 else "not worth a change"
+        return Assessment("discard", "posterior", f"{where}: {why}", stats)
+    if len(ev.candidate) >= spec.max_boots:
+        return Assessment(
+            "inconclusive", "max-boots", f"{where}: undecided after {spec.max_boots} boots", stats
+        )
+    return Assessment("more", "posterior", f"{where}: undecided, another boot", stats)
+
+
+def objective_of(per_boot: Sequence[float]) -> float:
+    """The geometric mean of per-boot objectives (what the verdict compares)."""
+    return math.exp(_mean_log(per_boot))

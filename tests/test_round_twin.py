@@ -75,7 +75,8 @@ def test_round_records_everything_and_a_second_round_continues(workdir: Path) ->
     assert kinds == ["baseline", "candidate", "candidate"]
     assert all(e["state"] == "decided" for e in report["experiments"])
     assert all(
-        e["status"] in {"keep", "discard", "crash", "invalid"} for e in report["experiments"]
+        e["status"] in {"keep", "discard", "crash", "invalid", "inconclusive"}
+        for e in report["experiments"]
     )
     baseline = report["experiments"][0]
     assert baseline["status"] == "keep" and baseline["objective"] > 0

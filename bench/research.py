@@ -1,0 +1,347 @@
+"""Research efficiency: this loop against the usual ones, side by side, on the twin's landscapes.
+
+Every method gets the same budget of experiments on the same simulated cluster (the twin's
+performance and noise model, no processes):
+
+- ``orchestrate``: the round loop with its default verdict policy (sequential, Bayesian,
+  confirmation boots, greedy-output check, drift sentinel) and the Optuna one-knob proposer;
+- ``greedy-2%``: the same loop and proposer, deciding on a single run with a 2% threshold
+  and no output check (the common practice);
+- ``optuna-tpe``: Optuna TPE over the full space, one run per trial, best measured trial wins;
+- ``grid``: a coarse grid in random order, one run per point, best measured point wins.
+
+Ground truth (noise-free objective, validity) comes from the landscape. Run:
+
+    .venv/bin/python bench/research.py --seeds 10 --budget 40
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import itertools
+import json
+import math
+import random
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+from rich.console import Console
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from agents import OptunaProposer
+from agents.optuna_proposer import distributions
+from cluster.simulated import SimulatedTestbed
+from cluster.twin.landscape import Landscape, load_landscape
+from knobs.config import Config
+from ledger import Ledger
+from orchestrator.approval import ApprovalGate
+from orchestrator.display import RoundDisplay
+from orchestrator.profile import Profile
+from orchestrator.round import RoundOptions, RoundRunner
+from orchestrator.testbed import NullSink
+from orchestrator.verdict import objective
+
+LANDSCAPES = ("vllm-dflash2-tp4", "sm121-2node", "exl3-tp4")
+METHODS = ("orchestrate", "greedy-2%", "optuna-tpe", "grid")
+
+
+@dataclass
+class Trace:
+    """What one method did on one landscape with one seed."""
+
+    method: str
+    champions: list[dict[str, Any]] = field(default_factory=list)  # after each experiment
+    boots: list[int] = field(default_factory=list)  # cumulative, after each experiment
+    keeps: int = 0
+    wrong_keeps: int = 0
+    wrong_discards: int = 0
+    invalid_promoted: int = 0
+    decided: int = 0
+
+
+def truth(landscape: Landscape, config: dict[str, Any]) -> float:
+    """The noise-free objective of a config; 0 if it does not boot or is invalid."""
+    value = landscape.objective(config)
+    if value is None:
+        return 0.0
+    if any(landscape.truth(config, c).invalid for c in landscape.cells()):
+        return 0.0
+    return value
+
+
+def profile_for(landscape: Landscape, policy: dict[str, Any]) -> Profile:
+    """A minimal profile around a landscape: its knob catalog and reference cells."""
+    return Profile.model_validate(
+        {
+            "name": f"sim-{landscape.name}",
+            "model": "sim",
+            "cluster": {
+                "name": f"sim-{landscape.name}",
+                "nodes": [{"rank": 0, "host": "127.0.0.1", "workdir": "/nonexistent"}],
+            },
+            "launcher": {"argv": ["true"]},
+            "knob_catalog": landscape.catalog,
+            "cells": [c.model_dump() for c in landscape.cells()],
+            "verdict": policy,
+        }
+    )
+
+
+def run_loop(
+    landscape: Landscape, seed: int, budget: int, policy: dict[str, Any], name: str
+) -> Trace:
+    """The real round loop on a simulated cluster, in a throwaway SQLite ledger."""
+    profile = profile_for(landscape, policy)
+    trace = Trace(name)
+    with tempfile.TemporaryDirectory() as tmp, Ledger(f"sqlite:///{tmp}/ledger.db") as ledger:
+        testbed = SimulatedTestbed(landscape, seed)
+        runner = RoundRunner(
+            profile,
+            ledger,
+            NullSink(),
+            testbed,
+            OptunaProposer(seed=seed),
+            ApprovalGate(ledger, "auto"),
+            RoundDisplay(Console(file=io.StringIO())),
+        )
+        runner.run(RoundOptions(budget=budget, proposer="optuna", approve="auto", seed=seed))
+        experiments = ledger.experiments()
+        boots_by_time = sorted(
+            (b.started_at, b.id) for e in experiments for b in ledger.boots(e.id)
+        )
+        champion = experiments[0].config
+        for e in experiments[1:]:
+            if e.status is None:
+                continue
+            before = truth(landscape, champion.as_dict())
+            mine = truth(landscape, e.config.as_dict())
+            trace.decided += 1
+            if e.status == "keep":
+                trace.keeps += 1
+                trace.wrong_keeps += mine <= before
+                if any(landscape.truth(e.config.as_dict(), c).invalid for c in landscape.cells()):
+                    trace.invalid_promoted += 1
+                champion = e.config
+            elif e.status in ("discard", "inconclusive") and before > 0 and mine >= 1.05 * before:
+                trace.wrong_discards += 1
+            trace.champions.append(champion.as_dict())
+            assert e.decided_at is not None
+            trace.boots.append(sum(1 for started, _ in boots_by_time if started <= e.decided_at))
+    return trace
+
+
+def measure(
+    landscape: Landscape, config: dict[str, Any], testbed: SimulatedTestbed
+) -> float | None:
+    """One boot and one run of every cell; None if it does not boot."""
+    try:
+        testbed.deploy(Config(config))
+    except Exception:
+        return None
+    return objective([testbed.bench(c) for c in landscape.cells()])
+
+
+def run_best_of(landscape: Landscape, seed: int, budget: int, configs: Any, name: str) -> Trace:
+    """A method that measures configs once each and keeps the best measured one."""
+    trace = Trace(name)
+    testbed = SimulatedTestbed(landscape, seed)
+    default = landscape.knob_space().default_config().as_dict()
+    best_config, best_value = default, measure(landscape, default, testbed) or 0.0
+    for config in itertools.islice(configs(best_config), budget):
+        value = measure(landscape, config, testbed)
+        trace.decided += 1
+        before = truth(landscape, best_config)
+        mine = truth(landscape, config)
+        if value is not None and value > best_value:
+            trace.keeps += 1
+            trace.wrong_keeps += mine <= before
+            if any(landscape.truth(config, c).invalid for c in landscape.cells()):
+                trace.invalid_promoted += 1
+            best_config, best_value = config, value
+        elif before > 0 and mine >= 1.05 * before:
+            trace.wrong_discards += 1
+        trace.champions.append(best_config)
+        trace.boots.append(testbed.boots)
+    return trace
+
+
+def tpe_configs(landscape: Landscape, seed: int) -> Any:
+    space = landscape.knob_space()
+    dists = distributions(space)
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=seed))
+    testbed = SimulatedTestbed(landscape, seed + 10_000)
+
+    def generate(_start: dict[str, Any]) -> Any:
+        while True:
+            trial = study.ask(dists)
+            config = dict(trial.params)
+            yield config
+            value = measure(landscape, config, testbed)
+            if value is None:
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            else:
+                study.tell(trial, value)
+
+    return generate
+
+
+def grid_configs(landscape: Landscape, seed: int) -> Any:
+    space = landscape.knob_space()
+    levels = []
+    for spec in space.knobs:
+        domain = spec.domain()
+        if len(domain) > 4:
+            picks = sorted({0, len(domain) // 3, (2 * len(domain)) // 3, len(domain) - 1})
+            domain = [domain[i] for i in picks] + [spec.default]
+        levels.append(sorted(set(domain), key=str))
+    grid = [dict(zip(space.names, values, strict=True)) for values in itertools.product(*levels)]
+    random.Random(seed).shuffle(grid)
+
+    def generate(_start: dict[str, Any]) -> Any:
+        yield from grid
+
+    return generate
+
+
+def summarise(landscape: Landscape, trace: Trace, optimum: float) -> dict[str, Any]:
+    reach = next(
+        (i + 1 for i, c in enumerate(trace.champions) if truth(landscape, c) >= 0.99 * optimum),
+        None,
+    )
+    final = truth(landscape, trace.champions[-1]) / optimum if trace.champions else 0.0
+    return {
+        "experiments_to_99": reach,
+        "boots_to_99": None if reach is None else trace.boots[reach - 1],
+        "final_pct": 100 * final,
+        "wrong_keeps": trace.wrong_keeps,
+        "wrong_discards_ge5": trace.wrong_discards,
+        "invalid_promoted": trace.invalid_promoted,
+        "decided": trace.decided,
+        "boots": trace.boots[-1] if trace.boots else 0,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--seeds", type=int, default=10)
+    parser.add_argument("--budget", type=int, default=40)
+    parser.add_argument("--landscapes", nargs="*", default=list(LANDSCAPES))
+    parser.add_argument("--methods", nargs="*", default=list(METHODS))
+    parser.add_argument("--json", type=Path, help="also write every run's summary here")
+    args = parser.parse_args()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    rows: list[dict[str, Any]] = []
+    started = time.monotonic()
+    for name in args.landscapes:
+        landscape = load_landscape(name)
+        optimum = float(landscape.optimum()["objective"])
+        for method in args.methods:
+            for seed in range(args.seeds):
+                if method == "orchestrate":
+                    trace = run_loop(landscape, seed, args.budget, {}, method)
+                elif method == "greedy-2%":
+                    policy = {"policy": "threshold", "threshold_pct": 2.0, "check_greedy": False}
+                    trace = run_loop(landscape, seed, args.budget, policy, method)
+                elif method == "optuna-tpe":
+                    trace = run_best_of(
+                        landscape, seed, args.budget, tpe_configs(landscape, seed), method
+                    )
+                else:
+                    trace = run_best_of(
+                        landscape, seed, args.budget, grid_configs(landscape, seed), method
+                    )
+                rows.append(
+                    {
+                        "landscape": name,
+                        "method": method,
+                        "seed": seed,
+                        **summarise(landscape, trace, optimum),
+                    }
+                )
+            print(
+                f"  {name} {method}: {args.seeds} seeds done ({time.monotonic() - started:.0f}s)",
+                file=sys.stderr,
+            )
+    report(rows, args)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else math.nan
+
+
+COLUMNS = (
+    "landscape",
+    "method",
+    "reached 99%",
+    "experiments to 99%",
+    "boots to 99%",
+    "final % of optimum",
+    "wrong keeps (% of decided)",
+    "wrong discards ≥5%",
+    "invalid promoted",
+    "boots/decided",
+)
+
+
+def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
+    """Print the table and the ratios as Markdown."""
+    print(f"# research efficiency: {args.seeds} seeds, budget {args.budget} experiments a run\n")
+    print("| " + " | ".join(COLUMNS) + " |")
+    print("|" + "---|" * len(COLUMNS))
+    summary: dict[tuple[str, str], dict[str, float]] = {}
+    for name in args.landscapes:
+        for method in args.methods:
+            mine = [r for r in rows if r["landscape"] == name and r["method"] == method]
+            reached = [r for r in mine if r["experiments_to_99"] is not None]
+            # a run that never reached 99% counts as budget + 1 experiments
+            exp = _mean([r["experiments_to_99"] or args.budget + 1 for r in mine])
+            boots = _mean([r["boots_to_99"] or r["boots"] + 1 for r in mine])
+            decided = sum(r["decided"] for r in mine)
+            wrong = sum(r["wrong_keeps"] for r in mine)
+            final = _mean([r["final_pct"] for r in mine])
+            summary[(name, method)] = {"exp": exp, "final": final}
+            cells = [
+                name,
+                method,
+                f"{len(reached)}/{len(mine)}",
+                f"{exp:.1f}",
+                f"{boots:.1f}",
+                f"{final:.1f}",
+                f"{wrong} ({100 * wrong / max(1, decided):.1f}%)",
+                str(sum(r["wrong_discards_ge5"] for r in mine)),
+                str(sum(r["invalid_promoted"] for r in mine)),
+                f"{sum(r['boots'] for r in mine) / max(1, decided):.2f}",
+            ]
+            print("| " + " | ".join(cells) + " |")
+    if "orchestrate" not in args.methods:
+        return
+    print("\n## orchestrate / baseline\n")
+    print("experiments to 99% (a run that never got there counts budget + 1; lower is better),")
+    print("final champion's true objective (higher is better)\n")
+    for name in args.landscapes:
+        ours = summary[(name, "orchestrate")]
+        for method in args.methods:
+            if method == "orchestrate":
+                continue
+            theirs = summary[(name, method)]
+            final = "n/a" if theirs["final"] == 0 else f"×{ours['final'] / theirs['final']:.3f}"
+            print(
+                f"- {name} vs {method}: experiments to 99% ×{ours['exp'] / theirs['exp']:.2f}, "
+                f"final {ours['final']:.1f}% vs {theirs['final']:.1f}% ({final})"
+            )
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
