@@ -228,7 +228,7 @@ def assess(spec: VerdictSpec, ev: Evidence, noise: NoiseModel) -> Assessment:
             return Assessment("keep", "posterior", f"{where}: confirmed gain", stats)
         return Assessment("confirm", "posterior", f"{where}: promising, confirming", stats)
     if p_worth < spec.futility:
-        why = "worse" if g < 0 else "not worth a change"
+        why = "worse" if g < -se else "not worth a change"
         return Assessment("discard", "posterior", f"{where}: {why}", stats)
     if len(ev.candidate) >= spec.max_boots:
         return Assessment(
