@@ -74,7 +74,7 @@ class VerdictSpec(BaseModel):
         default=0.25, gt=0, lt=1, description="discard when P(gain > equivalence) falls below"
     )
     prior_null: float = Field(default=0.5, ge=0, lt=1)
-    prior_effect_pct: float = Field(default=5.0, gt=0, le=100)
+    prior_effect_pct: float = Field(default=15.0, gt=0, le=100)
     max_boots: int = Field(
         default=3, ge=1, le=20, description="candidate boots before inconclusive"
     )

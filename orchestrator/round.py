@@ -242,9 +242,12 @@ class RoundRunner:
                 and e.failure_class != "clocks_stuck"
             ):
                 source = {"crash": "crash", "invalid": "invalid", "vetoed": "veto"}[e.status]
+                # a boot failure or a veto is pinned on the knob's value; wrong outputs come
+                # from an interaction (graphs with one K), so only that whole config is barred
+                when = e.config.as_dict() if e.status == "invalid" else {e.knob: e.value}
                 known_bad.append(
                     KnownBad(
-                        when={e.knob: e.value},
+                        when=when,
                         reason=e.failure_class or (e.failure_detail or e.status)[:200],
                         source=source,
                     )
