@@ -527,13 +527,21 @@ class RoundRunner:
     def noise(self) -> NoiseModel:
         """The cluster's noise model: the profile's prior and the ledger's repeated boots."""
         spec = self.profile.verdict.noise
+        cuts: dict[int, list[int]] = {}
+        for d in self.ledger.drifts(self.cluster):
+            if d.significant:
+                cuts.setdefault(d.experiment_id, []).append(d.measurement)
         groups: list[list[float]] = []
         for e in self.ledger.experiments(cluster=self.cluster):
             if e.status in ("crash", "vetoed", "invalid"):
                 continue
-            values = [objective(m.cells) for m in self._measurements(e.id) if m.complete]
-            if len(values) >= 2:
-                groups.append(values)
+            # a significant drift splits a config's boots: the level moved, not the noise
+            segments: dict[int, list[float]] = {}
+            for m in self._measurements(e.id):
+                if m.complete:
+                    segment = sum(1 for c in cuts.get(e.id, []) if m.index >= c)
+                    segments.setdefault(segment, []).append(objective(m.cells))
+            groups.extend(v for v in segments.values() if len(v) >= 2)
         cells = max(1, len(self.profile.cells))
         return learn(
             prior_boot_cv=math.sqrt(spec.boot_to_boot**2 + spec.run_to_run**2 / cells),

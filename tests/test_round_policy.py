@@ -1,0 +1,180 @@
+"""The round loop's verdict machinery on constructed measurements: confirmation boots, the
+drift sentinel, known-bad regions. The testbed is scripted: each boot of a config measures
+what the test says (the real loop, ledger and verdict code run unchanged)."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+from pathlib import Path
+
+from rich.console import Console
+
+from agents import SweepProposer
+from cluster.errors import DeployError, NodeError
+from knobs.config import Config
+from knobs.records import CellResultRecord, CellSpec
+from ledger import Ledger
+from orchestrator.approval import ApprovalGate
+from orchestrator.display import RoundDisplay
+from orchestrator.profile import Profile
+from orchestrator.round import RoundOptions, RoundRunner
+from orchestrator.testbed import NullSink
+
+CELL = CellSpec(name="code-c1", category="code", concurrency=1)
+
+
+class ScriptedTestbed:
+    """Boot n of a config measures ``speed(config, n)`` tok/s; ``None`` fails the boot."""
+
+    def __init__(self, speed: Callable[[Config, int], float | None]) -> None:
+        self.speed = speed
+        self.boots: list[Config] = []
+        self._current: float | None = None
+
+    def deploy(self, config: Config) -> dict[int, str]:
+        self.boots.append(config)
+        value = self.speed(config, len(self.boots))
+        if value is None:
+            raise DeployError("out of memory on the head", failure_class="oom", rank=0)
+        self._current = value
+        return {0: "#!/bin/sh\n"}
+
+    def bench(self, cell: CellSpec) -> CellResultRecord:
+        if self._current is None:
+            raise NodeError("nothing deployed", failure_class="bench_failed")
+        v = self._current
+        return CellResultRecord(
+            cell=cell.name,
+            category=cell.category,
+            concurrency=1,
+            context_tokens=0,
+            duration=1.0,
+            completed=10,
+            total_output_tokens=int(v),
+            output_throughput=v,
+            per_request_throughput=v,
+            mean_ttft_ms=10,
+            median_ttft_ms=10,
+            p90_ttft_ms=10,
+            p99_ttft_ms=10,
+            median_itl_ms=1,
+            effective_concurrency=1.0,
+            fingerprints={"code-0": "same"},
+        )
+
+    def logs(self) -> dict[int, str]:
+        return {0: "log"}
+
+    def stop_all(self) -> None:
+        self._current = None
+
+
+def profile(**verdict: object) -> Profile:
+    return Profile.model_validate(
+        {
+            "name": "scripted",
+            "model": "m",
+            "cluster": {
+                "name": "scripted",
+                "nodes": [{"rank": 0, "host": "127.0.0.1", "workdir": "/tmp/x"}],
+            },
+            "launcher": {"argv": ["true"]},
+            "knob_catalog": "vllm-dflash2",
+            "cells": [CELL.model_dump()],
+            "verdict": {"noise": {"boot_to_boot": 0.02, "run_to_run": 0.01}, **verdict},
+        }
+    )
+
+
+def run(
+    tmp_path: Path,
+    testbed: ScriptedTestbed,
+    changes: list[dict[str, object]],
+    budget: int,
+    **verdict: object,
+) -> Ledger:
+    ledger = Ledger(f"sqlite:///{tmp_path}/ledger.db")
+    runner = RoundRunner(
+        profile(**verdict),
+        ledger,
+        NullSink(),
+        testbed,
+        SweepProposer(changes),  # type: ignore[arg-type]
+        ApprovalGate(ledger, "auto"),
+        RoundDisplay(Console(file=io.StringIO())),
+    )
+    runner.run(RoundOptions(budget=budget, proposer="sweep", approve="auto"))
+    return ledger
+
+
+def test_a_clear_gain_is_kept_after_a_confirmation_boot_and_a_champion_remeasure(
+    tmp_path: Path,
+) -> None:
+    testbed = ScriptedTestbed(lambda c, n: 130.0 if c["num_speculative_tokens"] == 5 else 100.0)
+    with run(tmp_path, testbed, [{"num_speculative_tokens": 5}], budget=1) as ledger:
+        candidate = ledger.experiments()[-1]
+        assert candidate.status == "keep"
+        roles = [b.role for b in ledger.boots(candidate.id)]
+        assert roles == ["measure", "confirm"]
+        champion_roles = [b.role for b in ledger.boots(ledger.experiments()[0].id)]
+        assert champion_roles == ["measure", "remeasure"]
+        # the order of boots: baseline, candidate, champion again, candidate again
+        assert [b["num_speculative_tokens"] for b in testbed.boots] == [7, 5, 7, 5]
+        assert ledger.champion("scripted").config["num_speculative_tokens"] == 5  # type: ignore[union-attr]
+
+
+def test_drift_is_recorded_and_rebaselines_the_comparison(tmp_path: Path) -> None:
+    # the cluster gets 30% faster after the fourth boot: the champion's re-measure sees it,
+    # and a candidate measured after it is compared with the new level, not the old one
+    def speed(config: Config, n: int) -> float:
+        level = 100.0 if n <= 4 else 130.0
+        return level * (1.1 if config["kv_cache_dtype"] == "auto" else 1.0)
+
+    changes = [
+        {"drafter_adapter_rank": 0},
+        {"drafter_adapter_rank": 16},
+        {"drafter_adapter_rank": 32},
+        {"kv_cache_dtype": "auto"},
+    ]
+    testbed = ScriptedTestbed(speed)
+    with run(tmp_path, testbed, changes, budget=4, drift_every=3) as ledger:
+        drifts = ledger.drifts("scripted")
+        assert len(drifts) >= 1
+        first = drifts[0]
+        assert first.significant and round(first.drift_pct) == 30
+        statuses = [e.status for e in ledger.experiments()]
+        # the three neutral changes were measured before the shift: discarded
+        assert statuses[1:4] == ["discard", "discard", "discard"]
+        # kv auto (+10%) at the new level is compared with the re-measured champion (130):
+        # a gain of 10%, not 43%
+        kv = ledger.experiments()[4]
+        assert kv.status == "keep"
+        assert 8 < (kv.delta_pct or 0) < 12
+
+
+def test_a_boot_failure_becomes_a_known_bad_region(tmp_path: Path) -> None:
+    testbed = ScriptedTestbed(lambda c, n: None if c["gpu_memory_utilization"] >= 0.89 else 100.0)
+    changes = [{"gpu_memory_utilization": 0.9}, {"num_speculative_tokens": 6}]
+    with run(tmp_path, testbed, changes, budget=2) as ledger:
+        crash = ledger.experiments()[1]
+        assert crash.status == "crash" and crash.failure_class == "oom"
+        assert "out of memory" in (crash.failure_detail or "")
+        boots = ledger.boots(crash.id)
+        assert [b.status for b in boots] == ["failed"]
+    ledger = Ledger(f"sqlite:///{tmp_path}/ledger.db")
+    runner = RoundRunner(
+        profile(),
+        ledger,
+        NullSink(),
+        testbed,
+        SweepProposer(),  # type: ignore[arg-type]
+        ApprovalGate(ledger, "auto"),
+        RoundDisplay(Console(file=io.StringIO())),
+    )
+    rnd = ledger.rounds("scripted")[-1]
+    context = runner.context(rnd)
+    assert any(
+        k.when == {"gpu_memory_utilization": 0.9} and k.source == "crash" for k in context.known_bad
+    )
+    ledger.close()
