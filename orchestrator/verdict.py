@@ -121,7 +121,9 @@ def _mean_log(values: Sequence[float]) -> float:
 
 
 def _validity(spec: VerdictSpec, ev: Evidence, stats: dict[str, object]) -> Assessment | None:
-    mismatch = fingerprint_mismatch(ev.candidate_cells, ev.champion_cells) if spec.check_greedy else []
+    mismatch = (
+        fingerprint_mismatch(ev.candidate_cells, ev.champion_cells) if spec.check_greedy else []
+    )
     if mismatch:
         return Assessment(
             "invalid",

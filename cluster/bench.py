@@ -1,0 +1,494 @@
+"""Bench cells against an OpenAI-compatible endpoint (vLLM or the twin) and its ``/metrics``.
+
+A cell keeps ``concurrency`` greedy streaming requests in flight (a new one starts the moment
+one finishes) for a warm-up and then a measurement window. Throughput counts the tokens that
+arrive inside the window (a request straddling an edge contributes only its tokens inside);
+per-chunk token counts come from vLLM's ``continuous_usage_stats``. Accepted tokens per step
+come from the deltas of vLLM's spec-decode counters scraped at both window edges. Requests
+still in flight when the window closes are cancelled.
+
+Every failure is a ``BenchError`` carrying the URL and the evidence; no httpx exception escapes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import httpx
+
+from cluster import prompts
+from knobs.errors import OrchestrateError
+from knobs.records import CellResultRecord, CellSpec, NodeClockRecord
+
+DEFAULT_SMOKE_PROMPT = "The capital of France is"
+
+_SERIES = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)(\s+\S+)?$")
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+class BenchError(OrchestrateError):
+    """A bench request or scrape failed: carries the URL, the HTTP status if any, the evidence."""
+
+    exit_code: ClassVar[int] = 6
+
+    def __init__(
+        self, message: str, *, url: str, status: int | None = None, evidence: str = ""
+    ) -> None:
+        super().__init__(message)
+        self.url = url
+        self.status = status
+        self.evidence = evidence
+
+
+# ---- /metrics ---------------------------------------------------------------------------------
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text as a dict.
+
+    Keys are series, ``name{k="v",…}`` with labels sorted, and, for every metric name, the bare
+    name holding the sum of its series (so ``vllm:spec_decode_num_drafts_total`` works whether
+    or not the server adds labels). Comments and malformed lines are skipped.
+    """
+    out: dict[str, float] = {}
+    sums: dict[str, float] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        match = _SERIES.match(line)
+        if not match:
+            continue
+        name, _, labels, raw = match.group(1), match.group(2), match.group(3), match.group(4)
+        try:
+            value = float(raw)
+        except ValueError:
+            continue
+        if labels:
+            pairs = sorted(_LABEL.findall(labels))
+            key = name + "{" + ",".join(f'{k}="{v}"' for k, v in pairs) + "}"
+            out[key] = out.get(key, 0.0) + value
+        sums[name] = sums.get(name, 0.0) + value
+    out.update(sums)
+    return out
+
+
+def _counter(metrics: dict[str, float], name: str) -> float | None:
+    for candidate in (name + "_total", name):
+        if candidate in metrics:
+            return metrics[candidate]
+    return None
+
+
+def _per_position(metrics: dict[str, float], name: str) -> dict[int, float]:
+    out: dict[int, float] = {}
+    for base in (name + "_total", name):
+        for key, value in metrics.items():
+            if key.startswith(base + "{"):
+                match = re.search(r'position="(\d+)"', key)
+                if match:
+                    pos = int(match.group(1))
+                    out[pos] = out.get(pos, 0.0) + value
+        if out:
+            return out
+    return out
+
+
+def scrape_metrics(base_url: str, timeout: float = 10.0) -> dict[str, float]:
+    """``GET /metrics`` parsed by ``parse_metrics``.
+
+    Raises:
+        BenchError: the endpoint cannot be reached or does not answer 200.
+    """
+    url = base_url.rstrip("/") + "/metrics"
+    try:
+        with httpx.Client(timeout=timeout, trust_env=False) as client:
+            response = client.get(url)
+    except httpx.HTTPError as e:
+        raise BenchError(
+            f"cannot scrape {url}: {_describe(e)}", url=url, evidence=_describe(e)
+        ) from e
+    if response.status_code != 200:
+        raise BenchError(
+            f"{url} answered {response.status_code}",
+            url=url,
+            status=response.status_code,
+            evidence=response.text[-500:],
+        )
+    return parse_metrics(response.text)
+
+
+async def _scrape(client: httpx.AsyncClient, url: str) -> dict[str, float] | None:
+    try:
+        response = await client.get(url)
+    except httpx.HTTPError:
+        return None
+    if response.status_code != 200:
+        return None
+    return parse_metrics(response.text)
+
+
+async def _scrape_models(client: httpx.AsyncClient, base_url: str) -> None:
+    # the cell itself reports an unreachable endpoint
+    with contextlib.suppress(httpx.HTTPError):
+        await client.get(base_url.rstrip("/") + "/v1/models")
+
+
+async def _drain(client: httpx.AsyncClient, metrics_url: str, limit: float = 2.0) -> None:
+    """Wait (up to ``limit`` seconds) until the engine has dropped the cancelled requests, so
+    the next cell starts on an idle engine; a server without the gauges is not waited for."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limit
+    while loop.time() < deadline:
+        metrics = await _scrape(client, metrics_url)
+        if metrics is None or "vllm:num_requests_running" not in metrics:
+            return
+        busy = metrics["vllm:num_requests_running"] + metrics.get("vllm:num_requests_waiting", 0.0)
+        if busy == 0:
+            return
+        await asyncio.sleep(0.01)
+
+
+# ---- one greedy generation ---------------------------------------------------------------------
+def smoke(
+    base_url: str,
+    model: str,
+    prompt: str = DEFAULT_SMOKE_PROMPT,
+    max_tokens: int = 16,
+    timeout: float = 120.0,
+) -> str:
+    """One greedy, non-streaming completion; its text.
+
+    Raises:
+        BenchError: unreachable, timed out, a non-200 answer, a malformed body, or empty text.
+    """
+    url = base_url.rstrip("/") + "/v1/completions"
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+    try:
+        with httpx.Client(timeout=timeout, trust_env=False) as client:
+            response = client.post(url, json=body)
+    except httpx.HTTPError as e:
+        raise BenchError(
+            f"smoke generation at {url} failed: {_describe(e)}", url=url, evidence=_describe(e)
+        ) from e
+    if response.status_code != 200:
+        raise BenchError(
+            f"smoke generation at {url} answered {response.status_code}: {response.text[:200]}",
+            url=url,
+            status=response.status_code,
+            evidence=response.text[-1000:],
+        )
+    try:
+        text = response.json()["choices"][0]["text"]
+    except (ValueError, KeyError, IndexError, TypeError):
+        raise BenchError(
+            f"smoke generation at {url} returned a malformed body",
+            url=url,
+            status=200,
+            evidence=response.text[-1000:],
+        ) from None
+    if not isinstance(text, str) or not text.strip():
+        raise BenchError(
+            f"smoke generation at {url} returned no text",
+            url=url,
+            status=200,
+            evidence=response.text[-1000:],
+        )
+    return text
+
+
+def _describe(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+
+
+# ---- the cell -----------------------------------------------------------------------------------
+@dataclass
+class _Request:
+    prompt_id: str
+    start: float
+    first: float | None = None
+    end: float | None = None
+    chunks: list[tuple[float, int]] = field(default_factory=list)
+    text: list[str] = field(default_factory=list)
+    finished: bool = False
+    tokens: int = 0
+
+
+@dataclass
+class _Cell:
+    cell: CellSpec
+    url: str
+    model: str
+    t0: float
+    w0: float
+    w1: float
+    requests: list[_Request] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    counter: int = 0
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0–100) with linear interpolation; 0.0 for no values."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100.0
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+async def _one(client: httpx.AsyncClient, state: _Cell) -> None:
+    cell = state.cell
+    prompt = prompts.build_prompt(cell.category, cell.context_tokens, state.counter)
+    state.counter += 1
+    loop = asyncio.get_running_loop()
+    req = _Request(prompt_id=prompt.id, start=loop.time())
+    state.requests.append(req)
+    body = {
+        "model": state.model,
+        "prompt": prompt.text,
+        "max_tokens": cell.max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    }
+    try:
+        async with client.stream("POST", state.url, json=body) as response:
+            if response.status_code != 200:
+                detail = (await response.aread()).decode(errors="replace")[:300]
+                state.errors.append(f"HTTP {response.status_code}: {detail}")
+                req.end = loop.time()
+                return
+            async for line in response.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                data = line[6:]
+                if data == "[DONE]":
+                    continue  # read the body to its end so the connection goes back to the pool
+                now = loop.time()
+                chunk = json.loads(data)
+                choices = chunk.get("choices") or []
+                usage = chunk.get("usage")
+                if not choices:
+                    if usage:
+                        req.tokens = max(req.tokens, int(usage.get("completion_tokens", 0)))
+                    continue
+                choice = choices[0]
+                piece = choice.get("text")
+                if piece is None:
+                    piece = (choice.get("delta") or {}).get("content") or ""
+                if usage and "completion_tokens" in usage:
+                    total = int(usage["completion_tokens"])
+                    count = total - req.tokens
+                else:
+                    count = 1 if piece else 0
+                    total = req.tokens + count
+                req.tokens = total
+                if count > 0:
+                    if req.first is None:
+                        req.first = now
+                    req.chunks.append((now, count))
+                req.text.append(piece)
+                if choice.get("finish_reason"):
+                    req.finished = True
+            req.end = loop.time()
+    except (httpx.HTTPError, ValueError, KeyError, TypeError) as e:
+        state.errors.append(_describe(e))
+        req.end = loop.time()
+
+
+async def _stream_forever(client: httpx.AsyncClient, state: _Cell) -> None:
+    loop = asyncio.get_running_loop()
+    while loop.time() < state.w1:
+        errors = len(state.errors)
+        await _one(client, state)
+        if len(state.errors) > errors:
+            await asyncio.sleep(0.05)  # a failing endpoint must not be hammered in a tight loop
+
+
+async def run_cell_async(
+    base_url: str,
+    model: str,
+    cell: CellSpec,
+    *,
+    on_progress: Callable[[str], None] | None = None,
+) -> tuple[CellResultRecord, dict[str, Any]]:
+    """The measurement of ``run_cell`` without the clocks; also returns raw evidence.
+
+    Raises:
+        BenchError: no token arrived in the window and requests failed (the evidence is the
+            first failure), or no token at all arrived.
+    """
+    say = on_progress or (lambda _m: None)
+    url = base_url.rstrip("/") + "/v1/completions"
+    metrics_url = base_url.rstrip("/") + "/metrics"
+    limits = httpx.Limits(
+        max_connections=cell.concurrency + 4, max_keepalive_connections=cell.concurrency + 4
+    )
+    timeout = httpx.Timeout(30.0, read=max(600.0, 2 * (cell.warmup_s + cell.duration_s)))
+    loop = asyncio.get_running_loop()
+    async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False) as client:
+        # build the prompts and open the connections first: the cell starts when the requests
+        # can leave at once
+        for i in range(len(prompts.base_prompts(cell.category))):
+            prompts.build_prompt(cell.category, cell.context_tokens, i)
+        await asyncio.gather(*(_scrape_models(client, base_url) for _ in range(cell.concurrency)))
+        t0 = loop.time()
+        state = _Cell(
+            cell=cell,
+            url=url,
+            model=model,
+            t0=t0,
+            w0=t0 + cell.warmup_s,
+            w1=t0 + cell.warmup_s + cell.duration_s,
+        )
+        say(f"{cell.name}: {cell.concurrency} streams, warm-up {cell.warmup_s:g}s")
+        workers = [
+            asyncio.create_task(_stream_forever(client, state)) for _ in range(cell.concurrency)
+        ]
+        try:
+            await asyncio.sleep(max(0.0, state.w0 - loop.time()))
+            before = await _scrape(client, metrics_url)
+            say(f"{cell.name}: measuring {cell.duration_s:g}s")
+            await asyncio.sleep(max(0.0, state.w1 - loop.time()))
+            after = await _scrape(client, metrics_url)
+        finally:
+            for w in workers:
+                w.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
+        await _drain(client, metrics_url)
+    record, evidence = _summarise(state, before, after)
+    if record.total_output_tokens == 0:
+        first = state.errors[0] if state.errors else "no token arrived in the window"
+        raise BenchError(
+            f"cell {cell.name} at {url} measured nothing: {first}",
+            url=url,
+            evidence="\n".join(state.errors[:5]) or first,
+        )
+    say(f"{cell.name}: {record.output_throughput:.1f} tok/s")
+    return record, evidence
+
+
+def _summarise(
+    state: _Cell, before: dict[str, float] | None, after: dict[str, float] | None
+) -> tuple[CellResultRecord, dict[str, Any]]:
+    cell, w0, w1 = state.cell, state.w0, state.w1
+    duration = w1 - w0
+    tokens = sum(n for r in state.requests for t, n in r.chunks if w0 <= t < w1)
+    started_in = [r for r in state.requests if w0 <= r.start < w1 and r.first is not None]
+    ttft_pool = started_in or [
+        r for r in state.requests if r.first is not None and w0 <= r.first < w1
+    ]
+    ttft_pool = ttft_pool or [r for r in state.requests if r.first is not None]
+    ttfts = [((r.first or r.start) - r.start) * 1000.0 for r in ttft_pool]
+    itls: list[float] = []
+    for r in state.requests:
+        for (a, _), (b, _) in zip(r.chunks, r.chunks[1:], strict=False):
+            if w0 <= b < w1:
+                itls.append((b - a) * 1000.0)
+    done_in = [r for r in state.requests if r.finished and r.end is not None and w0 <= r.end < w1]
+    decoding = [r for r in (done_in or state.requests) if len(r.chunks) >= 2]
+    rates = [
+        (r.tokens - r.chunks[0][1]) / (r.chunks[-1][0] - r.chunks[0][0])
+        for r in decoding
+        if r.chunks[-1][0] > r.chunks[0][0]
+    ]
+    busy = 0.0
+    for r in state.requests:
+        end = r.end if r.end is not None else w1
+        busy += max(0.0, min(end, w1) - max(r.start, w0))
+    fingerprints: dict[str, str] = {}
+    for r in state.requests:
+        if not r.finished:
+            continue
+        digest = hashlib.sha256("".join(r.text).encode()).hexdigest()
+        seen = fingerprints.setdefault(r.prompt_id, digest)
+        if seen != digest:
+            # greedy decoding must repeat itself; keep the evidence that it did not
+            fingerprints[f"{r.prompt_id}!nondeterministic"] = digest
+    accepted = rate = None
+    positions: tuple[float, ...] = ()
+    if before is not None and after is not None:
+        drafts = _delta(before, after, "vllm:spec_decode_num_drafts")
+        drafted = _delta(before, after, "vllm:spec_decode_num_draft_tokens")
+        acc = _delta(before, after, "vllm:spec_decode_num_accepted_tokens")
+        if drafts and drafts > 0 and acc is not None:
+            accepted = 1.0 + acc / drafts
+            rate = acc / drafted if drafted else None
+            p0 = _per_position(before, "vllm:spec_decode_num_accepted_tokens_per_pos")
+            p1 = _per_position(after, "vllm:spec_decode_num_accepted_tokens_per_pos")
+            positions = tuple((p1[i] - p0.get(i, 0.0)) / drafts for i in sorted(p1))
+    record = CellResultRecord(
+        cell=cell.name,
+        category=cell.category,
+        concurrency=cell.concurrency,
+        context_tokens=cell.context_tokens,
+        duration=duration,
+        completed=len(done_in),
+        errors=len(state.errors),
+        total_output_tokens=tokens,
+        output_throughput=tokens / duration if duration > 0 else 0.0,
+        per_request_throughput=sum(rates) / len(rates) if rates else 0.0,
+        mean_ttft_ms=sum(ttfts) / len(ttfts) if ttfts else 0.0,
+        median_ttft_ms=percentile(ttfts, 50),
+        p90_ttft_ms=percentile(ttfts, 90),
+        p99_ttft_ms=percentile(ttfts, 99),
+        median_itl_ms=percentile(itls, 50),
+        effective_concurrency=busy / duration if duration > 0 else 0.0,
+        accepted_per_step=accepted,
+        acceptance_rate=rate,
+        per_position_acceptance=positions,
+        fingerprints=fingerprints,
+    )
+    evidence = {"errors": state.errors[:20], "requests": len(state.requests)}
+    return record, evidence
+
+
+def _delta(before: dict[str, float], after: dict[str, float], name: str) -> float | None:
+    a, b = _counter(before, name), _counter(after, name)
+    if a is None or b is None:
+        return None
+    return b - a
+
+
+def _worse(
+    before: Sequence[NodeClockRecord], after: Sequence[NodeClockRecord]
+) -> tuple[NodeClockRecord, ...]:
+    by_rank: dict[int, NodeClockRecord] = {}
+    for rec in [*before, *after]:
+        seen = by_rank.get(rec.rank)
+        if seen is None or rec.matmul_rate < seen.matmul_rate:
+            by_rank[rec.rank] = rec
+    return tuple(by_rank[r] for r in sorted(by_rank))
+
+
+def run_cell(
+    base_url: str,
+    model: str,
+    cell: CellSpec,
+    *,
+    clocks: Callable[[], Sequence[NodeClockRecord]] | None = None,
+    on_progress: Callable[[str], None] | None = None,
+) -> CellResultRecord:
+    """Measure one cell (warm-up, then the window) and return what it measured.
+
+    ``clocks`` is called before and after the cell; the record keeps each rank's worse
+    reading. Runs its own event loop (call it from synchronous code).
+
+    Raises:
+        BenchError: the cell measured nothing (the endpoint is down or every request failed).
+        Whatever ``clocks`` raises.
+    """
+    first = list(clocks()) if clocks is not None else []
+    record, _ = asyncio.run(run_cell_async(base_url, model, cell, on_progress=on_progress))
+    last = list(clocks()) if clocks is not None else []
+    if first or last:
+        record = record.model_copy(update={"clocks": _worse(first, last)})
+    return record

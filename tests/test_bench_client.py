@@ -1,0 +1,178 @@
+"""The bench client against the twin (issues #2 and #3): measurements match the ground truth,
+noise spreads as the landscape says, failures are ``BenchError``s with their evidence."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cluster import prompts
+from cluster.bench import BenchError, run_cell, scrape_metrics, smoke
+from cluster.twin import noise
+from cluster.twin.landscape import load_landscape, window_tokens
+from knobs.records import CellSpec, NodeClockRecord
+from tests.twin_fixtures import TwinNodes, free_port, running_nodes, serve_argv, write_landscape
+
+
+@pytest.fixture
+def nodes(tmp_path: Path) -> Iterator[TwinNodes]:
+    """Twin engines for one test, all stopped at its end."""
+    with running_nodes(tmp_path) as started:
+        yield started
+
+
+# per shipped landscape: a valid configuration (command line, and the same as knobs)
+CONFIGS = {
+    "vllm-dflash2-tp4": (
+        {"eager": True, "k": 7},
+        {"cuda_graphs": False, "num_speculative_tokens": 7},
+    ),
+    "sm121-2node": ({"eager": False, "k": 7}, {"cuda_graphs": True, "num_speculative_tokens": 7}),
+    "exl3-tp4": ({"eager": False, "k": 2}, {"cuda_graphs": True, "num_speculative_tokens": 2}),
+}
+BASE = {
+    "max_num_batched_tokens": 7168,
+    "drafter_adapter_rank": 64,
+    "kv_cache_dtype": "fp8_e4m3",
+    "gpu_memory_utilization": 0.85,
+}
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_noise_free_measurements_match_the_ground_truth(nodes: TwinNodes, name: str) -> None:
+    landscape = load_landscape(name)
+    flags, knobs = CONFIGS[name]
+    _, url = nodes.head(serve_argv(**flags), TWIN_LANDSCAPE=name)  # type: ignore[arg-type]
+    for cell in landscape.cells():
+        truth = landscape.truth({**BASE, **knobs}, cell)
+        assert truth.valid
+        got = run_cell(url, "glm53", cell)
+        assert got.output_throughput == pytest.approx(truth.output_tok_s, rel=0.01), cell.name
+        assert got.accepted_per_step == pytest.approx(truth.accepted_per_step, rel=0.01), cell.name
+        assert got.per_position_acceptance == pytest.approx(truth.per_position, abs=0.01)
+        assert got.acceptance_rate == pytest.approx(truth.acceptance_rate, rel=0.01)
+        assert got.errors == 0 and got.duration == pytest.approx(cell.duration_s, abs=0.01)
+        assert got.effective_concurrency == pytest.approx(cell.concurrency, rel=0.03)
+        assert got.completed > 0 and got.fingerprints
+        assert all(
+            key.startswith(f"{cell.category}/") and len(v) == 64
+            for key, v in got.fingerprints.items()
+        )
+        assert 0 < got.median_ttft_ms <= got.p90_ttft_ms <= got.p99_ttft_ms
+
+
+def test_requests_straddling_the_window_count_only_inside(nodes: TwinNodes) -> None:
+    landscape = load_landscape("vllm-dflash2-tp4")
+    _, url = nodes.head(serve_argv())
+    # each request lasts longer than the window: none completes inside it
+    cell = CellSpec(
+        name="long", category="code", concurrency=2, max_tokens=4000, warmup_s=0.3, duration_s=0.5
+    )
+    truth = landscape.truth({**BASE, **CONFIGS["vllm-dflash2-tp4"][1]}, cell)
+    got = run_cell(url, "glm53", cell)
+    assert got.completed == 0 and got.fingerprints == {}
+    assert got.output_throughput == pytest.approx(truth.output_tok_s, rel=0.01)
+    assert got.total_output_tokens == pytest.approx(truth.output_tok_s * 0.5, rel=0.01)
+
+
+def test_noise_spreads_as_the_landscape_says(nodes: TwinNodes, tmp_path: Path) -> None:
+    """Run to run within a boot, boot to boot across boots: each measurement equals the truth
+    times the draws for its (seed, boot, run), and the draws spread as the landscape says."""
+    path = write_landscape(tmp_path, noise={"stuck_clock_probability": 0.0})
+    landscape = load_landscape(path)
+    knobs = {**BASE, **CONFIGS["vllm-dflash2-tp4"][1]}
+    cell = CellSpec(
+        name="s", category="prose", concurrency=8, max_tokens=128, warmup_s=0.1, duration_s=0.8
+    )
+    truth = landscape.truth(knobs, cell)
+    seed = 11
+    n = landscape.noise
+    env = {
+        "TWIN_LANDSCAPE": str(path),
+        "TWIN_NOISE": "1",
+        "TWIN_SEED": str(seed),
+        "TWIN_NODE_DIR": str(tmp_path / "node"),
+    }
+
+    model = landscape.engine_model(landscape.settings(knobs))
+    tokens = prompts.prompt_tokens(0)
+
+    def expected(boot: int, run: int) -> float:
+        """The engine's noise-free window count at this boot's and run's drawn speed."""
+        speed, acceptance = noise.run_factors(seed, boot, run, n.run_to_run, n.acceptance)
+        speed *= noise.boot_factor(seed, boot, n.boot_to_boot)
+        accepted = 1 + sum(min(1.0, p * acceptance) for p in truth.per_position)
+        prefill = model.prefill_s(tokens) / speed
+        step = model.step_s(cell.concurrency, cell.concurrency * tokens) / speed
+        return (
+            window_tokens(prefill, step, accepted, cell)[0] / cell.duration_s / truth.output_tok_s
+        )
+
+    ratios: list[float] = []
+    head, url = nodes.head(serve_argv(), **env)
+    for run in range(1, 7):
+        got = run_cell(url, "glm53", cell).output_throughput / truth.output_tok_s
+        assert got == pytest.approx(expected(1, run), rel=0.015), run
+        ratios.append(got / noise.boot_factor(seed, 1, n.boot_to_boot))
+    head.stop()
+    across: list[float] = []
+    for boot in range(2, 6):
+        head, url = nodes.head(serve_argv(), **env)
+        got = run_cell(url, "glm53", cell).output_throughput / truth.output_tok_s
+        assert got == pytest.approx(expected(boot, 1), rel=0.015), boot
+        across.append(got)
+        head.stop()
+    # the spreads themselves, against chi-square bounds (99 %) for these few draws
+    within = statistics.stdev(math.log(r) for r in ratios)
+    assert 0.35 * n.run_to_run <= within <= 1.75 * n.run_to_run
+    total = math.hypot(n.run_to_run, n.boot_to_boot)
+    assert 0.25 * total <= statistics.stdev(math.log(r) for r in across) <= 2.0 * total
+
+
+def test_clocks_are_read_before_and_after_and_the_worse_kept(nodes: TwinNodes) -> None:
+    _, url = nodes.head(serve_argv())
+    readings = iter(
+        [
+            [
+                NodeClockRecord(rank=0, sm_clock_mhz=2418, matmul_rate=1.0),
+                NodeClockRecord(rank=1, sm_clock_mhz=1813, matmul_rate=0.75),
+            ],
+            [
+                NodeClockRecord(rank=0, sm_clock_mhz=1900, matmul_rate=0.8),
+                NodeClockRecord(rank=1, sm_clock_mhz=2418, matmul_rate=1.0),
+            ],
+        ]
+    )
+    progress: list[str] = []
+    cell = CellSpec(
+        name="tiny", category="prose", concurrency=2, max_tokens=16, warmup_s=0.1, duration_s=0.3
+    )
+    got = run_cell(url, "glm53", cell, clocks=lambda: next(readings), on_progress=progress.append)
+    assert [(c.rank, c.matmul_rate) for c in got.clocks] == [(0, 0.8), (1, 0.75)]
+    assert progress[0].startswith("tiny:") and "tok/s" in progress[-1]
+
+
+def test_failures_are_bench_errors_with_evidence(nodes: TwinNodes) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    cell = CellSpec(
+        name="dead", category="code", concurrency=1, max_tokens=8, warmup_s=0.05, duration_s=0.1
+    )
+    with pytest.raises(BenchError) as err:
+        run_cell(dead, "glm53", cell)
+    assert err.value.url.startswith(dead) and "ConnectError" in err.value.evidence
+    assert err.value.exit_code == 6
+    with pytest.raises(BenchError, match="smoke generation"):
+        smoke(dead, "glm53")
+    with pytest.raises(BenchError, match="cannot scrape"):
+        scrape_metrics(dead)
+    _, url = nodes.head(serve_argv())
+    with pytest.raises(BenchError) as wrong:
+        smoke(url, "not-the-model")
+    assert wrong.value.status == 404 and "does not exist" in wrong.value.evidence
+    with pytest.raises(BenchError) as every:
+        run_cell(url, "not-the-model", cell)
+    assert "HTTP 404" in str(every.value)
