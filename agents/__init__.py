@@ -2,18 +2,30 @@
 
 A proposer is anything with a ``name`` and ``propose(context) -> Proposal`` (the ``Proposer``
 protocol). It sees only a ``ProposalContext`` (knob space, champion, decided history, known-bad
-regions, the keys decided under this champion, budget, seed, brief), must be deterministic
-given it, and keeps no state between calls, so a killed round resumes with nothing to restore.
-Every proposal is one knob away from the champion and ``context.allowed``; a proposer with
-nothing allowed left raises ``ProposalExhausted``.
+regions, the keys decided under this champion, budget, seed, brief, LLM spend of the round)
+and keeps no state between calls that a resumed round would need. Every proposal is one knob
+away from the champion and ``context.allowed``; a proposer with nothing allowed left raises
+``ProposalExhausted``.
 
-Built: ``optuna`` (TPE ask/tell, rebuilt from the history on every call) and ``sweep`` (a fixed
-list, or every neighbour). ``make_proposer`` builds one by kind; ``claude`` and ``hybrid``
-arrive with issue #6.
+Built: ``optuna`` (TPE ask/tell, rebuilt from the history on every call), ``sweep`` (a fixed
+list, or every neighbour), ``claude`` (Claude through the Messages API's forced tool use, with
+Optuna as its fallback) and ``hybrid`` (Claude picks the knob and direction, TPE the value).
+``make_proposer`` builds one by kind. Only this package imports ``anthropic``.
 """
 
 from __future__ import annotations
 
+from agents.claude import (
+    METRIC_NOTES,
+    TAG_NOTES,
+    ClaudeOptions,
+    ClaudeProposer,
+    LLMError,
+    MissingApiKey,
+    change_tool,
+    llm_notes,
+    round_spend,
+)
 from agents.context import (
     MEASURED,
     HistoryEntry,
@@ -23,7 +35,9 @@ from agents.context import (
     Refusal,
     Status,
 )
+from agents.digest import digest
 from agents.factory import KINDS, make_proposer
+from agents.hybrid import HybridProposer
 from agents.optuna_proposer import OptunaProposer
 from agents.proposal import Proposal, ProposalExhausted, Proposer
 from agents.sweep import SweepProposer
@@ -31,9 +45,16 @@ from agents.sweep import SweepProposer
 __all__ = [
     "KINDS",
     "MEASURED",
+    "METRIC_NOTES",
+    "TAG_NOTES",
+    "ClaudeOptions",
+    "ClaudeProposer",
     "HistoryEntry",
+    "HybridProposer",
     "KnownBad",
     "KnownBadSource",
+    "LLMError",
+    "MissingApiKey",
     "OptunaProposer",
     "Proposal",
     "ProposalContext",
@@ -42,5 +63,9 @@ __all__ = [
     "Refusal",
     "Status",
     "SweepProposer",
+    "change_tool",
+    "digest",
+    "llm_notes",
     "make_proposer",
+    "round_spend",
 ]

@@ -7,6 +7,8 @@ from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from agents.claude import ClaudeOptions, ClaudeProposer
+from agents.hybrid import HybridProposer
 from agents.optuna_proposer import OptunaProposer
 from agents.proposal import Proposer
 from agents.sweep import SweepProposer
@@ -15,15 +17,13 @@ from knobs.spec import Value
 
 _Options = TypeVar("_Options", bound=BaseModel)
 
-#: Every kind ``make_proposer`` knows, built now or arriving later.
+#: Every kind ``make_proposer`` knows.
 KINDS: tuple[str, ...] = ("optuna", "sweep", "claude", "hybrid")
-
-#: Kinds that are named in the command line contract but not built yet.
-LATER: frozenset[str] = frozenset({"claude", "hybrid"})
 
 
 class OptunaOptions(BaseModel):
-    """The options of the ``optuna`` proposer."""
+    """The options of the ``optuna`` proposer (also the fallback of ``claude`` and the value
+    picker of ``hybrid``)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -39,40 +39,57 @@ class SweepOptions(BaseModel):
     changes: list[dict[str, Value]] | None = None
 
 
-#: The options model of every kind that is built.
-_OPTIONS: dict[str, type[BaseModel]] = {"optuna": OptunaOptions, "sweep": SweepOptions}
+#: The options models each kind reads.
+_OPTIONS: dict[str, tuple[type[BaseModel], ...]] = {
+    "optuna": (OptunaOptions,),
+    "sweep": (SweepOptions,),
+    "claude": (ClaudeOptions, OptunaOptions),
+    "hybrid": (ClaudeOptions, OptunaOptions),
+}
 
 
-def make_proposer(kind: str, *, seed: int, options: Mapping[str, object]) -> Proposer:
+def make_proposer(
+    kind: str, *, seed: int, options: Mapping[str, object], base_url: str | None = None
+) -> Proposer:
     """The proposer of ``kind`` with ``options`` (from the profile), seeded with ``seed``.
 
     ``options`` may hold options of other kinds (a profile's sweep list while ``--proposer
     optuna`` overrides its kind): those are ignored; a name no kind takes is an error.
+    ``claude`` and ``hybrid`` read the Claude options (``ClaudeOptions``) and the Optuna ones
+    (for their fallback and, in hybrid, the value); ``base_url`` defaults to
+    ``$ANTHROPIC_BASE_URL``.
 
     Raises:
-        UsageError: an unknown kind, a kind that is not built yet (claude, hybrid), an option
-            no proposer takes, or an option of the wrong type or value.
+        UsageError: an unknown kind, an option no proposer takes, an option of the wrong type
+            or value, or a brief file that cannot be read.
+        MissingApiKey: ``claude`` or ``hybrid`` without ``ANTHROPIC_API_KEY`` (exit 7).
     """
-    if kind in LATER:
-        raise UsageError(f"the {kind} proposer arrives with issue #6; use optuna or sweep")
     if kind not in _OPTIONS:
         raise UsageError(f"unknown proposer {kind!r}; known: {', '.join(KINDS)}")
-    accepted = sorted({name for model in _OPTIONS.values() for name in model.model_fields})
+    accepted = sorted(
+        {name for models in _OPTIONS.values() for model in models for name in model.model_fields}
+    )
     unknown = sorted(str(name) for name in options if name not in accepted)
     if unknown:
         raise UsageError(
             f"unknown proposer options: {', '.join(unknown)} (accepted: {', '.join(accepted)})"
         )
+    if kind == "sweep":
+        sweep_options = _parse(SweepOptions, kind, options)
+        try:
+            return SweepProposer(sweep_options.changes)
+        except KnobError as e:
+            raise UsageError(f"sweep proposer: {e.message}") from e
+    optuna_options = _parse(OptunaOptions, kind, options)
+    optuna = OptunaProposer(
+        seed=seed, n_startup=optuna_options.n_startup, direction=optuna_options.direction
+    )
     if kind == "optuna":
-        optuna_options = _parse(OptunaOptions, kind, options)
-        return OptunaProposer(
-            seed=seed, n_startup=optuna_options.n_startup, direction=optuna_options.direction
-        )
-    sweep_options = _parse(SweepOptions, kind, options)
-    try:
-        return SweepProposer(sweep_options.changes)
-    except KnobError as e:
-        raise UsageError(f"sweep proposer: {e.message}") from e
+        return optuna
+    claude_options = _parse(ClaudeOptions, kind, options)
+    if kind == "claude":
+        return ClaudeProposer(claude_options, fallback=optuna, base_url=base_url)
+    return HybridProposer(claude_options, optuna=optuna, base_url=base_url)
 
 
 def _parse(model: type[_Options], kind: str, options: Mapping[str, object]) -> _Options:

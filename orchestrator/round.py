@@ -16,12 +16,15 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from agents import (
+    METRIC_NOTES,
+    TAG_NOTES,
     HistoryEntry,
     KnownBad,
     Proposal,
     ProposalContext,
     ProposalExhausted,
     Proposer,
+    round_spend,
 )
 from cluster.errors import NodeError
 from knobs.errors import OrchestrateError
@@ -245,10 +248,14 @@ class RoundRunner:
                 # a boot failure or a veto is pinned on the knob's value; wrong outputs come
                 # from an interaction (graphs with one K), so only that whole config is barred
                 when = e.config.as_dict() if e.status == "invalid" else {e.knob: e.value}
+                reason = e.failure_class or (e.failure_detail or e.status)[:200]
+                if e.status == "vetoed" and e.proposal_id is not None:
+                    # the person's words, so every proposer learns why
+                    reason = self.ledger.proposal(e.proposal_id).reason or "vetoed"
                 known_bad.append(
                     KnownBad(
                         when=when,
-                        reason=e.failure_class or (e.failure_detail or e.status)[:200],
+                        reason=reason,
                         source=source,
                     )
                 )
@@ -261,6 +268,8 @@ class RoundRunner:
             decided_keys=frozenset(decided),
             budget_left=max(0, rnd.budget - self._candidates_done(rnd)),
             seed=rnd.seed,
+            # LLM spend so far in this round, from the ledger: a resumed round keeps its cap
+            llm_spend_usd=round_spend(p.notes for p in self.ledger.proposals(round_id=rnd.id)),
         )
 
     def _next_experiment(self, rnd: RoundRecord) -> ExperimentRecord | None:
@@ -375,7 +384,29 @@ class RoundRunner:
             tags={"knob": e.knob or "-", "experiment": str(e.id)},
         )
         self.ledger.set_experiment_mlflow(e.id, run_id)
+        if e.proposal_id is not None:
+            self._log_proposal(run_id, self.ledger.proposal(e.proposal_id))
         return run_id
+
+    def _log_proposal(self, run_id: str, p: ProposalRecord) -> None:
+        """The proposal on the experiment's run: who proposed, why, and what the LLM cost."""
+        metrics: dict[str, float] = {}
+        for key in METRIC_NOTES:
+            if key in p.notes:
+                try:
+                    metrics[key] = float(p.notes[key])
+                except ValueError:
+                    continue
+        tags = {key: p.notes[key] for key in TAG_NOTES if key in p.notes}
+        tags.update(
+            proposer=p.source,
+            hypothesis=p.hypothesis[:500],
+            expected_effect=p.expected_effect[:200],
+            decided_by=p.decided_by or "",
+        )
+        if metrics:
+            self.sink.log_metrics(run_id, metrics)
+        self.sink.set_tags(run_id, tags)
 
     def _run_experiment(self, rnd: RoundRecord, e: ExperimentRecord) -> None:
         """Boot and measure until the verdict is final; every boot and cell is committed."""

@@ -15,5 +15,6 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 pytest_plugins = [
     "pytester",
     "tests.fixtures.mlflow_store",
+    "tests.fixtures.messages_api",
     "tests.fixtures.postgres",
 ]

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from agents import KINDS, OptunaProposer, Proposer, SweepProposer, make_proposer
+from agents import (
+    KINDS,
+    ClaudeProposer,
+    HybridProposer,
+    OptunaProposer,
+    Proposer,
+    SweepProposer,
+    make_proposer,
+)
 from knobs.errors import OrchestrateError, UsageError
 
 
@@ -32,12 +40,26 @@ def test_it_builds_a_sweep_proposer_with_or_without_a_list() -> None:
     assert everything.entries is None
 
 
-@pytest.mark.parametrize("kind", ["claude", "hybrid"])
-def test_the_claude_proposers_are_not_built_yet(kind: str) -> None:
-    with pytest.raises(UsageError) as caught:
-        make_proposer(kind, seed=0, options={})
-    assert str(caught.value) == f"the {kind} proposer arrives with issue #6; use optuna or sweep"
-    assert caught.value.exit_code == 2
+def test_it_builds_the_claude_proposers_with_optuna_behind_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-test-factory")
+    claude = make_proposer(
+        "claude", seed=3, options={"model": "claude-haiku-4-5", "max_tries": 2, "n_startup": 1}
+    )
+    assert isinstance(claude, ClaudeProposer) and isinstance(claude, Proposer)
+    assert (claude.name, claude.options.model, claude.options.max_tries) == (
+        "claude",
+        "claude-haiku-4-5",
+        2,
+    )
+    assert isinstance(claude.fallback, OptunaProposer)
+    assert (claude.fallback.seed, claude.fallback.n_startup) == (3, 1)
+    hybrid = make_proposer("hybrid", seed=0, options={"max_usd_per_round": 0.5})
+    assert isinstance(hybrid, HybridProposer) and hybrid.options.max_usd_per_round == 0.5
+    assert hybrid.optuna is hybrid.fallback
+    claude.close()
+    hybrid.close()
 
 
 def test_an_unknown_kind_lists_the_known_ones() -> None:
@@ -71,6 +93,19 @@ def test_options_of_another_kind_are_ignored() -> None:
             "optuna proposer options: direction: Input should be 'maximize' or 'minimize'",
         ),
         (
+            "claude",
+            {"max_tries": 0},
+            "claude proposer options: max_tries: Input should be greater than or equal to 1",
+        ),
+        (
+            "claude",
+            {"model": "gpt-x"},
+            "claude proposer options: options: Value error, no list price known for model "
+            "'gpt-x': set input_usd_per_mtok and output_usd_per_mtok (known: claude-haiku-4-5, "
+            "claude-opus-4-1, claude-opus-4-5, claude-opus-4-6, claude-sonnet-4-5, "
+            "claude-sonnet-4-6)",
+        ),
+        (
             "sweep",
             {"changes": "all"},
             "sweep proposer options: changes: Input should be a valid list",
@@ -83,7 +118,10 @@ def test_options_of_another_kind_are_ignored() -> None:
         ),
     ],
 )
-def test_bad_options_are_usage_errors(kind: str, options: dict[str, object], message: str) -> None:
+def test_bad_options_are_usage_errors(
+    kind: str, options: dict[str, object], message: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-test-factory")
     with pytest.raises(UsageError) as caught:
         make_proposer(kind, seed=0, options=options)
     assert str(caught.value) == message
@@ -95,5 +133,7 @@ def test_an_option_no_proposer_takes_is_a_usage_error() -> None:
     with pytest.raises(UsageError) as caught:
         make_proposer("optuna", seed=0, options={"trials": 5, "n_startup": 2})
     assert str(caught.value) == (
-        "unknown proposer options: trials (accepted: changes, direction, n_startup)"
+        "unknown proposer options: trials (accepted: api_retries, api_timeout_s, brief, "
+        "changes, direction, input_usd_per_mtok, max_tokens, max_tries, max_usd_per_round, "
+        "model, n_startup, output_usd_per_mtok, strict_tools)"
     )

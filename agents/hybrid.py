@@ -1,0 +1,189 @@
+"""The hybrid proposer: Claude chooses the knob and the direction, Optuna the value inside it.
+
+Claude reads the same brief and digest as the Claude proposer and calls ``choose_knob`` with a
+knob (an enum of the knob names), a direction (``up``: a later value of the knob's domain as
+listed, a larger number, ``true`` for a switch; ``down``: an earlier one; ``any``) and its
+reasoning. The choice is refused back to the model as a tool error when the knob is unknown or
+has no allowed value that way. TPE, fitted on the whole history as in the Optuna proposer,
+then samples that knob alone; the first sample that lands among the allowed values in that
+direction is the change (after a dozen misses: the allowed value nearest the champion that
+way). When Claude gives no usable choice, the Optuna proposer proposes on its own, recorded
+as a fallback.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anthropic
+
+from agents.claude import (
+    EFFECT_PROPERTIES,
+    SYSTEM,
+    ClaudeOptions,
+    Effect,
+    LLMProposer,
+    one_knob_problem,
+    read_effect,
+    tool_schema,
+)
+from agents.context import ProposalContext, same_value
+from agents.optuna_proposer import MAX_ASKS, OptunaProposer, distributions
+from agents.proposal import Proposal
+from knobs.config import Change
+from knobs.errors import KnobError
+from knobs.space import KnobSpace
+from knobs.spec import KnobSpec, Value, as_text, printable
+
+#: The tool Claude must call in hybrid mode.
+TOOL = "choose_knob"
+#: Which way along a knob's domain.
+WAYS = ("up", "down", "any")
+
+HYBRID_SYSTEM = (
+    SYSTEM.replace("propose_change", TOOL).replace(
+        "with one knob and one value from that knob's domain",
+        "with one knob and the direction to move it; an optimiser (TPE) then picks the value "
+        "in that direction from the history",
+    )
+    + "- Directions: up = a later value of the knob's domain as listed (a larger number, true "
+    "for a switch), down = an earlier one, any = let the optimiser choose.\n"
+)
+
+
+def knob_tool(space: KnobSpace, *, strict: bool) -> dict[str, Any]:
+    """The ``choose_knob`` tool: ``knob`` an enum of the knob names, ``direction`` a way."""
+    properties = {
+        "knob": {
+            "type": "string",
+            "enum": space.names,
+            "description": "The one knob to move away from the champion's value.",
+        },
+        "direction": {
+            "type": "string",
+            "enum": list(WAYS),
+            "description": "up: a later value of the knob's domain as listed (larger; true for "
+            "a switch); down: an earlier one; any: either.",
+        },
+    }
+    tool: dict[str, Any] = {
+        "name": TOOL,
+        "description": "Choose the next experiment's knob and the direction to move it; an "
+        "optimiser picks the value. Give the hypothesis, expected effect, risk and cost.",
+        "input_schema": tool_schema(properties),
+    }
+    if strict:
+        tool["strict"] = True
+    return tool
+
+
+def way_of(spec: KnobSpec, old: Value, new: Value) -> str:
+    """``up`` when ``new`` comes after ``old`` in the knob's domain as listed, else ``down``."""
+    order = [as_text(v) for v in spec.domain()]
+    return "up" if order.index(as_text(new)) > order.index(as_text(old)) else "down"
+
+
+class HybridProposer(LLMProposer):
+    """Claude picks the knob and direction (forced ``choose_knob`` tool use); TPE picks the
+    value. ``optuna`` samples the value and is the fallback."""
+
+    name = "hybrid"
+
+    def __init__(
+        self,
+        options: ClaudeOptions,
+        *,
+        optuna: OptunaProposer,
+        base_url: str | None = None,
+        client: anthropic.Anthropic | None = None,
+    ) -> None:
+        """Raises:
+        MissingApiKey: no client is given and no API key is set.
+        UsageError: the brief file cannot be read.
+        """
+        super().__init__(options, fallback=optuna, base_url=base_url, client=client)
+        self.optuna = optuna
+
+    def propose(self, context: ProposalContext) -> Proposal:
+        """Claude's knob and direction with TPE's value, or the Optuna proposer's proposal
+        with the reason in ``llm_fallback``.
+
+        Raises:
+            ProposalExhausted: no allowed one-knob change is left (checked before any call).
+            LLMError: the API refused the request for a reason a retry cannot fix.
+        """
+        tool = knob_tool(context.space, strict=self.options.strict_tools)
+
+        def validate(data: object) -> Proposal | str:
+            return self._choice(context, data)
+
+        outcome, spent = self._converse(context, tool, HYBRID_SYSTEM, validate)
+        return self._finish(context, outcome, spent)
+
+    def _choice(self, context: ProposalContext, data: object) -> Proposal | str:
+        fields = ("knob", "direction", *EFFECT_PROPERTIES)
+        problem = one_knob_problem(data, context.space, fields)
+        if problem is not None:
+            return problem
+        assert isinstance(data, dict)
+        try:
+            spec = context.space.spec(data.get("knob"))
+        except KnobError as e:
+            return e.message
+        way = data.get("direction")
+        if way not in WAYS:
+            return f"direction {printable(way)} is not one of {', '.join(WAYS)}"
+        old = context.champion[spec.name]
+        allowed = [c for c in context.candidates() if c.knob == spec.name]
+        inside = [c for c in allowed if way == "any" or way_of(spec, old, c.new) == way]
+        if not inside:
+            now = ", ".join(as_text(c.new) for c in allowed) or "none"
+            return (
+                f"knob {spec.name} has no allowed value {way} from the champion's "
+                f"{as_text(old)} (allowed now: {now})"
+            )
+        effect = read_effect(data)
+        if isinstance(effect, str):
+            return effect
+        return self._proposal(context, spec, str(way), inside, effect)
+
+    def _proposal(
+        self,
+        context: ProposalContext,
+        spec: KnobSpec,
+        way: str,
+        inside: list[Change],
+        effect: Effect,
+    ) -> Proposal:
+        change, how = self._value(context, spec, inside)
+        choices = ", ".join(as_text(c.new) for c in inside)
+        return Proposal(
+            change=change,
+            source=self.name,
+            hypothesis=f"{effect.hypothesis} [Claude chose {spec.name} {way}; {how} picked "
+            f"{as_text(change.new)} among {choices}.]",
+            expected_effect=effect.expected(),
+            risk=effect.risk,
+            estimated_cost=effect.estimated_cost,
+            notes={**effect.notes(), "direction": way, "value_by": how},
+        )
+
+    def _value(
+        self, context: ProposalContext, spec: KnobSpec, inside: list[Change]
+    ) -> tuple[Change, str]:
+        """TPE's value among ``inside``, or the one nearest the champion."""
+        dists = distributions(context.space)
+        study, _ = self.optuna._study(context, dists)
+        for asks in range(1, MAX_ASKS + 1):
+            raw = study.ask({spec.name: dists[spec.name]}).params[spec.name]
+            try:
+                value = spec.parse(raw)
+            except KnobError:  # unreachable: TPE samples inside the distribution
+                continue
+            for change in inside:
+                if same_value(change.new, value):
+                    return change, f"TPE (ask {asks})"
+        order = [as_text(v) for v in spec.domain()]
+        here = order.index(as_text(context.champion[spec.name]))
+        nearest = min(inside, key=lambda c: abs(order.index(as_text(c.new)) - here))
+        return nearest, f"the nearest allowed value (TPE missed {MAX_ASKS} times)"

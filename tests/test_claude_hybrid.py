@@ -1,0 +1,126 @@
+"""The hybrid proposer: Claude picks the knob and direction (through the real SDK and the
+local Messages API server), TPE picks the value inside them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from agents import ClaudeOptions, HybridProposer, KnownBad, OptunaProposer, ProposalContext
+from knobs import KnobSpace, catalog
+from tests.fixtures.messages_api import MessagesApi, overloaded, tool_use
+
+SPACE = KnobSpace(knobs=catalog("vllm-dflash2"))
+CHAMPION = SPACE.default_config()
+
+
+def context(known_bad: tuple[KnownBad, ...] = ()) -> ProposalContext:
+    return ProposalContext(
+        space=SPACE,
+        champion=CHAMPION,
+        champion_objective=1000.0,
+        history=(),
+        known_bad=known_bad,
+        decided_keys=frozenset(),
+        budget_left=3,
+        seed=0,
+    )
+
+
+def choice(**fields: Any) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "knob": "max_num_batched_tokens",
+        "direction": "up",
+        "hypothesis": "Larger prefill chunks should cut the 8k cliff.",
+        "expected_direction": "higher",
+        "expected_size_pct": 4,
+        "risk": "medium: TTFT may grow",
+        "estimated_cost": "1 boot",
+    }
+    data.update(fields)
+    return data
+
+
+def hybrid(api: MessagesApi, **options: Any) -> HybridProposer:
+    options.setdefault("api_retries", 0)
+    return HybridProposer(
+        ClaudeOptions(**options), optuna=OptunaProposer(seed=0, n_startup=0), base_url=api.url
+    )
+
+
+def test_claude_picks_the_knob_and_direction_and_tpe_the_value(
+    messages_api: MessagesApi,
+) -> None:
+    messages_api.script(tool_use(choice(), name="choose_knob"))
+    proposal = hybrid(messages_api).propose(context())
+    assert proposal.source == "hybrid"
+    assert proposal.change.knob == "max_num_batched_tokens"
+    assert isinstance(proposal.change.new, int) and proposal.change.new > 7168
+    assert proposal.notes["direction"] == "up"
+    assert proposal.notes["value_by"].startswith("TPE (ask ")
+    assert proposal.notes["llm_tries"] == "1"
+    assert proposal.hypothesis.startswith("Larger prefill chunks should cut the 8k cliff.")
+    [request] = messages_api.requests
+    body = request.body
+    assert body is not None
+    assert body["tool_choice"]["name"] == "choose_knob"
+    assert (
+        "Call the choose_knob tool exactly once, with one knob and the direction"
+        in (body["system"])
+    )
+    schema = body["tools"][0]["input_schema"]
+    assert schema["properties"]["knob"]["enum"] == SPACE.names
+    assert schema["properties"]["direction"]["enum"] == ["up", "down", "any"]
+    assert "value" not in schema["properties"]
+
+
+@pytest.mark.parametrize(
+    ("bad", "reason"),
+    [
+        (
+            choice(knob="num_speculative_tokens", direction="up"),
+            "knob num_speculative_tokens has no allowed value up from the champion's 7 "
+            "(allowed now: 1, 2, 3, 4, 5, 6)",
+        ),
+        (
+            choice(knob="cuda_graphs", direction="down"),
+            "knob cuda_graphs has no allowed value down from the champion's false",
+        ),
+        (choice(knob="$(reboot)"), "unknown knob '$(reboot)'"),
+        (choice(direction="sideways"), "direction 'sideways' is not one of up, down, any"),
+        (choice(value=9000), "unexpected fields 'value'"),
+        (choice(cuda_graphs=True), "exactly one knob per proposal"),
+    ],
+)
+def test_a_refused_choice_goes_back_as_a_tool_error(
+    messages_api: MessagesApi, bad: dict[str, Any], reason: str
+) -> None:
+    messages_api.script(
+        tool_use(bad, name="choose_knob"),
+        tool_use(choice(knob="num_speculative_tokens", direction="down"), name="choose_knob"),
+    )
+    proposal = hybrid(messages_api).propose(context())
+    assert proposal.change.knob == "num_speculative_tokens"
+    assert isinstance(proposal.change.new, int) and proposal.change.new < 7
+    [error] = messages_api.requests[1].tool_errors()
+    assert reason in error
+
+
+def test_the_value_stays_out_of_known_bad_regions(messages_api: MessagesApi) -> None:
+    barred = tuple(
+        KnownBad(when={"num_speculative_tokens": k}, reason="wedges", source="crash")
+        for k in (1, 2, 3, 4, 5)
+    )
+    messages_api.script(
+        tool_use(choice(knob="num_speculative_tokens", direction="down"), name="choose_knob")
+    )
+    proposal = hybrid(messages_api).propose(context(barred))
+    assert proposal.change.new == 6
+
+
+def test_without_a_usable_choice_optuna_proposes_alone(messages_api: MessagesApi) -> None:
+    messages_api.script(overloaded())
+    proposal = hybrid(messages_api).propose(context())
+    assert proposal.source == "optuna (fallback from hybrid)"
+    assert proposal.notes["llm_fallback"].startswith("Claude API unavailable (HTTP 529")

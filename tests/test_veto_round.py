@@ -1,0 +1,351 @@
+"""The human veto end to end on the four-node twin: ``--approve queue`` decided from a second
+process while the round waits, the queue's timeout rule, and ``--approve ask`` answered at a
+pseudo-terminal. Every veto is a ``vetoed`` row (no boot), an MLflow tag, and a constraint the
+next proposal sees."""
+
+from __future__ import annotations
+
+import csv
+import fcntl
+import io
+import json
+import os
+import pty
+import re
+import select
+import struct
+import subprocess
+import sys
+import termios
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from ledger import Ledger, ProposalRecord
+from tests.fixtures.messages_api import MessagesApi, tool_use
+from tests.fixtures.profiles import twin_profile_data, write_profile
+
+ORCHESTRATE = [sys.executable, "-m", "orchestrator"]
+T = TypeVar("T")
+
+
+def orchestrate(cwd: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*ORCHESTRATE, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def fast_profile(directory: Path, **sections: Any) -> Path:
+    """The twin profile with one short cell and a one-boot verdict, plus ``sections``."""
+    data = twin_profile_data()
+    data["cells"] = data["cells"][:1]
+    data["verdict"] = {"policy": "threshold", "threshold_pct": 2.0}
+    data.update(sections)
+    return write_profile(directory, data)
+
+
+@pytest.fixture
+def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    monkeypatch.setenv("ORCHESTRATE_LEDGER", f"sqlite:///{tmp_path}/orchestrate.db")
+    yield tmp_path
+    down = orchestrate(tmp_path, "cluster", "down", "--profile", "profile.yaml", timeout=60)
+    assert down.returncode == 0, down.stderr
+
+
+def wait_for(what: str, probe: Callable[[], T | None], proc: subprocess.Popen[Any]) -> T:
+    """``probe()`` once it is not None; fails if the round exits first or after two minutes."""
+    deadline = time.monotonic() + 120
+    while True:
+        found = probe()
+        if found is not None:
+            return found
+        assert proc.poll() is None, f"the round exited ({proc.returncode}) before {what}"
+        assert time.monotonic() < deadline, f"no {what} within two minutes"
+        time.sleep(0.1)  # a poll interval, not a synchronisation: the ledger is the state
+
+
+def pending_proposal(workdir: Path, after: int = 0) -> Callable[[], ProposalRecord | None]:
+    def probe() -> ProposalRecord | None:
+        if not (workdir / "orchestrate.db").exists():
+            return None
+        ledger = Ledger(os.environ["ORCHESTRATE_LEDGER"])
+        try:
+            waiting = [p for p in ledger.proposals(status="pending") if p.id > after]
+        finally:
+            ledger.close()
+        return waiting[0] if waiting else None
+
+    return probe
+
+
+def results(workdir: Path) -> list[dict[str, str]]:
+    exported = orchestrate(workdir, "export", "-", "--profile", "profile.yaml")
+    assert exported.returncode == 0, exported.stderr
+    return list(csv.DictReader(io.StringIO(exported.stdout), delimiter="\t"))
+
+
+def good(**fields: Any) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "knob": "num_speculative_tokens",
+        "value": 5,
+        "hypothesis": "K=5 drafts fewer rejected tokens.",
+        "expected_direction": "higher",
+        "expected_size_pct": 3.0,
+        "risk": "low",
+        "estimated_cost": "1 boot",
+    }
+    data.update(fields)
+    return data
+
+
+def test_queue_waits_while_another_process_vetoes_then_approves(
+    workdir: Path, messages_api: MessagesApi
+) -> None:
+    fast_profile(
+        workdir,
+        proposer={"kind": "claude", "claude": {"api_retries": 0}},
+        approve={"mode": "queue"},
+    )
+    messages_api.script(
+        tool_use(good()),
+        tool_use(good(knob="max_num_batched_tokens", value=8192, hypothesis="MNBT 8192.")),
+    )
+    log = (workdir / "round.log").open("w")
+    proc = subprocess.Popen(
+        [*ORCHESTRATE, "round", "--budget", "1", "--profile", "profile.yaml", "--json"],
+        cwd=workdir,
+        stdout=subprocess.PIPE,
+        stderr=log,
+        text=True,
+    )
+    try:
+        first = wait_for("a pending proposal", pending_proposal(workdir), proc)
+        assert (first.knob, first.new_value, first.source) == (
+            "num_speculative_tokens",
+            5,
+            "claude",
+        )
+        listed = orchestrate(workdir, "proposals", "list", "--profile", "profile.yaml", "--json")
+        assert listed.returncode == 0, listed.stderr
+        [shown] = json.loads(listed.stdout)
+        assert (shown["id"], shown["status"], shown["hypothesis"]) == (
+            first.id,
+            "pending",
+            "K=5 drafts fewer rejected tokens.",
+        )
+        assert shown["notes"]["llm_cost_usd"] == "0.004500"
+        reason = "K=5 wedged rank 2 last week"
+        veto = orchestrate(
+            workdir, "proposals", "veto", str(first.id), "--reason", reason, "-p", "profile.yaml"
+        )
+        assert veto.returncode == 0, veto.stderr
+        assert veto.stdout == f"vetoed proposal {first.id}: num_speculative_tokens -> 5\n"
+
+        second = wait_for("the next proposal", pending_proposal(workdir, first.id), proc)
+        assert (second.knob, second.new_value) == ("max_num_batched_tokens", 8192)
+        approve = orchestrate(workdir, "proposals", "approve", str(second.id), "-p", "profile.yaml")
+        assert approve.returncode == 0, approve.stderr
+        out, _ = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()
+    assert proc.returncode == 0, (workdir / "round.log").read_text()
+    report = json.loads(out)
+    assert [(e["kind"], e["status"]) for e in report["experiments"]][:2] == [
+        ("baseline", "keep"),
+        ("candidate", "vetoed"),
+    ]
+    vetoed = report["experiments"][1]
+    assert (vetoed["knob"], vetoed["value"]) == ("num_speculative_tokens", 5)
+    assert report["experiments"][2]["knob"] == "max_num_batched_tokens"
+
+    # the veto cost no boot, is a row of results.tsv and a tag in MLflow
+    ledger = Ledger(os.environ["ORCHESTRATE_LEDGER"])
+    try:
+        assert ledger.boots(vetoed["experiment"]) == []
+    finally:
+        ledger.close()
+    rows = results(workdir)
+    [row] = [r for r in rows if r["status"] == "vetoed"]
+    assert (row["knob"], row["value"]) == ("num_speculative_tokens", "5")
+    assert reason in row["description"]
+    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    run = client.get_run(vetoed["mlflow_run_id"])
+    assert run.data.tags["status"] == "vetoed"
+    assert run.data.tags["veto_reason"] == reason
+
+    # the next proposal was made knowing the veto
+    later = messages_api.requests[1].texts()
+    section = later[later.index("Vetoed by a person") :]
+    assert "num_speculative_tokens=5" in section.split("##")[0]
+
+
+def test_the_queue_timeout_vetoes_then_pauses_and_the_round_resumes(workdir: Path) -> None:
+    fast_profile(
+        workdir,
+        proposer={
+            "kind": "sweep",
+            "sweep": [
+                {"num_speculative_tokens": 5},
+                {"max_num_batched_tokens": 8192},
+                {"cuda_graphs": True},
+            ],
+        },
+        approve={"mode": "queue", "timeout_s": 0.2, "on_timeout": "veto", "max_timeouts": 2},
+    )
+    paused = orchestrate(workdir, "round", "--budget", "1", "--profile", "profile.yaml")
+    assert paused.returncode == 130, paused.stderr
+    assert paused.stderr.endswith(
+        "Error: 2 proposals in a row were vetoed by the queue's 0.2s timeout: nobody is "
+        "deciding, so the round is paused; decide with `orchestrate proposals`, then run the "
+        "same command to resume\n"
+    )
+    ledger = Ledger(os.environ["ORCHESTRATE_LEDGER"])
+    try:
+        decided = [(p.knob, p.status, p.decided_by, p.reason) for p in ledger.proposals()]
+        assert ledger.unfinished_round("twin-local") is not None
+    finally:
+        ledger.close()
+    why = "no decision within 0.2s (the profile's on_timeout: veto)"
+    assert decided == [
+        ("num_speculative_tokens", "vetoed", "timeout", why),
+        ("max_num_batched_tokens", "vetoed", "timeout", why),
+    ]
+
+    resumed = orchestrate(
+        workdir, "round", "--budget", "1", "--approve", "auto", "--profile", "profile.yaml"
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    rows = results(workdir)
+    assert [(r["status"], r["knob"]) for r in rows][:3] == [
+        ("keep", "-"),
+        ("vetoed", "num_speculative_tokens"),
+        ("vetoed", "max_num_batched_tokens"),
+    ]
+    assert rows[3]["knob"] == "cuda_graphs" and rows[3]["status"] != "vetoed"
+    assert len(rows) == 4
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(\x07|\x1b\\)|\x1b[=>]|\r")
+
+
+class Terminal:
+    """A process on a pseudo-terminal: ``expect`` what it shows, ``send`` what a person types."""
+
+    def __init__(self, argv: list[str], cwd: Path) -> None:
+        master, slave = pty.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 200, 0, 0))
+        env = {**os.environ, "TERM": "xterm-256color"}
+        self.proc = subprocess.Popen(
+            argv, cwd=cwd, env=env, stdin=slave, stdout=slave, stderr=slave, close_fds=True
+        )
+        os.close(slave)
+        self.master = master
+        self.screen = ""
+        self._at = 0
+
+    def expect(self, text: str, timeout: float = 120) -> None:
+        """Wait until ``text`` appears after what was matched last."""
+        deadline = time.monotonic() + timeout
+        while (found := self.screen.find(text, self._at)) < 0:
+            left = deadline - time.monotonic()
+            assert left > 0, f"no {text!r} on the terminal; it shows:\n{self.screen[-3000:]}"
+            assert self._read(min(left, 1.0)), f"ended before {text!r}:\n{self.screen[-3000:]}"
+        self._at = found + len(text)
+
+    def send(self, line: str) -> None:
+        os.write(self.master, line.encode() + b"\n")
+
+    def finish(self, timeout: float = 180) -> int:
+        """Read to the end; the exit code."""
+        deadline = time.monotonic() + timeout
+        while self._read(1.0):
+            assert time.monotonic() < deadline, f"still running:\n{self.screen[-3000:]}"
+        return self.proc.wait(timeout=30)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        os.close(self.master)
+
+    def _read(self, wait: float) -> bool:
+        """Read what is there (waiting up to ``wait``); False once the process has ended."""
+        ready, _, _ = select.select([self.master], [], [], wait)
+        if not ready:
+            return self.proc.poll() is None
+        try:
+            chunk = os.read(self.master, 65536)
+        except OSError:  # EIO: the other side is closed
+            return False
+        if not chunk:
+            return False
+        self.screen += _ANSI.sub("", chunk.decode(errors="replace"))
+        return True
+
+
+def test_ask_at_a_terminal_vetoes_approves_and_edits(workdir: Path) -> None:
+    fast_profile(
+        workdir,
+        proposer={
+            "kind": "sweep",
+            "sweep": [
+                {"num_speculative_tokens": 5},
+                {"cuda_graphs": True},
+                {"max_num_batched_tokens": 8192},
+            ],
+        },
+        approve={"mode": "ask"},
+    )
+    term = Terminal([*ORCHESTRATE, "round", "--budget", "2", "--profile", "profile.yaml"], workdir)
+    try:
+        term.expect("Proposal 1 (sweep): num_speculative_tokens 7 → 5")
+        term.expect("hypothesis: num_speculative_tokens 7 → 5: entry 1 of the 3")
+        term.expect("approve, edit or veto [approve]:")
+        term.send("veto")
+        term.expect("reason:")
+        term.send("K=5 wedged rank 2 last week")
+
+        term.expect("Proposal 2 (sweep): cuda_graphs false → true")
+        term.expect("approve, edit or veto [approve]:")
+        term.send("")  # the default: approve
+
+        term.expect("Proposal 3 (sweep): max_num_batched_tokens 7168 → 8192")
+        term.expect("approve, edit or veto [approve]:")
+        term.send("edit")
+        term.expect("new value for max_num_batched_tokens:")
+        term.send("7; reboot")
+        term.expect("'7; reboot' is not an integer from 2048 to 16384 in steps of 512")
+        term.expect("approve, edit or veto [approve]:")
+        term.send("e")
+        term.expect("new value for max_num_batched_tokens:")
+        term.send("8704")
+        assert term.finish() == 0, term.screen[-3000:]
+    finally:
+        term.close()
+
+    ledger = Ledger(os.environ["ORCHESTRATE_LEDGER"])
+    try:
+        decided = [
+            (p.knob, p.new_value, p.status, p.decided_by, p.reason) for p in ledger.proposals()
+        ]
+    finally:
+        ledger.close()
+    assert decided == [
+        ("num_speculative_tokens", 5, "vetoed", "person", "K=5 wedged rank 2 last week"),
+        ("cuda_graphs", True, "approved", "person", None),
+        ("max_num_batched_tokens", 8704, "approved", "person (edited)", None),
+    ]
+    rows = results(workdir)
+    assert [(r["knob"], r["value"]) for r in rows[1:]] == [
+        ("num_speculative_tokens", "5"),
+        ("cuda_graphs", "true"),
+        ("max_num_batched_tokens", "8704"),
+    ]
+    assert rows[1]["status"] == "vetoed"
