@@ -551,21 +551,8 @@ class Ledger:
     def champion(self, cluster: str) -> ChampionRecord | None:
         """The cluster's current champion, if one was ever measured."""
         with self._session() as s:
-            row = s.scalars(
-                select(ChampionRow)
-                .where(ChampionRow.cluster == cluster, ChampionRow.retired_at.is_(None))
-                .order_by(ChampionRow.id.desc())
-            ).first()
-            if row is None:
-                return None
-            return ChampionRecord(
-                id=row.id,
-                cluster=row.cluster,
-                experiment_id=row.experiment_id,
-                config=Config.from_json(row.config_json),
-                objective=row.objective,
-                since=_aware(row.since) or row.since,
-            )
+            row = _current_champion(s, cluster)
+            return None if row is None else _champion(row)
 
     def champion_history(self, cluster: str) -> list[ChampionRecord]:
         """Every champion the cluster had, oldest first."""
@@ -573,17 +560,7 @@ class Ledger:
             rows = s.scalars(
                 select(ChampionRow).where(ChampionRow.cluster == cluster).order_by(ChampionRow.id)
             )
-            return [
-                ChampionRecord(
-                    id=r.id,
-                    cluster=r.cluster,
-                    experiment_id=r.experiment_id,
-                    config=Config.from_json(r.config_json),
-                    objective=r.objective,
-                    since=_aware(r.since) or r.since,
-                )
-                for r in rows
-            ]
+            return [_champion(r) for r in rows]
 
     # ---- boots and cells ------------------------------------------------------------------
     def start_boot(
@@ -687,11 +664,7 @@ class Ledger:
     def set_champion_objective(self, cluster: str, objective: float) -> None:
         """The champion's best estimate changed (a re-measurement)."""
         with self._session() as s:
-            row = s.scalars(
-                select(ChampionRow)
-                .where(ChampionRow.cluster == cluster, ChampionRow.retired_at.is_(None))
-                .order_by(ChampionRow.id.desc())
-            ).first()
+            row = _current_champion(s, cluster)
             if row is not None:
                 row.objective = objective
 
@@ -735,6 +708,25 @@ class Ledger:
             name = getattr(cls, "__tablename__", cls.__name__)
             raise LedgerError(f"no {name} {key} in ledger {self.url}", url=self.url)
         return row
+
+
+def _current_champion(s: Session, cluster: str) -> ChampionRow | None:
+    return s.scalars(
+        select(ChampionRow)
+        .where(ChampionRow.cluster == cluster, ChampionRow.retired_at.is_(None))
+        .order_by(ChampionRow.id.desc())
+    ).first()
+
+
+def _champion(row: ChampionRow) -> ChampionRecord:
+    return ChampionRecord(
+        id=row.id,
+        cluster=row.cluster,
+        experiment_id=row.experiment_id,
+        config=Config.from_json(row.config_json),
+        objective=row.objective,
+        since=_aware(row.since) or row.since,
+    )
 
 
 def _drift(row: DriftRow) -> DriftRecord:
