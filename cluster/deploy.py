@@ -4,10 +4,13 @@ a greedy smoke generation → boot-log gates. Every failure is a typed ``DeployE
 from __future__ import annotations
 
 import json
+import math
 import re
+import shlex
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import httpx
@@ -40,8 +43,18 @@ DEFAULT_FAILURE_PATTERNS: dict[FailureClass, tuple[str, ...]] = {
         r"timed out waiting for .*worker",
         r"rendezvous .*timed out",
         r"lost .*worker",
+        # issue #4: what a head prints when a rank never joined or went away
+        r"timed out .*waiting for node rank",
+        r"NCCL error: remote process exited",
     ),
 }
+
+#: The node's own journal of what orchestrate did to it (issue #4): one line per start and
+#: stop, stamped by the node's clock. ``<unix time> <event> rank=R rc=N <last output line>``.
+EVENTS = "engine.events"
+
+#: How long a started engine may take to be seen alive (issue #4; see ``Deployer._start``).
+START_CONFIRM_S = 5.0
 
 
 class GateSpec(BaseModel):
@@ -76,6 +89,64 @@ class GateSpec(BaseModel):
     recover_command: tuple[str, ...] | None = Field(
         default=None, description="argv that power-cycles a node whose clocks are stuck"
     )
+    # --- issue #4: preflight gates and container stops ---------------------------------------
+    interface: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9_.:{}-]{1,64}$",
+        description="the cluster interface (placeholders allowed): each node's host address "
+        "must be on it before anything starts, or the node is the wrong rank",
+    )
+    memory_settle_s: float | None = Field(
+        default=None,
+        ge=0.05,
+        description="free memory is sampled this far apart; it has settled once two samples "
+        "differ by at most memory_settle_mib (a stopped engine frees unified memory slowly)",
+    )
+    memory_settle_mib: float = Field(default=512.0, gt=0)
+    memory_settle_timeout_s: float = Field(default=120.0, gt=0)
+    min_free_mib: float | None = Field(
+        default=None, gt=0, description="settled free memory below this fails the gate"
+    )
+    worker_follows_head: tuple[str, ...] = Field(
+        default=(r"[Mm]aster shut down", r"lost the connection to master"),
+        description="regexes of the lines a worker prints when it exits because the head went "
+        "away: such a worker is not blamed for a failed boot",
+    )
+    stop_hook: tuple[str, ...] | None = Field(
+        default=None,
+        description="argv run on a node before its engine's process group is stopped, e.g. "
+        "`docker stop -t 30 NAME` for an engine in a container; its exit status is recorded, "
+        "the process-group stop that follows confirms the engine is gone",
+    )
+
+
+def journaled(node: NodeSpec, argv: Sequence[str], event: str) -> list[str]:
+    """argv that runs ``argv`` on ``node``, prints what it printed, exits with its status, and
+    appends one line to the node's journal (``EVENTS``) stamped by the node's clock."""
+    journal = shlex.quote(f"{node.workdir}/{EVENTS}")
+    body = (
+        f"out=$({shlex.join(argv)}); rc=$?; "
+        f'printf "%s %s rank=%s rc=%s %s\\n" "$(date +%s.%N)" {shlex.quote(event)} '
+        f'{node.rank} "$rc" "$(printf "%s" "$out" | tail -n 1)" >>{journal} 2>/dev/null; '
+        'printf "%s\\n" "$out"; exit "$rc"'
+    )
+    return ["bash", "-c", body]
+
+
+def memory_command(window_s: float, tolerance_mib: float, timeout_s: float) -> list[str]:
+    """argv that samples ``MemAvailable`` every ``window_s`` until two samples differ by at most
+    ``tolerance_mib``; prints ``settled KIB`` (exit 0) or ``unsettled KIB`` (exit 3)."""
+    samples = max(2, math.ceil(timeout_s / window_s) + 1)
+    tolerance_kib = int(tolerance_mib * 1024)
+    body = (
+        "prev=; "
+        f"for i in $(seq {samples}); do "
+        "cur=$(awk '/^MemAvailable:/{print $2}' /proc/meminfo); "
+        'if [ -n "$prev" ]; then d=$((cur - prev)); [ "$d" -lt 0 ] && d=$((-d)); '
+        f'if [ "$d" -le {tolerance_kib} ]; then echo "settled $cur"; exit 0; fi; fi; '
+        f'prev=$cur; sleep {window_s:.3f}; done; echo "unsettled $cur"; exit 3'
+    )
+    return ["bash", "-c", body]
 
 
 class DeployResult(BaseModel):
@@ -93,6 +164,20 @@ class DeployResult(BaseModel):
 Progress = Callable[[str], None]
 
 
+@dataclass(frozen=True)
+class Attempt:
+    """What ``Deployer.attempt`` did (issue #4): a healthy boot, or the failure with its
+    evidence, the teardown of every node and, when asked, the restored champion."""
+
+    config: Config
+    result: DeployResult | None = None
+    failure: NodeError | None = None
+    logs: Mapping[int, str] = field(default_factory=dict)
+    teardown: Mapping[int, str] = field(default_factory=dict)
+    restored: DeployResult | None = None
+    restore_failure: NodeError | None = None
+
+
 class Deployer:
     """Drives one cluster's nodes through its transports."""
 
@@ -108,6 +193,7 @@ class Deployer:
         runtime: Mapping[str, str],
         smoke: Callable[[str, str, str, int], str],
         progress: Progress | None = None,
+        parallel: bool = True,
     ) -> None:
         self.cluster = cluster
         self.launcher = launcher
@@ -118,6 +204,8 @@ class Deployer:
         self.runtime = dict(runtime)
         self._smoke = smoke
         self._progress = progress or (lambda _msg: None)
+        # False runs every per-node step one node at a time (the baseline of bench/deploy.py)
+        self.parallel = parallel
 
     # ---- helpers ----------------------------------------------------------------------------
     def _t(self, node: NodeSpec) -> Transport:
@@ -125,23 +213,53 @@ class Deployer:
 
     def _parallel(self, nodes: Sequence[NodeSpec], fn: Callable[[NodeSpec], T]) -> list[T]:
         """``fn`` on every node at once; the first error (in rank order) is raised."""
+        if not self.parallel:
+            return [fn(n) for n in nodes]
         with ThreadPoolExecutor(max_workers=max(1, len(nodes))) as pool:
             futures = [pool.submit(fn, n) for n in nodes]
             return [f.result() for f in futures]
+
+    def _each(self, nodes: Sequence[NodeSpec], fn: Callable[[NodeSpec], T]) -> list[T | NodeError]:
+        """``fn`` on every node at once; a node's ``NodeError`` is its result, not raised."""
+
+        def settled(node: NodeSpec) -> T | NodeError:
+            try:
+                return fn(node)
+            except NodeError as e:
+                return e
+
+        return self._parallel(nodes, settled)
+
+    def close(self) -> None:
+        """Close every node's transport (SSH connections)."""
+        for transport in self.transports.values():
+            transport.close()
+
+    def reach(self) -> dict[int, NodeError | None]:
+        """Open every node's connection at once and run ``true`` on it: rank → its error, or
+        None when it answered. Connections stay open for what follows."""
+        nodes = sorted(self.cluster.nodes, key=lambda n: n.rank)
+        results = self._each(
+            nodes, lambda n: check(self._t(n).run(["true"], timeout=60), n, "reaching the node")
+        )
+        return {
+            n.rank: r if isinstance(r, NodeError) else None
+            for n, r in zip(nodes, results, strict=True)
+        }
 
     def log_of(self, node: NodeSpec, max_bytes: int = 2_000_000) -> str:
         """The engine log of ``node`` ('' if none)."""
         return self._t(node).read_text(f"{node.workdir}/{LOG}", max_bytes=max_bytes)
 
-    def logs(self) -> dict[int, str]:
-        """Every node's engine log, by rank (a node that cannot be read gives its error)."""
-        out: dict[int, str] = {}
-        for node in self.cluster.nodes:
-            try:
-                out[node.rank] = self.log_of(node)
-            except NodeError as e:
-                out[node.rank] = f"<log unavailable: {e}>"
-        return out
+    def logs(self, skip: Mapping[int, str] | None = None) -> dict[int, str]:
+        """Every node's engine log, by rank, read at once (a node that cannot be read gives
+        its error; ``skip`` maps ranks known to be unreachable to why, not tried again)."""
+        skip = skip or {}
+        nodes = sorted((n for n in self.cluster.nodes if n.rank not in skip), key=lambda n: n.rank)
+        out = {rank: f"<log unavailable: {why}>" for rank, why in skip.items()}
+        for n, r in zip(nodes, self._each(nodes, self.log_of), strict=True):
+            out[n.rank] = f"<log unavailable: {r}>" if isinstance(r, NodeError) else r
+        return dict(sorted(out.items()))
 
     def render(self, config: Config) -> dict[int, RenderedLauncher]:
         """Every node's launcher for ``config``.
@@ -157,20 +275,61 @@ class Deployer:
     # ---- teardown ---------------------------------------------------------------------------
     def stop_all(self) -> dict[int, str]:
         """Stop every node's engine, head first then ranks 1…N-1 (the reverse of the start
-        order), each confirmed gone before the next.
+        order), each confirmed gone before the next. A node that fails does not keep the
+        others running: every node is tried, then the first failure is raised.
 
         Raises:
             NodeError: a node could not be reached or its engine would not die.
         """
-        out: dict[int, str] = {}
+        outcomes, errors = self.stop_each()
+        if errors:
+            raise errors[0]
+        return outcomes
+
+    def teardown(self) -> dict[int, str]:
+        """``stop_all`` that never raises: rank → ``absent``/``stopped``/``killed``, or
+        ``unreachable: …``/``failed: …`` for a node that could not be stopped."""
+        return self.stop_each()[0]
+
+    def stop_each(self) -> tuple[dict[int, str], list[NodeError]]:
+        """Stop every node (see ``stop_all``): rank → outcome, and every node's error."""
+        # The connections are opened on every node at once: TCP, key exchange and
+        # authentication are the slow part and have no order. The stops then run one at a
+        # time, head first, each confirmed gone before the next: the reverse of the start
+        # order, as the seeds' launchers stop. A headless rank whose head is gone exits on its
+        # own, while a worker stopped under a live head makes the head die of NCCL errors
+        # first, with logs that blame the wrong node. Over warm connections a stop that finds
+        # nothing costs one round trip, so stopping at once would save little and lose the
+        # order the nodes' journals show (0, 1, …, N-1).
+        reached = self.reach()
+        outcomes: dict[int, str] = {}
+        errors: list[NodeError] = []
         for node in sorted(self.cluster.nodes, key=lambda n: n.rank):
+            unreachable = reached[node.rank]
+            if unreachable is not None:
+                outcomes[node.rank] = f"unreachable: {unreachable.message}"
+                errors.append(unreachable)
+                continue
             self._progress(f"stopping {node.name}")
-            result = self._t(node).run(
-                stop_command(node, self.gates.stop_grace_s), timeout=self.gates.stop_grace_s + 30
-            )
-            check(result, node, "stopping the engine")
-            out[node.rank] = result.stdout.strip()
-        return out
+            try:
+                outcomes[node.rank] = self._stop(node)
+            except NodeError as e:
+                outcomes[node.rank] = f"failed: {e.message}"
+                errors.append(e)
+        return outcomes, errors
+
+    def _stop(self, node: NodeSpec) -> str:
+        grace = self.gates.stop_grace_s
+        if self.gates.stop_hook is not None:
+            values = placeholders(self.cluster, node, self.runtime)
+            hook = [fill(t, values, f"stop hook of {node.name}") for t in self.gates.stop_hook]
+            self._t(node).run(journaled(node, hook, "stop-hook"), timeout=grace + 60)
+        result = self._t(node).run(
+            journaled(node, stop_command(node, grace), "stop"), timeout=grace + 30
+        )
+        check(result, node, "stopping the engine")
+        lines = result.stdout.strip().splitlines()
+        return lines[-1] if lines else ""
 
     def alive(self, node: NodeSpec) -> bool:
         """Whether the node's engine process group is alive."""
@@ -183,41 +342,56 @@ class Deployer:
         Raises:
             NodeError: the query failed or printed something unreadable.
         """
-        command = self.gates.clocks_command
-        if command is None:
+        if self.gates.clocks_command is None:
             return []
+        return self._parallel(self.cluster.nodes, self._clock_of)
 
-        def one(node: NodeSpec) -> NodeClockRecord:
-            values = placeholders(self.cluster, node, self.runtime)
-            argv = [fill(t, values, f"clocks query of {node.name}") for t in command]
-            result = check(self._t(node).run(argv, timeout=60), node, "the clocks query")
-            try:
-                data = json.loads(result.stdout.strip().splitlines()[-1])
-                return NodeClockRecord(
-                    rank=node.rank,
-                    sm_clock_mhz=float(data["sm_clock_mhz"]),
-                    matmul_rate=float(data["matmul_rate"]),
-                )
-            except (ValueError, KeyError, IndexError, TypeError) as e:
-                raise NodeError(
-                    f"{node.name}: the clocks query printed {tail(result.stdout, 2)!r}, "
-                    "expected JSON with sm_clock_mhz and matmul_rate",
-                    failure_class="gate_failed",
-                    rank=node.rank,
-                    host=node.host,
-                    command=result.command,
-                ) from e
-
-        return self._parallel(self.cluster.nodes, one)
-
-    def preflight(self) -> list[NodeClockRecord]:
-        """Clocks gate on every node; a stuck node is power-cycled when the profile can.
+    def _clock_of(self, node: NodeSpec) -> NodeClockRecord:
+        """One node's clocks query.
 
         Raises:
-            DeployError: clocks_stuck (with the node and its rate).
+            NodeError: the query failed or printed something unreadable.
         """
-        self._progress("preflight: clocks on every node")
-        clocks = self.clocks()
+        command = self.gates.clocks_command
+        assert command is not None
+        values = placeholders(self.cluster, node, self.runtime)
+        argv = [fill(t, values, f"clocks query of {node.name}") for t in command]
+        result = check(self._t(node).run(argv, timeout=60), node, "the clocks query")
+        try:
+            data = json.loads(result.stdout.strip().splitlines()[-1])
+            return NodeClockRecord(
+                rank=node.rank,
+                sm_clock_mhz=float(data["sm_clock_mhz"]),
+                matmul_rate=float(data["matmul_rate"]),
+            )
+        except (ValueError, KeyError, IndexError, TypeError) as e:
+            raise NodeError(
+                f"{node.name}: the clocks query printed {tail(result.stdout, 2)!r}, "
+                "expected JSON with sm_clock_mhz and matmul_rate",
+                failure_class="gate_failed",
+                rank=node.rank,
+                host=node.host,
+                command=result.command,
+            ) from e
+
+    def preflight(self) -> list[NodeClockRecord]:
+        """Gates on every node at once: the node's address on the cluster interface, free
+        memory settled, clocks; a stuck node is power-cycled when the profile can.
+
+        Raises:
+            DeployError: gate_failed (interface, memory) or clocks_stuck (with the node and
+                its rate).
+            NodeError: a node could not be reached or a query failed.
+        """
+        self._progress("preflight: interface, memory and clocks on every node")
+        nodes = sorted(self.cluster.nodes, key=lambda n: n.rank)
+
+        def gates(node: NodeSpec) -> NodeClockRecord | None:
+            self._node_gates(node)
+            return None if self.gates.clocks_command is None else self._clock_of(node)
+
+        # one pass per node, all nodes at once: no barrier between the gates of a node
+        clocks = [c for c in self._parallel(nodes, gates) if c is not None]
         stuck = [c for c in clocks if c.matmul_rate < self.gates.min_matmul_rate]
         if stuck and self.gates.recover_command is not None:
             for record in stuck:
@@ -241,6 +415,58 @@ class Deployer:
                 host=node.host,
             )
         return clocks
+
+    def _node_gates(self, node: NodeSpec) -> None:
+        """The interface and memory gates of one node (issue #4)."""
+        values = placeholders(self.cluster, node, self.runtime)
+        if self.gates.interface is not None:
+            iface = fill(self.gates.interface, values, f"interface of {node.name}")
+            result = self._t(node).run(["ip", "-o", "addr", "show", "dev", iface], timeout=30)
+            if result.returncode != 0:
+                raise DeployError(
+                    f"{node.name}: interface {iface} does not exist: {tail(result.stderr, 1)}",
+                    failure_class="gate_failed",
+                    rank=node.rank,
+                    host=node.host,
+                    command=result.command,
+                )
+            addresses = re.findall(r"\binet6? ([0-9A-Fa-f.:]+)/\d+", result.stdout)
+            if node.host not in addresses:
+                raise DeployError(
+                    f"{node.name}: {node.host} is not on {iface} (which has "
+                    f"{', '.join(addresses) or 'no address'}): wrong rank, or wrong interface?",
+                    failure_class="gate_failed",
+                    rank=node.rank,
+                    host=node.host,
+                    command=result.command,
+                )
+        if self.gates.memory_settle_s is not None:
+            argv = memory_command(
+                self.gates.memory_settle_s,
+                self.gates.memory_settle_mib,
+                self.gates.memory_settle_timeout_s,
+            )
+            result = self._t(node).run(argv, timeout=self.gates.memory_settle_timeout_s + 30)
+            words = result.stdout.split()
+            free_mib = int(words[-1]) / 1024 if words and words[-1].isdigit() else 0.0
+            if result.returncode != 0:
+                raise DeployError(
+                    f"{node.name}: free memory still changing by more than "
+                    f"{self.gates.memory_settle_mib:g} MiB per {self.gates.memory_settle_s:g}s "
+                    f"after {self.gates.memory_settle_timeout_s:g}s ({free_mib:.0f} MiB free)",
+                    failure_class="gate_failed",
+                    rank=node.rank,
+                    host=node.host,
+                    returncode=result.returncode,
+                )
+            if self.gates.min_free_mib is not None and free_mib < self.gates.min_free_mib:
+                raise DeployError(
+                    f"{node.name}: only {free_mib:.0f} MiB free after settling "
+                    f"(the gate wants {self.gates.min_free_mib:g})",
+                    failure_class="gate_failed",
+                    rank=node.rank,
+                    host=node.host,
+                )
 
     # ---- boot -------------------------------------------------------------------------------
     def deploy(self, config: Config) -> DeployResult:
@@ -285,7 +511,7 @@ class Deployer:
         )
 
     def _start(self, node: NodeSpec) -> None:
-        result = self._t(node).run(start_command(node), timeout=60)
+        result = self._t(node).run(journaled(node, start_command(node), "start"), timeout=60)
         if result.returncode != 0 or not result.stdout.strip().isdigit():
             raise DeployError(
                 f"{node.name}: the launcher did not start",
@@ -296,14 +522,19 @@ class Deployer:
                 returncode=result.returncode,
                 stderr_tail=tail(result.stderr, 15),
             )
+        # issue #4: the start command returns once the engine is forked, a moment before the
+        # engine has made itself a process group (setsid), which is what `alive` checks. Over
+        # a fast transport the next check can land in that moment and call a live engine
+        # dead, so the group must be seen once before the engine counts as started.
+        deadline = time.monotonic() + START_CONFIRM_S
+        while not self.alive(node):
+            if time.monotonic() > deadline:
+                raise self._died(node, f"within {START_CONFIRM_S:g}s of its start")
+            time.sleep(0.02)
 
     def _died(self, node: NodeSpec, what: str, *, default: FailureClass = "start") -> DeployError:
         log = self.log_of(node)
-        failure = default
-        for cls, patterns in self.gates.failure_patterns.items():
-            if any(re.search(p, log, re.IGNORECASE) for p in patterns):
-                failure = cls
-                break
+        failure = self._classify(log) or default
         return DeployError(
             f"{node.name}: engine exited {what}",
             failure_class=failure,
@@ -349,8 +580,7 @@ class Deployer:
                 polls += 1
                 for node in [head, *self.cluster.workers_desc] if polls % 4 == 1 else [head]:
                     if not self.alive(node):
-                        lost: FailureClass = "start" if node.rank == 0 else "worker_missing"
-                        raise self._died(node, "before /health was 200", default=lost)
+                        raise self._lost(node)
                 size = len(self.log_of(head, 2_000_000))
                 now = time.monotonic()
                 if size != last_size:
@@ -373,6 +603,81 @@ class Deployer:
                         log_tail=tail(self.log_of(head), 25),
                     )
                 time.sleep(self.gates.poll_s)
+
+    def _lost(self, found: NodeSpec) -> DeployError:
+        """Who failed, once an engine is found dead while the head boots (issue #4).
+
+        When one rank dies the others follow (a head whose worker left, workers whose head
+        left), so the first corpse found is not necessarily the culprit. In order: a head
+        whose log names its own failure (OOM, …); a worker whose log names one; a dead worker
+        that did not exit because the head went away (``worker_follows_head``); the head.
+        """
+        head = self.cluster.head
+        dead = [n for n in [head, *self.cluster.workers_desc] if n == found or not self.alive(n)]
+        logs = {n.rank: self.log_of(n) for n in dead}
+        what = "before /health was 200"
+        for node in dead:
+            if self._classify(logs[node.rank]) not in (None, "worker_missing"):
+                return self._died(node, what, default="start")
+        for node in dead:
+            follows = any(re.search(p, logs[node.rank]) for p in self.gates.worker_follows_head)
+            if node.rank != 0 and not follows:
+                return self._died(node, what, default="worker_missing")
+        if head in dead:
+            return self._died(head, what, default="start")
+        return self._died(found, what, default="worker_missing")
+
+    def _classify(self, log: str) -> FailureClass | None:
+        """The failure class a log's lines name, if any (the profile's failure patterns)."""
+        for cls, patterns in self.gates.failure_patterns.items():
+            if any(re.search(p, log, re.IGNORECASE) for p in patterns):
+                return cls
+        return None
+
+    # ---- after a failure (issue #4) ---------------------------------------------------------
+    def restore(self, config: Config) -> DeployResult:
+        """Boot ``config`` (the champion) again after a failure; if that fails too, every node
+        is torn down again.
+
+        Raises:
+            DeployError, NodeError: the restore itself failed.
+        """
+        self._progress("restoring the champion")
+        try:
+            return self.deploy(config)
+        except NodeError:
+            self.teardown()
+            raise
+
+    def attempt(self, config: Config, *, fallback: Config | None = None) -> Attempt:
+        """Deploy ``config``. On failure: tear every node down, read every node's log (the
+        evidence), then boot ``fallback`` (the champion) when one is given. Never raises a
+        ``NodeError``: the failure, the teardown and the restore are in the result.
+
+        Raises:
+            ProfileError, KnobError: ``config`` cannot be rendered at all.
+        """
+        try:
+            return Attempt(config=config, result=self.deploy(config))
+        except NodeError as failure:
+            self._progress(f"deploy failed ({failure.failure_class}): tearing down every node")
+            stopped = self.teardown()
+            logs = self.logs(skip={r: how for r, how in stopped.items() if how.startswith("unr")})
+            if fallback is None:
+                return Attempt(config=config, failure=failure, logs=logs, teardown=stopped)
+            try:
+                restored = self.restore(fallback)
+            except NodeError as e:
+                return Attempt(
+                    config=config,
+                    failure=failure,
+                    logs=logs,
+                    teardown=stopped,
+                    restore_failure=e,
+                )
+            return Attempt(
+                config=config, failure=failure, logs=logs, teardown=stopped, restored=restored
+            )
 
     def _smoke_check(self) -> str:
         head = self.cluster.head
@@ -401,8 +706,15 @@ class Deployer:
         return text
 
     def _log_gates(self) -> None:
+        logs = dict(
+            zip(
+                [n.rank for n in self.cluster.nodes],
+                self._parallel(self.cluster.nodes, self.log_of),
+                strict=True,
+            )
+        )
         for node in self.cluster.nodes:
-            log = self.log_of(node)
+            log = logs[node.rank]
             for pattern in self.gates.must_not_log:
                 hit = re.search(pattern, log)
                 if hit:
@@ -413,7 +725,7 @@ class Deployer:
                         rank=node.rank,
                         host=node.host,
                     )
-        head_log = self.log_of(self.cluster.head)
+        head_log = logs[0]
         for pattern in self.gates.must_log:
             if not re.search(pattern, head_log):
                 raise DeployError(

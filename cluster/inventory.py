@@ -13,15 +13,68 @@ _HOST = re.compile(r"^[A-Za-z0-9_.:-]{1,253}$")
 
 
 class SshSpec(BaseModel):
-    """How to reach a node over SSH (issue #4 fills in the transport)."""
+    """How to reach a node over SSH. Unset fields come from ``~/.ssh/config`` (``Host`` aliases,
+    ``HostName``, ``User``, ``Port``, ``IdentityFile``, ``ProxyJump``), as with ``ssh``."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    host: str = Field(pattern=_HOST.pattern)
+    host: str = Field(pattern=_HOST.pattern, description="address or ~/.ssh/config Host alias")
     user: str | None = Field(default=None, pattern=r"^[a-z_][a-z0-9_-]{0,31}$")
     port: int | None = Field(default=None, ge=1, le=65535)
     key_file: str | None = None
-    host_key: str | None = None
+    # --- issue #4: pinned key, jump host, passphrase source --------------------------------
+    host_key: str | None = Field(
+        default=None,
+        pattern=r"^[a-z0-9@.-]{3,64} [A-Za-z0-9+/=]{16,8192}$",
+        description="pinned host key 'TYPE BASE64' (what ssh-keyscan prints after the host); "
+        "when set it is the only key trusted for this node, known_hosts is not consulted",
+    )
+    proxy_jump: str | None = Field(
+        default=None,
+        pattern=r"^(none|([a-z_][a-z0-9_-]{0,31}@)?[A-Za-z0-9_.:-]{1,253}"
+        r"(,([a-z_][a-z0-9_-]{0,31}@)?[A-Za-z0-9_.:-]{1,253})*)$",
+        description="jump host(s) as in ssh -J [user@]host[:port][,...]; 'none' ignores "
+        "ProxyJump from ~/.ssh/config",
+    )
+    passphrase_env: str | None = Field(
+        default=None,
+        pattern=r"^[A-Z_][A-Z0-9_]{0,127}$",
+        description="name of the environment variable holding key_file's passphrase (the "
+        "passphrase itself never appears in a profile, a log or the ledger)",
+    )
+
+
+class SshOptionsSpec(BaseModel):
+    """Cluster-wide SSH behaviour (issue #4). docs/deploy.md says why each value is what it is."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    connect_timeout_s: float = Field(
+        default=10.0, gt=0, description="TCP connect and key exchange to one node"
+    )
+    banner_timeout_s: float = Field(
+        default=15.0, gt=0, description="connected but no SSH banner: a hung or stopped sshd"
+    )
+    auth_timeout_s: float = Field(default=15.0, gt=0, description="the whole authentication")
+    io_timeout_s: float = Field(
+        default=15.0,
+        gt=0,
+        description="the server must answer a request (open a channel, start a command, an "
+        "SFTP call) within this; silence means the node is unreachable",
+    )
+    alive_interval_s: float = Field(
+        default=15.0,
+        gt=0,
+        description="keepalive interval on idle connections, and how long a running command may "
+        "stay silent before the connection is probed (ssh's ServerAliveInterval)",
+    )
+    known_hosts: str | None = Field(
+        default=None,
+        description="known_hosts file to trust (default: UserKnownHostsFile from ~/.ssh/config, "
+        "else ~/.ssh/known_hosts, plus /etc/ssh/ssh_known_hosts)",
+    )
+    config_file: str | None = Field(default=None, description="default: ~/.ssh/config")
+    allow_agent: bool = Field(default=True, description="offer the keys of ssh-agent")
 
 
 class NodeSpec(BaseModel):
@@ -62,6 +115,7 @@ class ClusterSpec(BaseModel):
     nodes: tuple[NodeSpec, ...] = Field(min_length=1)
     port: int = Field(default=8000, ge=1, le=65535, description="the head's HTTP port")
     master_port: int = Field(default=29520, ge=1, le=65535)
+    ssh: SshOptionsSpec = Field(default_factory=SshOptionsSpec)  # issue #4
 
     @model_validator(mode="after")
     def _ranks(self) -> ClusterSpec:

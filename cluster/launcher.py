@@ -169,10 +169,13 @@ def start_command(node: NodeSpec) -> list[str]:
     """argv that starts the node's launcher detached (its own session; survives the caller)
     and records the engine's pid, which is also its process group."""
     wd = shlex.quote(node.workdir)
+    # the pid is reported only once the engine leads its own process group: a liveness check
+    # that came earlier would find no group and call a starting engine dead
     body = (
         f"cd {wd} || exit 1; "
-        f"setsid bash {SCRIPT} >{LOG} 2>&1 </dev/null & "
-        f"echo $! >{PIDFILE}; echo $!"
+        f"setsid bash {SCRIPT} >{LOG} 2>&1 </dev/null & pid=$!; "
+        'for i in $(seq 100); do kill -0 -- "-$pid" 2>/dev/null && break; sleep 0.02; done; '
+        f'echo "$pid" >{PIDFILE}; echo "$pid"'
     )
     return ["bash", "-c", body]
 
@@ -208,6 +211,8 @@ def alive_command(node: NodeSpec) -> list[str]:
     body = (
         f"pid=$(cat {wd}/{PIDFILE} 2>/dev/null) || exit 1; "
         'case "$pid" in ""|*[!0-9]*) exit 1;; esac; '
-        'kill -0 -- "-$pid" 2>/dev/null'
+        'kill -0 -- "-$pid" 2>/dev/null || exit 1; '
+        # a dead engine not yet reaped by init is a zombie: dead, whatever kill -0 says
+        '[ "$(cut -d" " -f3 "/proc/$pid/stat" 2>/dev/null)" != Z ]'
     )
     return ["bash", "-c", body]

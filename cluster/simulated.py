@@ -61,3 +61,7 @@ class SimulatedTestbed:
     def stop_all(self) -> None:
         """Nothing runs."""
         self._config = None
+
+    def restore(self, config: Config) -> None:
+        """A simulated champion boot."""
+        self.deploy(config)

@@ -16,7 +16,7 @@ from typing import Protocol
 from pydantic import BaseModel, ConfigDict
 
 from cluster.errors import NodeError, NodeUnreachable, tail
-from cluster.inventory import NodeSpec
+from cluster.inventory import NodeSpec, SshOptionsSpec
 
 
 class CommandResult(BaseModel):
@@ -163,17 +163,13 @@ class LocalTransport:
         """Nothing to release."""
 
 
-def open_transport(node: NodeSpec) -> Transport:
-    """The transport a node's spec asks for.
+def open_transport(node: NodeSpec, ssh: SshOptionsSpec | None = None) -> Transport:
+    """The transport a node's spec asks for; ``ssh`` is the cluster's SSH settings (issue #4).
 
-    Raises:
-        NodeUnreachable: SSH is not available yet for this node (issue #4).
+    Nothing is connected yet: an SSH connection opens on first use and is reused after.
     """
     if node.transport == "local":
         return LocalTransport(node)
-    raise NodeUnreachable(
-        f"{node.name}: the ssh transport is not built yet; use transport: local",
-        failure_class="unreachable",
-        rank=node.rank,
-        host=node.host,
-    )
+    from cluster.ssh import SshTransport  # paramiko loads only for clusters that use it
+
+    return SshTransport(node, ssh)

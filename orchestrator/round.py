@@ -512,7 +512,10 @@ class RoundRunner:
                 run_id, {f"logs/boot-{boot.id}/node-{r}.log": t for r, t in logs.items()}
             )
             self.display.phase("tearing down")
-            self.testbed.stop_all()
+            try:
+                self.testbed.stop_all()
+            except NodeError as err:
+                failure = failure or err
         if failure is not None:
             self.ledger.end_boot(
                 boot.id,
@@ -661,6 +664,17 @@ class RoundRunner:
             self.noise(),
         )
 
+    def _restore_champion(self) -> None:
+        """Boot the champion again after a candidate failed, when the profile asks for it."""
+        champion = self.ledger.champion(self.cluster)
+        if not self.profile.restore_champion or champion is None:
+            return
+        self.display.phase("restoring the champion")
+        try:
+            self.testbed.restore(champion.config)
+        except NodeError as err:
+            self.display.note(f"  the champion was not restored: {err.message}")
+
     def _crash(self, rnd: RoundRecord, e: ExperimentRecord, run_id: str, err: NodeError) -> None:
         verdict = VerdictRecord(
             status="crash",
@@ -681,6 +695,8 @@ class RoundRunner:
         self.sink.set_tags(run_id, {"status": "crash", "failure_class": err.failure_class})
         self.sink.finish(run_id, "FAILED")
         self.display.decided(decided, f"{err.failure_class}: {err.message}")
+        if e.kind == "candidate":
+            self._restore_champion()
         if e.kind == "baseline":
             self.ledger.finish_round(rnd.id, "failed")
             raise BaselineFailed(

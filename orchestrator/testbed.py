@@ -49,6 +49,14 @@ class Testbed(Protocol):
         """
         ...
 
+    def restore(self, config: Config) -> None:
+        """Boot ``config`` (the champion) again after a failure and leave it serving.
+
+        Raises:
+            NodeError: the restore failed too (every node is torn down again).
+        """
+        ...
+
 
 class Sink(Protocol):
     """Where a person looks: one parent run per round, one child per experiment."""
@@ -168,5 +176,13 @@ class ClusterTestbed:
         return self.deployer.logs()
 
     def stop_all(self) -> None:
-        """Stop every node (head first)."""
+        """Stop every node (head first).
+
+        Raises:
+            NodeError: a node could not be stopped (every other node was tried first).
+        """
         self.deployer.stop_all()
+
+    def restore(self, config: Config) -> None:
+        """Boot the champion again (see ``Deployer.restore``)."""
+        self.deployer.restore(config)

@@ -46,15 +46,21 @@ def accept_len(cells: Sequence[CellResultRecord]) -> float | None:
 def fingerprint_mismatch(
     candidate: Sequence[CellResultRecord], champion: Sequence[CellResultRecord]
 ) -> list[str]:
-    """Prompt ids whose greedy text differs between candidate and champion."""
-    theirs: dict[str, str] = {}
+    """Prompt ids whose greedy text differs between candidate and champion in the same cell.
+
+    Texts are compared cell by cell: the same prompt under another concurrency runs in
+    other batch shapes, and on some engines (vLLM's CPU build in bf16, issue #7) that alone
+    changes a greedy text, in every config alike.
+    """
+    theirs: dict[tuple[str, str], str] = {}
     for cell in champion:
-        theirs.update(cell.fingerprints)
+        for prompt, digest in cell.fingerprints.items():
+            theirs[(cell.cell, prompt)] = digest
     out = {
         prompt
         for cell in candidate
         for prompt, digest in cell.fingerprints.items()
-        if prompt in theirs and theirs[prompt] != digest
+        if theirs.get((cell.cell, prompt), digest) != digest
     }
     return sorted(out)
 

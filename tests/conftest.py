@@ -17,4 +17,5 @@ pytest_plugins = [
     "tests.fixtures.mlflow_store",
     "tests.fixtures.messages_api",
     "tests.fixtures.postgres",
+    "tests.fixtures.sshd",
 ]

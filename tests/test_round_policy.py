@@ -69,6 +69,9 @@ class ScriptedTestbed:
     def stop_all(self) -> None:
         self._current = None
 
+    def restore(self, config: Config) -> None:
+        self.deploy(config)
+
 
 def profile(**verdict: object) -> Profile:
     return Profile.model_validate(

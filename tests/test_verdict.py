@@ -101,6 +101,25 @@ def test_output_mismatch_is_invalid_however_fast() -> None:
     assert result.stats["mismatched_prompts"] == ["code-0"]
 
 
+def test_greedy_texts_are_compared_within_the_same_cell() -> None:
+    # vLLM's CPU build in bf16 gives a prompt another greedy text at concurrency 4 than at 1
+    # (other batch shapes), in every config alike: that is no difference between configs
+    champion = [cell(100.0, name="code-c1", text="a"), cell(100.0, name="code-c4", text="b")]
+    same = [cell(110.0, name="code-c1", text="a"), cell(110.0, name="code-c4", text="b")]
+    ev = Evidence(
+        candidate=[110.0], champion=[100.0], confirmations=0,
+        candidate_cells=same, champion_cells=champion,
+    )  # fmt: skip
+    assert assess(SPEC, ev, NOISE).status != "invalid"
+    other = [cell(110.0, name="code-c1", text="a"), cell(110.0, name="code-c4", text="c")]
+    ev = Evidence(
+        candidate=[110.0], champion=[100.0], confirmations=0,
+        candidate_cells=other, champion_cells=champion,
+    )  # fmt: skip
+    result = assess(SPEC, ev, NOISE)
+    assert result.status == "invalid" and result.stats["mismatched_prompts"] == ["code-0"]
+
+
 def test_stuck_clocks_during_measurement_make_it_invalid() -> None:
     result = assess(SPEC, evidence([75.0], [100.0], rate=0.75), NOISE)
     assert result.status == "invalid" and result.rule == "clocks"
