@@ -27,9 +27,8 @@ import unicodedata
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-import anthropic
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from agents.context import ProposalContext
@@ -38,6 +37,9 @@ from agents.proposal import ONE_EXPERIMENT, Proposal, ProposalExhausted, Propose
 from knobs.config import Change
 from knobs.errors import KnobError, OrchestrateError, UsageError
 from knobs.space import KnobSpace
+
+if TYPE_CHECKING:  # the SDK takes seconds to import: only a Claude proposer pays for it
+    import anthropic
 from knobs.spec import KnobSpec, Value, printable
 
 T = TypeVar("T")
@@ -634,6 +636,8 @@ class ToolConversation:
                 "disable_parallel_tool_use": True,
             },
         }
+        import anthropic  # lazy: see the TYPE_CHECKING import
+
         try:
             raw = self.client.messages.with_raw_response.create(**request)
             usage.api_retries += raw.retries_taken
@@ -762,6 +766,8 @@ class LLMProposer:
             UsageError: the brief file cannot be read.
         """
         if client is None:
+            import anthropic  # lazy: see the TYPE_CHECKING import
+
             require_api_key(self.name)
             client = anthropic.Anthropic(
                 base_url=base_url,

@@ -13,9 +13,7 @@ as a fallback.
 
 from __future__ import annotations
 
-from typing import Any
-
-import anthropic
+from typing import TYPE_CHECKING, Any
 
 from agents.claude import (
     EFFECT_PROPERTIES,
@@ -34,6 +32,9 @@ from knobs.config import Change
 from knobs.errors import KnobError
 from knobs.space import KnobSpace
 from knobs.spec import KnobSpec, Value, as_text, printable
+
+if TYPE_CHECKING:
+    import anthropic
 
 #: The tool Claude must call in hybrid mode.
 TOOL = "choose_knob"
