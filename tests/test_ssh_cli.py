@@ -75,8 +75,13 @@ def test_round_over_ssh_completes_with_verdicts_and_records_a_crash(
     assert all(e["state"] == "decided" for e in experiments)
     assert experiments[0]["status"] == "keep" and experiments[0]["objective"] > 0
     verdicts = {e["knob"]: e for e in experiments[1:]}
-    assert verdicts["max_num_batched_tokens"]["status"] in {"keep", "discard", "inconclusive"}
-    assert verdicts["num_speculative_tokens"]["status"] in {"keep", "discard", "inconclusive"}
+    for knob in ("max_num_batched_tokens", "num_speculative_tokens"):
+        # a node may come up with stuck clocks (the landscape's 2 % per boot): that run is
+        # invalid by the clocks rule, which is a verdict too, and the node's fault, not the knob's
+        verdict = verdicts[knob]
+        assert verdict["status"] in {"keep", "discard", "inconclusive"} or (
+            verdict["status"] == "invalid" and verdict["failure_class"] == "clocks_stuck"
+        ), verdict
     crash = verdicts["gpu_memory_utilization"]
     assert (crash["status"], crash["failure_class"]) == ("crash", "oom")
     # every experiment booted all four nodes over SSH, and nothing is left running
