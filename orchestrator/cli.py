@@ -23,6 +23,7 @@ from ledger import ExperimentRecord, Ledger, ProposalRecord, tsv_text
 from ledger.mlflow_sink import MlflowSink
 from orchestrator.approval import Answer, ApprovalGate, llm_summary
 from orchestrator.display import RoundDisplay, experiments_table
+from orchestrator.engines_cli import engines_app
 from orchestrator.lease import ClusterLease
 from orchestrator.profile import Profile, default_brief, load_profile
 from orchestrator.round import RoundOptions, RoundRunner
@@ -45,6 +46,7 @@ twin_app = typer.Typer(help="The digital twin engine.", no_args_is_help=True)
 app.add_typer(proposals_app, name="proposals")
 app.add_typer(cluster_app, name="cluster")
 app.add_typer(twin_app, name="twin")
+app.add_typer(engines_app, name="engines")
 
 ProfileOpt = Annotated[
     str | None,

@@ -7,6 +7,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from cluster.engines import placeholders as engine_placeholders
 from cluster.twin import models_dir
 from orchestrator.profile import Profile
 
@@ -39,5 +40,6 @@ class Settings:
 
 def runtime_placeholders() -> dict[str, str]:
     """Launcher placeholders this machine provides: the Python that runs orchestrate (for
-    local nodes) and where the twin's drafter directories are installed."""
-    return {"python": sys.executable, "twin_models": str(models_dir())}
+    local nodes), where the twin's drafter directories are installed, and the engines that
+    ``orchestrate engines install`` builds (``{vllm_cpu}``, ``{vllm_cpu_models}``, …)."""
+    return {"python": sys.executable, "twin_models": str(models_dir()), **engine_placeholders()}

@@ -1,0 +1,230 @@
+"""A real round on a real engine: `orchestrate round --budget 4` with the Optuna proposer on the
+embedded ``vllm-cpu-smollm2`` profile, vLLM's CPU build serving SmolLM2-135M-Instruct here;
+and the same engine deployed over SSH to a test host (``tests/fixtures/sshd.py``), measured,
+and stopped.
+
+Everything is real: the launcher execs `vllm serve`, /health and the smoke generation are
+vLLM's, the bench cells stream from it, acceptance comes from its /metrics counters, the logs
+in MLflow are its logs. Needs the installed engine (``make engines``); run by ``make test-real``
+(about 10 minutes on two cores).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+
+from cluster.engines import installed, layout
+from ledger import HEADER
+from orchestrator.profile import profile_path
+from tests.fixtures.profiles import free_port, write_profile
+from tests.fixtures.sshd import ssh_hosts
+
+pytestmark = pytest.mark.real_engine
+
+ORCHESTRATE = [sys.executable, "-m", "orchestrator"]
+STATUSES = {"keep", "discard", "crash", "invalid", "inconclusive"}
+
+
+def orchestrate(cwd: Path, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*ORCHESTRATE, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def processes_in(directory: Path) -> list[str]:
+    """Processes (other than this one) whose working directory is inside ``directory``: an
+    engine's launcher cds into its node's workdir, and vLLM's API server, engine core and
+    worker processes inherit it, whatever names they give themselves."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            cwd = Path(os.readlink(proc / "cwd"))
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if cwd == directory or directory in cwd.parents:
+            found.append(f"{proc.name}: {cmdline[:120]}")
+    return found
+
+
+@pytest.fixture
+def engine() -> None:
+    where = layout("vllm-cpu")
+    assert installed(where), (
+        f"the vllm-cpu engine is not installed at {where.root}: run `make engines` "
+        "(make test-real does)"
+    )
+
+
+@pytest.fixture
+def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine: None) -> Iterator[Path]:
+    monkeypatch.setenv("ORCHESTRATE_LEDGER", f"sqlite:///{tmp_path}/orchestrate.db")
+    yield tmp_path
+    down = orchestrate(
+        tmp_path, "cluster", "down", "--profile", str(tmp_path / "profile.yaml"), timeout=120
+    )
+    assert down.returncode == 0, down.stderr
+    assert processes_in(tmp_path) == []
+
+
+def real_profile(directory: Path) -> Path:
+    """The embedded profile as it ships, on a free port (its workdir is relative: here)."""
+    data: dict[str, Any] = yaml.safe_load(profile_path("vllm-cpu-smollm2").read_text())
+    data["cluster"]["port"] = free_port()
+    data["cluster"]["master_port"] = free_port()
+    return write_profile(directory, data)
+
+
+def artifact(client: MlflowClient, run_id: str, path: str, into: Path) -> str:
+    return Path(client.download_artifacts(run_id, path, dst_path=str(into))).read_text()
+
+
+@pytest.mark.timeout(1500)
+def test_a_budget_4_round_on_real_vllm(workdir: Path) -> None:
+    profile = real_profile(workdir)
+    port = yaml.safe_load(profile.read_text())["cluster"]["port"]
+    done = orchestrate(
+        workdir,
+        "round", "--budget", "4", "--profile", str(profile), "--proposer", "optuna", "--json",
+        timeout=1400,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-5000:]
+    report = json.loads(done.stdout)
+    (workdir / "report.json").write_text(json.dumps(report, indent=2))
+    experiments = report["experiments"]
+    assert experiments[0]["kind"] == "baseline"
+    assert experiments[0]["status"] == "keep"
+    assert sum(e["kind"] == "candidate" for e in experiments) == 4
+    for e in experiments:
+        assert e["state"] == "decided" and e["status"] in STATUSES, e
+        if e["status"] != "crash":
+            assert e["objective"] > 0, e
+            # n-gram speculation is on in every config: acceptance comes from /metrics
+            assert e["accept_len"] is not None and e["accept_len"] > 1.0, e
+        else:
+            assert e["failure_class"], e
+    # after the round, nothing of vLLM is left running
+    assert processes_in(workdir) == []
+
+    exported = orchestrate(workdir, "export", "results.tsv", "--profile", str(profile), timeout=60)
+    assert exported.returncode == 0, exported.stderr
+    rows = (workdir / "results.tsv").read_text().splitlines()
+    assert rows[0].split("\t") == list(HEADER)
+    assert len(rows) == 1 + len(experiments)
+
+    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    parent = client.search_runs(
+        [client.get_experiment_by_name("orchestrate").experiment_id],
+        filter_string="tags.mlflow.runName = 'round-1'",
+    )[0]
+    children = client.search_runs(
+        [parent.info.experiment_id],
+        filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'",
+    )
+    assert sorted(c.info.run_name for c in children) == sorted(
+        f"exp-{e['experiment']}" for e in experiments
+    )
+    engine = layout("vllm-cpu")
+    for child in children:
+        run_id = child.info.run_id
+        into = workdir / "artifacts" / run_id
+        logs = [a.path for a in client.list_artifacts(run_id, "logs")]
+        assert logs, child.info.run_name
+        for boot in logs:
+            text = artifact(client, run_id, f"{boot}/node-0.log", into)
+            # vLLM's own log lines, from this install
+            assert "version 0.32.0" in text, text[-2000:]
+            assert str(engine.model) in text
+            if child.data.tags.get("status") != "crash":
+                assert f"Starting vLLM server on http://127.0.0.1:{port}" in text
+                assert "speculative_config=SpeculativeConfig(method='ngram'" in text
+        if child.data.tags.get("status") == "crash":
+            continue
+        script = artifact(client, run_id, "launchers/node-0.sh", into)
+        assert f"exec {engine.cli} \\\n  serve \\\n  {engine.model}" in script
+        cells = json.loads(artifact(client, run_id, "cells.json", into))
+        assert {c["cell"] for c in cells} == {"code-c1", "prose-c1", "code-c4", "prose-c4"}
+        for cell in cells:
+            assert cell["output_throughput"] > 0, cell
+            assert cell["total_output_tokens"] > 0, cell
+            assert cell["errors"] == 0, cell
+            assert cell["accepted_per_step"] > 1.0, cell
+            assert 0 < cell["acceptance_rate"] <= 1.0, cell
+            assert cell["per_position_acceptance"], cell
+            assert cell["fingerprints"], cell
+        verdict = json.loads(artifact(client, run_id, "verdict.json", into))
+        assert verdict["status"] == child.data.tags["status"]
+        assert float(child.data.metrics["objective"]) > 0
+
+
+@pytest.mark.timeout(900)
+def test_the_real_engine_over_ssh(tmp_path: Path, engine: None) -> None:
+    """The SSH leg: one test host (a network namespace with its own sshd as root, else an
+    sshd on 127.0.0.x), the engine's paths given as node vars, `cluster up`, `bench`, `down`."""
+    where = layout("vllm-cpu")
+    ledger = f"sqlite:///{tmp_path}/orchestrate.db"
+    with ssh_hosts(1, tmp_path / "hosts") as hosts:
+        host = hosts.node(0)
+        data: dict[str, Any] = yaml.safe_load(profile_path("vllm-cpu-smollm2").read_text())
+        fixture = hosts.profile_data()
+        node = hosts.node_data(host)
+        node["vars"] = {"vllm_cpu": str(where.cli), "vllm_cpu_models": str(where.models)}
+        data["name"] = "vllm-cpu-ssh"
+        # the deploy path is under test here, not the landscape: one short cell
+        data["cells"] = [
+            {"name": "code-c4", "category": "code", "concurrency": 4, "max_tokens": 64,
+             "warmup_s": 1, "duration_s": 3},
+        ]  # fmt: skip
+        data["cluster"] = {
+            "name": "vllm-cpu-ssh",
+            "port": free_port(),
+            "master_port": free_port(),
+            "ssh": fixture["cluster"]["ssh"],
+            "nodes": [node],
+        }
+        if hosts.interface is not None:
+            data["gates"]["interface"] = hosts.interface
+        profile = write_profile(tmp_path, data)
+        env = {**os.environ, "ORCHESTRATE_LEDGER": ledger}
+
+        def run(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [*ORCHESTRATE, *args, "--profile", str(profile)],
+                cwd=tmp_path,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                check=False,
+            )
+
+        try:
+            up = run("cluster", "up", timeout=500)
+            assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
+            assert f"at http://{host.address}:" in up.stdout
+            measured = run("bench", "--json", timeout=300)
+            assert measured.returncode == 0, measured.stderr[-3000:]
+            cells = json.loads(measured.stdout)
+            assert [c["cell"] for c in cells] == ["code-c4"]
+            for cell in cells:
+                assert cell["output_throughput"] > 0 and cell["errors"] == 0, cell
+                assert cell["accepted_per_step"] > 1.0, cell
+            log = (host.workdir / "engine.log").read_text()
+            assert f"Starting vLLM server on http://{host.address}:" in log
+        finally:
+            down = run("cluster", "down", timeout=120)
+        assert down.returncode == 0, down.stderr
+        assert "node-0: stopped" in down.stdout
+        assert processes_in(host.workdir) == []
