@@ -74,21 +74,52 @@ class HistoryEntry(BaseModel):
 
 
 class KnownBad(BaseModel):
-    """A region no proposer may enter: every config matching all of ``when``."""
+    """A region no proposer may enter: every config matching all of ``when``.
+
+    ``side`` widens a one-knob region of a numeric knob to a half-line: ``above`` is the value
+    and every larger one (an out-of-memory crash of a memory fraction), ``below`` the value and
+    every smaller one (too little memory left for the KV cache).
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     when: dict[str, Value] = Field(min_length=1)
     reason: str
     source: KnownBadSource
+    side: Literal["at", "above", "below"] = "at"
+
+    @model_validator(mode="after")
+    def _half_line(self) -> KnownBad:
+        if self.side != "at":
+            if len(self.when) != 1:
+                raise ValueError("a region with a side constrains exactly one knob")
+            (value,) = self.when.values()
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ValueError("a region with a side needs a numeric value")
+        return self
 
     def matches(self, config: Mapping[str, Value]) -> bool:
         """Whether ``config`` falls inside this region (a knob it lacks never matches)."""
-        return all(k in config and same_value(config[k], v) for k, v in self.when.items())
+        if self.side == "at":
+            return all(k in config and same_value(config[k], v) for k, v in self.when.items())
+        ((knob, bound),) = self.when.items()
+        value = config.get(knob)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return False
+        assert isinstance(bound, int | float)
+        return value >= bound if self.side == "above" else value <= bound
 
     def describe(self) -> str:
-        """``gpu_memory_utilization=0.9 (crash: OOM on the head)``."""
-        return f"{describe_values(self.when)} ({self.source}: {self.reason})"
+        """``gpu_memory_utilization=0.9 (crash: OOM on the head)``, or with a side
+        ``gpu_memory_utilization>=0.93 (crash: oom)``."""
+        return f"{self.region()} ({self.source}: {self.reason})"
+
+    def region(self) -> str:
+        """The region alone: ``knob=value, …``, ``knob>=value`` or ``knob<=value``."""
+        if self.side == "at":
+            return describe_values(self.when)
+        ((knob, bound),) = self.when.items()
+        return f"{knob}{'>=' if self.side == 'above' else '<='}{as_text(bound)}"
 
 
 class Refusal(BaseModel):

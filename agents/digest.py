@@ -156,7 +156,7 @@ def _known_bad(context: ProposalContext) -> str:
     if not regions:
         return ""
     lines = ["## Known-bad regions (a configuration inside one never runs)"]
-    lines += [f"- {describe_values(r.when)} ({r.source}: {r.reason})" for r in regions]
+    lines += [f"- {r.region()} ({r.source}: {r.reason})" for r in regions]
     return "\n".join(lines)
 
 

@@ -5,12 +5,17 @@ performance and noise model, no processes):
 
 - ``orchestrate``: the round loop with its default verdict policy (sequential, Bayesian,
   confirmation boots, greedy-output check, drift sentinel) and the Optuna one-knob proposer;
+- ``orchestrate-pointwise``: the same, but a boot failure bars only the value that failed
+  (no monotone failures: an out-of-memory crash at one memory fraction does not bar the larger
+  ones), as the loop worked before knob specs declared them;
 - ``greedy-2%``: the same loop and proposer, deciding on a single run with a 2% threshold
   and no output check (the common practice);
 - ``optuna-tpe``: Optuna TPE over the full space, one run per trial, best measured trial wins;
 - ``grid``: a coarse grid in random order, one run per point, best measured point wins.
 
-Ground truth (noise-free objective, validity) comes from the landscape. Run:
+Ground truth (noise-free objective, validity) comes from the landscape. After the table, the
+ceilings: what any one-knob loop that keeps only true gains can reach on each landscape, and
+what the smallest step on the way to 99% of the optimum costs in boots. Run:
 
     .venv/bin/python bench/research.py --seeds 10 --budget 40
 """
@@ -18,6 +23,7 @@ Ground truth (noise-free objective, validity) comes from the landscape. Run:
 from __future__ import annotations
 
 import argparse
+import heapq
 import io
 import itertools
 import json
@@ -39,6 +45,7 @@ from agents import OptunaProposer
 from agents.optuna_proposer import distributions
 from cluster.simulated import SimulatedTestbed
 from cluster.twin.landscape import Landscape, load_landscape
+from knobs.catalog import catalog
 from knobs.config import Config
 from ledger import Ledger
 from orchestrator.approval import ApprovalGate
@@ -49,7 +56,7 @@ from orchestrator.testbed import NullSink
 from orchestrator.verdict import objective
 
 LANDSCAPES = ("vllm-dflash2-tp4", "sm121-2node", "exl3-tp4")
-METHODS = ("orchestrate", "greedy-2%", "optuna-tpe", "grid")
+METHODS = ("orchestrate", "orchestrate-pointwise", "greedy-2%", "optuna-tpe", "grid")
 
 
 @dataclass
@@ -64,6 +71,7 @@ class Trace:
     wrong_discards: int = 0
     invalid_promoted: int = 0
     decided: int = 0
+    boot_failures: int = 0  # experiments whose config did not boot
 
 
 def truth(landscape: Landscape, config: dict[str, Any]) -> float:
@@ -76,8 +84,20 @@ def truth(landscape: Landscape, config: dict[str, Any]) -> float:
     return value
 
 
-def profile_for(landscape: Landscape, policy: dict[str, Any]) -> Profile:
-    """A minimal profile around a landscape: its knob catalog and reference cells."""
+def profile_for(landscape: Landscape, policy: dict[str, Any], *, monotone: bool = True) -> Profile:
+    """A minimal profile around a landscape: its knob catalog and reference cells.
+
+    ``monotone=False`` drops the catalog's monotone failures, so that a boot failure bars only
+    the value that failed (how the loop worked before they existed).
+    """
+    knobs: dict[str, Any] = {"knob_catalog": landscape.catalog}
+    if not monotone:
+        knobs = {
+            "knobs": [
+                k.model_copy(update={"monotone_failures": {}}).model_dump()
+                for k in catalog(landscape.catalog)
+            ]
+        }
     return Profile.model_validate(
         {
             "name": f"sim-{landscape.name}",
@@ -87,7 +107,7 @@ def profile_for(landscape: Landscape, policy: dict[str, Any]) -> Profile:
                 "nodes": [{"rank": 0, "host": "127.0.0.1", "workdir": "/nonexistent"}],
             },
             "launcher": {"argv": ["true"]},
-            "knob_catalog": landscape.catalog,
+            **knobs,
             "cells": [c.model_dump() for c in landscape.cells()],
             "verdict": policy,
         }
@@ -95,10 +115,16 @@ def profile_for(landscape: Landscape, policy: dict[str, Any]) -> Profile:
 
 
 def run_loop(
-    landscape: Landscape, seed: int, budget: int, policy: dict[str, Any], name: str
+    landscape: Landscape,
+    seed: int,
+    budget: int,
+    policy: dict[str, Any],
+    name: str,
+    *,
+    monotone: bool = True,
 ) -> Trace:
     """The real round loop on a simulated cluster, in a throwaway SQLite ledger."""
-    profile = profile_for(landscape, policy)
+    profile = profile_for(landscape, policy, monotone=monotone)
     trace = Trace(name)
     with tempfile.TemporaryDirectory() as tmp, Ledger(f"sqlite:///{tmp}/ledger.db") as ledger:
         testbed = SimulatedTestbed(landscape, seed)
@@ -123,6 +149,7 @@ def run_loop(
             before = truth(landscape, champion.as_dict())
             mine = truth(landscape, e.config.as_dict())
             trace.decided += 1
+            trace.boot_failures += e.status == "crash"
             if e.status == "keep":
                 trace.keeps += 1
                 trace.wrong_keeps += mine <= before
@@ -157,6 +184,7 @@ def run_best_of(landscape: Landscape, seed: int, budget: int, configs: Any, name
     for config in itertools.islice(configs(best_config), budget):
         value = measure(landscape, config, testbed)
         trace.decided += 1
+        trace.boot_failures += value is None
         before = truth(landscape, best_config)
         mine = truth(landscape, config)
         if value is not None and value > best_value:
@@ -224,8 +252,105 @@ def summarise(landscape: Landscape, trace: Trace, optimum: float) -> dict[str, A
         "wrong_discards_ge5": trace.wrong_discards,
         "invalid_promoted": trace.invalid_promoted,
         "decided": trace.decided,
+        "boot_failures": trace.boot_failures,
         "boots": trace.boots[-1] if trace.boots else 0,
     }
+
+
+def ceiling(landscape: Landscape, margin_pct: float) -> float:
+    """The best true objective a one-knob hill climb can reach from the default config when
+    every step it keeps is a true gain of at least ``margin_pct``: a loop that keeps only real
+    gains can do no better. Exhaustive over improving chains, memoised on the config."""
+    space = landscape.knob_space()
+    best: dict[str, float] = {}
+
+    def climb(config: Config) -> float:
+        if config.key not in best:
+            here = truth(landscape, config.as_dict())
+            top = here
+            for change in space.neighbours(config):
+                nxt = config.apply(change)
+                if here > 0 and truth(landscape, nxt.as_dict()) >= here * (1 + margin_pct / 100):
+                    top = max(top, climb(nxt))
+            best[config.key] = top
+        return best[config.key]
+
+    return climb(space.default_config())
+
+
+def widest_path(
+    landscape: Landscape, target: float, limit: int = 5000
+) -> list[tuple[str, float]] | None:
+    """The one-knob path from the default config to a config whose true objective is at least
+    ``target`` whose smallest step is as large as possible (steps never lose: a kept loss is a
+    wrong keep), as ``(change, true gain %)``; ``None`` if none is found within ``limit``
+    expanded configs. Best-first on (smallest step so far, fewest steps, objective)."""
+    space = landscape.knob_space()
+    start = space.default_config()
+    queue: list[tuple[float, int, float, int, Config, list[tuple[str, float]]]] = []
+    counter = itertools.count()
+    heapq.heappush(queue, (-math.inf, 0, -truth(landscape, start.as_dict()), 0, start, []))
+    seen: set[str] = set()
+    while queue and len(seen) < limit:
+        neg_width, _, neg_value, _, config, path = heapq.heappop(queue)
+        if config.key in seen:
+            continue
+        seen.add(config.key)
+        here = -neg_value
+        if here >= target:
+            return path
+        for change in space.neighbours(config):
+            nxt = config.apply(change)
+            value = truth(landscape, nxt.as_dict())
+            if here <= 0 or value < here or nxt.key in seen:
+                continue
+            gain = 100 * (value / here - 1)
+            width = min(-neg_width, gain)
+            step = (change.describe(), gain)
+            heapq.heappush(
+                queue, (-width, len(path) + 1, -value, next(counter), nxt, [*path, step])
+            )
+    return None
+
+
+def boots_to_tell(gain_pct: float, boot_cv: float, z: float = 1.645) -> float:
+    """Boots per side for a one-sided test at ``z`` to tell a true ``gain_pct`` from nothing
+    with even odds, when each boot's objective scatters ``boot_cv`` (relative sd)."""
+    if gain_pct <= 0:
+        return math.inf
+    return 2 * (z * boot_cv / math.log1p(gain_pct / 100)) ** 2
+
+
+def report_ceilings(names: list[str]) -> None:
+    """What the landscapes allow an honest one-knob loop, and what the last steps cost."""
+    print("\n## What a one-knob loop can reach\n")
+    print(
+        "ceiling: the best true objective (% of the optimum) reachable from the default config "
+        "by one-knob steps that are each a true gain of at least 0.1% / 2% (the equivalence "
+        "margin). Path to 99%: the one-knob path to 99% of the optimum whose smallest step is "
+        "largest (no step a true loss), and the boots per side a one-sided 95% test needs to "
+        "tell that smallest step from nothing at the landscape's boot-to-boot noise.\n"
+    )
+    print(
+        "| landscape | ceiling, steps ≥ 0.1% | ceiling, steps ≥ 2% | path to 99% "
+        "| smallest step | boots/side |"
+    )
+    print("|---|---|---|---|---|---|")
+    for name in names:
+        landscape = load_landscape(name)
+        optimum = float(landscape.optimum()["objective"])
+        tops = [100 * ceiling(landscape, m) / optimum for m in (0.1, 2.0)]
+        path = widest_path(landscape, 0.99 * optimum)
+        if path is None:
+            steps, smallest = "not found", math.nan
+        else:
+            steps = ", ".join(f"{what} ({gain:+.1f}%)" for what, gain in path)
+            smallest = min((gain for _, gain in path), default=math.nan)
+        need = boots_to_tell(smallest, landscape.boot_to_boot)
+        print(
+            f"| {name} | {tops[0]:.1f}% | {tops[1]:.1f}% | {steps} | {smallest:+.1f}% | "
+            f"{need:.0f} |"
+        )
 
 
 def main() -> int:
@@ -237,7 +362,13 @@ def main() -> int:
     parser.add_argument("--landscapes", nargs="*", default=list(LANDSCAPES))
     parser.add_argument("--methods", nargs="*", default=list(METHODS))
     parser.add_argument("--json", type=Path, help="also write every run's summary here")
+    parser.add_argument(
+        "--ceilings-only", action="store_true", help="print only what a one-knob loop can reach"
+    )
     args = parser.parse_args()
+    if args.ceilings_only:
+        report_ceilings(args.landscapes)
+        return 0
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     rows: list[dict[str, Any]] = []
     started = time.monotonic()
@@ -248,6 +379,8 @@ def main() -> int:
             for seed in range(args.seeds):
                 if method == "orchestrate":
                     trace = run_loop(landscape, seed, args.budget, {}, method)
+                elif method == "orchestrate-pointwise":
+                    trace = run_loop(landscape, seed, args.budget, {}, method, monotone=False)
                 elif method == "greedy-2%":
                     policy = {"policy": "threshold", "threshold_pct": 2.0, "check_greedy": False}
                     trace = run_loop(landscape, seed, args.budget, policy, method)
@@ -272,6 +405,7 @@ def main() -> int:
                 file=sys.stderr,
             )
     report(rows, args)
+    report_ceilings(args.landscapes)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return 0
@@ -292,6 +426,7 @@ COLUMNS = (
     "wrong discards ≥5%",
     "invalid promoted",
     "boots/decided",
+    "boot failures/run",
 )
 
 
@@ -323,6 +458,7 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
                 str(sum(r["wrong_discards_ge5"] for r in mine)),
                 str(sum(r["invalid_promoted"] for r in mine)),
                 f"{sum(r['boots'] for r in mine) / max(1, decided):.2f}",
+                f"{_mean([r['boot_failures'] for r in mine]):.1f}",
             ]
             print("| " + " | ".join(cells) + " |")
     if "orchestrate" not in args.methods:

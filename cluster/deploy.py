@@ -39,6 +39,12 @@ T = TypeVar("T")
 
 DEFAULT_FAILURE_PATTERNS: dict[FailureClass, tuple[str, ...]] = {
     "oom": (r"out of memory", r"OutOfMemoryError", r"CUDA error: out of memory"),
+    # vLLM, when the memory fraction leaves too little for the KV cache of one request
+    "kv_capacity": (
+        r"more KV cache memory is needed than the available",
+        r"No available memory for the cache blocks",
+        r"larger than the available KV cache memory",
+    ),
     "worker_missing": (
         r"timed out waiting for .*worker",
         r"rendezvous .*timed out",

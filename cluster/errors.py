@@ -16,6 +16,7 @@ FailureClass = Literal[
     "boot_timeout",
     "boot_wedge",
     "oom",
+    "kv_capacity",
     "gate_failed",
     "smoke_failed",
     "clocks_stuck",

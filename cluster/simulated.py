@@ -29,13 +29,20 @@ class SimulatedTestbed:
         """A simulated boot.
 
         Raises:
-            DeployError: the landscape says this config does not boot (oom, boot_wedge).
+            DeployError: the landscape says this config does not boot (oom, kv_capacity,
+                boot_wedge).
         """
         self.boots += 1
         self._config = None
         status, reason = self.landscape.boot_status(self.landscape.settings(config))
         if status != "ok":
-            failure: FailureClass = "oom" if status == "oom" else "boot_wedge"
+            failure: FailureClass = (
+                "oom"
+                if status == "oom"
+                else "kv_capacity"
+                if status == "kv_capacity"
+                else "boot_wedge"
+            )
             raise DeployError(f"simulated boot failed: {reason}", failure_class=failure, rank=0)
         self._config = config
         self._factor = self.landscape.draw_boot_factor(self.rng)

@@ -70,6 +70,9 @@ VLLM_DFLASH2: tuple[KnobSpec, ...] = (
         default=0.85,
         description="fraction of device memory the engine may take (0.89+ ran out of memory)",
         render=RenderSpec(kind="flag", flag="--gpu-memory-utilization"),
+        # more memory than the device has fails at every larger fraction too; too little left
+        # for the KV cache fails at every smaller one
+        monotone_failures={"oom": "above", "kv_capacity": "below"},
     ),
 )
 

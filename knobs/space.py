@@ -152,6 +152,7 @@ class KnobSpace(BaseModel):
                 argv += [how.flag, as_text(shown)]
             elif how.kind == "switch":
                 argv += list(how.when_true if value else how.when_false)
+                env.update(how.env_when_true if value else how.env_when_false)
             elif how.kind == "json_field":
                 assert how.flag is not None and how.field is not None
                 fields.setdefault(how.flag, {})[how.field] = shown

@@ -34,7 +34,10 @@ class RenderSpec(BaseModel):
 
     - ``flag``: ``FLAG VALUE`` (``--max-num-batched-tokens 7168``).
     - ``switch``: a boolean that adds ``when_true`` or ``when_false`` tokens
-      (``cuda_graphs=false`` adds ``--enforce-eager``).
+      (``cuda_graphs=false`` adds ``--enforce-eager``), and/or sets the variables of
+      ``env_when_true`` or ``env_when_false`` (``cuda_graphs=false`` sets
+      ``GGML_CUDA_DISABLE_GRAPHS=1`` for llama.cpp, which reads any value, even ``0``, as
+      "disable": the variable must be absent, not false, for the other side).
     - ``json_field``: ``FIELD`` inside the JSON object of flag ``FLAG``
       (``num_speculative_tokens`` inside ``--speculative-config``).
     - ``env``: an environment variable ``ENV=VALUE``.
@@ -50,6 +53,8 @@ class RenderSpec(BaseModel):
     env: str | None = None
     when_true: tuple[str, ...] = ()
     when_false: tuple[str, ...] = ()
+    env_when_true: dict[str, str] = Field(default_factory=dict)
+    env_when_false: dict[str, str] = Field(default_factory=dict)
     values: dict[str, Value] | None = None
 
     @model_validator(mode="after")
@@ -63,6 +68,14 @@ class RenderSpec(BaseModel):
                 raise ValueError(f"render token {token!r} has characters a launcher cannot take")
         if self.env and not re.match(r"^[A-Z_][A-Z0-9_]{0,127}$", self.env):
             raise ValueError(f"env name {self.env!r} is not an environment variable name")
+        switched = {**self.env_when_true, **self.env_when_false}
+        if switched and self.kind != "switch":
+            raise ValueError("env_when_true/env_when_false belong to render kind 'switch'")
+        for name, value in switched.items():
+            if not re.match(r"^[A-Z_][A-Z0-9_]{0,127}$", name):
+                raise ValueError(f"env name {name!r} is not an environment variable name")
+            if not SAFE_TOKEN.match(value):
+                raise ValueError(f"env value {value!r} has characters a launcher cannot take")
         for mapped in (self.values or {}).values():
             if isinstance(mapped, str) and not SAFE_TOKEN.match(mapped):
                 raise ValueError(f"rendered value {mapped!r} has characters a launcher cannot take")
@@ -83,6 +96,12 @@ class KnobSpec(BaseModel):
     choices: tuple[Value, ...] | None = None
     description: str = ""
     render: RenderSpec
+    #: Boot failures that are monotone in this knob: ``{failure class: side}``. A failure of
+    #: that class at value v means the values on that side of v fail alike (``above``: v and
+    #: every larger value, e.g. ``oom`` on a memory fraction; ``below``: v and every smaller
+    #: one, e.g. ``kv_capacity``), so one crash bars the whole side for every proposer instead
+    #: of costing a boot per value. Numeric knobs only.
+    monotone_failures: dict[str, Literal["above", "below"]] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _domain(self) -> KnobSpec:
@@ -103,11 +122,28 @@ class KnobSpec(BaseModel):
                     raise ValueError(f"knob {self.name}: choice {choice!r} is not a safe token")
         if self.type == "bool" and self.render.kind not in ("switch", "env", "json_field", "flag"):
             raise ValueError(f"knob {self.name}: cannot render a bool as {self.render.kind}")
+        if self.monotone_failures and not self.ordered:
+            raise ValueError(
+                f"knob {self.name}: monotone_failures needs a numeric knob (int, float, or "
+                "choices that are all numbers)"
+            )
+        for failure in self.monotone_failures:
+            if not re.match(r"^[a-z][a-z_]{0,31}$", failure):
+                raise ValueError(f"knob {self.name}: {failure!r} is not a failure class name")
         # the default must itself be in the domain
         self.parse(self.default)
         return self
 
     # ---- the domain -------------------------------------------------------------------------
+    @property
+    def ordered(self) -> bool:
+        """Whether the values are numbers in a meaningful order (int, float, numeric choices)."""
+        if self.type in ("int", "float"):
+            return True
+        return self.type == "choice" and all(
+            isinstance(c, int | float) and not isinstance(c, bool) for c in self.choices or ()
+        )
+
     def domain(self) -> list[Value]:
         """Every value of the domain, in order."""
         if self.type == "bool":

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Literal
 
 from agents import (
     METRIC_NOTES,
@@ -252,13 +253,10 @@ class RoundRunner:
                 if e.status == "vetoed" and e.proposal_id is not None:
                     # the person's words, so every proposer learns why
                     reason = self.ledger.proposal(e.proposal_id).reason or "vetoed"
-                known_bad.append(
-                    KnownBad(
-                        when=when,
-                        reason=reason,
-                        source=source,
-                    )
-                )
+                # a failure the knob declares monotone (OOM above a memory fraction, say)
+                # bars the whole side of the value, not the value alone
+                side = self._monotone_side(e.knob, e.failure_class) if e.status == "crash" else "at"
+                known_bad.append(KnownBad(when=when, reason=reason, source=source, side=side))
         return ProposalContext(
             space=self.profile.space,
             champion=champion.config,
@@ -271,6 +269,14 @@ class RoundRunner:
             # LLM spend so far in this round, from the ledger: a resumed round keeps its cap
             llm_spend_usd=round_spend(p.notes for p in self.ledger.proposals(round_id=rnd.id)),
         )
+
+    def _monotone_side(
+        self, knob: str, failure_class: str | None
+    ) -> Literal["at", "above", "below"]:
+        """Which side of a crashed value the knob's spec says fails alike (``at``: none)."""
+        if failure_class is None or knob not in self.profile.space.names:
+            return "at"
+        return self.profile.space.spec(knob).monotone_failures.get(failure_class, "at")
 
     def _next_experiment(self, rnd: RoundRecord) -> ExperimentRecord | None:
         """Propose, record, pass the veto gate; the experiment to run, or None if vetoed."""

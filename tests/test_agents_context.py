@@ -108,6 +108,33 @@ def test_known_bad_needs_a_region_and_a_known_source() -> None:
         KnownBad.model_validate({"when": {"x": 1}, "reason": "r", "source": "hunch"})
 
 
+def test_a_known_bad_half_line_covers_one_side_of_a_numeric_knob() -> None:
+    above = KnownBad(
+        when={"gpu_memory_utilization": 0.9}, reason="oom", source="crash", side="above"
+    )
+    below = KnownBad(
+        when={"max_num_batched_tokens": 2048}, reason="kv_capacity", source="crash", side="below"
+    )
+    assert [above.matches({"gpu_memory_utilization": v}) for v in (0.89, 0.9, 0.95)] == [
+        False,
+        True,
+        True,
+    ]
+    assert [below.matches({"max_num_batched_tokens": v}) for v in (1024, 2048, 2560)] == [
+        True,
+        True,
+        False,
+    ]
+    assert not above.matches({"gpu_memory_utilization": True})
+    assert not above.matches({"cuda_graphs": True})
+    assert above.describe() == "gpu_memory_utilization>=0.9 (crash: oom)"
+    assert below.region() == "max_num_batched_tokens<=2048"
+    with pytest.raises(ValidationError, match="exactly one knob"):
+        KnownBad(when={"a": 1, "b": 2}, reason="r", source="crash", side="above")
+    with pytest.raises(ValidationError, match="numeric value"):
+        KnownBad(when={"kv_cache_dtype": "auto"}, reason="r", source="crash", side="below")
+
+
 def test_candidates_are_the_allowed_neighbours_in_order() -> None:
     first = SPACE.neighbours(CHAMPION)[0]
     ctx = context(decided=frozenset({CHAMPION.apply(first).key}))

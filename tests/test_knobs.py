@@ -164,6 +164,39 @@ def test_specs_refuse_unsafe_tokens_and_bad_domains() -> None:
         )
 
 
+def test_monotone_failures_need_an_ordered_knob_and_a_failure_class_name() -> None:
+    (spec,) = [k for k in catalog("vllm-dflash2") if k.name == "gpu_memory_utilization"]
+    assert spec.monotone_failures == {"oom": "above", "kv_capacity": "below"}
+    numeric_choice = KnobSpec(
+        name="x",
+        type="choice",
+        choices=(256, 512),
+        default=256,
+        render=RenderSpec(kind="flag", flag="--x"),
+        monotone_failures={"oom": "above"},
+    )
+    assert numeric_choice.ordered
+    with pytest.raises(ValueError, match="needs a numeric knob"):
+        KnobSpec(
+            name="x",
+            type="choice",
+            choices=("a", "b"),
+            default="a",
+            render=RenderSpec(kind="flag", flag="--x"),
+            monotone_failures={"oom": "above"},
+        )
+    with pytest.raises(ValueError, match="not a failure class name"):
+        KnobSpec(
+            name="x",
+            type="int",
+            low=1,
+            high=3,
+            default=1,
+            render=RenderSpec(kind="flag", flag="--x"),
+            monotone_failures={"Out Of Memory": "above"},
+        )
+
+
 def test_unknown_catalog() -> None:
     with pytest.raises(KnobError, match="unknown knob catalog 'nope'"):
         catalog("nope")

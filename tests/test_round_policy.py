@@ -11,8 +11,8 @@ from pathlib import Path
 from rich.console import Console
 
 from agents import SweepProposer
-from cluster.errors import DeployError, NodeError
-from knobs.config import Config
+from cluster.errors import DeployError, FailureClass, NodeError
+from knobs.config import Change, Config
 from knobs.records import CellResultRecord, CellSpec
 from ledger import Ledger
 from orchestrator.approval import ApprovalGate
@@ -27,8 +27,13 @@ CELL = CellSpec(name="code-c1", category="code", concurrency=1)
 class ScriptedTestbed:
     """Boot n of a config measures ``speed(config, n)`` tok/s; ``None`` fails the boot."""
 
-    def __init__(self, speed: Callable[[Config, int], float | None]) -> None:
+    def __init__(
+        self,
+        speed: Callable[[Config, int], float | None],
+        failure: Callable[[Config], FailureClass] = lambda config: "oom",
+    ) -> None:
         self.speed = speed
+        self.failure = failure
         self.boots: list[Config] = []
         self._current: float | None = None
 
@@ -36,7 +41,8 @@ class ScriptedTestbed:
         self.boots.append(config)
         value = self.speed(config, len(self.boots))
         if value is None:
-            raise DeployError("out of memory on the head", failure_class="oom", rank=0)
+            cls = self.failure(config)
+            raise DeployError(f"boot failed on the head: {cls}", failure_class=cls, rank=0)
         self._current = value
         return {0: "#!/bin/sh\n"}
 
@@ -162,7 +168,7 @@ def test_a_boot_failure_becomes_a_known_bad_region(tmp_path: Path) -> None:
     with run(tmp_path, testbed, changes, budget=2) as ledger:
         crash = ledger.experiments()[1]
         assert crash.status == "crash" and crash.failure_class == "oom"
-        assert "out of memory" in (crash.failure_detail or "")
+        assert "oom" in (crash.failure_detail or "")
         boots = ledger.boots(crash.id)
         assert [b.status for b in boots] == ["failed"]
     ledger = Ledger(f"sqlite:///{tmp_path}/ledger.db")
@@ -181,3 +187,62 @@ def test_a_boot_failure_becomes_a_known_bad_region(tmp_path: Path) -> None:
         k.when == {"gpu_memory_utilization": 0.9} and k.source == "crash" for k in context.known_bad
     )
     ledger.close()
+
+
+def test_a_monotone_boot_failure_bars_the_whole_side_of_the_value(tmp_path: Path) -> None:
+    """The catalog's gpu_memory_utilization declares OOM monotone upwards and too little KV
+    cache downwards: one crash of each bars every value beyond it, for every proposer; a boot
+    failure of another class pins only the value that failed."""
+
+    def failure(config: Config) -> FailureClass:
+        gmu = config["gpu_memory_utilization"]
+        assert isinstance(gmu, float)
+        return "oom" if gmu >= 0.9 else "kv_capacity" if gmu <= 0.72 else "boot_wedge"
+
+    def speed(config: Config, boot: int) -> float | None:
+        gmu = config["gpu_memory_utilization"]
+        assert isinstance(gmu, float)
+        return None if gmu >= 0.9 or gmu <= 0.72 or gmu == 0.8 else 100.0
+
+    testbed = ScriptedTestbed(speed, failure)
+    changes = [
+        {"gpu_memory_utilization": 0.9},
+        {"gpu_memory_utilization": 0.72},
+        {"gpu_memory_utilization": 0.8},
+    ]
+    with run(tmp_path, testbed, changes, budget=3) as ledger:
+        classes = [e.failure_class for e in ledger.experiments()[1:]]
+        assert classes == ["oom", "kv_capacity", "boot_wedge"]
+        runner = RoundRunner(
+            profile(),
+            ledger,
+            NullSink(),
+            testbed,
+            SweepProposer(),  # type: ignore[arg-type]
+            ApprovalGate(ledger, "auto"),
+            RoundDisplay(Console(file=io.StringIO())),
+        )
+        context = runner.context(ledger.rounds("scripted")[-1])
+        regions = {(r.region(), r.side) for r in context.known_bad}
+        assert regions == {
+            ("gpu_memory_utilization>=0.9", "above"),
+            ("gpu_memory_utilization<=0.72", "below"),
+            ("gpu_memory_utilization=0.8", "at"),
+        }
+        champion = context.champion
+
+        def refused(value: float) -> str | None:
+            change = Change(
+                knob="gpu_memory_utilization", old=champion["gpu_memory_utilization"], new=value
+            )
+            found = context.refusal(change)
+            return None if found is None else found.kind
+
+        # the values that ran are decided under this champion; beyond them, known-bad
+        assert [refused(v) for v in (0.9, 0.72, 0.8)] == ["decided"] * 3
+        assert [refused(v) for v in (0.95, 0.92, 0.91)] == ["known-bad"] * 3
+        assert [refused(v) for v in (0.7, 0.71)] == ["known-bad"] * 2
+        # the values between, and beside the wedge, remain open
+        assert [refused(v) for v in (0.73, 0.79, 0.81, 0.89)] == [None] * 4
+        allowed = {c.new for c in context.candidates() if c.knob == "gpu_memory_utilization"}
+        assert allowed == {round(0.73 + i / 100, 2) for i in range(17)} - {0.8, 0.85}
