@@ -10,7 +10,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from agents import SweepProposer
+from agents import ProposalContext, SweepProposer
 from cluster.errors import DeployError, FailureClass, NodeError
 from knobs.config import Change, Config
 from knobs.records import CellResultRecord, CellSpec
@@ -162,6 +162,20 @@ def test_drift_is_recorded_and_rebaselines_the_comparison(tmp_path: Path) -> Non
         assert 8 < (kv.delta_pct or 0) < 12
 
 
+def proposal_context(ledger: Ledger, testbed: ScriptedTestbed) -> ProposalContext:
+    """What a proposer would see next in the ledger's last round."""
+    runner = RoundRunner(
+        profile(),
+        ledger,
+        NullSink(),
+        testbed,
+        SweepProposer(),  # type: ignore[arg-type]
+        ApprovalGate(ledger, "auto"),
+        RoundDisplay(Console(file=io.StringIO())),
+    )
+    return runner.context(ledger.rounds("scripted")[-1])
+
+
 def test_a_boot_failure_becomes_a_known_bad_region(tmp_path: Path) -> None:
     testbed = ScriptedTestbed(lambda c, n: None if c["gpu_memory_utilization"] >= 0.89 else 100.0)
     changes = [{"gpu_memory_utilization": 0.9}, {"num_speculative_tokens": 6}]
@@ -172,17 +186,7 @@ def test_a_boot_failure_becomes_a_known_bad_region(tmp_path: Path) -> None:
         boots = ledger.boots(crash.id)
         assert [b.status for b in boots] == ["failed"]
     ledger = Ledger(f"sqlite:///{tmp_path}/ledger.db")
-    runner = RoundRunner(
-        profile(),
-        ledger,
-        NullSink(),
-        testbed,
-        SweepProposer(),  # type: ignore[arg-type]
-        ApprovalGate(ledger, "auto"),
-        RoundDisplay(Console(file=io.StringIO())),
-    )
-    rnd = ledger.rounds("scripted")[-1]
-    context = runner.context(rnd)
+    context = proposal_context(ledger, testbed)
     assert any(
         k.when == {"gpu_memory_utilization": 0.9} and k.source == "crash" for k in context.known_bad
     )
@@ -213,16 +217,7 @@ def test_a_monotone_boot_failure_bars_the_whole_side_of_the_value(tmp_path: Path
     with run(tmp_path, testbed, changes, budget=3) as ledger:
         classes = [e.failure_class for e in ledger.experiments()[1:]]
         assert classes == ["oom", "kv_capacity", "boot_wedge"]
-        runner = RoundRunner(
-            profile(),
-            ledger,
-            NullSink(),
-            testbed,
-            SweepProposer(),  # type: ignore[arg-type]
-            ApprovalGate(ledger, "auto"),
-            RoundDisplay(Console(file=io.StringIO())),
-        )
-        context = runner.context(ledger.rounds("scripted")[-1])
+        context = proposal_context(ledger, testbed)
         regions = {(r.region(), r.side) for r in context.known_bad}
         assert regions == {
             ("gpu_memory_utilization>=0.9", "above"),
