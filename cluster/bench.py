@@ -1,11 +1,16 @@
-"""Bench cells against an OpenAI-compatible endpoint (vLLM or the twin) and its ``/metrics``.
+"""Bench cells against an OpenAI-compatible endpoint (vLLM, llama.cpp's llama-server or the
+twin) and its ``/metrics``.
 
 A cell keeps ``concurrency`` greedy streaming requests in flight (a new one starts the moment
 one finishes) for a warm-up and then a measurement window. Throughput counts the tokens that
 arrive inside the window (a request straddling an edge contributes only its tokens inside);
-per-chunk token counts come from vLLM's ``continuous_usage_stats``. Accepted tokens per step
-come from the deltas of vLLM's spec-decode counters scraped at both window edges. Requests
-still in flight when the window closes are cancelled.
+per-chunk token counts come from vLLM's ``continuous_usage_stats`` (llama-server streams one
+chunk per token). Accepted tokens per step come from the deltas of the spec-decode counters
+scraped at both window edges: vLLM's ``vllm:spec_decode_*`` or llama-server's
+``llamacpp:spec_decode_*`` (same names under another prefix; llama-server adds a request's
+counts when the request finishes). Where a server has no such counters, the acceptance rate
+comes from the ``timings`` (``draft_n``, ``draft_n_accepted``) that llama-server puts in the
+last chunk of each request. Requests still in flight when the window closes are cancelled.
 
 Every failure is a ``BenchError`` carrying the URL and the evidence; no httpx exception escapes.
 """
@@ -29,6 +34,16 @@ from knobs.errors import OrchestrateError
 from knobs.records import CellResultRecord, CellSpec, NodeClockRecord
 
 DEFAULT_SMOKE_PROMPT = "The capital of France is"
+
+#: Metric-name prefixes of the engines whose spec-decode counters the bench reads, in the order
+#: they are tried: ``PREFIX + "spec_decode_num_drafts"`` and its siblings.
+SPEC_PREFIXES = ("vllm:", "llamacpp:")
+
+#: Gauges of requests an engine is still working on, per engine: a cell drains them to zero.
+BUSY_GAUGES = (
+    ("vllm:num_requests_running", "vllm:num_requests_waiting"),
+    ("llamacpp:requests_processing", "llamacpp:requests_deferred"),
+)
 
 _SERIES = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)(\s+\S+)?$")
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
@@ -100,6 +115,23 @@ def _per_position(metrics: dict[str, float], name: str) -> dict[int, float]:
     return out
 
 
+def busy_requests(metrics: dict[str, float]) -> float | None:
+    """Requests the engine is running or holding back (vLLM's running + waiting gauges,
+    llama-server's processing + deferred), or None for a server with neither."""
+    for running, waiting in BUSY_GAUGES:
+        if running in metrics:
+            return metrics[running] + metrics.get(waiting, 0.0)
+    return None
+
+
+def spec_prefix(metrics: dict[str, float]) -> str | None:
+    """The prefix (``vllm:``, ``llamacpp:``) under which ``metrics`` has spec-decode counters."""
+    for prefix in SPEC_PREFIXES:
+        if _counter(metrics, prefix + "spec_decode_num_drafts") is not None:
+            return prefix
+    return None
+
+
 def scrape_metrics(base_url: str, timeout: float = 10.0) -> dict[str, float]:
     """``GET /metrics`` parsed by ``parse_metrics``.
 
@@ -147,10 +179,8 @@ async def _drain(client: httpx.AsyncClient, metrics_url: str, limit: float = 2.0
     deadline = loop.time() + limit
     while loop.time() < deadline:
         metrics = await _scrape(client, metrics_url)
-        if metrics is None or "vllm:num_requests_running" not in metrics:
-            return
-        busy = metrics["vllm:num_requests_running"] + metrics.get("vllm:num_requests_waiting", 0.0)
-        if busy == 0:
+        busy = None if metrics is None else busy_requests(metrics)
+        if busy is None or busy == 0:
             return
         await asyncio.sleep(0.01)
 
@@ -218,6 +248,8 @@ class _Request:
     text: list[str] = field(default_factory=list)
     finished: bool = False
     tokens: int = 0
+    drafted: int | None = None  # llama-server's timings.draft_n
+    accepted: int | None = None  # … and timings.draft_n_accepted
 
 
 @dataclass
@@ -274,6 +306,10 @@ async def _one(client: httpx.AsyncClient, state: _Cell) -> None:
                     continue  # read the body to its end so the connection goes back to the pool
                 now = loop.time()
                 chunk = json.loads(data)
+                timings = chunk.get("timings")
+                if isinstance(timings, dict) and "draft_n" in timings:
+                    req.drafted = int(timings["draft_n"])
+                    req.accepted = int(timings.get("draft_n_accepted", 0))
                 choices = chunk.get("choices") or []
                 usage = chunk.get("usage")
                 if not choices:
@@ -413,18 +449,9 @@ def _summarise(
         if seen != digest:
             # greedy decoding must repeat itself; keep the evidence that it did not
             fingerprints[f"{r.prompt_id}!nondeterministic"] = digest
-    accepted = rate = None
-    positions: tuple[float, ...] = ()
-    if before is not None and after is not None:
-        drafts = _delta(before, after, "vllm:spec_decode_num_drafts")
-        drafted = _delta(before, after, "vllm:spec_decode_num_draft_tokens")
-        acc = _delta(before, after, "vllm:spec_decode_num_accepted_tokens")
-        if drafts and drafts > 0 and acc is not None:
-            accepted = 1.0 + acc / drafts
-            rate = acc / drafted if drafted else None
-            p0 = _per_position(before, "vllm:spec_decode_num_accepted_tokens_per_pos")
-            p1 = _per_position(after, "vllm:spec_decode_num_accepted_tokens_per_pos")
-            positions = tuple((p1[i] - p0.get(i, 0.0)) / drafts for i in sorted(p1))
+    accepted, rate, positions = spec_acceptance(before, after)
+    if rate is None:
+        rate = timings_acceptance(done_in)
     record = CellResultRecord(
         cell=cell.name,
         category=cell.category,
@@ -449,6 +476,37 @@ def _summarise(
     )
     evidence = {"errors": state.errors[:20], "requests": len(state.requests)}
     return record, evidence
+
+
+def spec_acceptance(
+    before: dict[str, float] | None, after: dict[str, float] | None
+) -> tuple[float | None, float | None, tuple[float, ...]]:
+    """Accepted tokens per verify step (1 + accepted / verify steps), the acceptance rate
+    (accepted / drafted) and the per-position acceptance, from the spec-decode counters'
+    deltas between two scrapes (vLLM's or llama-server's); Nones where nothing was drafted
+    or the server has no such counters."""
+    if before is None or after is None:
+        return None, None, ()
+    prefix = spec_prefix(after)
+    if prefix is None:
+        return None, None, ()
+    drafts = _delta(before, after, prefix + "spec_decode_num_drafts")
+    drafted = _delta(before, after, prefix + "spec_decode_num_draft_tokens")
+    acc = _delta(before, after, prefix + "spec_decode_num_accepted_tokens")
+    if not drafts or drafts <= 0 or acc is None:
+        return None, None, ()
+    p0 = _per_position(before, prefix + "spec_decode_num_accepted_tokens_per_pos")
+    p1 = _per_position(after, prefix + "spec_decode_num_accepted_tokens_per_pos")
+    positions = tuple((p1[i] - p0.get(i, 0.0)) / drafts for i in sorted(p1))
+    return 1.0 + acc / drafts, (acc / drafted if drafted else None), positions
+
+
+def timings_acceptance(requests: Sequence[_Request]) -> float | None:
+    """Accepted / drafted tokens summed over the ``timings`` of ``requests`` (llama-server's
+    ``draft_n`` and ``draft_n_accepted``), or None where none of them drafted."""
+    drafted = sum(r.drafted or 0 for r in requests)
+    accepted = sum(r.accepted or 0 for r in requests)
+    return accepted / drafted if drafted > 0 else None
 
 
 def _delta(before: dict[str, float], after: dict[str, float], name: str) -> float | None:

