@@ -89,6 +89,12 @@ class VerdictSpec(BaseModel):
     ttft_p90_regression_pct: float | None = Field(
         default=50.0, ge=0, description="a guardrail: discard if any cell's TTFT p90 grows more"
     )
+    ttft_p90_min_increase_ms: float = Field(
+        default=50.0,
+        ge=0,
+        description="the TTFT guardrail ignores growth smaller than this many milliseconds (on a "
+        "fast engine 25 -> 63 ms is +150% and nothing a user feels; one boot's scheduling luck)",
+    )
     drift_every: int = Field(
         default=6, ge=1, description="re-measure the champion after this many decided experiments"
     )

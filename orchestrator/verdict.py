@@ -5,7 +5,8 @@ profile's cells of decode tok/s. The champion has its own boots. ``assess`` comp
 
 1. invalid — greedy outputs differ from the champion's (speculative decoding is lossless, so a
    difference is a bug however fast it is), or a node's clocks were off while measuring;
-2. guardrails — errors, or a TTFT p90 regression beyond the profile's limit: discard;
+2. guardrails — errors, or a TTFT p90 regression beyond the profile's limit (in percent, and
+   more than a few milliseconds: ``ttft_p90_min_increase_ms``): discard;
 3. the gain ``δ = log(candidate / champion)``: with a spike-and-slab prior (a share
    ``prior_null`` of changes do nothing; the rest spread ``prior_effect_pct``) and the
    observed mean log ratio ``g ~ N(δ, se²)`` whose ``se`` comes from the noise model,
@@ -177,7 +178,11 @@ def _guardrails(spec: VerdictSpec, ev: Evidence, stats: dict[str, object]) -> As
     for name in sorted(mine.keys() & theirs.keys()):
         a = sum(mine[name]) / len(mine[name])
         b = sum(theirs[name]) / len(theirs[name])
-        if b > 0 and (a / b - 1) * 100 > spec.ttft_p90_regression_pct:
+        if (
+            b > 0
+            and (a / b - 1) * 100 > spec.ttft_p90_regression_pct
+            and a - b > spec.ttft_p90_min_increase_ms
+        ):
             return Assessment(
                 "discard",
                 "ttft-guardrail",

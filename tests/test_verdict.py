@@ -131,6 +131,17 @@ def test_guardrails_errors_and_ttft() -> None:
     assert slow.status == "discard" and slow.rule == "ttft-guardrail"
 
 
+def test_the_ttft_guardrail_ignores_growth_no_user_would_feel() -> None:
+    """With a +30% / 50 ms guardrail, TTFT p90 100 -> 145 ms (+45%, but +45 ms) is no
+    regression and 100 -> 160 ms (+60 ms) is; with no floor, 145 ms is one too."""
+    spec = VerdictSpec(ttft_p90_regression_pct=30.0, ttft_p90_min_increase_ms=50.0)
+    assert assess(spec, evidence([130.0], [100.0], ttft=145.0), NOISE).rule != "ttft-guardrail"
+    slow = assess(spec, evidence([130.0], [100.0], ttft=160.0), NOISE)
+    assert slow.status == "discard" and slow.rule == "ttft-guardrail"
+    strict = VerdictSpec(ttft_p90_regression_pct=30.0, ttft_p90_min_increase_ms=0.0)
+    assert assess(strict, evidence([130.0], [100.0], ttft=145.0), NOISE).rule == "ttft-guardrail"
+
+
 def test_threshold_policy_decides_on_one_run() -> None:
     spec = VerdictSpec(policy="threshold", threshold_pct=2.0)
     assert assess(spec, evidence([102.5], [100.0]), NOISE).status == "keep"
