@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Engine, create_engine, event, select
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+from sqlalchemy.exc import ArgumentError, IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from knobs.config import Config
@@ -146,14 +146,17 @@ class Ledger:
             session.close()
 
     def _create(self) -> None:
-        # two processes opening a new ledger at once race on CREATE TABLE; the loser retries
-        # and then finds the tables
-        for attempt in range(3):
+        # processes opening a new ledger at once race on CREATE TABLE and on the schema row
+        # (a round starting while `orchestrate proposals` opens it from another shell); the
+        # loser retries and then finds the tables and the row
+        attempts = 5
+        for attempt in range(attempts):
             try:
                 self._create_once()
                 return
             except LedgerError as e:
-                if attempt == 2 or "already exists" not in e.message:
+                lost_race = isinstance(e.__cause__, IntegrityError) or "already exists" in e.message
+                if attempt == attempts - 1 or not lost_race:
                     raise
 
     def _create_once(self) -> None:

@@ -14,6 +14,7 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 pytest_plugins = [
     "pytester",
+    "tests.fixtures.cli",
     "tests.fixtures.mlflow_store",
     "tests.fixtures.messages_api",
     "tests.fixtures.postgres",

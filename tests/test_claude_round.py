@@ -7,44 +7,21 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ledger import Ledger
+from tests.fixtures.cli import orchestrate
 from tests.fixtures.messages_api import TEST_KEY, MessagesApi, overloaded, tool_use
 from tests.fixtures.mlflow_store import MlflowStore
-from tests.fixtures.profiles import twin_profile_data, write_profile
-
-ORCHESTRATE = [sys.executable, "-m", "orchestrator"]
-
-
-def orchestrate(cwd: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*ORCHESTRATE, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False
-    )
-
-
-def fast_profile(directory: Path, **sections: Any) -> Path:
-    """The twin profile with one short cell and a one-boot verdict, plus ``sections``."""
-    data = twin_profile_data()
-    data["cells"] = data["cells"][:1]
-    data["verdict"] = {"policy": "threshold", "threshold_pct": 2.0}
-    data.update(sections)
-    return write_profile(directory, data)
+from tests.fixtures.profiles import fast_profile
 
 
 @pytest.fixture
-def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    monkeypatch.setenv("ORCHESTRATE_LEDGER", f"sqlite:///{tmp_path}/orchestrate.db")
-    yield tmp_path
-    if (tmp_path / "profile.yaml").exists():
-        down = orchestrate(tmp_path, "cluster", "down", "--profile", "profile.yaml", timeout=60)
-        assert down.returncode == 0, down.stderr
+def workdir(cli_workdir: Path) -> Path:
+    return cli_workdir
 
 
 def good(**fields: Any) -> dict[str, Any]:

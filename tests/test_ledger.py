@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import socket
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -50,6 +53,50 @@ def open_ledger() -> Iterator[Callable[[str], Ledger]]:
     yield open_
     for ledger in opened:
         ledger.close()
+
+
+def _open_at_once(url: str, barrier: Any, errors: Any) -> None:
+    """In a child process: wait for the others, then open (and create) the ledger."""
+    barrier.wait()
+    try:
+        with Ledger(url):
+            pass
+    except LedgerError as e:
+        errors.put(e.message)
+    else:
+        errors.put("")
+
+
+def _race(urls: list[str], processes: int) -> list[str]:
+    """``processes`` processes open each new ledger of ``urls`` at the same instant."""
+    ctx = multiprocessing.get_context("fork")
+    failures: list[str] = []
+    for url in urls:
+        barrier, errors = ctx.Barrier(processes), ctx.Queue()
+        children = [
+            ctx.Process(target=_open_at_once, args=(url, barrier, errors)) for _ in range(processes)
+        ]
+        for child in children:
+            child.start()
+        results = [errors.get(timeout=60) for _ in children]
+        for child in children:
+            child.join(timeout=60)
+            assert child.exitcode == 0
+        failures += [r for r in results if r]
+    return failures
+
+
+def test_processes_creating_a_new_sqlite_ledger_at_once_all_succeed(tmp_path: Path) -> None:
+    """A round starting while ``orchestrate proposals`` opens its new ledger from another
+    shell: both create the tables and the schema row; the loser must retry, not fail."""
+    urls = [f"sqlite:///{tmp_path}/race-{i}.db" for i in range(6)]
+    assert _race(urls, processes=6) == []
+    with Ledger(urls[0]) as ledger:
+        assert ledger.rounds("nothing") == []
+
+
+def test_processes_creating_a_new_postgres_ledger_at_once_all_succeed(pg_url: str) -> None:
+    assert _race([pg_url], processes=6) == []
 
 
 def _keep(reason: str = "r") -> VerdictRecord:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,19 +25,13 @@ from mlflow.tracking import MlflowClient
 from cluster.engines import installed, layout
 from ledger import HEADER
 from orchestrator.profile import profile_path
+from tests.fixtures.cli import ORCHESTRATE, orchestrate
 from tests.fixtures.profiles import free_port, write_profile
 from tests.fixtures.sshd import ssh_hosts
 
 pytestmark = pytest.mark.real_engine
 
-ORCHESTRATE = [sys.executable, "-m", "orchestrator"]
 STATUSES = {"keep", "discard", "crash", "invalid", "inconclusive"}
-
-
-def orchestrate(cwd: Path, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*ORCHESTRATE, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False
-    )
 
 
 def processes_in(directory: Path) -> list[str]:

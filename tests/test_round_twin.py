@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,15 +14,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from ledger import HEADER, Ledger
+from tests.fixtures.cli import ORCHESTRATE, orchestrate
 from tests.fixtures.profiles import twin_profile_data, write_profile
-
-ORCHESTRATE = [sys.executable, "-m", "orchestrator"]
-
-
-def orchestrate(cwd: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*ORCHESTRATE, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False
-    )
 
 
 def engines_alive(workdir: Path) -> list[int]:

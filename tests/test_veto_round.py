@@ -15,10 +15,9 @@ import re
 import select
 import struct
 import subprocess
-import sys
 import termios
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -26,34 +25,16 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from ledger import Ledger, ProposalRecord
+from tests.fixtures.cli import ORCHESTRATE, orchestrate
 from tests.fixtures.messages_api import MessagesApi, tool_use
-from tests.fixtures.profiles import twin_profile_data, write_profile
+from tests.fixtures.profiles import fast_profile
 
-ORCHESTRATE = [sys.executable, "-m", "orchestrator"]
 T = TypeVar("T")
 
 
-def orchestrate(cwd: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*ORCHESTRATE, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False
-    )
-
-
-def fast_profile(directory: Path, **sections: Any) -> Path:
-    """The twin profile with one short cell and a one-boot verdict, plus ``sections``."""
-    data = twin_profile_data()
-    data["cells"] = data["cells"][:1]
-    data["verdict"] = {"policy": "threshold", "threshold_pct": 2.0}
-    data.update(sections)
-    return write_profile(directory, data)
-
-
 @pytest.fixture
-def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    monkeypatch.setenv("ORCHESTRATE_LEDGER", f"sqlite:///{tmp_path}/orchestrate.db")
-    yield tmp_path
-    down = orchestrate(tmp_path, "cluster", "down", "--profile", "profile.yaml", timeout=60)
-    assert down.returncode == 0, down.stderr
+def workdir(cli_workdir: Path) -> Path:
+    return cli_workdir
 
 
 def wait_for(what: str, probe: Callable[[], T | None], proc: subprocess.Popen[Any]) -> T:
@@ -154,6 +135,8 @@ def test_queue_waits_while_another_process_vetoes_then_approves(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()  # a failed wait leaves the pipe unread
         log.close()
     assert proc.returncode == 0, (workdir / "round.log").read_text()
     report = json.loads(out)
