@@ -74,52 +74,65 @@ class HistoryEntry(BaseModel):
 
 
 class KnownBad(BaseModel):
-    """A region no proposer may enter: every config matching all of ``when``.
+    """A region no proposer may enter: every config that has all the values of ``when``, and
+    whose numeric knobs lie within ``at_least`` / ``at_most`` (each bound inclusive).
 
-    ``side`` widens a one-knob region of a numeric knob to a half-line: ``above`` is the value
-    and every larger one (an out-of-memory crash of a memory fraction), ``below`` the value and
-    every smaller one (too little memory left for the KV cache).
+    The bounds come from failures a knob declares monotone: an out-of-memory crash at a memory
+    fraction of 0.9 is ``at_least={"gpu_memory_utilization": 0.9}``; ``kv_cache_dtype=auto``
+    failing for lack of KV-cache memory at a fraction of 0.85 is ``when={"kv_cache_dtype":
+    "auto"}, at_most={"gpu_memory_utilization": 0.85}``, which a larger fraction leaves.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    when: dict[str, Value] = Field(min_length=1)
+    when: dict[str, Value] = Field(default_factory=dict)
+    at_least: dict[str, int | float] = Field(default_factory=dict)
+    at_most: dict[str, int | float] = Field(default_factory=dict)
     reason: str
     source: KnownBadSource
-    side: Literal["at", "above", "below"] = "at"
 
     @model_validator(mode="after")
-    def _half_line(self) -> KnownBad:
-        if self.side != "at":
-            if len(self.when) != 1:
-                raise ValueError("a region with a side constrains exactly one knob")
-            (value,) = self.when.values()
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise ValueError("a region with a side needs a numeric value")
+    def _some_region(self) -> KnownBad:
+        if not (self.when or self.at_least or self.at_most):
+            raise ValueError("a known-bad region needs a value or a bound")
         return self
 
     def matches(self, config: Mapping[str, Value]) -> bool:
         """Whether ``config`` falls inside this region (a knob it lacks never matches)."""
-        if self.side == "at":
-            return all(k in config and same_value(config[k], v) for k, v in self.when.items())
-        ((knob, bound),) = self.when.items()
-        value = config.get(knob)
-        if isinstance(value, bool) or not isinstance(value, int | float):
+        if not all(k in config and same_value(config[k], v) for k, v in self.when.items()):
             return False
-        assert isinstance(bound, int | float)
-        return value >= bound if self.side == "above" else value <= bound
+        for bounds, inside in ((self.at_least, _ge), (self.at_most, _le)):
+            for knob, bound in bounds.items():
+                value = config.get(knob)
+                if isinstance(value, bool) or not isinstance(value, int | float):
+                    return False
+                if not inside(value, bound):
+                    return False
+        return True
 
     def describe(self) -> str:
-        """``gpu_memory_utilization=0.9 (crash: OOM on the head)``, or with a side
-        ``gpu_memory_utilization>=0.93 (crash: oom)``."""
+        """``gpu_memory_utilization=0.9 (crash: OOM on the head)``, or with bounds
+        ``kv_cache_dtype=auto, gpu_memory_utilization<=0.85 (crash: kv_capacity)``."""
         return f"{self.region()} ({self.source}: {self.reason})"
 
     def region(self) -> str:
-        """The region alone: ``knob=value, …``, ``knob>=value`` or ``knob<=value``."""
-        if self.side == "at":
-            return describe_values(self.when)
-        ((knob, bound),) = self.when.items()
-        return f"{knob}{'>=' if self.side == 'above' else '<='}{as_text(bound)}"
+        """The region alone: ``knob=value, …, knob>=value, knob<=value``."""
+        parts = [describe_values(self.when)] if self.when else []
+        parts += [f"{k}>={as_text(v)}" for k, v in self.at_least.items()]
+        parts += [f"{k}<={as_text(v)}" for k, v in self.at_most.items()]
+        return ", ".join(parts)
+
+    def constrains(self, knob: str) -> bool:
+        """Whether ``knob`` is part of the region."""
+        return knob in self.when or knob in self.at_least or knob in self.at_most
+
+
+def _ge(value: float, bound: float) -> bool:
+    return value >= bound
+
+
+def _le(value: float, bound: float) -> bool:
+    return value <= bound
 
 
 class Refusal(BaseModel):
@@ -233,7 +246,7 @@ class ProposalContext(BaseModel):
         failed = [e for e in self.history if e.knob == knob and not e.measured]
         if failed:
             parts.append(f"{knob} failed before: " + "; ".join(e.describe() for e in failed[-3:]))
-        regions = [r for r in self.known_bad if knob in r.when]
+        regions = [r for r in self.known_bad if r.constrains(knob)]
         if regions:
             parts.append("known-bad regions on it: " + "; ".join(r.describe() for r in regions[:3]))
         if not self.tries(knob, change.new):

@@ -14,7 +14,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Literal
 
 from agents import (
     METRIC_NOTES,
@@ -28,9 +27,10 @@ from agents import (
     round_spend,
 )
 from cluster.errors import NodeError
+from knobs.config import Config
 from knobs.errors import OrchestrateError
 from knobs.records import CellResultRecord
-from knobs.spec import as_text
+from knobs.spec import Value, as_text
 from ledger import (
     ChampionRecord,
     ExperimentRecord,
@@ -253,10 +253,12 @@ class RoundRunner:
                 if e.status == "vetoed" and e.proposal_id is not None:
                     # the person's words, so every proposer learns why
                     reason = self.ledger.proposal(e.proposal_id).reason or "vetoed"
-                # a failure the knob declares monotone (OOM above a memory fraction, say)
-                # bars the whole side of the value, not the value alone
-                side = self._monotone_side(e.knob, e.failure_class) if e.status == "crash" else "at"
-                known_bad.append(KnownBad(when=when, reason=reason, source=source, side=side))
+                region = (
+                    self._crash_region(e.knob, e.value, e.config, e.failure_class)
+                    if e.status == "crash"
+                    else KnownBad(when=when, reason=reason, source=source)
+                )
+                known_bad.append(region.model_copy(update={"reason": reason, "source": source}))
         return ProposalContext(
             space=self.profile.space,
             champion=champion.config,
@@ -270,13 +272,38 @@ class RoundRunner:
             llm_spend_usd=round_spend(p.notes for p in self.ledger.proposals(round_id=rnd.id)),
         )
 
-    def _monotone_side(
-        self, knob: str, failure_class: str | None
-    ) -> Literal["at", "above", "below"]:
-        """Which side of a crashed value the knob's spec says fails alike (``at``: none)."""
-        if failure_class is None or knob not in self.profile.space.names:
-            return "at"
-        return self.profile.space.spec(knob).monotone_failures.get(failure_class, "at")
+    def _crash_region(
+        self, knob: str, value: Value, config: Config, failure_class: str | None
+    ) -> KnownBad:
+        """The region a boot failure of ``knob=value`` bars.
+
+        By default the value itself, under any champion. A failure the knob declares
+        monotone (an OOM at a memory fraction) bars that whole side of the value instead. A
+        failure another knob declares monotone (``kv_cache_dtype=auto`` short of KV-cache
+        memory, which ``gpu_memory_utilization`` declares for ``kv_capacity``) bars the value
+        only on that side of the other knob's value in the config that failed: a larger
+        memory fraction may fit it.
+        """
+        space = self.profile.space
+        own = space.spec(knob).monotone_failures if knob in space.names else {}
+        side = own.get(failure_class or "")
+        if side is not None and isinstance(value, int | float) and not isinstance(value, bool):
+            bound = {knob: value}
+            if side == "above":
+                return KnownBad(at_least=bound, reason="", source="crash")
+            return KnownBad(at_most=bound, reason="", source="crash")
+        at_least: dict[str, int | float] = {}
+        at_most: dict[str, int | float] = {}
+        for spec in space.knobs:
+            other = spec.monotone_failures.get(failure_class or "")
+            held = config.get(spec.name)
+            if other is None or spec.name == knob or isinstance(held, bool):
+                continue
+            if isinstance(held, int | float):
+                (at_least if other == "above" else at_most)[spec.name] = held
+        return KnownBad(
+            when={knob: value}, at_least=at_least, at_most=at_most, reason="", source="crash"
+        )
 
     def _next_experiment(self, rnd: RoundRecord) -> ExperimentRecord | None:
         """Propose, record, pass the veto gate; the experiment to run, or None if vetoed."""

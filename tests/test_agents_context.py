@@ -108,12 +108,14 @@ def test_known_bad_needs_a_region_and_a_known_source() -> None:
         KnownBad.model_validate({"when": {"x": 1}, "reason": "r", "source": "hunch"})
 
 
-def test_a_known_bad_half_line_covers_one_side_of_a_numeric_knob() -> None:
-    above = KnownBad(
-        when={"gpu_memory_utilization": 0.9}, reason="oom", source="crash", side="above"
-    )
-    below = KnownBad(
-        when={"max_num_batched_tokens": 2048}, reason="kv_capacity", source="crash", side="below"
+def test_a_known_bad_region_can_bound_numeric_knobs_on_one_side() -> None:
+    above = KnownBad(at_least={"gpu_memory_utilization": 0.9}, reason="oom", source="crash")
+    below = KnownBad(at_most={"max_num_batched_tokens": 2048}, reason="kv", source="crash")
+    coupled = KnownBad(
+        when={"kv_cache_dtype": "auto"},
+        at_most={"gpu_memory_utilization": 0.85},
+        reason="kv_capacity",
+        source="crash",
     )
     assert [above.matches({"gpu_memory_utilization": v}) for v in (0.89, 0.9, 0.95)] == [
         False,
@@ -125,14 +127,16 @@ def test_a_known_bad_half_line_covers_one_side_of_a_numeric_knob() -> None:
         True,
         False,
     ]
+    assert [
+        coupled.matches({"kv_cache_dtype": dtype, "gpu_memory_utilization": gmu})
+        for dtype, gmu in (("auto", 0.8), ("auto", 0.85), ("auto", 0.9), ("fp8_e4m3", 0.8))
+    ] == [True, True, False, False]
     assert not above.matches({"gpu_memory_utilization": True})
     assert not above.matches({"cuda_graphs": True})
     assert above.describe() == "gpu_memory_utilization>=0.9 (crash: oom)"
     assert below.region() == "max_num_batched_tokens<=2048"
-    with pytest.raises(ValidationError, match="exactly one knob"):
-        KnownBad(when={"a": 1, "b": 2}, reason="r", source="crash", side="above")
-    with pytest.raises(ValidationError, match="numeric value"):
-        KnownBad(when={"kv_cache_dtype": "auto"}, reason="r", source="crash", side="below")
+    assert coupled.region() == "kv_cache_dtype=auto, gpu_memory_utilization<=0.85"
+    assert coupled.constrains("gpu_memory_utilization") and not coupled.constrains("k")
 
 
 def test_candidates_are_the_allowed_neighbours_in_order() -> None:

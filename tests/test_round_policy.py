@@ -187,25 +187,32 @@ def test_a_boot_failure_becomes_a_known_bad_region(tmp_path: Path) -> None:
         assert [b.status for b in boots] == ["failed"]
     ledger = Ledger(f"sqlite:///{tmp_path}/ledger.db")
     context = proposal_context(ledger, testbed)
-    assert any(
-        k.when == {"gpu_memory_utilization": 0.9} and k.source == "crash" for k in context.known_bad
-    )
+    assert [(k.region(), k.source, k.reason) for k in context.known_bad] == [
+        ("gpu_memory_utilization>=0.9", "crash", "oom")
+    ]
     ledger.close()
 
 
 def test_a_monotone_boot_failure_bars_the_whole_side_of_the_value(tmp_path: Path) -> None:
     """The catalog's gpu_memory_utilization declares OOM monotone upwards and too little KV
     cache downwards: one crash of each bars every value beyond it, for every proposer; a boot
-    failure of another class pins only the value that failed."""
+    failure of another class pins only the value that failed; and another knob's memory
+    failure is barred only on that side of the memory fraction it failed at."""
 
     def failure(config: Config) -> FailureClass:
         gmu = config["gpu_memory_utilization"]
         assert isinstance(gmu, float)
+        if config["kv_cache_dtype"] == "auto":
+            return "kv_capacity"
+        if config["num_speculative_tokens"] == 3:
+            return "oom"
         return "oom" if gmu >= 0.9 else "kv_capacity" if gmu <= 0.72 else "boot_wedge"
 
     def speed(config: Config, boot: int) -> float | None:
         gmu = config["gpu_memory_utilization"]
         assert isinstance(gmu, float)
+        if config["kv_cache_dtype"] == "auto" or config["num_speculative_tokens"] == 3:
+            return None
         return None if gmu >= 0.9 or gmu <= 0.72 or gmu == 0.8 else 100.0
 
     testbed = ScriptedTestbed(speed, failure)
@@ -213,18 +220,32 @@ def test_a_monotone_boot_failure_bars_the_whole_side_of_the_value(tmp_path: Path
         {"gpu_memory_utilization": 0.9},
         {"gpu_memory_utilization": 0.72},
         {"gpu_memory_utilization": 0.8},
+        {"kv_cache_dtype": "auto"},
+        {"num_speculative_tokens": 3},
     ]
-    with run(tmp_path, testbed, changes, budget=3) as ledger:
+    with run(tmp_path, testbed, changes, budget=5) as ledger:
         classes = [e.failure_class for e in ledger.experiments()[1:]]
-        assert classes == ["oom", "kv_capacity", "boot_wedge"]
+        assert classes == ["oom", "kv_capacity", "boot_wedge", "kv_capacity", "oom"]
         context = proposal_context(ledger, testbed)
-        regions = {(r.region(), r.side) for r in context.known_bad}
-        assert regions == {
-            ("gpu_memory_utilization>=0.9", "above"),
-            ("gpu_memory_utilization<=0.72", "below"),
-            ("gpu_memory_utilization=0.8", "at"),
+        assert {r.region() for r in context.known_bad} == {
+            "gpu_memory_utilization>=0.9",
+            "gpu_memory_utilization<=0.72",
+            "gpu_memory_utilization=0.8",
+            # the champion's fraction is 0.85: a larger one may fit the KV cache in bf16 ...
+            "kv_cache_dtype=auto, gpu_memory_utilization<=0.85",
+            # ... and a smaller one may fit K=3's draft buffers
+            "num_speculative_tokens=3, gpu_memory_utilization>=0.85",
         }
         champion = context.champion
+        [kv] = [r for r in context.known_bad if "kv_cache_dtype" in r.when]
+        for gmu, barred in ((0.8, True), (0.85, True), (0.86, False), (0.88, False)):
+            bigger = (
+                champion.apply(Change(knob="gpu_memory_utilization", old=0.85, new=gmu))
+                if gmu != 0.85
+                else champion
+            )
+            auto = bigger.apply(Change(knob="kv_cache_dtype", old="fp8_e4m3", new="auto"))
+            assert kv.matches(auto) is barred
 
         def refused(value: float) -> str | None:
             change = Change(
