@@ -21,11 +21,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cluster.bench import smoke
 from cluster.deploy import Deployer
-from cluster.transport import open_transport
 from orchestrator.profile import Profile, load_profile
-from orchestrator.settings import runtime_placeholders
+from orchestrator.testbed import deployer_for
 from tests.fixtures.profiles import write_profile
 from tests.fixtures.sshd import ssh_hosts
 
@@ -43,18 +41,7 @@ PHASES = (
 
 def deployer(profile: Profile, *, parallel: bool, progress: Any = None) -> Deployer:
     """A deployer with fresh SSH connections to every node."""
-    return Deployer(
-        profile.cluster,
-        profile.launcher,
-        profile.space,
-        profile.gates,
-        {n.rank: open_transport(n, profile.cluster.ssh) for n in profile.cluster.nodes},
-        model=profile.model,
-        runtime=runtime_placeholders(),
-        smoke=lambda url, model, prompt, n: smoke(url, model, prompt=prompt, max_tokens=n),
-        parallel=parallel,
-        progress=progress,
-    )
+    return deployer_for(profile, progress=progress, parallel=parallel)
 
 
 def one(profile: Profile, *, parallel: bool) -> tuple[float, dict[str, float]]:

@@ -35,30 +35,19 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from cluster.bench import run_cell, smoke
+from cluster.bench import run_cell
 from cluster.deploy import Deployer
 from cluster.engines import installed, layout
 from cluster.prompts import build_prompt
-from cluster.transport import open_transport
 from knobs.records import CellSpec
 from orchestrator.profile import Profile, load_profile
-from orchestrator.settings import runtime_placeholders
+from orchestrator.testbed import deployer_for
 from tests.fixtures.profiles import free_port
 
 
 def boot(profile: Profile) -> Deployer:
     """The profile's champion, up and gated, through the orchestrator's deploy path."""
-    deployer = Deployer(
-        profile.cluster,
-        profile.launcher,
-        profile.space,
-        profile.gates,
-        {n.rank: open_transport(n, profile.cluster.ssh) for n in profile.cluster.nodes},
-        model=profile.model,
-        runtime=runtime_placeholders(),
-        smoke=lambda url, model, prompt, n: smoke(url, model, prompt=prompt, max_tokens=n),
-        progress=lambda msg: print(f"  {msg}", file=sys.stderr),
-    )
+    deployer = deployer_for(profile, progress=lambda msg: print(f"  {msg}", file=sys.stderr))
     result = deployer.deploy(profile.initial_champion())
     print(f"  up in {result.boot_seconds:.0f}s", file=sys.stderr)
     return deployer

@@ -10,12 +10,34 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol
 
-from cluster.bench import run_cell
-from cluster.deploy import Deployer
+from cluster.bench import run_cell, smoke
+from cluster.deploy import Deployer, Progress
 from cluster.errors import NodeError
+from cluster.transport import open_transport
 from knobs.config import Config
 from knobs.errors import OrchestrateError
 from knobs.records import CellResultRecord, CellSpec
+from orchestrator.profile import Profile
+from orchestrator.settings import runtime_placeholders
+
+
+def deployer_for(
+    profile: Profile, *, progress: Progress | None = None, parallel: bool = True
+) -> Deployer:
+    """The deployer ``orchestrate`` drives a profile's cluster with: one transport per node
+    (SSH where the node says so), the runtime placeholders, the profile's smoke generation."""
+    return Deployer(
+        profile.cluster,
+        profile.launcher,
+        profile.space,
+        profile.gates,
+        {n.rank: open_transport(n, profile.cluster.ssh) for n in profile.cluster.nodes},
+        model=profile.model,
+        runtime=runtime_placeholders(),
+        smoke=lambda url, model, prompt, n: smoke(url, model, prompt=prompt, max_tokens=n),
+        progress=progress,
+        parallel=parallel,
+    )
 
 
 class Testbed(Protocol):

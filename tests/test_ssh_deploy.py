@@ -18,13 +18,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cluster.bench import smoke
 from cluster.deploy import EVENTS, Deployer
 from cluster.errors import NODE_ACCESS, NodeUnreachable
 from cluster.launcher import SCRIPT
-from cluster.transport import open_transport
 from orchestrator.profile import Profile, load_profile
-from orchestrator.settings import runtime_placeholders
+from orchestrator.testbed import deployer_for
 from tests.fixtures.profiles import write_profile
 from tests.fixtures.sshd import SshCluster
 
@@ -35,17 +33,7 @@ def ssh_profile(cluster: SshCluster, directory: Path) -> Profile:
 
 def make_deployer(profile: Profile, progress: Callable[[str], None] | None = None) -> Deployer:
     """What ``orchestrate`` builds: one transport per node from the profile."""
-    return Deployer(
-        profile.cluster,
-        profile.launcher,
-        profile.space,
-        profile.gates,
-        {n.rank: open_transport(n, profile.cluster.ssh) for n in profile.cluster.nodes},
-        model=profile.model,
-        runtime=runtime_placeholders(),
-        smoke=lambda url, model, prompt, n: smoke(url, model, prompt=prompt, max_tokens=n),
-        progress=progress,
-    )
+    return deployer_for(profile, progress=progress)
 
 
 @pytest.fixture
