@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from knobs.records import CellSpec
 from knobs.spec import KnobSpec, RenderSpec
 from orchestrator.profile import Profile, load_profile
 from orchestrator.settings import runtime_placeholders
+from tests.fixtures.wait import wait_until
 from tests.twin_fixtures import free_port
 
 REPO = Path(__file__).resolve().parent.parent
@@ -197,16 +197,20 @@ def start_fake(
             env={**os.environ, **(env or {})},
         )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
+
+    def healthy() -> bool:
         assert proc.poll() is None, (tmp_path / f"fake-{port}.log").read_text()
         try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return proc, url
+            return httpx.get(url + "/health", timeout=1).status_code == 200
         except httpx.HTTPError:
-            time.sleep(0.05)  # polling a server that is starting, not synchronising threads
-    proc.kill()
-    raise AssertionError("the fake llama-server did not come up")
+            return False
+
+    try:
+        wait_until("the fake llama-server's /health", healthy, 30, interval=0.05)
+    except TimeoutError:
+        proc.kill()
+        raise
+    return proc, url
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ from orchestrator.profile import Profile, load_profile
 from orchestrator.testbed import deployer_for
 from tests.fixtures.profiles import write_profile
 from tests.fixtures.sshd import SshCluster
+from tests.fixtures.wait import wait_until
 
 
 def ssh_profile(cluster: SshCluster, directory: Path) -> Profile:
@@ -109,10 +109,7 @@ def kill_engine(cluster: SshCluster, rank: int) -> None:
     the dead engine still answers ``kill -0``)."""
     pid = int((cluster.node(rank).workdir / "engine.pid").read_text())
     os.killpg(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while Path(f"/proc/{pid}").exists():
-        assert time.monotonic() < deadline, f"engine {pid} was never reaped"
-        time.sleep(0.01)
+    wait_until(f"engine {pid} to be reaped", lambda: not Path(f"/proc/{pid}").exists(), 10)
 
 
 def stick_clocks(cluster: SshCluster, rank: int) -> None:
@@ -223,11 +220,10 @@ def test_fault_is_classified_torn_down_and_the_champion_restored(
 
     def inject_once_logged(rank: int, text: str) -> None:
         log = ssh_cluster.node(rank).workdir / "engine.log"
-        deadline = time.monotonic() + 20
-        while not (log.exists() and text in log.read_text()):
-            if time.monotonic() > deadline:
-                return
-            time.sleep(0.01)
+        try:
+            wait_until(f"{text!r} in {log}", lambda: log.exists() and text in log.read_text(), 20)
+        except TimeoutError:
+            return  # the fault's moment never came: the test's assertions say so
         seen["injected"] = fault.inject(ssh_cluster)
 
     def progress(message: str) -> None:

@@ -4,6 +4,7 @@ passphrases, and real faults (sshd killed or stopped, a link cut, a slow command
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -20,6 +21,7 @@ from cluster.errors import NodeError, NodeUnreachable
 from cluster.inventory import NodeSpec, SshOptionsSpec
 from cluster.ssh import SshTransport
 from tests.fixtures.sshd import SshCluster
+from tests.fixtures.wait import wait_until
 
 
 def transport(
@@ -133,10 +135,7 @@ def test_agent_keys_are_offered(
         ["ssh-agent", "-D", "-a", str(sock)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     try:
-        deadline = time.monotonic() + 10
-        while not sock.exists():
-            assert time.monotonic() < deadline, "ssh-agent did not create its socket"
-            time.sleep(0.02)
+        wait_until("ssh-agent to create its socket", sock.exists, 10)
         env = {**os.environ, "SSH_AUTH_SOCK": str(sock)}
         subprocess.run(["ssh-add", "-q", str(ssh_cluster.user_key)], env=env, check=True)
         monkeypatch.setenv("SSH_AUTH_SOCK", str(sock))
@@ -315,9 +314,8 @@ def test_stopped_sshd_during_a_command_and_an_upload(
     node_pids = node.sshd_pids
 
     def freeze_when_started() -> None:
-        deadline = time.monotonic() + 10
-        while not flag.exists() and time.monotonic() < deadline:
-            time.sleep(0.01)
+        with contextlib.suppress(TimeoutError):  # frozen either way; the test then says why
+            wait_until("the remote command to start", flag.exists, 10, interval=0.01)
         for pid in node_pids():
             os.kill(pid, signal.SIGSTOP)
 

@@ -28,6 +28,7 @@ from ledger import Ledger, ProposalRecord
 from tests.fixtures.cli import ORCHESTRATE, orchestrate
 from tests.fixtures.messages_api import MessagesApi, tool_use
 from tests.fixtures.profiles import fast_profile
+from tests.fixtures.wait import wait_until
 
 T = TypeVar("T")
 
@@ -39,14 +40,16 @@ def workdir(cli_workdir: Path) -> Path:
 
 def wait_for(what: str, probe: Callable[[], T | None], proc: subprocess.Popen[Any]) -> T:
     """``probe()`` once it is not None; fails if the round exits first or after two minutes."""
-    deadline = time.monotonic() + 120
-    while True:
-        found = probe()
-        if found is not None:
-            return found
-        assert proc.poll() is None, f"the round exited ({proc.returncode}) before {what}"
-        assert time.monotonic() < deadline, f"no {what} within two minutes"
-        time.sleep(0.1)  # a poll interval, not a synchronisation: the ledger is the state
+
+    def found() -> T | None:
+        value = probe()
+        if value is None:
+            assert proc.poll() is None, f"the round exited ({proc.returncode}) before {what}"
+        return value
+
+    value = wait_until(what, found, 120, interval=0.1)
+    assert value is not None
+    return value
 
 
 def pending_proposal(workdir: Path, after: int = 0) -> Callable[[], ProposalRecord | None]:
