@@ -79,6 +79,12 @@ class VerdictSpec(BaseModel):
         default=3, ge=1, le=20, description="candidate boots before inconclusive"
     )
     confirm_boots: int = Field(default=1, ge=0, le=10)
+    predictive_futility: float = Field(
+        default=0.1,
+        ge=0,
+        lt=1,
+        description="discard when the chance that the boots left reach a keep falls below this",
+    )
     noise: NoiseSpec = NoiseSpec()
     max_error_rate: float = Field(default=0.0, ge=0, le=1)
     check_greedy: bool = Field(
@@ -96,7 +102,14 @@ class VerdictSpec(BaseModel):
         "fast engine 25 -> 63 ms is +150% and nothing a user feels; one boot's scheduling luck)",
     )
     drift_every: int = Field(
-        default=6, ge=1, description="re-measure the champion after this many decided experiments"
+        default=12, ge=1, description="re-measure the champion after this many decided experiments"
+    )
+    champion_boots: int = Field(
+        default=3,
+        ge=1,
+        le=10,
+        description="re-measure the champion after each decided experiment until it has this "
+        "many boots (every comparison shares its error)",
     )
     drift_max_age_s: float | None = Field(
         default=None, gt=0, description="…or when its last measurement is older than this"

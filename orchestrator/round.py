@@ -42,7 +42,7 @@ from ledger import (
 from orchestrator.approval import ApprovalGate
 from orchestrator.display import RoundDisplay, describe
 from orchestrator.noise import NoiseModel, learn
-from orchestrator.profile import Profile
+from orchestrator.profile import Profile, VerdictSpec
 from orchestrator.testbed import Sink, Testbed
 from orchestrator.verdict import Assessment, Evidence, accept_len, assess, objective, objective_of
 
@@ -157,6 +157,7 @@ class RoundRunner:
                 ):
                     stopped_by = "max-hours"
                     break
+                self._maybe_remeasure(rnd)
                 try:
                     experiment = self._next_experiment(rnd)
                 except ProposalExhausted as e:
@@ -165,7 +166,6 @@ class RoundRunner:
                     break
                 if experiment is not None:
                     self._run_experiment(rnd, experiment)
-                    self._maybe_remeasure(rnd)
         finally:
             self.display.stop()
         if stopped_by != "max-hours":
@@ -655,16 +655,25 @@ class RoundRunner:
         return None
 
     def _maybe_remeasure(self, rnd: RoundRecord) -> None:
-        """The drift sentinel: re-measure the champion every N decided experiments or when its
-        last measurement is older than T."""
+        """Re-measure the champion while it has fewer than ``champion_boots`` trusted boots
+        (every comparison shares its error: a one-boot champion makes every verdict noisier),
+        and — the drift sentinel — every N decided experiments or when its last measurement is
+        older than T. Stops at the first failed re-measurement."""
+        spec = self.profile.verdict
+        for _ in range(spec.champion_boots + 1):
+            if not self._champion_due(spec):
+                return
+            if self._remeasure_champion(rnd) is not None:
+                return
+
+    def _champion_due(self, spec: VerdictSpec) -> bool:
         champion = self.ledger.champion(self.cluster)
         if champion is None:
-            return
+            return False
         boots = [b for b in self.ledger.boots(champion.experiment_id) if b.status == "down"]
         if not boots:
-            return
+            return False
         last = boots[-1]
-        spec = self.profile.verdict
         since = sum(
             1
             for e in self.ledger.experiments(cluster=self.cluster)
@@ -678,8 +687,8 @@ class RoundRunner:
             and (datetime.now(UTC) - (last.ended_at or last.started_at)).total_seconds()
             > spec.drift_max_age_s
         )
-        if since >= spec.drift_every or old:
-            self._remeasure_champion(rnd)
+        few = len(self._champion_measurements()) < spec.champion_boots
+        return (few and since >= 1) or since >= spec.drift_every or old
 
     # ---- verdicts ---------------------------------------------------------------------------
     def _assess(self, e: ExperimentRecord, measurements: list[Measurement]) -> Assessment:

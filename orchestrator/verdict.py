@@ -15,7 +15,11 @@ profile's cells of decode tok/s. The champion has its own boots. ``assess`` comp
    - P(δ > 0) ≥ confidence: ``confirm`` until ``confirm_boots`` fresh boots were added (with
      the champion re-measured), then ``keep``;
    - P(δ > equivalence) < futility: ``discard`` (clearly worse, or not worth it);
-   - otherwise ``more`` — another boot — until ``max_boots``, then ``inconclusive``.
+   - at ``max_boots``: ``inconclusive``;
+   - the chance that the boots left bring P(δ > 0) to the confidence (the predictive
+     probability of a keep, Bayesian sequential trials' futility rule) below
+     ``predictive_futility``: ``discard`` — a keep is out of reach, another boot is waste;
+   - otherwise ``more``: another boot.
 """
 
 from __future__ import annotations
@@ -247,7 +251,82 @@ def assess(spec: VerdictSpec, ev: Evidence, noise: NoiseModel) -> Assessment:
         return Assessment(
             "inconclusive", "max-boots", f"{where}: undecided after {spec.max_boots} boots", stats
         )
+    reach = predictive_keep(
+        g,
+        noise.boot_cv,
+        len(ev.candidate),
+        len(ev.champion),
+        spec.max_boots - len(ev.candidate),
+        prior_null=spec.prior_null,
+        prior_sd=math.log1p(spec.prior_effect_pct / 100),
+        confidence=spec.confidence,
+    )
+    stats.update(p_reach=reach)
+    if reach < spec.predictive_futility:
+        return Assessment(
+            "discard",
+            "futility",
+            f"{where}: P(a keep within {spec.max_boots} boots)={reach:.2f}, not worth a boot",
+            stats,
+        )
     return Assessment("more", "posterior", f"{where}: undecided, another boot", stats)
+
+
+def _p_gain(g: float, se: float, prior_null: float, prior_sd: float) -> float:
+    return posterior(g, se, prior_null=prior_null, prior_sd=prior_sd).p_above(0.0)
+
+
+def predictive_keep(
+    g: float,
+    boot_cv: float,
+    n: int,
+    m: int,
+    more: int,
+    *,
+    prior_null: float,
+    prior_sd: float,
+    confidence: float,
+) -> float:
+    """The predictive probability that ``more`` further candidate boots bring ``P(gain)`` to
+    ``confidence`` (Bayesian sequential designs' futility rule: stop when success is out of
+    reach, not only when the gain already looks small).
+
+    ``g``: the observed mean log ratio over ``n`` candidate and ``m`` champion boots, each
+    boot scattering ``boot_cv``. Given the true gain δ, the final ratio ``g'`` over ``n + more``
+    candidate boots is normal: the champion's error is shared with ``g`` (it carries the share
+    ``(1/m) / (1/n + 1/m)`` of ``g - δ``), the new boots are independent. ``P(gain | g')``
+    rises with ``g'``, so success is ``g' ≥ g*``; over the posterior of δ (spike at 0, normal
+    slab) the chance integrates in closed form. The champion is taken as it is now (a
+    confirmation's re-measurement would add to it: the estimate errs on the side of stopping).
+    """
+    if more <= 0:
+        return 0.0
+    var = boot_cv**2
+    se_now = math.sqrt(var * (1 / n + 1 / m))
+    se_end = math.sqrt(var * (1 / (n + more) + 1 / m))
+    low, high = 0.0, 1.0
+    if _p_gain(high, se_end, prior_null, prior_sd) < confidence:
+        return 0.0
+    for _ in range(60):
+        mid = (low + high) / 2
+        if _p_gain(mid, se_end, prior_null, prior_sd) >= confidence:
+            high = mid
+        else:
+            low = mid
+    target = high
+    share = more / (n + more)  # the weight of the new boots in the final candidate mean
+    champion_share = (1 / m) / (1 / n + 1 / m)  # the share of g's error that is the champion's
+    sd_future = share * math.sqrt(var * (1 / more + 1 / (n + m)))
+    post = posterior(g, se_now, prior_null=prior_null, prior_sd=prior_sd)
+
+    def reach(mean: float, spread: float) -> float:
+        # g' = (1 - share)·g + share·(δ + champion_share·(g - δ)), δ ~ N(mean, spread²)
+        slope = share * (1 - champion_share)
+        centre = (1 - share + share * champion_share) * g + slope * mean
+        sd = math.sqrt(sd_future**2 + (slope * spread) ** 2)
+        return 1.0 - _phi((target - centre) / sd)
+
+    return (1 - post.p_effect) * reach(0.0, 0.0) + post.p_effect * reach(post.mean, post.sd)
 
 
 def objective_of(per_boot: Sequence[float]) -> float:

@@ -147,7 +147,7 @@ def test_drift_is_recorded_and_rebaselines_the_comparison(tmp_path: Path) -> Non
         {"kv_cache_dtype": "auto"},
     ]
     testbed = ScriptedTestbed(speed)
-    with run(tmp_path, testbed, changes, budget=4, drift_every=3) as ledger:
+    with run(tmp_path, testbed, changes, budget=4, drift_every=3, champion_boots=1) as ledger:
         drifts = ledger.drifts("scripted")
         assert len(drifts) >= 1
         first = drifts[0]
@@ -160,6 +160,27 @@ def test_drift_is_recorded_and_rebaselines_the_comparison(tmp_path: Path) -> Non
         kv = ledger.experiments()[4]
         assert kv.status == "keep"
         assert 8 < (kv.delta_pct or 0) < 12
+
+
+def test_the_champion_is_re_measured_until_it_has_its_boots_then_every_n(
+    tmp_path: Path,
+) -> None:
+    """A one-boot champion makes every comparison noisier: it is re-measured after each
+    decided experiment until it has ``champion_boots`` boots; after that only the drift
+    sentinel (every ``drift_every`` decided experiments) boots it again."""
+    testbed = ScriptedTestbed(lambda c, n: 100.0)
+    changes = [{"drafter_adapter_rank": r} for r in (0, 16, 32, 128)]
+    changes += [{"max_num_batched_tokens": v} for v in (4096, 16384)]
+    with run(tmp_path, testbed, changes, budget=6, champion_boots=3, drift_every=3) as ledger:
+        baseline = ledger.experiments()[0]
+        assert [b.role for b in ledger.boots(baseline.id)] == [
+            "measure", "remeasure", "remeasure", "remeasure"
+        ]  # fmt: skip
+        champion = baseline.config
+        order = ["B" if config == champion else "c" for config in testbed.boots]
+        # baseline, c1, B, c2, B (three boots now), c3 c4 c5 (three decided), B, c6
+        assert "".join(order) == "BcBcBcccBc"
+        assert [e.status for e in ledger.experiments()[1:]] == ["discard"] * 6
 
 
 def proposal_context(ledger: Ledger, testbed: ScriptedTestbed) -> ProposalContext:

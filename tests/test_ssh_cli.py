@@ -58,8 +58,9 @@ def test_round_over_ssh_completes_with_verdicts_and_records_a_crash(
     data: dict[str, Any] = ssh_cluster.profile_data()
     data["cells"] = data["cells"][:1]
     # one boot per experiment, so the nodes' journals can be counted (the sequential policy
-    # may add boots while undecided; that is tested on the twin, not here)
-    data["verdict"] = {"policy": "threshold"}
+    # may add boots while undecided, and re-measures a young champion; that is tested on the
+    # twin and on scripted measurements, not here)
+    data["verdict"] = {"policy": "threshold", "champion_boots": 1}
     data["proposer"] = {
         "kind": "sweep",
         "sweep": [

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 
 from knobs.records import CellResultRecord, NodeClockRecord
 from orchestrator.noise import NoiseModel, learn, pooled
 from orchestrator.profile import VerdictSpec
-from orchestrator.verdict import Evidence, assess, objective, posterior
+from orchestrator.verdict import Evidence, assess, objective, posterior, predictive_keep
 
 SPEC = VerdictSpec()
 NOISE = NoiseModel(boot_cv=0.03, run_cv=0.02, boot_dof=0, run_dof=0)
@@ -82,11 +83,56 @@ def test_clear_loss_is_discarded_after_one_boot() -> None:
 
 
 def test_within_noise_asks_for_more_then_ends_inconclusive() -> None:
-    first = assess(SPEC, evidence([106.0], [100.0]), NOISE)
+    spec = VerdictSpec(predictive_futility=0.0)  # only the posterior decides
+    first = assess(spec, evidence([106.0], [100.0]), NOISE)
     assert first.status == "more"
-    last = assess(SPEC, evidence([106.0, 105.0, 106.0], [100.0]), NOISE)
+    last = assess(spec, evidence([106.0, 105.0, 106.0], [100.0]), NOISE)
     assert last.status == "inconclusive"
     assert "3 boots" in last.reason
+
+
+def test_a_keep_out_of_reach_is_discarded_for_futility_not_booted_again() -> None:
+    """+5% over one boot against a three-boot champion at 3% boot noise: two more boots
+    almost never make it a keep (P≈0.04), so it is discarded now; with ten boots allowed the
+    chance is 0.11 and it boots again; +8% boots again even with three."""
+    champion = [100.0, 100.0, 100.0]
+    hopeless = assess(SPEC, evidence([105.0], champion), NOISE)
+    assert hopeless.status == "discard" and hopeless.rule == "futility"
+    assert 0.02 < hopeless.stats["p_reach"] < SPEC.predictive_futility  # type: ignore[operator]
+    patient = assess(VerdictSpec(max_boots=10), evidence([105.0], champion), NOISE)
+    assert patient.status == "more"
+    promising = assess(SPEC, evidence([108.0], champion), NOISE)
+    assert promising.status == "more" and promising.stats["p_reach"] > 0.3  # type: ignore[operator]
+
+
+@pytest.mark.parametrize(("n", "m", "more"), [(1, 4, 2), (2, 3, 1), (1, 1, 4)])
+def test_the_predictive_chance_of_a_keep_matches_simulation(n: int, m: int, more: int) -> None:
+    """``predictive_keep`` against a simulation of the model it claims: δ from the prior,
+    boots scattering ``cv``; among runs whose first ``n`` boots gave g near a value, the share
+    whose ``n + more`` boots reach ``P(gain) ≥ confidence``."""
+    cv, prior_null, prior_sd, confidence = 0.05, 0.5, math.log1p(0.15), 0.95
+    rng = random.Random(7)
+    se_end = cv * math.sqrt(1 / (n + more) + 1 / m)
+    hits: dict[float, list[int]] = {0.04: [0, 0], 0.08: [0, 0], 0.12: [0, 0]}
+    for _ in range(120_000):
+        delta = 0.0 if rng.random() < prior_null else rng.gauss(0.0, prior_sd)
+        champion = sum(rng.gauss(0.0, cv) for _ in range(m)) / m
+        boots = [delta + rng.gauss(0.0, cv) for _ in range(n + more)]
+        g = sum(boots[:n]) / n - champion
+        near = next((k for k in hits if abs(g - k) < 0.005), None)
+        if near is None:
+            continue
+        g_end = sum(boots) / (n + more) - champion
+        post = posterior(g_end, se_end, prior_null=prior_null, prior_sd=prior_sd)
+        hits[near][0] += post.p_above(0.0) >= confidence
+        hits[near][1] += 1
+    for g, (k, total) in hits.items():
+        predicted = predictive_keep(
+            g, cv, n, m, more, prior_null=prior_null, prior_sd=prior_sd, confidence=confidence
+        )
+        simulated = k / total
+        tolerance = 0.02 + 3 * math.sqrt(simulated * (1 - simulated) / total)
+        assert abs(predicted - simulated) < tolerance, (g, predicted, simulated, total)
 
 
 def test_equal_performance_is_discarded_as_not_worth_a_change() -> None:
