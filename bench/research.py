@@ -5,9 +5,12 @@ performance and noise model, no processes):
 
 - ``orchestrate``: the round loop with its default verdict policy (sequential, Bayesian,
   confirmation boots, greedy-output check, drift sentinel) and the Optuna one-knob proposer;
-- ``orchestrate-pointwise``: the same, but a boot failure bars only the value that failed
-  (no monotone failures: an out-of-memory crash at one memory fraction does not bar the larger
-  ones), as the loop worked before knob specs declared them;
+- ``orchestrate-prev``: the same loop with the verdict policy it had before: another boot
+  while undecided up to ``max_boots`` however unlikely a keep (no predictive futility), and the
+  champion re-measured only by the drift sentinel, every 6 decided experiments;
+- ``orchestrate-pointwise``: the same as ``orchestrate``, but a boot failure bars only the
+  value that failed (no monotone failures: an out-of-memory crash at one memory fraction does
+  not bar the larger ones), as the loop worked before knob specs declared them;
 - ``greedy-2%``: the same loop and proposer, deciding on a single run with a 2% threshold,
   no output check and no re-measurement of the champion (the common practice);
 - ``optuna-tpe``: Optuna TPE over the full space, one run per trial, best measured trial wins;
@@ -17,7 +20,7 @@ Ground truth (noise-free objective, validity) comes from the landscape. After th
 ceilings: what any one-knob loop that keeps only true gains can reach on each landscape, and
 what the smallest step on the way to 99% of the optimum costs in boots. Run:
 
-    .venv/bin/python bench/research.py --seeds 10 --budget 40
+    .venv/bin/python bench/research.py --seeds 30 --budget 40
 """
 
 from __future__ import annotations
@@ -56,7 +59,16 @@ from orchestrator.testbed import NullSink
 from orchestrator.verdict import objective
 
 LANDSCAPES = ("vllm-dflash2-tp4", "sm121-2node", "exl3-tp4")
-METHODS = ("orchestrate", "orchestrate-pointwise", "greedy-2%", "optuna-tpe", "grid")
+METHODS = (
+    "orchestrate",
+    "orchestrate-prev",
+    "orchestrate-pointwise",
+    "greedy-2%",
+    "optuna-tpe",
+    "grid",
+)
+#: The verdict policy before predictive futility and the champion's early re-measurements.
+PREVIOUS_POLICY = {"predictive_futility": 0.0, "champion_boots": 1, "drift_every": 6}
 
 
 @dataclass
@@ -110,7 +122,14 @@ def profile_for(landscape: Landscape, policy: dict[str, Any], *, monotone: bool 
             "launcher": {"argv": ["true"]},
             **knobs,
             "cells": [c.model_dump() for c in landscape.cells()],
-            "verdict": policy,
+            # the profile expects the noise the cluster has (what a user's profile would say)
+            "verdict": {
+                "noise": {
+                    "boot_to_boot": landscape.noise.boot_to_boot,
+                    "run_to_run": landscape.noise.run_to_run,
+                },
+                **policy,
+            },
         }
     )
 
@@ -330,7 +349,16 @@ def boots_to_tell(gain_pct: float, boot_cv: float, z: float = 1.645) -> float:
     return 2 * (z * boot_cv / math.log1p(gain_pct / 100)) ** 2
 
 
-def report_ceilings(names: list[str]) -> None:
+def landscape_for(name: str, boot_noise: float | None) -> Landscape:
+    """A shipped landscape, with its boot-to-boot noise replaced when ``boot_noise`` is set."""
+    landscape = load_landscape(name)
+    if boot_noise is None:
+        return landscape
+    noise = landscape.noise.model_copy(update={"boot_to_boot": boot_noise})
+    return landscape.model_copy(update={"noise": noise})
+
+
+def report_ceilings(names: list[str], boot_noise: float | None = None) -> None:
     """What the landscapes allow an honest one-knob loop, and what the last steps cost."""
     print("\n## What a one-knob loop can reach\n")
     print(
@@ -346,7 +374,7 @@ def report_ceilings(names: list[str]) -> None:
     )
     print("|---|---|---|---|---|---|")
     for name in names:
-        landscape = load_landscape(name)
+        landscape = landscape_for(name, boot_noise)
         optimum = float(landscape.optimum()["objective"])
         tops = [100 * ceiling(landscape, m) / optimum for m in (0.1, 2.0)]
         path = widest_path(landscape, 0.99 * optimum)
@@ -372,22 +400,35 @@ def main() -> int:
     parser.add_argument("--methods", nargs="*", default=list(METHODS))
     parser.add_argument("--json", type=Path, help="also write every run's summary here")
     parser.add_argument(
+        "--policy",
+        type=json.loads,
+        default={},
+        help="verdict settings for orchestrate, over its profile's: '{\"max_boots\": 6}'",
+    )
+    parser.add_argument(
+        "--boot-noise",
+        type=float,
+        help="replace every landscape's boot-to-boot noise (relative sd, default: theirs, 0.05)",
+    )
+    parser.add_argument(
         "--ceilings-only", action="store_true", help="print only what a one-knob loop can reach"
     )
     args = parser.parse_args()
     if args.ceilings_only:
-        report_ceilings(args.landscapes)
+        report_ceilings(args.landscapes, args.boot_noise)
         return 0
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     rows: list[dict[str, Any]] = []
     started = time.monotonic()
     for name in args.landscapes:
-        landscape = load_landscape(name)
+        landscape = landscape_for(name, args.boot_noise)
         optimum = float(landscape.optimum()["objective"])
         for method in args.methods:
             for seed in range(args.seeds):
                 if method == "orchestrate":
-                    trace = run_loop(landscape, seed, args.budget, {}, method)
+                    trace = run_loop(landscape, seed, args.budget, args.policy, method)
+                elif method == "orchestrate-prev":
+                    trace = run_loop(landscape, seed, args.budget, PREVIOUS_POLICY, method)
                 elif method == "orchestrate-pointwise":
                     trace = run_loop(landscape, seed, args.budget, {}, method, monotone=False)
                 elif method == "greedy-2%":
@@ -420,7 +461,7 @@ def main() -> int:
                 file=sys.stderr,
             )
     report(rows, args)
-    report_ceilings(args.landscapes)
+    report_ceilings(args.landscapes, args.boot_noise)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return 0
@@ -448,7 +489,13 @@ COLUMNS = (
 
 def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
     """Print the table and the ratios as Markdown."""
-    print(f"# research efficiency: {args.seeds} seeds, budget {args.budget} experiments a run\n")
+    noise = "" if args.boot_noise is None else f", boot-to-boot noise {args.boot_noise:g}"
+    if args.policy:
+        noise += f", orchestrate's verdict settings {json.dumps(args.policy)}"
+    print(
+        f"# research efficiency: {args.seeds} seeds, budget {args.budget} experiments a run"
+        f"{noise}\n"
+    )
     print("| " + " | ".join(COLUMNS) + " |")
     print("|" + "---|" * len(COLUMNS))
     summary: dict[tuple[str, str], dict[str, float]] = {}
@@ -489,10 +536,10 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
             if method == "orchestrate":
                 continue
             theirs = summary[(name, method)]
-            final = "n/a" if theirs["final"] == 0 else f"×{ours['final'] / theirs['final']:.3f}"
+            ratio = "n/a" if theirs["final"] == 0 else f"×{ours['final'] / theirs['final']:.3f}"
             print(
                 f"- {name} vs {method}: experiments to 99% ×{ours['exp'] / theirs['exp']:.2f}, "
-                f"final {ours['final']:.1f}% vs {theirs['final']:.1f}% ({final})"
+                f"final {ours['final']:.1f}% vs {theirs['final']:.1f}% ({ratio})"
             )
 
 
