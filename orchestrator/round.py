@@ -577,11 +577,24 @@ class RoundRunner:
             self.ledger.add_cell_result(experiment_id, boot_id, self.testbed.bench(cell))
 
     # ---- the champion and the noise ---------------------------------------------------------
+    def _slow_ranks(self, m: Measurement) -> list[int]:
+        """Nodes whose clocks were off during ``m`` (below the gates' matmul rate)."""
+        floor = self.profile.gates.min_matmul_rate
+        return sorted({c.rank for cell in m.cells for c in cell.clocks if c.matmul_rate < floor})
+
+    def _trusted(self, m: Measurement) -> bool:
+        """Complete, and every node's clocks were right: what a level or a noise estimate may
+        rest on (a stuck node measures the node, not the config)."""
+        return m.complete and not self._slow_ranks(m)
+
     def _champion_measurements(self) -> list[Measurement]:
-        """The champion's complete measurements since its last significant drift."""
+        """The champion's complete measurements with every node's clocks right, since its last
+        significant drift."""
         champion = self.ledger.champion(self.cluster)
         assert champion is not None
-        measurements = [m for m in self._measurements(champion.experiment_id) if m.complete]
+        complete = [m for m in self._measurements(champion.experiment_id) if m.complete]
+        # a baseline measured only with a node's clocks off is all there is until re-measured
+        measurements = [m for m in complete if self._trusted(m)] or complete
         cuts = [
             d.measurement
             for d in self.ledger.drifts(self.cluster)
@@ -605,7 +618,7 @@ class RoundRunner:
             # a significant drift splits a config's boots: the level moved, not the noise
             segments: dict[int, list[float]] = {}
             for m in self._measurements(e.id):
-                if m.complete:
+                if self._trusted(m):
                     segment = sum(1 for c in cuts.get(e.id, []) if m.index >= c)
                     segments.setdefault(segment, []).append(objective(m.cells))
             groups.extend(v for v in segments.values() if len(v) >= 2)
@@ -619,18 +632,30 @@ class RoundRunner:
         )
 
     def _remeasure_champion(self, rnd: RoundRecord) -> NodeError | None:
-        """A fresh boot of the champion; records its drift and re-baselines on a real one."""
+        """A fresh boot of the champion; records its drift and re-baselines on a real one.
+        A boot with a node's clocks off is measured once more; it never counts as drift."""
         champion = self.ledger.champion(self.cluster)
         assert champion is not None
         before = [objective(m.cells) for m in self._champion_measurements()]
         e = self.ledger.experiment(champion.experiment_id)
         self.display.phase("re-measuring the champion")
         run_id = self._child_run(rnd, e)
-        failure = self._measure(e, run_id, role="remeasure", measurement=None)
-        if failure is not None:
-            self.display.note(f"  the champion's re-measurement failed: {failure.message}")
-            return failure
-        latest = [m for m in self._measurements(e.id) if m.complete][-1]
+        for attempt in (1, 2):
+            failure = self._measure(e, run_id, role="remeasure", measurement=None)
+            if failure is not None:
+                self.display.note(f"  the champion's re-measurement failed: {failure.message}")
+                return failure
+            latest = [m for m in self._measurements(e.id) if m.complete][-1]
+            if self._trusted(latest):
+                break
+            slow = ", ".join(str(r) for r in self._slow_ranks(latest))
+            self.display.note(
+                f"  the champion's re-measurement ran with clocks off on node(s) {slow}: "
+                "it is neither drift nor the champion's level"
+                + ("; measuring again" if attempt == 1 else "")
+            )
+        else:
+            return None
         after = objective(latest.cells)
         noise = self.noise()
         old = objective_of(before) if before else after
@@ -687,7 +712,8 @@ class RoundRunner:
             and (datetime.now(UTC) - (last.ended_at or last.started_at)).total_seconds()
             > spec.drift_max_age_s
         )
-        few = len(self._champion_measurements()) < spec.champion_boots
+        trusted = [m for m in self._champion_measurements() if self._trusted(m)]
+        few = len(trusted) < spec.champion_boots
         return (few and since >= 1) or since >= spec.drift_every or old
 
     # ---- verdicts ---------------------------------------------------------------------------

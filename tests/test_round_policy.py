@@ -13,7 +13,7 @@ from rich.console import Console
 from agents import ProposalContext, SweepProposer
 from cluster.errors import DeployError, FailureClass, NodeError
 from knobs.config import Change, Config
-from knobs.records import CellResultRecord, CellSpec
+from knobs.records import CellResultRecord, CellSpec, NodeClockRecord
 from ledger import Ledger
 from orchestrator.approval import ApprovalGate
 from orchestrator.display import RoundDisplay
@@ -31,9 +31,11 @@ class ScriptedTestbed:
         self,
         speed: Callable[[Config, int], float | None],
         failure: Callable[[Config], FailureClass] = lambda config: "oom",
+        stuck: Callable[[int], bool] = lambda n: False,
     ) -> None:
         self.speed = speed
         self.failure = failure
+        self.stuck = stuck  # boot n comes up with node 1's clocks at 75 %
         self.boots: list[Config] = []
         self._current: float | None = None
 
@@ -50,6 +52,7 @@ class ScriptedTestbed:
         if self._current is None:
             raise NodeError("nothing deployed", failure_class="bench_failed")
         v = self._current
+        rate = 0.75 if self.stuck(len(self.boots)) else 1.0
         return CellResultRecord(
             cell=cell.name,
             category=cell.category,
@@ -66,6 +69,10 @@ class ScriptedTestbed:
             p99_ttft_ms=10,
             median_itl_ms=1,
             effective_concurrency=1.0,
+            clocks=(
+                NodeClockRecord(rank=0, sm_clock_mhz=2000.0, matmul_rate=1.0),
+                NodeClockRecord(rank=1, sm_clock_mhz=2000.0 * rate, matmul_rate=rate),
+            ),
             fingerprints={"code-0": "same"},
         )
 
@@ -181,6 +188,37 @@ def test_the_champion_is_re_measured_until_it_has_its_boots_then_every_n(
         # baseline, c1, B, c2, B (three boots now), c3 c4 c5 (three decided), B, c6
         assert "".join(order) == "BcBcBcccBc"
         assert [e.status for e in ledger.experiments()[1:]] == ["discard"] * 6
+
+
+def test_a_champion_re_measured_with_clocks_off_is_neither_drift_nor_its_level(
+    tmp_path: Path,
+) -> None:
+    """Boot 4, the drift sentinel's re-measurement, has a node at 75 % clocks and measures
+    25 % slow: it is measured again, no drift is recorded from it, and the next candidate is
+    compared with the champion's real level (the twin's demo once re-baselined on such a boot
+    and discarded K=3, a true +23 %, as +8 %)."""
+
+    def speed(config: Config, n: int) -> float:
+        return (75.0 if n == 4 else 100.0) * (1.2 if config["num_speculative_tokens"] == 5 else 1)
+
+    changes = [
+        {"drafter_adapter_rank": 0},
+        {"drafter_adapter_rank": 16},
+        {"num_speculative_tokens": 5},
+    ]
+    testbed = ScriptedTestbed(speed, stuck=lambda n: n == 4)
+    with run(tmp_path, testbed, changes, budget=3, drift_every=2, champion_boots=1) as ledger:
+        baseline = ledger.experiments()[0]
+        # the sentinel's stuck boot and its repeat, then the keep's confirmation re-measurement
+        roles = [b.role for b in ledger.boots(baseline.id)]
+        assert roles == ["measure", "remeasure", "remeasure", "remeasure"]
+        drifts = ledger.drifts("scripted")
+        assert [(round(d.before), round(d.after), d.significant) for d in drifts] == [
+            (100, 100, False),
+            (100, 100, False),
+        ]
+        k5 = ledger.experiments()[3]
+        assert k5.status == "keep" and 18 < (k5.delta_pct or 0) < 22
 
 
 def proposal_context(ledger: Ledger, testbed: ScriptedTestbed) -> ProposalContext:
