@@ -4,7 +4,8 @@ Every method gets the same budget of experiments on the same simulated cluster (
 performance and noise model, no processes):
 
 - ``orchestrate``: the round loop with its default verdict policy (sequential, Bayesian,
-  confirmation boots, greedy-output check, drift sentinel) and the Optuna one-knob proposer;
+  predictive futility, confirmation boots, greedy-output check, the champion re-measured until
+  it has three boots, drift sentinel) and the Optuna one-knob proposer;
 - ``orchestrate-prev``: the same loop with the verdict policy it had before: another boot
   while undecided up to ``max_boots`` however unlikely a keep (no predictive futility), and the
   champion re-measured only by the drift sentinel, every 6 decided experiments;
