@@ -44,7 +44,15 @@ from orchestrator.display import RoundDisplay, describe
 from orchestrator.noise import NoiseModel, learn
 from orchestrator.profile import Profile, VerdictSpec
 from orchestrator.testbed import Sink, Testbed
-from orchestrator.verdict import Assessment, Evidence, accept_len, assess, objective, objective_of
+from orchestrator.verdict import (
+    Assessment,
+    Evidence,
+    accept_len,
+    assess,
+    objective,
+    objective_of,
+    slow_ranks,
+)
 
 
 class BaselineFailed(OrchestrateError):
@@ -577,15 +585,10 @@ class RoundRunner:
             self.ledger.add_cell_result(experiment_id, boot_id, self.testbed.bench(cell))
 
     # ---- the champion and the noise ---------------------------------------------------------
-    def _slow_ranks(self, m: Measurement) -> list[int]:
-        """Nodes whose clocks were off during ``m`` (below the gates' matmul rate)."""
-        floor = self.profile.gates.min_matmul_rate
-        return sorted({c.rank for cell in m.cells for c in cell.clocks if c.matmul_rate < floor})
-
     def _trusted(self, m: Measurement) -> bool:
         """Complete, and every node's clocks were right: what a level or a noise estimate may
-        rest on (a stuck node measures the node, not the config)."""
-        return m.complete and not self._slow_ranks(m)
+        rest on."""
+        return m.complete and not slow_ranks(m.cells, self.profile.gates.min_matmul_rate)
 
     def _champion_measurements(self) -> list[Measurement]:
         """The champion's complete measurements with every node's clocks right, since its last
@@ -648,7 +651,7 @@ class RoundRunner:
             latest = [m for m in self._measurements(e.id) if m.complete][-1]
             if self._trusted(latest):
                 break
-            slow = ", ".join(str(r) for r in self._slow_ranks(latest))
+            slow = ", ".join(map(str, slow_ranks(latest.cells, self.profile.gates.min_matmul_rate)))
             self.display.note(
                 f"  the champion's re-measurement ran with clocks off on node(s) {slow}: "
                 "it is neither drift nor the champion's level"
@@ -683,13 +686,9 @@ class RoundRunner:
         """Re-measure the champion while it has fewer than ``champion_boots`` trusted boots
         (every comparison shares its error: a one-boot champion makes every verdict noisier),
         and — the drift sentinel — every N decided experiments or when its last measurement is
-        older than T. Stops at the first failed re-measurement."""
-        spec = self.profile.verdict
-        for _ in range(spec.champion_boots + 1):
-            if not self._champion_due(spec):
-                return
-            if self._remeasure_champion(rnd) is not None:
-                return
+        older than T. One re-measurement at most: it resets the count of decided experiments."""
+        if self._champion_due(self.profile.verdict):
+            self._remeasure_champion(rnd)
 
     def _champion_due(self, spec: VerdictSpec) -> bool:
         champion = self.ledger.champion(self.cluster)

@@ -70,6 +70,14 @@ def fingerprint_mismatch(
     return sorted(out)
 
 
+def slow_ranks(cells: Sequence[CellResultRecord], min_matmul_rate: float) -> list[int]:
+    """Nodes whose clocks were off (matmul rate below ``min_matmul_rate``) in any of ``cells``:
+    such a measurement measures the node, not the config."""
+    return sorted(
+        {c.rank for cell in cells for c in cell.clocks if c.matmul_rate < min_matmul_rate}
+    )
+
+
 def _phi(x: float) -> float:
     return 0.5 * (1.0 + math.erf(x / math.sqrt(2.0)))
 
@@ -143,14 +151,7 @@ def _validity(spec: VerdictSpec, ev: Evidence, stats: dict[str, object]) -> Asse
             + ", ".join(mismatch[:5]),
             {**stats, "mismatched_prompts": mismatch},
         )
-    slow = sorted(
-        {
-            c.rank
-            for cell in ev.candidate_cells
-            for c in cell.clocks
-            if c.matmul_rate < ev.min_matmul_rate
-        }
-    )
+    slow = slow_ranks(ev.candidate_cells, ev.min_matmul_rate)
     if slow:
         return Assessment(
             "invalid",
