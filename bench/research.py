@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+from pydantic import ValidationError
 from rich.console import Console
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -54,7 +55,7 @@ from knobs.config import Config
 from ledger import Ledger
 from orchestrator.approval import ApprovalGate
 from orchestrator.display import RoundDisplay
-from orchestrator.profile import Profile
+from orchestrator.profile import Profile, VerdictSpec
 from orchestrator.round import RoundOptions, RoundRunner
 from orchestrator.testbed import NullSink
 from orchestrator.verdict import objective
@@ -391,6 +392,36 @@ def report_ceilings(names: list[str], boot_noise: float | None = None) -> None:
         )
 
 
+def verdict_settings(text: str) -> dict[str, Any]:
+    """``--policy``: a JSON object of ``VerdictSpec`` fields, checked before any run starts."""
+    try:
+        settings = json.loads(text)
+        VerdictSpec.model_validate(settings)
+    except ValidationError as e:
+        error = e.errors()[0]
+        where = ".".join(map(str, error["loc"])) or "the value"
+        why = f"{where}: {error['msg']}"
+    except ValueError as e:
+        why = str(e)
+    else:
+        assert isinstance(settings, dict)
+        return settings
+    raise argparse.ArgumentTypeError(
+        f"{text!r} is not a JSON object of verdict settings ({why}); e.g. '{{\"max_boots\": 6}}'"
+    )
+
+
+def noise_level(text: str) -> float:
+    """``--boot-noise``: a relative standard deviation in [0, 1]."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a relative sd in [0, 1], e.g. 0.02")
+    return value
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -402,13 +433,13 @@ def main() -> int:
     parser.add_argument("--json", type=Path, help="also write every run's summary here")
     parser.add_argument(
         "--policy",
-        type=json.loads,
+        type=verdict_settings,
         default={},
         help="verdict settings for orchestrate, over its profile's: '{\"max_boots\": 6}'",
     )
     parser.add_argument(
         "--boot-noise",
-        type=float,
+        type=noise_level,
         help="replace every landscape's boot-to-boot noise (relative sd, default: theirs, 0.05)",
     )
     parser.add_argument(
