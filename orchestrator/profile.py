@@ -85,6 +85,16 @@ class VerdictSpec(BaseModel):
         lt=1,
         description="discard when the chance that the boots left reach a keep falls below this",
     )
+    balance_boots: bool = Field(
+        default=True,
+        description="while undecided, boot the champion rather than the candidate when it has "
+        "fewer boots (every comparison shares its error; its boots serve every later verdict)",
+    )
+    reboot_slow_clocks: bool = Field(
+        default=True,
+        description="a boot with a node's clocks off measured the node, not the config: set it "
+        "aside and boot the config once more (off: the verdict rules it invalid at once)",
+    )
     noise: NoiseSpec = NoiseSpec()
     max_error_rate: float = Field(default=0.0, ge=0, le=1)
     check_greedy: bool = Field(

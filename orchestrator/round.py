@@ -244,7 +244,8 @@ class RoundRunner:
                     failure_class=e.failure_class,
                 )
             )
-            if e.champion_key == champion.config.key:
+            # stuck clocks measured the node, not the config: it may run again
+            if e.champion_key == champion.config.key and e.failure_class != "clocks_stuck":
                 decided.add(e.config.key)
             if (
                 e.knob is not None
@@ -477,34 +478,81 @@ class RoundRunner:
                 )
                 self._decide(e, run_id, verdict, measurements)
                 return
+            # a boot with a node's clocks off measured the node, not the config: it is set
+            # aside and the boot taken once more; off twice, the verdict rules it invalid
+            slow = [m for m in measurements if not self._trusted(m)]
+            if not self.profile.verdict.reboot_slow_clocks:
+                slow = []
+            if len(slow) == 1 and slow[0] is measurements[-1]:
+                self.display.note(
+                    "  a node's clocks were off during this boot: it is set aside and the "
+                    "config booted once more"
+                )
+                failure = self._measure(e, run_id, role=slow[0].role, measurement=None)
+                if failure is not None:
+                    self._crash(rnd, e, run_id, failure)
+                    return
+                continue
+            if len(slow) == 1:
+                measurements = [m for m in measurements if m is not slow[0]]
             assessment = self._assess(e, measurements)
             if assessment.final:
                 self._decide(e, run_id, assessment, measurements)
                 return
             self.display.phase(assessment.reason)
-            if assessment.status == "confirm":
-                champion = self.ledger.champion(self.cluster)
-                assert champion is not None
-                if self._last_boot_id(champion.experiment_id) < self._last_boot_id(e.id):
-                    failure = self._remeasure_champion(rnd)
-                    if failure is not None:
-                        verdict = Assessment(
-                            "inconclusive",
-                            "champion-remeasure",
-                            f"the champion's re-measurement failed ({failure.failure_class}): "
-                            f"{failure.message}",
-                            {},
-                        )
-                        self._decide(e, run_id, verdict, measurements)
-                        return
-                    continue
-                role = "confirm"
-            else:
-                role = "repeat"
+            champion = self.ledger.champion(self.cluster)
+            assert champion is not None
+            # a confirmation is judged against the champion re-measured after the candidate's
+            # last boot; while undecided, the verdict may ask for the champion's next boot
+            if (
+                assessment.status == "confirm"
+                and self._last_boot_id(champion.experiment_id) < self._last_boot_id(e.id)
+            ) or (
+                assessment.stats.get("next_boot") == "champion"
+                and self._champion_boots_during(champion.experiment_id, e.id)
+                < self.profile.verdict.max_boots
+            ):
+                failure = self._remeasure_champion(rnd)
+                if failure is not None:
+                    verdict = Assessment(
+                        "inconclusive",
+                        "champion-remeasure",
+                        f"the champion's re-measurement failed ({failure.failure_class}): "
+                        f"{failure.message}",
+                        {},
+                    )
+                    self._decide(e, run_id, verdict, measurements)
+                    return
+                continue
+            if assessment.status == "more" and assessment.stats.get("next_boot") == "champion":
+                # the champion's boots did not count (a node's clocks kept off): decide on what
+                # there is rather than boot it for ever
+                self._decide(
+                    e,
+                    run_id,
+                    Assessment(
+                        "inconclusive",
+                        "champion-remeasure",
+                        f"{assessment.reason}: the champion was re-measured "
+                        f"{self.profile.verdict.max_boots} times without a trusted boot",
+                        dict(assessment.stats),
+                    ),
+                    measurements,
+                )
+                return
+            role = "confirm" if assessment.status == "confirm" else "repeat"
             failure = self._measure(e, run_id, role=role, measurement=None)
             if failure is not None:
                 self._crash(rnd, e, run_id, failure)
                 return
+
+    def _champion_boots_during(self, champion_id: int, experiment_id: int) -> int:
+        """The champion's boots since the experiment's first boot (its re-measurements for
+        this verdict)."""
+        mine = self.ledger.boots(experiment_id)
+        if not mine:
+            return 0
+        return sum(1 for b in self.ledger.boots(champion_id) if b.started_at >= mine[0].started_at)
 
     def _last_boot_id(self, experiment_id: int) -> int:
         boots = self.ledger.boots(experiment_id)

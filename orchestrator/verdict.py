@@ -15,11 +15,13 @@ profile's cells of decode tok/s. The champion has its own boots. ``assess`` comp
    - P(δ > 0) ≥ confidence: ``confirm`` until ``confirm_boots`` fresh boots were added (with
      the champion re-measured), then ``keep``;
    - P(δ > equivalence) < futility: ``discard`` (clearly worse, or not worth it);
-   - at ``max_boots``: ``inconclusive``;
+   - at ``max_boots``, with the champion as well measured as the candidate: ``inconclusive``;
    - the chance that the boots left bring P(δ > 0) to the confidence (the predictive
      probability of a keep, Bayesian sequential trials' futility rule) below
      ``predictive_futility``: ``discard`` — a keep is out of reach, another boot is waste;
-   - otherwise ``more``: another boot.
+   - otherwise ``more``: another boot — of the champion when it has fewer boots than the
+     candidate (``balance_boots``: the difference's error shrinks fastest on the side with
+     fewer boots, and the champion's boots serve every later verdict), else of the candidate.
 """
 
 from __future__ import annotations
@@ -248,16 +250,19 @@ def assess(spec: VerdictSpec, ev: Evidence, noise: NoiseModel) -> Assessment:
     if p_worth < spec.futility:
         why = "worse" if g < -se else "not worth a change"
         return Assessment("discard", "posterior", f"{where}: {why}", stats)
-    if len(ev.candidate) >= spec.max_boots:
+    n, m = len(ev.candidate), len(ev.champion)
+    champion_more = max(0, spec.max_boots - m) if spec.balance_boots else 0
+    if n >= spec.max_boots and champion_more == 0:
         return Assessment(
             "inconclusive", "max-boots", f"{where}: undecided after {spec.max_boots} boots", stats
         )
     reach = predictive_keep(
         g,
         noise.boot_cv,
-        len(ev.candidate),
-        len(ev.champion),
-        spec.max_boots - len(ev.candidate),
+        n,
+        m,
+        max(0, spec.max_boots - n),
+        champion_more=champion_more,
         prior_null=spec.prior_null,
         prior_sd=math.log1p(spec.prior_effect_pct / 100),
         confidence=spec.confidence,
@@ -270,6 +275,12 @@ def assess(spec: VerdictSpec, ev: Evidence, noise: NoiseModel) -> Assessment:
             f"{where}: P(a keep within {spec.max_boots} boots)={reach:.2f}, not worth a boot",
             stats,
         )
+    if spec.balance_boots and m < min(n, spec.max_boots):
+        stats.update(next_boot="champion")
+        return Assessment(
+            "more", "posterior", f"{where}: undecided, the champion measured again", stats
+        )
+    stats.update(next_boot="candidate")
     return Assessment("more", "posterior", f"{where}: undecided, another boot", stats)
 
 
@@ -284,27 +295,33 @@ def predictive_keep(
     m: int,
     more: int,
     *,
+    champion_more: int = 0,
     prior_null: float,
     prior_sd: float,
     confidence: float,
 ) -> float:
-    """The predictive probability that ``more`` further candidate boots bring ``P(gain)`` to
-    ``confidence`` (Bayesian sequential designs' futility rule: stop when success is out of
-    reach, not only when the gain already looks small).
+    """The predictive probability that ``more`` further candidate boots and ``champion_more``
+    further champion boots bring ``P(gain)`` to ``confidence`` (Bayesian sequential designs'
+    futility rule: stop when success is out of reach, not only when the gain already looks
+    small).
 
     ``g``: the observed mean log ratio over ``n`` candidate and ``m`` champion boots, each
-    boot scattering ``boot_cv``. Given the true gain δ, the final ratio ``g'`` over ``n + more``
-    candidate boots is normal: the champion's error is shared with ``g`` (it carries the share
-    ``(1/m) / (1/n + 1/m)`` of ``g - δ``), the new boots are independent. ``P(gain | g')``
-    rises with ``g'``, so success is ``g' ≥ g*``; over the posterior of δ (spike at 0, normal
-    slab) the chance integrates in closed form. The champion is taken as it is now (a
-    confirmation's re-measurement would add to it: the estimate errs on the side of stopping).
+    boot scattering ``boot_cv``. Given the true gain δ, the error ``g - δ`` splits into the
+    candidate's mean error (its share ``c = (1/n) / (1/n + 1/m)`` of it, give or take a part
+    ``u`` common to both means, ``var(u) = cv²/(n + m)``) and the champion's (the rest, the same
+    ``u``); the new boots are independent. So the final ratio ``g'`` over ``n + more`` and
+    ``m + champion_more`` boots is normal given δ and ``g``, with
+    ``E g' = (1 - K)·δ + K·g`` where ``K = c·n/(n + more) + (1 - c)·m/(m + champion_more)``.
+    ``P(gain | g')`` rises with ``g'``, so success is ``g' ≥ g*``; over the posterior of δ
+    (spike at 0, normal slab) the chance integrates in closed form. Only the last look counts
+    (a keep reached on the way is not): the estimate errs on the side of stopping.
     """
-    if more <= 0:
+    if more <= 0 and champion_more <= 0:
         return 0.0
+    more, champion_more = max(0, more), max(0, champion_more)
     var = boot_cv**2
     se_now = math.sqrt(var * (1 / n + 1 / m))
-    se_end = math.sqrt(var * (1 / (n + more) + 1 / m))
+    se_end = math.sqrt(var * (1 / (n + more) + 1 / (m + champion_more)))
     low, high = 0.0, 1.0
     if _p_gain(high, se_end, prior_null, prior_sd) < confidence:
         return 0.0
@@ -315,17 +332,25 @@ def predictive_keep(
         else:
             low = mid
     target = high
-    share = more / (n + more)  # the weight of the new boots in the final candidate mean
-    champion_share = (1 / m) / (1 / n + 1 / m)  # the share of g's error that is the champion's
-    sd_future = share * math.sqrt(var * (1 / more + 1 / (n + m)))
+    kept = n / (n + more)  # the weight of the boots so far in the final candidate mean
+    champion_kept = m / (m + champion_more)
+    c = (1 / n) / (1 / n + 1 / m)  # the candidate's share of g's error
+    k = c * kept + (1 - c) * champion_kept
+    sd_future = math.sqrt(
+        var
+        * (
+            (kept - champion_kept) ** 2 / (n + m)
+            + more / (n + more) ** 2
+            + champion_more / (m + champion_more) ** 2
+        )
+    )
     post = posterior(g, se_now, prior_null=prior_null, prior_sd=prior_sd)
 
     def reach(mean: float, spread: float) -> float:
-        # g' = (1 - share)·g + share·(δ + champion_share·(g - δ)), δ ~ N(mean, spread²)
-        slope = share * (1 - champion_share)
-        centre = (1 - share + share * champion_share) * g + slope * mean
-        sd = math.sqrt(sd_future**2 + (slope * spread) ** 2)
-        return 1.0 - _phi((target - centre) / sd)
+        # g' = (1 - k)·δ + k·g + independent noise, δ ~ N(mean, spread²)
+        centre = k * g + (1 - k) * mean
+        sd = math.sqrt(sd_future**2 + ((1 - k) * spread) ** 2)
+        return 1.0 - _phi((target - centre) / sd) if sd > 0 else float(centre >= target)
 
     return (1 - post.p_effect) * reach(0.0, 0.0) + post.p_effect * reach(post.mean, post.sd)
 

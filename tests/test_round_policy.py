@@ -321,3 +321,73 @@ def test_a_monotone_boot_failure_bars_the_whole_side_of_the_value(tmp_path: Path
         assert [refused(v) for v in (0.73, 0.79, 0.81, 0.89)] == [None] * 4
         allowed = {c.new for c in context.candidates() if c.knob == "gpu_memory_utilization"}
         assert allowed == {round(0.73 + i / 100, 2) for i in range(17)} - {0.8, 0.85}
+
+
+def test_a_candidate_boot_with_clocks_off_is_set_aside_and_booted_again(tmp_path: Path) -> None:
+    """Boot 2, the candidate's first, has a node at 75 % clocks: it measured the node, not the
+    config, so the candidate is booted once more and judged on its clean boots (a clear +30 %:
+    kept, its objective the clean level). Stuck on both boots, it is invalid for its clocks,
+    and the config is not barred: it may run again under the same champion. With
+    ``reboot_slow_clocks`` off, one such boot makes it invalid at once."""
+
+    def speed(config: Config, n: int) -> float:
+        gain = 1.3 if config["num_speculative_tokens"] == 5 else 1.0
+        return (75.0 if n in stuck else 100.0) * gain
+
+    stuck = {2}
+    testbed = ScriptedTestbed(speed, stuck=lambda n: n in stuck)
+    (tmp_path / "once").mkdir()
+    with run(tmp_path / "once", testbed, [{"num_speculative_tokens": 5}], budget=1) as ledger:
+        candidate = ledger.experiments()[1]
+        assert candidate.status == "keep"
+        assert [b.role for b in ledger.boots(candidate.id)] == ["measure", "measure", "confirm"]
+        assert round(candidate.objective or 0) == 130
+
+    stuck = {2, 3}
+    testbed = ScriptedTestbed(speed, stuck=lambda n: n in stuck)
+    (tmp_path / "twice").mkdir()
+    with run(tmp_path / "twice", testbed, [{"num_speculative_tokens": 5}], budget=1) as ledger:
+        candidate = ledger.experiments()[1]
+        assert candidate.status == "invalid" and candidate.failure_class == "clocks_stuck"
+        assert len(ledger.boots(candidate.id)) == 2
+        context = proposal_context(ledger, testbed)
+        assert candidate.config.key not in context.decided_keys
+        assert context.known_bad == ()
+
+    stuck = {2}
+    testbed = ScriptedTestbed(speed, stuck=lambda n: n in stuck)
+    (tmp_path / "off").mkdir()
+    changes: list[dict[str, object]] = [{"num_speculative_tokens": 5}]
+    with run(tmp_path / "off", testbed, changes, budget=1, reboot_slow_clocks=False) as ledger:
+        candidate = ledger.experiments()[1]
+        assert candidate.status == "invalid" and len(ledger.boots(candidate.id)) == 1
+
+
+def test_an_undecided_candidate_boots_the_champion_when_it_has_fewer_boots(
+    tmp_path: Path,
+) -> None:
+    """+6 % at 2 % boot noise is undecided on one boot a side. The candidate is booted again,
+    then the champion (it now has fewer boots), then each in turn: three boots a side make it
+    a keep. With ``balance_boots`` off, the futility rule counts on the one-boot champion it
+    would keep and discards the gain at once (a keep within three boots: P = 0.06)."""
+
+    def speed(config: Config, n: int) -> float:
+        return 106.0 if config["num_speculative_tokens"] == 5 else 100.0
+
+    testbed = ScriptedTestbed(speed)
+    changes: list[dict[str, object]] = [{"num_speculative_tokens": 5}]
+    with run(tmp_path, testbed, changes, budget=1, champion_boots=1) as ledger:
+        assert ledger.experiments()[1].status == "keep"
+    order = "".join("c" if c["num_speculative_tokens"] == 5 else "B" for c in testbed.boots)
+    # baseline, c, c, champion, c, champion, confirmation
+    assert order == "BccBcBc"
+
+    testbed = ScriptedTestbed(speed)
+    (tmp_path / "off").mkdir()
+    with run(
+        tmp_path / "off", testbed, changes, budget=1, champion_boots=1, balance_boots=False
+    ) as ledger:
+        candidate = ledger.experiments()[1]
+        assert candidate.status == "discard"
+        assert ledger.verdict(candidate.id).rule == "futility"  # type: ignore[union-attr]
+    assert len(testbed.boots) == 2
