@@ -1,19 +1,21 @@
 """Research efficiency: this loop against the usual ones, side by side, on the twin's landscapes.
 
 Every method gets the same budget of experiments on the same simulated cluster (the twin's
-performance and noise model, no processes):
+performance and noise model, stuck clocks included, no processes):
 
 - ``orchestrate``: the round loop with its default verdict policy (sequential, Bayesian,
-  predictive futility, confirmation boots, greedy-output check, the champion re-measured until
-  it has three boots, drift sentinel) and the Optuna one-knob proposer;
-- ``orchestrate-prev``: the same loop with the verdict policy it had before: another boot
-  while undecided up to ``max_boots`` however unlikely a keep (no predictive futility), and the
-  champion re-measured only by the drift sentinel, every 6 decided experiments;
+  predictive futility, confirmation boots, greedy-output and clock checks, the champion
+  re-measured until it has three boots and booted while undecided when it has fewer boots
+  than the candidate, a boot with a node's clocks off set aside and taken again, drift
+  sentinel) and the Optuna one-knob proposer;
+- ``orchestrate-prev``: the same loop with the verdict policy of the previous benchmark: the
+  candidate alone booted while undecided, and a boot with a node's clocks off ruled invalid
+  at once;
 - ``orchestrate-pointwise``: the same as ``orchestrate``, but a boot failure bars only the
   value that failed (no monotone failures: an out-of-memory crash at one memory fraction does
   not bar the larger ones), as the loop worked before knob specs declared them;
 - ``greedy-2%``: the same loop and proposer, deciding on a single run with a 2% threshold,
-  no output check and no re-measurement of the champion (the common practice);
+  no output or clock check and no re-measurement of the champion (the common practice);
 - ``optuna-tpe``: Optuna TPE over the full space, one run per trial, best measured trial wins;
 - ``grid``: a coarse grid in random order, one run per point, best measured point wins.
 
@@ -69,8 +71,9 @@ METHODS = (
     "optuna-tpe",
     "grid",
 )
-#: The verdict policy before predictive futility and the champion's early re-measurements.
-PREVIOUS_POLICY = {"predictive_futility": 0.0, "champion_boots": 1, "drift_every": 6}
+#: The verdict policy of the previous benchmark: the candidate booted alone while undecided,
+#: and a boot with a node's clocks off ruled invalid at once.
+PREVIOUS_POLICY = {"balance_boots": False, "reboot_slow_clocks": False}
 
 
 @dataclass
@@ -87,6 +90,7 @@ class Trace:
     decided: int = 0
     boot_failures: int = 0  # experiments whose config did not boot
     remeasures: int = 0  # boots of the champion after its first measurement
+    stuck_boots: int = 0  # boots with a node's clocks stuck
 
 
 def truth(landscape: Landscape, config: dict[str, Any]) -> float:
@@ -99,11 +103,14 @@ def truth(landscape: Landscape, config: dict[str, Any]) -> float:
     return value
 
 
-def profile_for(landscape: Landscape, policy: dict[str, Any], *, monotone: bool = True) -> Profile:
+def profile_for(
+    landscape: Landscape, policy: dict[str, Any], *, monotone: bool = True, clocks: bool = True
+) -> Profile:
     """A minimal profile around a landscape: its knob catalog and reference cells.
 
     ``monotone=False`` drops the catalog's monotone failures, so that a boot failure bars only
-    the value that failed (how the loop worked before they existed).
+    the value that failed (how the loop worked before they existed). ``clocks=False`` reads no
+    node's clocks: a boot with a node stuck counts like any other (the common practice).
     """
     knobs: dict[str, Any] = {"knob_catalog": landscape.catalog}
     if not monotone:
@@ -124,6 +131,7 @@ def profile_for(landscape: Landscape, policy: dict[str, Any], *, monotone: bool 
             "launcher": {"argv": ["true"]},
             **knobs,
             "cells": [c.model_dump() for c in landscape.cells()],
+            **({} if clocks else {"gates": {"min_matmul_rate": 0.01}}),
             # the profile expects the noise the cluster has (what a user's profile would say)
             "verdict": {
                 "noise": {
@@ -144,9 +152,10 @@ def run_loop(
     name: str,
     *,
     monotone: bool = True,
+    clocks: bool = True,
 ) -> Trace:
     """The real round loop on a simulated cluster, in a throwaway SQLite ledger."""
-    profile = profile_for(landscape, policy, monotone=monotone)
+    profile = profile_for(landscape, policy, monotone=monotone, clocks=clocks)
     trace = Trace(name)
     with tempfile.TemporaryDirectory() as tmp, Ledger(f"sqlite:///{tmp}/ledger.db") as ledger:
         testbed = SimulatedTestbed(landscape, seed)
@@ -183,6 +192,7 @@ def run_loop(
             trace.champions.append(champion.as_dict())
             assert e.decided_at is not None
             trace.boots.append(sum(1 for started, _ in boots_by_time if started <= e.decided_at))
+        trace.stuck_boots = testbed.stuck_boots
         last = max((e.decided_at for e in experiments if e.decided_at is not None), default=None)
         trace.remeasures = sum(
             1
@@ -226,6 +236,7 @@ def run_best_of(landscape: Landscape, seed: int, budget: int, configs: Any, name
             trace.wrong_discards += 1
         trace.champions.append(best_config)
         trace.boots.append(testbed.boots)
+    trace.stuck_boots = testbed.stuck_boots
     return trace
 
 
@@ -283,6 +294,7 @@ def summarise(landscape: Landscape, trace: Trace, optimum: float) -> dict[str, A
         "decided": trace.decided,
         "boot_failures": trace.boot_failures,
         "remeasures": trace.remeasures,
+        "stuck_boots": trace.stuck_boots,
         "boots": trace.boots[-1] if trace.boots else 0,
     }
 
@@ -471,7 +483,7 @@ def main() -> int:
                         "champion_boots": 1,  # the common practice never re-measures
                         "drift_every": 10 * args.budget,
                     }
-                    trace = run_loop(landscape, seed, args.budget, policy, method)
+                    trace = run_loop(landscape, seed, args.budget, policy, method, clocks=False)
                 elif method == "optuna-tpe":
                     trace = run_best_of(
                         landscape, seed, args.budget, tpe_configs(landscape, seed), method
@@ -516,6 +528,7 @@ COLUMNS = (
     "boots/decided",
     "boot failures/run",
     "champion re-measures/run",
+    "stuck-clock boots/run",
 )
 
 
@@ -555,6 +568,7 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
                 f"{sum(r['boots'] for r in mine) / max(1, decided):.2f}",
                 f"{_mean([r['boot_failures'] for r in mine]):.1f}",
                 f"{_mean([r['remeasures'] for r in mine]):.1f}",
+                f"{_mean([r['stuck_boots'] for r in mine]):.1f}",
             ]
             print("| " + " | ".join(cells) + " |")
     if "orchestrate" not in args.methods:

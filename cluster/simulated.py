@@ -1,8 +1,12 @@
 """A simulated cluster: the twin's landscape without processes or HTTP.
 
 Each ``deploy`` draws a boot factor (boot-to-boot spread) and fails the way the engine would
-(out of memory, a wedge); each ``bench`` draws a cell from the landscape's noise model. The
-research benchmark runs thousands of experiments through the real round loop on it.
+(out of memory, a wedge); each node may come up with its clocks stuck, at the landscape's
+``stuck_clock_probability`` per node and boot, and the tensor-parallel group then runs at that
+node's pace for the whole boot (as the twin's engine does; the next boot's preflight
+power-cycles it, so every boot draws afresh). Each ``bench`` draws a cell from the landscape's
+noise model and reports every node's clocks. The research benchmark runs thousands of
+experiments through the real round loop on it.
 """
 
 from __future__ import annotations
@@ -11,8 +15,9 @@ import random
 
 from cluster.errors import DeployError, FailureClass, NodeError
 from cluster.twin.landscape import Landscape
+from cluster.twin.node import NOMINAL_SM_CLOCK_MHZ
 from knobs.config import Config
-from knobs.records import CellResultRecord, CellSpec
+from knobs.records import CellResultRecord, CellSpec, NodeClockRecord
 
 
 class SimulatedTestbed:
@@ -21,9 +26,14 @@ class SimulatedTestbed:
     def __init__(self, landscape: Landscape, seed: int) -> None:
         self.landscape = landscape
         self.rng = random.Random(seed)
+        # a stream of its own: the same seed draws the same boot and run noise with or
+        # without stuck clocks
+        self._clock_rng = random.Random(f"clocks:{seed}")
         self.boots = 0
+        self.stuck_boots = 0  # boots with a node's clocks stuck
         self._config: Config | None = None
         self._factor = 1.0
+        self._rates: tuple[float, ...] = ()
 
     def deploy(self, config: Config) -> dict[int, str]:
         """A simulated boot.
@@ -46,6 +56,14 @@ class SimulatedTestbed:
             raise DeployError(f"simulated boot failed: {reason}", failure_class=failure, rank=0)
         self._config = config
         self._factor = self.landscape.draw_boot_factor(self.rng)
+        noise = self.landscape.noise
+        self._rates = tuple(
+            noise.stuck_clock_rate
+            if self._clock_rng.random() < noise.stuck_clock_probability
+            else 1.0
+            for _ in range(self.landscape.topology.nnodes)
+        )
+        self.stuck_boots += min(self._rates) < 1.0
         return {0: f"# simulated launcher for {config.to_json()}\n"}
 
     def bench(self, cell: CellSpec) -> CellResultRecord:
@@ -56,10 +74,18 @@ class SimulatedTestbed:
         """
         if self._config is None:
             raise NodeError("nothing deployed", failure_class="bench_failed")
-        record = self.landscape.sample(self._config, cell, self.rng, self._factor)
+        # the group runs at its slowest node's pace
+        factor = self._factor * min(self._rates, default=1.0)
+        record = self.landscape.sample(self._config, cell, self.rng, factor)
         if record is None:
             raise NodeError("the config does not serve", failure_class="bench_failed")
-        return record
+        clocks = tuple(
+            NodeClockRecord(
+                rank=rank, sm_clock_mhz=round(NOMINAL_SM_CLOCK_MHZ * rate, 1), matmul_rate=rate
+            )
+            for rank, rate in enumerate(self._rates)
+        )
+        return record.model_copy(update={"clocks": clocks})
 
     def logs(self) -> dict[int, str]:
         """No logs in a simulation."""

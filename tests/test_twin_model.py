@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from cluster import prompts
+from cluster.simulated import SimulatedTestbed
 from cluster.twin import noise, text
 from cluster.twin.landscape import Landscape, load_landscape, shipped
 from knobs.catalog import catalog
@@ -291,3 +292,38 @@ def test_shared_prompts_round_trip() -> None:
         prompts.build_prompt("code", 0, 9).id == prompts.build_prompt("code", 0, 1).id == "code/1+0"
     )
     assert prompts.classify("The capital of France is") == ("prose", None)
+
+
+def test_the_simulated_cluster_has_the_landscapes_stuck_clocks() -> None:
+    """The research benchmark's cluster draws the landscape's stuck clocks: a boot with a node
+    stuck reports that node's clocks and runs the whole group at its pace; the share of such
+    boots is what the landscape's per-node probability implies (1 - (1 - p)^nodes)."""
+    base = load_landscape("vllm-dflash2-tp4")
+    quiet = base.without_noise()
+    config = quiet.knob_space().default_config()
+    cell = quiet.cells()[0]
+    truth = quiet.truth(config.as_dict(), cell).output_tok_s
+
+    always = quiet.model_copy(
+        update={"noise": quiet.noise.model_copy(update={"stuck_clock_probability": 1.0})}
+    )
+    testbed = SimulatedTestbed(always, seed=3)
+    testbed.deploy(config)
+    record = testbed.bench(cell)
+    rate = always.noise.stuck_clock_rate
+    assert [c.matmul_rate for c in record.clocks] == [rate] * always.topology.nnodes
+    assert math.isclose(record.output_throughput, truth * rate, rel_tol=1e-9)
+
+    testbed = SimulatedTestbed(quiet, seed=3)
+    testbed.deploy(config)
+    record = testbed.bench(cell)
+    assert [c.matmul_rate for c in record.clocks] == [1.0] * quiet.topology.nnodes
+    assert math.isclose(record.output_throughput, truth, rel_tol=1e-9)
+
+    testbed = SimulatedTestbed(base, seed=3)
+    boots = 4000
+    for _ in range(boots):
+        testbed.deploy(config)
+    expected = 1 - (1 - base.noise.stuck_clock_probability) ** base.topology.nnodes
+    assert expected > 0.05
+    assert abs(testbed.stuck_boots / boots - expected) < 4 * math.sqrt(expected / boots)
