@@ -510,7 +510,7 @@ class RoundRunner:
             ) or (
                 assessment.stats.get("next_boot") == "champion"
                 and self._champion_boots_during(champion.experiment_id, e.id)
-                < self.profile.verdict.max_boots
+                < 2 * self.profile.verdict.max_boots
             ):
                 failure = self._remeasure_champion(rnd)
                 if failure is not None:
@@ -525,16 +525,17 @@ class RoundRunner:
                     return
                 continue
             if assessment.status == "more" and assessment.stats.get("next_boot") == "champion":
-                # the champion's boots did not count (a node's clocks kept off): decide on what
-                # there is rather than boot it for ever
+                # its boots keep not counting (a node's clocks off, drift after drift): decide
+                # on what there is rather than boot it for ever
+                booted = self._champion_boots_during(champion.experiment_id, e.id)
                 self._decide(
                     e,
                     run_id,
                     Assessment(
                         "inconclusive",
                         "champion-remeasure",
-                        f"{assessment.reason}: the champion was re-measured "
-                        f"{self.profile.verdict.max_boots} times without a trusted boot",
+                        f"{assessment.reason}: the champion was booted {booted} times for this "
+                        "verdict, the most it may be",
                         dict(assessment.stats),
                     ),
                     measurements,

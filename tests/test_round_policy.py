@@ -391,3 +391,26 @@ def test_an_undecided_candidate_boots_the_champion_when_it_has_fewer_boots(
         assert candidate.status == "discard"
         assert ledger.verdict(candidate.id).rule == "futility"  # type: ignore[union-attr]
     assert len(testbed.boots) == 2
+
+
+def test_a_champion_whose_boots_never_count_ends_the_verdict_inconclusive(
+    tmp_path: Path,
+) -> None:
+    """The verdict asks for the champion's next boot, and every re-measurement comes up with a
+    node's clocks off (none counts): after twice ``max_boots`` such boots the experiment is
+    decided inconclusive, not booted for ever."""
+
+    def speed(config: Config, n: int) -> float:
+        return 106.0 if config["num_speculative_tokens"] == 5 else 100.0
+
+    def stuck(n: int) -> bool:
+        return n > 1 and testbed.boots[n - 1]["num_speculative_tokens"] == 7
+
+    testbed = ScriptedTestbed(speed, stuck=stuck)
+    changes: list[dict[str, object]] = [{"num_speculative_tokens": 5}]
+    with run(tmp_path, testbed, changes, budget=1, champion_boots=1) as ledger:
+        candidate = ledger.experiments()[1]
+        assert candidate.status == "inconclusive"
+        assert ledger.verdict(candidate.id).rule == "champion-remeasure"  # type: ignore[union-attr]
+    order = "".join("c" if c["num_speculative_tokens"] == 5 else "B" for c in testbed.boots)
+    assert order == "Bcc" + "B" * 6
