@@ -19,7 +19,8 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/orchestrate round --budget 6
 
-## make test: lint, types, the import contract, then the test suite
+## make test: lint, types (the packages, then the benchmarks and tests), the import contract,
+## then the test suite
 test: $(STAMP) lint
 	$(BIN)/pytest -q
 
@@ -27,6 +28,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check orchestrator agents knobs ledger cluster tests bench
 	$(BIN)/ruff format --check orchestrator agents knobs ledger cluster tests bench
 	$(BIN)/mypy
+	$(BIN)/mypy bench tests
 	$(BIN)/lint-imports
 
 ## make engines: vLLM's CPU build and SmolLM2-135M-Instruct in an engine venv of their own

@@ -337,7 +337,7 @@ def sweep(profile_name: str, work: Path, deadline: float) -> list[dict[str, Any]
                     break
                 time.sleep(0.1)
             entry["boot_s"] = round(time.monotonic() - started, 2)
-            cells = {}
+            cells: dict[str, dict[str, Any]] = {}
             for cell in profile.cells:
                 r = run_cell(url, profile.model, cell)
                 cells[cell.name] = {

@@ -55,7 +55,7 @@ def boot(profile: Profile) -> Deployer:
 
 def sharegpt(path: Path, category: str, requests: int) -> list[str]:
     """The cell's first ``requests`` prompts as a ShareGPT file; their ids."""
-    prompts = [build_prompt(category, 0, i) for i in range(requests)]  # type: ignore[arg-type]
+    prompts = [build_prompt(category, 0, i) for i in range(requests)]
     path.write_text(
         json.dumps(
             [
@@ -99,7 +99,7 @@ def ours(url: str, model: str, category: str, *, conc: int, tokens: int, seconds
     """One bench cell of ours, its window sized like vLLM's run; decode tok/s."""
     cell = CellSpec(
         name=f"{category}-c{conc}",
-        category=category,  # type: ignore[arg-type]
+        category=category,
         concurrency=conc,
         max_tokens=tokens,
         warmup_s=2.0,

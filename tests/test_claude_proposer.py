@@ -154,14 +154,16 @@ def test_a_good_proposal_is_the_change_with_its_cost_in_the_notes(
 
 
 def _history() -> tuple[HistoryEntry, ...]:
-    def entry(n: int, knob: str | None, value: Any, status: str, delta: float | None, **kw: Any):
+    def entry(
+        n: int, knob: str | None, value: Any, status: str, delta: float | None, **kw: Any
+    ) -> HistoryEntry:
         config = CHAMPION.as_dict() if knob is None else {**CHAMPION.as_dict(), knob: value}
         return HistoryEntry(
             experiment=n,
             config=config,
             knob=knob,
             value=value,
-            status=status,  # type: ignore[arg-type]
+            status=status,
             objective=None if delta is None else 1000 * (1 + delta / 100),
             delta_pct=delta,
             champion_key=CHAMPION.key,

@@ -118,8 +118,10 @@ def test_a_budget_4_round_on_real_vllm(workdir: Path) -> None:
     assert len(rows) == 1 + len(experiments)
 
     client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    experiment = client.get_experiment_by_name("orchestrate")
+    assert experiment is not None
     parent = client.search_runs(
-        [client.get_experiment_by_name("orchestrate").experiment_id],
+        [experiment.experiment_id],
         filter_string="tags.mlflow.runName = 'round-1'",
     )[0]
     children = client.search_runs(

@@ -5,7 +5,7 @@ what the test says (the real loop, ledger and verdict code run unchanged)."""
 from __future__ import annotations
 
 import io
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from rich.console import Console
@@ -106,7 +106,7 @@ def profile(**verdict: object) -> Profile:
 def run(
     tmp_path: Path,
     testbed: ScriptedTestbed,
-    changes: list[dict[str, object]],
+    changes: Sequence[Mapping[str, object]],
     budget: int,
     **verdict: object,
 ) -> Ledger:
@@ -147,7 +147,7 @@ def test_drift_is_recorded_and_rebaselines_the_comparison(tmp_path: Path) -> Non
         level = 100.0 if n <= 4 else 130.0
         return level * (1.1 if config["kv_cache_dtype"] == "auto" else 1.0)
 
-    changes = [
+    changes: list[dict[str, object]] = [
         {"drafter_adapter_rank": 0},
         {"drafter_adapter_rank": 16},
         {"drafter_adapter_rank": 32},
@@ -228,7 +228,7 @@ def proposal_context(ledger: Ledger, testbed: ScriptedTestbed) -> ProposalContex
         ledger,
         NullSink(),
         testbed,
-        SweepProposer(),  # type: ignore[arg-type]
+        SweepProposer(),
         ApprovalGate(ledger, "auto"),
         RoundDisplay(Console(file=io.StringIO())),
     )
@@ -236,8 +236,13 @@ def proposal_context(ledger: Ledger, testbed: ScriptedTestbed) -> ProposalContex
 
 
 def test_a_boot_failure_becomes_a_known_bad_region(tmp_path: Path) -> None:
-    testbed = ScriptedTestbed(lambda c, n: None if c["gpu_memory_utilization"] >= 0.89 else 100.0)
-    changes = [{"gpu_memory_utilization": 0.9}, {"num_speculative_tokens": 6}]
+    testbed = ScriptedTestbed(
+        lambda c, n: None if float(c["gpu_memory_utilization"]) >= 0.89 else 100.0
+    )
+    changes: list[dict[str, object]] = [
+        {"gpu_memory_utilization": 0.9},
+        {"num_speculative_tokens": 6},
+    ]
     with run(tmp_path, testbed, changes, budget=2) as ledger:
         crash = ledger.experiments()[1]
         assert crash.status == "crash" and crash.failure_class == "oom"
@@ -275,7 +280,7 @@ def test_a_monotone_boot_failure_bars_the_whole_side_of_the_value(tmp_path: Path
         return None if gmu >= 0.9 or gmu <= 0.72 or gmu == 0.8 else 100.0
 
     testbed = ScriptedTestbed(speed, failure)
-    changes = [
+    changes: list[dict[str, object]] = [
         {"gpu_memory_utilization": 0.9},
         {"gpu_memory_utilization": 0.72},
         {"gpu_memory_utilization": 0.8},

@@ -84,8 +84,10 @@ def test_round_records_everything_and_a_second_round_continues(workdir: Path) ->
     ]
 
     client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    experiment = client.get_experiment_by_name("orchestrate")
+    assert experiment is not None
     parents = client.search_runs(
-        [client.get_experiment_by_name("orchestrate").experiment_id],
+        [experiment.experiment_id],
         filter_string="tags.mlflow.runName = 'round-1'",
     )
     assert len(parents) == 1
