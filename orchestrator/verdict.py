@@ -306,11 +306,11 @@ def predictive_keep(
     small).
 
     ``g``: the observed mean log ratio over ``n`` candidate and ``m`` champion boots, each
-    boot scattering ``boot_cv``. Given the true gain δ, the error ``g - δ`` splits into the
-    candidate's mean error (its share ``c = (1/n) / (1/n + 1/m)`` of it, give or take a part
-    ``u`` common to both means, ``var(u) = cv²/(n + m)``) and the champion's (the rest, the same
-    ``u``); the new boots are independent. So the final ratio ``g'`` over ``n + more`` and
-    ``m + champion_more`` boots is normal given δ and ``g``, with
+    boot scattering ``boot_cv``. Given the true gain δ and ``g``, the candidate's mean error is
+    ``c·(g - δ) + u`` and the champion's ``(c - 1)·(g - δ) + u``, where
+    ``c = (1/n) / (1/n + 1/m)`` and ``u ~ N(0, cv²/(n + m))`` is the part of both errors that
+    ``g`` cannot see; the new boots are independent. So the final ratio ``g'`` over
+    ``n + more`` and ``m + champion_more`` boots is normal given δ and ``g``, with
     ``E g' = (1 - K)·δ + K·g`` where ``K = c·n/(n + more) + (1 - c)·m/(m + champion_more)``.
     ``P(gain | g')`` rises with ``g'``, so success is ``g' ≥ g*``; over the posterior of δ
     (spike at 0, normal slab) the chance integrates in closed form. Only the last look counts
