@@ -15,7 +15,7 @@ import random
 
 from cluster.errors import DeployError, FailureClass, NodeError
 from cluster.twin.landscape import Landscape
-from cluster.twin.node import NOMINAL_SM_CLOCK_MHZ
+from cluster.twin.node import sm_clock_mhz
 from knobs.config import Config
 from knobs.records import CellResultRecord, CellSpec, NodeClockRecord
 
@@ -80,9 +80,7 @@ class SimulatedTestbed:
         if record is None:
             raise NodeError("the config does not serve", failure_class="bench_failed")
         clocks = tuple(
-            NodeClockRecord(
-                rank=rank, sm_clock_mhz=round(NOMINAL_SM_CLOCK_MHZ * rate, 1), matmul_rate=rate
-            )
+            NodeClockRecord(rank=rank, sm_clock_mhz=sm_clock_mhz(rate), matmul_rate=rate)
             for rank, rate in enumerate(self._rates)
         )
         return record.model_copy(update={"clocks": clocks})

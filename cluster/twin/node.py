@@ -48,7 +48,12 @@ class NodeState:
     @property
     def sm_clock_mhz(self) -> float:
         """The node's SM clock."""
-        return round(NOMINAL_SM_CLOCK_MHZ * self.matmul_rate, 1)
+        return sm_clock_mhz(self.matmul_rate)
+
+
+def sm_clock_mhz(matmul_rate: float) -> float:
+    """The SM clock of a node whose matmul rate is ``matmul_rate`` of nominal."""
+    return round(NOMINAL_SM_CLOCK_MHZ * matmul_rate, 1)
 
 
 def node_dir(value: str | None) -> Path | None:
