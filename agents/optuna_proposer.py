@@ -46,6 +46,10 @@ from knobs.spec import KnobSpec, Value, as_text
 
 Direction = Literal["maximize", "minimize"]
 
+#: A knob gets first looks when its spec's ``effect_prior.null`` is below this: more of its
+#: changes do something than nothing.
+FIRST_LOOK_NULL = 0.5
+
 #: How many times ``study.ask`` is tried before the deterministic fallback. Each extra ask sees
 #: the earlier ones as running trials (TPE's constant liar), so it lands somewhere else.
 MAX_ASKS = 12
@@ -81,23 +85,43 @@ def seed_for(*parts: object) -> int:
 class OptunaProposer:
     """Ask/tell with TPE over the knob space, one knob away from the champion.
 
+    First looks: a knob known to matter (its spec's ``effect_prior`` says fewer than half of
+    its changes do nothing: K, CUDA graphs) that has an allowed change and was never changed
+    under the current champion is looked at before TPE's preferences take over, the likeliest
+    to matter first (the lowest ``null``, then the least tried, then a seeded hash). A new
+    champion makes them new again, except the knob whose change made it: CUDA graphs that lost
+    at K=7 may win at K=2. Without this, TPE, which models only the configs it has seen, may
+    never move a knob its history never moved: CUDA graphs left off for a whole run. Knobs
+    that declare nothing, or that rarely matter, are left to TPE (a first look at each under
+    every champion would spend the budget on them).
+
     TPE (seeded from the proposer's seed, the round's seed and the history's length) suggests a
-    whole config. Of the knobs where it differs from the champion, the one taken is the knob
+    whole config. Of the knobs where it differs from the champion (during a first look: only
+    the knob looked at), the one taken is the knob
     changed least often relative to how much it has been seen to matter (``tries / (1 + √ of
     the largest |delta_pct| of its measured changes)``), so untried knobs come first and flat
     ones fade; among equals, the one TPE moved furthest (as a fraction of its domain; a
     categorical move counts as the whole domain); then a seeded hash. That knob at TPE's value
     is the change.
     When a dozen asks give no allowed change, the fallback is the allowed neighbour whose knob,
-    then value, was tried least (ties by the seeded hash).
+    then value, was tried least (ties by the seeded hash); during a first look, the least-tried
+    allowed value of the knob looked at.
     """
 
     name = "optuna"
 
     def __init__(
-        self, seed: int = 0, n_startup: int = 4, *, direction: Direction = "maximize"
+        self,
+        seed: int = 0,
+        n_startup: int = 4,
+        *,
+        direction: Direction = "maximize",
+        first_looks: bool = True,
     ) -> None:
-        """Raises:
+        """``first_looks=False``: TPE's preferences alone, from the first proposal (as before
+        first looks existed; kept to measure them).
+
+        Raises:
         ValueError: ``n_startup`` is negative or ``direction`` is neither maximize nor minimize.
         """
         if n_startup < 0:
@@ -107,6 +131,7 @@ class OptunaProposer:
         self.seed = seed
         self.n_startup = n_startup
         self.direction: Direction = direction
+        self.first_looks = first_looks
         optuna.logging.set_verbosity(optuna.logging.WARNING)
 
     def propose(self, context: ProposalContext) -> Proposal:
@@ -125,12 +150,15 @@ class OptunaProposer:
         sampler_seed = seed_for(self.seed, context.seed, len(context.history))
         study, skipped = self._study(context, dists)
         completed = sum(1 for t in study.trials if t.state == TrialState.COMPLETE)
+        first = first_look(context, allowed, sampler_seed) if self.first_looks else None
         for asks in range(1, MAX_ASKS + 1):
             asked = _params(context.space, study.ask(dists).params)
             if asked is None:  # unreachable: TPE samples inside the distributions
                 continue
             moved = self._moved(context, asked, sampler_seed)
             for knob in moved:
+                if first is not None and knob != first:
+                    continue
                 change = Change(knob=knob, old=context.champion[knob], new=asked[knob])
                 if context.refusal(change) is None:
                     notes = {
@@ -141,8 +169,12 @@ class OptunaProposer:
                     others = [f"{k}={as_text(asked[k])}" for k in moved if k != knob]
                     if others:
                         notes["tpe_also_moved"] = ", ".join(others)
+                    if first is not None:
+                        notes["first_look"] = _first_look_note(context, first)
                     return self._proposal(context, change, completed, notes, skipped)
-        return self._fallback(context, allowed, sampler_seed, completed, skipped)
+        if first is not None:
+            allowed = [c for c in allowed if c.knob == first]
+        return self._fallback(context, allowed, sampler_seed, completed, skipped, first)
 
     # ---- the study -----------------------------------------------------------------------------
     def _study(
@@ -199,6 +231,7 @@ class OptunaProposer:
         sampler_seed: int,
         completed: int,
         skipped: int,
+        first: str | None = None,
     ) -> Proposal:
 
         def rank(change: Change) -> tuple[int, int, int]:
@@ -212,6 +245,8 @@ class OptunaProposer:
             "fallback": f"TPE's {MAX_ASKS} suggestions gave no allowed change; "
             f"took the least-tried of {len(allowed)} allowed neighbours",
         }
+        if first is not None:
+            notes["first_look"] = _first_look_note(context, first)
         return self._proposal(context, min(allowed, key=rank), completed, notes, skipped)
 
     # ---- the words -----------------------------------------------------------------------------
@@ -225,7 +260,9 @@ class OptunaProposer:
     ) -> Proposal:
         spec = context.space.spec(change.knob)
         target = f"{change.knob}={as_text(change.new)}"
-        if notes["sampler"] == "fallback":
+        if notes["sampler"] == "fallback" and "first_look" in notes:
+            how = f"TPE's suggestions did not move it; {target} is its least-tried allowed value"
+        elif notes["sampler"] == "fallback":
             how = f"TPE kept suggesting decided or refused configs; {target} is least explored"
         elif notes["sampler"] == "tpe":
             how = f"TPE over {completed} completed trials puts {target} in the promising region"
@@ -235,6 +272,8 @@ class OptunaProposer:
                 f"before it models the surface, so {target} is a random draw"
             )
         evidence = _evidence(context.history, spec, change.new)
+        if "first_look" in notes:
+            how = f"a first look ({notes['first_look']}); {how}"
         hypothesis = f"{change.describe()}: {how}."
         if evidence:
             hypothesis += " Nearest evidence: " + "; ".join(_line(e, spec) for e in evidence) + "."
@@ -249,6 +288,36 @@ class OptunaProposer:
             estimated_cost=ONE_EXPERIMENT,
             notes=notes,
         )
+
+
+def first_look(context: ProposalContext, allowed: Sequence[Change], seed: int) -> str | None:
+    """The knob to look at first under the current champion, or ``None`` when every knob known
+    to matter with an allowed change was already changed under it (see ``OptunaProposer``)."""
+    here = {e.knob for e in context.history if e.champion_key == context.champion.key}
+    # the knob whose change made this champion: looking back is the comparison just decided
+    here |= {
+        e.knob
+        for e in context.history
+        if e.status == "keep" and Config(e.config).key == context.champion.key
+    }
+    nulls = {
+        spec.name: spec.effect_prior.null
+        for spec in context.space.knobs
+        if spec.effect_prior is not None and spec.effect_prior.null < FIRST_LOOK_NULL
+    }
+    fresh = {c.knob for c in allowed if c.knob in nulls} - here
+    if not fresh:
+        return None
+    return min(fresh, key=lambda k: (nulls[k], context.tries(k), seed_for(seed, k)))
+
+
+def _first_look_note(context: ProposalContext, knob: str) -> str:
+    prior = context.space.spec(knob).effect_prior
+    assert prior is not None  # first looks are for knobs that declare one
+    return (
+        f"{knob} was not yet changed under this champion, and its spec says only "
+        f"{prior.null:.0%} of its changes do nothing"
+    )
 
 
 def _evidence(history: Sequence[HistoryEntry], spec: KnobSpec, value: Value) -> list[HistoryEntry]:

@@ -71,9 +71,9 @@ METHODS = (
     "optuna-tpe",
     "grid",
 )
-#: The verdict policy of the previous benchmark: the candidate booted alone while undecided,
-#: and a boot with a node's clocks off ruled invalid at once.
-PREVIOUS_POLICY = {"balance_boots": False, "reboot_slow_clocks": False}
+#: The verdict policy of the previous benchmark: every change judged with the profile's prior
+#: (no knob's own); with it, the proposer without first looks (TPE's preferences alone).
+PREVIOUS_POLICY = {"knob_priors": False}
 
 
 @dataclass
@@ -153,6 +153,7 @@ def run_loop(
     *,
     monotone: bool = True,
     clocks: bool = True,
+    first_looks: bool = True,
 ) -> Trace:
     """The real round loop on a simulated cluster, in a throwaway SQLite ledger."""
     profile = profile_for(landscape, policy, monotone=monotone, clocks=clocks)
@@ -164,7 +165,7 @@ def run_loop(
             ledger,
             NullSink(),
             testbed,
-            OptunaProposer(seed=seed),
+            OptunaProposer(seed=seed, first_looks=first_looks),
             ApprovalGate(ledger, "auto"),
             RoundDisplay(Console(file=io.StringIO())),
         )
@@ -450,6 +451,11 @@ def main() -> int:
         help="verdict settings for orchestrate, over its profile's: '{\"max_boots\": 6}'",
     )
     parser.add_argument(
+        "--no-first-looks",
+        action="store_true",
+        help="orchestrate's proposer without first looks (TPE's preferences alone)",
+    )
+    parser.add_argument(
         "--boot-noise",
         type=noise_level,
         help="replace every landscape's boot-to-boot noise (relative sd, default: theirs, 0.05)",
@@ -470,9 +476,18 @@ def main() -> int:
         for method in args.methods:
             for seed in range(args.seeds):
                 if method == "orchestrate":
-                    trace = run_loop(landscape, seed, args.budget, args.policy, method)
+                    trace = run_loop(
+                        landscape,
+                        seed,
+                        args.budget,
+                        args.policy,
+                        method,
+                        first_looks=not args.no_first_looks,
+                    )
                 elif method == "orchestrate-prev":
-                    trace = run_loop(landscape, seed, args.budget, PREVIOUS_POLICY, method)
+                    trace = run_loop(
+                        landscape, seed, args.budget, PREVIOUS_POLICY, method, first_looks=False
+                    )
                 elif method == "orchestrate-pointwise":
                     trace = run_loop(landscape, seed, args.budget, {}, method, monotone=False)
                 elif method == "greedy-2%":

@@ -16,6 +16,7 @@ import random
 from cluster.errors import DeployError, FailureClass, NodeError
 from cluster.twin.landscape import Landscape
 from cluster.twin.node import sm_clock_mhz
+from cluster.twin.noise import stuck_at_boot
 from knobs.config import Config
 from knobs.records import CellResultRecord, CellSpec, NodeClockRecord
 
@@ -25,10 +26,8 @@ class SimulatedTestbed:
 
     def __init__(self, landscape: Landscape, seed: int) -> None:
         self.landscape = landscape
+        self.seed = seed
         self.rng = random.Random(seed)
-        # a stream of its own: the same seed draws the same boot and run noise with or
-        # without stuck clocks
-        self._clock_rng = random.Random(f"clocks:{seed}")
         self.boots = 0
         self.stuck_boots = 0  # boots with a node's clocks stuck
         self._config: Config | None = None
@@ -57,11 +56,13 @@ class SimulatedTestbed:
         self._config = config
         self._factor = self.landscape.draw_boot_factor(self.rng)
         noise = self.landscape.noise
+        # the twin's own draw (a pure function of seed, node and boot), apart from the boot
+        # and run noise: the same seed draws the same noise with or without stuck clocks
         self._rates = tuple(
             noise.stuck_clock_rate
-            if self._clock_rng.random() < noise.stuck_clock_probability
+            if stuck_at_boot(self.seed, rank, self.boots, noise.stuck_clock_probability)
             else 1.0
-            for _ in range(self.landscape.topology.nnodes)
+            for rank in range(self.landscape.topology.nnodes)
         )
         self.stuck_boots += min(self._rates) < 1.0
         return {0: f"# simulated launcher for {config.to_json()}\n"}

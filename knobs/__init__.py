@@ -10,7 +10,7 @@ from knobs.config import Change, Config
 from knobs.errors import KnobError, OrchestrateError
 from knobs.records import CellResultRecord, CellSpec, NodeClockRecord
 from knobs.space import ForbiddenCombination, KnobSpace
-from knobs.spec import KnobSpec, RenderSpec, Value
+from knobs.spec import EffectPrior, KnobSpec, RenderSpec, Value
 
 __all__ = [
     "CATALOGS",
@@ -18,6 +18,7 @@ __all__ = [
     "CellSpec",
     "Change",
     "Config",
+    "EffectPrior",
     "ForbiddenCombination",
     "KnobError",
     "KnobSpace",

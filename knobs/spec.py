@@ -82,6 +82,23 @@ class RenderSpec(BaseModel):
         return self
 
 
+class EffectPrior(BaseModel):
+    """What is known, before measuring, about what changing a knob does to the objective.
+
+    A share ``null`` of its changes do nothing; the rest move the objective by a relative
+    amount spread ``effect_pct`` (a normal on the log scale, either sign). The verdict judges a
+    one-knob change with its knob's prior when the knob declares one, else with the profile's
+    (``verdict.prior_null`` / ``verdict.prior_effect_pct``). ``source`` says where the belief
+    comes from, so that a reader can check it.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    null: float = Field(ge=0, lt=1, description="share of this knob's changes that do nothing")
+    effect_pct: float = Field(gt=0, le=100, description="spread of the effect when there is one")
+    source: str = ""
+
+
 class KnobSpec(BaseModel):
     """One tunable setting of a serving stack, with a finite, validated domain."""
 
@@ -102,6 +119,8 @@ class KnobSpec(BaseModel):
     #: one, e.g. ``kv_capacity``), so one crash bars the whole side for every proposer instead
     #: of costing a boot per value. Numeric knobs only.
     monotone_failures: dict[str, Literal["above", "below"]] = Field(default_factory=dict)
+    #: What changing this knob is known to do, for the verdict's prior (None: the profile's).
+    effect_prior: EffectPrior | None = None
 
     @model_validator(mode="after")
     def _domain(self) -> KnobSpec:

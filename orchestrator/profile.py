@@ -73,8 +73,17 @@ class VerdictSpec(BaseModel):
     futility: float = Field(
         default=0.25, gt=0, lt=1, description="discard when P(gain > equivalence) falls below"
     )
-    prior_null: float = Field(default=0.5, ge=0, lt=1)
-    prior_effect_pct: float = Field(default=15.0, gt=0, le=100)
+    prior_null: float = Field(
+        default=0.5, ge=0, lt=1, description="share of changes that do nothing (the spike)"
+    )
+    prior_effect_pct: float = Field(
+        default=15.0, gt=0, le=100, description="spread of a change's effect (the slab)"
+    )
+    knob_priors: bool = Field(
+        default=True,
+        description="judge a one-knob change with its knob's effect_prior where its spec "
+        "declares one (CUDA graphs and K always do something; adapter rank rarely does)",
+    )
     max_boots: int = Field(
         default=3, ge=1, le=20, description="candidate boots before inconclusive"
     )

@@ -30,7 +30,7 @@ from cluster.errors import NodeError
 from knobs.config import Config
 from knobs.errors import OrchestrateError
 from knobs.records import CellResultRecord
-from knobs.spec import Value, as_text
+from knobs.spec import EffectPrior, Value, as_text
 from ledger import (
     ChampionRecord,
     ExperimentRecord,
@@ -778,7 +778,20 @@ class RoundRunner:
                 min_matmul_rate=self.profile.gates.min_matmul_rate,
             ),
             self.noise(),
+            self._effect_prior(e),
         )
+
+    def _effect_prior(self, e: ExperimentRecord) -> EffectPrior | None:
+        """The changed knob's declared effect prior, for a one-knob change (a person's edit of
+        several knobs is judged with the profile's)."""
+        champion = self.ledger.champion(self.cluster)
+        if champion is None:
+            return None
+        changed = e.config.diff(champion.config)
+        space = self.profile.space
+        if len(changed) != 1 or changed[0] not in space.names:
+            return None
+        return space.spec(changed[0]).effect_prior
 
     def _restore_champion(self) -> None:
         """Boot the champion again after a candidate failed, when the profile asks for it."""

@@ -8,7 +8,8 @@ profile's cells of decode tok/s. The champion has its own boots. ``assess`` comp
 2. guardrails — errors, or a TTFT p90 regression beyond the profile's limit (in percent, and
    more than a few milliseconds: ``ttft_p90_min_increase_ms``): discard;
 3. the gain ``δ = log(candidate / champion)``: with a spike-and-slab prior (a share
-   ``prior_null`` of changes do nothing; the rest spread ``prior_effect_pct``) and the
+   ``prior_null`` of changes do nothing; the rest spread ``prior_effect_pct``; a one-knob
+   change is judged with its knob's ``effect_prior`` when the knob spec declares one) and the
    observed mean log ratio ``g ~ N(δ, se²)`` whose ``se`` comes from the noise model,
    ``P(δ > 0 | g)`` and ``P(δ > equivalence | g)`` follow in closed form. The prior makes the
    posterior honest whatever rule decided to take another boot, so one rule serves every look:
@@ -31,6 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from knobs.records import CellResultRecord
+from knobs.spec import EffectPrior
 from orchestrator.noise import NoiseModel
 from orchestrator.profile import VerdictSpec
 
@@ -200,8 +202,14 @@ def _guardrails(spec: VerdictSpec, ev: Evidence, stats: dict[str, object]) -> As
     return None
 
 
-def assess(spec: VerdictSpec, ev: Evidence, noise: NoiseModel) -> Assessment:
-    """The verdict on the evidence so far (or a request for another boot)."""
+def assess(
+    spec: VerdictSpec, ev: Evidence, noise: NoiseModel, prior: EffectPrior | None = None
+) -> Assessment:
+    """The verdict on the evidence so far (or a request for another boot).
+
+    ``prior``: what is known about the changed knob's effect (its spec's ``effect_prior``);
+    ``None``, or ``spec.knob_priors`` off: the profile's ``prior_null`` / ``prior_effect_pct``.
+    """
     if not ev.candidate or not ev.champion:
         raise ValueError("a verdict needs at least one boot of candidate and champion")
     cand, champ = objective_of(ev.candidate), objective_of(ev.champion)
@@ -230,15 +238,25 @@ def assess(spec: VerdictSpec, ev: Evidence, noise: NoiseModel) -> Assessment:
             f"{delta_pct:+.2f}% vs champion ({relation} +{spec.threshold_pct:g}%, one run)",
             stats,
         )
+    knob_prior = prior is not None and spec.knob_priors
+    if prior is None or not spec.knob_priors:
+        prior = EffectPrior(null=spec.prior_null, effect_pct=spec.prior_effect_pct)
+    prior_sd = math.log1p(prior.effect_pct / 100)
     g = _mean_log(ev.candidate) - _mean_log(ev.champion)
     se = noise.se(len(ev.candidate), len(ev.champion))
-    post = posterior(
-        g, se, prior_null=spec.prior_null, prior_sd=math.log1p(spec.prior_effect_pct / 100)
-    )
+    post = posterior(g, se, prior_null=prior.null, prior_sd=prior_sd)
     equivalence = math.log1p(spec.equivalence_pct / 100)
     p_gain = post.p_above(0.0)
     p_worth = post.p_above(equivalence)
-    stats.update(g=g, se=se, p_gain=p_gain, p_worth=p_worth)
+    stats.update(
+        g=g,
+        se=se,
+        p_gain=p_gain,
+        p_worth=p_worth,
+        prior_null=prior.null,
+        prior_effect_pct=prior.effect_pct,
+        prior_from="knob" if knob_prior else "profile",
+    )
     where = (
         f"{delta_pct:+.2f}% over {len(ev.candidate)} boot(s) vs {len(ev.champion)}; "
         f"P(gain)={p_gain:.2f}, P(gain>{spec.equivalence_pct:g}%)={p_worth:.2f}"
@@ -263,8 +281,8 @@ def assess(spec: VerdictSpec, ev: Evidence, noise: NoiseModel) -> Assessment:
         m,
         max(0, spec.max_boots - n),
         champion_more=champion_more,
-        prior_null=spec.prior_null,
-        prior_sd=math.log1p(spec.prior_effect_pct / 100),
+        prior_null=prior.null,
+        prior_sd=prior_sd,
         confidence=spec.confidence,
     )
     stats.update(p_reach=reach)

@@ -282,6 +282,47 @@ def test_optuna_finds_the_peak_far_more_often_than_random_neighbours() -> None:
     assert optuna_hits >= random_hits + 6, (optuna_hits, random_hits)
 
 
+def flat(config: Config) -> float:
+    """Nothing any knob does matters: no change is ever kept."""
+    return 100.0
+
+
+def test_the_knobs_known_to_matter_get_a_first_look_before_tpe_takes_over() -> None:
+    """Under a champion, K and CUDA graphs (their specs' ``effect_prior``: they always do
+    something) are each changed once before TPE's preferences take over; the knobs that declare
+    nothing or rarely matter are left to TPE. ``first_looks=False``: TPE alone."""
+    for seed in range(4):
+        loop = Loop(CATALOG, flat, seed=seed).run(OptunaProposer(seed=seed), 3)
+        knobs = [p.change.knob for _, p in loop.proposals]
+        assert sorted(knobs[:2]) == ["cuda_graphs", "num_speculative_tokens"], knobs
+        notes = [p.notes for _, p in loop.proposals]
+        assert all("only 5% of its changes do nothing" in n["first_look"] for n in notes[:2])
+        assert "first_look" not in notes[2]
+        assert "a first look (" in loop.proposals[0][1].hypothesis
+    alone = Loop(CATALOG, flat).run(OptunaProposer(first_looks=False), 3).proposals
+    assert not any("first_look" in p.notes for _, p in alone)
+
+
+def test_a_new_champion_gets_first_looks_again_but_not_back_where_it_came_from() -> None:
+    """CUDA graphs that lost at K=7 may win at K=5: after a keep the knobs known to matter are
+    new again, except the knob whose change made the champion (going back is the comparison
+    just decided)."""
+
+    def graphs_then_k(config: Config) -> float:
+        return 100.0 + (5.0 if config["num_speculative_tokens"] == 5 else 0.0)
+
+    loop = Loop(CATALOG, graphs_then_k, seed=1)
+    proposer = OptunaProposer(seed=1)
+    while loop.champion["num_speculative_tokens"] != 5:
+        loop.step(proposer)
+        assert len(loop.proposals) <= 40, "K=5 was never proposed"
+    kept_at = len(loop.proposals)
+    loop.run(proposer, 2)
+    after = [p for _, p in loop.proposals[kept_at:]]
+    assert after[0].change.knob == "cuda_graphs" and "first_look" in after[0].notes
+    assert "first_look" not in after[1].notes
+
+
 # ---- exhaustion and fallback -----------------------------------------------------------------
 
 

@@ -371,19 +371,20 @@ def test_a_candidate_boot_with_clocks_off_is_set_aside_and_booted_again(tmp_path
 def test_an_undecided_candidate_boots_the_champion_when_it_has_fewer_boots(
     tmp_path: Path,
 ) -> None:
-    """+6 % at 2 % boot noise is undecided on one boot a side. The candidate is booted again,
-    then the champion (it now has fewer boots), then each in turn: three boots a side make it
-    a keep. With ``balance_boots`` off, the futility rule counts on the one-boot champion it
-    would keep and discards the gain at once (a keep within three boots: P = 0.06)."""
+    """+6 % at 2 % boot noise (a knob without a prior of its own: the profile's) is undecided
+    on one boot a side. The candidate is booted again, then the champion (it now has fewer
+    boots), then each in turn: three boots a side make it a keep. With ``balance_boots`` off,
+    the futility rule counts on the one-boot champion it would keep and discards the gain at
+    once (a keep within three boots: P = 0.06)."""
 
     def speed(config: Config, n: int) -> float:
-        return 106.0 if config["num_speculative_tokens"] == 5 else 100.0
+        return 106.0 if config["kv_cache_dtype"] == "auto" else 100.0
 
     testbed = ScriptedTestbed(speed)
-    changes: list[dict[str, object]] = [{"num_speculative_tokens": 5}]
+    changes: list[dict[str, object]] = [{"kv_cache_dtype": "auto"}]
     with run(tmp_path, testbed, changes, budget=1, champion_boots=1) as ledger:
         assert ledger.experiments()[1].status == "keep"
-    order = "".join("c" if c["num_speculative_tokens"] == 5 else "B" for c in testbed.boots)
+    order = "".join("c" if c["kv_cache_dtype"] == "auto" else "B" for c in testbed.boots)
     # baseline, c, c, champion, c, champion, confirmation
     assert order == "BccBcBc"
 
@@ -406,16 +407,44 @@ def test_a_champion_whose_boots_never_count_ends_the_verdict_inconclusive(
     decided inconclusive, not booted for ever."""
 
     def speed(config: Config, n: int) -> float:
-        return 106.0 if config["num_speculative_tokens"] == 5 else 100.0
+        return 106.0 if config["kv_cache_dtype"] == "auto" else 100.0
 
     def stuck(n: int) -> bool:
-        return n > 1 and testbed.boots[n - 1]["num_speculative_tokens"] == 7
+        return n > 1 and testbed.boots[n - 1]["kv_cache_dtype"] != "auto"
 
     testbed = ScriptedTestbed(speed, stuck=stuck)
-    changes: list[dict[str, object]] = [{"num_speculative_tokens": 5}]
+    changes: list[dict[str, object]] = [{"kv_cache_dtype": "auto"}]
     with run(tmp_path, testbed, changes, budget=1, champion_boots=1) as ledger:
         candidate = ledger.experiments()[1]
         assert candidate.status == "inconclusive"
         assert ledger.verdict(candidate.id).rule == "champion-remeasure"  # type: ignore[union-attr]
-    order = "".join("c" if c["num_speculative_tokens"] == 5 else "B" for c in testbed.boots)
+    order = "".join("c" if c["kv_cache_dtype"] == "auto" else "B" for c in testbed.boots)
     assert order == "Bcc" + "B" * 6
+
+
+def test_a_one_knob_change_is_judged_with_its_knobs_prior(tmp_path: Path) -> None:
+    """+4 % at 2 % boot noise. K declares that it always does something (the catalog's
+    ``effect_prior``: 5 % of its changes do nothing): a first look of +4 % is worth more boots,
+    and three boots a side and a confirmation keep it. Judged with the profile's prior (half of
+    all changes do nothing), a keep is out of reach after one boot: discarded for futility.
+    So is the same gain on ``kv_cache_dtype``, which declares no prior of its own."""
+
+    def speed(config: Config, n: int) -> float:
+        changed = config["num_speculative_tokens"] == 5 or config["kv_cache_dtype"] == "auto"
+        return 104.0 if changed else 100.0
+
+    def judged(where: str, change: dict[str, object], **verdict: object) -> tuple[str, ...]:
+        (tmp_path / where).mkdir()
+        testbed = ScriptedTestbed(speed)
+        with run(tmp_path / where, testbed, [change], budget=1, **verdict) as ledger:
+            candidate = ledger.experiments()[1]
+            verdict_record = ledger.verdict(candidate.id)
+            assert verdict_record is not None and candidate.status is not None
+            roles = "".join(b.role[0] for b in ledger.boots(candidate.id))
+            stats = verdict_record.stats
+            return (candidate.status, roles, str(stats["prior_from"]), str(stats["prior_null"]))
+
+    k: dict[str, object] = {"num_speculative_tokens": 5}
+    assert judged("k", k) == ("keep", "mrrc", "knob", "0.05")
+    assert judged("k-plain", k, knob_priors=False) == ("discard", "m", "profile", "0.5")
+    assert judged("kv", {"kv_cache_dtype": "auto"}) == ("discard", "m", "profile", "0.5")

@@ -8,6 +8,7 @@ import random
 import pytest
 
 from knobs.records import CellResultRecord, NodeClockRecord
+from knobs.spec import EffectPrior
 from orchestrator.noise import NoiseModel, learn, pooled
 from orchestrator.profile import VerdictSpec
 from orchestrator.verdict import Evidence, assess, objective, posterior, predictive_keep
@@ -133,6 +134,33 @@ def test_a_keep_out_of_reach_is_discarded_for_futility_not_booted_again() -> Non
     assert patient.status == "more"
     promising = assess(SPEC, evidence([108.0], champion), NOISE)
     assert promising.status == "more" and promising.stats["p_reach"] > 0.3  # type: ignore[operator]
+
+
+def test_a_knob_known_to_matter_is_judged_with_its_own_prior() -> None:
+    """+5% over one boot against a three-boot champion at 3% boot noise: with the profile's
+    prior (half of all changes do nothing) it is out of reach and discarded; with the prior of a
+    knob that always does something (CUDA graphs, K) it is worth another boot, and +9% is
+    confirmed at once; with the prior of a knob that rarely matters +9% is barely worth a boot.
+    ``knob_priors: false`` judges every change with the profile's prior."""
+    champion = [100.0, 100.0, 100.0]
+    matters = EffectPrior(null=0.05, effect_pct=15.0)
+    rarely = EffectPrior(null=0.9, effect_pct=15.0)
+    plain = assess(SPEC, evidence([105.0], champion), NOISE)
+    assert (plain.status, plain.rule, plain.stats["prior_from"]) == (
+        "discard",
+        "futility",
+        "profile",
+    )
+    known = assess(SPEC, evidence([105.0], champion), NOISE, matters)
+    assert (known.status, known.stats["prior_from"]) == ("more", "knob")
+    assert known.stats["prior_null"] == 0.05
+    assert 0.8 < known.stats["p_gain"] < SPEC.confidence  # type: ignore[operator]
+    assert assess(SPEC, evidence([109.0], champion), NOISE, matters).status == "confirm"
+    assert assess(SPEC, evidence([109.0], champion), NOISE).status == "more"
+    doubtful = assess(SPEC, evidence([109.0], champion), NOISE, rarely)
+    assert doubtful.status == "more" and doubtful.stats["p_gain"] < 0.5  # type: ignore[operator]
+    off = assess(VerdictSpec(knob_priors=False), evidence([105.0], champion), NOISE, matters)
+    assert (off.status, off.rule, off.stats["prior_from"]) == ("discard", "futility", "profile")
 
 
 @pytest.mark.parametrize(
