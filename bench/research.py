@@ -4,13 +4,14 @@ Every method gets the same budget of experiments on the same simulated cluster (
 performance and noise model, stuck clocks included, no processes):
 
 - ``orchestrate``: the round loop with its default verdict policy (sequential, Bayesian,
+  a one-knob change judged with its knob's effect prior where the catalog declares one,
   predictive futility, confirmation boots, greedy-output and clock checks, the champion
   re-measured until it has three boots and booted while undecided when it has fewer boots
   than the candidate, a boot with a node's clocks off set aside and taken again, drift
-  sentinel) and the Optuna one-knob proposer;
-- ``orchestrate-prev``: the same loop with the verdict policy of the previous benchmark: the
-  candidate alone booted while undecided, and a boot with a node's clocks off ruled invalid
-  at once;
+  sentinel) and the Optuna one-knob proposer, which gives the knobs known to matter (K, CUDA
+  graphs) a first look under each champion;
+- ``orchestrate-prev``: the loop of the previous benchmark: every change judged with the
+  profile's prior, and the proposer without first looks (TPE's preferences alone);
 - ``orchestrate-pointwise``: the same as ``orchestrate``, but a boot failure bars only the
   value that failed (no monotone failures: an out-of-memory crash at one memory fraction does
   not bar the larger ones), as the loop worked before knob specs declared them;
