@@ -77,9 +77,16 @@ def _knobs(context: ProposalContext) -> str:
         values = allowed.get(spec.name, [])
         shown = _values(values) if values else "none (every other value is decided or barred)"
         what = f" — {spec.description}" if spec.description else ""
+        prior = spec.effect_prior
+        known = (
+            ""
+            if prior is None
+            else f"; known before measuring: {prior.null:.0%} of its changes do nothing"
+            + (f" ({prior.source})" if prior.source else "")
+        )
         lines.append(
             f"- {spec.name} [{as_text(context.champion[spec.name])}]: "
-            f"{spec.describe_domain()}{what}; allowed now: {shown}"
+            f"{spec.describe_domain()}{what}{known}; allowed now: {shown}"
         )
     return "\n".join(lines)
 

@@ -29,6 +29,8 @@ class OptunaOptions(BaseModel):
 
     n_startup: int = Field(default=4, ge=0)
     direction: Literal["maximize", "minimize"] = "maximize"
+    #: give the knobs known to matter (K, CUDA graphs) a first look under each champion
+    first_looks: bool = True
 
 
 class SweepOptions(BaseModel):
@@ -82,7 +84,10 @@ def make_proposer(
             raise UsageError(f"sweep proposer: {e.message}") from e
     optuna_options = _parse(OptunaOptions, kind, options)
     optuna = OptunaProposer(
-        seed=seed, n_startup=optuna_options.n_startup, direction=optuna_options.direction
+        seed=seed,
+        n_startup=optuna_options.n_startup,
+        direction=optuna_options.direction,
+        first_looks=optuna_options.first_looks,
     )
     if kind == "optuna":
         return optuna

@@ -19,9 +19,9 @@ VLLM_DFLASH2: tuple[KnobSpec, ...] = (
         effect_prior=EffectPrior(
             null=0.05,
             effect_pct=15.0,
-            source="DOMAIN.md: K sets the accepted tokens per step and the verify step's cost on "
-            "every stack it cites (K=2 best on an EXL3 TP4 stack; structured output gains from "
-            "a large K, prose loses)",
+            source="K sets the accepted tokens per step and the verify step's cost: it moved "
+            "throughput on every stack measured (K=2 best on one EXL3 TP4 stack; structured "
+            "output gains from a large K, prose loses)",
         ),
     ),
     KnobSpec(
@@ -36,8 +36,7 @@ VLLM_DFLASH2: tuple[KnobSpec, ...] = (
         effect_prior=EffectPrior(
             null=0.7,
             effect_pct=15.0,
-            source="DOMAIN.md: card 002 credits 7168 with fixing an 8k-prefill cliff; other "
-            "sweeps were flat",
+            source="7168 fixed an 8k-prefill cliff on one stack; other sweeps were flat",
         ),
     ),
     KnobSpec(
@@ -49,8 +48,8 @@ VLLM_DFLASH2: tuple[KnobSpec, ...] = (
         effect_prior=EffectPrior(
             null=0.05,
             effect_pct=15.0,
-            source="DOMAIN.md: -10-20 % on one TP4 stack (card 002), +11-13 % on another "
-            "(card 001); never nothing, either sign",
+            source="-10 to -20 % on one TP4 stack, +11 to +13 % on another: never nothing, "
+            "either sign",
         ),
     ),
     KnobSpec(
@@ -74,8 +73,8 @@ VLLM_DFLASH2: tuple[KnobSpec, ...] = (
         effect_prior=EffectPrior(
             null=0.7,
             effect_pct=15.0,
-            source="DOMAIN.md: card 002's rank-64 adapter raised teacher-forced top-1 "
-            "(0.57 -> 0.64) and gave no served gain",
+            source="a rank-64 adapter raised teacher-forced top-1 (0.57 -> 0.64) and gave no "
+            "served gain",
         ),
     ),
     KnobSpec(

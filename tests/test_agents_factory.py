@@ -28,7 +28,9 @@ def test_it_builds_an_optuna_proposer_with_its_options() -> None:
     )
     default = make_proposer("optuna", seed=0, options={})
     assert isinstance(default, OptunaProposer)
-    assert (default.n_startup, default.direction) == (4, "maximize")
+    assert (default.n_startup, default.direction, default.first_looks) == (4, "maximize", True)
+    tpe_alone = make_proposer("optuna", seed=0, options={"first_looks": False})
+    assert isinstance(tpe_alone, OptunaProposer) and tpe_alone.first_looks is False
 
 
 def test_it_builds_a_sweep_proposer_with_or_without_a_list() -> None:
@@ -89,6 +91,12 @@ def test_options_of_another_kind_are_ignored() -> None:
         ),
         (
             "optuna",
+            {"first_looks": "sometimes"},
+            "optuna proposer options: first_looks: Input should be a valid boolean, unable to "
+            "interpret input",
+        ),
+        (
+            "optuna",
             {"direction": "up"},
             "optuna proposer options: direction: Input should be 'maximize' or 'minimize'",
         ),
@@ -134,6 +142,6 @@ def test_an_option_no_proposer_takes_is_a_usage_error() -> None:
         make_proposer("optuna", seed=0, options={"trials": 5, "n_startup": 2})
     assert str(caught.value) == (
         "unknown proposer options: trials (accepted: api_retries, api_timeout_s, brief, "
-        "changes, direction, input_usd_per_mtok, max_tokens, max_tries, max_usd_per_round, "
-        "model, n_startup, output_usd_per_mtok, strict_tools)"
+        "changes, direction, first_looks, input_usd_per_mtok, max_tokens, max_tries, "
+        "max_usd_per_round, model, n_startup, output_usd_per_mtok, strict_tools)"
     )

@@ -203,7 +203,9 @@ def test_the_model_sees_the_brief_and_a_digest_not_the_ledger(
         "LLM spend this round so far: $0.2500 of a $1.00 cap.",
         "objective 1000 (higher is better)",
         "- num_speculative_tokens [7]: an integer from 1 to 7 — K: draft tokens proposed per "
-        "verify step; allowed now: 1, 2, 3, 4, 5, 6",
+        "verify step; known before measuring: 5% of its changes do nothing (K sets the "
+        "accepted tokens per step",
+        "; allowed now: 1, 2, 3, 4, 5, 6",
         "- cuda_graphs=true, num_speculative_tokens=7: batch-descriptor collision",
         "- max_num_batched_tokens: 8192: discard×1, inconclusive×1 delta +0.5% ± 2.1 (n=2)",
         "- gpu_memory_utilization: 0.9: crash×1 [oom]",
