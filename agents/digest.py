@@ -81,7 +81,7 @@ def _knobs(context: ProposalContext) -> str:
         known = (
             ""
             if prior is None
-            else f"; known before measuring: {prior.null:.0%} of its changes do nothing"
+            else f"; known before measuring: {prior.p_null:.0%} of its changes do nothing"
             + (f" ({prior.source})" if prior.source else "")
         )
         lines.append(

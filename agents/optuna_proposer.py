@@ -46,7 +46,7 @@ from knobs.spec import KnobSpec, Value, as_text
 
 Direction = Literal["maximize", "minimize"]
 
-#: A knob gets first looks when its spec's ``effect_prior.null`` is below this: more of its
+#: A knob gets first looks when its spec's ``effect_prior.p_null`` is below this: more of its
 #: changes do something than nothing.
 FIRST_LOOK_NULL = 0.5
 
@@ -88,7 +88,7 @@ class OptunaProposer:
     First looks: a knob known to matter (its spec's ``effect_prior`` says fewer than half of
     its changes do nothing: K, CUDA graphs) that has an allowed change and was never changed
     under the current champion is looked at before TPE's preferences take over, the likeliest
-    to matter first (the lowest ``null``, then the least tried, then a seeded hash). A new
+    to matter first (the lowest ``p_null``, then the least tried, then a seeded hash). A new
     champion makes them new again, except the knob whose change made it: CUDA graphs that lost
     at K=7 may win at K=2. Without this, TPE, which models only the configs it has seen, may
     never move a knob its history never moved: CUDA graphs left off for a whole run. Knobs
@@ -301,9 +301,9 @@ def first_look(context: ProposalContext, allowed: Sequence[Change], seed: int) -
         if e.status == "keep" and Config(e.config).key == context.champion.key
     }
     nulls = {
-        spec.name: spec.effect_prior.null
+        spec.name: spec.effect_prior.p_null
         for spec in context.space.knobs
-        if spec.effect_prior is not None and spec.effect_prior.null < FIRST_LOOK_NULL
+        if spec.effect_prior is not None and spec.effect_prior.p_null < FIRST_LOOK_NULL
     }
     fresh = {c.knob for c in allowed if c.knob in nulls} - here
     if not fresh:
@@ -316,7 +316,7 @@ def _first_look_note(context: ProposalContext, knob: str) -> str:
     assert prior is not None  # first looks are for knobs that declare one
     return (
         f"{knob} was not yet changed under this champion, and its spec says only "
-        f"{prior.null:.0%} of its changes do nothing"
+        f"{prior.p_null:.0%} of its changes do nothing"
     )
 
 

@@ -17,7 +17,7 @@ VLLM_DFLASH2: tuple[KnobSpec, ...] = (
             kind="json_field", flag="--speculative-config", field="num_speculative_tokens"
         ),
         effect_prior=EffectPrior(
-            null=0.05,
+            p_null=0.05,
             effect_pct=15.0,
             source="K sets the accepted tokens per step and the verify step's cost: it moved "
             "throughput on every stack measured (K=2 best on one EXL3 TP4 stack; structured "
@@ -34,7 +34,7 @@ VLLM_DFLASH2: tuple[KnobSpec, ...] = (
         description="MNBT: tokens per scheduler step; bounds prefill chunks",
         render=RenderSpec(kind="flag", flag="--max-num-batched-tokens"),
         effect_prior=EffectPrior(
-            null=0.7,
+            p_null=0.7,
             effect_pct=15.0,
             source="7168 fixed an 8k-prefill cliff on one stack; other sweeps were flat",
         ),
@@ -46,7 +46,7 @@ VLLM_DFLASH2: tuple[KnobSpec, ...] = (
         description="CUDA graph capture; off renders --enforce-eager",
         render=RenderSpec(kind="switch", when_false=("--enforce-eager",)),
         effect_prior=EffectPrior(
-            null=0.05,
+            p_null=0.05,
             effect_pct=15.0,
             source="-10 to -20 % on one TP4 stack, +11 to +13 % on another: never nothing, "
             "either sign",
@@ -71,7 +71,7 @@ VLLM_DFLASH2: tuple[KnobSpec, ...] = (
             },
         ),
         effect_prior=EffectPrior(
-            null=0.7,
+            p_null=0.7,
             effect_pct=15.0,
             source="a rank-64 adapter raised teacher-forced top-1 (0.57 -> 0.64) and gave no "
             "served gain",

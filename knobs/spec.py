@@ -85,7 +85,7 @@ class RenderSpec(BaseModel):
 class EffectPrior(BaseModel):
     """What is known, before measuring, about what changing a knob does to the objective.
 
-    A share ``null`` of its changes do nothing; the rest move the objective by a relative
+    A share ``p_null`` of its changes do nothing; the rest move the objective by a relative
     amount spread ``effect_pct`` (a normal on the log scale, either sign). The verdict judges a
     one-knob change with its knob's prior when the knob declares one, else with the profile's
     (``verdict.prior_null`` / ``verdict.prior_effect_pct``). ``source`` says where the belief
@@ -94,7 +94,7 @@ class EffectPrior(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    null: float = Field(ge=0, lt=1, description="share of this knob's changes that do nothing")
+    p_null: float = Field(ge=0, lt=1, description="share of this knob's changes that do nothing")
     effect_pct: float = Field(gt=0, le=100, description="spread of the effect when there is one")
     source: str = ""
 

@@ -240,11 +240,11 @@ def assess(
         )
     knob_prior = prior is not None and spec.knob_priors
     if prior is None or not spec.knob_priors:
-        prior = EffectPrior(null=spec.prior_null, effect_pct=spec.prior_effect_pct)
+        prior = EffectPrior(p_null=spec.prior_null, effect_pct=spec.prior_effect_pct)
     prior_sd = math.log1p(prior.effect_pct / 100)
     g = _mean_log(ev.candidate) - _mean_log(ev.champion)
     se = noise.se(len(ev.candidate), len(ev.champion))
-    post = posterior(g, se, prior_null=prior.null, prior_sd=prior_sd)
+    post = posterior(g, se, prior_null=prior.p_null, prior_sd=prior_sd)
     equivalence = math.log1p(spec.equivalence_pct / 100)
     p_gain = post.p_above(0.0)
     p_worth = post.p_above(equivalence)
@@ -253,7 +253,7 @@ def assess(
         se=se,
         p_gain=p_gain,
         p_worth=p_worth,
-        prior_null=prior.null,
+        prior_null=prior.p_null,
         prior_effect_pct=prior.effect_pct,
         prior_from="knob" if knob_prior else "profile",
     )
@@ -281,7 +281,7 @@ def assess(
         m,
         max(0, spec.max_boots - n),
         champion_more=champion_more,
-        prior_null=prior.null,
+        prior_null=prior.p_null,
         prior_sd=prior_sd,
         confidence=spec.confidence,
     )

@@ -198,6 +198,10 @@ def test_sigkill_mid_experiment_resumes_without_duplicates(workdir: Path) -> Non
             "knob num_speculative_tokens: 9 is not an integer from 1 to 7",
         ),
         (lambda d: d["cells"][0].update(concurrency=0), "cells.0.concurrency"),
+        (
+            lambda d: d["knobs"][0]["effect_prior"].update(p_null=1.5),
+            "knobs.0.effect_prior.p_null: Input should be less than 1",
+        ),
         (lambda d: d.pop("cells"), "cells: Field required"),
         (lambda d: d["cluster"]["nodes"][1].update(workdir="x; rm -rf /"), "not a safe path"),
     ],

@@ -143,8 +143,8 @@ def test_a_knob_known_to_matter_is_judged_with_its_own_prior() -> None:
     confirmed at once; with the prior of a knob that rarely matters +9% is barely worth a boot.
     ``knob_priors: false`` judges every change with the profile's prior."""
     champion = [100.0, 100.0, 100.0]
-    matters = EffectPrior(null=0.05, effect_pct=15.0)
-    rarely = EffectPrior(null=0.9, effect_pct=15.0)
+    matters = EffectPrior(p_null=0.05, effect_pct=15.0)
+    rarely = EffectPrior(p_null=0.9, effect_pct=15.0)
     plain = assess(SPEC, evidence([105.0], champion), NOISE)
     assert (plain.status, plain.rule, plain.stats["prior_from"]) == (
         "discard",
