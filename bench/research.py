@@ -222,7 +222,11 @@ def run_best_of(landscape: Landscape, seed: int, budget: int, configs: Any, name
     testbed = SimulatedTestbed(landscape, seed)
     default = landscape.knob_space().default_config().as_dict()
     best_config, best_value = default, measure(landscape, default, testbed) or 0.0
-    for config in itertools.islice(configs(best_config), budget):
+    # the method hears each measurement (``send``): TPE learns from the one that counts
+    proposals = configs(best_config)
+    value: float | None = None
+    for i in range(budget):
+        config = next(proposals) if i == 0 else proposals.send(value)
         value = measure(landscape, config, testbed)
         trace.decided += 1
         trace.boot_failures += value is None
@@ -246,14 +250,11 @@ def tpe_configs(landscape: Landscape, seed: int) -> Any:
     space = landscape.knob_space()
     dists = distributions(space)
     study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=seed))
-    testbed = SimulatedTestbed(landscape, seed + 10_000)
 
     def generate(_start: dict[str, Any]) -> Any:
         while True:
             trial = study.ask(dists)
-            config = dict(trial.params)
-            yield config
-            value = measure(landscape, config, testbed)
+            value = yield dict(trial.params)  # the measurement run_best_of made
             if value is None:
                 study.tell(trial, state=optuna.trial.TrialState.FAIL)
             else:
@@ -275,7 +276,10 @@ def grid_configs(landscape: Landscape, seed: int) -> Any:
     random.Random(seed).shuffle(grid)
 
     def generate(_start: dict[str, Any]) -> Any:
-        yield from grid
+        # not ``yield from grid``: run_best_of sends each measurement, and a list iterator
+        # cannot take send()
+        for config in grid:  # noqa: UP028
+            yield config
 
     return generate
 
