@@ -50,6 +50,10 @@ Direction = Literal["maximize", "minimize"]
 #: changes do something than nothing.
 FIRST_LOOK_NULL = 0.5
 
+#: A knob known to matter with at most this many values gets a first look at every value
+#: under each champion (a sweep: K from 1 to 7); a larger one gets one look.
+FIRST_LOOK_VALUES = 8
+
 #: How many times ``study.ask`` is tried before the deterministic fallback. Each extra ask sees
 #: the earlier ones as running trials (TPE's constant liar), so it lands somewhere else.
 MAX_ASKS = 12
@@ -86,14 +90,15 @@ class OptunaProposer:
     """Ask/tell with TPE over the knob space, one knob away from the champion.
 
     First looks: a knob known to matter (its spec's ``effect_prior`` says fewer than half of
-    its changes do nothing: K, CUDA graphs) that has an allowed change and was never changed
-    under the current champion is looked at before TPE's preferences take over, the likeliest
-    to matter first (the lowest ``p_null``, then the least tried, then a seeded hash). A new
-    champion makes them new again, except the knob whose change made it: CUDA graphs that lost
-    at K=7 may win at K=2. Without this, TPE, which models only the configs it has seen, may
-    never move a knob its history never moved: CUDA graphs left off for a whole run. Knobs
-    that declare nothing, or that rarely matter, are left to TPE (a first look at each under
-    every champion would spend the budget on them).
+    its changes do nothing: K, CUDA graphs) is changed before TPE's preferences take over — to
+    every value of its domain under each champion when it has at most ``FIRST_LOOK_VALUES``
+    (a sweep of K; CUDA graphs' one other value), once when it has more — the likeliest to
+    matter first (the lowest ``p_null``, then the least tried, then a seeded hash), the value
+    TPE's draw among those left. Going back to the champion this one replaced is no first look
+    (that comparison was just decided). Without this, TPE, which models only the configs it
+    has seen, may never move a knob its history never moved: CUDA graphs left off for a whole
+    run, or K never tried below 4. Knobs that declare nothing, or that rarely matter, are left
+    to TPE (a first look at each under every champion would spend the budget on them).
 
     TPE (seeded from the proposer's seed, the round's seed and the history's length) suggests a
     whole config. Of the knobs where it differs from the champion (during a first look: only
@@ -151,15 +156,18 @@ class OptunaProposer:
         study, skipped = self._study(context, dists)
         completed = sum(1 for t in study.trials if t.state == TrialState.COMPLETE)
         first = first_look(context, allowed, sampler_seed) if self.first_looks else None
+        looks = [] if first is None else first[1]
         for asks in range(1, MAX_ASKS + 1):
             asked = _params(context.space, study.ask(dists).params)
             if asked is None:  # unreachable: TPE samples inside the distributions
                 continue
             moved = self._moved(context, asked, sampler_seed)
             for knob in moved:
-                if first is not None and knob != first:
-                    continue
                 change = Change(knob=knob, old=context.champion[knob], new=asked[knob])
+                if first is not None and not any(
+                    c.knob == knob and same_value(c.new, change.new) for c in looks
+                ):
+                    continue
                 if context.refusal(change) is None:
                     notes = {
                         "sampler": "tpe" if completed >= self.n_startup else "random (startup)",
@@ -170,11 +178,11 @@ class OptunaProposer:
                     if others:
                         notes["tpe_also_moved"] = ", ".join(others)
                     if first is not None:
-                        notes["first_look"] = _first_look_note(context, first)
+                        notes["first_look"] = _first_look_note(context, first[0])
                     return self._proposal(context, change, completed, notes, skipped)
         if first is not None:
-            allowed = [c for c in allowed if c.knob == first]
-        return self._fallback(context, allowed, sampler_seed, completed, skipped, first)
+            return self._fallback(context, looks, sampler_seed, completed, skipped, first[0])
+        return self._fallback(context, allowed, sampler_seed, completed, skipped)
 
     # ---- the study -----------------------------------------------------------------------------
     def _study(
@@ -290,32 +298,40 @@ class OptunaProposer:
         )
 
 
-def first_look(context: ProposalContext, allowed: Sequence[Change], seed: int) -> str | None:
-    """The knob to look at first under the current champion, or ``None`` when every knob known
-    to matter with an allowed change was already changed under it (see ``OptunaProposer``)."""
+def first_look(
+    context: ProposalContext, allowed: Sequence[Change], seed: int
+) -> tuple[str, list[Change]] | None:
+    """The knob to look at first under the current champion and its changes that are first
+    looks, or ``None`` when none is left (see ``OptunaProposer``)."""
     here = {e.knob for e in context.history if e.champion_key == context.champion.key}
-    # the knob whose change made this champion: looking back is the comparison just decided
-    here |= {
-        e.knob
+    # the champion this one replaced: going back is the comparison just decided
+    back = {
+        e.champion_key
         for e in context.history
         if e.status == "keep" and Config(e.config).key == context.champion.key
     }
-    nulls = {
-        spec.name: spec.effect_prior.p_null
-        for spec in context.space.knobs
-        if spec.effect_prior is not None and spec.effect_prior.p_null < FIRST_LOOK_NULL
-    }
-    fresh = {c.knob for c in allowed if c.knob in nulls} - here
-    if not fresh:
+    nulls: dict[str, float] = {}
+    for spec in context.space.knobs:
+        prior = spec.effect_prior
+        if prior is None or prior.p_null >= FIRST_LOOK_NULL:
+            continue
+        if spec.name in here and len(spec.domain()) > FIRST_LOOK_VALUES:
+            continue  # a large domain gets one look under each champion
+        nulls[spec.name] = prior.p_null
+    looks = [c for c in allowed if c.knob in nulls and context.champion.apply(c).key not in back]
+    if not looks:
         return None
-    return min(fresh, key=lambda k: (nulls[k], context.tries(k), seed_for(seed, k)))
+    knob = min(
+        {c.knob for c in looks}, key=lambda k: (nulls[k], context.tries(k), seed_for(seed, k))
+    )
+    return knob, [c for c in looks if c.knob == knob]
 
 
 def _first_look_note(context: ProposalContext, knob: str) -> str:
     prior = context.space.spec(knob).effect_prior
     assert prior is not None  # first looks are for knobs that declare one
     return (
-        f"{knob} was not yet changed under this champion, and its spec says only "
+        f"{knob} has values not yet tried under this champion, and its spec says only "
         f"{prior.p_null:.0%} of its changes do nothing"
     )
 

@@ -445,6 +445,9 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--seeds", type=int, default=10)
+    parser.add_argument(
+        "--first-seed", type=int, default=0, help="seeds first-seed … first-seed + seeds - 1"
+    )
     parser.add_argument("--budget", type=int, default=40)
     parser.add_argument("--landscapes", nargs="*", default=list(LANDSCAPES))
     parser.add_argument("--methods", nargs="*", default=list(METHODS))
@@ -479,7 +482,7 @@ def main() -> int:
         landscape = landscape_for(name, args.boot_noise)
         optimum = float(landscape.optimum()["objective"])
         for method in args.methods:
-            for seed in range(args.seeds):
+            for seed in range(args.first_seed, args.first_seed + args.seeds):
                 if method == "orchestrate":
                     trace = run_loop(
                         landscape,

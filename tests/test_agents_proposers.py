@@ -219,8 +219,8 @@ def test_history_that_no_longer_fits_the_space_is_skipped_and_said() -> None:
 
 
 def test_optuna_explains_itself_with_the_trials_behind_its_choice() -> None:
-    loop = Loop(CATALOG, peaked).run(OptunaProposer(), 12)
-    proposal = OptunaProposer().propose(loop.context())
+    loop = Loop(CATALOG, peaked).run(OptunaProposer(first_looks=False), 12)
+    proposal = OptunaProposer(first_looks=False).propose(loop.context())
     assert proposal.notes["sampler"] == "tpe"
     assert "TPE over 13 completed trials puts" in proposal.hypothesis
     startup = Loop(CATALOG, peaked).context()
@@ -287,40 +287,48 @@ def flat(config: Config) -> float:
     return 100.0
 
 
-def test_the_knobs_known_to_matter_get_a_first_look_before_tpe_takes_over() -> None:
+def test_the_knobs_known_to_matter_get_first_looks_before_tpe_takes_over() -> None:
     """Under a champion, K and CUDA graphs (their specs' ``effect_prior``: they always do
-    something) are each changed once before TPE's preferences take over; the knobs that declare
-    nothing or rarely matter are left to TPE. ``first_looks=False``: TPE alone."""
+    something) are looked at first, K at every value (a sweep), before TPE's preferences take
+    over; the knobs that declare nothing or rarely matter are left to TPE.
+    ``first_looks=False``: TPE alone."""
     for seed in range(4):
-        loop = Loop(CATALOG, flat, seed=seed).run(OptunaProposer(seed=seed), 3)
-        knobs = [p.change.knob for _, p in loop.proposals]
-        assert sorted(knobs[:2]) == ["cuda_graphs", "num_speculative_tokens"], knobs
+        loop = Loop(CATALOG, flat, seed=seed).run(OptunaProposer(seed=seed), 8)
+        changes = [(p.change.knob, p.change.new) for _, p in loop.proposals]
+        assert sorted(changes[:7], key=str) == sorted(
+            [("cuda_graphs", True)] + [("num_speculative_tokens", k) for k in range(1, 7)], key=str
+        ), changes
         notes = [p.notes for _, p in loop.proposals]
-        assert all("only 5% of its changes do nothing" in n["first_look"] for n in notes[:2])
-        assert "first_look" not in notes[2]
+        assert all("only 5% of its changes do nothing" in n["first_look"] for n in notes[:7])
+        assert "first_look" not in notes[7]
         assert "a first look (" in loop.proposals[0][1].hypothesis
     alone = Loop(CATALOG, flat).run(OptunaProposer(first_looks=False), 3).proposals
     assert not any("first_look" in p.notes for _, p in alone)
 
 
 def test_a_new_champion_gets_first_looks_again_but_not_back_where_it_came_from() -> None:
-    """CUDA graphs that lost at K=7 may win at K=5: after a keep the knobs known to matter are
-    new again, except the knob whose change made the champion (going back is the comparison
-    just decided)."""
+    """CUDA graphs that lost at K=7 may win at K=5: after a keep the knobs known to matter get
+    their first looks again, except going back to the champion just replaced (K=7: that
+    comparison was just decided)."""
 
-    def graphs_then_k(config: Config) -> float:
+    def k5(config: Config) -> float:
         return 100.0 + (5.0 if config["num_speculative_tokens"] == 5 else 0.0)
 
-    loop = Loop(CATALOG, graphs_then_k, seed=1)
+    loop = Loop(CATALOG, k5, seed=1)
     proposer = OptunaProposer(seed=1)
     while loop.champion["num_speculative_tokens"] != 5:
         loop.step(proposer)
         assert len(loop.proposals) <= 40, "K=5 was never proposed"
     kept_at = len(loop.proposals)
-    loop.run(proposer, 2)
+    loop.run(proposer, 7)
     after = [p for _, p in loop.proposals[kept_at:]]
-    assert after[0].change.knob == "cuda_graphs" and "first_look" in after[0].notes
-    assert "first_look" not in after[1].notes
+    assert all("first_look" in p.notes for p in after[:6])
+    assert sorted(((p.change.knob, p.change.new) for p in after[:6]), key=str) == sorted(
+        [("cuda_graphs", not loop.champion["cuda_graphs"])]
+        + [("num_speculative_tokens", k) for k in (1, 2, 3, 4, 6)],
+        key=str,
+    )
+    assert "first_look" not in after[6].notes
 
 
 # ---- exhaustion and fallback -----------------------------------------------------------------
