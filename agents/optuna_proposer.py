@@ -94,7 +94,7 @@ class OptunaProposer:
     every value of its domain under each champion when it has at most ``FIRST_LOOK_VALUES``
     (a sweep of K; CUDA graphs' one other value), once when it has more — the likeliest to
     matter first (the lowest ``p_null``, then the least tried, then a seeded hash), the value
-    TPE's draw among those left. Going back to the champion this one replaced is no first look
+    TPE's draw among the values left. Going back to the champion this one replaced is no first look
     (that comparison was just decided). Without this, TPE, which models only the configs it
     has seen, may never move a knob its history never moved: CUDA graphs left off for a whole
     run, or K never tried below 4. Knobs that declare nothing, or that rarely matter, are left
@@ -102,15 +102,14 @@ class OptunaProposer:
 
     TPE (seeded from the proposer's seed, the round's seed and the history's length) suggests a
     whole config. Of the knobs where it differs from the champion (during a first look: only
-    the knob looked at), the one taken is the knob
-    changed least often relative to how much it has been seen to matter (``tries / (1 + √ of
-    the largest |delta_pct| of its measured changes)``), so untried knobs come first and flat
-    ones fade; among equals, the one TPE moved furthest (as a fraction of its domain; a
-    categorical move counts as the whole domain); then a seeded hash. That knob at TPE's value
-    is the change.
+    the knob looked at, at a value left to look at), the one taken is the knob changed least
+    often relative to how much it has been seen to matter (``tries / (1 + √ of the largest
+    |delta_pct| of its measured changes)``), so untried knobs come first and flat ones fade;
+    among equals, the one TPE moved furthest (as a fraction of its domain; a categorical move
+    counts as the whole domain); then a seeded hash. That knob at TPE's value is the change.
     When a dozen asks give no allowed change, the fallback is the allowed neighbour whose knob,
     then value, was tried least (ties by the seeded hash); during a first look, the least-tried
-    allowed value of the knob looked at.
+    value left to look at.
     """
 
     name = "optuna"
