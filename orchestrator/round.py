@@ -782,16 +782,12 @@ class RoundRunner:
         )
 
     def _effect_prior(self, e: ExperimentRecord) -> EffectPrior | None:
-        """The changed knob's declared effect prior, for a one-knob change (a person's edit of
-        several knobs is judged with the profile's)."""
-        champion = self.ledger.champion(self.cluster)
-        if champion is None:
-            return None
-        changed = e.config.diff(champion.config)
+        """The declared effect prior of the knob the experiment changed (``None``: the
+        profile's; also for a knob the profile no longer has)."""
         space = self.profile.space
-        if len(changed) != 1 or changed[0] not in space.names:
+        if e.knob is None or e.knob not in space.names:
             return None
-        return space.spec(changed[0]).effect_prior
+        return space.spec(e.knob).effect_prior
 
     def _restore_champion(self) -> None:
         """Boot the champion again after a candidate failed, when the profile asks for it."""
