@@ -28,6 +28,7 @@ from agents.claude import (
 )
 from agents.context import (
     MEASURED,
+    ChampionCell,
     HistoryEntry,
     KnownBad,
     KnownBadSource,
@@ -47,6 +48,7 @@ __all__ = [
     "MEASURED",
     "METRIC_NOTES",
     "TAG_NOTES",
+    "ChampionCell",
     "ClaudeOptions",
     "ClaudeProposer",
     "HistoryEntry",

@@ -135,6 +135,18 @@ def _le(value: float, bound: float) -> bool:
     return value <= bound
 
 
+class ChampionCell(BaseModel):
+    """One bench cell of the champion, averaged over its trusted measurements: what a model of
+    the draft length reads (``agents.draft_model``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    cell: str
+    output_throughput: float = Field(ge=0)
+    #: The share of verify steps with draft position ``i`` accepted (empty: not reported).
+    per_position_acceptance: tuple[float, ...] = ()
+
+
 class Refusal(BaseModel):
     """Why a change may not run: a short ``kind`` to count by and the full ``reason``."""
 
@@ -170,6 +182,8 @@ class ProposalContext(BaseModel):
     #: the round's recorded proposals (``agents.claude.round_spend``), so that a resumed round
     #: still honours the profile's cap.
     llm_spend_usd: float = Field(default=0.0, ge=0)
+    #: The champion's cells, averaged over its trusted measurements (empty before any).
+    champion_cells: tuple[ChampionCell, ...] = ()
 
     @model_validator(mode="after")
     def _champion_fits(self) -> ProposalContext:

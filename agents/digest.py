@@ -2,9 +2,10 @@
 
 Not the raw ledger: per knob, the values tried as changes with their verdicts and the measured
 effect (mean delta against the champion of the time, with the spread over repeats); the
-champion; the constraints; what a person vetoed and why; the known-bad regions with their
-failure classes; what is still allowed; the budget. Everything is derived from a
-``ProposalContext``, so the same context always gives the same text.
+champion; the draft length's predicted effect (``agents.draft_model``); the constraints; what
+a person vetoed and why; the known-bad regions with their failure classes; what is still
+allowed; the budget. Everything is derived from a ``ProposalContext``, so the same context
+always gives the same text.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 
 from agents.context import HistoryEntry, ProposalContext, describe_values, same_value
+from agents.draft_model import predict
 from knobs.spec import KnobSpec, Value, as_text
 
 #: How many of the latest experiments are listed one per line.
@@ -32,6 +34,7 @@ def digest(context: ProposalContext, *, extra: Sequence[str] = ()) -> str:
         _budget(context, extra),
         _champion(context),
         _knobs(context),
+        _draft_model(context),
         _constraints(context),
         _tried(context),
         _vetoes(context),
@@ -88,6 +91,18 @@ def _knobs(context: ProposalContext) -> str:
             f"- {spec.name} [{as_text(context.champion[spec.name])}]: "
             f"{spec.describe_domain()}{what}{known}; allowed now: {shown}"
         )
+    return "\n".join(lines)
+
+
+def _draft_model(context: ProposalContext) -> str:
+    model = predict(context)
+    if model is None:
+        return ""
+    lines = [
+        f"## Draft length predicted from the champion's per-position acceptance "
+        f"({model.knob}={model.current} now; a model, not a measurement)"
+    ]
+    lines += [f"- {model.describe(v)}" for v in sorted(model.change_pct)]
     return "\n".join(lines)
 
 

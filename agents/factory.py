@@ -31,6 +31,8 @@ class OptunaOptions(BaseModel):
     direction: Literal["maximize", "minimize"] = "maximize"
     #: give the knobs known to matter (K, CUDA graphs) a first look under each champion
     first_looks: bool = True
+    #: order the draft length's first looks by the draft-length model (``agents.draft_model``)
+    draft_model: bool = True
 
 
 class SweepOptions(BaseModel):
@@ -88,6 +90,7 @@ def make_proposer(
         n_startup=optuna_options.n_startup,
         direction=optuna_options.direction,
         first_looks=optuna_options.first_looks,
+        draft_model=optuna_options.draft_model,
     )
     if kind == "optuna":
         return optuna

@@ -38,6 +38,7 @@ from optuna.distributions import (
 from optuna.trial import TrialState, create_trial
 
 from agents.context import HistoryEntry, ProposalContext, same_value
+from agents.draft_model import DraftPrediction, predict
 from agents.proposal import ONE_EXPERIMENT, Proposal, ProposalExhausted
 from knobs.config import Change, Config
 from knobs.errors import KnobError
@@ -53,6 +54,10 @@ FIRST_LOOK_NULL = 0.5
 #: A knob known to matter with at most this many values gets a first look at every value
 #: under each champion (a sweep: K from 1 to 7); a larger one gets one look.
 FIRST_LOOK_VALUES = 8
+
+#: A value of the draft knob that the draft-length model predicts this much worse than the
+#: champion (percent) gets no first look (TPE may still try it later).
+DRAFT_LOOK_FLOOR = 10.0
 
 #: How many times ``study.ask`` is tried before the deterministic fallback. Each extra ask sees
 #: the earlier ones as running trials (TPE's constant liar), so it lands somewhere else.
@@ -100,6 +105,12 @@ class OptunaProposer:
     run, or K never tried below 4. Knobs that declare nothing, or that rarely matter, are left
     to TPE (a first look at each under every champion would spend the budget on them).
 
+    The draft length (the knob with ``role: draft_tokens``) is looked at in the order the
+    draft-length model (``agents.draft_model``) predicts from the champion's per-position
+    acceptance, best first, and a value predicted more than ``DRAFT_LOOK_FLOOR`` % worse than
+    the champion gets no first look: K=2 first where it is best, instead of whichever value
+    TPE drew (a keep of K=1 first leaves the +2 % step to K=2 below what the verdict can see).
+
     TPE (seeded from the proposer's seed, the round's seed and the history's length) suggests a
     whole config. Of the knobs where it differs from the champion (during a first look: only
     the knob looked at, at a value left to look at), the one taken is the knob changed least
@@ -121,9 +132,11 @@ class OptunaProposer:
         *,
         direction: Direction = "maximize",
         first_looks: bool = True,
+        draft_model: bool = True,
     ) -> None:
         """``first_looks=False``: TPE's preferences alone, from the first proposal (as before
-        first looks existed; kept to measure them).
+        first looks existed; kept to measure them). ``draft_model=False``: the draft knob's
+        first looks in TPE's order, every value (as before the draft-length model).
 
         Raises:
         ValueError: ``n_startup`` is negative or ``direction`` is neither maximize nor minimize.
@@ -136,6 +149,7 @@ class OptunaProposer:
         self.n_startup = n_startup
         self.direction: Direction = direction
         self.first_looks = first_looks
+        self.draft_model = draft_model
         optuna.logging.set_verbosity(optuna.logging.WARNING)
 
     def propose(self, context: ProposalContext) -> Proposal:
@@ -154,8 +168,19 @@ class OptunaProposer:
         sampler_seed = seed_for(self.seed, context.seed, len(context.history))
         study, skipped = self._study(context, dists)
         completed = sum(1 for t in study.trials if t.state == TrialState.COMPLETE)
-        first = first_look(context, allowed, sampler_seed) if self.first_looks else None
+        model = predict(context) if self.first_looks and self.draft_model else None
+        first = first_look(context, allowed, sampler_seed, model) if self.first_looks else None
         looks = [] if first is None else first[1]
+        if first is not None and model is not None and first[0] == model.knob:
+            # the draft knob's looks in the model's order, best predicted first
+            change = max(looks, key=lambda c: (model.change_pct[int(c.new)], -looks.index(c)))
+            notes = {
+                "sampler": "draft model",
+                "completed_trials": str(completed),
+                "first_look": _first_look_note(context, first[0]),
+                "draft_model": model.describe(int(change.new)),
+            }
+            return self._proposal(context, change, completed, notes, skipped)
         for asks in range(1, MAX_ASKS + 1):
             asked = _params(context.space, study.ask(dists).params)
             if asked is None:  # unreachable: TPE samples inside the distributions
@@ -267,7 +292,9 @@ class OptunaProposer:
     ) -> Proposal:
         spec = context.space.spec(change.knob)
         target = f"{change.knob}={as_text(change.new)}"
-        if notes["sampler"] == "fallback" and "first_look" in notes:
+        if notes["sampler"] == "draft model":
+            how = notes["draft_model"]
+        elif notes["sampler"] == "fallback" and "first_look" in notes:
             how = f"TPE's suggestions did not move it; {target} is its least-tried allowed value"
         elif notes["sampler"] == "fallback":
             how = f"TPE kept suggesting decided or refused configs; {target} is least explored"
@@ -298,10 +325,15 @@ class OptunaProposer:
 
 
 def first_look(
-    context: ProposalContext, allowed: Sequence[Change], seed: int
+    context: ProposalContext,
+    allowed: Sequence[Change],
+    seed: int,
+    model: DraftPrediction | None = None,
 ) -> tuple[str, list[Change]] | None:
     """The knob to look at first under the current champion and its changes that are first
-    looks, or ``None`` when none is left (see ``OptunaProposer``)."""
+    looks, or ``None`` when none is left (see ``OptunaProposer``). With ``model``, a value of
+    the draft knob predicted more than ``DRAFT_LOOK_FLOOR`` % worse than the champion is no
+    first look."""
     here = {e.knob for e in context.history if e.champion_key == context.champion.key}
     # the champion this one replaced: going back is the comparison just decided
     back = {
@@ -317,7 +349,17 @@ def first_look(
         if spec.name in here and len(spec.domain()) > FIRST_LOOK_VALUES:
             continue  # a large domain gets one look under each champion
         nulls[spec.name] = prior.p_null
-    looks = [c for c in allowed if c.knob in nulls and context.champion.apply(c).key not in back]
+    looks = [
+        c
+        for c in allowed
+        if c.knob in nulls
+        and context.champion.apply(c).key not in back
+        and not (
+            model is not None
+            and c.knob == model.knob
+            and model.change_pct.get(int(c.new), 0.0) < -DRAFT_LOOK_FLOOR
+        )
+    ]
     if not looks:
         return None
     knob = min(

@@ -9,9 +9,10 @@ performance and noise model, stuck clocks included, no processes):
   re-measured until it has three boots and booted while undecided when it has fewer boots
   than the candidate, a boot with a node's clocks off set aside and taken again, drift
   sentinel) and the Optuna one-knob proposer, which gives the knobs known to matter (K, CUDA
-  graphs) a first look under each champion;
-- ``orchestrate-prev``: the loop of the previous benchmark: every change judged with the
-  profile's prior, and the proposer without first looks (TPE's preferences alone);
+  graphs) a first look under each champion, K's in the order the draft-length model predicts
+  from the champion's per-position acceptance;
+- ``orchestrate-prev``: the loop of the previous benchmark: K's first looks in TPE's order,
+  every value (no draft-length model);
 - ``orchestrate-pointwise``: the same as ``orchestrate``, but a boot failure bars only the
   value that failed (no monotone failures: an out-of-memory crash at one memory fraction does
   not bar the larger ones), as the loop worked before knob specs declared them;
@@ -72,9 +73,9 @@ METHODS = (
     "optuna-tpe",
     "grid",
 )
-#: The verdict policy of the previous benchmark: every change judged with the profile's prior
-#: (no knob's own); with it, the proposer without first looks (TPE's preferences alone).
-PREVIOUS_POLICY = {"knob_priors": False}
+#: The proposer of the previous benchmark (commit ``edf98f0``): the draft length's first looks
+#: in TPE's order, every value, no draft-length model. Its verdict policy is today's.
+PREVIOUS_PROPOSER = {"draft_model": False}
 
 
 @dataclass
@@ -155,6 +156,7 @@ def run_loop(
     monotone: bool = True,
     clocks: bool = True,
     first_looks: bool = True,
+    draft_model: bool = True,
 ) -> Trace:
     """The real round loop on a simulated cluster, in a throwaway SQLite ledger."""
     profile = profile_for(landscape, policy, monotone=monotone, clocks=clocks)
@@ -166,7 +168,7 @@ def run_loop(
             ledger,
             NullSink(),
             testbed,
-            OptunaProposer(seed=seed, first_looks=first_looks),
+            OptunaProposer(seed=seed, first_looks=first_looks, draft_model=draft_model),
             ApprovalGate(ledger, "auto"),
             RoundDisplay(Console(file=io.StringIO())),
         )
@@ -464,6 +466,11 @@ def main() -> int:
         help="orchestrate's proposer without first looks (TPE's preferences alone)",
     )
     parser.add_argument(
+        "--no-draft-model",
+        action="store_true",
+        help="orchestrate's proposer without the draft-length model (K's looks in TPE's order)",
+    )
+    parser.add_argument(
         "--boot-noise",
         type=noise_level,
         help="replace every landscape's boot-to-boot noise (relative sd, default: theirs, 0.05)",
@@ -491,11 +498,10 @@ def main() -> int:
                         args.policy,
                         method,
                         first_looks=not args.no_first_looks,
+                        draft_model=not args.no_draft_model,
                     )
                 elif method == "orchestrate-prev":
-                    trace = run_loop(
-                        landscape, seed, args.budget, PREVIOUS_POLICY, method, first_looks=False
-                    )
+                    trace = run_loop(landscape, seed, args.budget, {}, method, **PREVIOUS_PROPOSER)
                 elif method == "orchestrate-pointwise":
                     trace = run_loop(landscape, seed, args.budget, {}, method, monotone=False)
                 elif method == "greedy-2%":

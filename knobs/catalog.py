@@ -13,6 +13,7 @@ VLLM_DFLASH2: tuple[KnobSpec, ...] = (
         high=7,
         default=7,
         description="K: draft tokens proposed per verify step",
+        role="draft_tokens",
         render=RenderSpec(
             kind="json_field", flag="--speculative-config", field="num_speculative_tokens"
         ),

@@ -121,6 +121,10 @@ class KnobSpec(BaseModel):
     monotone_failures: dict[str, Literal["above", "below"]] = Field(default_factory=dict)
     #: What changing this knob is known to do, for the verdict's prior (None: the profile's).
     effect_prior: EffectPrior | None = None
+    #: What the knob is to the models that know it: ``draft_tokens``, the draft length K of
+    #: speculative decoding, whose effect the proposer predicts from the champion's
+    #: per-position acceptance before booting (``agents.draft_model``). An int knob.
+    role: Literal["draft_tokens"] | None = None
 
     @model_validator(mode="after")
     def _domain(self) -> KnobSpec:
@@ -149,6 +153,10 @@ class KnobSpec(BaseModel):
         for failure in self.monotone_failures:
             if not re.match(r"^[a-z][a-z_]{0,31}$", failure):
                 raise ValueError(f"knob {self.name}: {failure!r} is not a failure class name")
+        if self.role == "draft_tokens" and (self.type != "int" or (self.low or 0) < 0):
+            raise ValueError(
+                f"knob {self.name}: role draft_tokens needs an int knob of draft tokens (low >= 0)"
+            )
         # the default must itself be in the domain
         self.parse(self.default)
         return self

@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from agents import (
     METRIC_NOTES,
     TAG_NOTES,
+    ChampionCell,
     HistoryEntry,
     KnownBad,
     Proposal,
@@ -279,7 +280,36 @@ class RoundRunner:
             seed=rnd.seed,
             # LLM spend so far in this round, from the ledger: a resumed round keeps its cap
             llm_spend_usd=round_spend(p.notes for p in self.ledger.proposals(round_id=rnd.id)),
+            champion_cells=self._champion_cells(),
         )
+
+    def _champion_cells(self) -> tuple[ChampionCell, ...]:
+        """The champion's cells, each averaged over its trusted measurements: throughput and,
+        where every one of them reports it at the same length, the per-position acceptance."""
+        by_cell: dict[str, list[CellResultRecord]] = {}
+        for m in self._champion_measurements():
+            if not self._trusted(m):
+                continue
+            for cell in m.cells:
+                by_cell.setdefault(cell.cell, []).append(cell)
+        out: list[ChampionCell] = []
+        for name in sorted(by_cell):
+            runs = by_cell[name]
+            positions = [r.per_position_acceptance for r in runs]
+            same = len({len(p) for p in positions}) == 1
+            out.append(
+                ChampionCell(
+                    cell=name,
+                    output_throughput=sum(r.output_throughput for r in runs) / len(runs),
+                    per_position_acceptance=tuple(
+                        sum(p[i] for p in positions) / len(positions)
+                        for i in range(len(positions[0]))
+                    )
+                    if same
+                    else (),
+                )
+            )
+        return tuple(out)
 
     def _crash_region(
         self, knob: str, value: Value, config: Config, failure_class: str | None
