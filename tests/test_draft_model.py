@@ -195,9 +195,6 @@ def test_a_draft_role_needs_an_int_knob() -> None:
 def test_the_proposer_looks_at_the_predicted_best_K_first(exl3: Landscape) -> None:
     # CUDA graphs already on: K is the one first look left
     context = truth_context(exl3, {"cuda_graphs": True})
-    context = context.model_copy(
-        update={"history": (context.history[0].model_copy(update={"champion_key": "before"}),)}
-    )
     graphs_off = Config(dict(context.champion) | {"cuda_graphs": False})
     context = context.model_copy(update={"decided_keys": context.decided_keys | {graphs_off.key}})
     proposal = OptunaProposer(seed=3).propose(context)
