@@ -29,8 +29,11 @@ def test_it_builds_an_optuna_proposer_with_its_options() -> None:
     default = make_proposer("optuna", seed=0, options={})
     assert isinstance(default, OptunaProposer)
     assert (default.n_startup, default.direction, default.first_looks) == (4, "maximize", True)
+    assert default.draft_model is True
     tpe_alone = make_proposer("optuna", seed=0, options={"first_looks": False})
     assert isinstance(tpe_alone, OptunaProposer) and tpe_alone.first_looks is False
+    blind = make_proposer("optuna", seed=0, options={"draft_model": False})
+    assert isinstance(blind, OptunaProposer) and blind.draft_model is False
 
 
 def test_it_builds_a_sweep_proposer_with_or_without_a_list() -> None:
@@ -142,6 +145,6 @@ def test_an_option_no_proposer_takes_is_a_usage_error() -> None:
         make_proposer("optuna", seed=0, options={"trials": 5, "n_startup": 2})
     assert str(caught.value) == (
         "unknown proposer options: trials (accepted: api_retries, api_timeout_s, brief, "
-        "changes, direction, first_looks, input_usd_per_mtok, max_tokens, max_tries, "
+        "changes, direction, draft_model, first_looks, input_usd_per_mtok, max_tokens, max_tries, "
         "max_usd_per_round, model, n_startup, output_usd_per_mtok, strict_tools)"
     )
