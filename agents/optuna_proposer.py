@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Literal
 
@@ -58,6 +59,11 @@ FIRST_LOOK_VALUES = 8
 #: A value of the draft knob that the draft-length model predicts this much worse than the
 #: champion (percent) gets no first look (TPE may still try it later).
 DRAFT_LOOK_FLOOR = 10.0
+
+#: A knob whose changes failed to boot this many times with one failure class (under any
+#: champion) gets no more first looks: on a stack where every K but one wedges the boot, each
+#: wedge costs the boot timeout, and two say enough.
+FIRST_LOOK_CRASHES = 2
 
 #: How many times ``study.ask`` is tried before the deterministic fallback. Each extra ask sees
 #: the earlier ones as running trials (TPE's constant liar), so it lands somewhere else.
@@ -99,11 +105,13 @@ class OptunaProposer:
     every value of its domain under each champion when it has at most ``FIRST_LOOK_VALUES``
     (a sweep of K; CUDA graphs' one other value), once when it has more — the likeliest to
     matter first (the lowest ``p_null``, then the least tried, then a seeded hash), the value
-    TPE's draw among the values left. Going back to the champion this one replaced is no first look
-    (that comparison was just decided). Without this, TPE, which models only the configs it
-    has seen, may never move a knob its history never moved: CUDA graphs left off for a whole
-    run, or K never tried below 4. Knobs that declare nothing, or that rarely matter, are left
-    to TPE (a first look at each under every champion would spend the budget on them).
+    TPE's draw among the values left. Going back to the champion this one replaced is no first
+    look (that comparison was just decided), and a knob whose changes failed to boot
+    ``FIRST_LOOK_CRASHES`` times with one failure class gets no more (every K but 7 wedges one
+    stack's boot). Without first looks, TPE, which models only the configs it has seen, may
+    never move a knob its history never moved: CUDA graphs left off for a whole run, or K never
+    tried below 4. Knobs that declare nothing, or that rarely matter, are left to TPE (a first
+    look at each under every champion would spend the budget on them).
 
     The draft length (the knob with ``role: draft_tokens``) is looked at in the order the
     draft-length model (``agents.draft_model``) predicts from the champion's per-position
@@ -341,11 +349,16 @@ def first_look(
         for e in context.history
         if e.status == "keep" and Config(e.config).key == context.champion.key
     }
+    crashes = Counter(
+        (e.knob, e.failure_class) for e in context.history if e.status == "crash" and e.knob
+    )
     nulls: dict[str, float] = {}
     for spec in context.space.knobs:
         prior = spec.effect_prior
         if prior is None or prior.p_null >= FIRST_LOOK_NULL:
             continue
+        if any(n >= FIRST_LOOK_CRASHES for (k, _), n in crashes.items() if k == spec.name):
+            continue  # its changes keep failing to boot the same way: left to TPE
         if spec.name in here and len(spec.domain()) > FIRST_LOOK_VALUES:
             continue  # a large domain gets one look under each champion
         nulls[spec.name] = prior.p_null

@@ -18,7 +18,7 @@ from agents import (
     Proposer,
     SweepProposer,
 )
-from knobs import Config, ForbiddenCombination, KnobError, KnobSpace, catalog
+from knobs import Change, Config, ForbiddenCombination, KnobError, KnobSpace, catalog
 from knobs.spec import Value
 
 CATALOG = KnobSpace(knobs=catalog("vllm-dflash2"))
@@ -329,6 +329,32 @@ def test_a_new_champion_gets_first_looks_again_but_not_back_where_it_came_from()
         key=str,
     )
     assert "first_look" not in after[6].notes
+
+
+def test_a_knob_whose_changes_keep_failing_to_boot_gets_no_more_first_looks() -> None:
+    """Two boot failures of one class (K=6 and K=5 wedge the boot, as every K but 7 does on
+    card 000's stack) end K's first looks; TPE may still try it. Two different classes do
+    not."""
+
+    def crashed(classes: tuple[str, ...]) -> Loop:
+        loop = Loop(CATALOG, flat, seed=0)
+        for k, failure in zip((6, 5), classes, strict=True):
+            config = loop.champion.apply(Change(knob="num_speculative_tokens", old=7, new=k))
+            loop._record(config, "num_speculative_tokens", k, "crash", None, None, failure)
+            loop.known_bad.append(
+                KnownBad(when={"num_speculative_tokens": k}, reason=failure, source="crash")
+            )
+            loop.decided.add(config.key)
+        return loop
+
+    def first_looks(loop: Loop) -> list[tuple[str, Value]]:
+        proposer = OptunaProposer(seed=0)
+        steps = [loop.step(proposer) for _ in range(3)]
+        return [(p.change.knob, p.change.new) for p in steps if "first_look" in p.notes]
+
+    assert first_looks(crashed(("boot_wedge", "boot_wedge"))) == [("cuda_graphs", True)]
+    mixed = first_looks(crashed(("boot_wedge", "oom")))
+    assert sum(knob == "num_speculative_tokens" for knob, _ in mixed) >= 2, mixed
 
 
 # ---- exhaustion and fallback -----------------------------------------------------------------
