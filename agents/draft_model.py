@@ -107,6 +107,8 @@ def predict(context: ProposalContext) -> DraftPrediction | None:
         and e.delta_pct is not None
         and e.delta_pct > -100.0
     ]
+    if not any(v != current for v in values):
+        return None  # nothing to predict: the knob has one value
     gamma = fit_gamma(cells, current, measured)
     change = {v: (ratio(cells, current, v, gamma) - 1.0) * 100.0 for v in values if v != current}
     return DraftPrediction(spec.name, current, change, gamma, len(measured))

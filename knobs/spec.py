@@ -123,7 +123,8 @@ class KnobSpec(BaseModel):
     effect_prior: EffectPrior | None = None
     #: What the knob is to the models that know it: ``draft_tokens``, the draft length K of
     #: speculative decoding, whose effect the proposer predicts from the champion's
-    #: per-position acceptance before booting (``agents.draft_model``). An int knob.
+    #: per-position acceptance before booting (``agents.draft_model``). A count: an int knob
+    #: from 0 up, or choices that are all such ints.
     role: Literal["draft_tokens"] | None = None
 
     @model_validator(mode="after")
@@ -153,13 +154,22 @@ class KnobSpec(BaseModel):
         for failure in self.monotone_failures:
             if not re.match(r"^[a-z][a-z_]{0,31}$", failure):
                 raise ValueError(f"knob {self.name}: {failure!r} is not a failure class name")
-        if self.role == "draft_tokens" and (self.type != "int" or (self.low or 0) < 0):
+        if self.role == "draft_tokens" and not self._counts():
             raise ValueError(
-                f"knob {self.name}: role draft_tokens needs an int knob of draft tokens (low >= 0)"
+                f"knob {self.name}: role draft_tokens needs a count of draft tokens (an int "
+                "knob with low >= 0, or choices that are all such ints)"
             )
         # the default must itself be in the domain
         self.parse(self.default)
         return self
+
+    def _counts(self) -> bool:
+        """Every value is a count: an int knob from 0 up, or choices that are all such ints."""
+        if self.type == "int":
+            return (self.low or 0) >= 0
+        return self.type == "choice" and all(
+            isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in self.choices or ()
+        )
 
     # ---- the domain -------------------------------------------------------------------------
     @property

@@ -163,6 +163,11 @@ class ApproveSpec(BaseModel):
     max_timeouts: int = Field(default=3, ge=1, le=1000)
 
 
+#: The fields of a knob spec that make its domain under its type: a profile knob of another
+#: type than the catalog's inherits none of them.
+DOMAIN_FIELDS = frozenset({"low", "high", "step", "choices", "default"})
+
+
 class Profile(BaseModel):
     """A whole profile, validated."""
 
@@ -196,6 +201,36 @@ class Profile(BaseModel):
         description="issue #4: after a failed deploy, boot the champion again and leave it "
         "serving (real stacks carry traffic between experiments; the twin serves nobody)",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _inherit_catalog_fields(cls, data: object) -> object:
+        """A profile knob named like one of its catalog's sets only what it changes: every
+        field it leaves out comes from the catalog's spec (render, description, effect prior,
+        role, monotone failures, each bound of the domain). Another ``type`` brings its own
+        domain (none of the catalog's ``low``, ``high``, ``step``, ``choices``, ``default``);
+        ``effect_prior: null`` drops the catalog's prior."""
+        if not isinstance(data, dict):
+            return data
+        name, knobs = data.get("knob_catalog"), data.get("knobs")
+        if not isinstance(name, str) or not isinstance(knobs, list | tuple):
+            return data
+        try:
+            base = {k.name: k for k in catalog(name)}
+        except KnobError:
+            return data  # the field's own validation says so
+        merged: list[object] = []
+        for knob in knobs:
+            spec = base.get(str(knob.get("name"))) if isinstance(knob, dict) else None
+            if spec is None:
+                merged.append(knob)
+                continue
+            inherited = spec.model_dump()
+            if "type" in knob and knob["type"] != spec.type:
+                for field in DOMAIN_FIELDS:
+                    inherited.pop(field, None)
+            merged.append(inherited | knob)
+        return {**data, "knobs": merged}
 
     @model_validator(mode="after")
     def _consistent(self) -> Profile:

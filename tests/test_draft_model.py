@@ -178,18 +178,33 @@ def test_no_prediction_without_a_draft_knob_or_per_position_counters(exl3: Lands
     assert predict(context.model_copy(update={"champion_cells": ()})) is None
 
 
-def test_a_draft_role_needs_an_int_knob() -> None:
-    with pytest.raises(ValueError, match="role draft_tokens needs an int knob"):
-        KnobSpec.model_validate(
-            {
-                "name": "k",
-                "type": "choice",
-                "choices": [7],
-                "default": 7,
-                "render": {"kind": "flag", "flag": "--k"},
-                "role": "draft_tokens",
-            }
+def test_a_draft_role_needs_a_count_of_tokens() -> None:
+    def spec(**fields: object) -> KnobSpec:
+        return KnobSpec.model_validate(
+            {"name": "k", "render": {"kind": "flag", "flag": "--k"}, "role": "draft_tokens"}
+            | fields
         )
+
+    assert spec(type="choice", choices=[7], default=7).role == "draft_tokens"
+    assert spec(type="int", low=0, high=8, default=2).role == "draft_tokens"
+    for bad in (
+        {"type": "choice", "choices": ["short", "long"], "default": "short"},
+        {"type": "float", "low": 0.5, "high": 4, "step": 0.5, "default": 1},
+        {"type": "int", "low": -1, "high": 4, "default": 2},
+    ):
+        with pytest.raises(ValueError, match="role draft_tokens needs a count of draft tokens"):
+            spec(**bad)
+
+
+def test_one_value_is_nothing_to_predict(exl3: Landscape) -> None:
+    context = truth_context(exl3)
+    fixed = context.space.spec("num_speculative_tokens").model_copy(
+        update={"type": "choice", "choices": (7,), "low": None, "high": None}
+    )
+    space = context.space.model_copy(
+        update={"knobs": tuple(fixed if k.name == fixed.name else k for k in context.space.knobs)}
+    )
+    assert predict(context.model_copy(update={"space": space})) is None
 
 
 def test_the_proposer_looks_at_the_predicted_best_K_first(exl3: Landscape) -> None:

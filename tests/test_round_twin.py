@@ -199,7 +199,7 @@ def test_sigkill_mid_experiment_resumes_without_duplicates(workdir: Path) -> Non
         ),
         (lambda d: d["cells"][0].update(concurrency=0), "cells.0.concurrency"),
         (
-            lambda d: d["knobs"][0]["effect_prior"].update(p_null=1.5),
+            lambda d: d["knobs"][0].update(effect_prior={"p_null": 1.5, "effect_pct": 15}),
             "knobs.0.effect_prior.p_null: Input should be less than 1",
         ),
         (lambda d: d.pop("cells"), "cells: Field required"),

@@ -1,0 +1,91 @@
+"""A profile's knob named like one of its catalog's sets only what it changes; the rest (render,
+description, effect prior, draft role, monotone failures) comes from the catalog's spec."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from knobs.catalog import catalog
+from knobs.errors import KnobError, ProfileError
+from orchestrator.profile import Profile, load_profile
+
+CATALOG = {k.name: k for k in catalog("vllm-dflash2")}
+
+
+def profile(*knobs: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "name": "p",
+        "model": "m",
+        "cluster": {"name": "c", "nodes": [{"rank": 0, "host": "127.0.0.1", "workdir": "/w"}]},
+        "launcher": {"argv": ["true"]},
+        "knob_catalog": "vllm-dflash2",
+        "knobs": list(knobs),
+        "cells": [{"name": "code-c1", "category": "code", "concurrency": 1}],
+    }
+
+
+def test_a_knob_that_sets_only_its_default_keeps_everything_else_of_the_catalogs() -> None:
+    space = Profile.model_validate(profile({"name": "num_speculative_tokens", "default": 3})).space
+    k = space.spec("num_speculative_tokens")
+    assert k.default == 3
+    assert k == CATALOG["num_speculative_tokens"].model_copy(update={"default": 3})
+    assert k.role == "draft_tokens" and k.effect_prior is not None
+
+
+def test_a_narrower_domain_keeps_the_catalogs_type_step_and_meaning() -> None:
+    narrowed = {"name": "num_speculative_tokens", "low": 1, "high": 4, "default": 2}
+    k = Profile.model_validate(profile(narrowed)).space.spec("num_speculative_tokens")
+    assert (k.type, k.low, k.high, k.default) == ("int", 1, 4, 2)
+    assert k.role == "draft_tokens"
+    assert k.effect_prior == CATALOG["num_speculative_tokens"].effect_prior
+    assert k.render == CATALOG["num_speculative_tokens"].render
+    mnbt = {"name": "max_num_batched_tokens", "low": 4096, "high": 8192, "default": 8192}
+    m = Profile.model_validate(profile(mnbt)).space.spec("max_num_batched_tokens")
+    assert m.step == CATALOG["max_num_batched_tokens"].step
+    assert list(m.domain()) == list(range(4096, 8193, 512))
+    # narrowed past the catalog's default without a default of its own: said, with the value
+    with pytest.raises(KnobError, match="7 is not an integer from 1 to 4"):
+        Profile.model_validate(profile({"name": "num_speculative_tokens", "high": 4}))
+
+
+def test_a_choice_replaces_the_catalogs_range_and_a_null_prior_drops_the_catalogs() -> None:
+    fixed = {"name": "num_speculative_tokens", "type": "choice", "choices": [7], "default": 7}
+    k = Profile.model_validate(profile(fixed)).space.spec("num_speculative_tokens")
+    assert (k.type, k.choices, k.low, k.high) == ("choice", (7,), None, None)
+    assert k.role == "draft_tokens"
+    unknown = {"name": "max_num_batched_tokens", "effect_prior": None}
+    m = Profile.model_validate(profile(unknown)).space.spec("max_num_batched_tokens")
+    assert m.effect_prior is None
+    assert m.render == CATALOG["max_num_batched_tokens"].render
+
+
+def test_a_knob_the_catalog_lacks_is_given_whole() -> None:
+    data = profile({"name": "moe_backend", "default": "triton"})
+    with pytest.raises(ValueError, match=r"knobs\.0\.type"):
+        Profile.model_validate(data)
+
+
+def test_the_shipped_profiles_inherit_the_catalogs_priors(tmp_path: Path) -> None:
+    rank = CATALOG["drafter_adapter_rank"].effect_prior
+    for name in ("twin", "vllm-dflash2-tp4", "exl3-tp4", "sm121-2node"):
+        space = load_profile(name, base_dir=tmp_path).space
+        assert space.spec("drafter_adapter_rank").effect_prior == rank, name
+        assert space.spec("num_speculative_tokens").role == "draft_tokens", name
+    # card 000's K stays fixed at 7 (its own domain), with the catalog's meaning
+    k = load_profile("sm121-2node", base_dir=tmp_path).space.spec("num_speculative_tokens")
+    assert k.choices == (7,)
+
+
+def test_a_bad_inherited_knob_is_one_line(tmp_path: Path) -> None:
+    data = profile({"name": "num_speculative_tokens", "type": "choice", "choices": ["seven"]})
+    data["knobs"][0]["default"] = "seven"
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ProfileError) as caught:
+        load_profile(str(path))
+    assert "\n" not in str(caught.value)
+    assert "role draft_tokens needs a count of draft tokens" in str(caught.value)
