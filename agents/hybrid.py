@@ -7,8 +7,10 @@ reasoning. The choice is refused back to the model as a tool error when the knob
 has no allowed value that way. TPE, fitted on the whole history as in the Optuna proposer,
 then samples that knob alone; the first sample that lands among the allowed values in that
 direction is the change (after a dozen misses: the allowed value nearest the champion that
-way). When Claude gives no usable choice, the Optuna proposer proposes on its own, recorded
-as a fallback.
+way). For the draft length (``role: draft_tokens``) the value is the one the draft-length model
+predicts best in that direction, from the champion's per-position acceptance
+(``agents.draft_model``), as in the Optuna proposer's first looks. When Claude gives no usable
+choice, the Optuna proposer proposes on its own, recorded as a fallback.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from agents.claude import (
     tool_schema,
 )
 from agents.context import ProposalContext, same_value
+from agents.draft_model import predict
 from agents.optuna_proposer import MAX_ASKS, OptunaProposer, distributions
 from agents.proposal import Proposal
 from knobs.config import Change
@@ -172,7 +175,13 @@ class HybridProposer(LLMProposer):
     def _value(
         self, context: ProposalContext, spec: KnobSpec, inside: list[Change]
     ) -> tuple[Change, str]:
-        """TPE's value among ``inside``, or the one nearest the champion."""
+        """The draft-length model's best value among ``inside`` for the draft knob (when the
+        Optuna proposer uses the model), else TPE's value among ``inside``, or the one nearest
+        the champion."""
+        model = predict(context) if self.optuna.draft_model else None
+        if model is not None and model.knob == spec.name:
+            best = max(inside, key=lambda c: (model.change_pct[int(c.new)], -inside.index(c)))
+            return best, f"the draft-length model ({model.describe(int(best.new))})"
         dists = distributions(context.space)
         study, _ = self.optuna._study(context, dists)
         for asks in range(1, MAX_ASKS + 1):

@@ -7,7 +7,15 @@ from typing import Any
 
 import pytest
 
-from agents import ClaudeOptions, HybridProposer, KnownBad, OptunaProposer, ProposalContext
+from agents import (
+    ChampionCell,
+    ClaudeOptions,
+    HybridProposer,
+    KnownBad,
+    OptunaProposer,
+    ProposalContext,
+)
+from cluster.twin.landscape import load_landscape
 from knobs import KnobSpace, catalog
 from tests.fixtures.messages_api import MessagesApi, overloaded, tool_use
 
@@ -124,3 +132,29 @@ def test_without_a_usable_choice_optuna_proposes_alone(messages_api: MessagesApi
     proposal = hybrid(messages_api).propose(context())
     assert proposal.source == "optuna (fallback from hybrid)"
     assert proposal.notes["llm_fallback"].startswith("Claude API unavailable (HTTP 529")
+
+
+def test_claude_picks_k_and_the_draft_length_model_the_value(messages_api: MessagesApi) -> None:
+    """K down from 7 on the EXL3 stack: the value is the one the model predicts best (K=2),
+    not TPE's draw; with the model off, TPE's."""
+    exl3 = load_landscape("exl3-tp4").without_noise()
+    cells = tuple(
+        ChampionCell(
+            cell=t.cell, output_throughput=t.output_tok_s, per_position_acceptance=t.per_position
+        )
+        for t in (exl3.truth(CHAMPION, c) for c in exl3.cells())
+    )
+    with_cells = context().model_copy(update={"champion_cells": cells})
+    k_down = choice(knob="num_speculative_tokens", direction="down")
+    messages_api.script(tool_use(k_down, name="choose_knob"))
+    proposal = hybrid(messages_api).propose(with_cells)
+    assert (proposal.change.knob, proposal.change.new) == ("num_speculative_tokens", 2)
+    assert proposal.notes["value_by"].startswith("the draft-length model (")
+    assert "num_speculative_tokens=2 predicted +" in proposal.hypothesis
+    messages_api.script(tool_use(k_down, name="choose_knob"))
+    blind = HybridProposer(
+        ClaudeOptions(api_retries=0),
+        optuna=OptunaProposer(seed=0, n_startup=0, draft_model=False),
+        base_url=messages_api.url,
+    ).propose(with_cells)
+    assert blind.notes["value_by"].startswith("TPE (ask ")
