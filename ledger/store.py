@@ -148,8 +148,10 @@ class Ledger:
     def _create(self) -> None:
         # processes opening a new ledger at once race on CREATE TABLE and on the schema row
         # (a round starting while `orchestrate proposals` opens it from another shell); the
-        # loser retries and then finds the tables and the row
-        attempts = 5
+        # loser retries and then finds the tables and the row. Each lost race means another
+        # process created one more table or the row, which cannot be lost on again, so one
+        # attempt per table and one for the row (and one to find them all) always suffice
+        attempts = len(Base.metadata.tables) + 2
         for attempt in range(attempts):
             try:
                 self._create_once()
