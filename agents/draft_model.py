@@ -30,6 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from agents.context import ChampionCell, ProposalContext
+from knobs.config import Change
 from knobs.spec import KnobSpec
 
 #: One draft token's verify-step cost as a share of the rest of the step, before any K change
@@ -62,6 +63,10 @@ class DraftPrediction:
         """The value predicted best (the current one when nothing beats it)."""
         best = max(self.change_pct, key=lambda v: (self.change_pct[v], -abs(v - self.current)))
         return best if self.change_pct[best] > 0 else self.current
+
+    def best_of(self, changes: Sequence[Change]) -> Change:
+        """The change of the draft knob among ``changes`` predicted best (the first on a tie)."""
+        return max(changes, key=lambda c: (self.change_pct[int(c.new)], -changes.index(c)))
 
     def describe(self, value: int) -> str:
         """``K=2 predicted +18.3 % (γ 0.09 from 1 measured K change)``."""

@@ -180,7 +180,7 @@ class HybridProposer(LLMProposer):
         the champion."""
         model = predict(context) if self.optuna.draft_model else None
         if model is not None and model.knob == spec.name:
-            best = max(inside, key=lambda c: (model.change_pct[int(c.new)], -inside.index(c)))
+            best = model.best_of(inside)
             return best, f"the draft-length model ({model.describe(int(best.new))})"
         dists = distributions(context.space)
         study, _ = self.optuna._study(context, dists)

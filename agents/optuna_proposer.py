@@ -181,7 +181,7 @@ class OptunaProposer:
         looks = [] if first is None else first[1]
         if first is not None and model is not None and first[0] == model.knob:
             # the draft knob's looks in the model's order, best predicted first
-            change = max(looks, key=lambda c: (model.change_pct[int(c.new)], -looks.index(c)))
+            change = model.best_of(looks)
             notes = {
                 "sampler": "draft model",
                 "completed_trials": str(completed),

@@ -73,7 +73,7 @@ METHODS = (
     "optuna-tpe",
     "grid",
 )
-#: The proposer of the previous benchmark (commit ``edf98f0``): the draft length's first looks
+#: The proposer of the previous benchmark (commit ``d452fc4``): the draft length's first looks
 #: in TPE's order, every value, no draft-length model. Its verdict policy is today's.
 PREVIOUS_PROPOSER = {"draft_model": False}
 
