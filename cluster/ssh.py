@@ -209,6 +209,32 @@ def parse_host_key(text: str) -> paramiko.PKey:
         raise ValueError(f"not an SSH public key: {kind} …") from e
 
 
+def _strict_client(ep: Endpoint, pinned: str | None) -> paramiko.SSHClient:
+    """A client that trusts only ``pinned`` (a ``TYPE BASE64`` key), or else ``ep``'s known_hosts.
+
+    Raises:
+        ValueError: ``pinned`` is not an SSH public key.
+    """
+    client = paramiko.SSHClient()
+    # Strict host-key checking, always: an unknown key is refused, never added or merely
+    # warned about (no AutoAddPolicy/WarningPolicy): the first connection is exactly
+    # when a man in the middle would be trusted forever.
+    client.set_missing_host_key_policy(_Reject())
+    if pinned is not None:
+        # A key pinned in the profile is the only one trusted for this node: known_hosts
+        # is not read, so a stale entry there cannot override the pin (paramiko consults
+        # "system" host keys before the client's own).
+        key = parse_host_key(pinned)
+        client.get_host_keys().add(ep.known_hosts_name, key.get_name(), key)
+    else:
+        for path in ep.known_hosts:
+            if os.path.isfile(path):
+                # Loaded as "system" keys: read-only, paramiko never writes them back.
+                with contextlib.suppress(OSError):
+                    client.load_system_host_keys(path)
+    return client
+
+
 @dataclass
 class _Watchdog:
     """Closes a connection when an operation outlives its deadline, so that a paramiko wait
@@ -386,30 +412,8 @@ class SshTransport:
         passphrase_env: str | None = None,
     ) -> paramiko.SSHClient:
         """One authenticated connection to ``ep`` (directly or through ``via``)."""
-        o = self.options
         sock = self._socket(ep, via, what)
-        client = paramiko.SSHClient()
-        # Strict host-key checking, always: an unknown key is refused, never added or merely
-        # warned about (no AutoAddPolicy/WarningPolicy): the first connection is exactly
-        # when a man in the middle would be trusted forever.
-        client.set_missing_host_key_policy(_Reject())
-        if pinned is not None:
-            # A key pinned in the profile is the only one trusted for this node: known_hosts
-            # is not read, so a stale entry there cannot override the pin (paramiko consults
-            # "system" host keys before the client's own).
-            key = parse_host_key(pinned)
-            client.get_host_keys().add(ep.known_hosts_name, key.get_name(), key)
-        else:
-            for path in ep.known_hosts:
-                if os.path.isfile(path):
-                    # Loaded as "system" keys: read-only, paramiko never writes them back.
-                    with contextlib.suppress(OSError):
-                        client.load_system_host_keys(path)
-        # With HostKeyAlias the key is filed under the alias without a port (as OpenSSH
-        # does); paramiko appends [..]:port for any port but 22, and we pass our own socket,
-        # so the name and port given here serve only the host-key lookup.
-        lookup_host = ep.host_key_alias or ep.hostname
-        lookup_port = SSH_PORT if ep.host_key_alias else ep.port
+        client = _strict_client(ep, pinned)
         # Read at the moment of use and handed straight to paramiko: never kept, never shown.
         passphrase = os.environ.get(passphrase_env) if passphrase_env else None
         if explicit_key and not os.path.isfile(_expand(explicit_key)):
@@ -418,6 +422,35 @@ class SshTransport:
                 f"{what}: key_file {explicit_key} does not exist on this machine", "auth"
             )
         keys = [k for k in ep.key_files if os.path.isfile(k)]
+        self._handshake(client, sock, ep, keys, passphrase, what)
+        transport = client.get_transport()
+        assert transport is not None
+        # Keepalives keep NAT and firewall state alive through a 20-minute boot during which
+        # the connection carries nothing (readiness is polled over HTTP).
+        transport.set_keepalive(max(1, int(self.options.alive_interval_s)))
+        return client
+
+    def _handshake(
+        self,
+        client: paramiko.SSHClient,
+        sock: Any,
+        ep: Endpoint,
+        keys: list[str],
+        passphrase: str | None,
+        what: str,
+    ) -> None:
+        """Key exchange, host-key check and authentication of ``client`` over ``sock``.
+
+        Raises:
+            NodeUnreachable: classes host_key, auth or unreachable, saying what to do (the
+                client is closed).
+        """
+        o = self.options
+        # With HostKeyAlias the key is filed under the alias without a port (as OpenSSH
+        # does); paramiko appends [..]:port for any port but 22, and we pass our own socket,
+        # so the name and port given here serve only the host-key lookup.
+        lookup_host = ep.host_key_alias or ep.hostname
+        lookup_port = SSH_PORT if ep.host_key_alias else ep.port
         try:
             client.connect(
                 hostname=lookup_host,
@@ -446,9 +479,18 @@ class SshTransport:
                 # Compression costs CPU for the few kilobytes a deploy moves.
                 compress=False,
             )
-        except paramiko.BadHostKeyException as e:
+        except (paramiko.BadHostKeyException, _UnknownHostKey) as e:
             client.close()
-            raise self._error(
+            raise self._host_key_error(e, ep, what) from None
+        except (paramiko.SSHException, EOFError, OSError) as e:
+            raise self._login_error(e, client, ep, keys, what) from None
+
+    def _host_key_error(
+        self, e: paramiko.BadHostKeyException | _UnknownHostKey, ep: Endpoint, what: str
+    ) -> NodeError:
+        """The error for a host key that changed or that no trusted file holds (class host_key)."""
+        if isinstance(e, paramiko.BadHostKeyException):
+            return self._error(
                 f"{what}: host key CHANGED for {ep.known_hosts_name}: the node presented "
                 f"{e.key.get_name()} {e.key.fingerprint}, we trust {e.expected_key.fingerprint}. "
                 "Someone may be intercepting the connection, or the node was reinstalled. "
@@ -457,63 +499,68 @@ class SshTransport:
                 f"{ep.keyscan()} >> ~/.ssh/known_hosts) or update the profile's "
                 f"cluster.nodes[rank {self.node.rank}].ssh.host_key",
                 "host_key",
-            ) from None
-        except _UnknownHostKey as e:
+            )
+        return self._error(
+            f"{what}: unknown host key for {e.name}: the node presented "
+            f"{e.key.get_name()} {e.key.fingerprint}, which no trusted file holds "
+            f"({', '.join(ep.known_hosts) or 'no known_hosts'}). Verify it out of band "
+            f"(on the node: ssh-keygen -lf /etc/ssh/ssh_host_*_key.pub), then trust it: "
+            f"{ep.keyscan()} >> ~/.ssh/known_hosts (check with ssh-keygen -F "
+            f"{shlex.quote(ep.known_hosts_name)}), or pin it in the profile as "
+            f"cluster.nodes[rank {self.node.rank}].ssh.host_key: "
+            f"'{e.key.get_name()} {e.key.get_base64()}'",
+            "host_key",
+        )
+
+    def _login_error(
+        self,
+        e: paramiko.SSHException | EOFError | OSError,
+        client: paramiko.SSHClient,
+        ep: Endpoint,
+        keys: list[str],
+        what: str,
+    ) -> NodeError:
+        """The error for a failed authentication or handshake (class auth or unreachable).
+
+        Closes ``client`` (after reading whether its key exchange finished).
+        """
+        o = self.options
+        if isinstance(e, paramiko.PasswordRequiredException):
             client.close()
-            raise self._error(
-                f"{what}: unknown host key for {e.name}: the node presented "
-                f"{e.key.get_name()} {e.key.fingerprint}, which no trusted file holds "
-                f"({', '.join(ep.known_hosts) or 'no known_hosts'}). Verify it out of band "
-                f"(on the node: ssh-keygen -lf /etc/ssh/ssh_host_*_key.pub), then trust it: "
-                f"{ep.keyscan()} >> ~/.ssh/known_hosts (check with ssh-keygen -F "
-                f"{shlex.quote(ep.known_hosts_name)}), or pin it in the profile as "
-                f"cluster.nodes[rank {self.node.rank}].ssh.host_key: "
-                f"'{e.key.get_name()} {e.key.get_base64()}'",
-                "host_key",
-            ) from None
-        except paramiko.PasswordRequiredException:
-            client.close()
-            raise self._error(
+            return self._error(
                 f"{what}: the key {', '.join(keys)} is encrypted and no passphrase was given: "
                 "load it into ssh-agent (ssh-add), or name an environment variable holding "
                 "the passphrase in the node's ssh.passphrase_env",
                 "auth",
-            ) from None
-        except paramiko.AuthenticationException as e:
+            )
+        if isinstance(e, paramiko.AuthenticationException):
             client.close()
             tried = ", ".join(keys) or "the default ~/.ssh/id_* keys"
             agent = " and ssh-agent's keys" if o.allow_agent else ""
-            raise self._error(
+            return self._error(
                 f"{what}: authentication as {ep.user!r} failed ({type(e).__name__}); tried "
                 f"{tried}{agent}. Check the user, the key, and that its public half is in "
                 f"~{ep.user}/.ssh/authorized_keys on the node",
                 "auth",
-            ) from None
-        except paramiko.SSHException as e:
+            )
+        if isinstance(e, paramiko.SSHException):
             transport = client.get_transport()
             client.close()
             # After the key exchange (the server's key is known and was accepted) the only
             # step left is authentication: a key that cannot be decrypted or is refused.
             if transport is not None and transport.host_key is not None:
-                raise self._error(
+                return self._error(
                     f"{what}: authentication as {ep.user!r} failed: {_safe(e)}", "auth"
-                ) from None
-            raise self._error(
+                )
+            return self._error(
                 f"{what}: no SSH handshake within {o.banner_timeout_s:g}s ({_safe(e)}): "
                 "sshd is hung, stopped or overloaded",
                 "unreachable",
-            ) from None
-        except (EOFError, OSError) as e:
-            client.close()
-            raise self._error(
-                f"{what}: the connection dropped during the handshake ({_safe(e)})", "unreachable"
-            ) from None
-        transport = client.get_transport()
-        assert transport is not None
-        # Keepalives keep NAT and firewall state alive through a 20-minute boot during which
-        # the connection carries nothing (readiness is polled over HTTP).
-        transport.set_keepalive(max(1, int(self.options.alive_interval_s)))
-        return client
+            )
+        client.close()
+        return self._error(
+            f"{what}: the connection dropped during the handshake ({_safe(e)})", "unreachable"
+        )
 
     def _drop(self) -> None:
         """Forget the connection (and its jump hosts); the next call reconnects."""

@@ -2,6 +2,9 @@
 
 Both take an argv list, never a shell string. Anything that must run through a shell on the
 node is built with ``shlex.join``/``shlex.quote`` from validated tokens by the caller.
+
+This module holds the ``Transport`` protocol, ``CommandResult`` and ``LocalTransport``;
+``cluster.ssh`` holds ``SshTransport``, and ``cluster.connect.open_transport`` picks one per node.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import Protocol
 from pydantic import BaseModel, ConfigDict
 
 from cluster.errors import NodeError, NodeUnreachable, tail
-from cluster.inventory import NodeSpec, SshOptionsSpec
+from cluster.inventory import NodeSpec
 
 
 class CommandResult(BaseModel):
@@ -161,15 +164,3 @@ class LocalTransport:
 
     def close(self) -> None:
         """Nothing to release."""
-
-
-def open_transport(node: NodeSpec, ssh: SshOptionsSpec | None = None) -> Transport:
-    """The transport a node's spec asks for; ``ssh`` is the cluster's SSH settings (issue #4).
-
-    Nothing is connected yet: an SSH connection opens on first use and is reused after.
-    """
-    if node.transport == "local":
-        return LocalTransport(node)
-    from cluster.ssh import SshTransport  # paramiko loads only for clusters that use it
-
-    return SshTransport(node, ssh)

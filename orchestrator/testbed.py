@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Protocol
 
 from cluster.bench import run_cell, smoke
+from cluster.connect import open_transport
 from cluster.deploy import Deployer, Progress
 from cluster.errors import NodeError
-from cluster.transport import open_transport
 from knobs.config import Config
 from knobs.errors import OrchestrateError
 from knobs.records import CellResultRecord, CellSpec

@@ -5,7 +5,8 @@ equations (docs/twin.md writes them out). The engine and the ground truth share 
 ``EngineModel`` per configuration, so what the engine serves and what ``truth`` says can never
 disagree.
 
-Imports the standard library, ``yaml``, ``pydantic`` and ``knobs`` only: it runs on every node.
+Imports the standard library, ``yaml``, ``pydantic``, ``knobs`` and ``cluster.prompts`` only: it
+runs on every node (an import contract in pyproject.toml checks the twin's imports).
 """
 
 from __future__ import annotations
@@ -46,6 +47,9 @@ KNOBS = (
     "kv_cache_dtype",
     "gpu_memory_utilization",
 )
+
+#: The memory knob: it decides whether a configuration boots, never how fast it serves.
+_MEMORY = "gpu_memory_utilization"
 
 BootStatus = Literal["ok", "oom", "kv_capacity", "wedge"]
 
@@ -205,6 +209,45 @@ class Settings:
             "kv_cache_dtype": self.kv_cache_dtype,
             "gpu_memory_utilization": self.gpu_memory_utilization,
         }
+
+
+@dataclass(frozen=True)
+class BootGate:
+    """Whether a boot ends well, by memory level: the one rule of which configurations boot.
+
+    ``Landscape.boot_gate`` builds it; ``boot_status`` (and through it the twin's boot and the
+    simulated testbed) and ``optimum`` apply it.
+    """
+
+    oom_from: float  # the gpu_memory_utilization from which the boot runs out of memory
+    kv_need: float | None  # the least level whose KV cache holds a max_model_len sequence
+    wedge: str  # why the boot wedges on this stack (boot.requires), or ""
+
+    def status(self, gpu_memory_utilization: float) -> BootStatus:
+        """How a boot at ``gpu_memory_utilization`` ends."""
+        u = gpu_memory_utilization
+        if u >= self.oom_from - 1e-9:
+            return "oom"
+        if self.kv_need is not None and u < self.kv_need - 1e-9:
+            return "kv_capacity"
+        if self.wedge:
+            return "wedge"
+        return "ok"
+
+    def reason(self, status: BootStatus, settings: Settings) -> str:
+        """Why a boot of ``settings`` ends with ``status`` (an empty reason when it boots)."""
+        u = settings.gpu_memory_utilization
+        if status == "oom":
+            return f"gpu_memory_utilization {u:g} >= {self.oom_from:g} runs out of memory"
+        if status == "kv_capacity":
+            return (
+                f"gpu_memory_utilization {u:g} leaves too little KV cache for max_model_len "
+                f"{settings.max_model_len} with kv_cache_dtype {settings.kv_cache_dtype} "
+                f"(needs {self.kv_need:.3f})"
+            )
+        if status == "wedge":
+            return self.wedge
+        return ""
 
 
 @dataclass(frozen=True)
@@ -520,24 +563,21 @@ class Landscape(_Model):
 
     def boot_status(self, settings: Settings) -> tuple[BootStatus, str]:
         """How a boot of ``settings`` ends, and why (an empty reason when it boots)."""
-        b = self.boot
-        u = settings.gpu_memory_utilization
-        if u >= b.oom_gpu_memory_utilization - 1e-9:
-            return "oom", (
-                f"gpu_memory_utilization {u:g} >= {b.oom_gpu_memory_utilization:g} "
-                "runs out of memory"
-            )
-        need = self.kv_min_utilization(settings)
-        if need is not None and u < need - 1e-9:
-            return "kv_capacity", (
-                f"gpu_memory_utilization {u:g} leaves too little KV cache for max_model_len "
-                f"{settings.max_model_len} with kv_cache_dtype {settings.kv_cache_dtype} "
-                f"(needs {need:.3f})"
-            )
-        wedge = self.wedge_reason(settings)
-        if wedge:
-            return "wedge", wedge
-        return "ok", ""
+        gate = self.boot_gate(settings)
+        status = gate.status(settings.gpu_memory_utilization)
+        return status, gate.reason(status, settings)
+
+    def boot_gate(self, settings: Settings) -> BootGate:
+        """What decides whether ``settings`` boots: the rule ``boot_status`` applies.
+
+        The gate depends on the memory level only through ``wedge`` (when ``boot.requires``
+        names ``gpu_memory_utilization``); otherwise one gate serves every level.
+        """
+        return BootGate(
+            oom_from=self.boot.oom_gpu_memory_utilization,
+            kv_need=self.kv_min_utilization(settings),
+            wedge=self.wedge_reason(settings),
+        )
 
     def wedge_reason(self, settings: Settings) -> str:
         """Why ``settings`` wedges the boot on this stack (``boot.requires``), or ``""``."""
@@ -660,64 +700,8 @@ class Landscape(_Model):
         space = self.knob_space()
         names = space.names
         default = space.default_config()
-        memory = "gpu_memory_utilization"
-        others = [k for k in space.knobs if k.name != memory]
-        levels: list[Value | None] = (
-            list(space.spec(memory).domain()) if memory in names else [None]
-        )
-        best: tuple[float, int, dict[str, Value]] | None = None
-        trap_best: tuple[float, int, dict[str, Value]] | None = None
-        counts = {"configs": 0, "valid": 0, "oom": 0, "kv_capacity": 0, "wedge": 0, "invalid": 0}
-        ties = 0
-        for values in itertools.product(*(k.domain() for k in others)):
-            partial = dict(zip((k.name for k in others), values, strict=True))
-            first = self.settings(
-                {**partial, **({memory: levels[0]} if levels[0] is not None else {})}
-            )
-            total = sum(self._perf(first, cell).output_tok_s for cell in chosen)
-            trapped = self.trap_for(first) is not None
-            moved_partial = sum(1 for n, v in partial.items() if v != default[n])
-            memory_free = memory not in self.boot.requires
-            wedged = memory_free and bool(self.wedge_reason(first))
-            need = self.kv_min_utilization(first)
-            ceiling = self.boot.oom_gpu_memory_utilization - 1e-9
-            for level in levels:
-                counts["configs"] += 1
-                config: dict[str, Value] = dict(partial)
-                if level is not None:
-                    config[memory] = level
-                if level is not None and memory_free:
-                    u = float(level)
-                    status: BootStatus = (
-                        "oom"
-                        if u >= ceiling
-                        else "kv_capacity"
-                        if need is not None and u < need - 1e-9
-                        else "wedge"
-                        if wedged
-                        else "ok"
-                    )
-                else:
-                    settings = first
-                    if level is not None:
-                        settings = dataclasses.replace(first, gpu_memory_utilization=float(level))
-                    status = self.boot_status(settings)[0]
-                if status != "ok":
-                    counts[status] += 1
-                    continue
-                moved = moved_partial + (1 if level is not None and level != default[memory] else 0)
-                if trapped:
-                    counts["invalid"] += 1
-                    if trap_best is None or _better(total, moved, trap_best):
-                        trap_best = (total, moved, config)
-                    continue
-                counts["valid"] += 1
-                if best is None or total > best[0] * (1 + 1e-9):
-                    best, ties = (total, moved, config), 1
-                elif total >= best[0] * (1 - 1e-9):
-                    ties += 1
-                    if moved < best[1]:
-                        best = (total, moved, config)
+        search = self._search(space, chosen)
+        best, trap_best = search.best, search.trap_best
         if best is None:
             raise ProfileError(f"landscape {self.name}: no configuration of the knob space boots")
         out: dict[str, Any] = {
@@ -726,9 +710,9 @@ class Landscape(_Model):
             "config": {n: best[2][n] for n in names},
             "objective": best[0],
             "cells": self._cell_report(best[2], chosen),
-            "ties": ties,
+            "ties": search.ties,
             "default": {"config": default.as_dict(), "objective": self.objective(default, chosen)},
-            "counts": counts,
+            "counts": search.counts,
         }
         if trap_best is not None:
             out["fastest_invalid"] = {
@@ -737,6 +721,54 @@ class Landscape(_Model):
                 "reason": next(t.reason for t in self.traps if t.matches(trap_best[2])),
             }
         return out
+
+    def _search(self, space: KnobSpace, cells: Sequence[CellSpec]) -> _Search:
+        """Every configuration of ``space`` scored on ``cells``, noise-free.
+
+        The memory knob changes whether a config boots, never how fast it serves: each
+        combination of the other knobs is scored once, then tried at every memory level.
+        """
+        default = space.default_config()
+        others = [k for k in space.knobs if k.name != _MEMORY]
+        levels: list[Value | None] = (
+            list(space.spec(_MEMORY).domain()) if _MEMORY in space.names else [None]
+        )
+        search = _Search()
+        for values in itertools.product(*(k.domain() for k in others)):
+            partial = dict(zip((k.name for k in others), values, strict=True))
+            first = self.settings(
+                {**partial, **({_MEMORY: levels[0]} if levels[0] is not None else {})}
+            )
+            total = sum(self._perf(first, cell).output_tok_s for cell in cells)
+            trapped = self.trap_for(first) is not None
+            moved_partial = sum(1 for n, v in partial.items() if v != default[n])
+            for level, status in zip(levels, self._boot_statuses(first, levels), strict=True):
+                config: dict[str, Value] = dict(partial)
+                if level is not None:
+                    config[_MEMORY] = level
+                moved = moved_partial + (
+                    1 if level is not None and level != default[_MEMORY] else 0
+                )
+                search.add(status, total, moved, config, trapped=trapped)
+        return search
+
+    def _boot_statuses(self, first: Settings, levels: Sequence[Value | None]) -> list[BootStatus]:
+        """``boot_status`` of ``first`` at each memory level (``None``: ``first``'s own level)."""
+        if _MEMORY not in self.boot.requires:
+            # the level decides only oom and KV capacity: one gate serves every level
+            gate = self.boot_gate(first)
+            return [
+                gate.status(first.gpu_memory_utilization if level is None else float(level))
+                for level in levels
+            ]
+        return [
+            self.boot_status(
+                first
+                if level is None
+                else dataclasses.replace(first, gpu_memory_utilization=float(level))
+            )[0]
+            for level in levels
+        ]
 
     def _cell_report(
         self, config: Mapping[str, object], cells: Sequence[CellSpec]
@@ -837,6 +869,53 @@ class Landscape(_Model):
     def scaled(self, real_seconds: float) -> float:
         """A boot duration in twin seconds."""
         return real_seconds / self.time_scale.boot
+
+
+@dataclass
+class _Search:
+    """``optimum``'s tally: the best valid and the best invalid config, counts and ties."""
+
+    best: tuple[float, int, dict[str, Value]] | None = None
+    trap_best: tuple[float, int, dict[str, Value]] | None = None
+    ties: int = 0
+    counts: dict[str, int] = field(
+        default_factory=lambda: {
+            "configs": 0,
+            "valid": 0,
+            "oom": 0,
+            "kv_capacity": 0,
+            "wedge": 0,
+            "invalid": 0,
+        }
+    )
+
+    def add(
+        self,
+        status: BootStatus,
+        total: float,
+        moved: int,
+        config: dict[str, Value],
+        *,
+        trapped: bool,
+    ) -> None:
+        """One configuration: its boot status, objective and knobs away from the defaults."""
+        self.counts["configs"] += 1
+        if status != "ok":
+            self.counts[status] += 1
+            return
+        if trapped:
+            self.counts["invalid"] += 1
+            if self.trap_best is None or _better(total, moved, self.trap_best):
+                self.trap_best = (total, moved, config)
+            return
+        self.counts["valid"] += 1
+        best = self.best
+        if best is None or total > best[0] * (1 + 1e-9):
+            self.best, self.ties = (total, moved, config), 1
+        elif total >= best[0] * (1 - 1e-9):
+            self.ties += 1
+            if moved < best[1]:
+                self.best = (total, moved, config)
 
 
 def _better(total: float, moved: int, than: tuple[float, int, object]) -> bool:

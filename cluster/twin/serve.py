@@ -24,7 +24,13 @@ from types import FrameType
 from cluster.twin import args as serve_args
 from cluster.twin import node, noise
 from cluster.twin.engine import Engine
-from cluster.twin.landscape import DEFAULT_LANDSCAPE, Landscape, Settings, load_landscape
+from cluster.twin.landscape import (
+    DEFAULT_LANDSCAPE,
+    BootStatus,
+    Landscape,
+    Settings,
+    load_landscape,
+)
 from cluster.twin.log import EngineLog
 from cluster.twin.rendezvous import Head, RendezvousError, follow, join
 from cluster.twin.server import VLLM_VERSION, ServerState, start_server
@@ -305,90 +311,131 @@ def _head(
     try:
         rates = [state.matmul_rate]
         if args.nnodes > 1:
-            try:
-                head = Head(
-                    args.master_addr, args.master_port, args.nnodes, _fingerprint(args), started_at
-                )
-            except OSError as e:
-                log.error(
-                    "parallel_state.py:1120",
-                    f"OSError: [Errno {e.errno}] cannot listen on master "
-                    f"{args.master_addr}:{args.master_port}: {e.strerror}",
-                )
+            head = _listen(args, log, started_at)
+            if head is None:
                 return 1
-            timeout = rendezvous_window(landscape)
-            log.info(
-                "multiproc_executor.py:97",
-                f"Waiting up to {timeout:.2f}s for {args.nnodes - 1} headless node(s) "
-                f"to join at {head.address}",
-            )
-            try:
-                members = head.wait(timeout, stop.is_set)
-            except RendezvousError as e:
-                hint = "; start every headless rank before rank 0" if e.missing else ""
-                log.error("multiproc_executor.py:104", f"RuntimeError: {e}{hint}")
-                return 1
-            if stop.is_set():
-                return _shutdown(log, head)
-            for m in members:
-                log.info(
-                    "multiproc_executor.py:112",
-                    f"Node rank {m.rank} joined from {m.peer} (matmul_rate={m.matmul_rate:.3f})",
-                )
-                rates.append(m.matmul_rate)
-
-            def lost(rank: int) -> None:
-                stop.fatal = f"lost node rank {rank}"
-
-            head.on_lost = lost
-            if head.lost is not None:
-                lost(head.lost)
+            code = _gather(head, args, landscape, stop, log, rates)
+            if code is not None:
+                return code
         speed = min(rates)
         if speed < 1.0:
             log.warning(
                 "gpu_worker.py:245",
                 f"Slowest node runs at matmul_rate={speed:.3f}; the TP group runs at its pace",
             )
-        boot_factor = noise.boot_factor(tenv.seed, state.boots, landscape.noise.boot_to_boot)
-        code = _boot(args, landscape, settings, stop, log)
-        if stop.fatal is not None:
-            log.error(
-                "multiproc_executor.py:233",
-                f"RuntimeError: NCCL error: remote process exited or there was a network "
-                f"error ({stop.fatal}); engine core dead",
-            )
-            return 1
-        if code is not None:
-            return code
-        engine = Engine(
-            landscape.engine_model(settings),
-            speed=speed * boot_factor,
-            seed=tenv.seed,
-            boot=state.boots,
+        return _boot_and_serve(
+            args, tenv, state.boots, settings, server_state, speed, stop, log, head
         )
-        engine.start()
-        server_state.engine = engine
-        log.info(
-            "api_server.py:1971", f"Starting vLLM API server 0 on http://{args.host}:{args.port}"
-        )
-        log.raw("INFO:     Application startup complete.")
-        while not stop.is_set():
-            stop.event.wait(0.05)
-        engine.stop()
-        if stop.fatal is not None:
-            log.error(
-                "multiproc_executor.py:233",
-                f"RuntimeError: NCCL error: remote process exited or there was a network "
-                f"error ({stop.fatal}); engine core dead",
-            )
-            return 1
-        return _shutdown(log, head)
     finally:
         if head is not None:
             head.shutdown(notify=stop.fatal is None and stop.event.is_set())
         server.shutdown()
         server.server_close()
         thread.join(timeout=1.0)
+
+
+def _listen(args: serve_args.ServeArgs, log: EngineLog, started_at: float) -> Head | None:
+    """Rank 0's rendezvous listener on the master address; ``None`` (logged) if it cannot bind."""
+    try:
+        return Head(args.master_addr, args.master_port, args.nnodes, _fingerprint(args), started_at)
+    except OSError as e:
+        log.error(
+            "parallel_state.py:1120",
+            f"OSError: [Errno {e.errno}] cannot listen on master "
+            f"{args.master_addr}:{args.master_port}: {e.strerror}",
+        )
+        return None
+
+
+def _gather(
+    head: Head,
+    args: serve_args.ServeArgs,
+    landscape: Landscape,
+    stop: _Stop,
+    log: EngineLog,
+    rates: list[float],
+) -> int | None:
+    """Wait for every headless rank to join ``head`` and watch them from then on.
+
+    Each member's matmul rate is appended to ``rates``; a lost member sets ``stop.fatal``.
+    Returns an exit status when the head ends here (the rendezvous failed, or a signal), else
+    ``None``.
+    """
+    timeout = rendezvous_window(landscape)
+    log.info(
+        "multiproc_executor.py:97",
+        f"Waiting up to {timeout:.2f}s for {args.nnodes - 1} headless node(s) "
+        f"to join at {head.address}",
+    )
+    try:
+        members = head.wait(timeout, stop.is_set)
+    except RendezvousError as e:
+        hint = "; start every headless rank before rank 0" if e.missing else ""
+        log.error("multiproc_executor.py:104", f"RuntimeError: {e}{hint}")
+        return 1
+    if stop.is_set():
+        return _shutdown(log, head)
+    for m in members:
+        log.info(
+            "multiproc_executor.py:112",
+            f"Node rank {m.rank} joined from {m.peer} (matmul_rate={m.matmul_rate:.3f})",
+        )
+        rates.append(m.matmul_rate)
+
+    def lost(rank: int) -> None:
+        stop.fatal = f"lost node rank {rank}"
+
+    head.on_lost = lost
+    if head.lost is not None:
+        lost(head.lost)
+    return None
+
+
+def _boot_and_serve(
+    args: serve_args.ServeArgs,
+    tenv: TwinEnv,
+    boots: int,
+    settings: Settings,
+    server_state: ServerState,
+    speed: float,
+    stop: _Stop,
+    log: EngineLog,
+    head: Head | None,
+) -> int:
+    """Boot (after the rendezvous), then serve at ``speed`` until a signal or a lost rank."""
+    landscape = tenv.landscape
+    boot_factor = noise.boot_factor(tenv.seed, boots, landscape.noise.boot_to_boot)
+    code = _boot(args, landscape, settings, stop, log)
+    if stop.fatal is not None:
+        return _engine_dead(log, stop.fatal)
+    if code is not None:
+        return code
+    engine = Engine(
+        landscape.engine_model(settings),
+        speed=speed * boot_factor,
+        seed=tenv.seed,
+        boot=boots,
+    )
+    engine.start()
+    server_state.engine = engine
+    log.info("api_server.py:1971", f"Starting vLLM API server 0 on http://{args.host}:{args.port}")
+    log.raw("INFO:     Application startup complete.")
+    while not stop.is_set():
+        stop.event.wait(0.05)
+    engine.stop()
+    if stop.fatal is not None:
+        return _engine_dead(log, stop.fatal)
+    return _shutdown(log, head)
+
+
+def _engine_dead(log: EngineLog, why: str) -> int:
+    """Exit status 1 after vLLM's error for a rank lost from the tensor-parallel group."""
+    log.error(
+        "multiproc_executor.py:233",
+        f"RuntimeError: NCCL error: remote process exited or there was a network "
+        f"error ({why}); engine core dead",
+    )
+    return 1
 
 
 def _shutdown(log: EngineLog, head: Head | None) -> int:
@@ -415,28 +462,8 @@ def _boot(
         "gpu_model_runner.py:2653",
         f"Model loading took {b.weights_gib:.2f} GiB and {landscape.scaled(b.load_s):.2f} seconds",
     )
-    drafter = args.drafter_dir
-    if args.speculative is not None and (
-        drafter is not None or args.speculative.get("method") != "ngram"
-    ):
-        method = args.speculative.get("method", "draft_model")
-        if drafter is None or not drafter.is_dir():
-            log.error(
-                "speculative.py:412",
-                f"ValueError: speculative model {str(drafter)!r} is not a directory",
-            )
-            return 1
-        log.info(
-            "speculative.py:398",
-            f"Loading drafter ({method}) from {drafter} "
-            f"with num_speculative_tokens={settings.num_speculative_tokens}",
-        )
-        if (drafter / "mask_embedding.pt").is_file():
-            token = _mask_token(drafter, b.mask_token_id)
-            log.info(
-                "dflash.py:231",
-                f"Loaded DFlash mask embedding for mask_token_id {token} from mask_embedding.pt",
-            )
+    if not _load_drafter(args, settings, b.mask_token_id, log):
+        return 1
     if not sleep(landscape.scaled(b.compile_s)):
         return _stopped(log)
     log.info(
@@ -446,26 +473,8 @@ def _boot(
     if not sleep(landscape.scaled(b.kv_profile_s)):
         return _stopped(log)
     status, reason = landscape.boot_status(settings)
-    free = b.device_gib * settings.gpu_memory_utilization - b.weights_gib
-    if status == "oom":
-        log.error(
-            "core.py:708",
-            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. "
-            "GPU 0 has a total "
-            f"capacity of {b.device_gib:.2f} GiB of which 1.21 GiB is free. ({reason})",
-        )
-        log.error("core.py:712", "EngineCore failed to start.")
+    if not _profile_memory(landscape, settings, status, reason, log):
         return 1
-    if status == "kv_capacity":
-        log.error(
-            "kv_cache_utils.py:716",
-            "ValueError: To serve at least one request with the models's max seq len "
-            f"({settings.max_model_len}), more KV cache memory is needed than the available "
-            f"{max(free, 0.0):.2f} GiB. Try increasing `gpu_memory_utilization` or decreasing "
-            f"`max_model_len` when initializing the engine. ({reason})",
-        )
-        return 1
-    log.info("gpu_worker.py:298", f"Available KV cache memory: {free:.2f} GiB")
     if settings.cuda_graphs:
         log.info(
             "gpu_model_runner.py:3480", "Capturing CUDA graphs (mixed prefill-decode, PIECEWISE)"
@@ -485,6 +494,64 @@ def _boot(
             f"Graph capturing finished in {landscape.scaled(b.graph_capture_s):.2f} secs",
         )
     return None
+
+
+def _load_drafter(
+    args: serve_args.ServeArgs, settings: Settings, mask_token_id: int, log: EngineLog
+) -> bool:
+    """Log the drafter's loading (and its DFlash mask embedding); ``False`` (logged) when the
+    speculative config names a drafter directory that does not exist."""
+    drafter = args.drafter_dir
+    if args.speculative is None or (drafter is None and args.speculative.get("method") == "ngram"):
+        return True  # no drafter to load: no speculation, or n-gram lookup
+    method = args.speculative.get("method", "draft_model")
+    if drafter is None or not drafter.is_dir():
+        log.error(
+            "speculative.py:412",
+            f"ValueError: speculative model {str(drafter)!r} is not a directory",
+        )
+        return False
+    log.info(
+        "speculative.py:398",
+        f"Loading drafter ({method}) from {drafter} "
+        f"with num_speculative_tokens={settings.num_speculative_tokens}",
+    )
+    if (drafter / "mask_embedding.pt").is_file():
+        token = _mask_token(drafter, mask_token_id)
+        log.info(
+            "dflash.py:231",
+            f"Loaded DFlash mask embedding for mask_token_id {token} from mask_embedding.pt",
+        )
+    return True
+
+
+def _profile_memory(
+    landscape: Landscape, settings: Settings, status: BootStatus, reason: str, log: EngineLog
+) -> bool:
+    """The memory profile's outcome in vLLM's words; ``False`` (logged) when the boot dies of
+    it (out of memory, or too little KV cache for ``max_model_len``)."""
+    b = landscape.boot
+    free = b.device_gib * settings.gpu_memory_utilization - b.weights_gib
+    if status == "oom":
+        log.error(
+            "core.py:708",
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. "
+            "GPU 0 has a total "
+            f"capacity of {b.device_gib:.2f} GiB of which 1.21 GiB is free. ({reason})",
+        )
+        log.error("core.py:712", "EngineCore failed to start.")
+        return False
+    if status == "kv_capacity":
+        log.error(
+            "kv_cache_utils.py:716",
+            "ValueError: To serve at least one request with the models's max seq len "
+            f"({settings.max_model_len}), more KV cache memory is needed than the available "
+            f"{max(free, 0.0):.2f} GiB. Try increasing `gpu_memory_utilization` or decreasing "
+            f"`max_model_len` when initializing the engine. ({reason})",
+        )
+        return False
+    log.info("gpu_worker.py:298", f"Available KV cache memory: {free:.2f} GiB")
+    return True
 
 
 def _mask_token(drafter: Path, default: int) -> int:

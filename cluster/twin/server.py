@@ -55,88 +55,182 @@ class _BadRequest(Exception):
         self.kind = kind
 
 
+#: One Prometheus metric: name, type, help text, and its samples (extra labels, value).
+_Metric = tuple[str, str, str, list[tuple[str, float]]]
+
+
 def metrics_text(state: ServerState, counters: Counters | None) -> str:
     """``/metrics`` in Prometheus text format, vLLM v1 names (counters end in ``_total``)."""
     c = counters or Counters(per_position=[0] * state.k)
     labels = f'engine="0",model_name="{state.served_model_name}"'
-    lines: list[str] = []
+    metrics = _engine_metrics(c) + (_spec_decode_metrics(c) if state.k > 0 else [])
+    lines = [line for metric in metrics for line in _metric_lines(labels, *metric)]
+    return "\n".join(lines) + "\n"
 
-    def metric(name: str, kind: str, help_text: str, samples: list[tuple[str, float]]) -> None:
-        lines.append(f"# HELP {name} {help_text}")
-        lines.append(f"# TYPE {name} {kind}")
-        suffix = "_total" if kind == "counter" else ""
-        for extra, value in samples:
-            lab = labels + ("," + extra if extra else "")
-            lines.append(f"{name}{suffix}{{{lab}}} {float(value)}")
 
-    metric(
-        "vllm:num_requests_running",
-        "gauge",
-        "Number of requests in model execution batches.",
-        [("", c.running)],
-    )
-    metric(
-        "vllm:num_requests_waiting",
-        "gauge",
-        "Number of requests waiting to be processed.",
-        [("", c.waiting)],
-    )
-    metric(
-        "vllm:kv_cache_usage_perc",
-        "gauge",
-        "KV-cache usage. 1 means 100 percent usage.",
-        [("", min(1.0, (c.running + c.waiting) / 64.0))],
-    )
-    metric(
-        "vllm:prompt_tokens",
-        "counter",
-        "Number of prefill tokens processed.",
-        [("", c.prompt_tokens)],
-    )
-    metric(
-        "vllm:generation_tokens",
-        "counter",
-        "Number of generation tokens processed.",
-        [("", c.generation_tokens)],
-    )
-    metric(
-        "vllm:request_success",
-        "counter",
-        "Count of successfully processed requests.",
-        [('finished_reason="length"', c.requests_ok)],
-    )
-    metric(
-        "vllm:num_preemptions",
-        "counter",
-        "Cumulative number of preemption from the engine.",
-        [("", 0)],
-    )
-    if state.k > 0:
-        metric(
+def _metric_lines(
+    labels: str, name: str, kind: str, help_text: str, samples: list[tuple[str, float]]
+) -> list[str]:
+    """One metric's ``# HELP`` and ``# TYPE`` lines and its samples."""
+    lines = [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
+    suffix = "_total" if kind == "counter" else ""
+    for extra, value in samples:
+        lab = labels + ("," + extra if extra else "")
+        lines.append(f"{name}{suffix}{{{lab}}} {float(value)}")
+    return lines
+
+
+def _engine_metrics(c: Counters) -> list[_Metric]:
+    """The scheduler's gauges and the token and request counters."""
+    return [
+        (
+            "vllm:num_requests_running",
+            "gauge",
+            "Number of requests in model execution batches.",
+            [("", c.running)],
+        ),
+        (
+            "vllm:num_requests_waiting",
+            "gauge",
+            "Number of requests waiting to be processed.",
+            [("", c.waiting)],
+        ),
+        (
+            "vllm:kv_cache_usage_perc",
+            "gauge",
+            "KV-cache usage. 1 means 100 percent usage.",
+            [("", min(1.0, (c.running + c.waiting) / 64.0))],
+        ),
+        (
+            "vllm:prompt_tokens",
+            "counter",
+            "Number of prefill tokens processed.",
+            [("", c.prompt_tokens)],
+        ),
+        (
+            "vllm:generation_tokens",
+            "counter",
+            "Number of generation tokens processed.",
+            [("", c.generation_tokens)],
+        ),
+        (
+            "vllm:request_success",
+            "counter",
+            "Count of successfully processed requests.",
+            [('finished_reason="length"', c.requests_ok)],
+        ),
+        (
+            "vllm:num_preemptions",
+            "counter",
+            "Cumulative number of preemption from the engine.",
+            [("", 0)],
+        ),
+    ]
+
+
+def _spec_decode_metrics(c: Counters) -> list[_Metric]:
+    """The speculative-decoding counters (only when the engine drafts, k > 0)."""
+    return [
+        (
             "vllm:spec_decode_num_drafts",
             "counter",
             "Number of spec decoding drafts.",
             [("", c.drafts)],
-        )
-        metric(
+        ),
+        (
             "vllm:spec_decode_num_draft_tokens",
             "counter",
             "Number of draft tokens.",
             [("", c.draft_tokens)],
-        )
-        metric(
+        ),
+        (
             "vllm:spec_decode_num_accepted_tokens",
             "counter",
             "Number of accepted tokens.",
             [("", c.accepted)],
-        )
-        metric(
+        ),
+        (
             "vllm:spec_decode_num_accepted_tokens_per_pos",
             "counter",
             "Accepted tokens per draft position.",
             [(f'position="{i}"', v) for i, v in enumerate(c.per_position)],
-        )
-    return "\n".join(lines) + "\n"
+        ),
+    ]
+
+
+@dataclass(frozen=True)
+class _StreamIds:
+    """The fields every chunk of one stream repeats."""
+
+    id: str
+    object: str
+    created: int
+    model: str
+
+    def payload(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        """A chunk with these fields and ``choices``."""
+        return {
+            "id": self.id,
+            "object": self.object,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
+
+
+#: A chat stream's first chunk's choice: the assistant's role, no content yet.
+_ROLE_CHOICE: dict[str, Any] = {
+    "index": 0,
+    "delta": {"role": "assistant", "content": ""},
+    "logprobs": None,
+    "finish_reason": None,
+}
+
+
+def _sse(payload: object) -> bytes:
+    """One ``data: …`` event (JSON, or ``payload`` as is when bytes) as an HTTP chunk."""
+    data = (
+        b"data: "
+        + (payload if isinstance(payload, bytes) else json.dumps(payload).encode())
+        + b"\n\n"
+    )
+    return f"{len(data):X}\r\n".encode() + data + b"\r\n"
+
+
+def _usage(req: Request, total: int) -> dict[str, int]:
+    """OpenAI ``usage`` after ``total`` generated tokens of ``req``."""
+    return {
+        "prompt_tokens": req.prompt_tokens,
+        "total_tokens": req.prompt_tokens + total,
+        "completion_tokens": total,
+    }
+
+
+def _delta_payload(
+    ids: _StreamIds, chunks: list[Chunk], req: Request, *, chat: bool, continuous: bool
+) -> dict[str, Any]:
+    """The stream chunk carrying ``chunks``' tokens (with running usage when ``continuous``)."""
+    tokens = tuple(t for c in chunks for t in c.tokens)
+    last = chunks[-1]
+    reason = "length" if last.finished else None
+    choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": reason}
+    if chat:
+        choice["delta"] = {"content": text.join(tokens)}
+    else:
+        choice["text"] = text.join(tokens)
+        choice["stop_reason"] = None
+    payload = ids.payload([choice])
+    if continuous:
+        payload["usage"] = _usage(req, last.total)
+    return payload
+
+
+def _stream_end(ids: _StreamIds, req: Request, total: int, *, usage: bool) -> bytes:
+    """What follows the last token chunk: the usage chunk if asked for, ``[DONE]``, the end."""
+    out = b""
+    if usage:
+        out += _sse({**ids.payload([]), "usage": _usage(req, total)})
+    return out + _sse(b"[DONE]") + b"0\r\n\r\n"
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -326,97 +420,42 @@ class Handler(BaseHTTPRequestHandler):
     def _stream(
         self, engine: Engine, req: Request, chat: bool, usage: bool, continuous: bool
     ) -> None:
-        state = self.state
-        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
-        created = int(time.time())
-        obj = "chat.completion.chunk" if chat else "text_completion"
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
-        self.send_header("Cache-Control", "no-cache")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
-
-        def event(payload: object) -> bytes:
-            data = (
-                b"data: "
-                + (payload if isinstance(payload, bytes) else json.dumps(payload).encode())
-                + b"\n\n"
-            )
-            return f"{len(data):X}\r\n".encode() + data + b"\r\n"
-
-        def usage_of(total: int) -> dict[str, int]:
-            return {
-                "prompt_tokens": req.prompt_tokens,
-                "total_tokens": req.prompt_tokens + total,
-                "completion_tokens": total,
-            }
-
+        ids = _StreamIds(
+            id=("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex,
+            created=int(time.time()),
+            object="chat.completion.chunk" if chat else "text_completion",
+            model=self.state.served_model_name,
+        )
+        self._start_sse()
         try:
             if chat:
-                self.wfile.write(
-                    event(
-                        {
-                            "id": rid,
-                            "object": obj,
-                            "created": created,
-                            "model": state.served_model_name,
-                            "choices": [
-                                {
-                                    "index": 0,
-                                    "delta": {"role": "assistant", "content": ""},
-                                    "logprobs": None,
-                                    "finish_reason": None,
-                                }
-                            ],
-                        }
-                    )
-                )
+                self.wfile.write(_sse(ids.payload([_ROLE_CHOICE])))
             while True:
                 chunks = self._next(engine, req)
                 if chunks is None:
                     return
-                tokens = tuple(t for c in chunks for t in c.tokens)
                 last = chunks[-1]
-                reason = "length" if last.finished else None
-                choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": reason}
-                if chat:
-                    choice["delta"] = {"content": text.join(tokens)}
-                else:
-                    choice["text"] = text.join(tokens)
-                    choice["stop_reason"] = None
-                payload: dict[str, Any] = {
-                    "id": rid,
-                    "object": obj,
-                    "created": created,
-                    "model": state.served_model_name,
-                    "choices": [choice],
-                }
-                if continuous:
-                    payload["usage"] = usage_of(last.total)
-                out = event(payload)
+                out = _sse(_delta_payload(ids, chunks, req, chat=chat, continuous=continuous))
                 if self._client_gone():
                     engine.abort(req)
                     self.close_connection = True
                     return
                 if last.finished:
-                    if usage:
-                        out += event(
-                            {
-                                "id": rid,
-                                "object": obj,
-                                "created": created,
-                                "model": state.served_model_name,
-                                "choices": [],
-                                "usage": usage_of(last.total),
-                            }
-                        )
-                    out += event(b"[DONE]") + b"0\r\n\r\n"
+                    out += _stream_end(ids, req, last.total, usage=usage)
                 self.wfile.write(out)
                 if last.finished:
                     return
         except OSError:
             engine.abort(req)
             self.close_connection = True
+
+    def _start_sse(self) -> None:
+        """A 200 with chunked ``text/event-stream`` headers (the events follow)."""
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
 
     def _whole(self, engine: Engine, req: Request, chat: bool) -> None:
         state = self.state
@@ -433,11 +472,7 @@ class Handler(BaseHTTPRequestHandler):
             if chunks[-1].finished:
                 break
         content = text.join(tokens)
-        usage = {
-            "prompt_tokens": req.prompt_tokens,
-            "total_tokens": req.prompt_tokens + total,
-            "completion_tokens": total,
-        }
+        usage = _usage(req, total)
         created = int(time.time())
         if chat:
             payload: dict[str, Any] = {
