@@ -27,14 +27,12 @@ from agents.claude import (
     round_spend,
 )
 from agents.context import (
-    MEASURED,
     ChampionCell,
     HistoryEntry,
     KnownBad,
     KnownBadSource,
     ProposalContext,
     Refusal,
-    Status,
 )
 from agents.digest import digest
 from agents.factory import KINDS, make_proposer
@@ -42,6 +40,7 @@ from agents.hybrid import HybridProposer
 from agents.optuna_proposer import OptunaProposer
 from agents.proposal import Proposal, ProposalExhausted, Proposer
 from agents.sweep import SweepProposer
+from knobs.vocabulary import MEASURED, Status
 
 __all__ = [
     "KINDS",

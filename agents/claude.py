@@ -36,6 +36,7 @@ from agents.digest import digest
 from agents.proposal import ONE_EXPERIMENT, Proposal, ProposalExhausted, Proposer
 from knobs.config import Change
 from knobs.errors import KnobError, OrchestrateError, UsageError
+from knobs.records import LlmUsage
 from knobs.space import KnobSpace
 
 if TYPE_CHECKING:  # the SDK takes seconds to import: only a Claude proposer pays for it
@@ -227,43 +228,29 @@ def llm_notes(
     proposer made the proposal) only on a fallback.
     """
     cost = usage.cost(options.prices())
-    notes = {
-        "llm_model": options.model,
-        "llm_requests": str(usage.requests),
-        "llm_api_retries": str(usage.api_retries),
-        "llm_input_tokens": str(usage.input_tokens),
-        "llm_output_tokens": str(usage.output_tokens),
-        "llm_cache_read_tokens": str(usage.cache_read_tokens),
-        "llm_cache_write_tokens": str(usage.cache_write_tokens),
-        "llm_cost_usd": f"{cost:.6f}",
-        "llm_round_spend_usd": f"{spent_before + cost:.6f}",
-        "llm_tries": str(tries),
-        "llm_rejected": str(len(rejections)),
-    }
-    if rejections:
-        notes["llm_rejections"] = _clip(
-            " | ".join(f"{i}: {r}" for i, r in enumerate(rejections, start=1)), 2000
-        )
-    if options.max_usd_per_round is not None:
-        notes["llm_cap_usd"] = f"{options.max_usd_per_round:.6f}"
-    if fallback is not None:
-        notes["llm_fallback"] = fallback
-    return notes
+    rejected = " | ".join(f"{i}: {r}" for i, r in enumerate(rejections, start=1))
+    return LlmUsage(
+        model=options.model,
+        requests=usage.requests,
+        api_retries=usage.api_retries,
+        input_tokens=usage.input_tokens,
+        output_tokens=usage.output_tokens,
+        cache_read_tokens=usage.cache_read_tokens,
+        cache_write_tokens=usage.cache_write_tokens,
+        cost_usd=cost,
+        round_spend_usd=spent_before + cost,
+        tries=tries,
+        rejected=len(rejections),
+        rejections=_clip(rejected, 2000) if rejections else None,
+        cap_usd=options.max_usd_per_round,
+        fallback=fallback,
+    ).to_notes()
 
 
-def round_spend(notes: Iterable[Mapping[str, str]]) -> float:
-    """USD spent on LLM calls by the proposals whose ``notes`` are given (their
-    ``llm_cost_usd``); what the orchestrator puts in ``ProposalContext.llm_spend_usd``.
-    Never raises: a note that is not a number counts as zero."""
-    total = 0.0
-    for note in notes:
-        try:
-            value = float(note.get("llm_cost_usd", "0"))
-        except ValueError:
-            continue
-        if value > 0 and value != float("inf"):
-            total += value
-    return total
+def round_spend(usages: Iterable[LlmUsage | None]) -> float:
+    """USD spent on LLM calls by the proposals whose usage is given; what the orchestrator
+    puts in ``ProposalContext.llm_spend_usd``."""
+    return sum(u.cost_usd for u in usages if u is not None and u.cost_usd > 0)
 
 
 # ---- untrusted text -----------------------------------------------------------------------------

@@ -17,16 +17,10 @@ from knobs.config import Change, Config
 from knobs.errors import KnobError
 from knobs.space import KnobSpace
 from knobs.spec import Value, as_text
-
-#: How an experiment was decided (the ``status`` column of ``results.tsv``).
-Status = Literal["keep", "discard", "crash", "inconclusive", "invalid", "vetoed"]
+from knobs.vocabulary import MEASURED, Status
 
 #: Where a known-bad region comes from.
 KnownBadSource = Literal["crash", "invalid", "veto", "constraint"]
-
-#: Statuses whose objective is a trustworthy measurement of the config that ran. An ``invalid``
-#: config may carry a (fast, wrong) objective: it must never count as a measurement.
-MEASURED: frozenset[str] = frozenset({"keep", "discard", "inconclusive"})
 
 
 def same_value(a: object, b: object) -> bool:

@@ -45,6 +45,7 @@ from knobs.config import Change, Config
 from knobs.errors import KnobError
 from knobs.space import KnobSpace
 from knobs.spec import KnobSpec, Value, as_text
+from knobs.vocabulary import Status
 
 Direction = Literal["maximize", "minimize"]
 
@@ -347,10 +348,10 @@ def first_look(
     back = {
         e.champion_key
         for e in context.history
-        if e.status == "keep" and Config(e.config).key == context.champion.key
+        if e.status == Status.KEEP and Config(e.config).key == context.champion.key
     }
     crashes = Counter(
-        (e.knob, e.failure_class) for e in context.history if e.status == "crash" and e.knob
+        (e.knob, e.failure_class) for e in context.history if e.status == Status.CRASH and e.knob
     )
     nulls: dict[str, float] = {}
     for spec in context.space.knobs:

@@ -1,4 +1,5 @@
-"""Records that cross package boundaries: bench cells and their measured results.
+"""Records that cross package boundaries: bench cells and their measured results, and what a
+proposal's LLM calls used.
 
 They live here, in the bottom package, so that ``cluster`` (which measures), ``ledger``
 (which stores) and ``orchestrator`` (which judges) share one typed vocabulary.
@@ -7,7 +8,9 @@ Field names follow vLLM's ``bench serve`` result JSON where one exists.
 
 from __future__ import annotations
 
-from typing import Literal
+import math
+from collections.abc import Mapping
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -70,3 +73,79 @@ class CellResultRecord(BaseModel):
     fingerprints: dict[str, str] = Field(
         default_factory=dict, description="prompt id → sha256 of the greedy text"
     )
+
+
+class LlmUsage(BaseModel):
+    """What a proposal's LLM calls used and cost: the typed face of its ``llm_*`` notes.
+
+    The ledger stores it as the proposal's notes, in the words and formats it always had
+    (``llm_cost_usd: "0.013500"``), so older ledgers read back as this record and this record
+    writes back the same bytes.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    model: str
+    requests: int = 0  # HTTP requests that got an answer or gave up
+    api_retries: int = 0  # the SDK's retries
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    cost_usd: float = 0.0  # this proposal
+    round_spend_usd: float = 0.0  # the round so far, this proposal included
+    tries: int = 0  # proposals the model made
+    rejected: int = 0  # how many of them were refused
+    rejections: str | None = None  # the reasons, when there were any
+    cap_usd: float | None = None  # the round's spend cap, when there is one
+    fallback: str | None = None  # why another proposer made the proposal
+
+    _COUNTS: ClassVar[tuple[str, ...]] = (
+        "requests",
+        "api_retries",
+        "input_tokens",
+        "output_tokens",
+        "cache_read_tokens",
+        "cache_write_tokens",
+    )
+
+    def to_notes(self) -> dict[str, str]:
+        """The proposal notes this usage is stored as (every value a string)."""
+        notes = {"llm_model": self.model}
+        notes.update({f"llm_{key}": str(getattr(self, key)) for key in self._COUNTS})
+        notes["llm_cost_usd"] = f"{self.cost_usd:.6f}"
+        notes["llm_round_spend_usd"] = f"{self.round_spend_usd:.6f}"
+        notes["llm_tries"] = str(self.tries)
+        notes["llm_rejected"] = str(self.rejected)
+        if self.rejections is not None:
+            notes["llm_rejections"] = self.rejections
+        if self.cap_usd is not None:
+            notes["llm_cap_usd"] = f"{self.cap_usd:.6f}"
+        if self.fallback is not None:
+            notes["llm_fallback"] = self.fallback
+        return notes
+
+    @classmethod
+    def from_notes(cls, notes: Mapping[str, str]) -> LlmUsage | None:
+        """The usage a proposal's notes record (``None``: no LLM was asked). Never raises: a
+        note that is not a finite, non-negative number reads as zero (or as absent)."""
+        if "llm_model" not in notes:
+            return None
+
+        def number(key: str) -> float | None:
+            try:
+                value = float(notes[f"llm_{key}"])
+            except (KeyError, ValueError):
+                return None
+            return value if math.isfinite(value) and value >= 0 else None
+
+        counts = {key: int(number(key) or 0) for key in (*cls._COUNTS, "tries", "rejected")}
+        return cls(
+            model=notes["llm_model"],
+            **counts,
+            cost_usd=number("cost_usd") or 0.0,
+            round_spend_usd=number("round_spend_usd") or 0.0,
+            rejections=notes.get("llm_rejections"),
+            cap_usd=number("cap_usd"),
+            fallback=notes.get("llm_fallback"),
+        )

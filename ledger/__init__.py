@@ -16,11 +16,10 @@ from ledger.records import (
     RoundRecord,
     VerdictRecord,
 )
-from ledger.store import STATES, LeaseHeld, Ledger, LedgerError
+from ledger.store import LeaseHeld, Ledger, LedgerError
 
 __all__ = [
     "HEADER",
-    "STATES",
     "BootRecord",
     "ChampionRecord",
     "DriftRecord",

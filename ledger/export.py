@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from knobs.spec import as_text
+from knobs.vocabulary import UNMEASURED, State
 from ledger.records import ExperimentRecord
 
 HEADER = (
@@ -18,8 +19,6 @@ HEADER = (
     "value",
     "description",
 )
-#: Statuses whose row carries zeros, as autoresearch logs a crash.
-ZERO_STATUSES = frozenset({"crash", "vetoed"})
 
 
 def _clean(text: str) -> str:
@@ -31,9 +30,10 @@ def tsv_rows(experiments: Iterable[ExperimentRecord]) -> list[str]:
     """The lines of results.tsv (header first), without trailing newlines."""
     lines = ["\t".join(HEADER)]
     for e in experiments:
-        if e.state != "decided" or e.status is None:
+        if e.state != State.DECIDED or e.status is None:
             continue
-        zero = e.status in ZERO_STATUSES
+        # no objective of its own: the row carries zeros, as autoresearch logs a crash
+        zero = e.status in UNMEASURED
         objective = 0.0 if zero or e.objective is None else e.objective
         delta = 0.0 if zero or e.delta_pct is None else e.delta_pct
         accept = 0.0 if zero or e.accept_len is None else e.accept_len

@@ -7,7 +7,18 @@ from datetime import datetime
 from pydantic import BaseModel, ConfigDict
 
 from knobs.config import Config
+from knobs.records import LlmUsage
 from knobs.spec import Value
+from knobs.vocabulary import (
+    BootRole,
+    BootStatus,
+    FailureClass,
+    Kind,
+    ProposalStatus,
+    RoundStatus,
+    State,
+    Status,
+)
 
 
 class _Record(BaseModel):
@@ -37,7 +48,7 @@ class RoundRecord(_Record):
     proposer: str
     approve: str
     seed: int
-    status: str
+    status: RoundStatus
     started_at: datetime
     finished_at: datetime | None
     mlflow_run_id: str | None
@@ -58,11 +69,16 @@ class ProposalRecord(_Record):
     risk: str
     estimated_cost: str
     notes: dict[str, str]
-    status: str
+    status: ProposalStatus
     decided_by: str | None
     reason: str | None
     created_at: datetime
     decided_at: datetime | None
+
+    @property
+    def llm(self) -> LlmUsage | None:
+        """What the proposal's LLM calls used and cost (``None``: no LLM was asked)."""
+        return LlmUsage.from_notes(self.notes)
 
 
 class ExperimentRecord(_Record):
@@ -72,19 +88,19 @@ class ExperimentRecord(_Record):
     cluster: str
     round_id: int
     proposal_id: int | None
-    kind: str
+    kind: Kind
     config: Config
     champion_key: str | None
     champion_objective: float | None
     knob: str | None
     value: Value | None
     description: str
-    state: str
-    status: str | None
+    state: State
+    status: Status | None
     objective: float | None
     delta_pct: float | None
     accept_len: float | None
-    failure_class: str | None
+    failure_class: FailureClass | None
     failure_detail: str | None
     created_at: datetime
     decided_at: datetime | None
@@ -97,10 +113,10 @@ class BootRecord(_Record):
     id: int
     experiment_id: int
     config_key: str
-    role: str
+    role: BootRole
     measurement: int
-    status: str
-    failure_class: str | None
+    status: BootStatus
+    failure_class: FailureClass | None
     failure_detail: str | None
     started_at: datetime
     healthy_at: datetime | None
@@ -121,7 +137,7 @@ class ChampionRecord(_Record):
 class VerdictRecord(_Record):
     """The rule that decided an experiment, and its evidence."""
 
-    status: str
+    status: Status
     rule: str
     reason: str
     stats: dict[str, object]

@@ -21,6 +21,15 @@ from knobs.config import Config
 from knobs.errors import OrchestrateError
 from knobs.records import CellResultRecord
 from knobs.spec import Value
+from knobs.vocabulary import (
+    BootRole,
+    BootStatus,
+    FailureClass,
+    Kind,
+    ProposalStatus,
+    RoundStatus,
+    State,
+)
 from ledger.models import (
     SCHEMA_VERSION,
     Base,
@@ -50,7 +59,6 @@ from ledger.records import (
 T = TypeVar("T")
 
 #: Experiment states, in order. ``decided`` is final.
-STATES = ("approved", "deploying", "benching", "measured", "decided")
 
 
 class LedgerError(OrchestrateError):
@@ -271,7 +279,7 @@ class Ledger:
                 proposer=proposer,
                 approve=approve,
                 seed=seed,
-                status="running",
+                status=str(RoundStatus.RUNNING),
             )
             s.add(row)
             s.flush()
@@ -282,7 +290,7 @@ class Ledger:
         with self._session() as s:
             row = s.scalars(
                 select(RoundRow)
-                .where(RoundRow.cluster == cluster, RoundRow.status == "running")
+                .where(RoundRow.cluster == cluster, RoundRow.status == str(RoundStatus.RUNNING))
                 .order_by(RoundRow.id.desc())
             ).first()
             return None if row is None else _round(row)
@@ -309,11 +317,11 @@ class Ledger:
         with self._session() as s:
             self._get(s, RoundRow, round_id).mlflow_run_id = run_id
 
-    def finish_round(self, round_id: int, status: str = "done") -> None:
+    def finish_round(self, round_id: int, status: RoundStatus = RoundStatus.DONE) -> None:
         """Close a round (done, or failed when it could not go on)."""
         with self._session() as s:
             row = self._get(s, RoundRow, round_id)
-            row.status = status
+            row.status = str(status)
             row.finished_at = utcnow()
 
     # ---- proposals ------------------------------------------------------------------------
@@ -346,7 +354,7 @@ class Ledger:
                 risk=risk,
                 estimated_cost=estimated_cost,
                 notes=dict(notes or {}),
-                status="pending",
+                status=str(ProposalStatus.PENDING),
             )
             s.add(row)
             s.flush()
@@ -356,7 +364,7 @@ class Ledger:
         self,
         proposal_id: int,
         *,
-        status: str,
+        status: ProposalStatus,
         by: str,
         reason: str | None = None,
         new_value: Value | None = None,
@@ -368,9 +376,9 @@ class Ledger:
         """
         with self._session() as s:
             row = self._get(s, ProposalRow, proposal_id, lock=True)
-            if row.status != "pending":
+            if row.status != ProposalStatus.PENDING:
                 raise LedgerError(f"proposal {proposal_id} is already {row.status}", url=self.url)
-            row.status = status
+            row.status = str(ProposalStatus(status))
             row.decided_by = by
             row.reason = reason
             row.decided_at = utcnow()
@@ -389,12 +397,12 @@ class Ledger:
             return _proposal(self._get(s, ProposalRow, proposal_id))
 
     def proposals(
-        self, *, status: str | None = None, round_id: int | None = None
+        self, *, status: ProposalStatus | None = None, round_id: int | None = None
     ) -> list[ProposalRecord]:
         """Proposals, oldest first, optionally of one status or round."""
         query = select(ProposalRow).order_by(ProposalRow.id)
         if status is not None:
-            query = query.where(ProposalRow.status == status)
+            query = query.where(ProposalRow.status == str(status))
         if round_id is not None:
             query = query.where(ProposalRow.round_id == round_id)
         with self._session() as s:
@@ -406,7 +414,7 @@ class Ledger:
         *,
         cluster: str,
         round_id: int,
-        kind: str,
+        kind: Kind,
         config: Config,
         champion_key: str | None,
         champion_objective: float | None,
@@ -414,7 +422,7 @@ class Ledger:
         knob: str | None = None,
         value: Value | None = None,
         description: str = "",
-        state: str = "approved",
+        state: State = State.APPROVED,
     ) -> ExperimentRecord:
         """Record an experiment that is about to run (or a vetoed one, state ``decided``)."""
         with self._session() as s:
@@ -422,7 +430,7 @@ class Ledger:
                 cluster=cluster,
                 round_id=round_id,
                 proposal_id=proposal_id,
-                kind=kind,
+                kind=str(kind),
                 config_json=config.to_json(),
                 config_key=config.key,
                 champion_key=champion_key,
@@ -430,7 +438,7 @@ class Ledger:
                 knob=knob,
                 value=_dump(value),
                 description=description,
-                state=state,
+                state=str(state),
             )
             s.add(row)
             s.flush()
@@ -457,19 +465,19 @@ class Ledger:
         with self._session() as s:
             return [_experiment(r) for r in s.scalars(query)]
 
-    def set_state(self, experiment_id: int, state: str) -> None:
+    def set_state(self, experiment_id: int, state: State) -> None:
         """Move an undecided experiment to ``state``.
 
         Raises:
             LedgerError: unknown state, or the experiment is already decided.
         """
-        if state not in STATES:
+        if state not in set(State):
             raise LedgerError(f"unknown experiment state {state!r}", url=self.url)
         with self._session() as s:
             row = self._get(s, ExperimentRow, experiment_id, lock=True)
-            if row.state == "decided":
+            if row.state == State.DECIDED:
                 raise LedgerError(f"experiment {experiment_id} is already decided", url=self.url)
-            row.state = state
+            row.state = str(state)
 
     def set_experiment_mlflow(self, experiment_id: int, run_id: str) -> None:
         """Remember the experiment's MLflow child run."""
@@ -484,7 +492,7 @@ class Ledger:
         objective: float | None,
         delta_pct: float | None,
         accept_len: float | None,
-        failure_class: str | None = None,
+        failure_class: FailureClass | None = None,
         failure_detail: str | None = None,
         promote: bool = False,
     ) -> ExperimentRecord:
@@ -497,10 +505,10 @@ class Ledger:
         now = utcnow()
         with self._session() as s:
             row = self._get(s, ExperimentRow, experiment_id, lock=True)
-            if row.state == "decided":
+            if row.state == State.DECIDED:
                 raise LedgerError(f"experiment {experiment_id} is already decided", url=self.url)
-            row.state = "decided"
-            row.status = verdict.status
+            row.state = str(State.DECIDED)
+            row.status = str(verdict.status)
             row.objective = objective
             row.delta_pct = delta_pct
             row.accept_len = accept_len
@@ -510,7 +518,7 @@ class Ledger:
             s.add(
                 VerdictRow(
                     experiment_id=experiment_id,
-                    status=verdict.status,
+                    status=str(verdict.status),
                     rule=verdict.rule,
                     reason=verdict.reason,
                     stats=dict(verdict.stats),
@@ -573,7 +581,7 @@ class Ledger:
         experiment_id: int,
         config: Config,
         *,
-        role: str = "measure",
+        role: BootRole = BootRole.MEASURE,
         measurement: int | None = None,
     ) -> BootRecord:
         """Record that a boot of ``config`` begins (stop-all is its first step).
@@ -592,9 +600,9 @@ class Ledger:
             row = BootRow(
                 experiment_id=experiment_id,
                 config_key=config.key,
-                role=role,
+                role=str(role),
                 measurement=measurement,
-                status="booting",
+                status=str(BootStatus.BOOTING),
             )
             s.add(row)
             s.flush()
@@ -604,15 +612,15 @@ class Ledger:
         self,
         boot_id: int,
         *,
-        status: str,
-        failure_class: str | None = None,
+        status: BootStatus,
+        failure_class: FailureClass | None = None,
         failure_detail: str | None = None,
     ) -> None:
         """Mark a boot ``up`` (healthy), ``failed`` or ``down`` (torn down after use)."""
         with self._session() as s:
             row = self._get(s, BootRow, boot_id)
-            row.status = status
-            if status == "up":
+            row.status = str(status)
+            if status == BootStatus.UP:
                 row.healthy_at = utcnow()
             else:
                 row.ended_at = utcnow()
@@ -630,7 +638,11 @@ class Ledger:
     def open_boots(self) -> list[BootRecord]:
         """Boots never marked down or failed: servers that may still run."""
         with self._session() as s:
-            rows = s.scalars(select(BootRow).where(BootRow.status.in_(("booting", "up"))))
+            rows = s.scalars(
+                select(BootRow).where(
+                    BootRow.status.in_((str(BootStatus.BOOTING), str(BootStatus.UP)))
+                )
+            )
             return [_boot(r) for r in rows]
 
     def add_cell_result(

@@ -17,7 +17,9 @@ from dataclasses import dataclass
 
 from agents import ProposalContext
 from knobs.errors import KnobError, OrchestrateError, UsageError
+from knobs.records import LlmUsage
 from knobs.spec import Value
+from knobs.vocabulary import ProposalStatus
 from ledger import Ledger, LedgerError, ProposalRecord
 
 
@@ -36,22 +38,16 @@ Asker = Callable[[ProposalRecord, str | None], Answer]
 
 def llm_summary(notes: Mapping[str, str]) -> str:
     """What a proposal's LLM calls cost, from its notes (``''`` when no LLM was asked)."""
-    if "llm_model" not in notes:
+    usage = LlmUsage.from_notes(notes)
+    if usage is None:
         return ""
-
-    def number(key: str) -> float:
-        try:
-            return float(notes.get(key, "0"))
-        except ValueError:
-            return 0.0
-
     text = (
-        f"{notes['llm_model']}: {number('llm_input_tokens'):,.0f} in + "
-        f"{number('llm_output_tokens'):,.0f} out tokens, ${number('llm_cost_usd'):.4f} "
-        f"(round ${number('llm_round_spend_usd'):.4f})"
+        f"{usage.model}: {usage.input_tokens:,.0f} in + "
+        f"{usage.output_tokens:,.0f} out tokens, ${usage.cost_usd:.4f} "
+        f"(round ${usage.round_spend_usd:.4f})"
     )
-    if "llm_fallback" in notes:
-        text += f"; fell back: {notes['llm_fallback']}"
+    if usage.fallback is not None:
+        text += f"; fell back: {usage.fallback}"
     return text
 
 
@@ -124,10 +120,12 @@ class ApprovalGate:
             NobodyDeciding: the timeout vetoed ``max_timeouts`` proposals in a row.
             LedgerError: the ledger failed.
         """
-        if proposal.status != "pending":
+        if proposal.status != ProposalStatus.PENDING:
             return proposal
         if self.mode == "auto":
-            return self.ledger.decide_proposal(proposal.id, status="approved", by="auto")
+            return self.ledger.decide_proposal(
+                proposal.id, status=ProposalStatus.APPROVED, by="auto"
+            )
         if self.mode == "ask":
             return self._ask(proposal, context)
         return self._wait(proposal)
@@ -138,11 +136,13 @@ class ApprovalGate:
         while True:
             answer = self.asker(proposal, problem)
             if answer.action == "approve":
-                return self.ledger.decide_proposal(proposal.id, status="approved", by="person")
+                return self.ledger.decide_proposal(
+                    proposal.id, status=ProposalStatus.APPROVED, by="person"
+                )
             if answer.action == "veto":
                 reason = (answer.reason or "").strip() or "vetoed at the prompt"
                 return self.ledger.decide_proposal(
-                    proposal.id, status="vetoed", by="person", reason=reason
+                    proposal.id, status=ProposalStatus.VETOED, by="person", reason=reason
                 )
             if answer.action == "edit":
                 try:
@@ -156,7 +156,7 @@ class ApprovalGate:
                     continue
                 new: Value = change.new
                 return self.ledger.decide_proposal(
-                    proposal.id, status="approved", by="person (edited)", new_value=new
+                    proposal.id, status=ProposalStatus.APPROVED, by="person (edited)", new_value=new
                 )
             problem = f"unknown answer {answer.action!r}: approve, edit or veto"
 
@@ -165,7 +165,7 @@ class ApprovalGate:
         deadline = None if timeout is None else self._clock() + timeout
         while True:
             current = self.ledger.proposal(proposal.id)
-            if current.status != "pending":
+            if current.status != ProposalStatus.PENDING:
                 self._timeouts_in_a_row = 0
                 return current
             if timeout is not None and deadline is not None and self._clock() >= deadline:
@@ -173,7 +173,7 @@ class ApprovalGate:
             self._sleep(self.poll_s)
 
     def _time_out(self, proposal: ProposalRecord, timeout: float) -> ProposalRecord:
-        status = "approved" if self.on_timeout == "approve" else "vetoed"
+        status = ProposalStatus.APPROVED if self.on_timeout == "approve" else ProposalStatus.VETOED
         try:
             decided = self.ledger.decide_proposal(
                 proposal.id,
@@ -185,11 +185,11 @@ class ApprovalGate:
         except LedgerError:
             # a person decided in the instant between the last poll and the timeout
             current = self.ledger.proposal(proposal.id)
-            if current.status == "pending":
+            if current.status == ProposalStatus.PENDING:
                 raise
             self._timeouts_in_a_row = 0
             return current
-        if status == "approved":
+        if status == ProposalStatus.APPROVED:
             self._timeouts_in_a_row = 0
             return decided
         self._timeouts_in_a_row += 1

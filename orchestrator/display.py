@@ -12,21 +12,22 @@ from rich.table import Table
 from rich.text import Text
 
 from knobs.spec import as_text
+from knobs.vocabulary import Kind, Status
 from ledger import ChampionRecord, ExperimentRecord
 
-_STYLE = {
-    "keep": "bold green",
-    "discard": "yellow",
-    "crash": "bold red",
-    "invalid": "magenta",
-    "inconclusive": "cyan",
-    "vetoed": "dim",
+_STYLE: dict[str, str] = {
+    Status.KEEP: "bold green",
+    Status.DISCARD: "yellow",
+    Status.CRASH: "bold red",
+    Status.INVALID: "magenta",
+    Status.INCONCLUSIVE: "cyan",
+    Status.VETOED: "dim",
 }
 
 
 def describe(e: ExperimentRecord) -> str:
     """What an experiment changed, in words."""
-    if e.kind == "baseline":
+    if e.kind == Kind.BASELINE:
         return "baseline (champion as configured)"
     return e.description or f"{e.knob} → {as_text(e.value) if e.value is not None else '?'}"
 
@@ -86,7 +87,7 @@ class RoundDisplay:
         """An experiment was decided."""
         status = e.status or "?"
         objective = "" if e.objective is None else f" objective {e.objective:.1f}"
-        delta = "" if e.delta_pct is None or e.kind == "baseline" else f" ({e.delta_pct:+.2f}%)"
+        delta = "" if e.delta_pct is None or e.kind == Kind.BASELINE else f" ({e.delta_pct:+.2f}%)"
         self.console.print(
             Text.assemble(
                 f"  #{e.id} {describe(e)}: ",
@@ -133,14 +134,14 @@ def experiments_table(
         table.add_column(column, justify=justify)  # type: ignore[arg-type]
     for e in experiments:
         status = e.status or e.state
-        note = e.failure_class or ""
+        note: str = e.failure_class or ""
         if champion is not None and champion.experiment_id == e.id:
             note = (note + " champion").strip()
         table.add_row(
             str(e.id),
             describe(e),
             "-" if e.objective is None else f"{e.objective:.1f}",
-            "-" if e.delta_pct is None or e.kind == "baseline" else f"{e.delta_pct:+.2f}",
+            "-" if e.delta_pct is None or e.kind == Kind.BASELINE else f"{e.delta_pct:+.2f}",
             "-" if e.accept_len is None else f"{e.accept_len:.2f}",
             Text(status, style=_STYLE.get(status, "")),
             note,

@@ -30,9 +30,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 from knobs.records import CellResultRecord
 from knobs.spec import EffectPrior
+from knobs.vocabulary import Status, Undecided
 from orchestrator.noise import NoiseModel
 from orchestrator.profile import VerdictSpec
 
@@ -124,19 +126,25 @@ class Evidence:
     min_matmul_rate: float = 0.9
 
 
+#: Whose boot an undecided verdict wants next.
+NextBoot = Literal["candidate", "champion"]
+
+
 @dataclass(frozen=True)
 class Assessment:
-    """``keep | discard | inconclusive | invalid`` (final) or ``more | confirm`` (boot again)."""
+    """``keep | discard | inconclusive | invalid`` (final) or ``more | confirm`` (boot again;
+    ``next_boot`` says whose, for ``more``). ``policy.next_action`` turns it into a step."""
 
-    status: str
+    status: Status | Undecided
     rule: str
     reason: str
     stats: dict[str, object] = field(default_factory=dict)
+    next_boot: NextBoot | None = None
 
     @property
     def final(self) -> bool:
         """Whether this decides the experiment."""
-        return self.status not in ("more", "confirm")
+        return not isinstance(self.status, Undecided)
 
 
 def _mean_log(values: Sequence[float]) -> float:
@@ -149,7 +157,7 @@ def _validity(spec: VerdictSpec, ev: Evidence, stats: dict[str, object]) -> Asse
     )
     if mismatch:
         return Assessment(
-            "invalid",
+            Status.INVALID,
             "greedy-mismatch",
             f"greedy outputs differ from the champion's on {len(mismatch)} prompt(s): "
             + ", ".join(mismatch[:5]),
@@ -158,7 +166,7 @@ def _validity(spec: VerdictSpec, ev: Evidence, stats: dict[str, object]) -> Asse
     slow = slow_ranks(ev.candidate_cells, ev.min_matmul_rate)
     if slow:
         return Assessment(
-            "invalid",
+            Status.INVALID,
             "clocks",
             "clocks were off during the measurement on node(s) " + ", ".join(map(str, slow)),
             {**stats, "slow_ranks": slow},
@@ -171,7 +179,7 @@ def _guardrails(spec: VerdictSpec, ev: Evidence, stats: dict[str, object]) -> As
     errors = sum(c.errors for c in ev.candidate_cells)
     if requests and errors / requests > spec.max_error_rate:
         return Assessment(
-            "discard",
+            Status.DISCARD,
             "errors",
             f"{errors} of {requests} requests failed",
             {**stats, "errors": errors},
@@ -193,7 +201,7 @@ def _guardrails(spec: VerdictSpec, ev: Evidence, stats: dict[str, object]) -> As
             and a - b > spec.ttft_p90_min_increase_ms
         ):
             return Assessment(
-                "discard",
+                Status.DISCARD,
                 "ttft-guardrail",
                 f"TTFT p90 of {name} grew {(a / b - 1) * 100:+.0f}% "
                 f"(limit +{spec.ttft_p90_regression_pct:g}%)",
@@ -230,14 +238,25 @@ def assess(
     if guard is not None:
         return guard
     if spec.policy == "threshold":
-        status = "keep" if delta_pct > spec.threshold_pct else "discard"
-        relation = ">" if status == "keep" else "not >"
+        status = Status.KEEP if delta_pct > spec.threshold_pct else Status.DISCARD
+        relation = ">" if status == Status.KEEP else "not >"
         return Assessment(
             status,
             "threshold",
             f"{delta_pct:+.2f}% vs champion ({relation} +{spec.threshold_pct:g}%, one run)",
             stats,
         )
+    return _sequential(spec, ev, noise, prior, stats)
+
+
+def _sequential(
+    spec: VerdictSpec,
+    ev: Evidence,
+    noise: NoiseModel,
+    prior: EffectPrior | None,
+    stats: dict[str, object],
+) -> Assessment:
+    """The sequential policy: the posterior of the gain decides, or asks for another boot."""
     knob_prior = prior is not None and spec.knob_priors
     if prior is None or not spec.knob_priors:
         prior = EffectPrior(p_null=spec.prior_null, effect_pct=spec.prior_effect_pct)
@@ -258,21 +277,41 @@ def assess(
         prior_from="knob" if knob_prior else "profile",
     )
     where = (
-        f"{delta_pct:+.2f}% over {len(ev.candidate)} boot(s) vs {len(ev.champion)}; "
+        f"{stats['delta_pct']:+.2f}% over {len(ev.candidate)} boot(s) vs {len(ev.champion)}; "
         f"P(gain)={p_gain:.2f}, P(gain>{spec.equivalence_pct:g}%)={p_worth:.2f}"
     )
     if p_gain >= spec.confidence:
         if ev.confirmations >= spec.confirm_boots:
-            return Assessment("keep", "posterior", f"{where}: confirmed gain", stats)
-        return Assessment("confirm", "posterior", f"{where}: promising, confirming", stats)
+            return Assessment(Status.KEEP, "posterior", f"{where}: confirmed gain", stats)
+        return Assessment(Undecided.CONFIRM, "posterior", f"{where}: promising, confirming", stats)
     if p_worth < spec.futility:
         why = "worse" if g < -se else "not worth a change"
-        return Assessment("discard", "posterior", f"{where}: {why}", stats)
-    n, m = len(ev.candidate), len(ev.champion)
+        return Assessment(Status.DISCARD, "posterior", f"{where}: {why}", stats)
+    return _more_or_stop(
+        spec, noise, prior, prior_sd, g, len(ev.candidate), len(ev.champion), where, stats
+    )
+
+
+def _more_or_stop(
+    spec: VerdictSpec,
+    noise: NoiseModel,
+    prior: EffectPrior,
+    prior_sd: float,
+    g: float,
+    n: int,
+    m: int,
+    where: str,
+    stats: dict[str, object],
+) -> Assessment:
+    """Undecided by the posterior: inconclusive at the boot cap, a discard when a keep is out
+    of reach within it (predictive futility), else another boot and whose."""
     champion_more = max(0, spec.max_boots - m) if spec.balance_boots else 0
     if n >= spec.max_boots and champion_more == 0:
         return Assessment(
-            "inconclusive", "max-boots", f"{where}: undecided after {spec.max_boots} boots", stats
+            Status.INCONCLUSIVE,
+            "max-boots",
+            f"{where}: undecided after {spec.max_boots} boots",
+            stats,
         )
     reach = predictive_keep(
         g,
@@ -288,18 +327,18 @@ def assess(
     stats.update(p_reach=reach)
     if reach < spec.predictive_futility:
         return Assessment(
-            "discard",
+            Status.DISCARD,
             "futility",
             f"{where}: P(a keep within {spec.max_boots} boots)={reach:.2f}, not worth a boot",
             stats,
         )
     if spec.balance_boots and m < min(n, spec.max_boots):
         stats.update(next_boot="champion")
-        return Assessment(
-            "more", "posterior", f"{where}: undecided, the champion measured again", stats
-        )
+        reason = f"{where}: undecided, the champion measured again"
+        return Assessment(Undecided.MORE, "posterior", reason, stats, next_boot="champion")
     stats.update(next_boot="candidate")
-    return Assessment("more", "posterior", f"{where}: undecided, another boot", stats)
+    reason = f"{where}: undecided, another boot"
+    return Assessment(Undecided.MORE, "posterior", reason, stats, next_boot="candidate")
 
 
 def _p_gain(g: float, se: float, prior_null: float, prior_sd: float) -> float:

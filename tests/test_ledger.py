@@ -14,6 +14,7 @@ import pytest
 
 from knobs import KnobSpace, catalog
 from knobs.records import CellResultRecord
+from knobs.vocabulary import BootStatus, Kind, ProposalStatus, State
 from ledger import HEADER, LeaseHeld, Ledger, LedgerError, VerdictRecord, tsv_text
 
 SPACE = KnobSpace(knobs=catalog("vllm-dflash2"))
@@ -122,16 +123,16 @@ def test_round_experiment_champion_lifecycle(
     e0 = ledger.add_experiment(
         cluster="c",
         round_id=rnd.id,
-        kind="baseline",
+        kind=Kind.BASELINE,
         config=base,
         champion_key=None,
         champion_objective=None,
     )
-    for state in ("deploying", "benching", "measured"):
+    for state in (State.DEPLOYING, State.BENCHING, State.MEASURED):
         ledger.set_state(e0.id, state)
     boot = ledger.start_boot(e0.id, base)
     ledger.add_cell_result(e0.id, boot.id, _cell("code-c1", 100.0))
-    ledger.end_boot(boot.id, status="down")
+    ledger.end_boot(boot.id, status=BootStatus.DOWN)
     decided = ledger.decide(
         e0.id, verdict=_keep(), objective=100.0, delta_pct=0.0, accept_len=3.5, promote=True
     )
@@ -148,16 +149,16 @@ def test_round_experiment_champion_lifecycle(
         champion_key=base.key,
         hypothesis="h",
     )
-    assert [x.id for x in ledger.proposals(status="pending")] == [p.id]
-    approved = ledger.decide_proposal(p.id, status="approved", by="auto")
+    assert [x.id for x in ledger.proposals(status=ProposalStatus.PENDING)] == [p.id]
+    approved = ledger.decide_proposal(p.id, status=ProposalStatus.APPROVED, by="auto")
     assert approved.status == "approved" and approved.new_value == 5
     with pytest.raises(LedgerError, match="already approved"):
-        ledger.decide_proposal(p.id, status="vetoed", by="x")
+        ledger.decide_proposal(p.id, status=ProposalStatus.VETOED, by="x")
     change = SPACE.change(base, "num_speculative_tokens", 5)
     e1 = ledger.add_experiment(
         cluster="c",
         round_id=rnd.id,
-        kind="candidate",
+        kind=Kind.CANDIDATE,
         config=base.apply(change),
         champion_key=base.key,
         champion_objective=100.0,
@@ -172,7 +173,7 @@ def test_round_experiment_champion_lifecycle(
     assert [c.objective for c in ledger.champion_history("c")] == [100.0, 110.0]
     assert ledger.verdict(e1.id) == _keep()
     with pytest.raises(LedgerError, match="already decided"):
-        ledger.set_state(e1.id, "benching")
+        ledger.set_state(e1.id, State.BENCHING)
     ledger.finish_round(rnd.id)
     assert ledger.unfinished_round("c") is None
     assert ledger.champion("other") is None
@@ -194,7 +195,7 @@ def test_cell_results_round_trip_and_are_unique(
     e = ledger.add_experiment(
         cluster="c",
         round_id=rnd.id,
-        kind="baseline",
+        kind=Kind.BASELINE,
         config=SPACE.default_config(),
         champion_key=None,
         champion_objective=None,
@@ -207,7 +208,9 @@ def test_cell_results_round_trip_and_are_unique(
         ledger.add_cell_result(e.id, boot.id, cell)
     assert ledger.cell_results(e.id) == [(boot.id, 0, cell)]
     assert [b.id for b in ledger.open_boots()] == [boot.id]
-    ledger.end_boot(boot.id, status="failed", failure_class="oom", failure_detail="OOM on head")
+    ledger.end_boot(
+        boot.id, status=BootStatus.FAILED, failure_class="oom", failure_detail="OOM on head"
+    )
     assert ledger.open_boots() == []
     assert ledger.boots(e.id)[0].failure_class == "oom"
 
@@ -254,7 +257,7 @@ def test_export_is_stable_and_has_the_design_header(
     e0 = ledger.add_experiment(
         cluster="c",
         round_id=rnd.id,
-        kind="baseline",
+        kind=Kind.BASELINE,
         config=base,
         champion_key=None,
         champion_objective=None,
@@ -267,7 +270,7 @@ def test_export_is_stable_and_has_the_design_header(
     e1 = ledger.add_experiment(
         cluster="c",
         round_id=rnd.id,
-        kind="candidate",
+        kind=Kind.CANDIDATE,
         config=base.apply(change),
         champion_key=base.key,
         champion_objective=123.456,
@@ -282,7 +285,7 @@ def test_export_is_stable_and_has_the_design_header(
     ledger.add_experiment(  # undecided: not in the file
         cluster="c",
         round_id=rnd.id,
-        kind="candidate",
+        kind=Kind.CANDIDATE,
         config=base,
         champion_key=base.key,
         champion_objective=1.0,

@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 import pytest
 from mlflow.tracking import MlflowClient
 
+from knobs.vocabulary import ProposalStatus
 from ledger import Ledger, ProposalRecord
 from tests.fixtures.cli import ORCHESTRATE, orchestrate
 from tests.fixtures.messages_api import MessagesApi, tool_use
@@ -58,7 +59,7 @@ def pending_proposal(workdir: Path, after: int = 0) -> Callable[[], ProposalReco
             return None
         ledger = Ledger(os.environ["ORCHESTRATE_LEDGER"])
         try:
-            waiting = [p for p in ledger.proposals(status="pending") if p.id > after]
+            waiting = [p for p in ledger.proposals(status=ProposalStatus.PENDING) if p.id > after]
         finally:
             ledger.close()
         return waiting[0] if waiting else None

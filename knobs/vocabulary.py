@@ -1,0 +1,117 @@
+"""The words a round is recorded in: statuses, states, kinds, roles and failure classes.
+
+Each but the failure class is a ``StrEnum``, in the spirit of Optuna's ``TrialState``: a
+member *is* its string, so the ledger stores exactly the values it always stored (``"keep"``,
+``"deploying"``, ``"remeasure"`` …), results.tsv and MLflow show them unchanged, and older
+ledgers read back as members. Code names the member (``Status.KEEP``), never the bare string,
+and mypy holds the fields of the ledger's records to these types. The failure class is a
+``Literal`` (mypy checks it just the same): a raise site names it as the word it stores.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Literal, get_args
+
+
+class Status(StrEnum):
+    """How an experiment was decided (``ExperimentRecord.status``, results.tsv's ``status``)."""
+
+    KEEP = "keep"
+    DISCARD = "discard"
+    CRASH = "crash"
+    INCONCLUSIVE = "inconclusive"
+    INVALID = "invalid"
+    VETOED = "vetoed"
+
+
+class Undecided(StrEnum):
+    """A verdict that is not final yet: another boot is wanted."""
+
+    MORE = "more"  # undecided: another boot (of the candidate, or of the champion)
+    CONFIRM = "confirm"  # promising: confirmation boots before a keep
+
+
+class State(StrEnum):
+    """Where an experiment is on its way (``ExperimentRecord.state``); each is committed
+    before the next step starts."""
+
+    APPROVED = "approved"
+    DEPLOYING = "deploying"
+    BENCHING = "benching"
+    MEASURED = "measured"
+    DECIDED = "decided"
+
+
+class Kind(StrEnum):
+    """What an experiment is: the first measurement of the configured champion, or a change."""
+
+    BASELINE = "baseline"
+    CANDIDATE = "candidate"
+
+
+class BootRole(StrEnum):
+    """Why a config was booted (``BootRecord.role``)."""
+
+    MEASURE = "measure"  # an experiment's first measurement
+    REPEAT = "repeat"  # another boot while the verdict is undecided
+    CONFIRM = "confirm"  # a confirmation boot of a promising candidate
+    REMEASURE = "remeasure"  # the champion measured again (its evidence, the drift sentinel)
+
+
+class BootStatus(StrEnum):
+    """Where a boot is (``BootRecord.status``)."""
+
+    BOOTING = "booting"
+    UP = "up"
+    DOWN = "down"  # measured and torn down
+    FAILED = "failed"
+
+
+class ProposalStatus(StrEnum):
+    """A proposal's decision (``ProposalRecord.status``)."""
+
+    PENDING = "pending"
+    APPROVED = "approved"
+    VETOED = "vetoed"
+
+
+class RoundStatus(StrEnum):
+    """A round's state (``RoundRecord.status``)."""
+
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+
+
+#: How a boot or a bench failed (``NodeError.failure_class``, the ledger's ``failure_class``).
+#: A ``Literal``, checked by mypy, so that a raise site names its class as the word it stores.
+FailureClass = Literal[
+    "unreachable",
+    "auth",
+    "host_key",
+    "upload",
+    "start",
+    "worker_missing",
+    "boot_timeout",
+    "boot_wedge",
+    "oom",
+    "kv_capacity",
+    "gate_failed",
+    "smoke_failed",
+    "clocks_stuck",
+    "bench_failed",
+    "remote_failed",
+]
+FAILURE_CLASSES: tuple[FailureClass, ...] = get_args(FailureClass)
+
+
+#: Failure classes that mean "we could not reach or trust the node" (CLI exit 5).
+NODE_ACCESS: frozenset[FailureClass] = frozenset({"unreachable", "auth", "host_key"})
+
+#: Statuses whose experiment has no objective of its own: it never booted, or was never run.
+UNMEASURED = frozenset({Status.CRASH, Status.VETOED})
+
+#: Statuses whose objective is a trustworthy measurement of the config that ran. An ``invalid``
+#: config may carry a (fast, wrong) objective: it must never count as a measurement.
+MEASURED = frozenset({Status.KEEP, Status.DISCARD, Status.INCONCLUSIVE})

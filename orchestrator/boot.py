@@ -1,0 +1,119 @@
+"""One boot of a config: deploy on every node, the cells its measurement still lacks, and
+teardown — each step committed to the ledger before the next.
+
+No engine outlives a boot: whatever happens, every node's log is kept (it is the evidence)
+and every node is stopped. A failure comes back as the ``NodeError`` it was, for the caller
+to judge; this module decides nothing.
+"""
+
+from __future__ import annotations
+
+from cluster.errors import NodeError
+from knobs.config import Config
+from knobs.vocabulary import BootRole, BootStatus, State
+from ledger import ExperimentRecord, Ledger
+from orchestrator.display import RoundDisplay
+from orchestrator.measurements import read_measurements
+from orchestrator.profile import Profile
+from orchestrator.runlog import RunLog
+from orchestrator.testbed import Testbed
+
+
+class Booter:
+    """Boots configs on the testbed and records each boot and cell in the ledger."""
+
+    def __init__(
+        self,
+        profile: Profile,
+        ledger: Ledger,
+        testbed: Testbed,
+        runlog: RunLog,
+        display: RoundDisplay,
+    ) -> None:
+        self.profile = profile
+        self.ledger = ledger
+        self.testbed = testbed
+        self.runlog = runlog
+        self.display = display
+
+    def measure(
+        self, e: ExperimentRecord, run_id: str, *, role: BootRole, measurement: int | None
+    ) -> NodeError | None:
+        """One boot of ``e``'s config: deploy, the cells its measurement still lacks, teardown.
+        The failure, if the boot or the bench failed."""
+        deciding = e.state != State.DECIDED  # the champion's re-measurements boot a decided one
+        if deciding:
+            self.ledger.set_state(e.id, State.DEPLOYING)
+        boot = self.ledger.start_boot(e.id, e.config, role=role, measurement=measurement)
+        failure: NodeError | None = None
+        try:
+            self.display.phase(f"deploying ({role})")
+            launchers = self.testbed.deploy(e.config)
+            self.ledger.end_boot(boot.id, status=BootStatus.UP)
+            self.runlog.launchers(run_id, launchers)
+            if deciding:
+                self.ledger.set_state(e.id, State.BENCHING)
+            self._bench(e.id, boot.id, boot.measurement)
+        except NodeError as err:
+            failure = err
+        finally:
+            # logs first (they are the evidence), then no engine may outlive the boot
+            self.runlog.boot_logs(run_id, boot.id, self.testbed.logs())
+            self.display.phase("tearing down")
+            try:
+                self.testbed.stop_all()
+            except NodeError as err:
+                failure = failure or err
+        if failure is not None:
+            self.ledger.end_boot(
+                boot.id,
+                status=BootStatus.FAILED,
+                failure_class=failure.failure_class,
+                failure_detail=failure.message,
+            )
+            return failure
+        self.ledger.end_boot(boot.id, status=BootStatus.DOWN)
+        if deciding:
+            self.ledger.set_state(e.id, State.MEASURED)
+        return None
+
+    def _bench(self, experiment_id: int, boot_id: int, measurement: int) -> None:
+        wanted = [c.name for c in self.profile.cells]
+        done = {
+            c.cell
+            for m in read_measurements(self.ledger, experiment_id, wanted)
+            if m.index == measurement
+            for c in m.cells
+        }
+        cells = self.profile.cells
+        for i, cell in enumerate(cells, start=1):
+            if cell.name in done:
+                continue
+            self.display.phase(f"cell {i} of {len(cells)}: {cell.name}")
+            self.ledger.add_cell_result(experiment_id, boot_id, self.testbed.bench(cell))
+
+    def restore(self, champion: Config | None) -> None:
+        """Boot the champion again after a candidate failed, when the profile asks for it."""
+        if not self.profile.restore_champion or champion is None:
+            return
+        self.display.phase("restoring the champion")
+        try:
+            self.testbed.restore(champion)
+        except NodeError as err:
+            self.display.note(f"  the champion was not restored: {err.message}")
+
+    def stop_stale(self, cluster: str) -> None:
+        """A killed orchestrator may have left engines up: stop every node, close the boots."""
+        stale = [
+            b
+            for b in self.ledger.open_boots()
+            if self.ledger.experiment(b.experiment_id).cluster == cluster
+        ]
+        if not stale:
+            return
+        self.display.phase("stopping engines left by an interrupted run")
+        self.testbed.stop_all()
+        for boot in stale:
+            self.ledger.end_boot(
+                boot.id, status=BootStatus.DOWN, failure_class=None, failure_detail="interrupted"
+            )

@@ -1,0 +1,136 @@
+"""What a proposer sees: the ledger's history as a ``ProposalContext``.
+
+Every decided experiment of the cluster becomes a history entry; crashes, invalid outputs and
+vetoes become known-bad regions (with the person's words for a veto); the configs decided
+under the current champion are not proposed again. Stuck clocks are the node's fault, never
+the config's: such an experiment bars nothing and may run again.
+"""
+
+from __future__ import annotations
+
+from agents import HistoryEntry, KnownBad, KnownBadSource, ProposalContext, round_spend
+from knobs.config import Config
+from knobs.spec import Value
+from knobs.vocabulary import UNMEASURED, State, Status
+from ledger import ExperimentRecord, Ledger, RoundRecord
+from orchestrator.champion import ChampionEvidence
+from orchestrator.profile import Profile
+
+#: What a decided status bars, as a known-bad region's source.
+_BARS: dict[Status, KnownBadSource] = {
+    Status.CRASH: "crash",
+    Status.INVALID: "invalid",
+    Status.VETOED: "veto",
+}
+
+
+def proposal_context(
+    profile: Profile,
+    ledger: Ledger,
+    champion: ChampionEvidence,
+    rnd: RoundRecord,
+    candidates_done: int,
+) -> ProposalContext:
+    """What the proposer sees now, built from the ledger."""
+    current = champion.current()
+    history: list[HistoryEntry] = []
+    known_bad: list[KnownBad] = []
+    decided = {current.config.key}
+    for e in ledger.experiments(cluster=profile.cluster.name):
+        if e.state != State.DECIDED or e.status is None:
+            continue
+        history.append(_entry(e))
+        # stuck clocks measured the node, not the config: it may run again
+        if e.champion_key == current.config.key and e.failure_class != "clocks_stuck":
+            decided.add(e.config.key)
+        region = _barred(profile, ledger, e)
+        if region is not None:
+            known_bad.append(region)
+    return ProposalContext(
+        space=profile.space,
+        champion=current.config,
+        champion_objective=current.objective,
+        history=tuple(history),
+        known_bad=tuple(known_bad),
+        decided_keys=frozenset(decided),
+        budget_left=max(0, rnd.budget - candidates_done),
+        seed=rnd.seed,
+        # LLM spend so far in this round, from the ledger: a resumed round keeps its cap
+        llm_spend_usd=round_spend(p.llm for p in ledger.proposals(round_id=rnd.id)),
+        champion_cells=champion.cells(),
+    )
+
+
+def _entry(e: ExperimentRecord) -> HistoryEntry:
+    assert e.status is not None
+    return HistoryEntry(
+        experiment=e.id,
+        config=e.config.as_dict(),
+        knob=e.knob,
+        value=e.value,
+        status=e.status,
+        objective=e.objective if e.status not in UNMEASURED else None,
+        delta_pct=e.delta_pct,
+        champion_key=e.champion_key or "",
+        failure_class=e.failure_class,
+    )
+
+
+def _barred(profile: Profile, ledger: Ledger, e: ExperimentRecord) -> KnownBad | None:
+    """The region a decided experiment bars, if it bars one."""
+    if (
+        e.knob is None
+        or e.value is None
+        or e.status not in _BARS
+        # stuck clocks are the node's fault, not the config's
+        or e.failure_class == "clocks_stuck"
+    ):
+        return None
+    source = _BARS[Status(e.status)]
+    # a boot failure or a veto is pinned on the knob's value; wrong outputs come from an
+    # interaction (graphs with one K), so only that whole config is barred
+    when = e.config.as_dict() if e.status == Status.INVALID else {e.knob: e.value}
+    reason = e.failure_class or (e.failure_detail or e.status)[:200]
+    if e.status == Status.VETOED and e.proposal_id is not None:
+        # the person's words, so every proposer learns why
+        reason = ledger.proposal(e.proposal_id).reason or "vetoed"
+    region = (
+        crash_region(profile, e.knob, e.value, e.config, e.failure_class)
+        if e.status == Status.CRASH
+        else KnownBad(when=when, reason=reason, source=source)
+    )
+    return region.model_copy(update={"reason": reason, "source": source})
+
+
+def crash_region(
+    profile: Profile, knob: str, value: Value, config: Config, failure_class: str | None
+) -> KnownBad:
+    """The region a boot failure of ``knob=value`` bars.
+
+    By default the value itself, under any champion. A failure the knob declares
+    monotone (an OOM at a memory fraction) bars that whole side of the value instead. A
+    failure another knob declares monotone (``kv_cache_dtype=auto`` short of KV-cache
+    memory, which ``gpu_memory_utilization`` declares for ``kv_capacity``) bars the value
+    only on that side of the other knob's value in the config that failed: a larger
+    memory fraction may fit it.
+    """
+    space = profile.space
+    own = space.spec(knob).monotone_failures if knob in space.names else {}
+    side = own.get(failure_class or "")
+    if side is not None and isinstance(value, int | float) and not isinstance(value, bool):
+        bound = {knob: value}
+        if side == "above":
+            return KnownBad(at_least=bound, reason="", source="crash")
+        return KnownBad(at_most=bound, reason="", source="crash")
+    at_least: dict[str, int | float] = {}
+    at_most: dict[str, int | float] = {}
+    for spec in space.knobs:
+        other = spec.monotone_failures.get(failure_class or "")
+        held = config.get(spec.name)
+        if other is None or spec.name == knob or isinstance(held, bool):
+            continue
+        if isinstance(held, int | float):
+            (at_least if other == "above" else at_most)[spec.name] = held
+    return KnownBad(
+        when={knob: value}, at_least=at_least, at_most=at_most, reason="", source="crash"
+    )

@@ -1,0 +1,95 @@
+"""A proposal's way into the ledger: recorded as pending, then (once the veto gate decided)
+an experiment to run, or a vetoed experiment decided without a boot.
+
+Both are one knob away from the champion of the moment, validated by ``KnobSpace.change``
+again (the ledger's value, or a person's edit, is never trusted as is).
+"""
+
+from __future__ import annotations
+
+from agents import Proposal
+from knobs.vocabulary import Kind, Status
+from ledger import ExperimentRecord, Ledger, ProposalRecord, RoundRecord, VerdictRecord
+from orchestrator.display import RoundDisplay
+from orchestrator.profile import Profile
+from orchestrator.runlog import RunLog
+
+
+class Intake:
+    """Records proposals and turns decided ones into experiments."""
+
+    def __init__(
+        self, profile: Profile, ledger: Ledger, runlog: RunLog, display: RoundDisplay
+    ) -> None:
+        self.profile = profile
+        self.ledger = ledger
+        self.runlog = runlog
+        self.display = display
+        self.cluster = profile.cluster.name
+
+    def record(self, rnd: RoundRecord, proposal: Proposal) -> ProposalRecord:
+        """The proposal, pending, in the ledger."""
+        champion = self.ledger.champion(self.cluster)
+        assert champion is not None
+        return self.ledger.add_proposal(
+            round_id=rnd.id,
+            source=proposal.source,
+            knob=proposal.change.knob,
+            old_value=proposal.change.old,
+            new_value=proposal.change.new,
+            champion_key=champion.config.key,
+            hypothesis=proposal.hypothesis,
+            expected_effect=proposal.expected_effect,
+            risk=proposal.risk,
+            estimated_cost=proposal.estimated_cost,
+            notes=dict(proposal.notes),
+        )
+
+    def experiment(self, rnd: RoundRecord, p: ProposalRecord) -> ExperimentRecord:
+        """The experiment of an approved proposal, recorded."""
+        champion = self.ledger.champion(self.cluster)
+        assert champion is not None
+        change = self.profile.space.change(champion.config, p.knob, p.new_value)
+        return self.ledger.add_experiment(
+            cluster=self.cluster,
+            round_id=rnd.id,
+            kind=Kind.CANDIDATE,
+            config=champion.config.apply(change),
+            champion_key=champion.config.key,
+            champion_objective=champion.objective,
+            proposal_id=p.id,
+            knob=change.knob,
+            value=change.new,
+            description=f"{change.describe()} ({p.source})",
+        )
+
+    def veto(self, rnd: RoundRecord, p: ProposalRecord) -> None:
+        """A vetoed proposal as a decided experiment: no boot, a known-bad region with the
+        person's reason, a tagged MLflow run."""
+        champion = self.ledger.champion(self.cluster)
+        assert champion is not None
+        change = self.profile.space.change(champion.config, p.knob, p.new_value)
+        e = self.ledger.add_experiment(
+            cluster=self.cluster,
+            round_id=rnd.id,
+            kind=Kind.CANDIDATE,
+            config=champion.config.apply(change),
+            champion_key=champion.config.key,
+            champion_objective=champion.objective,
+            proposal_id=p.id,
+            knob=change.knob,
+            value=change.new,
+            description=f"{change.describe()} vetoed by {p.decided_by}: {p.reason or ''}".strip(),
+        )
+        verdict = VerdictRecord(
+            status=Status.VETOED,
+            rule="veto",
+            reason=p.reason or "vetoed",
+            stats={"by": p.decided_by},
+        )
+        decided = self.ledger.decide(
+            e.id, verdict=verdict, objective=None, delta_pct=None, accept_len=None
+        )
+        run_id = self.runlog.experiment_run(rnd, decided)
+        self.runlog.vetoed(run_id, p.reason or "")
+        self.display.decided(decided, verdict.reason)

@@ -1,0 +1,188 @@
+"""The boot policy: what is booted next for an experiment, and when it is decided.
+
+``verdict.assess`` says what the evidence so far supports (keep, discard, inconclusive,
+invalid, or undecided: another boot, or a confirmation). This module turns that into the
+round's next step, as a typed action the round only carries out:
+
+- ``BootCandidate``: boot the experiment's config (its first measurement, the rest of an
+  interrupted one, another boot while undecided, a confirmation boot, or once more after a
+  boot with a node's clocks off — the slow-clock reboot);
+- ``BootChampion``: re-measure the champion (the confirmation rule wants it measured after the
+  candidate's last boot; an undecided verdict wants its fewer boots balanced), capped at
+  ``CHAMPION_BOOTS_PER_BOOT`` × ``max_boots`` per verdict;
+- ``Decide``: the final verdict, with the measurements it rests on.
+
+The champion's own schedule is here too: when a re-measurement is due (``remeasure_due``: too
+few trusted boots, the drift sentinel's count or age), whether a re-measurement is a drift
+(``drift``), and how often a re-measurement with clocks off is taken again. Every function is
+pure: the round reads the ledger, asks, and does what it is told.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from knobs.vocabulary import BootRole, Status, Undecided
+from orchestrator.measurements import Measurement
+from orchestrator.profile import VerdictSpec
+from orchestrator.verdict import Assessment, objective_of
+
+#: The champion may be booted at most this many times ``max_boots`` for one verdict.
+CHAMPION_BOOTS_PER_BOOT = 2
+#: A champion re-measurement with a node's clocks off is taken this many times in all.
+CHAMPION_CLOCK_TRIES = 2
+#: A drift is significant beyond this many standard errors of the champion's level.
+DRIFT_SIGMAS = 2.0
+
+SLOW_CLOCK_NOTE = (
+    "  a node's clocks were off during this boot: it is set aside and the config booted once more"
+)
+
+
+@dataclass(frozen=True)
+class BootCandidate:
+    """Boot the experiment's config. ``measurement``: continue that interrupted measurement
+    (``None``: a new one). ``note``/``phase``: what to tell the person first."""
+
+    role: BootRole
+    measurement: int | None = None
+    note: str | None = None
+    phase: str | None = None
+
+
+@dataclass(frozen=True)
+class BootChampion:
+    """Re-measure the champion before the verdict goes on; ``measurements``: what the verdict
+    rests on so far (what it is decided on if the champion's boot fails)."""
+
+    phase: str
+    measurements: Sequence[Measurement]
+
+
+@dataclass(frozen=True)
+class Decide:
+    """The final verdict and the measurements it rests on (a set-aside slow boot excluded)."""
+
+    assessment: Assessment
+    measurements: Sequence[Measurement]
+    phase: str | None = None
+
+
+Action = BootCandidate | BootChampion | Decide
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Where one experiment's verdict stands, as the ledger has it."""
+
+    baseline: bool
+    measurements: Sequence[Measurement]
+    min_matmul_rate: float
+    #: the champion's boots since this experiment's first boot
+    champion_boots_during: int = 0
+    #: whether the champion's last boot came after this experiment's last boot
+    champion_measured_after: bool = False
+
+
+def next_action(
+    spec: VerdictSpec,
+    progress: Progress,
+    judge: Callable[[Sequence[Measurement]], Assessment],
+) -> Action:
+    """The next step for an experiment. ``judge``: the verdict on given measurements
+    (``verdict.assess`` against the champion's evidence), asked only when one is due."""
+    ms = list(progress.measurements)
+    unfinished = next((m for m in ms if not m.complete), None)
+    if unfinished is not None:
+        return BootCandidate(BootRole(unfinished.role), unfinished.index)
+    if not ms:
+        return BootCandidate(BootRole.MEASURE)
+    if progress.baseline:
+        baseline = Assessment(
+            Status.KEEP, "baseline", "first measurement of the champion", {"delta_pct": 0.0}
+        )
+        return Decide(baseline, ms)
+    # a boot with a node's clocks off measured the node, not the config: it is set aside and
+    # the boot taken once more; off twice, the verdict rules it invalid
+    slow = [m for m in ms if not m.trusted(progress.min_matmul_rate)]
+    if not spec.reboot_slow_clocks:
+        slow = []
+    if len(slow) == 1 and slow[0] is ms[-1]:
+        return BootCandidate(BootRole(slow[0].role), note=SLOW_CLOCK_NOTE)
+    if len(slow) == 1:
+        ms = [m for m in ms if m is not slow[0]]
+    assessment = judge(ms)
+    if assessment.final:
+        return Decide(assessment, ms)
+    return _undecided(spec, progress, assessment, ms)
+
+
+def _undecided(
+    spec: VerdictSpec, progress: Progress, assessment: Assessment, ms: Sequence[Measurement]
+) -> Action:
+    """Another boot for an undecided verdict: the champion's or the candidate's."""
+    reason = assessment.reason
+    champion_cap = CHAMPION_BOOTS_PER_BOOT * spec.max_boots
+    # a confirmation is judged against the champion re-measured after the candidate's last
+    # boot; while undecided, the verdict may ask for the champion's next boot
+    confirming = assessment.status == Undecided.CONFIRM
+    if (confirming and not progress.champion_measured_after) or (
+        assessment.next_boot == "champion" and progress.champion_boots_during < champion_cap
+    ):
+        return BootChampion(phase=reason, measurements=ms)
+    if assessment.status == Undecided.MORE and assessment.next_boot == "champion":
+        # its boots keep not counting (a node's clocks off, drift after drift): decide on what
+        # there is rather than boot it for ever
+        capped = Assessment(
+            Status.INCONCLUSIVE,
+            "champion-remeasure",
+            f"{reason}: the champion was booted {progress.champion_boots_during} times for "
+            "this verdict, the most it may be",
+            dict(assessment.stats),
+        )
+        return Decide(capped, ms, phase=reason)
+    role = BootRole.CONFIRM if confirming else BootRole.REPEAT
+    return BootCandidate(role, phase=reason)
+
+
+def champion_remeasure_failed(failure_class: str, message: str) -> Assessment:
+    """The verdict when the champion's re-measurement for it failed: nothing to compare."""
+    return Assessment(
+        Status.INCONCLUSIVE,
+        "champion-remeasure",
+        f"the champion's re-measurement failed ({failure_class}): {message}",
+        {},
+    )
+
+
+def crash(failure_class: str, message: str) -> Assessment:
+    """The verdict on a config whose boot or bench failed."""
+    rule = "bench" if failure_class == "bench_failed" else "boot"
+    return Assessment(Status.CRASH, rule, message, {"failure_class": failure_class})
+
+
+def remeasure_due(
+    spec: VerdictSpec, *, trusted_boots: int, decided_since: int, age_s: float
+) -> bool:
+    """Whether the champion is measured again before the next proposal.
+
+    While it has fewer than ``champion_boots`` trusted boots (every comparison shares its
+    error: a one-boot champion makes every verdict noisier), after each decided experiment;
+    and — the drift sentinel — every ``drift_every`` decided experiments, or when its last
+    measurement is older than ``drift_max_age_s``. ``decided_since``: candidates decided
+    since its last boot.
+    """
+    old = spec.drift_max_age_s is not None and age_s > spec.drift_max_age_s
+    few = trusted_boots < spec.champion_boots
+    return (few and decided_since >= 1) or decided_since >= spec.drift_every or old
+
+
+def drift(before: Sequence[float], after: float, boot_cv: float) -> tuple[float, bool]:
+    """The champion's level before a re-measurement (``after`` alone when it had none) and
+    whether ``after`` moved from it beyond ``DRIFT_SIGMAS`` standard errors."""
+    old = objective_of(before) if before else after
+    threshold = DRIFT_SIGMAS * boot_cv * math.sqrt(1.0 + 1.0 / max(1, len(before)))
+    significant = abs(math.log(after / old)) > threshold if old > 0 and after > 0 else False
+    return old, significant

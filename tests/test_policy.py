@@ -1,0 +1,166 @@
+"""The boot policy as pure functions: what is booted next, when it is decided, when the
+champion is re-measured and what counts as its drift. Every case names the exact action."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import pytest
+
+from knobs.vocabulary import BootRole, Status, Undecided
+from orchestrator import policy
+from orchestrator.measurements import Measurement
+from orchestrator.policy import BootCandidate, BootChampion, Decide, Progress
+from orchestrator.profile import VerdictSpec
+from orchestrator.verdict import Assessment
+from tests.test_verdict import cell
+
+SPEC = VerdictSpec()
+
+
+def measured(
+    index: int, tok_s: float = 100.0, *, role: str = "measure", rate: float = 1.0
+) -> Measurement:
+    return Measurement(index, role, [cell(tok_s, rate=rate)], complete=True)
+
+
+def never(_: Sequence[Measurement]) -> Assessment:
+    raise AssertionError("the verdict was asked although nothing was due")
+
+
+def judged_as(
+    assessment: Assessment, seen: list[Sequence[Measurement]]
+) -> Callable[[Sequence[Measurement]], Assessment]:
+    """A verdict that says ``assessment`` and remembers what it was shown."""
+
+    def judge(ms: Sequence[Measurement]) -> Assessment:
+        seen.append(ms)
+        return assessment
+
+    return judge
+
+
+def progress(
+    *ms: Measurement, baseline: bool = False, during: int = 0, after: bool = False
+) -> Progress:
+    return Progress(
+        baseline=baseline,
+        measurements=ms,
+        min_matmul_rate=0.9,
+        champion_boots_during=during,
+        champion_measured_after=after,
+    )
+
+
+def test_an_experiment_without_a_boot_boots_its_first_measurement() -> None:
+    assert policy.next_action(SPEC, progress(), never) == BootCandidate(BootRole.MEASURE)
+
+
+def test_an_interrupted_measurement_is_continued_in_its_own_role() -> None:
+    partial = Measurement(1, "confirm", [], complete=False)
+    action = policy.next_action(SPEC, progress(measured(0), partial), never)
+    assert action == BootCandidate(BootRole.CONFIRM, measurement=1)
+
+
+def test_the_baseline_is_kept_on_its_first_measurement() -> None:
+    action = policy.next_action(SPEC, progress(measured(0), baseline=True), never)
+    assert isinstance(action, Decide)
+    assert action.assessment.status == Status.KEEP and action.assessment.rule == "baseline"
+
+
+def test_a_last_boot_with_clocks_off_is_taken_again_without_a_verdict() -> None:
+    action = policy.next_action(SPEC, progress(measured(0), measured(1, rate=0.5)), never)
+    assert action == BootCandidate(BootRole.MEASURE, note=policy.SLOW_CLOCK_NOTE)
+
+
+def test_an_earlier_slow_boot_is_set_aside_and_the_verdict_rests_on_the_rest() -> None:
+    slow, good = measured(0, rate=0.5), measured(1)
+    seen: list[Sequence[Measurement]] = []
+    keep = Assessment(Status.KEEP, "posterior", "confirmed gain")
+    action = policy.next_action(SPEC, progress(slow, good), judged_as(keep, seen))
+    assert seen == [[good]]
+    assert action == Decide(keep, [good])
+
+
+def test_with_slow_clock_reboots_off_the_verdict_sees_every_boot() -> None:
+    spec = VerdictSpec(reboot_slow_clocks=False)
+    seen: list[Sequence[Measurement]] = []
+    invalid = Assessment(Status.INVALID, "clocks", "clocks were off")
+    slow = measured(0, rate=0.5)
+    assert policy.next_action(spec, progress(slow), judged_as(invalid, seen)) == Decide(
+        invalid, [slow]
+    )
+    assert seen == [[slow]]
+
+
+def test_a_confirmation_first_wants_the_champion_measured_after_the_candidate() -> None:
+    confirm = Assessment(Undecided.CONFIRM, "posterior", "promising, confirming")
+    before = policy.next_action(SPEC, progress(measured(0), after=False), judged_as(confirm, []))
+    assert before == BootChampion(phase="promising, confirming", measurements=[measured(0)])
+    after = policy.next_action(SPEC, progress(measured(0), after=True), judged_as(confirm, []))
+    assert after == BootCandidate(BootRole.CONFIRM, phase="promising, confirming")
+
+
+def test_an_undecided_verdict_boots_whose_side_it_asks_for() -> None:
+    champion = Assessment(Undecided.MORE, "posterior", "undecided", next_boot="champion")
+    candidate = Assessment(Undecided.MORE, "posterior", "undecided", next_boot="candidate")
+    ms = progress(measured(0), measured(1))
+    assert isinstance(policy.next_action(SPEC, ms, judged_as(champion, [])), BootChampion)
+    assert policy.next_action(SPEC, ms, judged_as(candidate, [])) == BootCandidate(
+        BootRole.REPEAT, phase="undecided"
+    )
+
+
+def test_the_champion_is_booted_at_most_twice_max_boots_for_one_verdict() -> None:
+    more = Assessment(Undecided.MORE, "posterior", "undecided", {"g": 0.01}, next_boot="champion")
+    cap = policy.CHAMPION_BOOTS_PER_BOOT * SPEC.max_boots
+    below = progress(measured(0), during=cap - 1)
+    assert isinstance(policy.next_action(SPEC, below, judged_as(more, [])), BootChampion)
+    at = policy.next_action(SPEC, progress(measured(0), during=cap), judged_as(more, []))
+    assert isinstance(at, Decide)
+    assert at.assessment.status == Status.INCONCLUSIVE
+    assert at.assessment.rule == "champion-remeasure"
+    assert f"booted {cap} times" in at.assessment.reason
+    assert at.assessment.stats == {"g": 0.01} and at.phase == "undecided"
+
+
+def test_a_failed_boot_is_a_crash_ruled_by_where_it_failed() -> None:
+    assert policy.crash("oom", "out of memory") == Assessment(
+        Status.CRASH, "boot", "out of memory", {"failure_class": "oom"}
+    )
+    assert policy.crash("bench_failed", "timeout").rule == "bench"
+    failed = policy.champion_remeasure_failed("unreachable", "node-2 is gone")
+    assert failed.status == Status.INCONCLUSIVE and "node-2 is gone" in failed.reason
+
+
+@pytest.mark.parametrize(
+    ("trusted", "since", "age", "due"),
+    [
+        (1, 0, 0.0, False),  # nothing decided since its last boot
+        (1, 1, 0.0, True),  # too few boots: topped up after each decided experiment
+        (3, 1, 0.0, False),  # enough boots, the sentinel not due
+        (3, VerdictSpec().drift_every, 0.0, True),  # the drift sentinel's count
+    ],
+)
+def test_when_the_champion_is_measured_again(
+    trusted: int, since: int, age: float, due: bool
+) -> None:
+    assert policy.remeasure_due(SPEC, trusted_boots=trusted, decided_since=since, age_s=age) is due
+
+
+def test_an_old_champion_measurement_is_due_by_age() -> None:
+    spec = VerdictSpec(drift_max_age_s=600)
+    assert policy.remeasure_due(spec, trusted_boots=3, decided_since=0, age_s=601)
+    assert not policy.remeasure_due(spec, trusted_boots=3, decided_since=0, age_s=599)
+
+
+def test_a_drift_is_significant_beyond_two_standard_errors() -> None:
+    cv = 0.05
+    se = cv * math.sqrt(1 + 1 / 3)
+    level, small = policy.drift([100.0, 100.0, 100.0], 100.0 * math.exp(1.9 * se), cv)
+    assert level == pytest.approx(100.0) and not small
+    _, large = policy.drift([100.0, 100.0, 100.0], 100.0 * math.exp(2.1 * se), cv)
+    assert large
+    # a first measurement is its own level: no drift
+    assert policy.drift([], 90.0, cv) == (90.0, False)
