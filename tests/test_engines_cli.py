@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from cluster.engines import VLLM_CPU, installed, layout, placeholders
 from orchestrator.cli import run as cli_run
-from orchestrator.engines_cli import run
+from orchestrator.engines import VLLM_CPU, installed, layout, placeholders
+from orchestrator.engines.cli import run
 
 
 def fake_install(root: Path, *, digest: str = VLLM_CPU.digest) -> Path:

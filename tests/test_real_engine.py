@@ -22,8 +22,8 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from cluster.engines import installed, layout
 from ledger import HEADER
+from orchestrator.engines import installed, layout
 from orchestrator.profile import profile_path
 from tests.fixtures.cli import ORCHESTRATE, orchestrate
 from tests.fixtures.profiles import free_port, write_profile

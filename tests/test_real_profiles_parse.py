@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from cluster.engines import installed, layout
 from cluster.launcher import render_node
+from orchestrator.engines import installed, layout
 from orchestrator.profile import Profile, embedded_profiles, load_profile
 from orchestrator.settings import runtime_placeholders
 

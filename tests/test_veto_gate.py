@@ -15,9 +15,10 @@ from rich.console import Console
 from agents import ProposalContext
 from knobs import KnobSpace, catalog
 from knobs.errors import UsageError
+from knobs.vocabulary import ProposalStatus
 from ledger import Ledger, ProposalRecord
 from orchestrator.approval import ApprovalGate, NobodyDeciding, llm_summary
-from orchestrator.cli import _ask_at_terminal
+from orchestrator.cli.round import _ask_at_terminal
 from orchestrator.display import RoundDisplay
 
 SPACE = KnobSpace(knobs=catalog("vllm-dflash2"))
@@ -171,7 +172,12 @@ def queue(ledger: Ledger, clock: Clock, **kw: object) -> ApprovalGate:
 def test_queue_waits_for_a_person(ledger: Ledger) -> None:
     clock = Clock()
     p = pending(ledger)
-    clock.at(40.0, lambda: ledger.decide_proposal(p.id, status="vetoed", by="person", reason="no"))
+    clock.at(
+        40.0,
+        lambda: ledger.decide_proposal(
+            p.id, status=ProposalStatus.VETOED, by="person", reason="no"
+        ),
+    )
     decided = queue(ledger, clock).decide(p, CONTEXT)
     assert (decided.status, decided.decided_by, decided.reason) == ("vetoed", "person", "no")
     assert clock.now == 41.0  # read at the first poll after the decision
@@ -193,7 +199,7 @@ def test_a_decision_in_the_instant_of_the_timeout_wins(ledger: Ledger) -> None:
     clock = Clock()
     p = pending(ledger)
     # the person's write lands between the gate's last read and its timeout write
-    clock.at(5.0, lambda: ledger.decide_proposal(p.id, status="approved", by="person"))
+    clock.at(5.0, lambda: ledger.decide_proposal(p.id, status=ProposalStatus.APPROVED, by="person"))
     decided = queue(ledger, clock, queue_timeout_s=5.0).decide(p, CONTEXT)
     assert (decided.status, decided.decided_by) == ("approved", "person")
 
@@ -203,7 +209,10 @@ def test_timeout_vetoes_in_a_row_pause_the_round(ledger: Ledger) -> None:
     gate = queue(ledger, clock, queue_timeout_s=5.0, max_timeouts=2)
     assert gate.decide(pending(ledger), CONTEXT).decided_by == "timeout"
     p = pending(ledger)
-    clock.at(clock.now + 2, lambda: ledger.decide_proposal(p.id, status="approved", by="person"))
+    clock.at(
+        clock.now + 2,
+        lambda: ledger.decide_proposal(p.id, status=ProposalStatus.APPROVED, by="person"),
+    )
     assert gate.decide(p, CONTEXT).decided_by == "person"  # a person answered: count restarts
     assert gate.decide(pending(ledger), CONTEXT).decided_by == "timeout"
     with pytest.raises(NobodyDeciding) as caught:
@@ -214,7 +223,7 @@ def test_timeout_vetoes_in_a_row_pause_the_round(ledger: Ledger) -> None:
         "the round is paused; decide with `orchestrate proposals`, then run the same command "
         "to resume"
     )
-    assert ledger.proposals(status="pending") == []
+    assert ledger.proposals(status=ProposalStatus.PENDING) == []
 
 
 @pytest.mark.parametrize(

@@ -1,20 +1,26 @@
 """``orchestrate engines``: build and inspect the serving engines that real rounds run here.
 
 Joined to the main command line with ``app.add_typer(engines_app, name="engines")``; also
-runnable alone as ``python -m orchestrator.engines_cli`` (what ``make engines`` does).
+runnable alone as ``python -m orchestrator.engines`` (what ``make engines`` does).
 """
 
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from cluster.engines import RECIPES, engines_root, install, installed, layout, read_stamp
+from orchestrator.engines.installer import (
+    RECIPES,
+    engines_root,
+    install,
+    installed,
+    layout,
+    read_stamp,
+)
 from orchestrator.exits import run_app
 
 engines_app = typer.Typer(
@@ -95,6 +101,3 @@ def run(argv: list[str] | None = None) -> int:
 
 
 __all__ = ["engines_app", "engines_root", "run"]
-
-if __name__ == "__main__":
-    sys.exit(run())

@@ -1,0 +1,111 @@
+"""``orchestrate cluster``: preflight, deploy, stop and inspect the profile's cluster by hand."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from knobs.errors import UsageError
+from orchestrator.cli.common import ProfileOpt, opened, out
+from orchestrator.lease import ClusterLease
+from orchestrator.profile import load_profile
+
+cluster_app = typer.Typer(help="Drive the profile's cluster by hand.", no_args_is_help=True)
+
+
+@cluster_app.command("check")
+def cluster_check(profile: ProfileOpt = None) -> None:
+    """Preflight every node: reachable (SSH: host key, auth), its address on the cluster
+    interface, free memory settled, clocks healthy. Changes nothing."""
+    prof = load_profile(profile)
+    with opened(prof) as o:
+        deployer = o.deployer()
+        reached = deployer.reach()
+        for rank, err in sorted(reached.items()):
+            typer.echo(f"node-{rank}: " + ("reachable" if err is None else f"{err.message}"))
+        failed = [e for _, e in sorted(reached.items()) if e is not None]
+        if failed:
+            raise failed[0]
+        for clock in deployer.preflight():
+            typer.echo(
+                f"node-{clock.rank}: sm clock {clock.sm_clock_mhz:.0f} MHz, "
+                f"matmul rate {clock.matmul_rate:.2f}"
+            )
+    typer.echo(f"{len(prof.cluster.nodes)} node(s) ready")
+
+
+@cluster_app.command("up")
+def cluster_up(
+    profile: ProfileOpt = None,
+    set_: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            metavar="KNOB=VALUE",
+            help="deploy the champion with this change (repeatable); if it fails, the champion "
+            "is restored when the profile says restore_champion",
+        ),
+    ] = None,
+) -> None:
+    """Deploy the champion (or the profile's starting config) and leave it running.
+
+    On failure every node is torn down and the command exits with the failure's code.
+    """
+    prof = load_profile(profile)
+    console = out()
+    with opened(prof) as o:
+        ledger = o.ledger()
+        champion = ledger.champion(prof.cluster.name)
+        base = champion.config if champion else prof.initial_champion()
+        config = base
+        for item in set_ or []:
+            knob, sep, value = item.partition("=")
+            if not sep:
+                raise UsageError(f"--set {item!r}: expected KNOB=VALUE")
+            config = config.apply(prof.space.change(config, knob, value))
+        fallback = base if set_ and prof.restore_champion else None
+        deployer = o.deployer(progress=lambda msg: console.print(f"  {msg}", style="dim"))
+        with ClusterLease(ledger, prof.cluster.name):
+            attempt = deployer.attempt(config, fallback=fallback)
+    if attempt.failure is not None:
+        for rank, how in sorted(attempt.teardown.items()):
+            console.print(f"  node-{rank}: {how}")
+        if attempt.restored is not None:
+            console.print(f"champion restored at {prof.cluster.base_url} (config {base.key})")
+        elif attempt.restore_failure is not None:
+            console.print(f"champion NOT restored: {attempt.restore_failure.message}")
+        raise attempt.failure
+    assert attempt.result is not None
+    console.print(
+        f"up in {attempt.result.boot_seconds:.1f}s at {prof.cluster.base_url} (config {config.key})"
+    )
+
+
+@cluster_app.command("down")
+def cluster_down(profile: ProfileOpt = None) -> None:
+    """Stop the engine on every node (head first), confirming each is gone; a node that
+    cannot be reached is reported and the others are still stopped."""
+    prof = load_profile(profile)
+    with opened(prof) as o:
+        outcomes, errors = o.deployer().stop_each()
+    for rank, how in sorted(outcomes.items()):
+        typer.echo(f"node-{rank}: {how}")
+    if errors:
+        raise errors[0]
+
+
+@cluster_app.command("status")
+def cluster_status(profile: ProfileOpt = None) -> None:
+    """Which nodes have an engine running (and which cannot be reached)."""
+    prof = load_profile(profile)
+    with opened(prof) as o:
+        deployer = o.deployer()
+        reached = deployer.reach()
+        for node in sorted(prof.cluster.nodes, key=lambda n: n.rank):
+            err = reached[node.rank]
+            state = err.message if err else ("running" if deployer.alive(node) else "stopped")
+            typer.echo(f"{node.name} ({node.host}): {state}")
+    failed = [e for _, e in sorted(reached.items()) if e is not None]
+    if failed:
+        raise failed[0]

@@ -1,0 +1,59 @@
+"""What every ``orchestrate`` command shares: its options, its console, and ``opened``, which
+opens the ledger and the deployer a command uses and closes them on every path."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from cluster.deploy import Deployer, Progress
+from ledger import Ledger
+from orchestrator.profile import Profile
+from orchestrator.settings import Settings
+from orchestrator.testbed import deployer_for
+
+ProfileOpt = Annotated[
+    str | None,
+    typer.Option("--profile", "-p", help="profile YAML path or embedded name (default: twin)"),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON for scripts")]
+
+
+def out() -> Console:
+    """The console a command prints its result on (stdout, no markup highlighting)."""
+    return Console(highlight=False, soft_wrap=True)
+
+
+class Opened:
+    """The ledger and deployers of one command, each opened on first use (so a command opens
+    what it needs when it needs it, in the order it needs it) and closed by ``opened``."""
+
+    def __init__(self, profile: Profile, stack: ExitStack) -> None:
+        self.profile = profile
+        self.settings = Settings.resolve(profile)
+        self._stack = stack
+        self._ledger: Ledger | None = None
+
+    def ledger(self) -> Ledger:
+        """The profile's ledger (``ORCHESTRATE_LEDGER`` first), opened on the first call."""
+        if self._ledger is None:
+            self._ledger = self._stack.enter_context(Ledger(self.settings.ledger_url))
+        return self._ledger
+
+    def deployer(self, *, progress: Progress | None = None) -> Deployer:
+        """A deployer for the profile's cluster (its transports connect on first use)."""
+        deployer = deployer_for(self.profile, progress=progress)
+        self._stack.callback(deployer.close)
+        return deployer
+
+
+@contextmanager
+def opened(profile: Profile) -> Iterator[Opened]:
+    """``with opened(prof) as o:`` … ``o.ledger()``, ``o.deployer()``: whatever was opened is
+    closed when the block ends, by an error or an interrupt too (the last opened first)."""
+    with ExitStack() as stack:
+        yield Opened(profile, stack)

@@ -1,0 +1,45 @@
+"""The root ``orchestrate`` app: every noun's commands joined, and how it runs (``run``,
+``main``)."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from orchestrator.cli.bench import bench
+from orchestrator.cli.cluster import cluster_app
+from orchestrator.cli.export import export
+from orchestrator.cli.proposals import proposals_app
+from orchestrator.cli.round import round_
+from orchestrator.cli.status import status
+from orchestrator.cli.twin import twin_app
+from orchestrator.engines.cli import engines_app
+from orchestrator.exits import run_app
+
+app = typer.Typer(
+    name="orchestrate",
+    help="Autoresearch for LLM-serving clusters: propose one knob change, deploy it, bench it, "
+    "judge it against the champion, record everything.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(proposals_app, name="proposals")
+app.add_typer(cluster_app, name="cluster")
+app.add_typer(twin_app, name="twin")
+app.add_typer(engines_app, name="engines")
+app.command("round")(round_)
+app.command("status")(status)
+app.command("export")(export)
+app.command("bench")(bench)
+
+
+def run(argv: list[str] | None = None) -> int:
+    """Run the CLI; the exit code (errors as one ``Error: …`` line on stderr)."""
+    return run_app(app, argv, "orchestrate")
+
+
+def main() -> None:
+    """Console-script entry point."""
+    sys.exit(run())

@@ -1,0 +1,180 @@
+"""``orchestrate round``: a baseline if there is no champion, then one-knob experiments; and
+the terminal prompt of ``--approve ask``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.text import Text
+
+from agents import Proposer, make_proposer
+from knobs.spec import as_text
+from ledger import ExperimentRecord, ProposalRecord
+from ledger.mlflow_sink import MlflowSink
+from orchestrator.approval import Answer, ApprovalGate, llm_summary
+from orchestrator.cli.common import JsonOpt, ProfileOpt, opened, out
+from orchestrator.display import RoundDisplay, experiments_table
+from orchestrator.lease import ClusterLease
+from orchestrator.profile import Profile, default_brief, load_profile
+from orchestrator.round import RoundOptions, RoundReport, RoundRunner
+from orchestrator.testbed import ClusterTestbed
+
+
+def round_(
+    budget: Annotated[
+        int | None,
+        typer.Option("--budget", "-n", min=1, help="experiments to run (default: the profile's)"),
+    ] = None,
+    profile: ProfileOpt = None,
+    proposer: Annotated[
+        str | None, typer.Option(help="optuna | sweep | claude | hybrid (default: the profile's)")
+    ] = None,
+    approve: Annotated[
+        str | None, typer.Option(help="auto | ask | queue (default: the profile's)")
+    ] = None,
+    max_hours: Annotated[
+        float | None, typer.Option(min=0, help="stop starting experiments after this")
+    ] = None,
+    seed: Annotated[
+        int | None, typer.Option(help="the proposer's seed (default: the profile's)")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Run a round: baseline if there is no champion, then BUDGET one-knob experiments.
+
+    An interrupted round (killed, Ctrl-C) is resumed by running the command again.
+    """
+    prof = load_profile(profile)
+    mode = approve or prof.approve.mode
+    options = RoundOptions(
+        budget=budget or prof.budget,
+        proposer=proposer or prof.proposer.kind,
+        approve=mode,
+        max_hours=max_hours,
+        seed=prof.proposer.seed if seed is None else seed,
+    )
+    proposer_obj = _proposer(prof, options)
+    console = Console(stderr=True) if as_json else out()
+    display = RoundDisplay(console)
+    # --json keeps stdout for the report: ask only where a person can answer
+    at_terminal = mode == "ask" and (sys.stdin.isatty() or not as_json)
+    asker = _ask_at_terminal(console, display) if at_terminal else None
+    with opened(prof) as o:
+        ledger = o.ledger()
+        gate = ApprovalGate(
+            ledger,
+            mode,
+            asker=asker,
+            queue_timeout_s=prof.approve.timeout_s,
+            on_timeout=prof.approve.on_timeout,
+            max_timeouts=prof.approve.max_timeouts,
+        )
+        sink = MlflowSink(o.settings.mlflow_uri, artifact_root=o.settings.artifact_root)
+        deployer = o.deployer(progress=display.phase)
+        testbed = ClusterTestbed(deployer, prof.cluster.base_url, prof.model)
+        with ClusterLease(ledger, prof.cluster.name):
+            runner = RoundRunner(prof, ledger, sink, testbed, proposer_obj, gate, display)
+            report = runner.run(options)
+        _print_report(report, as_json)
+
+
+def _proposer(prof: Profile, options: RoundOptions) -> Proposer:
+    """The proposer ``--proposer`` names (else the profile's), with the profile's settings."""
+    kind = options.proposer
+    proposer_options: dict[str, object] = (
+        {"changes": prof.proposer.sweep} if prof.proposer.sweep else {}
+    )
+    if kind in ("claude", "hybrid"):
+        claude = prof.proposer.claude
+        proposer_options.update(claude.model_dump(exclude={"brief"}))
+        proposer_options["brief"] = claude.brief or str(default_brief())
+    return make_proposer(kind, seed=options.seed, options=proposer_options)
+
+
+def _print_report(report: RoundReport, as_json: bool) -> None:
+    """The round's experiments and champion: a table, or JSON for scripts."""
+    if as_json:
+        payload = {
+            "round": report.round.id,
+            "status": report.round.status,
+            "resumed": report.resumed,
+            "stopped_by": report.stopped_by,
+            "experiments": [_experiment_json(e) for e in report.experiments],
+            "champion": None
+            if report.champion is None
+            else {
+                "experiment": report.champion.experiment_id,
+                "objective": report.champion.objective,
+                "config": report.champion.config.as_dict(),
+            },
+        }
+        typer.echo(json.dumps(payload, indent=2))
+        return
+    console = out()
+    console.print(
+        experiments_table(report.experiments, report.champion, f"Round {report.round.id}")
+    )
+    if report.champion is not None:
+        settings_text = ", ".join(f"{k}={as_text(v)}" for k, v in report.champion.config.items())
+        console.print(
+            f"champion: experiment #{report.champion.experiment_id}, objective "
+            f"{report.champion.objective:.1f}  ({settings_text})"
+        )
+
+
+def _experiment_json(e: ExperimentRecord) -> dict[str, Any]:
+    return {
+        "experiment": e.id,
+        "round": e.round_id,
+        "kind": e.kind,
+        "knob": e.knob,
+        "value": e.value,
+        "description": e.description,
+        "config": e.config.as_dict(),
+        "config_key": e.config.key,
+        "state": e.state,
+        "status": e.status,
+        "objective": e.objective,
+        "delta_pct": e.delta_pct,
+        "accept_len": e.accept_len,
+        "failure_class": e.failure_class,
+        "mlflow_run_id": e.mlflow_run_id,
+    }
+
+
+def _ask_at_terminal(console: Console, display: RoundDisplay) -> Any:
+    def ask(p: ProposalRecord, problem: str | None) -> Answer:
+        with display.paused():
+            return _ask(console, p, problem)
+
+    return ask
+
+
+def _ask(console: Console, p: ProposalRecord, problem: str | None) -> Answer:
+    # proposal texts may come from an LLM: shown as data, never as console markup
+    if problem:
+        console.print(Text(problem, style="red"))
+    else:
+        console.print(Text(f"\nProposal {p.id} ({p.source}): ", style="bold"), end="")
+        console.print(Text(f"{p.knob} {as_text(p.old_value)} → {as_text(p.new_value)}"))
+        rows = [
+            ("hypothesis", p.hypothesis),
+            ("expected", p.expected_effect),
+            ("risk", p.risk),
+            ("cost", p.estimated_cost),
+            ("llm", llm_summary(p.notes)),
+        ]
+        for label, value in rows:
+            if value or label != "llm":
+                console.print(Text(f"  {label + ':':<11} {value or '-'}"))
+    action = typer.prompt("approve, edit or veto", default="approve").strip().lower()
+    action = {"a": "approve", "e": "edit", "v": "veto"}.get(action, action)
+    if action == "edit":
+        return Answer("edit", value=typer.prompt(f"new value for {p.knob}"))
+    if action == "veto":
+        return Answer("veto", reason=typer.prompt("reason"))
+    return Answer(action)

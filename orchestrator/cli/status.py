@@ -1,0 +1,75 @@
+"""``orchestrate status``: the champion, the unfinished round and the lease."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import typer
+
+from knobs.spec import as_text
+from knobs.vocabulary import Kind, State, Status
+from orchestrator.cli.common import JsonOpt, ProfileOpt, opened, out
+from orchestrator.profile import load_profile
+
+
+def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
+    """The champion, the running round, budget spent and who holds the cluster's lease."""
+    prof = load_profile(profile)
+    with opened(prof) as o:
+        ledger = o.ledger()
+        name = prof.cluster.name
+        champion = ledger.champion(name)
+        running = ledger.unfinished_round(name)
+        lease = ledger.lease(name)
+        rounds = ledger.rounds(name)
+        experiments = ledger.experiments(cluster=name)
+    data: dict[str, Any] = {
+        "cluster": name,
+        "champion": None
+        if champion is None
+        else {
+            "experiment": champion.experiment_id,
+            "objective": champion.objective,
+            "config": champion.config.as_dict(),
+        },
+        "rounds": len(rounds),
+        "experiments": len(experiments),
+        "running_round": None
+        if running is None
+        else {
+            "round": running.id,
+            "budget": running.budget,
+            "done": sum(
+                1
+                for e in experiments
+                if e.round_id == running.id
+                and e.kind == Kind.CANDIDATE
+                and e.state == State.DECIDED
+                and e.status != Status.VETOED
+            ),
+        },
+        "lease": None
+        if lease is None
+        else {"holder": lease.holder, "expires_at": lease.expires_at.isoformat()},
+    }
+    if as_json:
+        typer.echo(json.dumps(data, indent=2))
+        return
+    console = out()
+    console.print(f"cluster {name}: {len(rounds)} round(s), {len(experiments)} experiment(s)")
+    if champion is None:
+        console.print("champion: none yet (the next round measures the baseline first)")
+    else:
+        console.print(
+            f"champion: experiment #{champion.experiment_id}, objective {champion.objective:.1f}: "
+            + ", ".join(f"{k}={as_text(v)}" for k, v in champion.config.items())
+        )
+    if running is not None:
+        r = data["running_round"]
+        console.print(
+            f"round {running.id} unfinished: {r['done']} of {r['budget']} done "
+            "(run `orchestrate round` to resume)"
+        )
+    if lease is not None:
+        console.print(f"lease: {lease.holder} until {lease.expires_at:%H:%M:%S} UTC")
