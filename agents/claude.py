@@ -35,9 +35,10 @@ from agents.context import ProposalContext
 from agents.digest import digest
 from agents.proposal import ONE_EXPERIMENT, Proposal, ProposalExhausted, Proposer
 from knobs.config import Change
-from knobs.errors import KnobError, OrchestrateError, UsageError
+from knobs.errors import KnobError
 from knobs.records import LlmUsage
 from knobs.space import KnobSpace
+from orchestrator.errors import OrchestrateError, UsageError
 
 if TYPE_CHECKING:  # the SDK takes seconds to import: only a Claude proposer pays for it
     import anthropic

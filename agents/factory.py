@@ -12,8 +12,9 @@ from agents.hybrid import HybridProposer
 from agents.optuna_proposer import OptunaProposer
 from agents.proposal import Proposer
 from agents.sweep import SweepProposer
-from knobs.errors import KnobError, UsageError
+from knobs.errors import KnobError
 from knobs.spec import Value
+from orchestrator.errors import UsageError
 
 _Options = TypeVar("_Options", bound=BaseModel)
 

@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict
 
 from agents.context import ProposalContext
 from knobs.config import Change
-from knobs.errors import OrchestrateError
+from orchestrator.errors import OrchestrateError
 
 #: What a proposal's estimated cost says when the proposer knows nothing more specific: every
 #: change redeploys the cluster and measures the profile's cells once.

@@ -30,8 +30,8 @@ from typing import Any, ClassVar
 import httpx
 
 from cluster import prompts
-from knobs.errors import OrchestrateError
 from knobs.records import CellResultRecord, CellSpec, NodeClockRecord
+from orchestrator.errors import OrchestrateError
 
 DEFAULT_SMOKE_PROMPT = "The capital of France is"
 

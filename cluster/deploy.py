@@ -16,7 +16,7 @@ from typing import TypeVar
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
-from cluster.errors import DeployError, FailureClass, NodeError, tail
+from cluster.errors import DeployError, NodeError, tail
 from cluster.inventory import ClusterSpec, NodeSpec
 from cluster.launcher import (
     LOG,
@@ -34,6 +34,7 @@ from cluster.transport import Transport, check
 from knobs.config import Config
 from knobs.records import NodeClockRecord
 from knobs.space import KnobSpace
+from knobs.vocabulary import FailureClass
 
 T = TypeVar("T")
 

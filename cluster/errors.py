@@ -2,30 +2,10 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import ClassVar
 
-from knobs.errors import OrchestrateError
-
-FailureClass = Literal[
-    "unreachable",
-    "auth",
-    "host_key",
-    "upload",
-    "start",
-    "worker_missing",
-    "boot_timeout",
-    "boot_wedge",
-    "oom",
-    "kv_capacity",
-    "gate_failed",
-    "smoke_failed",
-    "clocks_stuck",
-    "bench_failed",
-    "remote_failed",
-]
-
-#: Failure classes that mean "we could not reach or trust the node" (CLI exit 5).
-NODE_ACCESS = frozenset({"unreachable", "auth", "host_key"})
+from knobs.vocabulary import FailureClass
+from orchestrator.errors import OrchestrateError
 
 
 class NodeError(OrchestrateError):

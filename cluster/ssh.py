@@ -38,9 +38,10 @@ from typing import Any, NoReturn
 
 import paramiko
 
-from cluster.errors import FailureClass, NodeError, NodeUnreachable, tail
+from cluster.errors import NodeError, NodeUnreachable, tail
 from cluster.inventory import NodeSpec, SshOptionsSpec, SshSpec
 from cluster.transport import CommandResult
+from knobs.vocabulary import FailureClass
 
 # paramiko logs tracebacks of conditions this module turns into typed errors (a missing banner,
 # a reset connection); without a handler Python would print them to stderr. An application

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from knobs.catalog import CATALOGS, catalog
 from knobs.config import Change, Config
-from knobs.errors import KnobError, OrchestrateError
+from knobs.errors import KnobError
 from knobs.records import CellResultRecord, CellSpec, NodeClockRecord
 from knobs.space import ForbiddenCombination, KnobSpace
 from knobs.spec import EffectPrior, KnobSpec, RenderSpec, Value
@@ -24,7 +24,6 @@ __all__ = [
     "KnobSpace",
     "KnobSpec",
     "NodeClockRecord",
-    "OrchestrateError",
     "RenderSpec",
     "Value",
     "catalog",

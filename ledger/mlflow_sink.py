@@ -24,7 +24,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Final, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
-from knobs.errors import OrchestrateError
+from orchestrator.errors import OrchestrateError
 
 if TYPE_CHECKING:
     from mlflow.entities import Param

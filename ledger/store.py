@@ -18,7 +18,6 @@ from sqlalchemy.exc import ArgumentError, IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from knobs.config import Config
-from knobs.errors import OrchestrateError
 from knobs.records import CellResultRecord
 from knobs.spec import Value
 from knobs.vocabulary import (
@@ -55,6 +54,7 @@ from ledger.records import (
     RoundRecord,
     VerdictRecord,
 )
+from orchestrator.errors import OrchestrateError
 
 T = TypeVar("T")
 

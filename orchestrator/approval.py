@@ -16,11 +16,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from agents import ProposalContext
-from knobs.errors import KnobError, OrchestrateError, UsageError
+from knobs.errors import KnobError
 from knobs.records import LlmUsage
 from knobs.spec import Value
 from knobs.vocabulary import ProposalStatus
 from ledger import Ledger, LedgerError, ProposalRecord
+from orchestrator.errors import OrchestrateError, UsageError
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import click
 import typer
 
-from knobs.errors import OrchestrateError
+from orchestrator.errors import OrchestrateError
 
 
 def run_app(app: typer.Typer, argv: list[str] | None, prog_name: str) -> int:

@@ -47,40 +47,12 @@ class Intake:
 
     def experiment(self, rnd: RoundRecord, p: ProposalRecord) -> ExperimentRecord:
         """The experiment of an approved proposal, recorded."""
-        champion = self.ledger.champion(self.cluster)
-        assert champion is not None
-        change = self.profile.space.change(champion.config, p.knob, p.new_value)
-        return self.ledger.add_experiment(
-            cluster=self.cluster,
-            round_id=rnd.id,
-            kind=Kind.CANDIDATE,
-            config=champion.config.apply(change),
-            champion_key=champion.config.key,
-            champion_objective=champion.objective,
-            proposal_id=p.id,
-            knob=change.knob,
-            value=change.new,
-            description=f"{change.describe()} ({p.source})",
-        )
+        return self._add(rnd, p, "({source})")
 
     def veto(self, rnd: RoundRecord, p: ProposalRecord) -> None:
         """A vetoed proposal as a decided experiment: no boot, a known-bad region with the
         person's reason, a tagged MLflow run."""
-        champion = self.ledger.champion(self.cluster)
-        assert champion is not None
-        change = self.profile.space.change(champion.config, p.knob, p.new_value)
-        e = self.ledger.add_experiment(
-            cluster=self.cluster,
-            round_id=rnd.id,
-            kind=Kind.CANDIDATE,
-            config=champion.config.apply(change),
-            champion_key=champion.config.key,
-            champion_objective=champion.objective,
-            proposal_id=p.id,
-            knob=change.knob,
-            value=change.new,
-            description=f"{change.describe()} vetoed by {p.decided_by}: {p.reason or ''}".strip(),
-        )
+        e = self._add(rnd, p, "vetoed by {decided_by}: {reason}")
         verdict = VerdictRecord(
             status=Status.VETOED,
             rule="veto",
@@ -93,3 +65,23 @@ class Intake:
         run_id = self.runlog.experiment_run(rnd, decided)
         self.runlog.vetoed(run_id, p.reason or "")
         self.display.decided(decided, verdict.reason)
+
+    def _add(self, rnd: RoundRecord, p: ProposalRecord, how: str) -> ExperimentRecord:
+        """The proposal's change applied to the champion of the moment, as an experiment;
+        ``how``: what its description says after the change (the proposal's fields)."""
+        champion = self.ledger.champion(self.cluster)
+        assert champion is not None
+        change = self.profile.space.change(champion.config, p.knob, p.new_value)
+        told = how.format(source=p.source, decided_by=p.decided_by, reason=p.reason or "")
+        return self.ledger.add_experiment(
+            cluster=self.cluster,
+            round_id=rnd.id,
+            kind=Kind.CANDIDATE,
+            config=champion.config.apply(change),
+            champion_key=champion.config.key,
+            champion_objective=champion.objective,
+            proposal_id=p.id,
+            knob=change.knob,
+            value=change.new,
+            description=f"{change.describe()} {told}".strip(),
+        )

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 
 from agents import ProposalContext, ProposalExhausted, Proposer
 from cluster.errors import NodeError
-from knobs.errors import OrchestrateError
 from knobs.spec import EffectPrior, as_text
 from knobs.vocabulary import BootRole, Kind, ProposalStatus, RoundStatus, State, Status
 from ledger import (
@@ -33,6 +32,7 @@ from orchestrator.approval import ApprovalGate
 from orchestrator.boot import Booter
 from orchestrator.champion import ChampionEvidence
 from orchestrator.display import RoundDisplay, describe
+from orchestrator.errors import OrchestrateError
 from orchestrator.history import proposal_context
 from orchestrator.intake import Intake
 from orchestrator.measurements import Measurement

@@ -15,8 +15,8 @@ from cluster.connect import open_transport
 from cluster.deploy import Deployer, Progress
 from cluster.errors import NodeError
 from knobs.config import Config
-from knobs.errors import OrchestrateError
 from knobs.records import CellResultRecord, CellSpec
+from orchestrator.errors import OrchestrateError
 from orchestrator.profile import Profile
 from orchestrator.settings import runtime_placeholders
 

@@ -13,7 +13,7 @@ from agents import (
     SweepProposer,
     make_proposer,
 )
-from knobs.errors import OrchestrateError, UsageError
+from orchestrator.errors import OrchestrateError, UsageError
 
 
 def test_it_builds_an_optuna_proposer_with_its_options() -> None:

@@ -16,10 +16,10 @@ from pydantic import ValidationError
 
 from cluster.bench import busy_requests, parse_metrics, run_cell, spec_acceptance
 from cluster.launcher import render_node
-from knobs.errors import UsageError
 from knobs.records import CellSpec
 from knobs.spec import KnobSpec, RenderSpec
 from orchestrator.engines import LLAMA_MODEL_ENV, LLAMA_SERVER_ENV, llamacpp_placeholders
+from orchestrator.errors import UsageError
 from orchestrator.profile import Profile, load_profile
 from orchestrator.settings import runtime_placeholders
 from tests.fixtures.wait import wait_until

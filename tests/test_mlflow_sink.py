@@ -18,9 +18,9 @@ from mlflow.tracking import MlflowClient
 from mlflow.utils import validation
 from sqlalchemy.exc import OperationalError
 
-from knobs.errors import OrchestrateError
 from ledger import mlflow_sink
 from ledger.mlflow_sink import MlflowSink, MlflowSinkError
+from orchestrator.errors import OrchestrateError
 from tests.fixtures.mlflow_store import MlflowStore
 
 ANTHROPIC_KEY = "sk-ant-api03-Zq7fK2mNv8Lw3XpR9sTb4YcH6jD1eG5uA0oI"

@@ -11,9 +11,10 @@ from pathlib import Path
 from rich.console import Console
 
 from agents import ProposalContext, SweepProposer
-from cluster.errors import DeployError, FailureClass, NodeError
+from cluster.errors import DeployError, NodeError
 from knobs.config import Change, Config
 from knobs.records import CellResultRecord, CellSpec, NodeClockRecord
+from knobs.vocabulary import FailureClass
 from ledger import Ledger
 from orchestrator.approval import ApprovalGate
 from orchestrator.display import RoundDisplay

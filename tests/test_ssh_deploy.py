@@ -18,8 +18,9 @@ import httpx
 import pytest
 
 from cluster.deploy import EVENTS, Deployer
-from cluster.errors import NODE_ACCESS, NodeUnreachable
+from cluster.errors import NodeUnreachable
 from cluster.launcher import SCRIPT
+from knobs.vocabulary import NODE_ACCESS
 from orchestrator.profile import Profile, load_profile
 from orchestrator.testbed import deployer_for
 from tests.fixtures.profiles import write_profile

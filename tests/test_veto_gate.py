@@ -14,12 +14,12 @@ from rich.console import Console
 
 from agents import ProposalContext
 from knobs import KnobSpace, catalog
-from knobs.errors import UsageError
 from knobs.vocabulary import ProposalStatus
 from ledger import Ledger, ProposalRecord
 from orchestrator.approval import ApprovalGate, NobodyDeciding, llm_summary
 from orchestrator.cli.round import _ask_at_terminal
 from orchestrator.display import RoundDisplay
+from orchestrator.errors import UsageError
 
 SPACE = KnobSpace(knobs=catalog("vllm-dflash2"))
 CHAMPION = SPACE.default_config()

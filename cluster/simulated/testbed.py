@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import random
 
-from cluster.errors import DeployError, FailureClass, NodeError
+from cluster.errors import DeployError, NodeError
 from cluster.twin.landscape import Landscape
 from cluster.twin.node import sm_clock_mhz
 from cluster.twin.noise import stuck_at_boot
 from knobs.config import Config
 from knobs.records import CellResultRecord, CellSpec, NodeClockRecord
+from knobs.vocabulary import FailureClass
 
 
 class SimulatedTestbed:

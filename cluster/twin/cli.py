@@ -17,7 +17,7 @@ import sys
 from cluster.twin import node
 from cluster.twin.landscape import DEFAULT_LANDSCAPE, load_landscape
 from cluster.twin.serve import ENV_LANDSCAPE, ENV_NODE_DIR, main_serve
-from knobs.errors import OrchestrateError
+from orchestrator.errors import OrchestrateError
 
 USAGE = """usage: python -m cluster.twin {serve,clocks,power-cycle,optimum} ...
 

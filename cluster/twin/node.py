@@ -12,7 +12,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from knobs.errors import OrchestrateError
+from orchestrator.errors import OrchestrateError
 
 #: Nominal SM clock the twin reports for a healthy node (an assumption; see docs/twin.md).
 NOMINAL_SM_CLOCK_MHZ = 2418.0

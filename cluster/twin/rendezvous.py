@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from knobs.errors import OrchestrateError
+from orchestrator.errors import OrchestrateError
 
 
 class RendezvousError(OrchestrateError):

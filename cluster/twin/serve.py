@@ -34,7 +34,8 @@ from cluster.twin.landscape import (
 from cluster.twin.log import EngineLog
 from cluster.twin.rendezvous import Head, RendezvousError, follow, join
 from cluster.twin.server import VLLM_VERSION, ServerState, start_server
-from knobs.errors import KnobError, OrchestrateError, UsageError
+from knobs.errors import KnobError
+from orchestrator.errors import OrchestrateError, UsageError
 
 #: Environment of the twin (the command line stays a real ``vllm serve`` command line).
 ENV_LANDSCAPE = "TWIN_LANDSCAPE"

@@ -6,8 +6,8 @@ from typing import Annotated
 
 import typer
 
-from knobs.errors import UsageError
 from orchestrator.cli.common import ProfileOpt, opened, out
+from orchestrator.errors import UsageError
 from orchestrator.lease import ClusterLease
 from orchestrator.profile import load_profile
 

@@ -8,9 +8,9 @@ from typing import Annotated
 
 import typer
 
-from knobs.errors import UsageError
 from ledger import tsv_text
 from orchestrator.cli.common import ProfileOpt, opened
+from orchestrator.errors import UsageError
 from orchestrator.profile import load_profile
 
 

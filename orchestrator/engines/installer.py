@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from knobs.errors import OrchestrateError, UsageError
+from orchestrator.errors import OrchestrateError, UsageError
 
 #: Where engines are installed (default ``~/.cache/orchestrate/engines``): shared by every
 #: checkout and by CI on the same machine, so the 3.4 GB build happens once per machine.
