@@ -230,3 +230,38 @@ def test_malformed_yaml_is_one_line(workdir: Path) -> None:
     assert result.stderr.startswith("Error: profile ") and "cannot read YAML" in result.stderr
     assert result.stderr.count("\n") == 1
     assert not (workdir / "orchestrate.db").exists()
+
+
+def test_ctrl_c_mid_experiment_is_one_line_exit_130_and_resumes(workdir: Path) -> None:
+    profile = write_profile(workdir, twin_profile_data())
+    proc = subprocess.Popen(
+        [*ORCHESTRATE, "round", "--budget", "1", "--profile", str(profile), "--json"],
+        cwd=workdir,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    seen: list[str] = []
+    try:
+        assert proc.stderr is not None
+        in_candidate = False
+        for line in proc.stderr:  # Ctrl-C while the first candidate is measured
+            seen.append(line)
+            in_candidate = in_candidate or line.startswith("[1/1]")
+            if in_candidate and "cell 1 of 4" in line:
+                break
+        else:
+            raise AssertionError("the round ended before its first candidate:\n" + "".join(seen))
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, "".join(seen) + err
+    said = [line for line in err.splitlines() if line.startswith("Error:")]
+    assert said == ["Error: interrupted; run the same command again to resume"], err
+    assert "Traceback" not in err and out == ""
+    resumed = orchestrate(workdir, "round", "--budget", "1", "--profile", str(profile), "--json")
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stdout)["resumed"] is True
