@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 import httpx
 
 from cluster import prompts
-from knobs.records import CellResultRecord, CellSpec, NodeClockRecord
+from knobs.records import NONDETERMINISTIC, CellResultRecord, CellSpec, NodeClockRecord
 from orchestrator.errors import OrchestrateError
 
 DEFAULT_SMOKE_PROMPT = "The capital of France is"
@@ -263,6 +263,8 @@ class _Cell:
     requests: list[_Request] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     counter: int = 0
+    #: the greedy probe, run to completion after the window (its text only is evidence)
+    probes: list[_Request] = field(default_factory=list)
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -275,13 +277,19 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
-async def _one(client: httpx.AsyncClient, state: _Cell) -> None:
+async def _one(client: httpx.AsyncClient, state: _Cell, *, probe: bool = False) -> None:
+    """One streamed greedy request of the cell's next prompt (``probe``: of its first prompt,
+    recorded apart from the measurement)."""
     cell = state.cell
-    prompt = prompts.build_prompt(cell.category, cell.context_tokens, state.counter)
-    state.counter += 1
+    index = 0 if probe else state.counter
+    prompt = prompts.build_prompt(cell.category, cell.context_tokens, index)
     loop = asyncio.get_running_loop()
     req = _Request(prompt_id=prompt.id, start=loop.time())
-    state.requests.append(req)
+    if probe:
+        state.probes.append(req)
+    else:
+        state.counter += 1
+        state.requests.append(req)
     body = {
         "model": state.model,
         "prompt": prompt.text,
@@ -349,6 +357,24 @@ async def _stream_forever(client: httpx.AsyncClient, state: _Cell) -> None:
             await asyncio.sleep(0.05)  # a failing endpoint must not be hammered in a tight loop
 
 
+async def _greedy_probe(
+    client: httpx.AsyncClient, state: _Cell, say: Callable[[str], None]
+) -> None:
+    """The cell's first prompt run to completion after the window, when no request for it
+    finished inside: every cell then carries that prompt's greedy fingerprint, on every config
+    alike, so a greedy check always has something to compare (a slow engine finishes nothing
+    in a short window). Its timing is not part of the measurement, and a failed probe is not a
+    failed cell: the verdict sees a cell without the fingerprint."""
+    cell = state.cell
+    first = prompts.build_prompt(cell.category, cell.context_tokens, 0).id
+    if any(r.finished and r.prompt_id == first for r in state.requests):
+        return
+    say(f"{cell.name}: greedy probe ({first}, {cell.max_tokens} tokens)")
+    errors = len(state.errors)
+    await _one(client, state, probe=True)
+    del state.errors[errors:]
+
+
 async def run_cell_async(
     base_url: str,
     model: str,
@@ -399,6 +425,7 @@ async def run_cell_async(
             for w in workers:
                 w.cancel()
             await asyncio.gather(*workers, return_exceptions=True)
+        await _greedy_probe(client, state, say)
         await _drain(client, metrics_url)
     record, evidence = _summarise(state, before, after)
     if record.total_output_tokens == 0:
@@ -441,14 +468,14 @@ def _summarise(
         end = r.end if r.end is not None else w1
         busy += max(0.0, min(end, w1) - max(r.start, w0))
     fingerprints: dict[str, str] = {}
-    for r in state.requests:
+    for r in [*state.requests, *state.probes]:
         if not r.finished:
             continue
         digest = hashlib.sha256("".join(r.text).encode()).hexdigest()
         seen = fingerprints.setdefault(r.prompt_id, digest)
         if seen != digest:
             # greedy decoding must repeat itself; keep the evidence that it did not
-            fingerprints[f"{r.prompt_id}!nondeterministic"] = digest
+            fingerprints[f"{r.prompt_id}{NONDETERMINISTIC}"] = digest
     accepted, rate, positions = spec_acceptance(before, after)
     if rate is None:
         rate = timings_acceptance(done_in)

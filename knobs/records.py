@@ -16,6 +16,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 Category = Literal["prose", "code", "structured", "agentic"]
 
+#: The suffix of a fingerprint key that records a repeat of a greedy prompt whose text differed
+#: from the first (greedy decoding must repeat itself).
+NONDETERMINISTIC = "!nondeterministic"
+
 
 class CellSpec(BaseModel):
     """One bench cell: a prompt category × concurrency × context length, for a fixed time."""

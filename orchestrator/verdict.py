@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from knobs.records import CellResultRecord
+from knobs.records import NONDETERMINISTIC, CellResultRecord
 from knobs.spec import EffectPrior
 from knobs.vocabulary import Status, Undecided
 from orchestrator.noise import NoiseModel
@@ -74,6 +74,25 @@ def fingerprint_mismatch(
         if theirs.get((cell.cell, prompt), digest) != digest
     }
     return sorted(out)
+
+
+def unchecked_cells(
+    candidate: Sequence[CellResultRecord], champion: Sequence[CellResultRecord]
+) -> list[str]:
+    """Cells of the candidate in which no prompt has a greedy fingerprint on both sides: a
+    greedy check there compares nothing, and finding no mismatch would prove nothing."""
+
+    def prompts(cells: Sequence[CellResultRecord]) -> dict[str, set[str]]:
+        out: dict[str, set[str]] = {}
+        for cell in cells:
+            kept = {p for p in cell.fingerprints if not p.endswith(NONDETERMINISTIC)}
+            out.setdefault(cell.cell, set()).update(kept)
+        return out
+
+    theirs = prompts(champion)
+    return sorted(
+        name for name, mine in prompts(candidate).items() if not mine & theirs.get(name, set())
+    )
 
 
 def slow_ranks(cells: Sequence[CellResultRecord], min_matmul_rate: float) -> list[int]:
@@ -170,6 +189,15 @@ def _validity(spec: VerdictSpec, ev: Evidence, stats: dict[str, object]) -> Asse
             "clocks",
             "clocks were off during the measurement on node(s) " + ", ".join(map(str, slow)),
             {**stats, "slow_ranks": slow},
+        )
+    unchecked = unchecked_cells(ev.candidate_cells, ev.champion_cells) if spec.check_greedy else []
+    if unchecked:
+        return Assessment(
+            Status.INCONCLUSIVE,
+            "greedy-unchecked",
+            f"greedy outputs could not be compared on {len(unchecked)} cell(s), no prompt "
+            "finished on both sides: " + ", ".join(unchecked[:5]),
+            {**stats, "unchecked_cells": unchecked},
         )
     return None
 

@@ -12,7 +12,7 @@ import pytest
 
 from cluster import prompts
 from cluster.bench import BenchError, run_cell, scrape_metrics, smoke
-from cluster.twin import noise
+from cluster.twin import noise, text
 from cluster.twin.landscape import load_landscape, window_tokens
 from knobs.records import CellSpec, NodeClockRecord
 from tests.twin_fixtures import TwinNodes, free_port, running_nodes, serve_argv, write_landscape
@@ -74,7 +74,11 @@ def test_requests_straddling_the_window_count_only_inside(nodes: TwinNodes) -> N
     )
     truth = landscape.truth({**BASE, **CONFIGS["vllm-dflash2-tp4"][1]}, cell)
     got = run_cell(url, "glm53", cell)
-    assert got.completed == 0 and got.fingerprints == {}
+    # none finished inside: the first prompt was run to completion after the window, so the
+    # cell still carries a greedy fingerprint, the twin's greedy text of that prompt
+    first = prompts.build_prompt("code", 0, 0)
+    expected = text.fingerprint(text.greedy_text(first.text, 4000, trap=False))
+    assert got.completed == 0 and got.fingerprints == {first.id: expected}
     assert got.output_throughput == pytest.approx(truth.output_tok_s, rel=0.01)
     assert got.total_output_tokens == pytest.approx(truth.output_tok_s * 0.5, rel=0.01)
 

@@ -238,6 +238,32 @@ def test_greedy_texts_are_compared_within_the_same_cell() -> None:
     assert result.status == "invalid" and result.stats["mismatched_prompts"] == ["code-0"]
 
 
+def test_a_greedy_check_with_nothing_to_compare_is_never_a_valid_verdict() -> None:
+    # a slow candidate finished no request of the champion's prompts in a cell: no mismatch is
+    # found because nothing was compared, and a +30 % keep must not rest on that
+    champion = [cell(100.0, name="code-c1"), cell(100.0, name="code-c4")]
+    unfinished = cell(130.0, name="code-c4").model_copy(update={"fingerprints": {}})
+    ev = Evidence(
+        candidate=[130.0, 130.0], champion=[100.0, 100.0], confirmations=1,
+        candidate_cells=[cell(130.0, name="code-c1"), unfinished], champion_cells=champion,
+    )  # fmt: skip
+    result = assess(SPEC, ev, NOISE)
+    assert (result.status, result.rule) == ("inconclusive", "greedy-unchecked")
+    assert result.stats["unchecked_cells"] == ["code-c4"] and "code-c4" in result.reason
+    # another prompt on each side compares nothing either
+    elsewhere = unfinished.model_copy(update={"fingerprints": {"code-7": "a"}})
+    ev = Evidence(
+        candidate=[130.0, 130.0], champion=[100.0, 100.0], confirmations=1,
+        candidate_cells=[cell(130.0, name="code-c1"), elsewhere], champion_cells=champion,
+    )  # fmt: skip
+    assert assess(SPEC, ev, NOISE).rule == "greedy-unchecked"
+    # with one prompt on both sides the check is made, and the gain is judged
+    assert assess(SPEC, evidence([130.0, 130.0], [100.0, 100.0], 1), NOISE).status == "keep"
+    # the check off (the common practice's policy): nothing to compare is not asked for
+    unchecked = VerdictSpec(check_greedy=False)
+    assert assess(unchecked, ev, NOISE).rule != "greedy-unchecked"
+
+
 def test_stuck_clocks_during_measurement_make_it_invalid() -> None:
     result = assess(SPEC, evidence([75.0], [100.0], rate=0.75), NOISE)
     assert result.status == "invalid" and result.rule == "clocks"
