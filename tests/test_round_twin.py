@@ -7,15 +7,18 @@ import json
 import os
 import signal
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from mlflow.tracking import MlflowClient
 
 from ledger import HEADER, Ledger
 from tests.fixtures.cli import ORCHESTRATE, orchestrate
-from tests.fixtures.profiles import twin_profile_data, write_profile
+from tests.fixtures.profiles import free_port, twin_profile_data, write_profile
+from tests.fixtures.wait import wait_until
 
 
 def engines_alive(workdir: Path) -> list[int]:
@@ -265,3 +268,50 @@ def test_ctrl_c_mid_experiment_is_one_line_exit_130_and_resumes(workdir: Path) -
     resumed = orchestrate(workdir, "round", "--budget", "1", "--profile", str(profile), "--json")
     assert resumed.returncode == 0, resumed.stderr
     assert json.loads(resumed.stdout)["resumed"] is True
+
+
+@pytest.fixture
+def mlflow_server(tmp_path: Path) -> Iterator[str]:
+    """A real ``mlflow server`` (sqlite store, artifacts served) on a free port; its URL."""
+    port = free_port()
+    server = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "mlflow", "server"),
+            *("--backend-store-uri", f"sqlite:///{tmp_path}/server.db"),
+            *("--serve-artifacts", "--artifacts-destination", str(tmp_path / "served")),
+            *("--host", "127.0.0.1", "--port", str(port), "--workers", "1"),
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+
+    def healthy() -> bool:
+        assert server.poll() is None, "mlflow server exited"
+        try:
+            return httpx.get(url + "/health", timeout=2, trust_env=False).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    try:
+        wait_until("mlflow server /health", healthy, timeout=120, interval=0.25)
+        yield url
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)
+
+
+def test_round_json_is_json_with_an_mlflow_tracking_server(
+    workdir: Path, mlflow_server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # with a tracking server MLflow writes "View run … at …" to stdout: --json keeps stdout
+    # for the report, the rest goes to stderr
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
+    profile = write_profile(workdir, twin_profile_data())
+    result = orchestrate(workdir, "round", "--budget", "1", "--profile", str(profile), "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert [e["kind"] for e in report["experiments"]][:1] == ["baseline"]
+    assert "View run" in result.stderr

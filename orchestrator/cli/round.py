@@ -3,6 +3,7 @@ the terminal prompt of ``--approve ask``."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from typing import Annotated, Any
@@ -63,7 +64,10 @@ def round_(
     # --json keeps stdout for the report: ask only where a person can answer
     at_terminal = mode == "ask" and (sys.stdin.isatty() or not as_json)
     asker = _ask_at_terminal(console, display) if at_terminal else None
-    with opened(prof) as o:
+    # --json: stdout is the report alone, whatever a library prints while the round runs
+    # (MLflow's "View run … at …" with a tracking server): that goes to stderr
+    quiet = contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext()
+    with opened(prof) as o, quiet:
         ledger = o.ledger()
         gate = ApprovalGate(
             ledger,
@@ -79,7 +83,7 @@ def round_(
         with ClusterLease(ledger, prof.cluster.name):
             runner = RoundRunner(prof, ledger, sink, testbed, proposer_obj, gate, display)
             report = runner.run(options)
-        _print_report(report, as_json)
+    _print_report(report, as_json)
 
 
 def _proposer(prof: Profile, options: RoundOptions) -> Proposer:
