@@ -109,6 +109,13 @@ FAILURE_CLASSES: tuple[FailureClass, ...] = get_args(FailureClass)
 #: Failure classes that mean "we could not reach or trust the node" (CLI exit 5).
 NODE_ACCESS: frozenset[FailureClass] = frozenset({"unreachable", "auth", "host_key"})
 
+#: Failure classes that are the infrastructure's, never the config's: a boot that failed so is
+#: taken again, then stops the round (exit 5) with its experiment undecided; it bars no value.
+#: Stuck clocks are the node's too: a boot measured with them is set aside and taken again.
+INFRASTRUCTURE: frozenset[FailureClass] = frozenset(
+    {*NODE_ACCESS, "upload", "worker_missing", "remote_failed", "clocks_stuck"}
+)
+
 #: Statuses whose experiment has no objective of its own: it never booted, or was never run.
 UNMEASURED = frozenset({Status.CRASH, Status.VETOED})
 

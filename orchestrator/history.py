@@ -2,8 +2,9 @@
 
 Every decided experiment of the cluster becomes a history entry; crashes, invalid outputs and
 vetoes become known-bad regions (with the person's words for a veto); the configs decided
-under the current champion are not proposed again. Stuck clocks are the node's fault, never
-the config's: such an experiment bars nothing and may run again.
+under the current champion are not proposed again. A failure of the infrastructure's (stuck
+clocks, a node unreachable: ``INFRASTRUCTURE``) is never the config's: such an experiment bars
+nothing and may run again (a ledger from before such failures stopped the round has them).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 from agents import HistoryEntry, KnownBad, KnownBadSource, ProposalContext, round_spend
 from knobs.config import Config
 from knobs.spec import Value
-from knobs.vocabulary import UNMEASURED, State, Status
+from knobs.vocabulary import INFRASTRUCTURE, UNMEASURED, State, Status
 from ledger import ExperimentRecord, Ledger, RoundRecord
 from orchestrator.champion import ChampionEvidence
 from orchestrator.profile import Profile
@@ -40,8 +41,9 @@ def proposal_context(
         if e.state != State.DECIDED or e.status is None:
             continue
         history.append(_entry(e))
-        # stuck clocks measured the node, not the config: it may run again
-        if e.champion_key == current.config.key and e.failure_class != "clocks_stuck":
+        # a failure of the infrastructure's (stuck clocks, a node unreachable) measured the
+        # node, not the config: it may run again
+        if e.champion_key == current.config.key and e.failure_class not in INFRASTRUCTURE:
             decided.add(e.config.key)
         region = _barred(profile, ledger, e)
         if region is not None:
@@ -82,8 +84,8 @@ def _barred(profile: Profile, ledger: Ledger, e: ExperimentRecord) -> KnownBad |
         e.knob is None
         or e.value is None
         or e.status not in _BARS
-        # stuck clocks are the node's fault, not the config's
-        or e.failure_class == "clocks_stuck"
+        # the infrastructure's fault (stuck clocks, a node unreachable), not the config's
+        or e.failure_class in INFRASTRUCTURE
     ):
         return None
     source = _BARS[Status(e.status)]

@@ -186,3 +186,14 @@ def drift(before: Sequence[float], after: float, boot_cv: float) -> tuple[float,
     threshold = DRIFT_SIGMAS * boot_cv * math.sqrt(1.0 + 1.0 / max(1, len(before)))
     significant = abs(math.log(after / old)) > threshold if old > 0 and after > 0 else False
     return old, significant
+
+
+def infrastructure_retry(spec: VerdictSpec, failures: int) -> float | None:
+    """After a boot failed for the infrastructure's reasons (``INFRASTRUCTURE``): the seconds
+    to wait before taking it again, or ``None`` when the retries are spent and the round stops
+    (exit 5, the experiment left undecided for the same command to resume). ``failures``: the
+    experiment's infrastructure failures in a row, this one included. Such a failure is never a
+    verdict on the config."""
+    if failures > spec.infra_retries:
+        return None
+    return spec.infra_backoff_s * 2.0 ** (failures - 1)

@@ -133,6 +133,20 @@ class VerdictSpec(BaseModel):
     drift_max_age_s: float | None = Field(
         default=None, gt=0, description="…or when its last measurement is older than this"
     )
+    infra_retries: int = Field(
+        default=2,
+        ge=0,
+        le=10,
+        description="a boot that failed for the infrastructure's reasons (a node unreachable, "
+        "auth, an upload, a worker missing from the rendezvous) is taken again this many times "
+        "before the round stops with exit 5, the experiment left undecided",
+    )
+    infra_backoff_s: float = Field(
+        default=30.0,
+        ge=0,
+        le=3600,
+        description="the wait before the first such retry; it doubles for each next one",
+    )
 
 
 class ProposerSpec(BaseModel):

@@ -19,7 +19,16 @@ from dataclasses import dataclass
 from agents import ProposalContext, ProposalExhausted, Proposer
 from cluster.errors import NodeError
 from knobs.spec import EffectPrior, as_text
-from knobs.vocabulary import BootRole, Kind, ProposalStatus, RoundStatus, State, Status
+from knobs.vocabulary import (
+    INFRASTRUCTURE,
+    BootRole,
+    BootStatus,
+    Kind,
+    ProposalStatus,
+    RoundStatus,
+    State,
+    Status,
+)
 from ledger import (
     ChampionRecord,
     ExperimentRecord,
@@ -40,6 +49,19 @@ from orchestrator.profile import Profile
 from orchestrator.runlog import RunLog
 from orchestrator.testbed import Sink, Testbed
 from orchestrator.verdict import Assessment, Evidence, accept_len, assess, objective, objective_of
+
+
+class InfrastructureFault(OrchestrateError):
+    """A node kept failing for the infrastructure's reasons (unreachable, auth, an upload, a
+    worker missing from the rendezvous, stuck clocks): the round stops, the experiment is left
+    undecided, and the same command resumes it once the node is back."""
+
+    exit_code = 5
+
+    def __init__(self, message: str, *, failure: NodeError, experiment: int) -> None:
+        super().__init__(message)
+        self.failure = failure
+        self.experiment = experiment
 
 
 class BaselineFailed(OrchestrateError):
@@ -84,6 +106,7 @@ class RoundRunner:
         display: RoundDisplay,
         *,
         clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.profile = profile
         self.ledger = ledger
@@ -92,6 +115,7 @@ class RoundRunner:
         self.display = display
         self.cluster = profile.cluster.name
         self._clock = clock
+        self._sleep = sleep  # the backoff before a boot is taken again (a test's clock)
         self.runlog = RunLog(ledger, sink)
         self.booter = Booter(profile, ledger, testbed, self.runlog, display)
         self.champion = ChampionEvidence(profile, ledger, self.booter, self.runlog, display)
@@ -244,7 +268,10 @@ class RoundRunner:
                 return
             if isinstance(action, policy.BootChampion):
                 failure = self.champion.remeasure(rnd)
-                if failure is not None:
+                if failure is not None and failure.failure_class in INFRASTRUCTURE:
+                    champion = self.ledger.experiment(self.champion.current().experiment_id)
+                    self._wait_for_infrastructure(champion, failure)  # or stop: exit 5
+                elif failure is not None:
                     verdict = policy.champion_remeasure_failed(
                         failure.failure_class, failure.message
                     )
@@ -256,9 +283,41 @@ class RoundRunner:
             failure = self.booter.measure(
                 e, run_id, role=action.role, measurement=action.measurement
             )
-            if failure is not None:
+            if failure is not None and failure.failure_class in INFRASTRUCTURE:
+                self._wait_for_infrastructure(e, failure)  # or stop the round: exit 5
+            elif failure is not None:
                 self._crash(rnd, e, run_id, failure)
                 return
+
+    def _wait_for_infrastructure(self, e: ExperimentRecord, err: NodeError) -> None:
+        """A boot of ``e`` failed for the infrastructure's reasons: wait before the next
+        try (the policy's backoff), or stop the round with the experiment undecided.
+
+        Raises:
+            InfrastructureFault: the retries are spent.
+        """
+        failures = 0
+        for boot in reversed(self.ledger.boots(e.id)):
+            if boot.status != BootStatus.FAILED or boot.failure_class not in INFRASTRUCTURE:
+                break
+            failures += 1
+        delay = policy.infrastructure_retry(self.profile.verdict, failures)
+        where = f"node {err.rank}" if err.rank is not None else "a node"
+        if err.host:
+            where += f" ({err.host})"
+        if delay is None:
+            raise InfrastructureFault(
+                f"{where}: {err.failure_class} {failures} times in a row ({err.message}); "
+                f"experiment #{e.id} is left undecided and nothing was barred: run the same "
+                "command to resume once the node is back",
+                failure=err,
+                experiment=e.id,
+            )
+        self.display.note(
+            f"  {where}: {err.failure_class} ({err.message}); not the config's fault: "
+            f"booting again in {delay:g}s"
+        )
+        self._sleep(delay)
 
     def _next_action(self, e: ExperimentRecord) -> policy.Action:
         """``policy``'s next step for ``e``, from the ledger's evidence."""

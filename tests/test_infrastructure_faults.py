@@ -1,0 +1,150 @@
+"""A node that fails for the infrastructure's reasons is not a verdict on the config: the boot
+is taken again after the policy's backoff; if it keeps failing the round stops with exit 5,
+the experiment undecided and nothing barred, and the same command resumes it. The testbed is
+scripted (the real loop, ledger and verdict code run unchanged)."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from agents import SweepProposer
+from cluster.errors import DeployError
+from knobs.config import Config
+from knobs.vocabulary import BootStatus, Kind, State, Status
+from ledger import Ledger, VerdictRecord
+from orchestrator import policy
+from orchestrator.approval import ApprovalGate
+from orchestrator.display import RoundDisplay
+from orchestrator.profile import VerdictSpec
+from orchestrator.round import InfrastructureFault, RoundOptions, RoundRunner
+from orchestrator.testbed import NullSink
+from tests.test_round_policy import ScriptedTestbed, profile
+
+CHANGES = [{"num_speculative_tokens": 5}, {"num_speculative_tokens": 6}]
+
+
+class FlakyNode(ScriptedTestbed):
+    """Every config measures 100 tok/s; node 2 is unreachable on the deploys ``down`` names
+    (1 is the first deploy), whatever the config."""
+
+    def __init__(self, down: Callable[[int], bool]) -> None:
+        super().__init__(lambda c, n: 100.0)
+        self.down = down
+        self.attempts = 0
+
+    def deploy(self, config: Config) -> dict[int, str]:
+        self.attempts += 1
+        if self.down(self.attempts):
+            raise DeployError(
+                "node-2: ssh: connection refused", failure_class="unreachable", rank=2, host="n2"
+            )
+        return super().deploy(config)
+
+
+def runner(tmp_path: Path, testbed: ScriptedTestbed, waits: list[float]) -> RoundRunner:
+    ledger = Ledger(f"sqlite:///{tmp_path}/ledger.db")
+    return RoundRunner(
+        profile(infra_retries=2, infra_backoff_s=10),
+        ledger,
+        NullSink(),
+        testbed,
+        SweepProposer(CHANGES),
+        ApprovalGate(ledger, "auto"),
+        RoundDisplay(Console(file=io.StringIO())),
+        sleep=waits.append,
+    )
+
+
+def test_the_backoff_doubles_and_the_retries_end() -> None:
+    spec = VerdictSpec(infra_retries=2, infra_backoff_s=10)
+    assert [policy.infrastructure_retry(spec, n) for n in (1, 2, 3)] == [10.0, 20.0, None]
+    assert policy.infrastructure_retry(VerdictSpec(infra_retries=0), 1) is None
+
+
+def test_a_node_back_after_a_retry_costs_no_verdict(tmp_path: Path) -> None:
+    testbed = FlakyNode(lambda attempt: attempt == 2)  # the first candidate's first deploy
+    waits: list[float] = []
+    loop = runner(tmp_path, testbed, waits)
+    report = loop.run(RoundOptions(budget=2, proposer="sweep", approve="auto"))
+    assert waits == [10.0]
+    assert [e.status for e in report.experiments] == [Status.KEEP, Status.DISCARD, Status.DISCARD]
+    first = report.experiments[1]
+    assert [(b.status, b.failure_class) for b in loop.ledger.boots(first.id)][:2] == [
+        (BootStatus.FAILED, "unreachable"),
+        (BootStatus.DOWN, None),
+    ]
+    loop.ledger.close()
+
+
+def test_a_node_that_stays_away_stops_the_round_undecided_and_the_same_command_resumes(
+    tmp_path: Path,
+) -> None:
+    node = {"back": False}
+    testbed = FlakyNode(lambda attempt: attempt >= 2 and not node["back"])
+    waits: list[float] = []
+    loop = runner(tmp_path, testbed, waits)
+    with pytest.raises(InfrastructureFault) as stopped:
+        loop.run(RoundOptions(budget=2, proposer="sweep", approve="auto"))
+    assert stopped.value.exit_code == 5
+    assert "node 2 (n2): unreachable 3 times in a row" in stopped.value.message
+    assert waits == [10.0, 20.0]  # two retries, then the stop
+    ledger = loop.ledger
+    candidate = ledger.experiments()[1]
+    assert candidate.state != State.DECIDED and candidate.status is None
+    assert stopped.value.experiment == candidate.id
+    assert loop.context(ledger.rounds("scripted")[-1]).known_bad == ()  # nothing barred
+    assert ledger.unfinished_round("scripted") is not None
+    ledger.close()
+
+    # the node is back: the same command resumes the experiment and finishes the budget
+    node["back"] = True
+    again = runner(tmp_path, testbed, waits)
+    resumed = again.run(RoundOptions(budget=2, proposer="sweep", approve="auto"))
+    assert resumed.resumed and resumed.stopped_by == "budget"
+    decided = [e for e in resumed.experiments if e.kind == Kind.CANDIDATE]
+    assert [e.status for e in decided] == [Status.DISCARD, Status.DISCARD]
+    assert decided[0].id == candidate.id
+    again.ledger.close()
+
+
+def test_an_old_ledgers_infrastructure_crash_bars_nothing(tmp_path: Path) -> None:
+    """A ledger written before such failures stopped the round has them as crash verdicts:
+    they bar no value and do not count as decided."""
+    testbed = FlakyNode(lambda attempt: False)
+    loop = runner(tmp_path, testbed, [])
+    loop.run(RoundOptions(budget=1, proposer="sweep", approve="auto"))
+    ledger = loop.ledger
+    rnd = ledger.rounds("scripted")[-1]
+    champion = ledger.champion("scripted")
+    assert champion is not None
+    change = loop.profile.space.change(champion.config, "num_speculative_tokens", 4)
+    e = ledger.add_experiment(
+        cluster="scripted",
+        round_id=rnd.id,
+        kind=Kind.CANDIDATE,
+        config=champion.config.apply(change),
+        champion_key=champion.config.key,
+        champion_objective=champion.objective,
+        knob="num_speculative_tokens",
+        value=4,
+    )
+    crash = policy.crash("unreachable", "node-2: ssh: connection refused")
+    ledger.decide(
+        e.id,
+        verdict=VerdictRecord(
+            status=crash.status, rule=crash.rule, reason=crash.reason, stats=crash.stats
+        ),
+        objective=None,
+        delta_pct=None,
+        accept_len=None,
+        failure_class="unreachable",
+    )
+    context = loop.context(rnd)
+    assert context.known_bad == ()
+    assert champion.config.apply(change).key not in context.decided_keys
+    ledger.close()
