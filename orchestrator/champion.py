@@ -12,6 +12,7 @@ the ledger measured on several boots. When to re-measure and what counts as a dr
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from agents import ChampionCell
@@ -27,7 +28,14 @@ from orchestrator.measurements import Measurement, read_measurements
 from orchestrator.noise import NoiseModel, learn
 from orchestrator.profile import Profile
 from orchestrator.runlog import RunLog
-from orchestrator.verdict import objective, objective_of, slow_ranks
+from orchestrator.verdict import (
+    Assessment,
+    Evidence,
+    assess,
+    objective,
+    objective_of,
+    slow_ranks,
+)
 
 
 class ChampionEvidence:
@@ -137,6 +145,27 @@ class ChampionEvidence:
             prior_weight=spec.prior_weight,
             boot_groups=groups,
             run_groups=[],
+        )
+
+    def judge(self, knob: str | None, measurements: Sequence[Measurement]) -> Assessment:
+        """``verdict.assess`` of a change of ``knob`` measured so, against the champion's level
+        and the noise estimate, with the knob's declared effect prior (``None`` for a knob the
+        profile no longer has: the profile's prior)."""
+        champion = self.level()
+        space = self.profile.space
+        prior = space.spec(knob).effect_prior if knob is not None and knob in space.names else None
+        return assess(
+            self.profile.verdict,
+            Evidence(
+                candidate=[objective(m.cells) for m in measurements],
+                champion=[objective(m.cells) for m in champion],
+                confirmations=sum(1 for m in measurements if m.role == BootRole.CONFIRM),
+                candidate_cells=[c for m in measurements for c in m.cells],
+                champion_cells=champion[-1].cells,
+                min_matmul_rate=self.profile.gates.min_matmul_rate,
+            ),
+            self.noise(),
+            prior,
         )
 
     def boots_during(self, experiment_id: int) -> int:

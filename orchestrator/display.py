@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 from rich.console import Console, Group
@@ -13,7 +13,7 @@ from rich.text import Text
 
 from knobs.spec import as_text
 from knobs.vocabulary import Kind, Status
-from ledger import ChampionRecord, ExperimentRecord
+from ledger import ChampionRecord, ExperimentRecord, RoundRecord
 
 _STYLE: dict[str, str] = {
     Status.KEEP: "bold green",
@@ -23,6 +23,32 @@ _STYLE: dict[str, str] = {
     Status.INCONCLUSIVE: "cyan",
     Status.VETOED: "dim",
 }
+
+
+def kept_on_resume(
+    rnd: RoundRecord, asked: Mapping[str, str], profile_name: str, profile_digest: str
+) -> list[str]:
+    """What a resumed round keeps that this command asked otherwise (``asked``: budget,
+    proposer, approval, seed as text), and a changed profile: said, never silent."""
+    started = {
+        "budget": str(rnd.budget),
+        "proposer": rnd.proposer,
+        "approval": rnd.approve,
+        "seed": str(rnd.seed),
+    }
+    lines = [
+        f"  round {rnd.id} keeps its {what} {mine} (this command asked for {asked[what]}): an "
+        "unfinished round is resumed as it started; the next round takes the new one"
+        for what, mine in started.items()
+        if what in asked and asked[what] != mine
+    ]
+    if rnd.profile_digest != profile_digest:
+        lines.append(
+            f"  the profile changed since round {rnd.id} started ({rnd.profile_name} "
+            f"{rnd.profile_digest[:12]} → {profile_name} {profile_digest[:12]}): the round goes "
+            "on under the profile as it is now"
+        )
+    return lines
 
 
 def describe(e: ExperimentRecord) -> str:

@@ -18,11 +18,9 @@ from dataclasses import dataclass
 
 from agents import ProposalContext, ProposalExhausted, Proposer
 from cluster.errors import NodeError
-from knobs.spec import EffectPrior, as_text
+from knobs.spec import as_text
 from knobs.vocabulary import (
     INFRASTRUCTURE,
-    BootRole,
-    BootStatus,
     Kind,
     ProposalStatus,
     RoundStatus,
@@ -40,28 +38,16 @@ from orchestrator import policy
 from orchestrator.approval import ApprovalGate
 from orchestrator.boot import Booter
 from orchestrator.champion import ChampionEvidence
-from orchestrator.display import RoundDisplay, describe
+from orchestrator.display import RoundDisplay, describe, kept_on_resume
 from orchestrator.errors import OrchestrateError
+from orchestrator.faults import InfrastructureFaults
 from orchestrator.history import proposal_context
 from orchestrator.intake import Intake
 from orchestrator.measurements import Measurement
 from orchestrator.profile import Profile
 from orchestrator.runlog import RunLog
 from orchestrator.testbed import Sink, Testbed
-from orchestrator.verdict import Assessment, Evidence, accept_len, assess, objective, objective_of
-
-
-class InfrastructureFault(OrchestrateError):
-    """A node kept failing for the infrastructure's reasons (unreachable, auth, an upload, a
-    worker missing from the rendezvous, stuck clocks): the round stops, the experiment is left
-    undecided, and the same command resumes it once the node is back."""
-
-    exit_code = 5
-
-    def __init__(self, message: str, *, failure: NodeError, experiment: int) -> None:
-        super().__init__(message)
-        self.failure = failure
-        self.experiment = experiment
+from orchestrator.verdict import Assessment, accept_len, objective, objective_of
 
 
 class BaselineFailed(OrchestrateError):
@@ -115,11 +101,11 @@ class RoundRunner:
         self.display = display
         self.cluster = profile.cluster.name
         self._clock = clock
-        self._sleep = sleep  # the backoff before a boot is taken again (a test's clock)
         self.runlog = RunLog(ledger, sink)
         self.booter = Booter(profile, ledger, testbed, self.runlog, display)
         self.champion = ChampionEvidence(profile, ledger, self.booter, self.runlog, display)
         self.intake = Intake(profile, ledger, self.runlog, display)
+        self.faults = InfrastructureFaults(profile, ledger, display, sleep)
 
     # ---- the loop ---------------------------------------------------------------------------
     def run(self, options: RoundOptions) -> RoundReport:
@@ -147,6 +133,15 @@ class RoundRunner:
             f"{self._candidates_done(rnd)} of {rnd.budget} experiments done, "
             f"proposer {rnd.proposer}, approve {rnd.approve}"
         )
+        if existing is not None:
+            asked = {
+                "budget": str(options.budget),
+                "proposer": options.proposer,
+                "approval": options.approve,
+                "seed": str(options.seed),
+            }
+            for line in kept_on_resume(existing, asked, self.profile.name, self.profile.digest):
+                self.display.note(line)
         try:
             stopped_by = self._loop(rnd, options, started)
         finally:
@@ -270,7 +265,7 @@ class RoundRunner:
                 failure = self.champion.remeasure(rnd)
                 if failure is not None and failure.failure_class in INFRASTRUCTURE:
                     champion = self.ledger.experiment(self.champion.current().experiment_id)
-                    self._wait_for_infrastructure(champion, failure)  # or stop: exit 5
+                    self.faults.wait_or_stop(champion, failure)  # or stop: exit 5
                 elif failure is not None:
                     verdict = policy.champion_remeasure_failed(
                         failure.failure_class, failure.message
@@ -284,40 +279,10 @@ class RoundRunner:
                 e, run_id, role=action.role, measurement=action.measurement
             )
             if failure is not None and failure.failure_class in INFRASTRUCTURE:
-                self._wait_for_infrastructure(e, failure)  # or stop the round: exit 5
+                self.faults.wait_or_stop(e, failure)  # or stop the round: exit 5
             elif failure is not None:
                 self._crash(rnd, e, run_id, failure)
                 return
-
-    def _wait_for_infrastructure(self, e: ExperimentRecord, err: NodeError) -> None:
-        """A boot of ``e`` failed for the infrastructure's reasons: wait before the next
-        try (the policy's backoff), or stop the round with the experiment undecided.
-
-        Raises:
-            InfrastructureFault: the retries are spent.
-        """
-        failures = 0
-        for boot in reversed(self.ledger.boots(e.id)):
-            if boot.status != BootStatus.FAILED or boot.failure_class not in INFRASTRUCTURE:
-                break
-            failures += 1
-        delay = policy.infrastructure_retry(self.profile.verdict, failures)
-        where = f"node {err.rank}" if err.rank is not None else "a node"
-        if err.host:
-            where += f" ({err.host})"
-        if delay is None:
-            raise InfrastructureFault(
-                f"{where}: {err.failure_class} {failures} times in a row ({err.message}); "
-                f"experiment #{e.id} is left undecided and nothing was barred: run the same "
-                "command to resume once the node is back",
-                failure=err,
-                experiment=e.id,
-            )
-        self.display.note(
-            f"  {where}: {err.failure_class} ({err.message}); not the config's fault: "
-            f"booting again in {delay:g}s"
-        )
-        self._sleep(delay)
 
     def _next_action(self, e: ExperimentRecord) -> policy.Action:
         """``policy``'s next step for ``e``, from the ledger's evidence."""
@@ -330,31 +295,9 @@ class RoundRunner:
             champion_boots_during=0 if baseline else self.champion.boots_during(e.id),
             champion_measured_after=baseline or self.champion.measured_after(e.id),
         )
-        return policy.next_action(self.profile.verdict, progress, lambda ms: self._assess(e, ms))
-
-    def _assess(self, e: ExperimentRecord, measurements: Sequence[Measurement]) -> Assessment:
-        champion = self.champion.level()
-        return assess(
-            self.profile.verdict,
-            Evidence(
-                candidate=[objective(m.cells) for m in measurements],
-                champion=[objective(m.cells) for m in champion],
-                confirmations=sum(1 for m in measurements if m.role == BootRole.CONFIRM),
-                candidate_cells=[c for m in measurements for c in m.cells],
-                champion_cells=champion[-1].cells,
-                min_matmul_rate=self.profile.gates.min_matmul_rate,
-            ),
-            self.champion.noise(),
-            self._effect_prior(e),
+        return policy.next_action(
+            self.profile.verdict, progress, lambda ms: self.champion.judge(e.knob, ms)
         )
-
-    def _effect_prior(self, e: ExperimentRecord) -> EffectPrior | None:
-        """The declared effect prior of the knob the experiment changed (``None``: the
-        profile's; also for a knob the profile no longer has)."""
-        space = self.profile.space
-        if e.knob is None or e.knob not in space.names:
-            return None
-        return space.spec(e.knob).effect_prior
 
     def _crash(self, rnd: RoundRecord, e: ExperimentRecord, run_id: str, err: NodeError) -> None:
         crash = policy.crash(err.failure_class, err.message)

@@ -20,8 +20,9 @@ from ledger import Ledger, VerdictRecord
 from orchestrator import policy
 from orchestrator.approval import ApprovalGate
 from orchestrator.display import RoundDisplay
+from orchestrator.faults import InfrastructureFault
 from orchestrator.profile import VerdictSpec
-from orchestrator.round import InfrastructureFault, RoundOptions, RoundRunner
+from orchestrator.round import RoundOptions, RoundRunner
 from orchestrator.testbed import NullSink
 from tests.test_round_policy import ScriptedTestbed, profile
 
@@ -46,16 +47,22 @@ class FlakyNode(ScriptedTestbed):
         return super().deploy(config)
 
 
-def runner(tmp_path: Path, testbed: ScriptedTestbed, waits: list[float]) -> RoundRunner:
+def runner(
+    tmp_path: Path,
+    testbed: ScriptedTestbed,
+    waits: list[float],
+    said: io.StringIO | None = None,
+    **verdict: object,
+) -> RoundRunner:
     ledger = Ledger(f"sqlite:///{tmp_path}/ledger.db")
     return RoundRunner(
-        profile(infra_retries=2, infra_backoff_s=10),
+        profile(**{"infra_retries": 2, "infra_backoff_s": 10, **verdict}),
         ledger,
         NullSink(),
         testbed,
         SweepProposer(CHANGES),
         ApprovalGate(ledger, "auto"),
-        RoundDisplay(Console(file=io.StringIO())),
+        RoundDisplay(Console(file=said or io.StringIO(), width=200)),
         sleep=waits.append,
     )
 
@@ -148,3 +155,22 @@ def test_an_old_ledgers_infrastructure_crash_bars_nothing(tmp_path: Path) -> Non
     assert context.known_bad == ()
     assert champion.config.apply(change).key not in context.decided_keys
     ledger.close()
+
+
+def test_a_resume_says_what_it_keeps_that_the_command_asked_otherwise(tmp_path: Path) -> None:
+    node = {"back": False}
+    testbed = FlakyNode(lambda attempt: attempt >= 2 and not node["back"])
+    with pytest.raises(InfrastructureFault):
+        runner(tmp_path, testbed, []).run(RoundOptions(budget=2, proposer="sweep", approve="auto"))
+    node["back"] = True
+    said = io.StringIO()
+    # another budget, seed and profile (its noise prior changed) than the round started with
+    again = runner(tmp_path, testbed, [], said, noise={"boot_to_boot": 0.03, "run_to_run": 0.01})
+    again.run(RoundOptions(budget=5, proposer="sweep", approve="auto", seed=7))
+    text = " ".join(said.getvalue().split())
+    assert "keeps its budget 2 (this command asked for 5)" in text
+    assert "keeps its seed 0 (this command asked for 7)" in text
+    assert "keeps its proposer" not in text  # what was asked the same is not mentioned
+    assert "the profile changed since round 1 started" in text
+    assert len([e for e in again.ledger.experiments() if e.kind == Kind.CANDIDATE]) == 2
+    again.ledger.close()

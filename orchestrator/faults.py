@@ -1,0 +1,77 @@
+"""What the round does when a boot fails for the infrastructure's reasons (``INFRASTRUCTURE``:
+a node unreachable, auth, an upload, a worker missing from the rendezvous, stuck clocks): it
+is never a verdict on the config. The boot is taken again after ``policy``'s backoff; when the
+retries are spent the round stops (exit 5), the experiment undecided and nothing barred, for
+the same command to resume once the node is back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from cluster.errors import NodeError
+from knobs.vocabulary import INFRASTRUCTURE, BootStatus
+from ledger import ExperimentRecord, Ledger
+from orchestrator import policy
+from orchestrator.display import RoundDisplay
+from orchestrator.errors import OrchestrateError
+from orchestrator.profile import Profile
+
+
+class InfrastructureFault(OrchestrateError):
+    """A node kept failing for the infrastructure's reasons (unreachable, auth, an upload, a
+    worker missing from the rendezvous, stuck clocks): the round stops, the experiment is left
+    undecided, and the same command resumes it once the node is back."""
+
+    exit_code = 5
+
+    def __init__(self, message: str, *, failure: NodeError, experiment: int) -> None:
+        super().__init__(message)
+        self.failure = failure
+        self.experiment = experiment
+
+
+class InfrastructureFaults:
+    """Waits out, or gives up on, a node that failed a boot for the infrastructure's reasons."""
+
+    def __init__(
+        self,
+        profile: Profile,
+        ledger: Ledger,
+        display: RoundDisplay,
+        sleep: Callable[[float], None],
+    ) -> None:
+        self.profile = profile
+        self.ledger = ledger
+        self.display = display
+        self.sleep = sleep  # the backoff before a boot is taken again (a test's clock)
+
+    def wait_or_stop(self, e: ExperimentRecord, err: NodeError) -> None:
+        """A boot of ``e`` failed for the infrastructure's reasons: wait before the next
+        try (the policy's backoff), or stop the round with the experiment undecided.
+
+        Raises:
+            InfrastructureFault: the retries are spent.
+        """
+        failures = 0
+        for boot in reversed(self.ledger.boots(e.id)):
+            if boot.status != BootStatus.FAILED or boot.failure_class not in INFRASTRUCTURE:
+                break
+            failures += 1
+        delay = policy.infrastructure_retry(self.profile.verdict, failures)
+        where = f"node {err.rank}" if err.rank is not None else "a node"
+        if err.host:
+            where += f" ({err.host})"
+        if delay is None:
+            raise InfrastructureFault(
+                f"{where}: {err.failure_class} {failures} times in a row ({err.message}); "
+                f"experiment #{e.id} is left undecided and nothing was barred: run the same "
+                "command to resume once the node is back",
+                failure=err,
+                experiment=e.id,
+            )
+        self.display.note(
+            f"  {where}: {err.failure_class} ({err.message}); not the config's fault: "
+            f"booting again in {delay:g}s"
+        )
+        self.sleep(delay)
