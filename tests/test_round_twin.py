@@ -133,29 +133,36 @@ def test_round_records_everything_and_a_second_round_continues(workdir: Path) ->
     assert len((workdir / "results.tsv").read_text().splitlines()) == len(lines) + 1
 
 
-def test_sigkill_mid_experiment_resumes_without_duplicates(workdir: Path) -> None:
-    profile = write_profile(workdir, twin_profile_data())
-    ledger_url = os.environ["ORCHESTRATE_LEDGER"]
+def round_until(
+    workdir: Path, profile: Path, budget: int, cell: int, stdout: int | None
+) -> tuple[subprocess.Popen[str], list[str]]:
+    """``orchestrate round`` started, and read until its progress lines on stderr say the first
+    candidate reached cell ``cell``: the process (its stderr left open) and the lines so far."""
     proc = subprocess.Popen(
-        [*ORCHESTRATE, "round", "--budget", "2", "--profile", str(profile), "--json"],
+        [*ORCHESTRATE, "round", "--budget", str(budget), "--profile", str(profile), "--json"],
         cwd=workdir,
-        stdout=subprocess.DEVNULL,
+        stdout=stdout,
         stderr=subprocess.PIPE,
         text=True,
     )
     seen: list[str] = []
+    assert proc.stderr is not None
+    in_candidate = False
+    for line in proc.stderr:
+        seen.append(line)
+        in_candidate = in_candidate or line.startswith(f"[1/{budget}]")
+        if in_candidate and f"cell {cell} of 4" in line:
+            return proc, seen
+    proc.wait()
+    raise AssertionError("the round ended before its first candidate:\n" + "".join(seen))
+
+
+def test_sigkill_mid_experiment_resumes_without_duplicates(workdir: Path) -> None:
+    profile = write_profile(workdir, twin_profile_data())
+    ledger_url = os.environ["ORCHESTRATE_LEDGER"]
+    # kill it in the second cell of the first candidate, once its first cell is recorded
+    proc, _ = round_until(workdir, profile, 2, 2, subprocess.DEVNULL)
     try:
-        # the progress lines on stderr say where the round is: kill it in the second cell of
-        # the first candidate, once its first cell is recorded
-        assert proc.stderr is not None
-        in_candidate = False
-        for line in proc.stderr:
-            seen.append(line)
-            in_candidate = in_candidate or line.startswith("[1/2]")
-            if in_candidate and "cell 2 of 4" in line:
-                break
-        else:
-            raise AssertionError("the round ended before its first candidate:\n" + "".join(seen))
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
     finally:
@@ -237,24 +244,9 @@ def test_malformed_yaml_is_one_line(workdir: Path) -> None:
 
 def test_ctrl_c_mid_experiment_is_one_line_exit_130_and_resumes(workdir: Path) -> None:
     profile = write_profile(workdir, twin_profile_data())
-    proc = subprocess.Popen(
-        [*ORCHESTRATE, "round", "--budget", "1", "--profile", str(profile), "--json"],
-        cwd=workdir,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    seen: list[str] = []
+    # Ctrl-C while the first candidate is measured
+    proc, seen = round_until(workdir, profile, 1, 1, subprocess.PIPE)
     try:
-        assert proc.stderr is not None
-        in_candidate = False
-        for line in proc.stderr:  # Ctrl-C while the first candidate is measured
-            seen.append(line)
-            in_candidate = in_candidate or line.startswith("[1/1]")
-            if in_candidate and "cell 1 of 4" in line:
-                break
-        else:
-            raise AssertionError("the round ended before its first candidate:\n" + "".join(seen))
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=120)
     finally:
