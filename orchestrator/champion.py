@@ -178,12 +178,15 @@ class ChampionEvidence:
         return sum(1 for b in theirs if b.started_at >= mine[0].started_at)
 
     def measured_after(self, experiment_id: int) -> bool:
-        """Whether the champion's last boot came after the experiment's last boot."""
-        return self._last_boot_id(self.current().experiment_id) >= self._last_boot_id(experiment_id)
-
-    def _last_boot_id(self, experiment_id: int) -> int:
-        boots = self.ledger.boots(experiment_id)
-        return boots[-1].id if boots else 0
+        """Whether the champion was measured (a boot that came up and was torn down, not a
+        failed one) after the experiment's last boot."""
+        mine = self.ledger.boots(experiment_id)
+        theirs = [
+            b
+            for b in self.ledger.boots(self.current().experiment_id)
+            if b.status != BootStatus.FAILED
+        ]
+        return (theirs[-1].id if theirs else 0) >= (mine[-1].id if mine else 0)
 
     # ---- re-measuring -----------------------------------------------------------------------
     def due(self) -> bool:

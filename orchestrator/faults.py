@@ -46,15 +46,18 @@ class InfrastructureFaults:
         self.display = display
         self.sleep = sleep  # the backoff before a boot is taken again (a test's clock)
 
-    def wait_or_stop(self, e: ExperimentRecord, err: NodeError) -> None:
-        """A boot of ``e`` failed for the infrastructure's reasons: wait before the next
-        try (the policy's backoff), or stop the round with the experiment undecided.
+    def wait_or_stop(
+        self, e: ExperimentRecord, err: NodeError, *, booted: ExperimentRecord | None = None
+    ) -> None:
+        """A boot for ``e``'s verdict failed for the infrastructure's reasons (a boot of ``e``,
+        or of ``booted``: the champion re-measured for it): wait before the next try (the
+        policy's backoff), or stop the round with ``e`` undecided.
 
         Raises:
             InfrastructureFault: the retries are spent.
         """
         failures = 0
-        for boot in reversed(self.ledger.boots(e.id)):
+        for boot in reversed(self.ledger.boots((booted or e).id)):
             if boot.status != BootStatus.FAILED or boot.failure_class not in INFRASTRUCTURE:
                 break
             failures += 1

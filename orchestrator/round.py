@@ -265,7 +265,7 @@ class RoundRunner:
                 failure = self.champion.remeasure(rnd)
                 if failure is not None and failure.failure_class in INFRASTRUCTURE:
                     champion = self.ledger.experiment(self.champion.current().experiment_id)
-                    self.faults.wait_or_stop(champion, failure)  # or stop: exit 5
+                    self.faults.wait_or_stop(e, failure, booted=champion)  # or stop: exit 5
                 elif failure is not None:
                     verdict = policy.champion_remeasure_failed(
                         failure.failure_class, failure.message

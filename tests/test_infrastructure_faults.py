@@ -33,8 +33,10 @@ class FlakyNode(ScriptedTestbed):
     """Every config measures 100 tok/s; node 2 is unreachable on the deploys ``down`` names
     (1 is the first deploy), whatever the config."""
 
-    def __init__(self, down: Callable[[int], bool]) -> None:
-        super().__init__(lambda c, n: 100.0)
+    def __init__(
+        self, down: Callable[[int], bool], speed: Callable[[Config], float] = lambda c: 100.0
+    ) -> None:
+        super().__init__(lambda c, n: speed(c))
         self.down = down
         self.attempts = 0
 
@@ -174,3 +176,30 @@ def test_a_resume_says_what_it_keeps_that_the_command_asked_otherwise(tmp_path: 
     assert "the profile changed since round 1 started" in text
     assert len([e for e in again.ledger.experiments() if e.kind == Kind.CANDIDATE]) == 2
     again.ledger.close()
+
+
+def test_the_champion_unreachable_for_a_confirmation_leaves_the_candidate_undecided(
+    tmp_path: Path,
+) -> None:
+    # K=5 measures +30 %: the confirmation wants the champion measured again (the third deploy),
+    # and node 2 is gone from then on
+    testbed = FlakyNode(
+        lambda attempt: attempt >= 3,
+        speed=lambda c: 130.0 if c["num_speculative_tokens"] == 5 else 100.0,
+    )
+    waits: list[float] = []
+    loop = runner(tmp_path, testbed, waits)
+    with pytest.raises(InfrastructureFault) as stopped:
+        loop.run(RoundOptions(budget=2, proposer="sweep", approve="auto"))
+    baseline, candidate = loop.ledger.experiments()
+    assert waits == [10.0, 20.0]
+    assert stopped.value.experiment == candidate.id and candidate.status is None
+    assert f"experiment #{candidate.id} is left undecided" in stopped.value.message
+    champion_boots = loop.ledger.boots(baseline.id)
+    assert [b.failure_class for b in champion_boots] == [
+        None,
+        "unreachable",
+        "unreachable",
+        "unreachable",
+    ]
+    loop.ledger.close()
