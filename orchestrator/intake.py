@@ -10,6 +10,7 @@ from __future__ import annotations
 from agents import Proposal
 from knobs.vocabulary import Kind, Status
 from ledger import ExperimentRecord, Ledger, ProposalRecord, RoundRecord, VerdictRecord
+from orchestrator.champion import ChampionEvidence
 from orchestrator.display import RoundDisplay
 from orchestrator.profile import Profile
 from orchestrator.runlog import RunLog
@@ -19,18 +20,23 @@ class Intake:
     """Records proposals and turns decided ones into experiments."""
 
     def __init__(
-        self, profile: Profile, ledger: Ledger, runlog: RunLog, display: RoundDisplay
+        self,
+        profile: Profile,
+        ledger: Ledger,
+        champion: ChampionEvidence,
+        runlog: RunLog,
+        display: RoundDisplay,
     ) -> None:
         self.profile = profile
         self.ledger = ledger
+        self.champion = champion
         self.runlog = runlog
         self.display = display
         self.cluster = profile.cluster.name
 
     def record(self, rnd: RoundRecord, proposal: Proposal) -> ProposalRecord:
         """The proposal, pending, in the ledger."""
-        champion = self.ledger.champion(self.cluster)
-        assert champion is not None
+        champion = self.champion.current()
         return self.ledger.add_proposal(
             round_id=rnd.id,
             source=proposal.source,
@@ -69,8 +75,7 @@ class Intake:
     def _add(self, rnd: RoundRecord, p: ProposalRecord, how: str) -> ExperimentRecord:
         """The proposal's change applied to the champion of the moment, as an experiment;
         ``how``: what its description says after the change (the proposal's fields)."""
-        champion = self.ledger.champion(self.cluster)
-        assert champion is not None
+        champion = self.champion.current()
         change = self.profile.space.change(champion.config, p.knob, p.new_value)
         told = how.format(source=p.source, decided_by=p.decided_by, reason=p.reason or "")
         return self.ledger.add_experiment(

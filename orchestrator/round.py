@@ -104,7 +104,7 @@ class RoundRunner:
         self.runlog = RunLog(ledger, sink)
         self.booter = Booter(profile, ledger, testbed, self.runlog, display)
         self.champion = ChampionEvidence(profile, ledger, self.booter, self.runlog, display)
-        self.intake = Intake(profile, ledger, self.runlog, display)
+        self.intake = Intake(profile, ledger, self.champion, self.runlog, display)
         self.faults = InfrastructureFaults(profile, ledger, display, sleep)
 
     # ---- the loop ---------------------------------------------------------------------------
