@@ -84,6 +84,21 @@ class RoundStatus(StrEnum):
     FAILED = "failed"
 
 
+class EventKind(StrEnum):
+    """What an event of the ledger records (``EventRecord.kind``)."""
+
+    #: a person cleared a known-bad region (subject: the experiment that barred it)
+    KNOWN_BAD_CLEARED = "known-bad-cleared"
+    #: a stale claim on a node was broken with ``--force`` (subject: the node)
+    CLAIM_BROKEN = "claim-broken"
+    #: the profile gained a knob; the champion takes its default (subject: the knob)
+    KNOB_ADDED = "knob-added"
+    #: the profile lost a knob; it is dropped from the champion (subject: the knob)
+    KNOB_REMOVED = "knob-removed"
+    #: the ledger's schema was upgraded (subject: the new revision)
+    LEDGER_UPGRADED = "ledger-upgraded"
+
+
 #: How a boot or a bench failed (``NodeError.failure_class``, the ledger's ``failure_class``).
 #: A ``Literal``, checked by mypy, so that a raise site names its class as the word it stores.
 FailureClass = Literal[

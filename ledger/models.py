@@ -75,6 +75,8 @@ class RoundRow(Base):
     started_at: Mapped[datetime] = mapped_column(default=utcnow)
     finished_at: Mapped[datetime | None]
     mlflow_run_id: Mapped[str | None] = mapped_column(String(64))
+    # the wall-clock cap the round was started with, kept for its resumes (None: no cap)
+    max_hours: Mapped[float | None] = mapped_column(Float)
 
 
 class ProposalRow(Base):
@@ -212,3 +214,24 @@ class ChampionRow(Base):
     objective: Mapped[float] = mapped_column(Float)
     since: Mapped[datetime] = mapped_column(default=utcnow)
     retired_at: Mapped[datetime | None]
+
+
+class EventRow(Base):
+    """Something done to the record outside a verdict, and why; kept for good.
+
+    A known-bad region cleared by a person, a stale node claim broken with ``--force``, a
+    knob the profile gained or lost under a champion: ``kind`` says which
+    (``knobs.vocabulary.EventKind``), ``subject`` what it was done to (an experiment id, a
+    node, a knob), ``detail`` the evidence.
+    """
+
+    __tablename__ = "event"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    cluster: Mapped[str] = mapped_column(String(128), index=True)
+    kind: Mapped[str] = mapped_column(String(32), index=True)
+    subject: Mapped[str] = mapped_column(String(128), default="")
+    detail: Mapped[dict[str, object]] = mapped_column(JSON, default=dict)
+    reason: Mapped[str] = mapped_column(Text, default="")
+    actor: Mapped[str] = mapped_column(String(256), default="")
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -12,6 +12,7 @@ from knobs.spec import Value
 from knobs.vocabulary import (
     BootRole,
     BootStatus,
+    EventKind,
     FailureClass,
     Kind,
     ProposalStatus,
@@ -52,6 +53,7 @@ class RoundRecord(_Record):
     started_at: datetime
     finished_at: datetime | None
     mlflow_run_id: str | None
+    max_hours: float | None = None
 
 
 class ProposalRecord(_Record):
@@ -153,4 +155,17 @@ class DriftRecord(_Record):
     after: float
     drift_pct: float
     significant: bool
+    created_at: datetime
+
+
+class EventRecord(_Record):
+    """Something done to the record outside a verdict (``ledger.models.EventRow``)."""
+
+    id: int
+    cluster: str
+    kind: EventKind
+    subject: str
+    detail: dict[str, object]
+    reason: str
+    actor: str
     created_at: datetime

@@ -23,6 +23,7 @@ from knobs.spec import Value
 from knobs.vocabulary import (
     BootRole,
     BootStatus,
+    EventKind,
     FailureClass,
     Kind,
     ProposalStatus,
@@ -36,6 +37,7 @@ from ledger.models import (
     CellResultRow,
     ChampionRow,
     DriftRow,
+    EventRow,
     ExperimentRow,
     LeaseRow,
     ProposalRow,
@@ -48,6 +50,7 @@ from ledger.records import (
     BootRecord,
     ChampionRecord,
     DriftRecord,
+    EventRecord,
     ExperimentRecord,
     LeaseRecord,
     ProposalRecord,
@@ -268,8 +271,9 @@ class Ledger:
         proposer: str,
         approve: str,
         seed: int,
+        max_hours: float | None = None,
     ) -> RoundRecord:
-        """Start a new round."""
+        """Start a new round (``max_hours``: its wall-clock cap, kept for its resumes)."""
         with self._session() as s:
             row = RoundRow(
                 cluster=cluster,
@@ -280,6 +284,7 @@ class Ledger:
                 approve=approve,
                 seed=seed,
                 status=str(RoundStatus.RUNNING),
+                max_hours=max_hours,
             )
             s.add(row)
             s.flush()
@@ -719,6 +724,39 @@ class Ledger:
             return [_drift(r) for r in rows]
 
     # ---- helpers --------------------------------------------------------------------------
+    # ---- events ---------------------------------------------------------------------------
+    def add_event(
+        self,
+        cluster: str,
+        kind: EventKind,
+        *,
+        subject: str = "",
+        detail: dict[str, object] | None = None,
+        reason: str = "",
+        actor: str = "",
+    ) -> EventRecord:
+        """Record something done to the record outside a verdict (see ``EventRow``)."""
+        with self._session() as s:
+            row = EventRow(
+                cluster=cluster,
+                kind=str(kind),
+                subject=subject,
+                detail=dict(detail or {}),
+                reason=reason,
+                actor=actor,
+            )
+            s.add(row)
+            s.flush()
+            return _event(row)
+
+    def events(self, cluster: str, kind: EventKind | None = None) -> list[EventRecord]:
+        """The cluster's events (of ``kind``, if given), oldest first."""
+        with self._session() as s:
+            query = select(EventRow).where(EventRow.cluster == cluster)
+            if kind is not None:
+                query = query.where(EventRow.kind == str(kind))
+            return [_event(r) for r in s.scalars(query.order_by(EventRow.id))]
+
     def _get(self, s: Session, cls: type[T], key: object, *, lock: bool = False) -> T:
         row = s.get(cls, key, with_for_update=lock)
         if row is None:
@@ -791,6 +829,7 @@ def _round(row: RoundRow) -> RoundRecord:
         started_at=_aware(row.started_at) or row.started_at,
         finished_at=_aware(row.finished_at),
         mlflow_run_id=row.mlflow_run_id,
+        max_hours=row.max_hours,
     )
 
 
@@ -855,4 +894,17 @@ def _boot(row: BootRow) -> BootRecord:
         started_at=_aware(row.started_at) or row.started_at,
         healthy_at=_aware(row.healthy_at),
         ended_at=_aware(row.ended_at),
+    )
+
+
+def _event(row: EventRow) -> EventRecord:
+    return EventRecord(
+        id=row.id,
+        cluster=row.cluster,
+        kind=row.kind,
+        subject=row.subject,
+        detail=dict(row.detail or {}),
+        reason=row.reason,
+        actor=row.actor,
+        created_at=_aware(row.created_at) or row.created_at,
     )
