@@ -322,6 +322,11 @@ class Ledger:
         with self._session() as s:
             self._get(s, RoundRow, round_id).mlflow_run_id = run_id
 
+    def set_round_max_hours(self, round_id: int, max_hours: float | None) -> None:
+        """Keep the wall-clock cap a resume was given, for the resumes after it."""
+        with self._session() as s:
+            self._get(s, RoundRow, round_id).max_hours = max_hours
+
     def finish_round(self, round_id: int, status: RoundStatus = RoundStatus.DONE) -> None:
         """Close a round (done, or failed when it could not go on)."""
         with self._session() as s:

@@ -51,6 +51,14 @@ def kept_on_resume(
     return lines
 
 
+def stopped_by_max_hours(rnd: RoundRecord, done: int) -> str:
+    """The line a round stopped by its wall-clock cap ends with."""
+    return (
+        f"round {rnd.id} stopped by --max-hours {rnd.max_hours:g}: {done} of {rnd.budget} "
+        "experiments done; it stays open, and the same command resumes it"
+    )
+
+
 def describe(e: ExperimentRecord) -> str:
     """What an experiment changed, in words."""
     if e.kind == Kind.BASELINE:

@@ -38,7 +38,7 @@ from orchestrator import policy
 from orchestrator.approval import ApprovalGate
 from orchestrator.boot import Booter
 from orchestrator.champion import ChampionEvidence
-from orchestrator.display import RoundDisplay, describe, kept_on_resume
+from orchestrator.display import RoundDisplay, describe, kept_on_resume, stopped_by_max_hours
 from orchestrator.errors import OrchestrateError
 from orchestrator.faults import InfrastructureFaults
 from orchestrator.history import proposal_context
@@ -125,6 +125,7 @@ class RoundRunner:
             proposer=options.proposer,
             approve=options.approve,
             seed=options.seed,
+            max_hours=options.max_hours,
         )
         rnd = self.runlog.round_run(rnd, self.profile, self.cluster)
         verb = "resuming" if existing is not None else "starting"
@@ -142,13 +143,16 @@ class RoundRunner:
             }
             for line in kept_on_resume(existing, asked, self.profile.name, self.profile.digest):
                 self.display.note(line)
+            rnd = self._max_hours_on_resume(rnd, options.max_hours)
         try:
-            stopped_by = self._loop(rnd, options, started)
+            stopped_by = self._loop(rnd, started)
         finally:
             self.display.stop()
         if stopped_by != "max-hours":
             self.ledger.finish_round(rnd.id, RoundStatus.DONE)
             self.runlog.finish_round(rnd)
+        else:
+            self.display.note(stopped_by_max_hours(rnd, self._candidates_done(rnd)))
         return RoundReport(
             round=self.ledger.round(rnd.id),
             experiments=self.ledger.experiments(round_id=rnd.id),
@@ -157,7 +161,24 @@ class RoundRunner:
             stopped_by=stopped_by,
         )
 
-    def _loop(self, rnd: RoundRecord, options: RoundOptions, started: float) -> str:
+    def _max_hours_on_resume(self, rnd: RoundRecord, asked: float | None) -> RoundRecord:
+        """A resume keeps the round's wall-clock cap unless this command gives one (it counts
+        from this command's start either way); said in one line."""
+        if asked is None:
+            if rnd.max_hours is not None:
+                self.display.note(
+                    f"  round {rnd.id} keeps its --max-hours {rnd.max_hours:g}, counted from now"
+                )
+            return rnd
+        if asked != rnd.max_hours:
+            kept = "none" if rnd.max_hours is None else f"{rnd.max_hours:g}"
+            self.display.note(
+                f"  round {rnd.id} takes --max-hours {asked:g} from now (it had {kept})"
+            )
+            self.ledger.set_round_max_hours(rnd.id, asked)
+        return self.ledger.round(rnd.id)
+
+    def _loop(self, rnd: RoundRecord, started: float) -> str:
         """Finish what a killed run left, then experiment to the budget; what stopped it."""
         self.booter.stop_stale(self.cluster)
         for e in self.ledger.experiments(round_id=rnd.id):
@@ -167,9 +188,7 @@ class RoundRunner:
         if self.ledger.champion(self.cluster) is None:
             self._baseline(rnd)
         while self._candidates_done(rnd) < rnd.budget:
-            if options.max_hours is not None and (
-                self._clock() - started > options.max_hours * 3600
-            ):
+            if rnd.max_hours is not None and self._clock() - started > rnd.max_hours * 3600:
                 return "max-hours"
             if self.champion.due():
                 self.champion.remeasure(rnd)

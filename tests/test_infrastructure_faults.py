@@ -203,3 +203,66 @@ def test_the_champion_unreachable_for_a_confirmation_leaves_the_candidate_undeci
         "unreachable",
     ]
     loop.ledger.close()
+
+
+class Hours:
+    """A clock the round reads: each reading is an hour after the last."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += 3600.0
+        return self.now
+
+
+def test_max_hours_is_kept_with_the_round_and_a_stop_by_it_says_so(tmp_path: Path) -> None:
+    ledger = Ledger(f"sqlite:///{tmp_path}/ledger.db")
+
+    def runner_at(said: io.StringIO) -> RoundRunner:
+        return RoundRunner(
+            profile(),
+            ledger,
+            NullSink(),
+            ScriptedTestbed(lambda c, n: 100.0),
+            SweepProposer(CHANGES),
+            ApprovalGate(ledger, "auto"),
+            RoundDisplay(Console(file=said, width=200)),
+            clock=Hours(),
+        )
+
+    said = io.StringIO()
+    # each look at the clock is an hour on: the first experiment starts within 1.5 hours,
+    # the second does not
+    first = runner_at(said).run(
+        RoundOptions(budget=2, proposer="sweep", approve="auto", max_hours=1.5)
+    )
+    assert first.stopped_by == "max-hours" and first.round.status == "running"
+    assert first.round.max_hours == 1.5
+    text = " ".join(said.getvalue().split())
+    assert "stopped by --max-hours 1.5: 1 of 2 experiments done" in text
+    assert "the same command resumes it" in text
+    # a resume without --max-hours keeps the round's cap, counted from its own start
+    said = io.StringIO()
+    again = runner_at(said).run(RoundOptions(budget=2, proposer="sweep", approve="auto"))
+    assert "keeps its --max-hours 1.5, counted from now" in " ".join(said.getvalue().split())
+    assert again.stopped_by == "budget" and again.round.status == "done"
+    assert again.round.max_hours == 1.5
+    ledger.close()
+
+
+def test_a_resume_given_max_hours_takes_it_and_keeps_it(tmp_path: Path) -> None:
+    ledger = Ledger(f"sqlite:///{tmp_path}/ledger.db")
+    rnd = ledger.create_round(
+        cluster="c",
+        profile_name="p",
+        profile_digest="d",
+        budget=2,
+        proposer="sweep",
+        approve="auto",
+        seed=0,
+    )
+    assert rnd.max_hours is None
+    ledger.set_round_max_hours(rnd.id, 3.0)
+    assert ledger.round(rnd.id).max_hours == 3.0
+    ledger.close()

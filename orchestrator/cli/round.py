@@ -119,9 +119,12 @@ def _print_report(report: RoundReport, as_json: bool) -> None:
         typer.echo(json.dumps(payload, indent=2))
         return
     console = out()
-    console.print(
-        experiments_table(report.experiments, report.champion, f"Round {report.round.id}")
-    )
+    if report.experiments:
+        console.print(
+            experiments_table(report.experiments, report.champion, f"Round {report.round.id}")
+        )
+    else:
+        console.print(f"Round {report.round.id}: no experiment decided yet ({report.stopped_by})")
     if report.champion is not None:
         settings_text = ", ".join(f"{k}={as_text(v)}" for k, v in report.champion.config.items())
         console.print(
