@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from knobs.config import Change, Config
 from knobs.errors import KnobError
 from knobs.space import KnobSpace
-from knobs.spec import Value, as_text
+from knobs.spec import EffectPrior, Value, as_text
 from knobs.vocabulary import MEASURED, Status
 
 #: Where a known-bad region comes from.
@@ -178,6 +178,13 @@ class ProposalContext(BaseModel):
     llm_spend_usd: float = Field(default=0.0, ge=0)
     #: The champion's cells, averaged over its trusted measurements (empty before any).
     champion_cells: tuple[ChampionCell, ...] = ()
+    #: Each knob's effect prior in force on this cluster: its spec's (or the profile's)
+    #: updated by the changes of it the ledger measured (``orchestrator.priors``). A knob
+    #: missing here has its spec's ``effect_prior`` (``prior``).
+    knob_priors: dict[str, EffectPrior] = Field(default_factory=dict)
+    #: Knobs whose change to one value measured different effects under two champions (a
+    #: learned interaction): looked at again when the champion moves.
+    interacting: frozenset[str] = frozenset()
 
     @model_validator(mode="after")
     def _champion_fits(self) -> ProposalContext:
@@ -187,6 +194,11 @@ class ProposalContext(BaseModel):
             extra = sorted(set(self.champion) - names)
             raise ValueError(f"champion does not fit the space: missing {missing}, extra {extra}")
         return self
+
+    def prior(self, knob: str) -> EffectPrior | None:
+        """The effect prior in force for ``knob``: the learned one, else its spec's."""
+        learned = self.knob_priors.get(knob)
+        return learned if learned is not None else self.space.spec(knob).effect_prior
 
     def refusal(self, change: Change) -> Refusal | None:
         """``None`` if ``change`` may run now, else why not.

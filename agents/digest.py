@@ -80,12 +80,12 @@ def _knobs(context: ProposalContext) -> str:
         values = allowed.get(spec.name, [])
         shown = _values(values) if values else "none (every other value is decided or barred)"
         what = f" — {spec.description}" if spec.description else ""
-        prior = spec.effect_prior
+        prior = context.prior(spec.name)
         known = (
             ""
             if prior is None
-            else f"; known before measuring: {prior.p_null:.0%} of its changes do nothing"
-            + (f" ({prior.source})" if prior.source else "")
+            else f"; prior in force: {prior.p_null:.0%} of its changes do nothing, the rest "
+            f"±{prior.effect_pct:.1f}%" + (f" ({prior.source})" if prior.source else "")
         )
         lines.append(
             f"- {spec.name} [{as_text(context.champion[spec.name])}]: "

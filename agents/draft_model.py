@@ -15,7 +15,10 @@ so a cell's throughput at K is
 and the objective, the sum over cells, follows. ``γ``, one draft token's step cost as a share of
 the rest of a step, is fitted to the K changes already measured under this champion (least
 squares on the log of the measured ratio, each measurement with a boot's noise, and a prior
-``GAMMA_PRIOR`` ± ``GAMMA_SD``); until one is measured the prior alone. On the twin's
+``log γ ~ N(log GAMMA_PRIOR, GAMMA_LOG_SD²)``: a step's cost is the stack's, so the prior is
+wide and the ledger's measurements move it); K changes measured under earlier champions count
+too, at twice the noise (the model reads them with this champion's acceptance); until one is
+measured the prior alone. On the twin's
 ``exl3-tp4`` the prior ranks K=2 and K=3 first from the default K=7, and the truth is K=2
 (K=3 is the CUDA-graphs trap there); one measured K change pins ``γ`` to ±0.02.
 
@@ -30,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from agents.context import ChampionCell, ProposalContext
-from knobs.config import Change
+from knobs.config import Change, Config
 from knobs.spec import KnobSpec
 
 #: One draft token's verify-step cost as a share of the rest of the step, before any K change
@@ -38,12 +41,13 @@ from knobs.spec import KnobSpec
 #: verify of one more token per request (the twin's EXL3 TP4 stack: 0.07 at one request, 0.1
 #: at eight).
 GAMMA_PRIOR = 0.07
-#: How far ``GAMMA_PRIOR`` may be off (one sd).
-GAMMA_SD = 0.06
+#: How far ``GAMMA_PRIOR`` may be off (one sd of ``log γ``): calibrated on one stack, while a
+#: draft position costs a few percent of a step on one stack and a third on another.
+GAMMA_LOG_SD = 1.0
 #: The relative sd of one measured change's ratio (a boot's noise, DOMAIN: ±5 %).
 RATIO_SD = 0.05
 #: The grid the fit searches.
-_GAMMAS = tuple(i * 0.0025 for i in range(0, 201))  # 0 … 0.5
+_GAMMAS = tuple(i * 0.0025 for i in range(1, 401))  # 0.0025 … 1
 
 
 @dataclass(frozen=True)
@@ -102,21 +106,36 @@ def predict(context: ProposalContext) -> DraftPrediction | None:
     if not cells or sum(c.output_throughput for c in cells) <= 0:
         return None
     values = [v for v in spec.domain() if isinstance(v, int) and not isinstance(v, bool)]
-    measured = [
-        (int(e.value), 1.0 + e.delta_pct / 100.0)
-        for e in context.history
-        if e.champion_key == context.champion.key
-        and e.knob == spec.name
-        and e.measured
-        and isinstance(e.value, int)
-        and e.delta_pct is not None
-        and e.delta_pct > -100.0
-    ]
+    changes = _measured(context, spec.name)
+    measured = [(k, r) for base, k, r in changes if base is None]
+    elsewhere = [(base, k, r) for base, k, r in changes if base is not None]
     if not any(v != current for v in values):
         return None  # nothing to predict: the knob has one value
-    gamma = fit_gamma(cells, current, measured)
+    gamma = fit_gamma(cells, current, measured, elsewhere)
     change = {v: (ratio(cells, current, v, gamma) - 1.0) * 100.0 for v in values if v != current}
-    return DraftPrediction(spec.name, current, change, gamma, len(measured))
+    return DraftPrediction(spec.name, current, change, gamma, len(changes))
+
+
+def _measured(context: ProposalContext, knob: str) -> list[tuple[int | None, int, float]]:
+    """The measured changes of the draft knob: ``(the champion's K, or None for this champion,
+    the K changed to, candidate / champion)``; a change under a champion whose config the
+    history does not hold is left out."""
+    ks: dict[str, int] = {}
+    for e in context.history:
+        k = e.config.get(knob)
+        if isinstance(k, int) and not isinstance(k, bool):
+            ks[Config(e.config).key] = k
+    out: list[tuple[int | None, int, float]] = []
+    for e in context.history:
+        if not (e.knob == knob and e.measured and isinstance(e.value, int)):
+            continue
+        if e.delta_pct is None or e.delta_pct <= -100.0:
+            continue
+        here = e.champion_key == context.champion.key
+        base = None if here else ks.get(e.champion_key)
+        if here or base is not None:
+            out.append((base, int(e.value), 1.0 + e.delta_pct / 100.0))
+    return out
 
 
 def accepted(positions: Sequence[float], k: int) -> float:
@@ -150,16 +169,23 @@ def ratio(cells: Sequence[ChampionCell], current: int, k: int, gamma: float) -> 
 
 
 def fit_gamma(
-    cells: Sequence[ChampionCell], current: int, measured: Sequence[tuple[int, float]]
+    cells: Sequence[ChampionCell],
+    current: int,
+    measured: Sequence[tuple[int, float]],
+    elsewhere: Sequence[tuple[int, int, float]] = (),
 ) -> float:
-    """``γ`` by least squares on the log ratios ``measured`` (value, candidate / champion), with
-    the prior; the prior alone when nothing is measured."""
-    usable = [(k, r) for k, r in measured if k != current and r > 0]
+    """``γ`` by least squares on the log ratios ``measured`` (value, candidate / champion) and
+    ``elsewhere`` (an earlier champion's K, value, ratio; at twice the noise), with the prior;
+    the prior alone when nothing is measured."""
+    usable = [(current, k, r, 1.0) for k, r in measured if k != current and r > 0]
+    usable += [(b, k, r, 2.0) for b, k, r in elsewhere if k != b and r > 0]
     if not usable:
         return GAMMA_PRIOR
 
     def loss(g: float) -> float:
-        fit = sum((math.log(r) - math.log(ratio(cells, current, k, g))) ** 2 for k, r in usable)
-        return fit / RATIO_SD**2 + ((g - GAMMA_PRIOR) / GAMMA_SD) ** 2
+        fit = sum(
+            ((math.log(r) - math.log(ratio(cells, b, k, g))) / w) ** 2 for b, k, r, w in usable
+        )
+        return fit / RATIO_SD**2 + (math.log(g / GAMMA_PRIOR) / GAMMA_LOG_SD) ** 2
 
     return min(_GAMMAS, key=loss)

@@ -23,9 +23,7 @@ How history becomes trials:
 
 from __future__ import annotations
 
-import hashlib
 import math
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Literal
 
@@ -39,32 +37,17 @@ from optuna.distributions import (
 from optuna.trial import TrialState, create_trial
 
 from agents.context import HistoryEntry, ProposalContext, same_value
-from agents.draft_model import DraftPrediction, predict
+from agents.draft_model import predict
+from agents.first_looks import DRAFT_LOOK_FLOOR as DRAFT_LOOK_FLOOR  # re-exported
+from agents.first_looks import first_look as first_look  # re-exported
+from agents.first_looks import seed_for, why
 from agents.proposal import ONE_EXPERIMENT, Proposal, ProposalExhausted
 from knobs.config import Change, Config
 from knobs.errors import KnobError
 from knobs.space import KnobSpace
 from knobs.spec import KnobSpec, Value, as_text
-from knobs.vocabulary import Status
 
 Direction = Literal["maximize", "minimize"]
-
-#: A knob gets first looks when its spec's ``effect_prior.p_null`` is below this: more of its
-#: changes do something than nothing.
-FIRST_LOOK_NULL = 0.5
-
-#: A knob known to matter with at most this many values gets a first look at every value
-#: under each champion (a sweep: K from 1 to 7); a larger one gets one look.
-FIRST_LOOK_VALUES = 8
-
-#: A value of the draft knob that the draft-length model predicts this much worse than the
-#: champion (percent) gets no first look (TPE may still try it later).
-DRAFT_LOOK_FLOOR = 10.0
-
-#: A knob whose changes failed to boot this many times with one failure class (under any
-#: champion) gets no more first looks: on a stack where every K but one wedges the boot, each
-#: wedge costs the boot timeout, and two say enough.
-FIRST_LOOK_CRASHES = 2
 
 #: How many times ``study.ask`` is tried before the deterministic fallback. Each extra ask sees
 #: the earlier ones as running trials (TPE's constant liar), so it lands somewhere else.
@@ -90,12 +73,6 @@ def distributions(space: KnobSpace) -> dict[str, BaseDistribution]:
         else:
             out[spec.name] = CategoricalDistribution(values)
     return out
-
-
-def seed_for(*parts: object) -> int:
-    """A 32-bit seed from ``parts`` (stable across processes, unlike ``hash`` of a string)."""
-    text = "\x1f".join(str(p) for p in parts)
-    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "big")
 
 
 class OptunaProposer:
@@ -333,62 +310,8 @@ class OptunaProposer:
         )
 
 
-def first_look(
-    context: ProposalContext,
-    allowed: Sequence[Change],
-    seed: int,
-    model: DraftPrediction | None = None,
-) -> tuple[str, list[Change]] | None:
-    """The knob to look at first under the current champion and its changes that are first
-    looks, or ``None`` when none is left (see ``OptunaProposer``). With ``model``, a value of
-    the draft knob predicted more than ``DRAFT_LOOK_FLOOR`` % worse than the champion is no
-    first look."""
-    here = {e.knob for e in context.history if e.champion_key == context.champion.key}
-    # the champion this one replaced: going back is the comparison just decided
-    back = {
-        e.champion_key
-        for e in context.history
-        if e.status == Status.KEEP and Config(e.config).key == context.champion.key
-    }
-    crashes = Counter(
-        (e.knob, e.failure_class) for e in context.history if e.status == Status.CRASH and e.knob
-    )
-    nulls: dict[str, float] = {}
-    for spec in context.space.knobs:
-        prior = spec.effect_prior
-        if prior is None or prior.p_null >= FIRST_LOOK_NULL:
-            continue
-        if any(n >= FIRST_LOOK_CRASHES for (k, _), n in crashes.items() if k == spec.name):
-            continue  # its changes keep failing to boot the same way: left to TPE
-        if spec.name in here and len(spec.domain()) > FIRST_LOOK_VALUES:
-            continue  # a large domain gets one look under each champion
-        nulls[spec.name] = prior.p_null
-    looks = [
-        c
-        for c in allowed
-        if c.knob in nulls
-        and context.champion.apply(c).key not in back
-        and not (
-            model is not None
-            and c.knob == model.knob
-            and model.change_pct.get(int(c.new), 0.0) < -DRAFT_LOOK_FLOOR
-        )
-    ]
-    if not looks:
-        return None
-    knob = min(
-        {c.knob for c in looks}, key=lambda k: (nulls[k], context.tries(k), seed_for(seed, k))
-    )
-    return knob, [c for c in looks if c.knob == knob]
-
-
 def _first_look_note(context: ProposalContext, knob: str) -> str:
-    prior = context.space.spec(knob).effect_prior
-    assert prior is not None  # first looks are for knobs that declare one
-    return (
-        f"{knob} has values not yet tried under this champion, and its spec says only "
-        f"{prior.p_null:.0%} of its changes do nothing"
-    )
+    return f"{knob} has values not yet tried under this champion: {why(context, knob)}"
 
 
 def _evidence(history: Sequence[HistoryEntry], spec: KnobSpec, value: Value) -> list[HistoryEntry]:

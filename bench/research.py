@@ -21,9 +21,17 @@ performance and noise model, stuck clocks included, no processes):
 - ``optuna-tpe``: Optuna TPE over the full space, one run per trial, best measured trial wins;
 - ``grid``: a coarse grid in random order, one run per point, best measured point wins.
 
-Ground truth (noise-free objective, validity) comes from the landscape. After the table, the
-ceilings: what any one-knob loop that keeps only true gains can reach on each landscape, and
-what the smallest step on the way to 99% of the optimum costs in boots. Run:
+Landscapes: the seed cards' three stacks (``LANDSCAPES``) and four unlike them
+(``NEW_LANDSCAPES``, issue #18: knobs the cards call flat that matter, a best K far from the
+cards', a greedy-output trap on another knob, a stack where nothing matters); ``--landscapes``
+also takes YAML paths. Ground truth (noise-free objective, validity) comes from the landscape.
+A table per landscape; after them, the ceilings: what any one-knob loop that keeps only true
+gains can reach on each landscape, and what the smallest step on the way to 99% of the optimum
+costs in boots. ``--json`` writes one row per run: the table's counts, every keep with its true
+effect at the time (noise-free objective change, %, and validity), the true gains of 5% or more
+tried and discarded, boots with and without the stuck-clock re-boots, and the champion's % of the
+optimum after every experiment (``pct_after``; ``first_reached[p]``: the first experiment at
+which it was p% or more). Run:
 
     .venv/bin/python bench/research.py --seeds 30 --budget 40
 """
@@ -52,7 +60,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agents import OptunaProposer
 from agents.optuna_proposer import distributions
-from cluster.simulated import SimulatedTestbed
+from cluster.simulated import SimulatedTestbed, StepDrift
 from cluster.twin.landscape import Landscape, load_landscape
 from knobs.catalog import catalog
 from knobs.config import Config
@@ -64,7 +72,12 @@ from orchestrator.round import RoundOptions, RoundRunner
 from orchestrator.testbed import NullSink
 from orchestrator.verdict import objective
 
+#: The seed cards' stacks.
 LANDSCAPES = ("vllm-dflash2-tp4", "sm121-2node", "exl3-tp4")
+#: Landscapes unlike the seed cards (issue #18; each file's top comment says what it holds):
+#: knobs the cards call flat that matter, a best K far from the cards', a trap on another
+#: knob, a stack where nothing matters.
+NEW_LANDSCAPES = ("flat-knobs-matter", "far-k", "trap-elsewhere", "flat")
 METHODS = (
     "orchestrate",
     "orchestrate-prev",
@@ -93,6 +106,70 @@ class Trace:
     boot_failures: int = 0  # experiments whose config did not boot
     remeasures: int = 0  # boots of the champion after its first measurement
     stuck_boots: int = 0  # boots with a node's clocks stuck
+    # boots set aside for a node's stuck clocks and taken again (only a loop that reads clocks)
+    stuck_reboots: int = 0
+    # the drift sentinel: the champion's re-measurements it tested, those it flagged (each
+    # followed by a confirmation boot), the re-bases (confirmed drifts), and the boot number
+    # of each test with whether it led to a re-base (``sentinel_log``)
+    sentinel_tests: int = 0
+    drift_flags: int = 0
+    drift_rebases: int = 0
+    sentinel_events: list[tuple[int, bool]] = field(default_factory=list)
+    true_gains_tried: int = 0  # decided changes whose true effect was >= +5 % then
+    # every keep: experiment index, the change, its true effect then, valid or not
+    keep_log: list[dict[str, Any]] = field(default_factory=list)
+    start_pct: float = 0.0  # the default config's true objective, % of the optimum
+
+
+def true_effect_pct(
+    landscape: Landscape, champion: dict[str, Any], config: dict[str, Any]
+) -> float:
+    """The noise-free objective change of ``config`` over ``champion``, in percent, validity
+    aside (an invalid config has a speed; ``truth`` says it counts for nothing); nan when either
+    does not boot."""
+    before, mine = landscape.objective(champion), landscape.objective(config)
+    if before is None or mine is None or before <= 0:
+        return math.nan
+    return 100 * (mine / before - 1)
+
+
+def describe_change(champion: dict[str, Any], config: dict[str, Any]) -> str:
+    """``knob old → new`` for every knob ``config`` moves away from ``champion``."""
+    moved = [k for k in config if champion.get(k) != config[k]]
+    return ", ".join(f"{k} {champion.get(k)} → {config[k]}" for k in moved)
+
+
+def tally(
+    trace: Trace,
+    landscape: Landscape,
+    champion: dict[str, Any],
+    config: dict[str, Any],
+    *,
+    kept: bool,
+    discarded: bool,
+) -> None:
+    """One decided experiment against the champion of its time, judged on the truth."""
+    before = truth(landscape, champion)
+    mine = truth(landscape, config)
+    trace.decided += 1
+    gain = before > 0 and mine >= 1.05 * before
+    trace.true_gains_tried += gain
+    if kept:
+        invalid = any(landscape.truth(config, c).invalid for c in landscape.cells())
+        trace.keeps += 1
+        trace.wrong_keeps += mine <= before
+        trace.invalid_promoted += invalid
+        effect = true_effect_pct(landscape, champion, config)
+        trace.keep_log.append(
+            {
+                "experiment": trace.decided,
+                "change": describe_change(champion, config),
+                "true_effect_pct": None if math.isnan(effect) else round(effect, 3),
+                "valid": not invalid,
+            }
+        )
+    elif discarded and gain:
+        trace.wrong_discards += 1
 
 
 def truth(landscape: Landscape, config: dict[str, Any]) -> float:
@@ -157,12 +234,14 @@ def run_loop(
     clocks: bool = True,
     first_looks: bool = True,
     draft_model: bool = True,
+    drift: StepDrift | None = None,
 ) -> Trace:
-    """The real round loop on a simulated cluster, in a throwaway SQLite ledger."""
+    """The real round loop on a simulated cluster, in a throwaway SQLite ledger (``drift``: a
+    step injected into the cluster's speed; none by default, as the landscapes have none)."""
     profile = profile_for(landscape, policy, monotone=monotone, clocks=clocks)
     trace = Trace(name)
     with tempfile.TemporaryDirectory() as tmp, Ledger(f"sqlite:///{tmp}/ledger.db") as ledger:
-        testbed = SimulatedTestbed(landscape, seed)
+        testbed = SimulatedTestbed(landscape, seed, drift)
         runner = RoundRunner(
             profile,
             ledger,
@@ -181,18 +260,18 @@ def run_loop(
         for e in experiments[1:]:
             if e.status is None:
                 continue
-            before = truth(landscape, champion.as_dict())
-            mine = truth(landscape, e.config.as_dict())
-            trace.decided += 1
             trace.boot_failures += e.status == "crash"
-            if e.status == "keep":
-                trace.keeps += 1
-                trace.wrong_keeps += mine <= before
-                if any(landscape.truth(e.config.as_dict(), c).invalid for c in landscape.cells()):
-                    trace.invalid_promoted += 1
+            kept = e.status == "keep"
+            tally(
+                trace,
+                landscape,
+                champion.as_dict(),
+                e.config.as_dict(),
+                kept=kept,
+                discarded=e.status in ("discard", "inconclusive"),
+            )
+            if kept:
                 champion = e.config
-            elif e.status in ("discard", "inconclusive") and before > 0 and mine >= 1.05 * before:
-                trace.wrong_discards += 1
             trace.champions.append(champion.as_dict())
             assert e.decided_at is not None
             trace.boots.append(sum(1 for started, _ in boots_by_time if started <= e.decided_at))
@@ -204,7 +283,61 @@ def run_loop(
             for b in ledger.boots(e.id)
             if b.role == "remeasure" and last is not None and b.started_at <= last
         )
+        if clocks and last is not None:
+            trace.stuck_reboots = slow_boots(ledger, experiments, last)
+        if last is not None:
+            sentinel_log(trace, ledger, experiments, last)
     return trace
+
+
+def sentinel_log(trace: Trace, ledger: Ledger, experiments: list[Any], last: Any) -> None:
+    """The drift sentinel's record up to ``last``: each champion re-measurement it tested (a
+    drift row on a ``remeasure`` boot) by boot number (the testbed's count, from 1), and
+    whether a re-base (a significant drift row) followed it; the flags (a ``confirm`` boot of
+    the champion after a ``remeasure`` one: the loop since #18 confirms a flag with one more
+    boot; before it every flag was a re-base)."""
+    boots = sorted(
+        (b for e in experiments for b in ledger.boots(e.id) if b.started_at <= last),
+        key=lambda b: b.id,
+    )
+    number = {b.id: i for i, b in enumerate(boots, start=1)}
+    by_measurement = {(b.experiment_id, b.measurement): b for b in boots}
+    confirms = 0
+    for e in experiments:
+        roles = [b.role for b in ledger.boots(e.id) if b.started_at <= last]
+        confirms += sum(
+            1 for i, r in enumerate(roles) if r == "confirm" and "remeasure" in roles[:i]
+        )
+    events: list[tuple[int, bool]] = []
+    tested: set[tuple[int, int]] = set()
+    for d in ledger.drifts(ledger.experiment(experiments[0].id).cluster):
+        boot = by_measurement.get((d.experiment_id, d.measurement))
+        if boot is None:
+            continue
+        if d.significant and events:
+            events[-1] = (events[-1][0], True)
+        elif boot.role == "remeasure" and (d.experiment_id, d.measurement) not in tested:
+            tested.add((d.experiment_id, d.measurement))
+            events.append((number[boot.id], False))
+    trace.sentinel_events = events
+    trace.sentinel_tests = len(events)
+    trace.drift_rebases = sum(1 for _, rebased in events if rebased)
+    # before #18 a flag was a re-base, without a confirmation boot
+    trace.drift_flags = confirms or trace.drift_rebases
+
+
+def slow_boots(ledger: Ledger, experiments: list[Any], last: Any) -> int:
+    """Boots up to ``last`` whose cells read a node's clocks below nominal: the loop sets each
+    aside and boots the config once more, so each is one re-boot a healthy cluster would not
+    need."""
+    started = {b.id: b.started_at for e in experiments for b in ledger.boots(e.id)}
+    slow = {
+        boot_id
+        for e in experiments
+        for boot_id, _, cell in ledger.cell_results(e.id)
+        if any(c.matmul_rate < 1.0 for c in cell.clocks) and started[boot_id] <= last
+    }
+    return len(slow)
 
 
 def measure(
@@ -230,18 +363,12 @@ def run_best_of(landscape: Landscape, seed: int, budget: int, configs: Any, name
     for i in range(budget):
         config = next(proposals) if i == 0 else proposals.send(value)
         value = measure(landscape, config, testbed)
-        trace.decided += 1
         trace.boot_failures += value is None
-        before = truth(landscape, best_config)
-        mine = truth(landscape, config)
-        if value is not None and value > best_value:
-            trace.keeps += 1
-            trace.wrong_keeps += mine <= before
-            if any(landscape.truth(config, c).invalid for c in landscape.cells()):
-                trace.invalid_promoted += 1
+        kept = value is not None and value > best_value
+        tally(trace, landscape, best_config, config, kept=kept, discarded=not kept)
+        if kept:
+            assert value is not None
             best_config, best_value = config, value
-        elif before > 0 and mine >= 1.05 * before:
-            trace.wrong_discards += 1
         trace.champions.append(best_config)
         trace.boots.append(testbed.boots)
     trace.stuck_boots = testbed.stuck_boots
@@ -287,24 +414,55 @@ def grid_configs(landscape: Landscape, seed: int) -> Any:
 
 
 def summarise(landscape: Landscape, trace: Trace, optimum: float) -> dict[str, Any]:
-    reach = next(
-        (i + 1 for i, c in enumerate(trace.champions) if truth(landscape, c) >= 0.99 * optimum),
-        None,
-    )
-    final = truth(landscape, trace.champions[-1]) / optimum if trace.champions else 0.0
+    """One run's row: the table's numbers and, for checks made from the JSON, the keeps' true
+    effects and the champion's % of the optimum after every experiment."""
+    default = landscape.knob_space().default_config().as_dict()
+    pct = [100 * truth(landscape, c) / optimum for c in [default, *trace.champions]]
+    reach = next((i for i, p in enumerate(pct) if i > 0 and p >= 99.0), None)
+    boots = trace.boots[-1] if trace.boots else 0
     return {
         "experiments_to_99": reach,
         "boots_to_99": None if reach is None else trace.boots[reach - 1],
-        "final_pct": 100 * final,
+        "final_pct": pct[-1],
+        "start_pct": pct[0],
+        "keeps": trace.keeps,
+        "keep_effects": trace.keep_log,
+        "keeps_under_1pct": sum(
+            1
+            for k in trace.keep_log
+            if not k["valid"] or k["true_effect_pct"] is None or k["true_effect_pct"] < 1.0
+        ),
         "wrong_keeps": trace.wrong_keeps,
         "wrong_discards_ge5": trace.wrong_discards,
+        "true_gains_ge5_tried": trace.true_gains_tried,
         "invalid_promoted": trace.invalid_promoted,
         "decided": trace.decided,
         "boot_failures": trace.boot_failures,
         "remeasures": trace.remeasures,
         "stuck_boots": trace.stuck_boots,
-        "boots": trace.boots[-1] if trace.boots else 0,
+        "stuck_reboots": trace.stuck_reboots,
+        "boots": boots,
+        "boots_without_stuck_reboots": boots - trace.stuck_reboots,
+        # the drift sentinel (the simulated cluster has no drift unless one is injected: every
+        # re-base there is a false alarm): re-measures tested, flags, re-bases, and per test its
+        # boot number and whether it was re-based
+        "sentinel_tests": trace.sentinel_tests,
+        "drift_flags": trace.drift_flags,
+        "drift_rebases": trace.drift_rebases,
+        "sentinel_events": trace.sentinel_events,
+        # the champion's true objective, % of the optimum, before (index 0) and after each
+        # decided experiment; first_reached[p]: the first index at which it was >= p %
+        "pct_after": [round(p, 3) for p in pct],
+        "first_reached": [
+            next((i for i, p in enumerate(pct) if p >= level), None) for level in range(101)
+        ],
     }
+
+
+def experiments_to(row: dict[str, Any], pct: float, budget: int) -> int:
+    """The first experiment after which ``row``'s champion was at ``pct`` % of the optimum or
+    more (0: the default already was; a run that never got there counts ``budget`` + 1)."""
+    return next((i for i, p in enumerate(row["pct_after"]) if p >= pct), budget + 1)
 
 
 def ceiling(landscape: Landscape, margin_pct: float) -> float:
@@ -451,7 +609,24 @@ def main() -> int:
         "--first-seed", type=int, default=0, help="seeds first-seed … first-seed + seeds - 1"
     )
     parser.add_argument("--budget", type=int, default=40)
-    parser.add_argument("--landscapes", nargs="*", default=list(LANDSCAPES))
+    parser.add_argument(
+        "--landscapes",
+        nargs="*",
+        default=[*LANDSCAPES, *NEW_LANDSCAPES],
+        help="shipped landscape names or YAML paths (default: all shipped; --seed-stacks and "
+        "--new-landscapes pick one group)",
+    )
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument(
+        "--seed-stacks",
+        action="store_true",
+        help="only the seed cards' stacks: " + ", ".join(LANDSCAPES),
+    )
+    group.add_argument(
+        "--new-landscapes",
+        action="store_true",
+        help="only the landscapes unlike the seed cards: " + ", ".join(NEW_LANDSCAPES),
+    )
     parser.add_argument("--methods", nargs="*", default=list(METHODS))
     parser.add_argument("--json", type=Path, help="also write every run's summary here")
     parser.add_argument(
@@ -479,6 +654,10 @@ def main() -> int:
         "--ceilings-only", action="store_true", help="print only what a one-knob loop can reach"
     )
     args = parser.parse_args()
+    if args.seed_stacks:
+        args.landscapes = list(LANDSCAPES)
+    elif args.new_landscapes:
+        args.landscapes = list(NEW_LANDSCAPES)
     if args.ceilings_only:
         report_ceilings(args.landscapes, args.boot_noise)
         return 0
@@ -501,7 +680,14 @@ def main() -> int:
                         draft_model=not args.no_draft_model,
                     )
                 elif method == "orchestrate-prev":
-                    trace = run_loop(landscape, seed, args.budget, {}, method, **PREVIOUS_PROPOSER)
+                    trace = run_loop(
+                        landscape,
+                        seed,
+                        args.budget,
+                        {},
+                        method,
+                        draft_model=PREVIOUS_PROPOSER["draft_model"],
+                    )
                 elif method == "orchestrate-pointwise":
                     trace = run_loop(landscape, seed, args.budget, {}, method, monotone=False)
                 elif method == "greedy-2%":
@@ -526,6 +712,7 @@ def main() -> int:
                         "landscape": name,
                         "method": method,
                         "seed": seed,
+                        "optimum": optimum,
                         **summarise(landscape, trace, optimum),
                     }
                 )
@@ -551,18 +738,24 @@ COLUMNS = (
     "experiments to 99%",
     "boots to 99%",
     "final % of optimum",
+    "experiments to TPE's final %",
     "wrong keeps (% of decided)",
+    "keeps (true < 1%)",
     "wrong discards ≥5%",
+    "true ≥5% discarded / tried",
     "invalid promoted",
     "boots/decided",
+    "boots/decided w/o stuck",
     "boot failures/run",
     "champion re-measures/run",
+    "sentinel: re-measures / flags / re-bases",
+    "false alarms/re-measure",
     "stuck-clock boots/run",
 )
 
 
 def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
-    """Print the table and the ratios as Markdown."""
+    """Print a table per landscape and the ratios as Markdown."""
     noise = "" if args.boot_noise is None else f", boot-to-boot noise {args.boot_noise:g}"
     if args.policy:
         noise += f", orchestrate's verdict settings {json.dumps(args.policy)}"
@@ -570,38 +763,101 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
         f"# research efficiency: {args.seeds} seeds, budget {args.budget} experiments a run"
         f"{noise}\n"
     )
-    print("| " + " | ".join(COLUMNS) + " |")
-    print("|" + "---|" * len(COLUMNS))
+    print(
+        "experiments to TPE's final %: the first experiment after which the champion was at "
+        "optuna-tpe's mean final % of the optimum on that landscape (0: the default already "
+        "was; never: budget + 1), and in how many runs; keeps (true < 1%): keeps, and of them "
+        "those whose true effect was under +1 % or invalid; true ≥5% discarded / tried: changes "
+        "with a true effect of +5 % or more that were not kept / that were tried; w/o stuck: "
+        "boots set aside for a node's stuck clocks (and taken again) not counted"
+    )
     summary: dict[tuple[str, str], dict[str, float]] = {}
     for name in args.landscapes:
+        mine = [r for r in rows if r["landscape"] == name]
+        tpe = [r["final_pct"] for r in mine if r["method"] == "optuna-tpe"]
+        target = _mean(tpe) if tpe else None
+        start = _mean([r["start_pct"] for r in mine])
+        print(f"\n## {name}\n")
+        print(
+            f"default config at {start:.1f}% of the optimum"
+            + ("" if target is None else f"; optuna-tpe's mean final {target:.1f}%")
+            + "\n"
+        )
+        print("| " + " | ".join(COLUMNS) + " |")
+        print("|" + "---|" * len(COLUMNS))
         for method in args.methods:
-            mine = [r for r in rows if r["landscape"] == name and r["method"] == method]
-            reached = [r for r in mine if r["experiments_to_99"] is not None]
-            # a run that never reached 99% counts as budget + 1 experiments
-            exp = _mean([r["experiments_to_99"] or args.budget + 1 for r in mine])
-            boots = _mean([r["boots_to_99"] or r["boots"] + 1 for r in mine])
-            decided = sum(r["decided"] for r in mine)
-            wrong = sum(r["wrong_keeps"] for r in mine)
-            final = _mean([r["final_pct"] for r in mine])
-            summary[(name, method)] = {"exp": exp, "final": final}
-            cells = [
-                name,
-                method,
-                f"{len(reached)}/{len(mine)}",
-                f"{exp:.1f}",
-                f"{boots:.1f}",
-                f"{final:.1f}",
-                f"{wrong} ({100 * wrong / max(1, decided):.1f}%)",
-                str(sum(r["wrong_discards_ge5"] for r in mine)),
-                str(sum(r["invalid_promoted"] for r in mine)),
-                f"{sum(r['boots'] for r in mine) / max(1, decided):.2f}",
-                f"{_mean([r['boot_failures'] for r in mine]):.1f}",
-                f"{_mean([r['remeasures'] for r in mine]):.1f}",
-                f"{_mean([r['stuck_boots'] for r in mine]):.1f}",
-            ]
+            runs = [r for r in mine if r["method"] == method]
+            cells, summary[(name, method)] = table_row(runs, name, method, target, args.budget)
             print("| " + " | ".join(cells) + " |")
-    if "orchestrate" not in args.methods:
-        return
+    if "orchestrate" in args.methods:
+        report_ratios(summary, args)
+
+
+def table_row(
+    runs: list[dict[str, Any]], name: str, method: str, target: float | None, budget: int
+) -> tuple[list[str], dict[str, float]]:
+    """One landscape × method row of the table, and what the ratios need."""
+    reached = [r for r in runs if r["experiments_to_99"] is not None]
+    # a run that never reached 99% counts as budget + 1 experiments
+    exp = _mean([r["experiments_to_99"] or budget + 1 for r in runs])
+    boots = _mean([r["boots_to_99"] or r["boots"] + 1 for r in runs])
+    decided = max(1, sum(r["decided"] for r in runs))
+    wrong = sum(r["wrong_keeps"] for r in runs)
+    final = _mean([r["final_pct"] for r in runs])
+    if target is None:
+        to_tpe = "n/a"
+    else:
+        got = [experiments_to(r, target, budget) for r in runs]
+        there = sum(1 for g in got if g <= budget)
+        to_tpe = f"{_mean([float(g) for g in got]):.1f} ({there}/{len(runs)})"
+    discarded = sum(r["wrong_discards_ge5"] for r in runs)
+    tried = sum(r["true_gains_ge5_tried"] for r in runs)
+    cells = [
+        name,
+        method,
+        f"{len(reached)}/{len(runs)}",
+        f"{exp:.1f}",
+        f"{boots:.1f}",
+        f"{final:.1f}",
+        to_tpe,
+        f"{wrong} ({100 * wrong / decided:.1f}%)",
+        f"{sum(r['keeps'] for r in runs)} ({sum(r['keeps_under_1pct'] for r in runs)})",
+        str(discarded),
+        f"{discarded}/{tried}" + (f" ({100 * discarded / tried:.0f}%)" if tried else ""),
+        str(sum(r["invalid_promoted"] for r in runs)),
+        f"{sum(r['boots'] for r in runs) / decided:.2f}",
+        f"{sum(r['boots_without_stuck_reboots'] for r in runs) / decided:.2f}",
+        f"{_mean([r['boot_failures'] for r in runs]):.1f}",
+        f"{_mean([r['remeasures'] for r in runs]):.1f}",
+        sentinel_cells(runs),
+        false_alarms(runs),
+        f"{_mean([r['stuck_boots'] for r in runs]):.1f}",
+    ]
+    return cells, {"exp": exp, "final": final}
+
+
+def sentinel_cells(runs: list[dict[str, Any]]) -> str:
+    """The drift sentinel's re-measures, flags and re-bases, summed over runs (``-`` for a
+    method without a sentinel)."""
+    tests = sum(r.get("sentinel_tests", 0) for r in runs)
+    if not tests:
+        return "-"
+    flags = sum(r["drift_flags"] for r in runs)
+    return f"{tests} / {flags} / {sum(r['drift_rebases'] for r in runs)}"
+
+
+def false_alarms(runs: list[dict[str, Any]]) -> str:
+    """Re-bases ÷ re-measures tested: on a cluster without drift, every re-base is false."""
+    tests = sum(r.get("sentinel_tests", 0) for r in runs)
+    if not tests:
+        return "-"
+    return f"{100 * sum(r['drift_rebases'] for r in runs) / tests:.1f}%"
+
+
+def report_ratios(
+    summary: dict[tuple[str, str], dict[str, float]], args: argparse.Namespace
+) -> None:
+    """orchestrate against every other method, per landscape."""
     print("\n## orchestrate / baseline\n")
     print("experiments to 99% (a run that never got there counts budget + 1; lower is better),")
     print("final champion's true objective (higher is better)\n")

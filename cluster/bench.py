@@ -402,6 +402,8 @@ async def run_cell_async(
         for i in range(len(prompts.base_prompts(cell.category))):
             prompts.build_prompt(cell.category, cell.context_tokens, i)
         await asyncio.gather(*(_scrape_models(client, base_url) for _ in range(cell.concurrency)))
+        # the whole cell's counters too: a slow engine may publish no draft inside the window
+        opening = await _scrape(client, metrics_url)
         t0 = loop.time()
         state = _Cell(
             cell=cell,
@@ -427,7 +429,8 @@ async def run_cell_async(
             await asyncio.gather(*workers, return_exceptions=True)
         await _greedy_probe(client, state, say)
         await _drain(client, metrics_url)
-    record, evidence = _summarise(state, before, after)
+        closing = await _scrape(client, metrics_url)
+    record, evidence = _summarise(state, (before, after), (opening, closing))
     if record.total_output_tokens == 0:
         first = state.errors[0] if state.errors else "no token arrived in the window"
         raise BenchError(
@@ -439,9 +442,15 @@ async def run_cell_async(
     return record, evidence
 
 
+Scrapes = tuple[dict[str, float] | None, dict[str, float] | None]
+
+
 def _summarise(
-    state: _Cell, before: dict[str, float] | None, after: dict[str, float] | None
+    state: _Cell, window: Scrapes, whole: Scrapes
 ) -> tuple[CellResultRecord, dict[str, Any]]:
+    """The cell's record from its requests; acceptance from the spec-decode counters over the
+    window, else (a slow engine that published no draft inside it) over the whole cell,
+    warm-up and greedy probe included: acceptance is the config's, not the window's."""
     cell, w0, w1 = state.cell, state.w0, state.w1
     duration = w1 - w0
     tokens = sum(n for r in state.requests for t, n in r.chunks if w0 <= t < w1)
@@ -476,7 +485,9 @@ def _summarise(
         if seen != digest:
             # greedy decoding must repeat itself; keep the evidence that it did not
             fingerprints[f"{r.prompt_id}{NONDETERMINISTIC}"] = digest
-    accepted, rate, positions = spec_acceptance(before, after)
+    accepted, rate, positions = spec_acceptance(*window)
+    if accepted is None:
+        accepted, rate, positions = spec_acceptance(*whole)
     if rate is None:
         rate = timings_acceptance(done_in)
     record = CellResultRecord(

@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 import httpx
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from cluster.claims import ensure_ports_free
 from cluster.errors import DeployError, NodeError, tail
 from cluster.inventory import ClusterSpec, NodeSpec
 from cluster.launcher import (
@@ -39,6 +40,14 @@ from knobs.vocabulary import FailureClass
 T = TypeVar("T")
 
 DEFAULT_FAILURE_PATTERNS: dict[FailureClass, tuple[str, ...]] = {
+    # another process holds a port the engine binds: the host's fault, never the config's
+    # (vLLM and uvicorn print errno 98; llama.cpp its own line)
+    "port_in_use": (
+        r"address already in use",
+        r"\[Errno 98\]",
+        r"EADDRINUSE",
+        r"couldn't bind HTTP server socket",
+    ),
     "oom": (r"out of memory", r"OutOfMemoryError", r"CUDA error: out of memory"),
     # vLLM, when the memory fraction leaves too little for the KV cache of one request
     "kv_capacity": (
@@ -53,6 +62,8 @@ DEFAULT_FAILURE_PATTERNS: dict[FailureClass, tuple[str, ...]] = {
         # issue #4: what a head prints when a rank never joined or went away
         r"timed out .*waiting for node rank",
         r"NCCL error: remote process exited",
+        # issue #17: a worker that found another cluster's head on its master port
+        r"rendezvous token does not match",
     ),
 }
 
@@ -125,6 +136,16 @@ class GateSpec(BaseModel):
         "`docker stop -t 30 NAME` for an engine in a container; its exit status is recorded, "
         "the process-group stop that follows confirms the engine is gone",
     )
+
+    @field_validator("failure_patterns")
+    @classmethod
+    def _defaults_kept(
+        cls, given: dict[FailureClass, tuple[str, ...]]
+    ) -> dict[FailureClass, tuple[str, ...]]:
+        """A profile's patterns replace the defaults class by class, never all of them: one
+        that names its own OOM lines still tells a port clash (which must never bar a value)
+        and a missing worker."""
+        return {**DEFAULT_FAILURE_PATTERNS, **given}
 
 
 def journaled(node: NodeSpec, argv: Sequence[str], event: str) -> list[str]:
@@ -482,10 +503,13 @@ class Deployer:
         Raises:
             DeployError: with its failure class and evidence.
             NodeError: a node could not be reached.
+            DeployError: once our engines are stopped, something still listens on the
+                cluster's ports (class ``port_in_use``, issue #17).
         """
         started = time.monotonic()
         launchers = self.render(config)
         self.stop_all()
+        ensure_ports_free(self.cluster, self._t(self.cluster.head))  # issue #17: none foreign
         clocks = self.preflight()
 
         def upload(node: NodeSpec) -> None:
@@ -542,8 +566,17 @@ class Deployer:
     def _died(self, node: NodeSpec, what: str, *, default: FailureClass = "start") -> DeployError:
         log = self.log_of(node)
         failure = self._classify(log) or default
+        message = f"{node.name}: engine exited {what}"
+        if failure == "port_in_use":
+            line = _first_line(log, self.gates.failure_patterns["port_in_use"])
+            # the port as the line names it (host:port, "port: N", uvicorn's ('host', N)),
+            # after a log prefix's time stamp and source ("… [api_server.py:1930]")
+            start = line.find("]") + 1
+            port = re.search(r"(?:[\w.\]]:|\bport:? |', )(\d{2,5})\b", line[start:])
+            taken = f"port {port.group(1)}" if port else "a port it binds"
+            message = f"{node.name}: {taken} on {node.host} is in use, engine exited {what}: {line}"
         return DeployError(
-            f"{node.name}: engine exited {what}",
+            message,
             failure_class=failure,
             rank=node.rank,
             host=node.host,
@@ -742,6 +775,14 @@ class Deployer:
                     host=self.cluster.head.host,
                     log_tail=tail(head_log, 15),
                 )
+
+
+def _first_line(text: str, patterns: Sequence[str]) -> str:
+    """The first line of ``text`` any of ``patterns`` finds (case aside), stripped."""
+    for line in text.splitlines():
+        if any(re.search(p, line, re.IGNORECASE) for p in patterns):
+            return line.strip()
+    return ""
 
 
 def _line_of(text: str, index: int) -> str:

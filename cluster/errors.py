@@ -62,6 +62,28 @@ class DeployError(NodeError):
     exit_code = 6
 
 
+class OwnershipError(OrchestrateError):
+    """Another orchestrator owns the cluster, or this one lost it (issue #17): exit 8."""
+
+    exit_code = 8
+
+
+class ClaimHeld(OwnershipError):
+    """A node is claimed by another orchestrator, or serves a foreign engine on our ports;
+    carries the node and who holds it."""
+
+    def __init__(self, message: str, *, rank: int, host: str, holder: str) -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.host = host
+        self.holder = holder
+
+
+class OwnershipLost(OwnershipError):
+    """This orchestrator's ledger lease or a node's claim was lost while it ran: the round
+    stops at its next safe point, the experiment left undecided."""
+
+
 def tail(text: str, lines: int = 30) -> str:
     """The last ``lines`` lines of ``text``."""
     return "\n".join(text.splitlines()[-lines:])

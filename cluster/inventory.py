@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from typing import Literal
 
@@ -116,6 +118,19 @@ class ClusterSpec(BaseModel):
     port: int = Field(default=8000, ge=1, le=65535, description="the head's HTTP port")
     master_port: int = Field(default=29520, ge=1, le=65535)
     ssh: SshOptionsSpec = Field(default_factory=SshOptionsSpec)  # issue #4
+    auto_ports: bool = Field(
+        default=False,
+        description="`port: auto` (or `master_port: auto`) in a profile: both ports are chosen "
+        "for this cluster when the profile loads (cluster/ports.py), issue #17",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _auto(cls, data: object) -> object:
+        if isinstance(data, dict) and "auto" in (data.get("port"), data.get("master_port")):
+            # provisional: load_profile chooses the pair once the workdirs are resolved
+            return {**data, "port": 20000, "master_port": 20001, "auto_ports": True}
+        return data
 
     @model_validator(mode="after")
     def _ranks(self) -> ClusterSpec:
@@ -137,6 +152,19 @@ class ClusterSpec(BaseModel):
     def workers_desc(self) -> list[NodeSpec]:
         """Ranks N-1 … 1: the order workers start in."""
         return sorted((n for n in self.nodes if n.rank != 0), key=lambda n: -n.rank)
+
+    def identity(self) -> str:
+        """What tells this cluster from another: its name and every node's address and
+        workdir (absolute once the profile is loaded)."""
+        nodes = [[n.rank, n.host, n.workdir] for n in sorted(self.nodes, key=lambda n: n.rank)]
+        return json.dumps({"name": self.name, "nodes": nodes}, sort_keys=True)
+
+    @property
+    def token(self) -> str:
+        """The rendezvous token (issue #17): a worker presents it and the head refuses a worker
+        that brings another, so a worker never joins another cluster's head."""
+        text = f"{self.identity()} {self.port} {self.master_port}"
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     @property
     def base_url(self) -> str:

@@ -34,8 +34,9 @@ class LauncherSpec(BaseModel):
     """The engine command of a profile, with ``{placeholders}``.
 
     Placeholders: ``rank``, ``nnodes``, ``host`` (this node), ``head_host``, ``port``,
-    ``master_port``, ``workdir``, ``cluster``, ``python`` and ``twin_models`` (local runtime),
-    and every key of the node's ``vars``.
+    ``master_port``, ``workdir``, ``cluster``, ``cluster_token`` (the cluster's rendezvous
+    token, issue #17), ``python`` and ``twin_models`` (local runtime), and every key of the
+    node's ``vars``.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -89,6 +90,7 @@ def placeholders(
         master_port=str(cluster.master_port),
         workdir=node.workdir,
         cluster=cluster.name,
+        cluster_token=cluster.token,
     )
     values.update(node.vars)
     return values

@@ -14,6 +14,8 @@ VLLM_DFLASH2: tuple[KnobSpec, ...] = (
         default=7,
         description="K: draft tokens proposed per verify step",
         role="draft_tokens",
+        # the best K moves with a verify step's cost and with the drafter's acceptance
+        interacts_with=("cuda_graphs", "drafter_adapter_rank"),
         render=RenderSpec(
             kind="json_field", flag="--speculative-config", field="num_speculative_tokens"
         ),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -35,6 +36,17 @@ class RenderedKnobs(BaseModel):
     env: dict[str, str]
 
 
+class Reconciled(NamedTuple):
+    """A recorded config fitted to the current space, and what fitting it changed."""
+
+    #: Every knob of the space: the recorded values, defaults for the knobs added since.
+    config: Config
+    #: Knobs of the space the recorded config lacked (each took its default), space order.
+    added: list[str]
+    #: Knobs the recorded config had and the space no longer has (dropped), sorted.
+    removed: list[str]
+
+
 class KnobSpace(BaseModel):
     """The knobs a profile exposes and the constraints between them."""
 
@@ -49,6 +61,9 @@ class KnobSpace(BaseModel):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"knob names appear twice: {', '.join(dupes)}")
+        clash = render_clash(self.knobs)
+        if clash is not None:
+            raise ValueError(clash)
         for rule in self.forbidden:
             for name, value in rule.when.items():
                 self.spec(name).parse(value)
@@ -97,6 +112,21 @@ class KnobSpace(BaseModel):
         config = Config(typed)
         self.check_constraints(config)
         return config
+
+    def reconcile(self, recorded: Mapping[str, Value]) -> Reconciled:
+        """A config recorded under an earlier profile, as this space sees it.
+
+        A knob of the space that ``recorded`` lacks takes its default (the profile gained it);
+        a knob ``recorded`` has and the space lacks is dropped (the profile lost it). The
+        values of the knobs both have are kept as recorded (they are what ran), and a config
+        that fits is returned unchanged, with the same key. Never raises.
+        """
+        values = {k: v for k, v in recorded.items() if k in self.names}
+        added = [k.name for k in self.knobs if k.name not in recorded]
+        for name in added:
+            values[name] = self.spec(name).default
+        removed = sorted(k for k in recorded if k not in values)
+        return Reconciled(config=Config(values), added=added, removed=removed)
 
     def check_constraints(self, config: Config) -> None:
         """Raises:
@@ -160,6 +190,28 @@ class KnobSpace(BaseModel):
                 assert how.env is not None
                 env[how.env] = as_text(shown)
         return RenderedKnobs(argv=tuple(argv), json_fields=fields, env=env)
+
+
+def render_clash(knobs: Sequence[KnobSpec]) -> str | None:
+    """Two knobs that write the same flag, JSON field or environment variable (the later one
+    would silently win, and changes of the other would deploy nothing), in words; else None."""
+    writes: dict[str, str] = {}
+    json_flags = {k.render.flag for k in knobs if k.render.kind == "json_field"}
+    for knob in knobs:
+        how = knob.render
+        if how.kind == "flag" and how.flag in json_flags:
+            return f"knob {knob.name} renders {how.flag}, which other knobs fill as JSON"
+        targets = {
+            "flag": [str(how.flag)],
+            "json_field": [f"{how.flag} field {how.field}"],
+            "env": [f"${how.env}"],
+            "switch": [f"${name}" for name in {**how.env_when_true, **how.env_when_false}],
+        }[how.kind]
+        for target in targets:
+            other = writes.setdefault(target, knob.name)
+            if other != knob.name:
+                return f"knobs {other} and {knob.name} both render {target}"
+    return None
 
 
 def merge_json_flag(base: Mapping[str, Value], fields: Mapping[str, Value]) -> str:

@@ -126,6 +126,11 @@ class KnobSpec(BaseModel):
     #: per-position acceptance before booting (``agents.draft_model``). A count: an int knob
     #: from 0 up, or choices that are all such ints.
     role: Literal["draft_tokens"] | None = None
+    #: Knobs whose best value may move when this one changes (or the other way round): K's
+    #: best value moves with the verify step's cost (CUDA graphs) and with the drafter's
+    #: acceptance (its adapter). After a keep of either, the proposer looks at the other
+    #: again under the new champion. Symmetric: declaring it on one side is enough.
+    interacts_with: tuple[str, ...] = ()
 
     @model_validator(mode="after")
     def _domain(self) -> KnobSpec:

@@ -107,6 +107,7 @@ FailureClass = Literal[
     "host_key",
     "upload",
     "start",
+    "port_in_use",
     "worker_missing",
     "boot_timeout",
     "boot_wedge",
@@ -126,9 +127,10 @@ NODE_ACCESS: frozenset[FailureClass] = frozenset({"unreachable", "auth", "host_k
 
 #: Failure classes that are the infrastructure's, never the config's: a boot that failed so is
 #: taken again, then stops the round (exit 5) with its experiment undecided; it bars no value.
-#: Stuck clocks are the node's too: a boot measured with them is set aside and taken again.
+#: Stuck clocks are the node's too: a boot measured with them is set aside and taken again; a
+#: port another process holds (``port_in_use``) is the host's, where ``start`` is a bad flag.
 INFRASTRUCTURE: frozenset[FailureClass] = frozenset(
-    {*NODE_ACCESS, "upload", "worker_missing", "remote_failed", "clocks_stuck"}
+    {*NODE_ACCESS, "upload", "worker_missing", "remote_failed", "clocks_stuck", "port_in_use"}
 )
 
 #: Statuses whose experiment has no objective of its own: it never booted, or was never run.

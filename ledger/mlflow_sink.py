@@ -19,6 +19,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Final, TypeVar
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
 
 _T = TypeVar("_T")
 
-__all__ = ["DEFAULT_TRACKING_URI", "MlflowSink", "MlflowSinkError"]
+__all__ = ["DEFAULT_TRACKING_URI", "MlflowSink", "MlflowSinkError", "RunState"]
 
 DEFAULT_TRACKING_URI: Final = "sqlite:///mlflow.db"
 DEFAULT_ARTIFACT_DIR: Final = "mlartifacts"
@@ -74,6 +75,17 @@ class MlflowSinkError(OrchestrateError):
         super().__init__(message)
         self.tracking_uri = tracking_uri
         self.operation = operation
+
+
+@dataclass(frozen=True)
+class RunState:
+    """What a run holds now: its status (``RUNNING``, ``FINISHED``, ``FAILED``, ``KILLED``),
+    its tags and the names of its metrics. What a resume reads to complete a run a kill left
+    open."""
+
+    status: str
+    tags: Mapping[str, str]
+    metrics: frozenset[str]
 
 
 class MlflowSink:
@@ -255,6 +267,59 @@ class MlflowSink:
             raise ValueError(f"status must be one of {sorted(_STATUSES)}, not {status!r}")
         with self._translate("finish run"):
             self._client.set_terminated(run_id, status=status)
+
+    def run_state(self, run_id: str) -> RunState | None:
+        """The run's status, tags and metric names; ``None`` if there is no such run (or it
+        was deleted).
+
+        Raises:
+            MlflowSinkError: MLflow failed.
+        """
+        from mlflow.exceptions import MlflowException
+
+        with self._translate("read run"):
+            try:
+                run = self._client.get_run(run_id)
+            except MlflowException as e:
+                if e.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+                    return None
+                raise
+            if run.info.lifecycle_stage != "active":
+                return None
+            return RunState(
+                status=str(run.info.status),
+                tags=dict(run.data.tags),
+                metrics=frozenset(run.data.metrics),
+            )
+
+    def find_run(self, tags: Mapping[str, str]) -> str | None:
+        """The oldest active run of the experiment that carries every one of ``tags``
+        (a run created just before a kill, whose id never reached the ledger); ``None``.
+
+        Raises:
+            ValueError: a tag name or value holds a quote or a backtick.
+            MlflowSinkError: MLflow failed.
+        """
+        if any("'" in v or "`" in k or "'" in k for k, v in tags.items()):
+            raise ValueError(f"tags to search by hold a quote: {dict(tags)!r}")
+        query = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
+        with self._translate("find run"):
+            found = self._client.search_runs(
+                [self.experiment_id],
+                filter_string=query,
+                max_results=1,
+                order_by=["attributes.start_time ASC"],
+            )
+            return str(found[0].info.run_id) if found else None
+
+    def metric_steps(self, run_id: str, key: str) -> set[int]:
+        """The steps at which the run has logged metric ``key``.
+
+        Raises:
+            MlflowSinkError: MLflow failed (unknown run id included).
+        """
+        with self._translate("read metric history"):
+            return {m.step for m in self._client.get_metric_history(run_id, _sanitize_key(key))}
 
     def runs_of_round(self, parent_run_id: str) -> list[str]:
         """The child run ids of a round's run, in experiment-number order.

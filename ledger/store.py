@@ -31,7 +31,6 @@ from knobs.vocabulary import (
     State,
 )
 from ledger.models import (
-    SCHEMA_VERSION,
     Base,
     BootRow,
     CellResultRow,
@@ -42,7 +41,6 @@ from ledger.models import (
     LeaseRow,
     ProposalRow,
     RoundRow,
-    SchemaRow,
     VerdictRow,
     utcnow,
 )
@@ -57,6 +55,8 @@ from ledger.records import (
     RoundRecord,
     VerdictRecord,
 )
+from ledger.schema import NewerSchema, Upgrade
+from ledger.schema import prepare as prepare_schema
 from orchestrator.errors import OrchestrateError
 
 T = TypeVar("T")
@@ -75,7 +75,10 @@ class LedgerError(OrchestrateError):
 
 
 class LeaseHeld(LedgerError):
-    """Another orchestrator holds the cluster's lease; carries the holder."""
+    """Another orchestrator holds the cluster's lease; carries the holder. Exit 8, as a node
+    claimed by another orchestrator (issue #17)."""
+
+    exit_code = 8
 
     def __init__(self, message: str, *, url: str, lease: LeaseRecord) -> None:
         super().__init__(message, url=url)
@@ -104,7 +107,8 @@ class Ledger:
         """Open (and if needed create) the ledger.
 
         Raises:
-            LedgerError: a malformed URL, an unreachable server, or a schema of another version.
+            LedgerError: a malformed URL, an unreachable server, a schema written by a newer
+                orchestrate, or a SQLite file that could not be copied aside before an upgrade.
         """
         try:
             parsed = make_url(url)
@@ -157,11 +161,12 @@ class Ledger:
             session.close()
 
     def _create(self) -> None:
-        # processes opening a new ledger at once race on CREATE TABLE and on the schema row
-        # (a round starting while `orchestrate proposals` opens it from another shell); the
-        # loser retries and then finds the tables and the row. Each lost race means another
-        # process created one more table or the row, which cannot be lost on again, so one
-        # attempt per table and one for the row (and one to find them all) always suffice
+        # the schema lock (ledger/schema.py) keeps openers of this orchestrate from racing; an
+        # older one creating the same new ledger takes none, so a lost race on CREATE TABLE or
+        # the schema row is retried. Each lost race means another process created one more
+        # table or the row, which cannot be lost on again, so one attempt per table and one
+        # for the row (and one to find them all) always suffice
+        self.upgraded: Upgrade | None = None
         attempts = len(Base.metadata.tables) + 2
         for attempt in range(attempts):
             try:
@@ -174,16 +179,30 @@ class Ledger:
 
     def _create_once(self) -> None:
         with self._session() as s:
-            Base.metadata.create_all(s.connection())
-            row = s.get(SchemaRow, 1)
-            if row is None:
-                s.add(SchemaRow(id=1, version=SCHEMA_VERSION))
-            elif row.version != SCHEMA_VERSION:
+            try:
+                upgrade = prepare_schema(s.connection())
+            except NewerSchema as e:
                 raise LedgerError(
-                    f"ledger {self.url} has schema version {row.version}, this orchestrate "
-                    f"needs {SCHEMA_VERSION}: use a new ledger URL or a matching orchestrate",
+                    f"ledger {self.url} is at {e.found}, newer than this orchestrate knows "
+                    f"(revision {e.head}): upgrade orchestrate, or use a new ledger URL",
                     url=self.url,
+                ) from e
+            except OSError as e:
+                raise LedgerError(
+                    f"cannot copy ledger {self.url} aside before upgrading it: {e}", url=self.url
+                ) from e
+            if upgrade is not None:
+                backup = None if upgrade.backup is None else str(upgrade.backup)
+                s.add(
+                    EventRow(
+                        cluster="*",
+                        kind=str(EventKind.LEDGER_UPGRADED),
+                        subject=upgrade.to_revision,
+                        detail={"from": upgrade.from_revision, "backup": backup},
+                        reason=upgrade.line(),
+                    )
                 )
+        self.upgraded = upgrade
 
     # ---- leases ---------------------------------------------------------------------------
     def acquire_lease(

@@ -8,10 +8,13 @@ to judge; this module decides nothing.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from cluster.errors import NodeError
 from knobs.config import Config
 from knobs.vocabulary import BootRole, BootStatus, State
 from ledger import ExperimentRecord, Ledger
+from orchestrator.crashpoints import crashpoint
 from orchestrator.display import RoundDisplay
 from orchestrator.measurements import read_measurements
 from orchestrator.profile import Profile
@@ -29,27 +32,40 @@ class Booter:
         testbed: Testbed,
         runlog: RunLog,
         display: RoundDisplay,
+        *,
+        guard: Callable[[], None] | None = None,
     ) -> None:
         self.profile = profile
         self.ledger = ledger
         self.testbed = testbed
         self.runlog = runlog
         self.display = display
+        # the safe point before every boot: raises when the cluster is no longer ours (#17)
+        self.guard = guard or (lambda: None)
 
     def measure(
         self, e: ExperimentRecord, run_id: str, *, role: BootRole, measurement: int | None
     ) -> NodeError | None:
         """One boot of ``e``'s config: deploy, the cells its measurement still lacks, teardown.
-        The failure, if the boot or the bench failed."""
+        The failure, if the boot or the bench failed.
+
+        Raises:
+            OwnershipLost: the guard found the cluster no longer ours; nothing was recorded.
+        """
+        self.guard()
         deciding = e.state != State.DECIDED  # the champion's re-measurements boot a decided one
         if deciding:
             self.ledger.set_state(e.id, State.DEPLOYING)
-        boot = self.ledger.start_boot(e.id, e.config, role=role, measurement=measurement)
+        # recorded under an earlier profile: booted as this one renders it (``evolution``)
+        config = self.profile.space.reconcile(e.config).config
+        boot = self.ledger.start_boot(e.id, config, role=role, measurement=measurement)
+        crashpoint("boot.started")
         failure: NodeError | None = None
         try:
             self.display.phase(f"deploying ({role})")
-            launchers = self.testbed.deploy(e.config)
+            launchers = self.testbed.deploy(config)
             self.ledger.end_boot(boot.id, status=BootStatus.UP)
+            crashpoint("smoke.passed")
             self.runlog.launchers(run_id, launchers)
             if deciding:
                 self.ledger.set_state(e.id, State.BENCHING)
@@ -75,6 +91,7 @@ class Booter:
         self.ledger.end_boot(boot.id, status=BootStatus.DOWN)
         if deciding:
             self.ledger.set_state(e.id, State.MEASURED)
+        crashpoint("measured")
         return None
 
     def _bench(self, experiment_id: int, boot_id: int, measurement: int) -> None:
@@ -91,6 +108,7 @@ class Booter:
                 continue
             self.display.phase(f"cell {i} of {len(cells)}: {cell.name}")
             self.ledger.add_cell_result(experiment_id, boot_id, self.testbed.bench(cell))
+            crashpoint("cell.recorded")
 
     def restore(self, champion: Config | None) -> None:
         """Boot the champion again after a candidate failed, when the profile asks for it."""

@@ -3,10 +3,12 @@ and drift.
 
 Every verdict compares a candidate with the champion, so the champion's level is measured on
 several boots (topped up after each keep) and again every so often (the drift sentinel); a
-significant drift re-bases the level on the boots after it. The noise estimate — how much one
-boot's objective scatters on this cluster — is the profile's prior pooled with every config
-the ledger measured on several boots. When to re-measure and what counts as a drift is
-``policy``'s to say; this module reads the ledger and boots.
+re-measurement that flags a drift is followed by one more boot, and only a drift that boot
+confirms re-bases the level on the boots from the flag on (an unconfirmed flag's boots stay in
+the level). The noise estimate — how much one boot's objective scatters on this cluster — is
+the profile's prior pooled with every config the ledger measured on several boots. When to
+re-measure and what counts as a drift is ``policy``'s to say; this module reads the ledger and
+boots.
 """
 
 from __future__ import annotations
@@ -20,12 +22,15 @@ from cluster.errors import NodeError
 from knobs.config import Config
 from knobs.records import CellResultRecord
 from knobs.vocabulary import BootRole, BootStatus, Kind, Status
-from ledger import ChampionRecord, Ledger, RoundRecord
+from ledger import ChampionRecord, ExperimentRecord, Ledger, RoundRecord
 from orchestrator import policy
 from orchestrator.boot import Booter
+from orchestrator.crashpoints import crashpoint
 from orchestrator.display import RoundDisplay
+from orchestrator.evolution import fit_champion, knob_changes
 from orchestrator.measurements import Measurement, read_measurements
 from orchestrator.noise import NoiseModel, learn
+from orchestrator.priors import learned_prior
 from orchestrator.profile import Profile
 from orchestrator.runlog import RunLog
 from orchestrator.verdict import (
@@ -57,16 +62,27 @@ class ChampionEvidence:
         self.cluster = profile.cluster.name
 
     # ---- reading the ledger -----------------------------------------------------------------
-    def current(self) -> ChampionRecord:
-        """The champion (a round has one once its baseline is decided)."""
+    def fitted(self) -> ChampionRecord | None:
+        """The champion, if there is one, its config fitted to the profile's knob space (a
+        knob the profile gained at its default, one it lost dropped: ``evolution``)."""
         champion = self.ledger.champion(self.cluster)
+        return None if champion is None else fit_champion(self.profile.space, champion)
+
+    def current(self) -> ChampionRecord:
+        """The champion, fitted (a round has one once its baseline is decided)."""
+        champion = self.fitted()
         assert champion is not None
         return champion
 
     def config(self) -> Config | None:
-        """The champion's config, if there is a champion."""
-        champion = self.ledger.champion(self.cluster)
+        """The champion's fitted config, if there is a champion."""
+        champion = self.fitted()
         return champion.config if champion is not None else None
+
+    def record_knob_changes(self) -> list[str]:
+        """The lines saying what fitting the champion to the profile changed, each recorded
+        in the ledger the first time it is seen (``evolution.knob_changes``)."""
+        return knob_changes(self.profile.space, self.ledger, self.cluster, record=True)
 
     def measurements(self, experiment_id: int) -> list[Measurement]:
         """Any experiment's measurements, complete when they have every cell of the profile."""
@@ -120,8 +136,10 @@ class ChampionEvidence:
             )
         return tuple(out)
 
-    def noise(self) -> NoiseModel:
-        """The cluster's noise model: the profile's prior and the ledger's repeated boots."""
+    def noise(self, without: int | None = None) -> NoiseModel:
+        """The cluster's noise model: the profile's prior and the ledger's repeated boots
+        (``without``: an experiment whose boots since its last re-base are left out — the drift
+        sentinel's, which a drift under test would otherwise pass off as noise)."""
         spec = self.profile.verdict.noise
         cuts: dict[int, list[int]] = {}
         for d in self.ledger.drifts(self.cluster):
@@ -137,6 +155,8 @@ class ChampionEvidence:
                 if self.trusted(m):
                     segment = sum(1 for c in cuts.get(e.id, []) if m.index >= c)
                     segments.setdefault(segment, []).append(objective(m.cells))
+            if e.id == without and segments:
+                del segments[max(segments)]
             groups.extend(v for v in segments.values() if len(v) >= 2)
         cells = max(1, len(self.profile.cells))
         return learn(
@@ -149,11 +169,13 @@ class ChampionEvidence:
 
     def judge(self, knob: str | None, measurements: Sequence[Measurement]) -> Assessment:
         """``verdict.assess`` of a change of ``knob`` measured so, against the champion's level
-        and the noise estimate, with the knob's declared effect prior (``None`` for a knob the
-        profile no longer has: the profile's prior)."""
+        and the noise estimate, with the knob's effect prior as this cluster's decided changes
+        of it taught (``priors``; ``None`` for a knob the profile no longer has: the profile's
+        prior)."""
         champion = self.level()
         space = self.profile.space
-        prior = space.spec(knob).effect_prior if knob is not None and knob in space.names else None
+        in_space = knob is not None and knob in space.names
+        prior = learned_prior(self.profile, self.ledger, knob) if knob and in_space else None
         return assess(
             self.profile.verdict,
             Evidence(
@@ -216,22 +238,49 @@ class ChampionEvidence:
         )
 
     def remeasure(self, rnd: RoundRecord) -> NodeError | None:
-        """A fresh boot of the champion; records its drift and re-baselines on a real one.
-        A boot with a node's clocks off is measured again (``policy.CHAMPION_CLOCK_TRIES`` in
-        all); it never counts as drift. The failure, if the boot failed."""
-        champion = self.current()
-        before = [objective(m.cells) for m in self.level()]
-        e = self.ledger.experiment(champion.experiment_id)
+        """A fresh boot of the champion; records its drift. A boot that flags a drift
+        (``policy.suspected_drift``) is followed by one more, a confirmation (role ``confirm``),
+        and the level is re-based only when it confirms the drift (``policy.drift_confirmed``);
+        otherwise both boots are the champion's measurements like any other. A boot with a
+        node's clocks off is measured again (``policy.CHAMPION_CLOCK_TRIES`` in all); it never
+        counts as drift. The failure, if a boot failed."""
+        e = self.ledger.experiment(self.current().experiment_id)
         self.display.phase("re-measuring the champion")
         run_id = self.runlog.experiment_run(rnd, e)
+        failure, latest = self._boot(e, run_id, BootRole.REMEASURE)
+        if latest is None:
+            return failure
+        flag = self._record_remeasure(e.id, run_id, latest)
+        if flag is None:
+            return None
+        if not self.profile.verdict.confirm_drift:  # the loop before #18: re-based on the flag
+            self._add_drift(e.id, latest, flag.before, significant=True)
+            return None
+        self.display.note(
+            f"  the champion measured {100 * (flag.after / flag.before - 1):+.1f}% vs its level "
+            f"({flag.sigmas:+.1f} standard errors): a suspected drift, booting it once more "
+            "to confirm"
+        )
+        failure, confirmation = self._boot(e, run_id, BootRole.CONFIRM)
+        if confirmation is None:
+            return failure
+        self._record_confirmation(e.id, run_id, flag, confirmation)
+        return None
+
+    def _boot(
+        self, e: ExperimentRecord, run_id: str, role: BootRole
+    ) -> tuple[NodeError | None, Measurement | None]:
+        """One measurement of the champion with every node's clocks right (taken again when
+        they were off, ``policy.CHAMPION_CLOCK_TRIES`` in all): the failure if a boot failed,
+        and the measurement (``None`` if it failed or the clocks were off every time)."""
         for attempt in range(1, policy.CHAMPION_CLOCK_TRIES + 1):
-            failure = self.booter.measure(e, run_id, role=BootRole.REMEASURE, measurement=None)
+            failure = self.booter.measure(e, run_id, role=role, measurement=None)
             if failure is not None:
                 self.display.note(f"  the champion's re-measurement failed: {failure.message}")
-                return failure
+                return failure, None
             latest = [m for m in self.measurements(e.id) if m.complete][-1]
             if self.trusted(latest):
-                break
+                return None, latest
             slow = ", ".join(map(str, slow_ranks(latest.cells, self.profile.gates.min_matmul_rate)))
             again = attempt < policy.CHAMPION_CLOCK_TRIES
             self.display.note(
@@ -239,29 +288,83 @@ class ChampionEvidence:
                 "it is neither drift nor the champion's level"
                 + ("; measuring again" if again else "")
             )
-        else:
-            return None
-        self._record_drift(e.id, run_id, before, latest)
-        return None
+        return None, None
 
-    def _record_drift(
-        self, experiment_id: int, run_id: str, before: list[float], latest: Measurement
+    def settle(self) -> None:
+        """Re-base the champion's level once more if a kill fell between a re-measurement's
+        drift and its re-base (a resume): once re-measured, the champion's objective is its
+        trusted level's."""
+        champion = self.ledger.champion(self.cluster)
+        if champion is None or not any(
+            d.experiment_id == champion.experiment_id for d in self.ledger.drifts(self.cluster)
+        ):
+            return
+        level = objective_of([objective(m.cells) for m in self.level()])
+        if not math.isclose(level, champion.objective, rel_tol=1e-9):
+            self.ledger.set_champion_objective(self.cluster, level)
+
+    def _trusted_level(self) -> tuple[list[Measurement], int | None]:
+        """The champion's trusted measurements since its last re-base, oldest first, and the
+        position among them of its last flagged boot not confirmed (the re-measurement just
+        before a drift confirmation boot: a ``confirm`` boot after a ``remeasure`` one)."""
+        ms = [m for m in self.level() if self.trusted(m)]
+        flagged: int | None = None
+        remeasured = False
+        for i, m in enumerate(ms):
+            if m.role == BootRole.CONFIRM and remeasured and i > 0:
+                flagged = i - 1
+            remeasured = remeasured or m.role == BootRole.REMEASURE
+        return ms, flagged
+
+    def _record_remeasure(
+        self, experiment_id: int, run_id: str, latest: Measurement
+    ) -> policy.Shift | None:
+        """Record a re-measurement (never a re-base on its own); the suspected drift it flags."""
+        ms, flagged = self._trusted_level()
+        level = [objective(m.cells) for m in ms]
+        before = objective_of(level[:-1]) if len(level) > 1 else level[-1]
+        flag = policy.suspected_drift(level, self.noise(experiment_id).boot_cv, flagged)
+        self._add_drift(experiment_id, latest, before, significant=False)
+        self.runlog.remeasured(run_id, objective(latest.cells), latest.index)
+        return flag
+
+    def _record_confirmation(
+        self, experiment_id: int, run_id: str, flag: policy.Shift, confirmation: Measurement
     ) -> None:
-        after = objective(latest.cells)
-        old, significant = policy.drift(before, after, self.noise().boot_cv)
-        drift = self.ledger.add_drift(
+        """Record the confirmation boot of a suspected drift; re-base the level on the boots
+        from the flag on if it confirms the drift (a significant drift recorded at the first
+        of them: ``level`` starts there)."""
+        ms, _ = self._trusted_level()
+        level = [objective(m.cells) for m in ms]
+        rebase = policy.drift_confirmed(level, flag, self.noise(experiment_id).boot_cv)
+        self._add_drift(experiment_id, confirmation, flag.before, significant=False)
+        self.runlog.remeasured(run_id, objective(confirmation.cells), confirmation.index)
+        if rebase is None:
+            self.display.note(
+                "  not confirmed: the champion's level keeps its history, these boots included"
+            )
+            return
+        self._add_drift(experiment_id, ms[rebase.start], rebase.before, significant=True)
+        moved = 100 * (rebase.after / rebase.before - 1)
+        self.display.note(
+            f"  drift confirmed: the champion measures {moved:+.1f}% vs before over "
+            f"{len(level) - rebase.start} boots; comparisons re-baselined on them"
+        )
+
+    def _add_drift(
+        self, experiment_id: int, m: Measurement, before: float, *, significant: bool
+    ) -> None:
+        """A drift row for measurement ``m`` against the level ``before``; the champion's
+        objective set to its level (re-based when ``significant``)."""
+        self.ledger.add_drift(
             cluster=self.cluster,
             experiment_id=experiment_id,
-            measurement=latest.index,
-            before=old,
-            after=after,
+            measurement=m.index,
+            before=before,
+            after=objective(m.cells),
             significant=significant,
         )
+        crashpoint("drift.recorded")
         trusted = [objective(m.cells) for m in self.level()]
         self.ledger.set_champion_objective(self.cluster, objective_of(trusted))
-        self.runlog.remeasured(run_id, after, latest.index)
-        if significant:
-            self.display.note(
-                f"  drift: the champion measured {drift.drift_pct:+.1f}% vs before; "
-                "comparisons re-baselined on its new measurements"
-            )
+        crashpoint("champion.rebased")

@@ -17,7 +17,8 @@ class OrchestrateError(Exception):
     """Root of every error orchestrate raises on purpose.
 
     ``exit_code`` follows the CLI contract: 1 bug, 2 usage, 3 bad profile or value, 4 ledger,
-    5 node unreachable or auth, 6 remote command failed, 7 LLM API, 130 interrupted.
+    5 node unreachable or auth, 6 remote command failed, 7 LLM API, 8 another orchestrator
+    owns the cluster (or this one lost it), 130 interrupted.
     """
 
     exit_code: ClassVar[int] = 1

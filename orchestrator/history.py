@@ -5,16 +5,21 @@ vetoes become known-bad regions (with the person's words for a veto); the config
 under the current champion are not proposed again. A failure of the infrastructure's (stuck
 clocks, a node unreachable: ``INFRASTRUCTURE``) is never the config's: such an experiment bars
 nothing and may run again (a ledger from before such failures stopped the round has them).
+A region a person cleared (``orchestrate known-bad clear``, an event in the ledger) bars
+nothing either, and its config may run again; the verdict that barred it stays as it was.
 """
 
 from __future__ import annotations
 
 from agents import HistoryEntry, KnownBad, KnownBadSource, ProposalContext, round_spend
 from knobs.config import Config
+from knobs.space import Reconciled
 from knobs.spec import Value
-from knobs.vocabulary import INFRASTRUCTURE, UNMEASURED, State, Status
-from ledger import ExperimentRecord, Ledger, RoundRecord
+from knobs.vocabulary import INFRASTRUCTURE, UNMEASURED, EventKind, State, Status
+from ledger import EventRecord, ExperimentRecord, Ledger, RoundRecord
 from orchestrator.champion import ChampionEvidence
+from orchestrator.evolution import rekeyed
+from orchestrator.priors import interacting, knob_priors, measured
 from orchestrator.profile import Profile
 
 #: What a decided status bars, as a known-bad region's source.
@@ -37,17 +42,28 @@ def proposal_context(
     history: list[HistoryEntry] = []
     known_bad: list[KnownBad] = []
     decided = {current.config.key}
-    for e in ledger.experiments(cluster=profile.cluster.name):
+    experiments = ledger.experiments(cluster=profile.cluster.name)
+    # configs recorded under an earlier profile, fitted to this one, and the champion keys
+    # they were decided against likewise (``evolution``): a change decided before a knob was
+    # added is still decided after, under the same champion at the knob's default
+    rekey = rekeyed(profile.space, experiments)
+    cleared = cleared_regions(ledger, profile.cluster.name)
+    for e in experiments:
         if e.state != State.DECIDED or e.status is None:
             continue
-        history.append(_entry(e))
+        fitted = profile.space.reconcile(e.config)
+        champion_key = rekey.get(e.champion_key or "", e.champion_key or "")
+        history.append(_entry(e, fitted, champion_key))
+        if e.id in cleared:  # a person cleared its region: it bars nothing, and may run again
+            continue
         # a failure of the infrastructure's (stuck clocks, a node unreachable) measured the
         # node, not the config: it may run again
-        if e.champion_key == current.config.key and e.failure_class not in INFRASTRUCTURE:
-            decided.add(e.config.key)
-        region = _barred(profile, ledger, e)
+        if champion_key == current.config.key and e.failure_class not in INFRASTRUCTURE:
+            decided.add(fitted.config.key)
+        region = _barred(profile, ledger, e.model_copy(update={"config": fitted.config}))
         if region is not None:
             known_bad.append(region)
+    changes = measured(ledger, experiments)  # the knobs' measured effects, for their priors
     return ProposalContext(
         space=profile.space,
         champion=current.config,
@@ -60,21 +76,62 @@ def proposal_context(
         # LLM spend so far in this round, from the ledger: a resumed round keeps its cap
         llm_spend_usd=round_spend(p.llm for p in ledger.proposals(round_id=rnd.id)),
         champion_cells=champion.cells(),
+        knob_priors=knob_priors(profile, changes),
+        interacting=interacting(changes),
     )
 
 
-def _entry(e: ExperimentRecord) -> HistoryEntry:
+def _entry(e: ExperimentRecord, fitted: Reconciled, champion_key: str) -> HistoryEntry:
+    """``e`` as history, its config fitted to the profile; but a change of a knob the profile
+    lost keeps its config as recorded: fitted, it would read as the champion measured again
+    (a model that learns from configs skips it, as it no longer fits the space)."""
     assert e.status is not None
+    lost = e.knob is not None and e.knob in fitted.removed
     return HistoryEntry(
         experiment=e.id,
-        config=e.config.as_dict(),
+        config=(e.config if lost else fitted.config).as_dict(),
         knob=e.knob,
         value=e.value,
         status=e.status,
         objective=e.objective if e.status not in UNMEASURED else None,
         delta_pct=e.delta_pct,
-        champion_key=e.champion_key or "",
+        champion_key=champion_key,
         failure_class=e.failure_class,
+    )
+
+
+def cleared_regions(ledger: Ledger, cluster: str) -> dict[int, EventRecord]:
+    """The experiments whose known-bad region a person cleared, each with the event that
+    cleared it (``EventKind.KNOWN_BAD_CLEARED``, subject: the experiment's id)."""
+    return {
+        int(ev.subject): ev
+        for ev in ledger.events(cluster, EventKind.KNOWN_BAD_CLEARED)
+        if ev.subject.isdigit()
+    }
+
+
+def region_of(profile: Profile, ledger: Ledger, e: ExperimentRecord) -> KnownBad | None:
+    """The region decided experiment ``e`` bars (its config fitted to the profile), cleared or
+    not; ``None`` when it bars none."""
+    if e.state != State.DECIDED or e.status is None:
+        return None
+    fitted = profile.space.reconcile(e.config)
+    return _barred(profile, ledger, e.model_copy(update={"config": fitted.config}))
+
+
+def monotone_classes(profile: Profile, e: ExperimentRecord) -> frozenset[str]:
+    """The failure classes that would bar ``e``'s change on a whole side at its first failure
+    (``crash_region``: its knob, or another knob of the config, declares the class monotone);
+    any other configuration failure bars only once it reproduced (``policy.config_failure``).
+    Empty for the baseline: it changes no knob."""
+    if e.knob is None or e.value is None:
+        return frozenset()
+    declared = {c for spec in profile.space.knobs for c in spec.monotone_failures}
+    return frozenset(
+        c
+        for c in declared
+        if (region := crash_region(profile, e.knob, e.value, e.config, c)).at_least
+        or region.at_most
     )
 
 

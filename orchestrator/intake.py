@@ -11,6 +11,7 @@ from agents import Proposal
 from knobs.vocabulary import Kind, Status
 from ledger import ExperimentRecord, Ledger, ProposalRecord, RoundRecord, VerdictRecord
 from orchestrator.champion import ChampionEvidence
+from orchestrator.crashpoints import crashpoint
 from orchestrator.display import RoundDisplay
 from orchestrator.profile import Profile
 from orchestrator.runlog import RunLog
@@ -53,7 +54,9 @@ class Intake:
 
     def experiment(self, rnd: RoundRecord, p: ProposalRecord) -> ExperimentRecord:
         """The experiment of an approved proposal, recorded."""
-        return self._add(rnd, p, "({source})")
+        e = self._add(rnd, p, "({source})")
+        crashpoint("experiment.recorded")
+        return e
 
     def veto(self, rnd: RoundRecord, p: ProposalRecord) -> None:
         """A vetoed proposal as a decided experiment: no boot, a known-bad region with the

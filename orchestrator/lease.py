@@ -1,13 +1,24 @@
-"""The cluster lease: one orchestrator drives a cluster at a time; a killed one is replaced."""
+"""One owner per cluster: the ledger's lease (one orchestrator per ledger and cluster; a killed
+one is replaced) and, whatever the ledger, a claim on every node (``cluster.claims``, issue
+#17), held together by ``Ownership``."""
 
 from __future__ import annotations
 
 import os
+import re
 import socket
 import threading
 import uuid
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import asdict
 from types import TracebackType
 
+from cluster.claims import Holder, NodeClaims, Seen
+from cluster.connect import open_transport
+from cluster.errors import NodeError, NodeUnreachable, OwnershipLost
+from cluster.inventory import ClusterSpec, NodeSpec
+from knobs.vocabulary import EventKind
 from ledger import LeaseRecord, Ledger, LedgerError
 
 
@@ -54,6 +65,23 @@ class ClusterLease:
         self._thread.start()
         return self
 
+    def check(self) -> None:
+        """Renew the lease now (a safe point of the round).
+
+        Raises:
+            OwnershipLost: the lease was lost (another holder has it, or the ledger failed).
+        """
+        if self.lost is None:
+            try:
+                self.ledger.renew_lease(self.cluster, holder=self.holder, ttl_s=self.ttl_s)
+            except LedgerError as e:
+                self.lost = e
+        if self.lost is not None:
+            raise OwnershipLost(
+                f"this orchestrator lost the ledger's lease on cluster {self.cluster}: "
+                f"{self.lost.message}"
+            )
+
     def _renew(self) -> None:
         while not self._stop.wait(self.ttl_s / 3):
             try:
@@ -76,3 +104,116 @@ class ClusterLease:
         except LedgerError:
             if exc is None:
                 raise
+
+
+def hidden_password(url: str) -> str:
+    """``url`` with its password as ``***``: what a claim on a node may show of a ledger."""
+    return re.sub(r"(://[^/@:]*:)[^/@]*@", r"\1***@", url)
+
+
+class Ownership:
+    """The ledger's lease (with ``lease``) and a claim on every node of ``cluster``, held while
+    in a ``with`` block (issue #17). ``check()`` is the round's safe point; a claim broken with
+    ``force`` is recorded in the ledger (``EventKind.CLAIM_BROKEN``)."""
+
+    def __init__(
+        self,
+        cluster: ClusterSpec,
+        *,
+        what: str,
+        ledger_url: str,
+        ledger: Callable[[], Ledger],
+        lease: bool = True,
+        force: bool = False,
+        note: Callable[[str], None] | None = None,
+        skip_unreachable: bool = False,
+        ttl_s: float = 120.0,
+    ) -> None:
+        self.cluster = cluster
+        self.holder = Holder.this_process(what, cluster.name, hidden_password(ledger_url))
+        self._ledger = ledger
+        self._lease_wanted = lease
+        self.force = force
+        self._note = note or (lambda _line: None)
+        self.skip_unreachable = skip_unreachable
+        self.ttl_s = ttl_s
+        self.lease: ClusterLease | None = None
+        self.claims: NodeClaims | None = None
+        self._stack = ExitStack()
+
+    def __enter__(self) -> Ownership:
+        """Take the ledger's lease, then claim every node (own connections to each).
+
+        Raises:
+            LeaseHeld: another live orchestrator of the same ledger holds the cluster.
+            ClaimHeld: a node is claimed by another live orchestrator, whatever its ledger.
+            NodeError: a node could not be reached to claim it.
+        """
+        with ExitStack() as stack:
+            if self._lease_wanted:
+                lease = ClusterLease(self._ledger(), self.cluster.name, ttl_s=self.ttl_s)
+                self.lease = stack.enter_context(lease)
+            transports = {n.rank: open_transport(n, self.cluster.ssh) for n in self.cluster.nodes}
+            for transport in transports.values():
+                stack.callback(transport.close)
+            claims = NodeClaims(
+                self.cluster,
+                transports,
+                self.holder,
+                ttl_s=self.ttl_s,
+                force=self.force,
+                note=self._note,
+                broken=self._record,
+                skip_unreachable=self.skip_unreachable,
+            )
+            try:
+                self.claims = stack.enter_context(claims)
+            except NodeError as err:
+                # the infrastructure's fault, before anything ran: said as such (exit 5)
+                raise NodeUnreachable(
+                    f"node {err.rank} ({err.host}): {err.failure_class} when claiming it, "
+                    f"before anything started: {err.message}; run the same command again once "
+                    "the node is back",
+                    failure_class=err.failure_class,
+                    rank=err.rank,
+                    host=err.host,
+                ) from err
+            self._stack = stack.pop_all()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._stack.__exit__(exc_type, exc, tb)
+
+    def check(self) -> None:
+        """Renew the lease and every claim now: the round's safe point (before each boot).
+
+        Raises:
+            OwnershipLost: one of them was lost; nothing of this round runs on the nodes now.
+        """
+        try:
+            if self.lease is not None:
+                self.lease.check()
+            if self.claims is not None:
+                self.claims.check()
+        except OwnershipLost as e:
+            raise OwnershipLost(
+                f"{e.message}; stopped before the next boot, the experiment left undecided: "
+                "run the same command to resume once the cluster is yours again"
+            ) from e
+
+    def _record(self, node: NodeSpec, seen: Seen, why: str) -> None:
+        old = asdict(seen.holder) if seen.holder is not None else {}
+        self._ledger().add_event(
+            self.cluster.name,
+            EventKind.CLAIM_BROKEN,
+            subject=f"node {node.rank} {node.host}",
+            detail={"holder": old, "expires_in_s": seen.left_s},
+            reason=why,
+            actor=f"{self.holder.user}@{self.holder.hostname} ({self.holder.what})",
+        )
+        self._note(f"{node.name}: broke the claim of {seen.describe()} ({why}); recorded")

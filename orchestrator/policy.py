@@ -10,18 +10,24 @@ round's next step, as a typed action the round only carries out:
 - ``BootChampion``: re-measure the champion (the confirmation rule wants it measured after the
   candidate's last boot; an undecided verdict wants its fewer boots balanced), capped at
   ``CHAMPION_BOOTS_PER_BOOT`` × ``max_boots`` per verdict;
-- ``Decide``: the final verdict, with the measurements it rests on.
+- ``Decide``: the final verdict, with the measurements it rests on;
+- ``Crash``: the config failed for its own reasons, and the failure counts (it reproduced, or
+  its class is one the change's knob declares monotone): a ``crash`` verdict, the value barred.
+  A first configuration failure that is not monotone is booted once more instead
+  (``config_failure``): a flaky start does not bar a value for good.
 
 The champion's own schedule is here too: when a re-measurement is due (``remeasure_due``: too
-few trusted boots, the drift sentinel's count or age), whether a re-measurement is a drift
-(``drift``), and how often a re-measurement with clocks off is taken again. Every function is
-pure: the round reads the ledger, asks, and does what it is told.
+few trusted boots, the drift sentinel's count or age), whether a re-measurement flags a drift
+(``suspected_drift``) and whether one more boot confirms it (``drift_confirmed``: only a
+confirmed drift re-bases the champion's level), and how often a re-measurement with clocks off
+is taken again. Every function is pure: the round reads the ledger, asks, and does what it is
+told.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from knobs.vocabulary import BootRole, Status, Undecided
@@ -33,12 +39,21 @@ from orchestrator.verdict import Assessment, objective_of
 CHAMPION_BOOTS_PER_BOOT = 2
 #: A champion re-measurement with a node's clocks off is taken this many times in all.
 CHAMPION_CLOCK_TRIES = 2
-#: A drift is significant beyond this many standard errors of the champion's level.
+#: A re-measurement this many standard errors off the champion's level is a suspected drift
+#: (about 5 % of re-measurements on a cluster that did not drift): the champion is booted once
+#: more to confirm it, never re-based on the one boot.
 DRIFT_SIGMAS = 2.0
+#: A suspected drift is confirmed, and the champion's level re-based, when the boots from the
+#: suspicion on, the confirmation boot included, are this many standard errors off the level
+#: before them (about 0.3 % two-sided), in the flag's direction.
+CONFIRM_SIGMAS = 3.0
 
 SLOW_CLOCK_NOTE = (
     "  a node's clocks were off during this boot: it is set aside and the config booted once more"
 )
+#: A configuration failure bars its value once it happened this many times for one experiment
+#: (a class the change's knob declares monotone bars at the first).
+REPRODUCED = 2
 
 
 @dataclass(frozen=True)
@@ -70,7 +85,23 @@ class Decide:
     phase: str | None = None
 
 
-Action = BootCandidate | BootChampion | Decide
+@dataclass(frozen=True)
+class Crash:
+    """A ``crash`` verdict: the config's boot failed for its own reasons, and that counts."""
+
+    assessment: Assessment
+    phase: str | None = None
+
+
+Action = BootCandidate | BootChampion | Decide | Crash
+
+
+@dataclass(frozen=True)
+class BootFailure:
+    """A boot of the experiment that failed for the config's reasons (not ``INFRASTRUCTURE``)."""
+
+    failure_class: str
+    message: str
 
 
 @dataclass(frozen=True)
@@ -84,6 +115,12 @@ class Progress:
     champion_boots_during: int = 0
     #: whether the champion's last boot came after this experiment's last boot
     champion_measured_after: bool = False
+    #: the experiment's boots that failed for the config's reasons, oldest first
+    failed_boots: Sequence[BootFailure] = ()
+    #: whether its last boot is one of them (the failure not answered yet)
+    last_failed: bool = False
+    #: the failure classes that bar this change at once (its knob declares them monotone)
+    monotone: Collection[str] = frozenset()
 
 
 def next_action(
@@ -94,16 +131,23 @@ def next_action(
     """The next step for an experiment. ``judge``: the verdict on given measurements
     (``verdict.assess`` against the champion's evidence), asked only when one is due."""
     ms = list(progress.measurements)
+    if progress.last_failed:
+        crashed = config_failure(progress.failed_boots, progress.monotone)
+        if crashed is not None:
+            return Crash(crashed)
     unfinished = next((m for m in ms if not m.complete), None)
     if unfinished is not None:
-        return BootCandidate(BootRole(unfinished.role), unfinished.index)
+        # an interrupted measurement, or one whose boot failed for the config's reasons once:
+        # the same config is booted again (a flaky start is measured, a bad flag fails again)
+        note = _retry_note(progress.failed_boots[-1]) if progress.last_failed else None
+        return BootCandidate(BootRole(unfinished.role), unfinished.index, note=note)
     if not ms:
         return BootCandidate(BootRole.MEASURE)
     if progress.baseline:
         baseline = Assessment(
             Status.KEEP, "baseline", "first measurement of the champion", {"delta_pct": 0.0}
         )
-        return Decide(baseline, ms)
+        return Decide(_noted(baseline, progress.failed_boots), ms)
     # a boot with a node's clocks off measured the node, not the config: it is set aside and
     # the boot taken once more; off twice, the verdict rules it invalid
     slow = [m for m in ms if not m.trusted(progress.min_matmul_rate)]
@@ -115,7 +159,7 @@ def next_action(
         ms = [m for m in ms if m is not slow[0]]
     assessment = judge(ms)
     if assessment.final:
-        return Decide(assessment, ms)
+        return Decide(_noted(assessment, progress.failed_boots), ms)
     return _undecided(spec, progress, assessment, ms)
 
 
@@ -142,9 +186,50 @@ def _undecided(
             "this verdict, the most it may be",
             dict(assessment.stats),
         )
-        return Decide(capped, ms, phase=reason)
+        return Decide(_noted(capped, progress.failed_boots), ms, phase=reason)
     role = BootRole.CONFIRM if confirming else BootRole.REPEAT
     return BootCandidate(role, phase=reason)
+
+
+def config_failure(failed: Sequence[BootFailure], monotone: Collection[str]) -> Assessment | None:
+    """After a boot failed for the config's reasons (the last of ``failed``: the experiment's
+    configuration failures, oldest first): the ``crash`` verdict, or ``None`` to boot the same
+    config once more. A class in ``monotone`` (one the change's knob declares so: an OOM above
+    a memory fraction) is a crash at once, as is any failure that reproduced (``REPRODUCED``
+    in all): a bad flag fails every time, a flaky start once."""
+    last = failed[-1]
+    if last.failure_class in monotone:
+        return crash(last.failure_class, last.message)
+    if len(failed) < REPRODUCED:
+        return None
+    times = "twice" if len(failed) == 2 else f"{len(failed)} times"
+    classes = ", ".join(f.failure_class for f in failed)
+    verdict = crash(last.failure_class, f"failed {times}: {classes}; {last.message}")
+    return Assessment(
+        verdict.status, verdict.rule, verdict.reason, {**verdict.stats, "failed_boots": len(failed)}
+    )
+
+
+def _retry_note(failure: BootFailure) -> str:
+    return (
+        f"  {failure.failure_class}: {failure.message}; a configuration failure bars its value "
+        "only when it reproduces: booting the same config once more"
+    )
+
+
+def _noted(assessment: Assessment, failed: Sequence[BootFailure]) -> Assessment:
+    """``assessment``, saying which boots failed before and did not fail again (they are not
+    measurements: the verdict rests on the boots that came up)."""
+    if not failed:
+        return assessment
+    classes = ", ".join(f.failure_class for f in failed)
+    return Assessment(
+        assessment.status,
+        assessment.rule,
+        f"{assessment.reason}; {len(failed)} failed boot(s) before ({classes}), not reproduced",
+        {**assessment.stats, "failed_boots": len(failed)},
+        assessment.next_boot,
+    )
 
 
 def champion_remeasure_failed(failure_class: str, message: str) -> Assessment:
@@ -181,11 +266,65 @@ def remeasure_due(
 
 def drift(before: Sequence[float], after: float, boot_cv: float) -> tuple[float, bool]:
     """The champion's level before a re-measurement (``after`` alone when it had none) and
-    whether ``after`` moved from it beyond ``DRIFT_SIGMAS`` standard errors."""
+    whether ``after`` moved from it beyond ``DRIFT_SIGMAS`` standard errors (a flag, to be
+    confirmed: ``suspected_drift``)."""
     old = objective_of(before) if before else after
     threshold = DRIFT_SIGMAS * boot_cv * math.sqrt(1.0 + 1.0 / max(1, len(before)))
     significant = abs(math.log(after / old)) > threshold if old > 0 and after > 0 else False
     return old, significant
+
+
+@dataclass(frozen=True)
+class Shift:
+    """The champion's per-boot objectives from position ``start`` on against those before it:
+    both levels (geometric means) and the difference in standard errors (signed)."""
+
+    start: int
+    before: float
+    after: float
+    sigmas: float
+
+
+def shift(level: Sequence[float], start: int, boot_cv: float) -> Shift:
+    """``level[start:]`` against ``level[:start]`` (both non-empty, every value positive), at
+    ``boot_cv`` per boot: the two-sample z of their log means."""
+    pre, post = level[:start], level[start:]
+    old, new = objective_of(pre), objective_of(post)
+    se = boot_cv * math.sqrt(1.0 / len(pre) + 1.0 / len(post))
+    sigmas = math.log(new / old) / se if se > 0 else 0.0
+    return Shift(start, old, new, sigmas)
+
+
+def suspected_drift(level: Sequence[float], boot_cv: float, flagged: int | None) -> Shift | None:
+    """Whether the champion's latest re-measurement (``level[-1]``; ``level``: its trusted
+    per-boot objectives since its last re-base, oldest first) flags a drift, to be confirmed
+    with one more boot (``drift_confirmed``).
+
+    Two places the new level may start are screened at ``DRIFT_SIGMAS``: the latest boot, and —
+    the sequential part — ``flagged``, the position of the last flag that was not confirmed,
+    whose boots a real drift would have moved too (a drift the confirmation missed is caught
+    on the boots since, not diluted into the level). The earliest start that flags, if any."""
+    starts = sorted({len(level) - 1, *([flagged] if flagged is not None else [])})
+    for start in starts:
+        if not 0 < start < len(level) or min(level) <= 0:
+            continue
+        test = shift(level, start, boot_cv)
+        if abs(test.sigmas) > DRIFT_SIGMAS:
+            return test
+    return None
+
+
+def drift_confirmed(level: Sequence[float], flag: Shift, boot_cv: float) -> Shift | None:
+    """The re-base, if the confirmation boot (``level[-1]``, after the flagged boots) confirms
+    the flag: the boots from ``flag.start`` on are ``CONFIRM_SIGMAS`` standard errors off the
+    level before them, in the flag's direction, the confirmation boot on that side too.
+    ``None``: not confirmed, the flagged boots stay in the champion's level."""
+    if min(level) <= 0:
+        return None
+    test = shift(level, flag.start, boot_cv)
+    direction = math.copysign(1.0, flag.sigmas)
+    agrees = math.log(level[-1] / test.before) * direction > 0
+    return test if agrees and test.sigmas * direction > CONFIRM_SIGMAS else None
 
 
 def infrastructure_retry(spec: VerdictSpec, failures: int) -> float | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import os
@@ -16,11 +17,12 @@ from agents import ClaudeOptions
 from cluster.deploy import GateSpec
 from cluster.inventory import ClusterSpec, NodeSpec
 from cluster.launcher import LauncherSpec
+from cluster.ports import resolve_auto_ports
 from knobs.catalog import catalog
 from knobs.config import Config
 from knobs.errors import KnobError, ProfileError
 from knobs.records import CellSpec
-from knobs.space import ForbiddenCombination, KnobSpace, overlay
+from knobs.space import ForbiddenCombination, KnobSpace, overlay, render_clash
 from knobs.spec import KnobSpec, Value
 
 ProposerKind = Literal["optuna", "sweep", "claude", "hybrid"]
@@ -133,6 +135,12 @@ class VerdictSpec(BaseModel):
     drift_max_age_s: float | None = Field(
         default=None, gt=0, description="…or when its last measurement is older than this"
     )
+    confirm_drift: bool = Field(
+        default=True,
+        description="a re-measurement that flags a drift is followed by one more boot of the "
+        "champion, and its level re-based only when that boot confirms the drift (off only to "
+        "reproduce the loop before issue #18, which re-based on the flagged boot alone)",
+    )
     infra_retries: int = Field(
         default=2,
         ge=0,
@@ -181,6 +189,10 @@ class ApproveSpec(BaseModel):
 #: type than the catalog's inherits none of them.
 DOMAIN_FIELDS = frozenset({"low", "high", "step", "choices", "default"})
 
+#: How alike (``difflib``'s ratio) a profile knob's name and a catalog knob's may be before the
+#: profile's is taken for a typo of the catalog's: one letter off in twenty is 0.95.
+TYPO_CUTOFF = 0.85
+
 
 class Profile(BaseModel):
     """A whole profile, validated."""
@@ -223,27 +235,18 @@ class Profile(BaseModel):
         field it leaves out comes from the catalog's spec (render, description, effect prior,
         role, monotone failures, each bound of the domain). Another ``type`` brings its own
         domain (none of the catalog's ``low``, ``high``, ``step``, ``choices``, ``default``);
-        ``effect_prior: null`` drops the catalog's prior."""
+        ``effect_prior: null`` drops the catalog's prior. A name a typo away from a catalog
+        knob's is refused unless the entry says ``new: true`` (``_merge_knob``)."""
         if not isinstance(data, dict):
             return data
         name, knobs = data.get("knob_catalog"), data.get("knobs")
-        if not isinstance(name, str) or not isinstance(knobs, list | tuple):
+        if not isinstance(knobs, list | tuple):
             return data
         try:
-            base = {k.name: k for k in catalog(name)}
+            base = {k.name: k for k in catalog(name)} if isinstance(name, str) else {}
         except KnobError:
-            return data  # the field's own validation says so
-        merged: list[object] = []
-        for knob in knobs:
-            spec = base.get(str(knob.get("name"))) if isinstance(knob, dict) else None
-            if spec is None:
-                merged.append(knob)
-                continue
-            inherited = spec.model_dump()
-            if "type" in knob and knob["type"] != spec.type:
-                for field in DOMAIN_FIELDS:
-                    inherited.pop(field, None)
-            merged.append(inherited | knob)
+            base = {}  # the field's own validation says so
+        merged = [_merge_knob(knob, base, str(name)) for knob in knobs]
         return {**data, "knobs": merged}
 
     @model_validator(mode="after")
@@ -253,6 +256,10 @@ class Profile(BaseModel):
             raise ValueError("cell names must be unique")
         if self.knob_catalog is None and not self.knobs:
             raise ValueError("a profile needs knob_catalog or knobs")
+        base = catalog(self.knob_catalog) if self.knob_catalog else ()
+        clash = render_clash(overlay(base, self.knobs))
+        if clash is not None:
+            raise KnobError(clash)
         return self
 
     @property
@@ -274,6 +281,44 @@ class Profile(BaseModel):
         """A short digest of the validated profile."""
         text = json.dumps(self.model_dump(mode="json"), sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _merge_knob(knob: object, base: dict[str, KnobSpec], catalog_name: str) -> object:
+    """A profile's ``knobs:`` entry with what it leaves out taken from the catalog's spec of
+    the same name (see ``Profile._inherit_catalog_fields``).
+
+    An entry the catalog lacks is written whole; one whose name is a typo away from a catalog
+    knob's must say ``new: true``, or it would silently be a second knob writing the same
+    field while changes of the one it misspells deploy nothing.
+
+    Raises:
+        KnobError: a name close to a catalog knob's without ``new: true``, or ``new: true``
+            on a knob the catalog has.
+    """
+    if not isinstance(knob, dict):
+        return knob
+    entry = {k: v for k, v in knob.items() if k != "new"}
+    name = str(entry.get("name"))
+    spec = base.get(name)
+    if spec is None:
+        close = difflib.get_close_matches(name, list(base), n=1, cutoff=TYPO_CUTOFF)
+        if close and knob.get("new") is not True:
+            raise KnobError(
+                f"knob {name!r} is not in catalog {catalog_name}; did you mean {close[0]}? "
+                "(a new knob says new: true)",
+                knob=name,
+            )
+        return entry
+    if "new" in knob:
+        raise KnobError(
+            f"knob {name!r} is in catalog {catalog_name}: new: true is for a knob it lacks",
+            knob=name,
+        )
+    inherited = spec.model_dump()
+    if "type" in entry and entry["type"] != spec.type:
+        for field in DOMAIN_FIELDS:
+            inherited.pop(field, None)
+    return inherited | entry
 
 
 def default_brief() -> Path:
@@ -345,6 +390,7 @@ def load_profile(name_or_path: str | None = None, *, base_dir: Path | None = Non
     except KnobError as e:
         raise ProfileError(f"profile {path}: {e}", path=str(path)) from e
     profile = _resolve_workdirs(profile, base_dir or Path.cwd(), path)
+    profile = profile.model_copy(update={"cluster": resolve_auto_ports(profile.cluster)})
     profile = _resolve_brief(profile, path)
     try:
         profile.initial_champion()

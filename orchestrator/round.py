@@ -21,6 +21,7 @@ from cluster.errors import NodeError
 from knobs.spec import as_text
 from knobs.vocabulary import (
     INFRASTRUCTURE,
+    BootStatus,
     Kind,
     ProposalStatus,
     RoundStatus,
@@ -38,10 +39,11 @@ from orchestrator import policy
 from orchestrator.approval import ApprovalGate
 from orchestrator.boot import Booter
 from orchestrator.champion import ChampionEvidence
+from orchestrator.crashpoints import crashpoint
 from orchestrator.display import RoundDisplay, describe, kept_on_resume, stopped_by_max_hours
 from orchestrator.errors import OrchestrateError
 from orchestrator.faults import InfrastructureFaults
-from orchestrator.history import proposal_context
+from orchestrator.history import monotone_classes, proposal_context
 from orchestrator.intake import Intake
 from orchestrator.measurements import Measurement
 from orchestrator.profile import Profile
@@ -93,6 +95,7 @@ class RoundRunner:
         *,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        guard: Callable[[], None] | None = None,
     ) -> None:
         self.profile = profile
         self.ledger = ledger
@@ -102,7 +105,8 @@ class RoundRunner:
         self.cluster = profile.cluster.name
         self._clock = clock
         self.runlog = RunLog(ledger, sink)
-        self.booter = Booter(profile, ledger, testbed, self.runlog, display)
+        # guard: the safe point before each boot (the lease and the node claims, issue #17)
+        self.booter = Booter(profile, ledger, testbed, self.runlog, display, guard=guard)
         self.champion = ChampionEvidence(profile, ledger, self.booter, self.runlog, display)
         self.intake = Intake(profile, ledger, self.champion, self.runlog, display)
         self.faults = InfrastructureFaults(profile, ledger, display, sleep)
@@ -128,6 +132,7 @@ class RoundRunner:
             max_hours=options.max_hours,
         )
         rnd = self.runlog.round_run(rnd, self.profile, self.cluster)
+        crashpoint("round.started")
         verb = "resuming" if existing is not None else "starting"
         self.display.start(
             f"{verb} round {rnd.id} on {self.cluster} ({self.profile.name}): "
@@ -144,19 +149,27 @@ class RoundRunner:
             for line in kept_on_resume(existing, asked, self.profile.name, self.profile.digest):
                 self.display.note(line)
             rnd = self._max_hours_on_resume(rnd, options.max_hours)
+            self.runlog.reconcile(rnd)  # what a kill left open in MLflow, from the ledger
+            self.champion.settle()
+        # the profile gained or lost a knob since the champion was recorded (``evolution``)
+        for line in self.champion.record_knob_changes():
+            self.display.note(line)
         try:
             stopped_by = self._loop(rnd, started)
         finally:
             self.display.stop()
         if stopped_by != "max-hours":
-            self.ledger.finish_round(rnd.id, RoundStatus.DONE)
+            # MLflow complete before the ledger closes the round: a kill in between resumes it
+            self.runlog.reconcile(rnd)
             self.runlog.finish_round(rnd)
+            crashpoint("round.finished")
+            self.ledger.finish_round(rnd.id, RoundStatus.DONE)
         else:
             self.display.note(stopped_by_max_hours(rnd, self._candidates_done(rnd)))
         return RoundReport(
             round=self.ledger.round(rnd.id),
             experiments=self.ledger.experiments(round_id=rnd.id),
-            champion=self.ledger.champion(self.cluster),
+            champion=self.champion.fitted(),
             resumed=existing is not None,
             stopped_by=stopped_by,
         )
@@ -237,6 +250,7 @@ class RoundRunner:
         else:
             proposal = self.proposer.propose(self.context(rnd))
             record = self.intake.record(rnd, proposal)
+            crashpoint("proposal.recorded")
         self.display.experiment(
             index,
             rnd.budget,
@@ -244,6 +258,7 @@ class RoundRunner:
         )
         self.display.phase(f"waiting for approval ({rnd.approve})")
         decision = self.gate.decide(record, self.context(rnd))
+        crashpoint("proposal.approved")
         if decision.status == ProposalStatus.VETOED:
             self.intake.veto(rnd, decision)
             return None
@@ -270,6 +285,7 @@ class RoundRunner:
         index = self._candidates_done(rnd) + 1 if candidate else 0
         self.display.experiment(index, rnd.budget, describe(e))
         run_id = self.runlog.experiment_run(rnd, e)
+        failure: NodeError | None = None
         while True:
             e = self.ledger.experiment(e.id)
             if e.state == State.DECIDED:
@@ -279,6 +295,9 @@ class RoundRunner:
                 self.display.phase(action.phase)
             if isinstance(action, policy.Decide):
                 self._decide(e, run_id, action.assessment, action.measurements)
+                return
+            if isinstance(action, policy.Crash):
+                self._crash(rnd, e, run_id, action.assessment, failure)
                 return
             if isinstance(action, policy.BootChampion):
                 failure = self.champion.remeasure(rnd)
@@ -299,27 +318,51 @@ class RoundRunner:
             )
             if failure is not None and failure.failure_class in INFRASTRUCTURE:
                 self.faults.wait_or_stop(e, failure)  # or stop the round: exit 5
-            elif failure is not None:
-                self._crash(rnd, e, run_id, failure)
-                return
+            # a failure of the config's: the policy says whether it counts (a crash) or the
+            # config is booted once more
 
     def _next_action(self, e: ExperimentRecord) -> policy.Action:
         """``policy``'s next step for ``e``, from the ledger's evidence."""
         measurements = self.champion.measurements(e.id)
         baseline = e.kind == Kind.BASELINE
+        failed, last_failed = self._config_failures(e)
         progress = policy.Progress(
             baseline=baseline,
             measurements=measurements,
             min_matmul_rate=self.profile.gates.min_matmul_rate,
             champion_boots_during=0 if baseline else self.champion.boots_during(e.id),
             champion_measured_after=baseline or self.champion.measured_after(e.id),
+            failed_boots=failed,
+            last_failed=last_failed,
+            monotone=monotone_classes(self.profile, e),
         )
         return policy.next_action(
             self.profile.verdict, progress, lambda ms: self.champion.judge(e.knob, ms)
         )
 
-    def _crash(self, rnd: RoundRecord, e: ExperimentRecord, run_id: str, err: NodeError) -> None:
-        crash = policy.crash(err.failure_class, err.message)
+    def _config_failures(self, e: ExperimentRecord) -> tuple[list[policy.BootFailure], bool]:
+        """``e``'s boots that failed for the config's reasons, from the ledger (a resume counts
+        those before the kill), and whether its last boot is one of them."""
+        boots = self.ledger.boots(e.id)
+        config = [
+            b
+            for b in boots
+            if b.status == BootStatus.FAILED and b.failure_class not in INFRASTRUCTURE
+        ]
+        failed = [policy.BootFailure(str(b.failure_class), b.failure_detail or "") for b in config]
+        return failed, bool(config) and config[-1] is boots[-1]
+
+    def _crash(
+        self,
+        rnd: RoundRecord,
+        e: ExperimentRecord,
+        run_id: str,
+        crash: Assessment,
+        err: NodeError | None,
+    ) -> None:
+        if err is None:  # resumed: the failure as the ledger has it
+            boot = self.ledger.boots(e.id)[-1]
+            err = NodeError(boot.failure_detail or "", failure_class=boot.failure_class or "start")
         verdict = VerdictRecord(
             status=crash.status, rule=crash.rule, reason=crash.reason, stats=crash.stats
         )
@@ -332,14 +375,17 @@ class RoundRunner:
             failure_class=err.failure_class,
             failure_detail=err.evidence(),
         )
+        crashpoint("verdict.committed")
         self.runlog.crashed(run_id, err)
-        self.display.decided(decided, f"{err.failure_class}: {err.message}")
+        crashpoint("mlflow.verdict")
+        self.display.decided(decided, f"{err.failure_class}: {crash.reason}")
         if e.kind == Kind.CANDIDATE:
             self.booter.restore(self.champion.config())
         if e.kind == Kind.BASELINE:
+            self.runlog.finish_round(rnd, "FAILED")
             self.ledger.finish_round(rnd.id, RoundStatus.FAILED)
             raise BaselineFailed(
-                f"the configured champion did not boot ({err.failure_class}): {err.message}"
+                f"the configured champion did not boot ({err.failure_class}): {crash.reason}"
             )
 
     def _decide(
@@ -368,7 +414,11 @@ class RoundRunner:
             promote=verdict.status == Status.KEEP,
             failure_class="clocks_stuck" if verdict.rule == "clocks" else None,
         )
+        crashpoint("verdict.committed")
+        if verdict.status == Status.KEEP:
+            crashpoint("champion.promoted")
         self.runlog.decided(
             run_id, decided, verdict, (value, delta), measurements[0].cells, cells, len(per_boot)
         )
+        crashpoint("mlflow.verdict")
         self.display.decided(decided, verdict.reason)

@@ -3,6 +3,11 @@
 The ledger is the record; this is its mirror for people. Every write goes through the
 ``Sink`` protocol (MLflow, or nothing in the research benchmark), and a child run's id is
 committed to the ledger as soon as it exists, so a resumed round logs into the same run.
+
+A kill can land between a ledger write and its mirror: ``reconcile`` completes, from the
+ledger, what MLflow lacks (a decided experiment's run left open or never created, a champion's
+re-measurement not logged), and a run created just before a kill is found by its tags and
+adopted rather than created twice.
 """
 
 from __future__ import annotations
@@ -14,11 +19,21 @@ from agents import METRIC_NOTES, TAG_NOTES
 from cluster.errors import NodeError
 from knobs.records import CellResultRecord
 from knobs.spec import as_text
-from knobs.vocabulary import Status
+from knobs.vocabulary import State, Status
 from ledger import ExperimentRecord, Ledger, ProposalRecord, RoundRecord, VerdictRecord
+from orchestrator.crashpoints import crashpoint
 from orchestrator.display import describe
 from orchestrator.profile import Profile
 from orchestrator.testbed import Sink
+
+#: The tag that finds a round's parent run again: the ledger's round and when it started (no
+#: "key" in its name: the redactor would mask a tag named so).
+TAG_ROUND_STARTED = "orchestrate.round_started"
+_PARENT = "mlflow.parentRunId"
+_EXPERIMENT = "orchestrate.experiment"
+_REMEASURE = "remeasure.objective"
+#: How a decided experiment's run ends, by its status.
+_ENDED = {Status.CRASH: "FAILED", Status.VETOED: "KILLED"}
 
 
 class RunLog:
@@ -32,7 +47,16 @@ class RunLog:
         """The round with its parent run (started, and committed to the ledger, if new)."""
         if rnd.mlflow_run_id is not None:
             return rnd
-        run_id = self.sink.start_round(
+        key = f"{cluster}/{rnd.id}/{rnd.started_at.isoformat()}"
+        run_id = self.sink.find_run({TAG_ROUND_STARTED: key})
+        if run_id is None:
+            run_id = self._start_round(rnd, profile, cluster, key)
+            crashpoint("mlflow.round.created")
+        self.ledger.set_round_mlflow(rnd.id, run_id)
+        return self.ledger.round(rnd.id)
+
+    def _start_round(self, rnd: RoundRecord, profile: Profile, cluster: str, key: str) -> str:
+        return self.sink.start_round(
             round_id=rnd.id,
             cluster=cluster,
             params={
@@ -43,38 +67,51 @@ class RunLog:
                 "approve": rnd.approve,
                 "seed": str(rnd.seed),
             },
+            tags={TAG_ROUND_STARTED: key},
         )
-        self.ledger.set_round_mlflow(rnd.id, run_id)
-        return self.ledger.round(rnd.id)
 
-    def finish_round(self, rnd: RoundRecord) -> None:
-        """The parent run ends with the round."""
-        self.sink.finish(rnd.mlflow_run_id or "", "FINISHED")
+    def finish_round(self, rnd: RoundRecord, status: str = "FINISHED") -> None:
+        """The parent run ends with the round (``FAILED``: its baseline did not boot)."""
+        self.sink.finish(rnd.mlflow_run_id or "", status)
 
     def experiment_run(self, rnd: RoundRecord, e: ExperimentRecord) -> str:
         """The experiment's child run (started, with its config and proposal, if new)."""
         if e.mlflow_run_id is not None:
             return e.mlflow_run_id
-        params: dict[str, object] = {k: as_text(v) for k, v in e.config.items()}
-        params["description"] = describe(e)
-        params["config_key"] = e.config.key
-        run_id = self.sink.start_experiment(
-            parent_run_id=rnd.mlflow_run_id or "",
-            number=e.id,
-            kind=e.kind,
-            params=params,
-            tags={"knob": e.knob or "-", "experiment": str(e.id)},
-        )
-        self.ledger.set_experiment_mlflow(e.id, run_id)
+        return self._open(rnd, e)
+
+    def _open(self, rnd: RoundRecord, e: ExperimentRecord) -> str:
+        """A new run for ``e`` (or the one a kill left before its id reached the ledger), with
+        its proposal, its id committed to the ledger."""
+        parent = rnd.mlflow_run_id or ""
+        run_id = self.sink.find_run({_PARENT: parent, _EXPERIMENT: str(e.id)})
+        present: frozenset[str] = frozenset()
+        if run_id is None:
+            params: dict[str, object] = {k: as_text(v) for k, v in e.config.items()}
+            params["description"] = describe(e)
+            params["config_key"] = e.config.key
+            run_id = self.sink.start_experiment(
+                parent_run_id=parent,
+                number=e.id,
+                kind=e.kind,
+                params=params,
+                tags={"knob": e.knob or "-", "experiment": str(e.id)},
+            )
+            crashpoint("mlflow.run.created")
+        else:
+            state = self.sink.run_state(run_id)
+            present = state.metrics if state is not None else frozenset()
         if e.proposal_id is not None:
-            self._proposal(run_id, self.ledger.proposal(e.proposal_id))
+            self._proposal(run_id, self.ledger.proposal(e.proposal_id), present)
+        self.ledger.set_experiment_mlflow(e.id, run_id)
         return run_id
 
-    def _proposal(self, run_id: str, p: ProposalRecord) -> None:
-        """The proposal on the experiment's run: who proposed, why, and what the LLM cost."""
+    def _proposal(self, run_id: str, p: ProposalRecord, present: frozenset[str]) -> None:
+        """The proposal on the experiment's run: who proposed, why, and what the LLM cost
+        (``present``: metrics the run has already, not logged twice)."""
         metrics: dict[str, float] = {}
         for key in METRIC_NOTES:
-            if key in p.notes:
+            if key in p.notes and key not in present:
                 try:
                     metrics[key] = float(p.notes[key])
                 except ValueError:
@@ -104,7 +141,7 @@ class RunLog:
 
     def remeasured(self, run_id: str, objective: float, measurement: int) -> None:
         """A re-measurement of the champion, on the champion's run."""
-        self.sink.log_metrics(run_id, {"remeasure.objective": objective}, step=measurement)
+        self.sink.log_metrics(run_id, {_REMEASURE: objective}, step=measurement)
 
     def vetoed(self, run_id: str, reason: str) -> None:
         """A vetoed proposal's run: tagged and ended without a boot."""
@@ -113,8 +150,11 @@ class RunLog:
 
     def crashed(self, run_id: str, err: NodeError) -> None:
         """A crashed experiment's run: the failure's evidence, tagged, ended as failed."""
-        self.sink.log_texts(run_id, {"failure.txt": err.evidence()})
-        self.sink.set_tags(run_id, {"status": Status.CRASH, "failure_class": err.failure_class})
+        self._crashed(run_id, err.failure_class, err.evidence())
+
+    def _crashed(self, run_id: str, failure_class: str, evidence: str) -> None:
+        self.sink.log_texts(run_id, {"failure.txt": evidence})
+        self.sink.set_tags(run_id, {"status": Status.CRASH, "failure_class": failure_class})
         self.sink.finish(run_id, "FAILED")
 
     def decided(
@@ -126,10 +166,12 @@ class RunLog:
         first_cells: Sequence[CellResultRecord],
         cells: Sequence[CellResultRecord],
         boots: int,
+        present: frozenset[str] = frozenset(),
     ) -> None:
         """A decided experiment's run: ``level`` (its objective and delta %), the verdict's
         statistics, the first boot's cells, the cells and verdict as JSON, status and rule as
-        tags; ended."""
+        tags; ended. ``present``: metrics the run has already (a repair), not logged twice:
+        a metric's history keeps one value per verdict."""
         stats = verdict.stats
         value, delta = level
         metrics: dict[str, float] = {"objective": value, "delta_pct": delta, "boots": boots}
@@ -144,7 +186,9 @@ class RunLog:
                 metrics[f"{cell.cell}.accepted_per_step"] = cell.accepted_per_step
         if decided.accept_len is not None:
             metrics["accept_len"] = decided.accept_len
-        self.sink.log_metrics(run_id, metrics)
+        metrics = {k: v for k, v in metrics.items() if k not in present}
+        if metrics:
+            self.sink.log_metrics(run_id, metrics)
         self.sink.log_texts(
             run_id,
             {
@@ -154,3 +198,76 @@ class RunLog:
         )
         self.sink.set_tags(run_id, {"status": verdict.status, "rule": verdict.rule})
         self.sink.finish(run_id, "FINISHED")
+
+    # ---- what a kill left undone ------------------------------------------------------------
+    def reconcile(self, rnd: RoundRecord) -> list[int]:
+        """Complete in MLflow, from the ledger, what a kill left undone in round ``rnd``: every
+        decided experiment's run created if it never was, and ended with its verdict's
+        metrics, artifacts and tags if it is still open or lacks them; every re-measurement
+        of the champion recorded in the round logged. The same writes the round makes, made
+        idempotent (a metric the run has is not logged again; an artifact is overwritten).
+        The experiments whose runs were completed.
+
+        Raises:
+            MlflowSinkError: MLflow failed.
+            LedgerError: the ledger failed.
+        """
+        rnd = self.ledger.round(rnd.id)
+        repaired: list[int] = []
+        for e in self.ledger.experiments(round_id=rnd.id):
+            if e.state != State.DECIDED or e.status is None:
+                continue
+            run_id = self.experiment_run(rnd, e)
+            state = self.sink.run_state(run_id)
+            if state is None:  # the ledger names a run MLflow no longer has
+                run_id = self._open(rnd, e.model_copy(update={"mlflow_run_id": None}))
+                state = self.sink.run_state(run_id)
+            ended = _ENDED.get(e.status, "FINISHED")
+            if state is not None and state.status == ended and state.tags.get("status") == e.status:
+                continue
+            self._complete(run_id, e, state.metrics if state is not None else frozenset())
+            repaired.append(e.id)
+        self._remeasures(rnd)
+        return repaired
+
+    def _complete(self, run_id: str, e: ExperimentRecord, present: frozenset[str]) -> None:
+        """``e``'s verdict written to its run as the round writes it, from the ledger."""
+        if e.status == Status.VETOED:
+            reason = self.ledger.proposal(e.proposal_id).reason if e.proposal_id else None
+            self.vetoed(run_id, reason or "")
+            return
+        if e.status == Status.CRASH:
+            self._crashed(run_id, e.failure_class or "unknown", e.failure_detail or "")
+            return
+        verdict = self.ledger.verdict(e.id)
+        assert verdict is not None  # decided: the verdict came in the same transaction
+        # the boots it was decided on: those before the verdict (a champion boots again later)
+        boots = [
+            b for b in self.ledger.boots(e.id) if b.started_at <= (e.decided_at or b.started_at)
+        ]
+        measurement = {b.id: b.measurement for b in boots}
+        cells = [
+            (measurement[b], c) for b, _, c in self.ledger.cell_results(e.id) if b in measurement
+        ]
+        first = min((m for m, _ in cells), default=0)
+        self.decided(
+            run_id,
+            e,
+            verdict,
+            (e.objective or 0.0, e.delta_pct or 0.0),
+            [c for m, c in cells if m == first],
+            [c for _, c in cells],
+            len({m for m, _ in cells}),
+            present,
+        )
+
+    def _remeasures(self, rnd: RoundRecord) -> None:
+        """Each re-measurement of the champion since the round started, on its run."""
+        for d in self.ledger.drifts(rnd.cluster):
+            if d.created_at < rnd.started_at:
+                continue
+            run_id = self.ledger.experiment(d.experiment_id).mlflow_run_id
+            if run_id is not None and d.measurement not in self.sink.metric_steps(
+                run_id, _REMEASURE
+            ):
+                self.remeasured(run_id, d.after, d.measurement)

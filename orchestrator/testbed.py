@@ -16,6 +16,7 @@ from cluster.deploy import Deployer, Progress
 from cluster.errors import NodeError
 from knobs.config import Config
 from knobs.records import CellResultRecord, CellSpec
+from ledger.mlflow_sink import RunState
 from orchestrator.errors import OrchestrateError
 from orchestrator.profile import Profile
 from orchestrator.settings import runtime_placeholders
@@ -114,16 +115,26 @@ class Sink(Protocol):
 
     def finish(self, run_id: str, status: str = "FINISHED") -> None: ...
 
+    def run_state(self, run_id: str) -> RunState | None: ...
+
+    def find_run(self, tags: Mapping[str, str]) -> str | None: ...
+
+    def metric_steps(self, run_id: str, key: str) -> set[int]: ...
+
 
 class NullSink:
-    """A sink that records nothing (benchmarks that simulate thousands of experiments)."""
+    """A sink that records nothing (benchmarks that simulate thousands of experiments) but
+    its runs' status and tags, so that a round's end finds nothing to complete."""
 
     def __init__(self) -> None:
         self._runs = 0
+        self._states: dict[str, RunState] = {}
 
     def _next(self) -> str:
         self._runs += 1
-        return f"null-{self._runs}"
+        run_id = f"null-{self._runs}"
+        self._states[run_id] = RunState("RUNNING", {}, frozenset())
+        return run_id
 
     def start_round(
         self,
@@ -158,10 +169,23 @@ class NullSink:
         pass
 
     def set_tags(self, run_id: str, tags: Mapping[str, str]) -> None:
-        pass
+        state = self._states.get(run_id)
+        if state is not None:
+            self._states[run_id] = RunState(state.status, {**state.tags, **tags}, state.metrics)
 
     def finish(self, run_id: str, status: str = "FINISHED") -> None:
-        pass
+        state = self._states.get(run_id)
+        if state is not None:
+            self._states[run_id] = RunState(status, state.tags, state.metrics)
+
+    def run_state(self, run_id: str) -> RunState | None:
+        return self._states.get(run_id)
+
+    def find_run(self, tags: Mapping[str, str]) -> str | None:
+        return None
+
+    def metric_steps(self, run_id: str, key: str) -> set[int]:
+        return set()
 
 
 class ClusterTestbed:

@@ -273,12 +273,14 @@ def test_optuna_finds_the_peak_far_more_often_than_random_neighbours() -> None:
         loop = Loop(CATALOG, peaked, seed=seed).run(proposer, 30)
         return loop.champion_objective >= PEAK - 2.0  # one knob a notch off, at most
 
-    # over these seeds Optuna gets there 14 times in 16 and random neighbours 4: the bounds
-    # leave room for a different draw, not for a proposer that stopped learning
+    # over these seeds Optuna gets there 10 times in 16 (14 before every knob got a first look
+    # under the first champion: four of the 30 experiments go to those looks) and random
+    # neighbours 4: the bounds leave room for a different draw, not for a proposer that
+    # stopped learning
     seeds = range(16)
     optuna_hits = sum(near_peak(OptunaProposer(seed=s), s) for s in seeds)
     random_hits = sum(near_peak(RandomNeighbour(seed=s), s) for s in seeds)
-    assert optuna_hits >= 11, (optuna_hits, random_hits)
+    assert optuna_hits >= 9, (optuna_hits, random_hits)
     assert optuna_hits >= random_hits + 6, (optuna_hits, random_hits)
 
 
@@ -288,19 +290,23 @@ def flat(config: Config) -> float:
 
 
 def test_the_knobs_known_to_matter_get_first_looks_before_tpe_takes_over() -> None:
-    """Under a champion, K and CUDA graphs (their specs' ``effect_prior``: they always do
-    something) are looked at first, K at every value (a sweep), before TPE's preferences take
-    over; the knobs that declare nothing or rarely matter are left to TPE.
+    """Under the first champion, K and CUDA graphs (their specs' ``effect_prior``: they always
+    do something) are looked at first, K at every value (a sweep); then every other knob gets
+    one look, in order of expected gain per boot, before TPE's preferences take over (issue
+    #18: before, the knobs that declare nothing or rarely matter were left to TPE).
     ``first_looks=False``: TPE alone."""
+    others = sorted(k for k in CATALOG.names if k not in ("cuda_graphs", "num_speculative_tokens"))
     for seed in range(4):
-        loop = Loop(CATALOG, flat, seed=seed).run(OptunaProposer(seed=seed), 8)
+        loop = Loop(CATALOG, flat, seed=seed).run(OptunaProposer(seed=seed), 12)
         changes = [(p.change.knob, p.change.new) for _, p in loop.proposals]
         assert sorted(changes[:7], key=str) == sorted(
             [("cuda_graphs", True)] + [("num_speculative_tokens", k) for k in range(1, 7)], key=str
         ), changes
+        assert sorted(knob for knob, _ in changes[7:11]) == others, changes
         notes = [p.notes for _, p in loop.proposals]
         assert all("only 5% of its changes do nothing" in n["first_look"] for n in notes[:7])
-        assert "first_look" not in notes[7]
+        assert all("every knob gets a look" in n["first_look"] for n in notes[7:11])
+        assert "first_look" not in notes[11]
         assert "a first look (" in loop.proposals[0][1].hypothesis
     alone = Loop(CATALOG, flat).run(OptunaProposer(first_looks=False), 3).proposals
     assert not any("first_look" in p.notes for _, p in alone)
@@ -320,7 +326,7 @@ def test_a_new_champion_gets_first_looks_again_but_not_back_where_it_came_from()
         loop.step(proposer)
         assert len(loop.proposals) <= 40, "K=5 was never proposed"
     kept_at = len(loop.proposals)
-    loop.run(proposer, 7)
+    loop.run(proposer, 8)
     after = [p for _, p in loop.proposals[kept_at:]]
     assert all("first_look" in p.notes for p in after[:6])
     assert sorted(((p.change.knob, p.change.new) for p in after[:6]), key=str) == sorted(
@@ -328,7 +334,10 @@ def test_a_new_champion_gets_first_looks_again_but_not_back_where_it_came_from()
         + [("num_speculative_tokens", k) for k in (1, 2, 3, 4, 6)],
         key=str,
     )
-    assert "first_look" not in after[6].notes
+    # the adapter rank interacts with K (declared on K's spec): one look again after K moved
+    assert after[6].change.knob == "drafter_adapter_rank"
+    assert "interact with num_speculative_tokens" in after[6].notes["first_look"]
+    assert "first_look" not in after[7].notes
 
 
 def test_a_knob_whose_changes_keep_failing_to_boot_gets_no_more_first_looks() -> None:
@@ -349,10 +358,13 @@ def test_a_knob_whose_changes_keep_failing_to_boot_gets_no_more_first_looks() ->
 
     def first_looks(loop: Loop) -> list[tuple[str, Value]]:
         proposer = OptunaProposer(seed=0)
-        steps = [loop.step(proposer) for _ in range(3)]
+        # a knob that failed to boot costs more boots per decision: K comes after the others
+        steps = [loop.step(proposer) for _ in range(5)]
         return [(p.change.knob, p.change.new) for p in steps if "first_look" in p.notes]
 
-    assert first_looks(crashed(("boot_wedge", "boot_wedge"))) == [("cuda_graphs", True)]
+    wedged = first_looks(crashed(("boot_wedge", "boot_wedge")))
+    assert wedged[0] == ("cuda_graphs", True)
+    assert not any(knob == "num_speculative_tokens" for knob, _ in wedged), wedged
     mixed = first_looks(crashed(("boot_wedge", "oom")))
     assert sum(knob == "num_speculative_tokens" for knob, _ in mixed) >= 2, mixed
 

@@ -203,8 +203,8 @@ def test_the_model_sees_the_brief_and_a_digest_not_the_ledger(
         "LLM spend this round so far: $0.2500 of a $1.00 cap.",
         "objective 1000 (higher is better)",
         "- num_speculative_tokens [7]: an integer from 1 to 7 — K: draft tokens proposed per "
-        "verify step; known before measuring: 5% of its changes do nothing (K sets the "
-        "accepted tokens per step",
+        "verify step; prior in force: 5% of its changes do nothing, the rest ±15.0% (K sets "
+        "the accepted tokens per step",
         "; allowed now: 1, 2, 3, 4, 5, 6",
         "- cuda_graphs=true, num_speculative_tokens=7: batch-descriptor collision",
         "- max_num_batched_tokens: 8192: discard×1, inconclusive×1 delta +0.5% ± 2.1 (n=2)",

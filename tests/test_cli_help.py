@@ -89,7 +89,9 @@ def test_a_missing_command_or_option_is_named() -> None:
     cut = section.replace("--force", "").replace("orchestrate cluster down", "")
     assert set(missing_from(cut, app)) == {
         "orchestrate engines install --force",
+        "orchestrate cluster up --force",
         "orchestrate cluster down",
+        "orchestrate cluster down --force",
     }
     # a longer word is not a mention: `--root` is not in `--rooted`, `-n` not in `-nx`
     assert not _mentions("[--rooted DIR] -nx", "--root")

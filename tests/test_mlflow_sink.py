@@ -416,3 +416,31 @@ def test_importing_the_sink_does_not_import_mlflow() -> None:
         env={**os.environ, "PYTHONPATH": str(root)},
     )
     assert done.returncode == 0, done.stderr
+
+
+def test_what_a_resume_reads_back(mlflow_db: MlflowStore, client: MlflowClient) -> None:
+    # a run created just before a kill is found by its tags; its state says what it lacks
+    sink = MlflowSink()
+    round_run = sink.start_round(
+        round_id=3, cluster="twin", params={}, tags={"orchestrate.round_started": "twin/3/t0"}
+    )
+    child = sink.start_experiment(parent_run_id=round_run, number=9, kind="candidate", params={})
+    assert sink.find_run({"orchestrate.round_started": "twin/3/t0"}) == round_run
+    assert sink.find_run({"orchestrate.round_started": "twin/3/t1"}) is None
+    assert sink.find_run({"mlflow.parentRunId": round_run, "orchestrate.experiment": "9"}) == child
+    with pytest.raises(ValueError, match="quote"):
+        sink.find_run({"status": "it's"})
+    state = sink.run_state(child)
+    assert state is not None and state.status == "RUNNING" and state.metrics == frozenset()
+    sink.log_metrics(child, {"objective": 1.0})
+    sink.log_metrics(child, {"remeasure.objective": 2.0}, step=4)
+    sink.set_tags(child, {"status": "keep"})
+    sink.finish(child)
+    state = sink.run_state(child)
+    assert state is not None and state.status == "FINISHED"
+    assert state.tags["status"] == "keep"
+    assert state.metrics == {"objective", "remeasure.objective"}
+    assert sink.metric_steps(child, "remeasure.objective") == {4}
+    assert sink.run_state("0" * 32) is None
+    client.delete_run(child)
+    assert sink.run_state(child) is None

@@ -4,6 +4,7 @@ champion is re-measured and what counts as its drift. Every case names the exact
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Callable, Sequence
 
 import pytest
@@ -164,3 +165,55 @@ def test_a_drift_is_significant_beyond_two_standard_errors() -> None:
     assert large
     # a first measurement is its own level: no drift
     assert policy.drift([], 90.0, cv) == (90.0, False)
+
+
+def test_a_flagged_drift_is_confirmed_only_by_a_boot_that_agrees() -> None:
+    """A boot 2 standard errors off flags a drift; the level is re-based only when the
+    confirmation boot agrees: the flagged and confirming boots pooled 3 standard errors off,
+    on the same side."""
+    cv = 0.03
+    flag = policy.suspected_drift([100.0, 100.0, 100.0, 90.0], cv, None)
+    assert flag is not None and flag.start == 3 and flag.sigmas < -policy.DRIFT_SIGMAS
+    assert policy.suspected_drift([100.0, 100.0, 100.0, 95.0], cv, None) is None
+    # the cluster is as it was: one unlucky boot, not a drift
+    assert policy.drift_confirmed([100.0, 100.0, 100.0, 90.0, 100.0], flag, cv) is None
+    # the confirmation boot on the other side of the level confirms nothing
+    assert policy.drift_confirmed([100.0, 100.0, 100.0, 90.0, 112.0], flag, cv) is None
+    rebase = policy.drift_confirmed([100.0, 100.0, 100.0, 90.0, 91.0], flag, cv)
+    assert rebase is not None and rebase.start == 3
+    assert rebase.before == pytest.approx(100.0)
+    assert rebase.after == pytest.approx(math.sqrt(90.0 * 91.0))
+    assert rebase.sigmas < -policy.CONFIRM_SIGMAS
+
+
+def test_an_unconfirmed_flag_is_screened_again_with_the_boots_since() -> None:
+    """A drift the confirmation missed: the boots since the last unconfirmed flag are tested
+    together against the level before it, so the flag's boots do not dilute the drift into
+    the level. Alone, the latest boot flags nothing."""
+    cv = 0.03
+    level = [100.0, 100.0, 100.0, 90.0, 100.0, 92.0]  # a flag at position 3, not confirmed
+    assert policy.suspected_drift(level, cv, None) is None
+    flag = policy.suspected_drift(level, cv, 3)
+    assert flag is not None and flag.start == 3
+    assert policy.drift_confirmed([*level, 91.0], flag, cv) is not None
+    # a flag at the level's first boot has nothing before it to compare with
+    assert policy.suspected_drift([90.0, 91.0], cv, 0) is None
+
+
+@pytest.mark.parametrize("n", [1, 3, 8])
+def test_the_sentinel_s_false_alarms_per_re_measure_are_under_one_percent(n: int) -> None:
+    """No drift: a champion measured on ``n`` boots, re-measured, and confirmed when flagged;
+    re-bases in under 1 % of re-measurements (the flag alone: about 5 %)."""
+    rng = random.Random(n)
+    cv, trials = 0.05, 20000
+    flags = rebases = 0
+    for _ in range(trials):
+        level = [100.0 * math.exp(rng.gauss(0, cv)) for _ in range(n + 1)]
+        flag = policy.suspected_drift(level, cv, None)
+        if flag is None:
+            continue
+        flags += 1
+        confirm = [*level, 100.0 * math.exp(rng.gauss(0, cv))]
+        rebases += policy.drift_confirmed(confirm, flag, cv) is not None
+    assert 0.03 < flags / trials < 0.07
+    assert rebases / trials < 0.01

@@ -11,7 +11,10 @@ from pathlib import Path
 from rich.console import Console
 
 from agents import ProposalContext, SweepProposer
+from bench.research import run_loop
 from cluster.errors import DeployError, NodeError
+from cluster.simulated import StepDrift
+from cluster.twin.landscape import load_landscape
 from knobs.config import Change, Config
 from knobs.records import CellResultRecord, CellSpec, NodeClockRecord
 from knobs.vocabulary import FailureClass
@@ -156,10 +159,20 @@ def test_drift_is_recorded_and_rebaselines_the_comparison(tmp_path: Path) -> Non
     ]
     testbed = ScriptedTestbed(speed)
     with run(tmp_path, testbed, changes, budget=4, drift_every=3, champion_boots=1) as ledger:
+        # the sentinel's boot flags it, one more boot confirms it, and the level is re-based
+        # from the flagged boot on
         drifts = ledger.drifts("scripted")
-        assert len(drifts) >= 1
-        first = drifts[0]
-        assert first.significant and round(first.drift_pct) == 30
+        assert [(d.measurement, round(d.drift_pct), d.significant) for d in drifts[:3]] == [
+            (1, 30, False),
+            (2, 30, False),
+            (1, 30, True),
+        ]
+        baseline = ledger.experiments()[0]
+        assert [b.role for b in ledger.boots(baseline.id)][:3] == [
+            "measure",
+            "remeasure",
+            "confirm",
+        ]
         statuses = [e.status for e in ledger.experiments()]
         # the three neutral changes were measured before the shift: discarded
         assert statuses[1:4] == ["discard", "discard", "discard"]
@@ -220,6 +233,48 @@ def test_a_champion_re_measured_with_clocks_off_is_neither_drift_nor_its_level(
         ]
         k5 = ledger.experiments()[3]
         assert k5.status == "keep" and 18 < (k5.delta_pct or 0) < 22
+
+
+def test_a_drift_the_confirmation_boot_does_not_confirm_re_bases_nothing(tmp_path: Path) -> None:
+    """Boot 4, the drift sentinel's re-measurement, measures 10 % low (a flag); the cluster
+    did not change, and the confirmation boot says so: no re-base, the champion's level keeps
+    its history with both boots in it, and K=5 (+20 %) is judged against that level (the loop
+    before #18 re-based on the one low boot and measured it +33 %)."""
+
+    def speed(config: Config, n: int) -> float:
+        return (90.0 if n == 4 else 100.0) * (1.2 if config["num_speculative_tokens"] == 5 else 1)
+
+    changes = [
+        {"drafter_adapter_rank": 0},
+        {"drafter_adapter_rank": 16},
+        {"num_speculative_tokens": 5},
+    ]
+    testbed = ScriptedTestbed(speed)
+    with run(tmp_path, testbed, changes, budget=3, drift_every=2, champion_boots=1) as ledger:
+        baseline = ledger.experiments()[0]
+        roles = [b.role for b in ledger.boots(baseline.id)]
+        assert roles[:3] == ["measure", "remeasure", "confirm"]
+        drifts = ledger.drifts("scripted")
+        assert [(round(d.before), round(d.after), d.significant) for d in drifts[:2]] == [
+            (100, 90, False),
+            (100, 100, False),
+        ]
+        assert not any(d.significant for d in drifts)
+        k5 = ledger.experiments()[3]
+        level = (100.0 * 90.0 * 100.0) ** (1 / 3)
+        assert k5.status == "keep" and 120 / level - 1.05 < (k5.delta_pct or 0) / 100 < 0.25
+
+
+def test_a_real_step_drift_is_re_based_within_three_re_measures(tmp_path: Path) -> None:
+    """The simulated cluster at its landscape's noise (5 % a boot) runs 15 % slower from its
+    tenth boot on: the sentinel re-bases the champion within three re-measurements after the
+    step, and not before it."""
+    landscape = load_landscape("flat")
+    trace = run_loop(landscape, 0, 30, {}, "orchestrate", drift=StepDrift(0.85, after_boot=10))
+    after = [rebased for boot, rebased in trace.sentinel_events if boot > 10]
+    before = [rebased for boot, rebased in trace.sentinel_events if boot <= 10]
+    assert not any(before)
+    assert True in after[:3]
 
 
 def proposal_context(ledger: Ledger, testbed: ScriptedTestbed) -> ProposalContext:

@@ -39,7 +39,8 @@ def tp4() -> Landscape:
 
 
 def test_the_three_seed_stacks_ship_and_validate() -> None:
-    assert shipped() == ["exl3-tp4", "sm121-2node", "vllm-dflash2-tp4"]
+    # and the benchmark's landscapes unlike them (tests/test_landscapes.py)
+    assert {"exl3-tp4", "sm121-2node", "vllm-dflash2-tp4"} <= set(shipped())
     for name in shipped():
         landscape = load_landscape(name)
         assert landscape.name == name

@@ -8,6 +8,6 @@
 
 from __future__ import annotations
 
-from cluster.simulated.testbed import SimulatedTestbed
+from cluster.simulated.testbed import SimulatedTestbed, StepDrift
 
-__all__ = ["SimulatedTestbed"]
+__all__ = ["SimulatedTestbed", "StepDrift"]

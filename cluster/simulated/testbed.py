@@ -7,11 +7,15 @@ node's pace for the whole boot (as the twin's engine does; the next boot's prefl
 power-cycles it, so every boot draws afresh). Each ``bench`` draws a cell from the landscape's
 noise model and reports every node's clocks. The research benchmark runs thousands of
 experiments through the real round loop on it.
+
+The landscape has no drift; ``StepDrift`` injects one (every boot after the N-th runs at a
+factor of the speed: the cluster changed under the loop), for checking the drift sentinel.
 """
 
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 
 from cluster.errors import DeployError, NodeError
 from cluster.twin.landscape import Landscape
@@ -22,12 +26,26 @@ from knobs.records import CellResultRecord, CellSpec, NodeClockRecord
 from knobs.vocabulary import FailureClass
 
 
-class SimulatedTestbed:
-    """A ``Testbed`` backed by a landscape's performance and noise model."""
+@dataclass(frozen=True)
+class StepDrift:
+    """Every boot after the ``after_boot``-th runs at ``factor`` × the landscape's speed."""
 
-    def __init__(self, landscape: Landscape, seed: int) -> None:
+    factor: float
+    after_boot: int
+
+    def at(self, boot: int) -> float:
+        """The speed factor of boot number ``boot`` (1 for the first)."""
+        return self.factor if boot > self.after_boot else 1.0
+
+
+class SimulatedTestbed:
+    """A ``Testbed`` backed by a landscape's performance and noise model (``drift``: a step
+    injected into it, none by default)."""
+
+    def __init__(self, landscape: Landscape, seed: int, drift: StepDrift | None = None) -> None:
         self.landscape = landscape
         self.seed = seed
+        self.drift = drift
         self.rng = random.Random(seed)
         self.boots = 0
         self.stuck_boots = 0  # boots with a node's clocks stuck
@@ -56,6 +74,8 @@ class SimulatedTestbed:
             raise DeployError(f"simulated boot failed: {reason}", failure_class=failure, rank=0)
         self._config = config
         self._factor = self.landscape.draw_boot_factor(self.rng)
+        if self.drift is not None:
+            self._factor *= self.drift.at(self.boots)
         noise = self.landscape.noise
         # the twin's own draw (a pure function of seed, node and boot), apart from the boot
         # and run noise: the same seed draws the same noise with or without stuck clocks

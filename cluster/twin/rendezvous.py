@@ -1,9 +1,11 @@
 """Multi-node rendezvous over TCP: rank 0 listens on ``--master-port``, headless ranks connect.
 
 The protocol is one JSON object per line. A worker sends ``hello`` (its rank, the group size,
-the fingerprint of its command line, its clocks); the head answers ``welcome`` or ``reject``
-and, on a clean shutdown, ``shutdown``. Both sides keep the connection for the engine's life:
-a connection that drops is a dead rank, as an NCCL failure would be.
+the fingerprint of its command line, its clocks, its cluster's rendezvous token); the head
+answers ``welcome`` or ``reject`` and, on a clean shutdown, ``shutdown``. A worker whose token
+is not the head's (another cluster's, issue #17) is refused without failing the head, which
+keeps waiting for its own. Both sides keep the connection for the engine's life: a connection
+that drops is a dead rank, as an NCCL failure would be.
 """
 
 from __future__ import annotations
@@ -28,6 +30,10 @@ class RendezvousError(OrchestrateError):
     def __init__(self, message: str, *, missing: tuple[int, ...] = ()) -> None:
         super().__init__(message)
         self.missing = missing
+
+
+#: Why a head refuses a worker whose rendezvous token is not its own (issue #17).
+FOREIGN_REASON = "rendezvous token does not match: this master serves another cluster"
 
 
 @dataclass(frozen=True)
@@ -83,11 +89,21 @@ class Head:
     """Rank 0's side: accept ``nnodes - 1`` workers, then watch their connections."""
 
     def __init__(
-        self, host: str, port: int, nnodes: int, fingerprint: str, started_at: float
+        self,
+        host: str,
+        port: int,
+        nnodes: int,
+        fingerprint: str,
+        started_at: float,
+        *,
+        token: str = "",
     ) -> None:
         self.nnodes = nnodes
         self.fingerprint = fingerprint
         self.started_at = started_at
+        self.token = token
+        #: called with (peer, rank) for a worker of another cluster, refused (issue #17)
+        self.on_foreign: Callable[[str, object], None] | None = None
         self.members: dict[int, Member] = {}
         self._conns: dict[int, socket.socket] = {}
         self._closing = False
@@ -150,6 +166,15 @@ class Head:
             conn.close()
             return
         rank = hello.get("rank")
+        if hello.get("token", "") != self.token:
+            # another cluster's worker (same ports, same machine): refused, and it does not
+            # fail this group, whose own workers may still come
+            with contextlib.suppress(OSError):
+                _send(conn, {"type": "reject", "reason": FOREIGN_REASON})
+            conn.close()
+            if self.on_foreign is not None:
+                self.on_foreign(peer, rank)
+            return
         problem: str | None = None
         if not isinstance(rank, int) or not 1 <= rank < self.nnodes:
             problem = f"node rank {rank!r} is not in 1..{self.nnodes - 1}"

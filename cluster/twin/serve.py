@@ -44,6 +44,8 @@ ENV_SEED = "TWIN_SEED"
 ENV_NOISE = "TWIN_NOISE"
 ENV_BOOT_SCALE = "TWIN_BOOT_SCALE"
 ENV_RUN_SCALE = "TWIN_RUN_SCALE"
+#: the cluster's rendezvous token (issue #17): a head refuses a worker that brings another
+ENV_TOKEN = "TWIN_RENDEZVOUS_TOKEN"  # noqa: S105 - the variable's name, not a secret
 
 #: Wall-clock floors of the rendezvous waits, whatever the boot time scale: a host under load
 #: must not turn a good start order into a failed one.
@@ -64,6 +66,7 @@ class TwinEnv:
     node_dir: Path | None
     seed: int
     noise: bool
+    token: str = ""
 
 
 def _float_env(env: Mapping[str, str], name: str) -> float | None:
@@ -106,6 +109,7 @@ def twin_env(env: Mapping[str, str]) -> TwinEnv:
         node_dir=node.node_dir(env.get(ENV_NODE_DIR)),
         seed=seed,
         noise=not quiet,
+        token=env.get(ENV_TOKEN, ""),
     )
 
 
@@ -191,7 +195,7 @@ def serve(argv: list[str], env: Mapping[str, str]) -> int:
         log.error("arg_utils.py:1412", f"ValueError: {problem}")
         return 1
     if args.headless:
-        return _worker(args, landscape, state, stop, log, started_at)
+        return _worker(args, tenv, state, stop, log, started_at)
     return _head(args, tenv, state, stop, log, started_at)
 
 
@@ -223,12 +227,13 @@ def _fingerprint(args: serve_args.ServeArgs) -> str:
 
 def _worker(
     args: serve_args.ServeArgs,
-    landscape: Landscape,
+    tenv: TwinEnv,
     state: node.NodeState,
     stop: _Stop,
     log: EngineLog,
     started_at: float,
 ) -> int:
+    landscape = tenv.landscape
     if not stop.sleep(landscape.scaled(landscape.boot.worker_init_s)):
         log.info("launcher.py:88", "Shutting down headless node (signal)")
         return 0
@@ -244,6 +249,7 @@ def _worker(
         "matmul_rate": state.matmul_rate,
         "sm_clock_mhz": state.sm_clock_mhz,
         "started_at": started_at,
+        "token": tenv.token,
     }
     try:
         wait = max(landscape.scaled(landscape.boot.worker_wait_s), MIN_WORKER_WAIT_S)
@@ -312,7 +318,7 @@ def _head(
     try:
         rates = [state.matmul_rate]
         if args.nnodes > 1:
-            head = _listen(args, log, started_at)
+            head = _listen(args, log, started_at, tenv.token)
             if head is None:
                 return 1
             code = _gather(head, args, landscape, stop, log, rates)
@@ -335,10 +341,20 @@ def _head(
         thread.join(timeout=1.0)
 
 
-def _listen(args: serve_args.ServeArgs, log: EngineLog, started_at: float) -> Head | None:
-    """Rank 0's rendezvous listener on the master address; ``None`` (logged) if it cannot bind."""
+def _listen(
+    args: serve_args.ServeArgs, log: EngineLog, started_at: float, token: str
+) -> Head | None:
+    """Rank 0's rendezvous listener on the master address; ``None`` (logged) if it cannot bind.
+    A worker of another cluster (another token) is refused with a warning line."""
     try:
-        return Head(args.master_addr, args.master_port, args.nnodes, _fingerprint(args), started_at)
+        head = Head(
+            args.master_addr,
+            args.master_port,
+            args.nnodes,
+            _fingerprint(args),
+            started_at,
+            token=token,
+        )
     except OSError as e:
         log.error(
             "parallel_state.py:1120",
@@ -346,6 +362,16 @@ def _listen(args: serve_args.ServeArgs, log: EngineLog, started_at: float) -> He
             f"{args.master_addr}:{args.master_port}: {e.strerror}",
         )
         return None
+
+    def foreign(peer: str, rank: object) -> None:
+        log.warning(
+            "multiproc_executor.py:109",
+            f"Refused node rank {rank!r} from {peer}: its rendezvous token is another "
+            "cluster's; still waiting for this cluster's own",
+        )
+
+    head.on_foreign = foreign
+    return head
 
 
 def _gather(

@@ -2,14 +2,25 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated
 
 import typer
 
-from orchestrator.cli.common import ProfileOpt, opened, out
+from orchestrator.cli.common import Opened, ProfileOpt, opened, out
 from orchestrator.errors import UsageError
-from orchestrator.lease import ClusterLease
+from orchestrator.evolution import fit_champion, knob_changes
+from orchestrator.lease import Ownership
 from orchestrator.profile import load_profile
+
+ForceOpt = Annotated[
+    bool,
+    typer.Option(
+        "--force",
+        help="break another orchestrator's claim on the nodes, stale or live (recorded in the "
+        "ledger); without it a live claim refuses the command",
+    ),
+]
 
 cluster_app = typer.Typer(help="Drive the profile's cluster by hand.", no_args_is_help=True)
 
@@ -47,16 +58,23 @@ def cluster_up(
             "is restored when the profile says restore_champion",
         ),
     ] = None,
+    force: ForceOpt = False,
 ) -> None:
     """Deploy the champion (or the profile's starting config) and leave it running.
 
-    On failure every node is torn down and the command exits with the failure's code.
+    The nodes are claimed while it deploys (refused while another orchestrator holds them)
+    and released after: the engines stay up, unclaimed. On failure every node is torn down
+    and the command exits with the failure's code.
     """
     prof = load_profile(profile)
     console = out()
     with opened(prof) as o:
         ledger = o.ledger()
         champion = ledger.champion(prof.cluster.name)
+        # recorded under an earlier profile: fitted to this one, what changed said and recorded
+        for line in knob_changes(prof.space, ledger, prof.cluster.name, record=True):
+            console.print(line)
+        champion = None if champion is None else fit_champion(prof.space, champion)
         base = champion.config if champion else prof.initial_champion()
         config = base
         for item in set_ or []:
@@ -66,7 +84,7 @@ def cluster_up(
             config = config.apply(prof.space.change(config, knob, value))
         fallback = base if set_ and prof.restore_champion else None
         deployer = o.deployer(progress=lambda msg: console.print(f"  {msg}", style="dim"))
-        with ClusterLease(ledger, prof.cluster.name):
+        with _owned(o, "cluster up", force, console.print):
             attempt = deployer.attempt(config, fallback=fallback)
     if attempt.failure is not None:
         for rank, how in sorted(attempt.teardown.items()):
@@ -83,11 +101,12 @@ def cluster_up(
 
 
 @cluster_app.command("down")
-def cluster_down(profile: ProfileOpt = None) -> None:
+def cluster_down(profile: ProfileOpt = None, force: ForceOpt = False) -> None:
     """Stop the engine on every node (head first), confirming each is gone; a node that
-    cannot be reached is reported and the others are still stopped."""
+    cannot be reached is reported and the others are still stopped. Refused while another
+    orchestrator (a running round) claims the nodes, unless --force."""
     prof = load_profile(profile)
-    with opened(prof) as o:
+    with opened(prof) as o, _owned(o, "cluster down", force, typer.echo, lease=False):
         outcomes, errors = o.deployer().stop_each()
     for rank, how in sorted(outcomes.items()):
         typer.echo(f"node-{rank}: {how}")
@@ -109,3 +128,21 @@ def cluster_status(profile: ProfileOpt = None) -> None:
     failed = [e for _, e in sorted(reached.items()) if e is not None]
     if failed:
         raise failed[0]
+
+
+def _owned(
+    o: Opened, what: str, force: bool, note: Callable[[str], None], *, lease: bool = True
+) -> Ownership:
+    """The ledger's lease (with ``lease``) and a claim on every node while a command drives
+    them (issue #17); a node that cannot be reached is left unclaimed, as the command reports
+    it. The ledger opens only if ``lease`` or a claim broken by ``force`` needs it."""
+    return Ownership(
+        o.profile.cluster,
+        what=what,
+        ledger_url=o.settings.ledger_url,
+        ledger=o.ledger,
+        lease=lease,
+        force=force,
+        note=note,
+        skip_unreachable=True,
+    )

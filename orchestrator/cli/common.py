@@ -42,6 +42,9 @@ class Opened:
         """The profile's ledger (``ORCHESTRATE_LEDGER`` first), opened on the first call."""
         if self._ledger is None:
             self._ledger = self._stack.enter_context(Ledger(self.settings.ledger_url))
+            if self._ledger.upgraded is not None:
+                # said once, on stderr: a --json command's stdout stays JSON
+                Console(stderr=True).print(self._ledger.upgraded.line(), markup=False)
         return self._ledger
 
     def deployer(self, *, progress: Progress | None = None) -> Deployer:

@@ -10,6 +10,7 @@ import typer
 from orchestrator.cli.bench import bench
 from orchestrator.cli.cluster import cluster_app
 from orchestrator.cli.export import export
+from orchestrator.cli.known_bad import known_bad_app
 from orchestrator.cli.proposals import proposals_app
 from orchestrator.cli.round import round_
 from orchestrator.cli.status import status
@@ -27,6 +28,7 @@ app = typer.Typer(
 )
 app.add_typer(proposals_app, name="proposals")
 app.add_typer(cluster_app, name="cluster")
+app.add_typer(known_bad_app, name="known-bad")
 app.add_typer(twin_app, name="twin")
 app.add_typer(engines_app, name="engines")
 app.command("round")(round_)

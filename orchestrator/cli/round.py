@@ -18,8 +18,9 @@ from ledger import ExperimentRecord, ProposalRecord
 from ledger.mlflow_sink import MlflowSink
 from orchestrator.approval import Answer, ApprovalGate, llm_summary
 from orchestrator.cli.common import JsonOpt, ProfileOpt, opened, out
+from orchestrator.crashpoints import deploy_progress
 from orchestrator.display import RoundDisplay, experiments_table
-from orchestrator.lease import ClusterLease
+from orchestrator.lease import Ownership
 from orchestrator.profile import Profile, default_brief, load_profile
 from orchestrator.round import RoundOptions, RoundReport, RoundRunner
 from orchestrator.testbed import ClusterTestbed
@@ -78,10 +79,21 @@ def round_(
             max_timeouts=prof.approve.max_timeouts,
         )
         sink = MlflowSink(o.settings.mlflow_uri, artifact_root=o.settings.artifact_root)
-        deployer = o.deployer(progress=display.phase)
+        # each node's start and /health are crash points of the kill suite (``crashpoints``)
+        deployer = o.deployer(progress=deploy_progress(display.phase))
         testbed = ClusterTestbed(deployer, prof.cluster.base_url, prof.model)
-        with ClusterLease(ledger, prof.cluster.name):
-            runner = RoundRunner(prof, ledger, sink, testbed, proposer_obj, gate, display)
+        # the ledger's lease and a claim on every node before the first deploy (issue #17)
+        owner = Ownership(
+            prof.cluster,
+            what="round",
+            ledger_url=ledger.url,
+            ledger=o.ledger,
+            note=display.note,
+        )
+        with owner:
+            runner = RoundRunner(
+                prof, ledger, sink, testbed, proposer_obj, gate, display, guard=owner.check
+            )
             report = runner.run(options)
     _print_report(report, as_json)
 

@@ -10,6 +10,8 @@ import typer
 from knobs.spec import as_text
 from knobs.vocabulary import Kind, State, Status
 from orchestrator.cli.common import JsonOpt, ProfileOpt, opened, out
+from orchestrator.evolution import fit_champion, knob_changes
+from orchestrator.priors import knob_priors, measured
 from orchestrator.profile import load_profile
 
 
@@ -20,10 +22,15 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
         ledger = o.ledger()
         name = prof.cluster.name
         champion = ledger.champion(name)
+        # the profile gained or lost a knob since: the champion as this profile sees it, and
+        # what fitting it changed that no round or ``cluster up`` has recorded yet
+        changes = knob_changes(prof.space, ledger, name, record=False)
+        champion = None if champion is None else fit_champion(prof.space, champion)
         running = ledger.unfinished_round(name)
         lease = ledger.lease(name)
         rounds = ledger.rounds(name)
         experiments = ledger.experiments(cluster=name)
+        effects = measured(ledger, experiments)  # each knob's measured changes, for its prior
     data: dict[str, Any] = {
         "cluster": name,
         "champion": None
@@ -53,6 +60,15 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
         if lease is None
         else {"holder": lease.holder, "expires_at": lease.expires_at.isoformat()},
     }
+    data["knob_priors"] = {
+        knob: {
+            "p_null": prior.p_null,
+            "effect_pct": prior.effect_pct,
+            "n": sum(1 for m in effects if m.knob == knob),
+            "source": prior.source,
+        }
+        for knob, prior in knob_priors(prof, effects).items()
+    }
     if as_json:
         typer.echo(json.dumps(data, indent=2))
         return
@@ -65,6 +81,8 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
             f"champion: experiment #{champion.experiment_id}, objective {champion.objective:.1f}: "
             + ", ".join(f"{k}={as_text(v)}" for k, v in champion.config.items())
         )
+    for line in changes:
+        console.print(f"{line} (recorded by the next round or cluster up)")
     if running is not None:
         r = data["running_round"]
         console.print(
@@ -73,3 +91,10 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
         )
     if lease is not None:
         console.print(f"lease: {lease.holder} until {lease.expires_at:%H:%M:%S} UTC")
+    console.print("effect priors in force (the verdict's and the proposer's):")
+    for knob, p in data["knob_priors"].items():
+        console.print(
+            f"  {knob}: {p['p_null']:.0%} null, ±{p['effect_pct']:.1f}%, "
+            f"n={p['n']}: {p['source'] or 'the profile prior'}",
+            markup=False,
+        )

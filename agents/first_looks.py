@@ -1,0 +1,175 @@
+"""First looks: which knob the Optuna proposer changes before TPE's preferences take over.
+
+TPE models only the configs it has seen, so it may never move a knob its history never moved
+(CUDA graphs left off for a whole run, K never tried below 4, a memory knob the card called
+flat). So under the first champion every knob gets a look, and under a later one the knobs
+that may have moved with the keep get looks again:
+
+- a knob the prior in force says matters (``context.prior``: its spec's, or what this
+  cluster's measurements taught, ``p_null`` below ``FIRST_LOOK_NULL``) gets a look at every
+  value under each champion when it has at most ``FIRST_LOOK_VALUES`` (a sweep of K; CUDA
+  graphs' one other value), one look when it has more;
+- any other knob gets one look under the first champion, and one under a later champion when
+  it interacts with the knob the last keep changed (declared: ``interacts_with`` on either
+  knob's spec; learned: ``context.interacting``, a change that measured differently under two
+  champions): the values decided under the old champion are open again, and a look keeps
+  them from waiting on TPE;
+- the knob looked at first is the one whose best look promises the most gain per boot:
+  ``E[gain] = (1 − p_null) · E[max(0, δ)]``, with ``δ ~ N(0, τ²)`` (``τ`` the prior's spread:
+  ``E = τ/√(2π)``) or, for the draft knob where the draft-length model predicts a value,
+  ``δ ~ N(prediction, (τ/2)²)``; per boot: divided by the boots a decision costs when a share
+  of the knob's changes fail to boot (``1 / (1 − crashes / (tries + 1))``).
+
+Going back to the champion this one replaced is no look (that comparison was just decided);
+a knob whose changes failed to boot ``FIRST_LOOK_CRASHES`` times with one failure class gets
+no more (every K but 7 wedges one stack's boot); a draft-knob value the model predicts more
+than ``DRAFT_LOOK_FLOOR`` % worse than the champion gets none (TPE may still try it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections import Counter
+from collections.abc import Sequence
+
+from agents.context import ProposalContext
+from agents.draft_model import DraftPrediction
+from knobs.config import Change, Config
+from knobs.spec import EffectPrior
+from knobs.vocabulary import Status
+
+#: A knob whose prior in force says fewer than this share of its changes do nothing is swept
+#: under every champion (every value, when it has at most ``FIRST_LOOK_VALUES``).
+FIRST_LOOK_NULL = 0.5
+#: A knob known to matter with at most this many values gets a first look at every value
+#: under each champion (a sweep: K from 1 to 7); a larger one gets one look.
+FIRST_LOOK_VALUES = 8
+#: A value of the draft knob that the draft-length model predicts this much worse than the
+#: champion (percent) gets no first look (TPE may still try it later).
+DRAFT_LOOK_FLOOR = 10.0
+#: A knob whose changes failed to boot this many times with one failure class (under any
+#: champion) gets no more first looks.
+FIRST_LOOK_CRASHES = 2
+#: The prior of a knob that declares none and has learned nothing (the profile's default).
+_FLAT = EffectPrior(p_null=0.5, effect_pct=15.0)
+
+
+def seed_for(*parts: object) -> int:
+    """A 32-bit seed from ``parts`` (stable across processes, unlike ``hash`` of a string)."""
+    text = "\x1f".join(str(p) for p in parts)
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "big")
+
+
+def _prior(context: ProposalContext, knob: str) -> EffectPrior:
+    return context.prior(knob) or _FLAT
+
+
+def expected_gain(context: ProposalContext, change: Change, model: DraftPrediction | None) -> float:
+    """``E[max(0, δ)]`` of ``change`` (log scale) under its knob's prior (see the module)."""
+    prior = _prior(context, change.knob)
+    tau = math.log1p(prior.effect_pct / 100)
+    predicted = (
+        model.change_pct.get(int(change.new))
+        if model is not None and change.knob == model.knob
+        else None
+    )
+    if predicted is None:
+        return (1 - prior.p_null) * tau / math.sqrt(2 * math.pi)
+    mean, sd = math.log1p(max(predicted, -99.0) / 100), tau / 2
+    z = mean / sd
+    normal = math.exp(-0.5 * z * z) / math.sqrt(2 * math.pi)
+    return (1 - prior.p_null) * (sd * normal + mean * 0.5 * (1 + math.erf(z / math.sqrt(2))))
+
+
+def boots_per_decision(context: ProposalContext, knob: str) -> float:
+    """The boots a decided change of ``knob`` costs when some of its changes fail to boot."""
+    crashes = sum(1 for e in context.history if e.knob == knob and e.status == Status.CRASH)
+    return 1.0 / (1.0 - crashes / (context.tries(knob) + 1))
+
+
+def why(context: ProposalContext, knob: str) -> str:
+    """Why ``knob`` gets a look under this champion, in words."""
+    prior = _prior(context, knob)
+    if prior.p_null < FIRST_LOOK_NULL:
+        return f"only {prior.p_null:.0%} of its changes do nothing"
+    kept = _last_kept(context)
+    if kept is None:
+        return "every knob gets a look under the first champion"
+    return f"it may interact with {kept}, which the last keep changed"
+
+
+def eligible(context: ProposalContext) -> dict[str, bool]:
+    """The knobs that get looks under this champion, each with whether every value does."""
+    here = {e.knob for e in context.history if e.champion_key == context.champion.key}
+    crashes = Counter(
+        (e.knob, e.failure_class) for e in context.history if e.status == Status.CRASH and e.knob
+    )
+    kept = _last_kept(context)
+    moved = set() if kept is None else _interacting(context, kept)
+    out: dict[str, bool] = {}
+    for spec in context.space.knobs:
+        if any(n >= FIRST_LOOK_CRASHES for (k, _), n in crashes.items() if k == spec.name):
+            continue  # its changes keep failing to boot the same way: left to TPE
+        sweep = _prior(context, spec.name).p_null < FIRST_LOOK_NULL
+        sweep = sweep and len(spec.domain()) <= FIRST_LOOK_VALUES
+        if not sweep and spec.name in here:
+            continue  # one look under each champion
+        if sweep or kept is None or spec.name in moved:
+            out[spec.name] = sweep
+    return out
+
+
+def _last_kept(context: ProposalContext) -> str | None:
+    """The knob the keep that made this champion changed (``None``: the first champion)."""
+    for e in reversed(context.history):
+        if e.status == Status.KEEP and e.knob and Config(e.config).key == context.champion.key:
+            return e.knob
+    return None
+
+
+def _interacting(context: ProposalContext, kept: str) -> set[str]:
+    """The knobs that may have moved with a keep of ``kept``."""
+    declared = set(context.space.spec(kept).interacts_with) | {
+        s.name for s in context.space.knobs if kept in s.interacts_with
+    }
+    return (declared | set(context.interacting)) - {kept}
+
+
+def first_look(
+    context: ProposalContext,
+    allowed: Sequence[Change],
+    seed: int,
+    model: DraftPrediction | None = None,
+) -> tuple[str, list[Change]] | None:
+    """The knob to look at now and its changes that are looks, or ``None`` when none is left
+    (see the module)."""
+    knobs = eligible(context)
+    back = {
+        e.champion_key
+        for e in context.history
+        if e.status == Status.KEEP and Config(e.config).key == context.champion.key
+    }
+    looks = [
+        c
+        for c in allowed
+        if c.knob in knobs
+        and context.champion.apply(c).key not in back
+        and not (
+            model is not None
+            and c.knob == model.knob
+            and model.change_pct.get(int(c.new), 0.0) < -DRAFT_LOOK_FLOOR
+        )
+    ]
+    if not looks:
+        return None
+
+    def promise(knob: str) -> tuple[float, float, int, int]:
+        mine = [c for c in looks if c.knob == knob]
+        gain = max(expected_gain(context, c, model) for c in mine)
+        per_boot = gain / boots_per_decision(context, knob)
+        tie = seed_for(seed, knob)
+        return (-per_boot, _prior(context, knob).p_null, context.tries(knob), tie)
+
+    knob = min({c.knob for c in looks}, key=promise)
+    return knob, [c for c in looks if c.knob == knob]

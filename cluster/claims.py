@@ -1,0 +1,410 @@
+"""One owner per node (issue #17): a claim on every node, kept on the node itself.
+
+Whatever ledger an orchestrator writes to, the nodes it drives are the same, so the claim lives
+on them: ``<workdir>/.orchestrate-claim/``, made with ``mkdir`` (atomic: of two orchestrators
+that try at once, one makes it), holding ``holder.json`` (the holder id, what holds it, the
+cluster, the ledger URL with its password hidden, user, host and pid: never a secret),
+``expires`` (unix seconds on the NODE's clock, so the machines' clocks need not agree) and
+``id`` (the holder id, written last: a claim without it is being made, or its maker died
+making it). The holder renews ``expires`` every third of the TTL and at each of the round's
+safe points, checking that ``id`` is still its own, and removes the directory when it is done.
+
+A claim is stale when ``expires`` has passed on the node's clock, when its holder ran on this
+machine and that process is gone, or when it was never finished: it is taken over, with a line
+saying so. A live claim refuses the newcomer (``ClaimHeld``, exit 8) unless it is broken by
+force (``orchestrate cluster up|down --force``), which the caller records.
+
+Only POSIX sh tools run on the node (sh, mkdir, cat, date, printf, mv, rm); every value in a
+remote command is validated (workdirs by the inventory) or made here (ids, numbers, ASCII JSON)
+and ``shlex.quote``d.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import json
+import os
+import re
+import shlex
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from types import TracebackType
+
+from cluster.errors import ClaimHeld, DeployError, NodeError, NodeUnreachable, OwnershipLost
+from cluster.inventory import ClusterSpec, NodeSpec
+from cluster.transport import Transport, check
+
+#: The claim's directory in a node's workdir.
+CLAIM_DIR = ".orchestrate-claim"
+#: A claim being made (no ``id`` yet) is looked at again this many times, 0.1 s apart.
+_LOOKS = 5
+_PRINTABLE = re.compile(r"[^\x20-\x7e]")
+
+Note = Callable[[str], None]
+
+
+def _text(value: object, limit: int = 200) -> str:
+    """A value read from a node, fit to print on one line (it may be anyone's)."""
+    return _PRINTABLE.sub("?", str(value))[:limit]
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who holds (or wants) a claim: what is shown to whoever is refused."""
+
+    id: str
+    what: str
+    cluster: str
+    ledger: str
+    user: str
+    hostname: str
+    pid: int
+
+    @classmethod
+    def this_process(cls, what: str, cluster: str, ledger: str) -> Holder:
+        """This process as a holder; ``ledger`` must already have its password hidden."""
+        try:
+            user = getpass.getuser()
+        except (KeyError, OSError):  # no USER and no passwd entry (a bare container)
+            user = "?"
+        return cls(
+            id=uuid.uuid4().hex,
+            what=what,
+            cluster=cluster,
+            ledger=ledger,
+            user=user,
+            hostname=socket.gethostname(),
+            pid=os.getpid(),
+        )
+
+    def to_json(self) -> str:
+        """One line of printable ASCII (what goes into the remote command)."""
+        return json.dumps(asdict(self), ensure_ascii=True, sort_keys=True)
+
+    @classmethod
+    def parse(cls, text: str, holder_id: str) -> Holder:
+        """A holder read from a node; whatever is missing or malformed reads as ``?``."""
+        try:
+            data = json.loads(text)
+        except ValueError:
+            data = {}
+        if not isinstance(data, dict):
+            data = {}
+        pid = data.get("pid")
+        return cls(
+            id=holder_id,
+            what=_text(data.get("what", "?")),
+            cluster=_text(data.get("cluster", "?")),
+            ledger=_text(data.get("ledger", "?")),
+            user=_text(data.get("user", "?")),
+            hostname=_text(data.get("hostname", "?")),
+            pid=pid if isinstance(pid, int) and not isinstance(pid, bool) else -1,
+        )
+
+    def describe(self) -> str:
+        """``round of cluster C by user@host (pid N), ledger URL``."""
+        return (
+            f"{self.what} of cluster {self.cluster} by {self.user}@{self.hostname} "
+            f"(pid {self.pid}), ledger {self.ledger}"
+        )
+
+    def gone(self) -> bool:
+        """It ran on this machine and that process no longer exists."""
+        if self.hostname != socket.gethostname() or self.pid <= 0:
+            return False
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        return False
+
+
+@dataclass(frozen=True)
+class Seen:
+    """A node's claim as read: its holder (None while it is being made) and the seconds left
+    before it expires on the node's clock (None when unreadable)."""
+
+    holder: Holder | None
+    left_s: int | None
+
+    def describe(self) -> str:
+        """Who holds it, and for how long yet."""
+        if self.holder is None:
+            return "a claim being made (no holder yet)"
+        if self.left_s is None:
+            return self.holder.describe()
+        if self.left_s <= 0:
+            return f"{self.holder.describe()}, expired {-self.left_s}s ago"
+        return f"{self.holder.describe()}, expires in {self.left_s}s unless renewed"
+
+    def stale(self) -> str | None:
+        """Why this claim may be taken over, or None while it is live."""
+        if self.holder is None:
+            return "it was never finished"
+        if self.left_s is not None and self.left_s <= 0:
+            return f"it expired {-self.left_s}s ago on the node's clock"
+        if self.holder.gone():
+            return f"its process {self.holder.pid} on this machine is gone"
+        return None
+
+
+def _dir(node: NodeSpec) -> str:
+    return shlex.quote(f"{node.workdir}/{CLAIM_DIR}")
+
+
+def _show(d: str) -> str:
+    """sh that prints ``held``, the node's time, the claim's expiry, its id and holder."""
+    return (
+        'echo held; echo "now $(date +%s)"; '
+        f'echo "expires $(cat {d}/expires 2>/dev/null)"; echo "id $(cat {d}/id 2>/dev/null)"; '
+        f"cat {d}/holder.json 2>/dev/null; exit 0"
+    )
+
+
+def _parse_seen(stdout: str) -> Seen:
+    lines = stdout.splitlines()
+    fields = dict(line.partition(" ")[::2] for line in lines[1:4])
+    now, expires = fields.get("now", ""), fields.get("expires", "").strip()
+    left = int(expires) - int(now) if expires.isdigit() and now.isdigit() else None
+    holder_id = fields.get("id", "").strip()
+    if not holder_id:
+        return Seen(holder=None, left_s=left)
+    return Seen(holder=Holder.parse("\n".join(lines[4:]), _text(holder_id, 64)), left_s=left)
+
+
+def _take_command(node: NodeSpec, holder: Holder, ttl_s: float) -> list[str]:
+    d = _dir(node)
+    body = (
+        f"mkdir -p {shlex.quote(node.workdir)} || exit 3; "
+        f"if mkdir {d} 2>/dev/null; then "
+        f"printf '%s\\n' {shlex.quote(holder.to_json())} >{d}/holder.json && "
+        f"echo $(( $(date +%s) + {int(ttl_s)} )) >{d}/expires && "
+        f"printf '%s\\n' {holder.id} >{d}/id && echo taken; exit $?; fi; "
+        f"[ -d {d} ] || exit 3; " + _show(d)
+    )
+    return ["sh", "-c", body]
+
+
+def _renew_command(node: NodeSpec, holder: Holder, ttl_s: float) -> list[str]:
+    d = _dir(node)
+    body = (
+        f'[ "$(cat {d}/id 2>/dev/null)" = {holder.id} ] || {{ {_show(d)}; }}; '
+        f"echo $(( $(date +%s) + {int(ttl_s)} )) >{d}/expires.tmp && "
+        f"mv -f {d}/expires.tmp {d}/expires && echo renewed"
+    )
+    return ["sh", "-c", body]
+
+
+def _remove_command(node: NodeSpec, holder_id: str, by: str, how: str) -> list[str]:
+    """sh that removes the claim if its id is still ``holder_id`` ('' for one being made)."""
+    d = _dir(node)
+    trash = shlex.quote(f"{node.workdir}/{CLAIM_DIR}.{how}.{by}")
+    body = (
+        f'[ "$(cat {d}/id 2>/dev/null)" = {shlex.quote(holder_id)} ] && '
+        f"mv {d} {trash} && rm -rf {trash} && echo {how}; exit 0"
+    )
+    return ["sh", "-c", body]
+
+
+class NodeClaims:
+    """Claims every node of ``cluster`` for ``holder`` while in a ``with`` block, renewing the
+    claims in the background; ``check()`` renews them at once and says if one was lost."""
+
+    def __init__(
+        self,
+        cluster: ClusterSpec,
+        transports: Mapping[int, Transport],
+        holder: Holder,
+        *,
+        ttl_s: float = 120.0,
+        force: bool = False,
+        note: Note | None = None,
+        broken: Callable[[NodeSpec, Seen, str], None] | None = None,
+        skip_unreachable: bool = False,
+    ) -> None:
+        self.cluster = cluster
+        self.transports = dict(transports)
+        self.holder = holder
+        self.ttl_s = ttl_s
+        self.force = force
+        self._note = note or (lambda _line: None)
+        self._broken = broken or (lambda _node, _seen, _why: None)
+        self.skip_unreachable = skip_unreachable
+        self.held: list[NodeSpec] = []
+        self.lost: str | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> NodeClaims:
+        """Claim every node, rank 0 first.
+
+        Raises:
+            ClaimHeld: a node is claimed by a live holder (and ``force`` is off); the nodes
+                claimed so far are released.
+            NodeError: a node could not be reached (unless ``skip_unreachable``) or the claim
+                could not be written.
+        """
+        try:
+            for node in sorted(self.cluster.nodes, key=lambda n: n.rank):
+                try:
+                    self._claim(node)
+                except NodeUnreachable as e:
+                    if not self.skip_unreachable:
+                        raise
+                    self._note(f"{node.name} ({node.host}): not claimed: {e.message}")
+                    continue
+                self.held.append(node)
+        except BaseException:
+            self._release_all()
+            raise
+        self._thread = threading.Thread(target=self._renew_loop, name="claims", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self._release_all()
+
+    # ---- taking -----------------------------------------------------------------------------
+    def _claim(self, node: NodeSpec) -> None:
+        for look in range(_LOOKS + 2):
+            seen = self._take(node)
+            if seen is None:
+                return
+            why = seen.stale()
+            if seen.holder is None and look < _LOOKS:
+                time.sleep(0.1)  # being made right now: its maker writes the id next
+                continue
+            if why is None and not self.force:
+                raise ClaimHeld(
+                    f"{node.name} ({node.host}) is claimed by another orchestrator: "
+                    f"{seen.describe()}; if that holder is gone, "
+                    "`orchestrate cluster down --force` breaks its claim",
+                    rank=node.rank,
+                    host=node.host,
+                    holder=seen.describe(),
+                )
+            if self.force:
+                self._broken(node, seen, why or "broken by --force while live")
+            else:
+                self._note(f"{node.name}: taking over a stale claim ({seen.describe()}): {why}")
+            old = seen.holder.id if seen.holder is not None else ""
+            check(
+                self._t(node).run(_remove_command(node, old, self.holder.id, "broken"), timeout=30),
+                node,
+                "breaking a claim",
+            )
+        raise ClaimHeld(
+            f"{node.name} ({node.host}): its claim kept changing hands while this orchestrator "
+            "tried to take it; try again",
+            rank=node.rank,
+            host=node.host,
+            holder="?",
+        )
+
+    def _take(self, node: NodeSpec) -> Seen | None:
+        """Make the claim: None when made, else the claim that is there."""
+        argv = _take_command(node, self.holder, self.ttl_s)
+        result = check(self._t(node).run(argv, timeout=30), node, "claiming the node")
+        if result.stdout.startswith("taken"):
+            return None
+        seen = _parse_seen(result.stdout)
+        if seen.holder is not None and seen.holder.id == self.holder.id:
+            return None  # ours already
+        return seen
+
+    # ---- keeping ----------------------------------------------------------------------------
+    def check(self) -> None:
+        """Renew every claim now (a safe point of the round).
+
+        Raises:
+            OwnershipLost: a node's claim is now another's, or gone.
+        """
+        if self.lost is None:
+            self._renew_all()
+        if self.lost is not None:
+            raise OwnershipLost(self.lost)
+
+    def _renew_loop(self) -> None:
+        while not self._stop.wait(self.ttl_s / 3):
+            self._renew_all()
+            if self.lost is not None:
+                return
+
+    def _renew_all(self) -> None:
+        with self._lock:
+            for node in self.held:
+                if self.lost is not None:
+                    return
+                argv = _renew_command(node, self.holder, self.ttl_s)
+                try:
+                    result = self._t(node).run(argv, timeout=30)
+                except NodeError:
+                    continue  # unreachable for now: renewed when it answers again
+                if result.stdout.startswith("held"):
+                    seen = _parse_seen(result.stdout)
+                    now = (
+                        "its claim is gone"
+                        if seen.holder is None and seen.left_s is None
+                        else (f"it is now claimed by {seen.describe()}")
+                    )
+                    self.lost = (
+                        f"{node.name} ({node.host}): this orchestrator lost its claim on the "
+                        f"node ({now})"
+                    )
+
+    def _release_all(self) -> None:
+        with self._lock:
+            for node in reversed(self.held):
+                argv = _remove_command(node, self.holder.id, self.holder.id, "released")
+                with contextlib.suppress(NodeError):
+                    self._t(node).run(argv, timeout=30)
+            self.held = []
+
+    def _t(self, node: NodeSpec) -> Transport:
+        return self.transports[node.rank]
+
+
+def ensure_ports_free(cluster: ClusterSpec, head: Transport) -> None:
+    """Once this cluster's own engines are stopped, nothing may listen on the head's port or
+    master port: whatever does is a foreign engine (another orchestrator's, another cluster's
+    on the same machine) or another program, and a boot now would meet it. That is the
+    host's fault, never the config's (class ``port_in_use``: retried, then the round stops).
+
+    Raises:
+        DeployError: a port is taken (class ``port_in_use``; names the node and the port).
+        NodeError: the check could not run on the head.
+    """
+    node = cluster.head
+    host = shlex.quote(node.host)
+    body = (
+        f"for p in {int(cluster.port)} {int(cluster.master_port)}; do "
+        f'(exec 3<>"/dev/tcp/"{host}"/$p") 2>/dev/null && echo "$p"; done; exit 0'
+    )
+    result = check(head.run(["bash", "-c", body], timeout=30), node, "checking the ports")
+    busy = [int(w) for w in result.stdout.split() if w.isdigit()]
+    if busy:
+        raise DeployError(
+            f"{node.name}: port {busy[0]} on {node.host} is in use by something that is not "
+            "this cluster's engine (its own were just stopped): another orchestrator's engine, "
+            "or another program; free it, or give this cluster other ports (cluster.port and "
+            "cluster.master_port, or port: auto)",
+            failure_class="port_in_use",
+            rank=node.rank,
+            host=node.host,
+        )

@@ -1,0 +1,103 @@
+"""``orchestrate known-bad``: the regions no proposer may enter, and clearing one a person
+knows to be wrong (a flaky failure, a veto given in error)."""
+
+from __future__ import annotations
+
+import getpass
+import json
+import socket
+from typing import Annotated, Any
+
+import typer
+
+from orchestrator.cli.common import JsonOpt, ProfileOpt, opened
+from orchestrator.known_bad import BarredRegion, barred_regions, clear_region
+from orchestrator.profile import load_profile
+
+known_bad_app = typer.Typer(
+    help="Regions of the knob space the cluster's verdicts bar.", no_args_is_help=True
+)
+
+
+def _as_json(r: BarredRegion) -> dict[str, Any]:
+    e = r.experiment
+    return {
+        "id": e.id,
+        "source": r.region.source,
+        "region": r.region.region(),
+        "reason": r.region.reason,
+        "knob": e.knob,
+        "value": e.value,
+        "status": e.status,
+        "failure_class": e.failure_class,
+        "decided_at": None if e.decided_at is None else e.decided_at.isoformat(),
+        "champion": r.champion,
+        "champion_key": e.champion_key,
+        "cleared": None
+        if r.cleared is None
+        else {
+            "by": r.cleared.actor,
+            "at": r.cleared.created_at.isoformat(),
+            "reason": r.cleared.reason,
+        },
+    }
+
+
+@known_bad_app.command("list")
+def known_bad_list(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
+    """Every known-bad region of the profile's cluster: the experiment that barred it (its ID),
+    why, when and under which champion; cleared ones are marked so, with who cleared them and
+    why."""
+    prof = load_profile(profile)
+    with opened(prof) as o:
+        regions = barred_regions(prof, o.ledger())
+    if as_json:
+        typer.echo(json.dumps([_as_json(r) for r in regions], indent=2))
+        return
+    if not regions:
+        typer.echo(f"no known-bad regions on cluster {prof.cluster.name}")
+        return
+    rows: list[tuple[str, ...]] = [
+        ("ID", "source", "region", "reason", "decided", "champion", "cleared")
+    ]
+    rows += [_row(r) for r in regions]
+    # aligned columns, one region a line, whatever the terminal's width (grep and cut work)
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    for row in rows:
+        typer.echo("  ".join([*(c.ljust(w) for c, w in zip(row, widths, strict=False)), row[-1]]))
+    live = sum(1 for r in regions if r.cleared is None)
+    typer.echo(f"{live} barred, {len(regions) - live} cleared")
+
+
+def _row(r: BarredRegion) -> tuple[str, ...]:
+    e = r.experiment
+    return (
+        str(e.id),
+        r.region.source,
+        r.region.region(),
+        r.region.reason,
+        "-" if e.decided_at is None else f"{e.decided_at:%Y-%m-%d %H:%M}",
+        "-" if r.champion is None else f"#{r.champion}",
+        "-"
+        if r.cleared is None
+        else f"by {r.cleared.actor or '?'} on {r.cleared.created_at:%Y-%m-%d}: {r.cleared.reason}",
+    )
+
+
+@known_bad_app.command("clear")
+def known_bad_clear(
+    experiment_id: Annotated[int, typer.Argument(help="the ID of the experiment that barred it")],
+    reason: Annotated[str, typer.Option("--reason", help="why it is cleared (recorded)")],
+    profile: ProfileOpt = None,
+) -> None:
+    """Clear a known-bad region: proposers may enter it again. The experiment and its verdict
+    stay in the ledger and results.tsv as they were; the clearing is recorded with who and
+    why."""
+    prof = load_profile(profile)
+    actor = f"{getpass.getuser()}@{socket.gethostname()}"
+    with opened(prof) as o:
+        found, event = clear_region(prof, o.ledger(), experiment_id, reason=reason, actor=actor)
+    typer.echo(
+        f"cleared {found.region.region()} (barred by experiment #{experiment_id}, "
+        f"{found.region.source}: {found.region.reason}); recorded as event {event.id} by {actor}"
+    )

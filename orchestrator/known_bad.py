@@ -1,0 +1,94 @@
+"""Known-bad regions as a person sees them: every region the cluster's verdicts bar, and the
+way out of one (``orchestrate known-bad list | clear``).
+
+A region is named by the experiment that barred it (a crash, wrong greedy outputs, a veto).
+Clearing it records an event in the ledger (who, when, why): the experiment and its verdict
+stay as they were, results.tsv does not change, but the region bars nothing from then on and
+its config may be proposed again (``history.proposal_context`` skips it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from agents import KnownBad
+from knobs.vocabulary import EventKind
+from ledger import EventRecord, ExperimentRecord, Ledger
+from orchestrator.errors import OrchestrateError, UsageError
+from orchestrator.history import cleared_regions, region_of
+from orchestrator.profile import Profile
+
+
+class NothingBarred(OrchestrateError):
+    """The experiment named bars no region now (none of its own, or a person cleared it)."""
+
+    exit_code = 3
+
+    def __init__(self, message: str, *, experiment: int) -> None:
+        super().__init__(message)
+        self.experiment = experiment
+
+
+@dataclass(frozen=True)
+class BarredRegion:
+    """A region a decided experiment bars, and whether a person cleared it since."""
+
+    experiment: ExperimentRecord
+    region: KnownBad
+    #: the experiment of the champion it was decided against (``None``: not in the history)
+    champion: int | None
+    cleared: EventRecord | None = None
+
+
+def barred_regions(profile: Profile, ledger: Ledger) -> list[BarredRegion]:
+    """Every region the profile's cluster has barred, oldest first, cleared ones included."""
+    cluster = profile.cluster.name
+    cleared = cleared_regions(ledger, cluster)
+    champions = {c.config.key: c.experiment_id for c in ledger.champion_history(cluster)}
+    out: list[BarredRegion] = []
+    for e in ledger.experiments(cluster=cluster):
+        region = region_of(profile, ledger, e)
+        if region is not None:
+            champion = champions.get(e.champion_key or "")
+            out.append(BarredRegion(e, region, champion, cleared.get(e.id)))
+    return out
+
+
+def clear_region(
+    profile: Profile, ledger: Ledger, experiment_id: int, *, reason: str, actor: str
+) -> tuple[BarredRegion, EventRecord]:
+    """Clear the region experiment ``experiment_id`` bars: an event in the ledger, and no
+    proposer is kept from it from then on. The region and the event that cleared it.
+
+    Raises:
+        UsageError: ``reason`` is empty.
+        NothingBarred: the experiment bars nothing on this cluster (or was cleared before).
+    """
+    why = " ".join(reason.split())
+    if not why:
+        raise UsageError("--reason must say why the region is cleared (it is recorded)")
+    found = next(
+        (r for r in barred_regions(profile, ledger) if r.experiment.id == experiment_id), None
+    )
+    cluster = profile.cluster.name
+    if found is None:
+        raise NothingBarred(
+            f"experiment #{experiment_id} bars nothing on cluster {cluster}; "
+            "`orchestrate known-bad list` shows what is barred",
+            experiment=experiment_id,
+        )
+    if found.cleared is not None:
+        raise NothingBarred(
+            f"experiment #{experiment_id}'s region {found.region.region()} was cleared already, "
+            f"by {found.cleared.actor or 'someone'} on {found.cleared.created_at:%Y-%m-%d %H:%M}",
+            experiment=experiment_id,
+        )
+    event = ledger.add_event(
+        cluster,
+        EventKind.KNOWN_BAD_CLEARED,
+        subject=str(experiment_id),
+        detail={"region": found.region.region(), "source": found.region.source},
+        reason=why,
+        actor=actor,
+    )
+    return found, event

@@ -1,0 +1,181 @@
+"""Priors that learn: each knob's effect prior updated by what this cluster measured.
+
+A knob's prior (its spec's ``effect_prior``, else the profile's ``prior_null`` /
+``prior_effect_pct``) is a spike-and-slab: a share ``π`` of its changes do nothing, the rest
+move the objective by ``δ ~ N(0, τ²)`` on the log scale. Every decided one-knob experiment of
+the knob on this cluster measured ``g ~ N(δ, se²)`` (the verdict's ``g`` and ``se``, in the
+ledger's verdict stats), so ``g`` has the marginal density ``π·N(0, se²) + (1 − π)·N(0, se² +
+τ²)`` and the ledger's changes of the knob give ``(π, τ)`` a posterior (empirical Bayes, on a
+grid): the prior's ``π`` as a Beta with ``PRIOR_CHANGES`` changes' worth of pseudo-counts, its
+``τ`` as a log-normal as sure as a sample spread over as many changes (``log τ`` with sd
+``1/√(2·PRIOR_CHANGES)``). The learned prior is the posterior's mean ``π`` and the slab's
+posterior geometric-mean ``τ`` (no evidence: the prior back): a knob the card calls flat that
+measures +10 % twice, or −15 %, is judged as a knob that matters; one measured null many times
+keeps (or gains) a high ``π``. Only decided experiments count, so the experiment being judged
+is never in the prior it is judged with; a failure of the infrastructure's, a crash, an invalid
+output, a guardrail or a veto measured no effect and adds nothing.
+
+Learned interactions: a knob whose change to one value measured effects under two champions
+that differ by more than ``INTERACTION_Z`` standard errors interacts with what changed between
+them (the proposer looks at it again when the champion moves).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from knobs.spec import EffectPrior, Value, as_text
+from knobs.vocabulary import INFRASTRUCTURE, MEASURED, State
+from ledger import ExperimentRecord, Ledger
+from orchestrator.profile import Profile
+
+#: How many changes' worth of evidence the catalog's (or profile's) prior counts as.
+PRIOR_CHANGES = 3.0
+#: Two measurements of one change under two champions this many standard errors apart: the
+#: knob interacts with what changed between the champions.
+INTERACTION_Z = 3.0
+#: The verdict rules that decide on a measured effect (not a guardrail, not an invalid output).
+_MEASURING = frozenset({"posterior", "futility", "max-boots", "threshold"})
+_PIS = np.linspace(0.005, 0.995, 100)
+_TAUS = np.exp(np.linspace(math.log(0.002), math.log(0.7), 80))
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One decided one-knob change: its log effect ``g`` with standard error ``se``."""
+
+    experiment: int
+    knob: str
+    value: Value
+    champion_key: str
+    g: float
+    se: float
+
+
+def measured(ledger: Ledger, experiments: Iterable[ExperimentRecord]) -> list[Measured]:
+    """The decided one-knob changes among ``experiments`` whose verdict measured an effect."""
+    out: list[Measured] = []
+    for e in experiments:
+        if (
+            e.state != State.DECIDED
+            or e.status not in MEASURED
+            or e.knob is None
+            or e.value is None
+            or e.failure_class in INFRASTRUCTURE
+        ):
+            continue
+        verdict = ledger.verdict(e.id)
+        if verdict is None or verdict.rule not in _MEASURING:
+            continue
+        effect = _effect(verdict.stats)
+        if effect is not None:
+            out.append(Measured(e.id, e.knob, e.value, e.champion_key or "", *effect))
+    return out
+
+
+def _effect(stats: dict[str, object]) -> tuple[float, float] | None:
+    """``(g, se)`` from a verdict's stats: the sequential verdict's own, else the threshold
+    verdict's delta over its boots' noise; ``None`` when the verdict measured no effect (a
+    guardrail, an invalid output)."""
+    g, se = stats.get("g"), stats.get("se")
+    if isinstance(g, int | float) and isinstance(se, int | float) and se > 0:
+        return float(g), float(se)
+    delta, cv = stats.get("delta_pct"), stats.get("boot_cv")
+    n, m = stats.get("candidate_boots"), stats.get("champion_boots")
+    numbers = (delta, cv, n, m)
+    if not all(isinstance(x, int | float) for x in numbers):
+        return None
+    assert isinstance(delta, int | float) and isinstance(cv, int | float)
+    assert isinstance(n, int | float) and isinstance(m, int | float)
+    if delta <= -100 or cv <= 0 or n < 1 or m < 1:
+        return None
+    return math.log1p(delta / 100), cv * math.sqrt(1 / n + 1 / m)
+
+
+def learn(base: EffectPrior, effects: Sequence[tuple[float, float]]) -> EffectPrior:
+    """``base`` updated by measured ``(g, se)`` pairs of the knob's changes (see the module)."""
+    if not effects:
+        return base
+    pi0 = min(max(base.p_null, 0.01), 0.99)
+    tau0 = math.log1p(base.effect_pct / 100)
+    a, b = PRIOR_CHANGES * pi0, PRIOR_CHANGES * (1 - pi0)
+    log_pi = (a - 1) * np.log(_PIS) + (b - 1) * np.log1p(-_PIS)
+    var = _TAUS**2
+    # log τ ~ N(log τ0, 1/(2ν)): the spread of a log sample sd over ν observations
+    log_tau = -PRIOR_CHANGES * (np.log(_TAUS) - math.log(tau0)) ** 2
+    log_post = log_pi[:, None] + log_tau[None, :]
+    for g, se in effects:
+        null = _log_normal(g, se**2)
+        slab = _log_normal(g, se**2 + var)
+        log_post = log_post + np.logaddexp(
+            np.log(_PIS)[:, None] + null, np.log1p(-_PIS)[:, None] + slab[None, :]
+        )
+    w = np.exp(log_post - log_post.max())
+    w /= w.sum()
+    p_null = float((w.sum(axis=1) * _PIS).sum())
+    # the slab's spread: the posterior's mean log τ, each (π, τ) weighted by its share 1 − π
+    slab = w * (1 - _PIS)[:, None]
+    tau = math.exp(float((slab * np.log(_TAUS)[None, :]).sum() / slab.sum()))
+    effect_pct = min(100.0, max(0.1, math.expm1(tau) * 100))
+    source = (
+        f"learned from {len(effects)} measured change(s) on this cluster: "
+        f"{base.p_null:.0%} null ±{base.effect_pct:.0f}% before, "
+        f"{p_null:.0%} null ±{effect_pct:.1f}% now"
+    )
+    return EffectPrior(p_null=min(p_null, 0.99), effect_pct=effect_pct, source=source)
+
+
+def _log_normal(x: float, var: float | np.ndarray) -> np.ndarray:
+    return np.asarray(-0.5 * x**2 / var - 0.5 * np.log(2 * math.pi * var))
+
+
+def base_prior(profile: Profile, knob: str) -> EffectPrior:
+    """The knob's prior before measuring: its spec's, else the profile's."""
+    spec = profile.space.spec(knob)
+    if spec.effect_prior is not None:
+        return spec.effect_prior
+    verdict = profile.verdict
+    return EffectPrior(
+        p_null=verdict.prior_null,
+        effect_pct=verdict.prior_effect_pct,
+        source="the profile's prior (the knob's spec declares none)",
+    )
+
+
+def knob_priors(profile: Profile, changes: Sequence[Measured]) -> dict[str, EffectPrior]:
+    """Every knob's prior in force: its base prior updated by its measured changes."""
+    out: dict[str, EffectPrior] = {}
+    for spec in profile.space.knobs:
+        mine = [(m.g, m.se) for m in changes if m.knob == spec.name]
+        out[spec.name] = learn(base_prior(profile, spec.name), mine)
+    return out
+
+
+def learned_prior(profile: Profile, ledger: Ledger, knob: str) -> EffectPrior | None:
+    """The prior a change of ``knob`` is judged with now (decided experiments only); ``None``
+    when its spec declares none and nothing was measured (the verdict's profile prior)."""
+    changes = measured(ledger, ledger.experiments(cluster=profile.cluster.name))
+    mine = [(m.g, m.se) for m in changes if m.knob == knob]
+    if not mine and profile.space.spec(knob).effect_prior is None:
+        return None
+    return learn(base_prior(profile, knob), mine)
+
+
+def interacting(changes: Sequence[Measured]) -> frozenset[str]:
+    """Knobs whose change to one value measured effects under two champions more than
+    ``INTERACTION_Z`` standard errors apart."""
+    by_change: dict[tuple[str, str], list[Measured]] = {}
+    for m in changes:
+        by_change.setdefault((m.knob, as_text(m.value)), []).append(m)
+    out: set[str] = set()
+    for (knob, _), group in by_change.items():
+        for i, x in enumerate(group):
+            for y in group[i + 1 :]:
+                apart = abs(x.g - y.g) / math.sqrt(x.se**2 + y.se**2)
+                if x.champion_key != y.champion_key and apart > INTERACTION_Z:
+                    out.add(knob)
+    return frozenset(out)

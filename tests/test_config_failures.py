@@ -1,0 +1,302 @@
+"""A failure that follows the config bars its value only when it reproduces (issue #17): a
+flaky start is booted once more and measured, a bad flag fails twice and is a crash, a class
+the knob declares monotone (an OOM above a memory fraction) bars at once. A port another
+process holds is the host's (``port_in_use``): retried, then the round stops with exit 5 and
+nothing barred. The rounds run on a scripted testbed (the real loop, ledger and verdict code);
+the port clash also on real twin engines."""
+
+from __future__ import annotations
+
+import io
+import re
+import socket
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from agents import SweepProposer
+from cluster.deploy import GateSpec
+from cluster.errors import DeployError
+from knobs.config import Config
+from knobs.vocabulary import INFRASTRUCTURE, BootStatus, FailureClass, Kind, Status
+from ledger import Ledger
+from orchestrator import policy
+from orchestrator.approval import ApprovalGate
+from orchestrator.display import RoundDisplay
+from orchestrator.faults import InfrastructureFault
+from orchestrator.policy import BootCandidate, BootFailure, Crash, Progress
+from orchestrator.profile import VerdictSpec, load_profile
+from orchestrator.round import BaselineFailed, RoundOptions, RoundRunner
+from orchestrator.testbed import NullSink, deployer_for
+from tests.fixtures.profiles import twin_profile_data, write_profile
+from tests.test_policy import measured, never
+from tests.test_round_policy import ScriptedTestbed, profile
+from tests.twin_fixtures import TwinNodes, running_nodes, serve_argv
+
+K5 = [{"num_speculative_tokens": 5}]
+
+
+class Failing(ScriptedTestbed):
+    """Every config measures 100 tok/s, but deploy ``n`` (1 is the baseline's) fails with the
+    class ``fails(n, config)`` names; ``interrupt(n)``: deploy ``n`` is killed (Ctrl-C)."""
+
+    def __init__(
+        self,
+        fails: Callable[[int, Config], FailureClass | None],
+        interrupt: Callable[[int], bool] = lambda n: False,
+    ) -> None:
+        super().__init__(lambda c, n: 100.0)
+        self.fails = fails
+        self.interrupt = interrupt
+        self.attempts = 0
+
+    def deploy(self, config: Config) -> dict[int, str]:
+        self.attempts += 1
+        if self.interrupt(self.attempts):
+            raise KeyboardInterrupt
+        cls = self.fails(self.attempts, config)
+        if cls is not None:
+            raise DeployError(
+                f"node-0: engine exited within 5s of its start ({cls})",
+                failure_class=cls,
+                rank=0,
+                host="n0",
+            )
+        return super().deploy(config)
+
+
+def runner(
+    tmp_path: Path,
+    testbed: ScriptedTestbed,
+    said: io.StringIO | None = None,
+    changes: list[dict[str, object]] | None = None,
+    waits: list[float] | None = None,
+) -> RoundRunner:
+    ledger = Ledger(f"sqlite:///{tmp_path}/ledger.db")
+    return RoundRunner(
+        profile(infra_retries=2, infra_backoff_s=10),
+        ledger,
+        NullSink(),
+        testbed,
+        SweepProposer(changes or K5),  # type: ignore[arg-type]
+        ApprovalGate(ledger, "auto"),
+        RoundDisplay(Console(file=said or io.StringIO(), width=300)),
+        sleep=(waits if waits is not None else []).append,
+    )
+
+
+def regions(loop: RoundRunner) -> set[str]:
+    return {r.region() for r in loop.context(loop.ledger.rounds("scripted")[-1]).known_bad}
+
+
+# ---- the rule, as policy ------------------------------------------------------------------
+
+
+def test_a_configuration_failure_counts_once_it_reproduces_or_at_once_when_monotone() -> None:
+    start = BootFailure("start", "node-0: engine exited")
+    assert policy.config_failure([start], monotone=()) is None
+    twice = policy.config_failure([start, start], monotone=())
+    assert twice is not None and twice.status == Status.CRASH
+    assert twice.reason == "failed twice: start, start; node-0: engine exited"
+    assert twice.stats == {"failure_class": "start", "failed_boots": 2}
+    oom = policy.config_failure([BootFailure("oom", "OOM")], monotone={"oom"})
+    assert oom is not None and oom.reason == "OOM" and oom.stats == {"failure_class": "oom"}
+
+
+def test_the_policy_boots_a_first_failure_again_and_crashes_a_second() -> None:
+    failed = BootFailure("start", "bad")
+    unfinished = measured(0)
+    unfinished.complete, unfinished.cells = False, []
+    once = Progress(
+        baseline=False,
+        measurements=[unfinished],
+        min_matmul_rate=0.9,
+        failed_boots=[failed],
+        last_failed=True,
+    )
+    action = policy.next_action(VerdictSpec(), once, never)
+    assert isinstance(action, BootCandidate) and action.measurement == 0
+    assert action.note is not None and "only when it reproduces" in action.note
+    twice = Progress(
+        baseline=False,
+        measurements=[unfinished],
+        min_matmul_rate=0.9,
+        failed_boots=[failed, failed],
+        last_failed=True,
+    )
+    assert isinstance(policy.next_action(VerdictSpec(), twice, never), Crash)
+
+
+# ---- the rule, in a round -----------------------------------------------------------------
+
+
+def test_a_flaky_start_is_booted_again_measured_and_bars_nothing(tmp_path: Path) -> None:
+    said = io.StringIO()
+    loop = runner(tmp_path, Failing(lambda n, c: "start" if n == 2 else None), said)
+    report = loop.run(RoundOptions(budget=1, proposer="sweep", approve="auto"))
+    candidate = report.experiments[1]
+    assert candidate.status == Status.DISCARD and candidate.failure_class is None
+    boots = loop.ledger.boots(candidate.id)
+    # the failed boot and the one after are one measurement: the failure is not a measurement
+    assert [(b.status, b.failure_class, b.measurement) for b in boots[:2]] == [
+        (BootStatus.FAILED, "start", 0),
+        (BootStatus.DOWN, None, 0),
+    ]
+    verdict = loop.ledger.verdict(candidate.id)
+    assert verdict is not None and verdict.stats["failed_boots"] == 1
+    assert "1 failed boot(s) before (start), not reproduced" in verdict.reason
+    assert "bars its value only when it reproduces: booting the same config once more" in (
+        " ".join(said.getvalue().split())
+    )
+    assert regions(loop) == set()
+    loop.ledger.close()
+
+
+def test_a_start_failure_that_reproduces_is_a_crash_and_bars_the_value(tmp_path: Path) -> None:
+    testbed = Failing(lambda n, c: "start" if c["num_speculative_tokens"] == 5 else None)
+    loop = runner(tmp_path, testbed)
+    report = loop.run(RoundOptions(budget=1, proposer="sweep", approve="auto"))
+    candidate = report.experiments[1]
+    assert candidate.status == Status.CRASH and candidate.failure_class == "start"
+    assert [b.status for b in loop.ledger.boots(candidate.id)] == [BootStatus.FAILED] * 2
+    verdict = loop.ledger.verdict(candidate.id)
+    assert verdict is not None and verdict.reason.startswith("failed twice: start, start; node-0")
+    assert regions(loop) == {"num_speculative_tokens=5"}
+    loop.ledger.close()
+
+
+def test_a_monotone_oom_bars_its_side_at_once(tmp_path: Path) -> None:
+    # the catalog's gpu_memory_utilization declares oom monotone upwards
+    testbed = Failing(lambda n, c: "oom" if c["gpu_memory_utilization"] == 0.9 else None)
+    loop = runner(tmp_path, testbed, changes=[{"gpu_memory_utilization": 0.9}])
+    report = loop.run(RoundOptions(budget=1, proposer="sweep", approve="auto"))
+    candidate = report.experiments[1]
+    assert candidate.status == Status.CRASH and candidate.failure_class == "oom"
+    assert [b.status for b in loop.ledger.boots(candidate.id)] == [BootStatus.FAILED]
+    assert regions(loop) == {"gpu_memory_utilization>=0.9"}
+    loop.ledger.close()
+
+
+def test_a_kill_during_the_second_boot_resumes_counting_the_first_failure(
+    tmp_path: Path,
+) -> None:
+    # deploy 2 fails (start), deploy 3 (its second boot) is killed, deploy 4 fails again
+    testbed = Failing(lambda n, c: "start" if n in (2, 4) else None, interrupt=lambda n: n == 3)
+    with pytest.raises(KeyboardInterrupt):
+        runner(tmp_path, testbed).run(RoundOptions(budget=1, proposer="sweep", approve="auto"))
+    again = runner(tmp_path, testbed)
+    report = again.run(RoundOptions(budget=1, proposer="sweep", approve="auto"))
+    assert report.resumed
+    candidate = report.experiments[1]
+    assert candidate.status == Status.CRASH
+    boots = again.ledger.boots(candidate.id)
+    assert [(b.status, b.failure_class) for b in boots] == [
+        (BootStatus.FAILED, "start"),
+        (BootStatus.DOWN, None),  # the killed boot, closed by the resume: not a failure
+        (BootStatus.FAILED, "start"),
+    ]
+    verdict = again.ledger.verdict(candidate.id)
+    assert verdict is not None and verdict.reason.startswith("failed twice: start, start")
+    again.ledger.close()
+
+
+def test_the_baseline_gets_one_more_boot_too(tmp_path: Path) -> None:
+    (tmp_path / "flaky").mkdir()
+    flaky = runner(tmp_path / "flaky", Failing(lambda n, c: "start" if n == 1 else None))
+    report = flaky.run(RoundOptions(budget=1, proposer="sweep", approve="auto"))
+    baseline = report.experiments[0]
+    assert baseline.kind == Kind.BASELINE and baseline.status == Status.KEEP
+    verdict = flaky.ledger.verdict(baseline.id)
+    assert verdict is not None and verdict.stats["failed_boots"] == 1
+    flaky.ledger.close()
+
+    (tmp_path / "broken").mkdir()
+    broken = runner(tmp_path / "broken", Failing(lambda n, c: "start"))
+    with pytest.raises(BaselineFailed, match=r"\(start\): failed twice: start, start"):
+        broken.run(RoundOptions(budget=1, proposer="sweep", approve="auto"))
+    broken.ledger.close()
+
+
+def test_a_port_clash_is_retried_then_stops_the_round_with_nothing_barred(
+    tmp_path: Path,
+) -> None:
+    assert "port_in_use" in INFRASTRUCTURE
+    waits: list[float] = []
+    testbed = Failing(lambda n, c: "port_in_use" if n >= 2 else None)
+    loop = runner(tmp_path, testbed, waits=waits)
+    with pytest.raises(InfrastructureFault) as stopped:
+        loop.run(RoundOptions(budget=1, proposer="sweep", approve="auto"))
+    assert stopped.value.exit_code == 5
+    assert "node 0 (n0): port_in_use 3 times in a row" in stopped.value.message
+    assert waits == [10.0, 20.0]
+    candidate = loop.ledger.experiments()[1]
+    assert candidate.status is None
+    assert regions(loop) == set()
+    loop.ledger.close()
+
+
+# ---- the port clash on real twin engines --------------------------------------------------
+
+
+@pytest.fixture
+def nodes(tmp_path: Path) -> Iterator[TwinNodes]:
+    with running_nodes(tmp_path) as started:
+        yield started
+
+
+def test_a_twin_engine_whose_port_is_taken_says_so_as_a_real_one_does(
+    nodes: TwinNodes,
+) -> None:
+    patterns = GateSpec().failure_patterns["port_in_use"]
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        engine = nodes.start(serve_argv(port=port), name="clash")
+        assert engine.wait_exit(60) == 1
+    line = engine.wait_for(r"Address already in use").string
+    assert f"OSError: [Errno 98] could not bind 127.0.0.1:{port}" in line
+    assert any(re.search(p, line, re.IGNORECASE) for p in patterns)
+    # a bad flag's own line is none of them: it stays `start`
+    bad = nodes.start(["/m", "--no-such-flag"], name="bad-flag")
+    assert bad.wait_exit(60) != 0
+    assert not any(re.search(p, bad.log, re.IGNORECASE) for p in patterns)
+
+
+def deploy_failure(tmp_path: Path, data: dict[str, object], hold: bool) -> DeployError:
+    """Deploy the four-node twin profile ``data`` on this machine; its failure."""
+    prof = load_profile(str(write_profile(tmp_path, data)), base_dir=tmp_path)
+    deployer = deployer_for(prof)
+    try:
+        with socket.socket() as held:
+            if hold:
+                # bound, not listening yet, as a foreign vLLM is while it loads its model: the
+                # ports preflight cannot see it, the engine's own bind does
+                held.bind(("127.0.0.1", prof.cluster.port))
+            with pytest.raises(DeployError) as failed:
+                deployer.deploy(prof.initial_champion())
+        return failed.value
+    finally:
+        deployer.teardown()
+        deployer.close()
+
+
+def test_a_deploy_onto_a_taken_port_is_port_in_use_naming_the_node_and_port(
+    tmp_path: Path,
+) -> None:
+    data = twin_profile_data()
+    err = deploy_failure(tmp_path, data, hold=True)
+    assert err.failure_class == "port_in_use"
+    port = data["cluster"]["port"]
+    assert err.message.startswith(f"node-0: port {port} on 127.0.0.1 is in use, engine exited")
+    assert "Address already in use" in err.message
+
+
+def test_a_bad_flag_stays_a_start_failure(tmp_path: Path) -> None:
+    data = twin_profile_data()
+    data["launcher"]["argv"] = [*data["launcher"]["argv"], "--no-such-flag"]
+    err = deploy_failure(tmp_path, data, hold=False)
+    assert err.failure_class == "start"
+    assert err.failure_class not in INFRASTRUCTURE

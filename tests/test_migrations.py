@@ -1,0 +1,252 @@
+"""The ledger's schema migrations: a ledger written by a released orchestrate is upgraded in
+place on open, SQLite and PostgreSQL, and nothing is lost.
+
+``fixtures/ledgers/schema1.sqlite`` was written by the release at c70919d (its README says
+how); ``schema1.results.tsv`` is that release's ``orchestrate export`` of it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.operations import Operations
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import Connection, create_engine, func, insert, inspect, select, text, update
+
+from knobs.vocabulary import EventKind
+from ledger import Ledger, LedgerError, tsv_text
+from ledger.models import SCHEMA_VERSION, Base, SchemaRow
+from ledger.schema import head, scripts
+from tests.test_ledger import _race
+
+LEDGERS = Path(__file__).parent / "fixtures" / "ledgers"
+SCHEMA1 = LEDGERS / "schema1.sqlite"
+# read-only: a test that wrote to the fixture would change what every later test compares to
+SCHEMA1_URL = f"sqlite:///file:{SCHEMA1}?mode=ro&uri=true"
+CLUSTER = "twin-local"  # the embedded twin profile's cluster, which wrote the fixture
+
+
+@contextmanager
+def _connect(url: str) -> Iterator[Connection]:
+    """One connection in a transaction, committed at the end; the engine disposed."""
+    engine = create_engine(url)
+    try:
+        with engine.begin() as conn:
+            yield conn
+    finally:
+        engine.dispose()
+
+
+def _schema1_columns() -> dict[str, list[str]]:
+    """Every table of schema 1 and its columns, read from the fixture itself."""
+    with _connect(SCHEMA1_URL) as conn:
+        found = inspect(conn)
+        return {t: [c["name"] for c in found.get_columns(t)] for t in found.get_table_names()}
+
+
+def _plain(value: object) -> object:
+    # SQLite hands back naive datetimes, PostgreSQL aware ones: both were written as UTC
+    if isinstance(value, datetime) and value.tzinfo is not None:
+        return value.astimezone(UTC).replace(tzinfo=None)
+    return value
+
+
+def _rows(conn: Connection, table: str, columns: list[str]) -> list[tuple[object, ...]]:
+    """The table's rows, ``columns`` only, typed by the models, in primary-key order."""
+    model = Base.metadata.tables[table]
+    query = select(*(model.c[c] for c in columns)).order_by(*model.primary_key.columns)
+    return [tuple(_plain(v) for v in row) for row in conn.execute(query)]
+
+
+def _schema1_content(url: str) -> dict[str, list[tuple[object, ...]]]:
+    """Every row of every schema-1 table (but the version row, which an upgrade rewrites)."""
+    columns = _schema1_columns()
+    with _connect(url) as conn:
+        return {t: _rows(conn, t, c) for t, c in columns.items() if t != "schema_version"}
+
+
+def _sqlite_copy(tmp_path: Path) -> str:
+    db = tmp_path / "orchestrate.db"
+    shutil.copyfile(SCHEMA1, db)
+    return f"sqlite:///{db}"
+
+
+def _check_old_rows_kept(ledger: Ledger, url: str) -> None:
+    """Everything the release wrote reads back the same through today's ledger."""
+    assert _schema1_content(url) == _schema1_content(SCHEMA1_URL)
+    assert tsv_text(ledger.experiments(cluster=CLUSTER)) == (
+        LEDGERS / "schema1.results.tsv"
+    ).read_text(encoding="utf-8")
+    status = json.loads((LEDGERS / "schema1.status.json").read_text(encoding="utf-8"))
+    champion = ledger.champion(CLUSTER)
+    assert champion is not None
+    assert champion.experiment_id == status["champion"]["experiment"]
+    assert champion.objective == status["champion"]["objective"]
+    assert len(ledger.rounds(CLUSTER)) == status["rounds"]
+    assert len(ledger.experiments(cluster=CLUSTER)) == status["experiments"]
+
+
+def _check_new_schema_works(ledger: Ledger) -> None:
+    """The new table and column take writes; ids continue after the old rows."""
+    rounds = ledger.rounds(CLUSTER)
+    assert [r.max_hours for r in rounds] == [None] * len(rounds)
+    new = ledger.create_round(
+        cluster=CLUSTER,
+        profile_name="twin",
+        profile_digest="d" * 64,
+        budget=1,
+        proposer="sweep",
+        approve="auto",
+        seed=0,
+        max_hours=2.5,
+    )
+    assert new.id == max(r.id for r in rounds) + 1
+    assert ledger.round(new.id).max_hours == 2.5
+    ledger.add_event(CLUSTER, EventKind.KNOB_ADDED, subject="k", detail={"default": 1})
+    assert [e.subject for e in ledger.events(CLUSTER, EventKind.KNOB_ADDED)] == ["k"]
+
+
+def _version_rows(url: str) -> tuple[str | None, int | None]:
+    with _connect(url) as conn:
+        revision = MigrationContext.configure(conn).get_current_revision()
+        version = conn.execute(select(SchemaRow.version)).scalar()
+    return revision, version
+
+
+def test_a_schema1_sqlite_ledger_is_copied_aside_then_upgraded_in_place(tmp_path: Path) -> None:
+    url = _sqlite_copy(tmp_path)
+    with Ledger(url) as ledger:
+        upgrade = ledger.upgraded
+        assert upgrade is not None
+        assert (upgrade.from_revision, upgrade.to_revision) == ("0001", head())
+        assert upgrade.backup is not None
+        assert upgrade.backup.name.startswith("orchestrate.db.schema-0001-")
+        assert upgrade.backup.read_bytes() == SCHEMA1.read_bytes()
+        assert "\n" not in upgrade.line() and str(upgrade.backup) in upgrade.line()
+        [event] = ledger.events("*", EventKind.LEDGER_UPGRADED)
+        assert event.subject == head()
+        assert event.detail == {"from": "0001", "backup": str(upgrade.backup)}
+        _check_old_rows_kept(ledger, url)
+        _check_new_schema_works(ledger)
+    assert _version_rows(url) == (head(), SCHEMA_VERSION)
+    with Ledger(url) as again:
+        assert again.upgraded is None
+        assert len(again.events("*", EventKind.LEDGER_UPGRADED)) == 1
+    assert list(tmp_path.glob("*.bak")) == [upgrade.backup]
+
+
+def test_processes_opening_an_old_sqlite_ledger_at_once_upgrade_it_once(tmp_path: Path) -> None:
+    url = _sqlite_copy(tmp_path)
+    assert _race([url], processes=4) == []
+    assert len(list(tmp_path.glob("*.bak"))) == 1
+    with Ledger(url) as ledger:
+        assert len(ledger.events("*", EventKind.LEDGER_UPGRADED)) == 1
+        _check_old_rows_kept(ledger, url)
+
+
+def test_a_sqlite_ledger_in_wal_mode_is_copied_whole(tmp_path: Path) -> None:
+    url = _sqlite_copy(tmp_path)
+    with _connect(url) as conn:
+        conn.exec_driver_sql("PRAGMA journal_mode=WAL")
+    with Ledger(url) as ledger:
+        assert ledger.upgraded is not None and ledger.upgraded.backup is not None
+        backup = ledger.upgraded.backup
+    assert _schema1_content(f"sqlite:///{backup}") == _schema1_content(SCHEMA1_URL)
+
+
+def _create_schema1(url: str) -> None:
+    """Revision 0001 on an empty database, and the version row the first release wrote;
+    no ``alembic_version`` table, as that release left it."""
+    with _connect(url) as conn:
+        with Operations.context(MigrationContext.configure(conn)):
+            scripts().get_revision("0001").module.upgrade()
+        conn.execute(insert(SchemaRow).values(id=1, version=1))
+
+
+def _copy_fixture_rows(url: str) -> None:
+    """Every row of the fixture into a schema-1 PostgreSQL database, ids kept, and each
+    sequence moved past them as the release's own inserts would have left it."""
+    columns = _schema1_columns()
+    with _connect(SCHEMA1_URL) as source:
+        tables = [t for t in Base.metadata.sorted_tables if t.name in columns]
+        rows = {t.name: _rows(source, t.name, columns[t.name]) for t in tables}
+    with _connect(url) as target:
+        for table in tables:
+            names = columns[table.name]
+            if table.name == "schema_version" or not rows[table.name]:
+                continue  # the version row is _create_schema1's
+            values: list[dict[str, Any]] = [
+                dict(zip(names, r, strict=True)) for r in rows[table.name]
+            ]
+            for row in values:
+                for name, value in row.items():
+                    if isinstance(value, datetime):
+                        row[name] = value.replace(tzinfo=UTC)
+            target.execute(insert(table), values)
+            if "id" in names:
+                top = target.execute(select(func.max(table.c.id))).scalar()
+                target.execute(
+                    text("SELECT setval(pg_get_serial_sequence(:t, 'id'), :top)"),
+                    {"t": table.name, "top": top},
+                )
+
+
+def test_b_schema1_postgres_ledger_is_upgraded_in_place(pg_url: str) -> None:
+    _create_schema1(pg_url)
+    _copy_fixture_rows(pg_url)
+    assert _version_rows(pg_url) == (None, 1)
+    with Ledger(pg_url) as ledger:
+        upgrade = ledger.upgraded
+        assert upgrade is not None
+        assert (upgrade.from_revision, upgrade.to_revision, upgrade.backup) == (
+            "0001",
+            head(),
+            None,
+        )
+        _check_old_rows_kept(ledger, pg_url)
+        _check_new_schema_works(ledger)
+    assert _version_rows(pg_url) == (head(), SCHEMA_VERSION)
+    with Ledger(pg_url) as again:
+        assert again.upgraded is None
+
+
+def test_processes_opening_an_old_postgres_ledger_at_once_upgrade_it_once(pg_url: str) -> None:
+    _create_schema1(pg_url)
+    assert _race([pg_url], processes=4) == []
+    with Ledger(pg_url) as ledger:
+        assert len(ledger.events("*", EventKind.LEDGER_UPGRADED)) == 1
+
+
+def test_c_the_revisions_build_the_schema_of_the_models(ledger_url: str) -> None:
+    """A ledger upgraded from 0001 and a new one (``create_all``) have the same schema."""
+    _create_schema1(ledger_url)
+    Ledger(ledger_url).close()
+    with _connect(ledger_url) as conn:
+        assert compare_metadata(MigrationContext.configure(conn), Base.metadata) == []
+    assert _version_rows(ledger_url) == (head(), SCHEMA_VERSION)
+    assert int(head()) == SCHEMA_VERSION
+
+
+def test_d_a_ledger_of_a_newer_orchestrate_is_refused_in_one_line(ledger_url: str) -> None:
+    Ledger(ledger_url).close()
+    with _connect(ledger_url) as conn:
+        conn.execute(text("UPDATE alembic_version SET version_num = '0099'"))
+    with pytest.raises(LedgerError) as refused:
+        Ledger(ledger_url)
+    assert "is at schema revision 0099, newer than this orchestrate knows" in refused.value.message
+    assert "upgrade orchestrate, or use a new ledger URL" in refused.value.message
+    assert "\n" not in refused.value.message
+    # written before the revisions, by an orchestrate that numbered it 7: refused too
+    with _connect(ledger_url) as conn:
+        conn.execute(text("DROP TABLE alembic_version"))
+        conn.execute(update(SchemaRow).values(version=7))
+    with pytest.raises(LedgerError, match="is at schema version 7, newer than"):
+        Ledger(ledger_url)

@@ -1,0 +1,148 @@
+"""Priors that learn (issue #18): each knob's effect prior updated by the ledger's measurements,
+shown to the proposers, the digest and ``orchestrate status``; first looks for every knob."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from agents.context import ProposalContext
+from agents.digest import digest
+from agents.first_looks import eligible, first_look
+from knobs import KnobSpace, catalog
+from knobs.spec import EffectPrior
+from knobs.vocabulary import Kind, State, Status
+from ledger import Ledger, VerdictRecord
+from orchestrator.priors import interacting, knob_priors, learn, learned_prior, measured
+from orchestrator.profile import Profile
+
+SPACE = KnobSpace(knobs=catalog("vllm-dflash2"))
+CATALOG_NULL = 0.7  # max_num_batched_tokens and the adapter rank: "rarely matter"
+
+
+def profile() -> Profile:
+    return Profile.model_validate(
+        {
+            "name": "sim",
+            "model": "sim",
+            "cluster": {
+                "name": "c",
+                "nodes": [{"rank": 0, "host": "127.0.0.1", "workdir": "/nonexistent"}],
+            },
+            "launcher": {"argv": ["true"]},
+            "knob_catalog": "vllm-dflash2",
+            "cells": [{"name": "c1", "category": "code", "concurrency": 1}],
+        }
+    )
+
+
+def test_a_flat_knob_measured_plus_ten_percent_twice_is_judged_as_one_that_matters() -> None:
+    card = EffectPrior(p_null=CATALOG_NULL, effect_pct=15.0)
+    confirmed = 0.05 * math.sqrt(1 / 4 + 1 / 4)  # a keep's error: four boots a side
+    learned = learn(card, [(math.log(1.10), confirmed)] * 2)
+    assert learned.p_null < CATALOG_NULL - 0.15
+    assert "learned from 2 measured change(s)" in learned.source
+    strong = learn(card, [(math.log(0.85), 0.058), (math.log(1.10), confirmed)] * 2)
+    assert strong.p_null < 0.4
+
+
+def test_a_knob_measured_null_many_times_keeps_a_high_p_null() -> None:
+    card = EffectPrior(p_null=CATALOG_NULL, effect_pct=15.0)
+    assert learn(card, [(0.0, 0.058)] * 10).p_null > CATALOG_NULL
+    k = EffectPrior(p_null=0.05, effect_pct=15.0)  # a card's "always matters", measured flat
+    assert learn(k, [(0.0, 0.058)] * 10).p_null > 0.3
+    assert learn(card, []) == card  # nothing measured: the card's
+
+
+def _ledger_with_changes(path: Path) -> tuple[Ledger, int]:
+    ledger = Ledger(f"sqlite:///{path}/ledger.db")
+    rnd = ledger.create_round(
+        cluster="c",
+        profile_name="sim",
+        profile_digest="d",
+        budget=5,
+        proposer="optuna",
+        approve="auto",
+        seed=0,
+    )
+    base = SPACE.default_config()
+    last = 0
+    for i, value in enumerate((4096, 4608, 5120)):
+        e = ledger.add_experiment(
+            cluster="c",
+            round_id=rnd.id,
+            kind=Kind.CANDIDATE,
+            config=base.apply(SPACE.change(base, "max_num_batched_tokens", value)),
+            champion_key=base.key,
+            champion_objective=100.0,
+            knob="max_num_batched_tokens",
+            value=value,
+        )
+        last = e.id
+        if i == 2:
+            break  # the one being judged: not decided
+        stats: dict[str, object] = {"delta_pct": 10.0, "g": math.log(1.1), "se": 0.035}
+        ledger.decide(
+            e.id,
+            verdict=VerdictRecord(status=Status.KEEP, rule="posterior", reason="r", stats=stats),
+            objective=110.0,
+            delta_pct=10.0,
+            accept_len=None,
+        )
+    return ledger, last
+
+
+def test_the_experiment_being_judged_is_not_in_its_own_prior(tmp_path: Path) -> None:
+    ledger, judged = _ledger_with_changes(tmp_path)
+    with ledger:
+        changes = measured(ledger, ledger.experiments(cluster="c"))
+        assert judged not in {m.experiment for m in changes} and len(changes) == 2
+        assert ledger.experiment(judged).state != State.DECIDED
+        prior = learned_prior(profile(), ledger, "max_num_batched_tokens")
+        assert prior is not None and prior.p_null < CATALOG_NULL - 0.15
+        priors = knob_priors(profile(), changes)
+        assert priors["max_num_batched_tokens"] == prior
+        assert priors["cuda_graphs"] == SPACE.spec("cuda_graphs").effect_prior
+        assert not interacting(changes)  # one champion: nothing to compare
+
+
+def context(priors: dict[str, EffectPrior]) -> ProposalContext:
+    return ProposalContext(
+        space=SPACE,
+        champion=SPACE.default_config(),
+        champion_objective=100.0,
+        history=(),
+        known_bad=(),
+        decided_keys=frozenset(),
+        budget_left=40,
+        seed=0,
+        knob_priors=priors,
+    )
+
+
+def test_every_knob_gets_a_look_and_a_learned_flat_knob_comes_after_a_learned_strong_one() -> None:
+    assert set(eligible(context({}))) == set(SPACE.names)
+    strong = EffectPrior(p_null=0.2, effect_pct=15.0, source="learned")
+    flat = EffectPrior(p_null=0.95, effect_pct=5.0, source="learned")
+    ctx = context({"max_num_batched_tokens": strong, "num_speculative_tokens": flat})
+    first = first_look(ctx, ctx.candidates(), 0)
+    assert first is not None and first[0] == "cuda_graphs"  # 5 % null, as its card says
+    graphs = {ctx.champion.apply(c).key for c in ctx.candidates() if c.knob == "cuda_graphs"}
+    ctx = ctx.model_copy(update={"decided_keys": frozenset(graphs)})
+    first = first_look(ctx, ctx.candidates(), 0)
+    assert first is not None and first[0] == "max_num_batched_tokens"
+    order = []
+    for _ in SPACE.names:
+        first = first_look(ctx, ctx.candidates(), 0)
+        if first is None:
+            break
+        order.append(first[0])
+        done = {ctx.champion.apply(c).key for c in ctx.candidates() if c.knob == first[0]}
+        ctx = ctx.model_copy(update={"decided_keys": ctx.decided_keys | done})
+    assert order[0] == "max_num_batched_tokens" and order[-1] == "num_speculative_tokens"
+
+
+def test_the_digest_shows_the_priors_in_force() -> None:
+    learned = EffectPrior(p_null=0.3, effect_pct=9.0, source="learned from 2 measured change(s)")
+    text = digest(context({"drafter_adapter_rank": learned}))
+    assert "prior in force: 30% of its changes do nothing, the rest ±9.0% (learned from 2" in text

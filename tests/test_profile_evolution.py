@@ -1,0 +1,316 @@
+"""Issue #17 item 5: the record outlives the code. A profile may gain or lose a knob under an
+existing ledger: the champion takes the new knob's default (or drops the lost one), the ledger
+records it once as an event, a round carries on without proposing again what was decided, and
+``cluster up`` deploys it. A ``knobs:`` entry a typo away from a catalog knob is refused."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from agents import SweepProposer
+from cluster.errors import NodeError
+from knobs.catalog import catalog
+from knobs.config import Config
+from knobs.errors import KnobError, ProfileError
+from knobs.records import CellResultRecord, CellSpec, NodeClockRecord
+from knobs.space import KnobSpace, render_clash
+from knobs.spec import KnobSpec, RenderSpec
+from knobs.vocabulary import EventKind, Kind, Status
+from ledger import Ledger, VerdictRecord
+from orchestrator.approval import ApprovalGate
+from orchestrator.display import RoundDisplay
+from orchestrator.profile import Profile, load_profile
+from orchestrator.round import RoundOptions, RoundRunner
+from orchestrator.testbed import NullSink
+from tests.fixtures.cli import orchestrate
+from tests.fixtures.profiles import twin_profile_data, write_profile
+
+MOE = {
+    "name": "moe_backend",
+    "type": "choice",
+    "choices": ["triton", "cutlass"],
+    "default": "triton",
+    "render": {"kind": "flag", "flag": "--moe-backend"},
+}
+FOO = {
+    "name": "foo",
+    "type": "int",
+    "low": 1,
+    "high": 5,
+    "default": 3,
+    "render": {"kind": "flag", "flag": "--foo"},
+}
+CELL = CellSpec(name="code-c1", category="code", concurrency=1)
+
+
+# ---- reconcile ----------------------------------------------------------------------------
+def test_reconcile_gives_an_added_knob_its_default_and_drops_a_removed_one() -> None:
+    space = KnobSpace(knobs=(*catalog("vllm-dflash2"), KnobSpec.model_validate(MOE)))
+    old = KnobSpace(knobs=catalog("vllm-dflash2")).default_config()
+    fitted = space.reconcile({**old, "foo": 3})
+    assert fitted.added == ["moe_backend"] and fitted.removed == ["foo"]
+    assert fitted.config == Config({**old, "moe_backend": "triton"})
+    assert set(fitted.config) == set(space.names)
+
+
+def test_reconcile_of_a_config_that_fits_keeps_it_and_its_key() -> None:
+    space = KnobSpace(knobs=catalog("vllm-dflash2"))
+    config = space.config({"num_speculative_tokens": 3}, partial=True)
+    fitted = space.reconcile(config)
+    assert (fitted.added, fitted.removed) == ([], [])
+    assert fitted.config.key == config.key
+    # the values both have are kept as recorded, even one the space's domain no longer has
+    narrowed = KnobSpace(
+        knobs=tuple(
+            k.model_copy(update={"high": 4, "default": 2})
+            if k.name == "num_speculative_tokens"
+            else k
+            for k in catalog("vllm-dflash2")
+        )
+    )
+    assert (
+        narrowed.reconcile({**config, "num_speculative_tokens": 7}).config["num_speculative_tokens"]
+        == 7
+    )
+
+
+def test_two_knobs_that_render_the_same_field_are_refused() -> None:
+    rank = next(k for k in catalog("vllm-dflash2") if k.name == "drafter_adapter_rank")
+    twin = rank.model_copy(update={"name": "drafter_adaptor_rank"})
+    assert render_clash((rank, twin)) == (
+        "knobs drafter_adapter_rank and drafter_adaptor_rank both render "
+        "--speculative-config field model"
+    )
+    flag = KnobSpec(
+        name="spec", type="bool", default=False, render=RenderSpec(kind="flag", flag="--x")
+    )
+    assert render_clash((flag, flag.model_copy(update={"name": "other"}))) == (
+        "knobs spec and other both render --x"
+    )
+    with pytest.raises(ValueError, match="both render"):
+        KnobSpace(knobs=(rank, twin))
+
+
+# ---- the typo rule ------------------------------------------------------------------------
+def profile_data(*knobs: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "name": "p",
+        "model": "m",
+        "cluster": {
+            "name": "evolving",
+            "nodes": [{"rank": 0, "host": "127.0.0.1", "workdir": "/tmp/evolving"}],
+        },
+        "launcher": {"argv": ["true"]},
+        "knob_catalog": "vllm-dflash2",
+        "knobs": list(knobs),
+        "cells": [CELL.model_dump()],
+        "verdict": {"policy": "threshold", "threshold_pct": 2.0},
+    }
+
+
+TYPO = {**MOE, "name": "drafter_adaptor_rank", "render": {"kind": "env", "env": "RANK"}}
+
+
+def test_a_knob_a_typo_away_from_the_catalogs_is_an_error_unless_it_says_new(
+    tmp_path: Path,
+) -> None:
+    path = write_profile(tmp_path, profile_data(TYPO))
+    with pytest.raises(ProfileError) as raised:
+        load_profile(str(path), base_dir=tmp_path)
+    assert str(raised.value) == (
+        f"profile {path}: knob 'drafter_adaptor_rank' is not in catalog vllm-dflash2; "
+        "did you mean drafter_adapter_rank? (a new knob says new: true)"
+    )
+    path = write_profile(tmp_path, profile_data({**TYPO, "new": True}))
+    space = load_profile(str(path), base_dir=tmp_path).space
+    assert "drafter_adaptor_rank" in space.names and "drafter_adapter_rank" in space.names
+    # a knob far from every catalog name needs no word; new: true on a catalog knob is wrong
+    assert "moe_backend" in Profile.model_validate(profile_data(MOE)).space.names
+    with pytest.raises(KnobError, match="new: true is for a knob it lacks"):
+        Profile.model_validate(profile_data({"name": "cuda_graphs", "new": True}))
+
+
+def test_the_typo_line_and_exit_code_3_through_the_cli(tmp_path: Path) -> None:
+    write_profile(tmp_path, profile_data(TYPO))
+    done = orchestrate(tmp_path, "status", "--profile", "profile.yaml", timeout=60)
+    assert done.returncode == 3, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "Error: profile profile.yaml: knob 'drafter_adaptor_rank' is not in catalog "
+        "vllm-dflash2; did you mean drafter_adapter_rank? (a new knob says new: true)"
+    ]
+
+
+# ---- a round under a profile that changed -------------------------------------------------
+class RenderingTestbed:
+    """Renders every config it deploys with the profile's space (as a launcher does) and
+    measures 100 tok/s whatever it is."""
+
+    def __init__(self, space: KnobSpace) -> None:
+        self.space = space
+        self.boots: list[Config] = []
+        self.up = False
+
+    def deploy(self, config: Config) -> dict[int, str]:
+        self.space.render(config)  # a config lacking a knob of the space fails here
+        self.boots.append(config)
+        self.up = True
+        return {0: "#!/bin/sh\n"}
+
+    def bench(self, cell: CellSpec) -> CellResultRecord:
+        if not self.up:
+            raise NodeError("nothing deployed", failure_class="bench_failed")
+        return CellResultRecord(
+            cell=cell.name,
+            category=cell.category,
+            concurrency=1,
+            context_tokens=0,
+            duration=1.0,
+            completed=10,
+            total_output_tokens=100,
+            output_throughput=100.0,
+            per_request_throughput=100.0,
+            mean_ttft_ms=10,
+            median_ttft_ms=10,
+            p90_ttft_ms=10,
+            p99_ttft_ms=10,
+            median_itl_ms=1,
+            effective_concurrency=1.0,
+            clocks=(NodeClockRecord(rank=0, sm_clock_mhz=2000.0, matmul_rate=1.0),),
+            fingerprints={"code-0": "same"},
+        )
+
+    def logs(self) -> dict[int, str]:
+        return {0: "log"}
+
+    def stop_all(self) -> None:
+        self.up = False
+
+    def restore(self, config: Config) -> None:
+        self.deploy(config)
+
+
+def run_round(tmp_path: Path, budget: int, *knobs: dict[str, Any]) -> tuple[str, RenderingTestbed]:
+    """A round of the neighbour sweep under a profile of ``knobs``; what it showed."""
+    path = write_profile(tmp_path, profile_data(*knobs))
+    profile = load_profile(str(path), base_dir=tmp_path)
+    testbed = RenderingTestbed(profile.space)
+    shown = io.StringIO()
+    with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
+        runner = RoundRunner(
+            profile,
+            ledger,
+            NullSink(),
+            testbed,
+            SweepProposer(),
+            ApprovalGate(ledger, "auto"),
+            RoundDisplay(Console(file=shown, width=200)),
+        )
+        runner.run(RoundOptions(budget=budget, proposer="sweep", approve="auto"))
+    return shown.getvalue(), testbed
+
+
+def changes(ledger: Ledger) -> list[tuple[str | None, object]]:
+    return [(e.knob, e.value) for e in ledger.experiments(cluster="evolving")]
+
+
+def test_a_knob_added_under_a_champion_takes_its_default_once_and_the_round_goes_on(
+    tmp_path: Path,
+) -> None:
+    run_round(tmp_path, 2)
+    shown, testbed = run_round(tmp_path, 1, MOE)
+    line = "profile gained knob moe_backend: the champion takes its default 'triton'"
+    assert line in shown
+    with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
+        # K=1 and K=2 were decided under the champion before the knob: not proposed again
+        assert changes(ledger) == [
+            (None, None),
+            ("num_speculative_tokens", 1),
+            ("num_speculative_tokens", 2),
+            ("num_speculative_tokens", 3),
+        ]
+        [event] = ledger.events("evolving", EventKind.KNOB_ADDED)
+        champion = ledger.champion("evolving")
+        assert champion is not None
+        assert event.subject == "moe_backend"
+        assert event.detail == {"default": "triton", "champion_experiment": champion.experiment_id}
+        assert event.reason == "the profile gained the knob; the champion takes its default"
+        assert ledger.experiments(cluster="evolving")[-1].config["moe_backend"] == "triton"
+    assert testbed.boots and all(b["moe_backend"] == "triton" for b in testbed.boots)
+    # a later round neither records it again nor says it again
+    shown, _ = run_round(tmp_path, 1, MOE)
+    assert "gained" not in shown
+    with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
+        assert len(ledger.events("evolving", EventKind.KNOB_ADDED)) == 1
+        assert changes(ledger)[-1] == ("num_speculative_tokens", 4)
+
+
+def test_a_knob_removed_is_dropped_from_the_champion_with_a_line_and_one_event(
+    tmp_path: Path,
+) -> None:
+    foo = {**FOO, "new": True}
+    run_round(tmp_path, 1, foo)
+    shown, testbed = run_round(tmp_path, 1)
+    assert "knob foo is no longer in the profile: dropped from the champion (was 3)" in shown
+    with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
+        [event] = ledger.events("evolving", EventKind.KNOB_REMOVED)
+        assert (event.subject, event.detail["value"]) == ("foo", 3)
+        assert changes(ledger)[1:] == [("num_speculative_tokens", 1), ("num_speculative_tokens", 2)]
+        assert "foo" not in ledger.experiments(cluster="evolving")[-1].config
+    assert testbed.boots and all("foo" not in b for b in testbed.boots)
+    shown, _ = run_round(tmp_path, 1)
+    assert "foo" not in shown
+
+
+# ---- cluster up ---------------------------------------------------------------------------
+def test_cluster_up_deploys_a_champion_that_predates_a_knob(cli_workdir: Path) -> None:
+    data = twin_profile_data()
+    profile = Profile.model_validate(data)
+    with Ledger(f"sqlite:///{cli_workdir}/orchestrate.db") as ledger:
+        rnd = ledger.create_round(
+            cluster=profile.cluster.name,
+            profile_name=profile.name,
+            profile_digest=profile.digest,
+            budget=1,
+            proposer="sweep",
+            approve="auto",
+            seed=0,
+        )
+        baseline = ledger.add_experiment(
+            cluster=profile.cluster.name,
+            round_id=rnd.id,
+            kind=Kind.BASELINE,
+            config=profile.initial_champion(),
+            champion_key=None,
+            champion_objective=None,
+        )
+        ledger.decide(
+            baseline.id,
+            verdict=VerdictRecord(status=Status.KEEP, rule="baseline", reason="", stats={}),
+            objective=100.0,
+            delta_pct=None,
+            accept_len=None,
+            promote=True,
+        )
+    # the twin takes no --moe-backend: the new knob reaches it as an environment variable
+    data["knobs"].append({**MOE, "render": {"kind": "env", "env": "MOE_BACKEND"}})
+    write_profile(cli_workdir, data)
+    line = "profile gained knob moe_backend: the champion takes its default 'triton'"
+    # status reads, and records nothing: it says so, with the champion as the profile sees it
+    status = orchestrate(cli_workdir, "status", "--profile", "profile.yaml", timeout=60)
+    assert status.returncode == 0, status.stderr
+    assert f"{line} (recorded by the next round or cluster up)" in status.stdout
+    assert "moe_backend=triton" in status.stdout
+    up = orchestrate(cli_workdir, "cluster", "up", "--profile", "profile.yaml")
+    assert up.returncode == 0, up.stderr
+    assert line in up.stdout
+    launcher = (cli_workdir / "nodes" / "node-0" / "launcher.sh").read_text()
+    assert "export MOE_BACKEND=triton" in launcher
+    with Ledger(f"sqlite:///{cli_workdir}/orchestrate.db") as ledger:
+        assert [e.subject for e in ledger.events(profile.cluster.name)] == ["moe_backend"]
+    status = orchestrate(cli_workdir, "status", "--profile", "profile.yaml", timeout=60)
+    assert status.returncode == 0 and "gained" not in status.stdout, status.stderr

@@ -1,0 +1,254 @@
+"""Real faults on four real sshd test hosts while ``orchestrate round`` runs (issue #17).
+
+Each fault is the infrastructure's, not the change's: the round stops with exit code 5 and one
+line naming the node and its failure class, no engine is left on a node that can still be
+reached, no value is barred, and once the fault is healed the same command resumes the
+experiment it left undecided and finishes the original budget.
+
+A fault before the round is made before the command starts. A fault during a boot is made
+when the nodes' own journals and the ledger say the boot got there (a candidate's boot
+started, the node's engine started), never after a guessed delay.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from cluster.deploy import EVENTS
+from knobs.vocabulary import Kind, State, Status
+from ledger import ExperimentRecord, Ledger
+from tests.fixtures.profiles import write_profile
+from tests.fixtures.sshd import SshCluster, SshHost
+from tests.fixtures.wait import wait_until
+
+ORCHESTRATE = [sys.executable, "-m", "orchestrator"]
+BUDGET = 1
+
+
+@dataclass
+class Round:
+    """One ``orchestrate round`` subprocess; its output goes to files (no pipe to fill)."""
+
+    proc: subprocess.Popen[bytes]
+    out: Path
+    err: Path
+
+    def wait(self, timeout: float = 240) -> tuple[int, str]:
+        rc = self.proc.wait(timeout=timeout)
+        return rc, self.err.read_text()
+
+    def alive(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"the round ended early ({self.proc.returncode}): " + self.tail())
+        return True
+
+    def tail(self) -> str:
+        return self.err.read_text()[-2000:]
+
+
+def start_round(cwd: Path, profile: Path, tag: str) -> Round:
+    out, err = cwd / f"{tag}.out", cwd / f"{tag}.err"
+    env = {**os.environ, "ORCHESTRATE_LEDGER": f"sqlite:///{cwd}/orchestrate.db"}
+    with out.open("wb") as o, err.open("wb") as e:
+        proc = subprocess.Popen(
+            [*ORCHESTRATE, "round", "--budget", str(BUDGET), "--profile", str(profile)],
+            cwd=cwd,
+            env=env,
+            stdout=o,
+            stderr=e,
+        )
+    return Round(proc, out, err)
+
+
+def fault_profile(cluster: SshCluster, tmp_path: Path) -> Path:
+    """The twin over the test hosts: one short cell, one boot a verdict, one retry 0.2 s
+    after an infrastructure failure, K=5 as the one experiment."""
+    data: dict[str, Any] = cluster.profile_data()
+    data["cells"] = data["cells"][:1]
+    data["verdict"] = {
+        "policy": "threshold",
+        "champion_boots": 1,
+        "infra_retries": 1,
+        "infra_backoff_s": 0.2,
+    }
+    data["proposer"] = {"kind": "sweep", "sweep": [{"num_speculative_tokens": 5}]}
+    # a failed candidate is not followed by a champion boot here: the fault stays the only
+    # thing that happens to the nodes after it
+    data["restore_champion"] = False
+    return write_profile(tmp_path, data)
+
+
+def experiments(cwd: Path) -> list[ExperimentRecord]:
+    with Ledger(f"sqlite:///{cwd}/orchestrate.db") as ledger:
+        return ledger.experiments()
+
+
+def starts(host: SshHost) -> int:
+    """How many engine starts the node's journal holds."""
+    path = host.workdir / EVENTS
+    lines = path.read_text().splitlines() if path.exists() else []
+    return sum(1 for line in lines if line.split()[1:2] == ["start"])
+
+
+def wait_for_candidate_start(rnd: Round, cwd: Path, host: SshHost) -> None:
+    """Until the candidate's boot has started ``host``'s engine: its journal holds more
+    starts than the boots before the candidate (each boot starts every node once)."""
+
+    def reached() -> bool:
+        rnd.alive()
+        with Ledger(f"sqlite:///{cwd}/orchestrate.db") as ledger:
+            found = ledger.experiments()
+            if not any(e.kind == Kind.CANDIDATE for e in found):
+                return False
+            earlier = sum(len(ledger.boots(e.id)) for e in found if e.kind != Kind.CANDIDATE)
+        return starts(host) > earlier
+
+    wait_until(f"node {host.rank} started for the candidate", reached, timeout=240, interval=0.05)
+
+
+def assert_stopped_by(rc: int, err: str, rank: int, failure_class: str) -> None:
+    """Exit code 5 and one line naming the node and the class; no traceback."""
+    errors = [line for line in err.splitlines() if line.startswith("Error:")]
+    assert rc == 5, err[-3000:]
+    assert len(errors) == 1, err[-3000:]
+    assert f"node {rank}" in errors[0] and failure_class in errors[0], errors[0]
+    assert "Traceback" not in err
+
+
+def assert_undecided_and_nothing_barred(cwd: Path) -> ExperimentRecord:
+    """The experiment the fault hit is undecided; nothing is a crash; the round is open."""
+    found = experiments(cwd)
+    assert not any(e.status == Status.CRASH for e in found), found
+    undecided = [e for e in found if e.state != State.DECIDED]
+    assert len(undecided) == 1, found
+    with Ledger(f"sqlite:///{cwd}/orchestrate.db") as ledger:
+        assert ledger.unfinished_round("twin-ssh") is not None
+    return undecided[0]
+
+
+def assert_resumes_and_finishes(
+    cluster: SshCluster, cwd: Path, profile: Path, undecided: ExperimentRecord | None
+) -> None:
+    """Healed, the same command finishes the undecided experiment and the budget."""
+    cluster.heal()
+    rc, err = start_round(cwd, profile, "resume").wait()
+    assert rc == 0, err[-3000:]
+    found = experiments(cwd)
+    assert all(e.state == State.DECIDED for e in found), found
+    assert not any(e.status == Status.CRASH for e in found), found
+    assert undecided is None or undecided.id in {e.id for e in found}
+    candidates = [e for e in found if e.kind == Kind.CANDIDATE]
+    assert len(candidates) == BUDGET
+    with Ledger(f"sqlite:///{cwd}/orchestrate.db") as ledger:
+        assert ledger.unfinished_round("twin-ssh") is None
+        assert ledger.champion("twin-ssh") is not None
+    assert cluster.engines() == {}
+
+
+def engines_on_reachable(cluster: SshCluster, unreachable: int) -> dict[int, int]:
+    return {pid: rank for pid, rank in cluster.engines().items() if rank != unreachable}
+
+
+@pytest.mark.parametrize(
+    ("fault", "rank", "failure_class"),
+    [
+        ("kill_sshd", 2, "unreachable"),
+        ("revoke_user_key", 1, "auth"),
+        ("change_host_key", 3, "host_key"),
+    ],
+)
+def test_a_node_broken_before_the_round_stops_it_with_exit_5_and_it_resumes(
+    ssh_cluster: SshCluster, tmp_path: Path, fault: str, rank: int, failure_class: str
+) -> None:
+    profile = fault_profile(ssh_cluster, tmp_path)
+    host = ssh_cluster.node(rank)
+    if fault == "revoke_user_key":
+        host.revoke_user_key(ssh_cluster.other_pub)
+    else:
+        getattr(host, fault)()
+    rc, err = start_round(tmp_path, profile, "first").wait()
+    # the round claims every node before anything else: the claim meets the fault, and
+    # nothing ran (no experiment, no engine anywhere)
+    assert_stopped_by(rc, err, rank, failure_class)
+    assert "before anything started" in err
+    assert experiments(tmp_path) == []
+    assert ssh_cluster.engines() == {}
+    assert_resumes_and_finishes(ssh_cluster, tmp_path, profile, None)
+
+
+@pytest.mark.parametrize(
+    ("fault", "rank", "failure_class"),
+    [
+        # workers start first: node 1 is up for the candidate, then its sshd stops answering
+        # (SIGSTOP: TCP still connects, nothing answers)
+        ("freeze_sshd", 1, "unreachable"),
+        # the head starts last: once it has, the round waits for its /health (or benches)
+        ("cut_link", 0, "unreachable"),
+    ],
+)
+def test_a_node_lost_while_the_candidate_boots_stops_the_round_and_it_resumes(
+    ssh_cluster: SshCluster, tmp_path: Path, fault: str, rank: int, failure_class: str
+) -> None:
+    profile = fault_profile(ssh_cluster, tmp_path)
+    host = ssh_cluster.node(rank)
+    rnd = start_round(tmp_path, profile, "first")
+    wait_for_candidate_start(rnd, tmp_path, host)
+    getattr(host, fault)()
+    rc, err = rnd.wait()
+    assert_stopped_by(rc, err, rank, failure_class)
+    undecided = assert_undecided_and_nothing_barred(tmp_path)
+    assert undecided.kind == Kind.CANDIDATE
+    assert engines_on_reachable(ssh_cluster, rank) == {}
+    assert_resumes_and_finishes(ssh_cluster, tmp_path, profile, undecided)
+
+
+def test_a_port_taken_on_the_head_is_not_the_configs_failure(
+    ssh_cluster: SshCluster, tmp_path: Path
+) -> None:
+    profile = fault_profile(ssh_cluster, tmp_path)
+    head = ssh_cluster.node(0)
+    port = int(_profile_port(profile))
+    squatter = _listen(ssh_cluster, head, port)
+    try:
+        rc, err = start_round(tmp_path, profile, "first").wait()
+        assert_stopped_by(rc, err, 0, "port")
+        assert str(port) in err
+        undecided = assert_undecided_and_nothing_barred(tmp_path)
+        assert ssh_cluster.engines() == {}
+    finally:
+        squatter.kill()
+        squatter.communicate()  # reaped, its pipes closed
+    assert_resumes_and_finishes(ssh_cluster, tmp_path, profile, undecided)
+
+
+def _profile_port(profile: Path) -> str:
+    data = yaml.safe_load(profile.read_text())
+    return str(data["cluster"]["port"])
+
+
+def _listen(cluster: SshCluster, host: SshHost, port: int) -> subprocess.Popen[bytes]:
+    """Something else listening on ``host``'s ``port`` (in its namespace, when it has one)."""
+    code = (
+        "import socket,sys,time\n"
+        "s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+        f"s.bind(({host.address!r}, {port})); s.listen(); print('up', flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    prefix = ["ip", "netns", "exec", host.netns] if host.netns else []
+    proc = subprocess.Popen(
+        [*prefix, sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline() == b"up\n"
+    with socket.create_connection((host.address, port), timeout=5):
+        pass
+    return proc
