@@ -200,6 +200,14 @@ def _ledger_agrees(ledger: Ledger) -> None:
         candidates = [e for e in experiments if e.round_id == r.id and e.kind == "candidate"]
         assert len(candidates) == r.budget
     assert ledger.open_boots() == []
+    for e in experiments:
+        # a boot killed mid-cells is continued by the next boot of the same measurement: no
+        # cell of a measurement is measured twice
+        measurement = {b.id: b.measurement for b in ledger.boots(e.id)}
+        cells = [
+            (measurement[boot], repeat, c.cell) for boot, repeat, c in ledger.cell_results(e.id)
+        ]
+        assert len(cells) == len(set(cells)), f"a cell of experiment {e.id} was measured twice"
     keeps = sorted((e for e in experiments if e.status == Status.KEEP), key=lambda e: e.id)
     champion = ledger.champion(CLUSTER)
     assert champion is not None

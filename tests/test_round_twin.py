@@ -15,7 +15,7 @@ import httpx
 import pytest
 from mlflow.tracking import MlflowClient
 
-from ledger import HEADER, Ledger
+from ledger import HEADER
 from tests.fixtures.cli import ORCHESTRATE, orchestrate
 from tests.fixtures.profiles import free_port, twin_profile_data, write_profile
 from tests.fixtures.wait import wait_until
@@ -155,48 +155,6 @@ def round_until(
             return proc, seen
     proc.wait()
     raise AssertionError("the round ended before its first candidate:\n" + "".join(seen))
-
-
-def test_sigkill_mid_experiment_resumes_without_duplicates(workdir: Path) -> None:
-    profile = write_profile(workdir, twin_profile_data())
-    ledger_url = os.environ["ORCHESTRATE_LEDGER"]
-    # kill it in the second cell of the first candidate, once its first cell is recorded
-    proc, _ = round_until(workdir, profile, 2, 2, subprocess.DEVNULL)
-    try:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        if proc.stderr is not None:
-            proc.stderr.close()
-    assert engines_alive(workdir), "the kill leaves the engines up (the resume must stop them)"
-    with Ledger(ledger_url) as ledger:
-        target = next(e for e in ledger.experiments() if e.kind == "candidate")
-        assert target.state == "benching"
-        cells_before = {r.cell for _, _, r in ledger.cell_results(target.id)}
-    assert len(cells_before) == 1
-
-    resumed = orchestrate(workdir, "round", "--budget", "2", "--profile", str(profile), "--json")
-    assert resumed.returncode == 0, resumed.stderr
-    report = json.loads(resumed.stdout)
-    assert report["resumed"] is True
-    experiments = report["experiments"]
-    assert [e["kind"] for e in experiments] == ["baseline", "candidate", "candidate"]
-    assert experiments[1]["experiment"] == target.id
-    assert len({e["experiment"] for e in experiments}) == 3
-    assert all(e["state"] == "decided" for e in experiments)
-    with Ledger(ledger_url) as ledger:
-        results = ledger.cell_results(target.id)
-        assert ledger.open_boots() == []
-        assert ledger.unfinished_round("twin-local") is None
-    names = [r.cell for _, _, r in results]
-    assert sorted(names) == sorted(set(names)), "a cell was measured twice"
-    assert cells_before <= set(names)
-    assert len(names) == 4
-    assert len({boot for boot, _, _ in results}) == 2
-    assert engines_alive(workdir) == []
 
 
 @pytest.mark.parametrize(
