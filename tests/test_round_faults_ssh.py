@@ -158,30 +158,39 @@ def engines_on_reachable(cluster: SshCluster, unreachable: int) -> dict[int, int
     return {pid: rank for pid, rank in cluster.engines().items() if rank != unreachable}
 
 
-@pytest.mark.parametrize(
-    ("fault", "rank", "failure_class"),
-    [
-        ("kill_sshd", 2, "unreachable"),
-        ("revoke_user_key", 1, "auth"),
-        ("change_host_key", 3, "host_key"),
-    ],
-)
-def test_a_node_broken_before_the_round_stops_it_with_exit_5_and_it_resumes(
-    ssh_cluster: SshCluster, tmp_path: Path, fault: str, rank: int, failure_class: str
+#: Faults made before the round starts: the node, how it is broken, the class it must give.
+BEFORE: dict[int, tuple[str, str]] = {
+    2: ("kill_sshd", "unreachable"),
+    1: ("revoke_user_key", "auth"),
+    3: ("change_host_key", "host_key"),
+}
+
+
+def test_nodes_broken_before_the_round_stop_it_with_exit_5_and_it_resumes(
+    ssh_cluster: SshCluster, tmp_path: Path
 ) -> None:
+    """Three nodes broken three ways: each run is refused naming one of them with its class,
+    nothing started; that node is mended and the command run again, until the round runs."""
     profile = fault_profile(ssh_cluster, tmp_path)
-    host = ssh_cluster.node(rank)
-    if fault == "revoke_user_key":
-        host.revoke_user_key(ssh_cluster.other_pub)
-    else:
-        getattr(host, fault)()
-    rc, err = start_round(tmp_path, profile, "first").wait()
-    # the round claims every node before anything else: the claim meets the fault, and
-    # nothing ran (no experiment, no engine anywhere)
-    assert_stopped_by(rc, err, rank, failure_class)
-    assert "before anything started" in err
-    assert experiments(tmp_path) == []
-    assert ssh_cluster.engines() == {}
+    broken = dict(BEFORE)
+    while broken:
+        ssh_cluster.heal()
+        for rank, (fault, _) in broken.items():
+            host = ssh_cluster.node(rank)
+            if fault == "revoke_user_key":
+                host.revoke_user_key(ssh_cluster.other_pub)
+            else:
+                getattr(host, fault)()
+        rc, err = start_round(tmp_path, profile, f"broken-{len(broken)}").wait()
+        named = [r for r in broken if f"Error: node {r} (" in err]
+        assert len(named) == 1, err[-3000:]
+        rank = named[0]
+        # the round claims every node before anything else: the claim meets the fault, and
+        # nothing ran (no experiment, no engine anywhere)
+        assert_stopped_by(rc, err, rank, broken.pop(rank)[1])
+        assert "before anything started" in err
+        assert experiments(tmp_path) == []
+        assert ssh_cluster.engines() == {}
     assert_resumes_and_finishes(ssh_cluster, tmp_path, profile, None)
 
 
