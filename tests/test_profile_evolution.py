@@ -13,11 +13,10 @@ import pytest
 from rich.console import Console
 
 from agents import SweepProposer
-from cluster.errors import NodeError
 from knobs.catalog import catalog
 from knobs.config import Config
 from knobs.errors import KnobError, ProfileError
-from knobs.records import CellResultRecord, CellSpec, NodeClockRecord
+from knobs.records import CellSpec
 from knobs.space import KnobSpace, render_clash
 from knobs.spec import KnobSpec, RenderSpec
 from knobs.vocabulary import EventKind, Kind, Status
@@ -29,6 +28,7 @@ from orchestrator.round import RoundOptions, RoundRunner
 from orchestrator.testbed import NullSink
 from tests.fixtures.cli import orchestrate
 from tests.fixtures.profiles import twin_profile_data, write_profile
+from tests.test_round_policy import ScriptedTestbed
 
 MOE = {
     "name": "moe_backend",
@@ -146,52 +146,17 @@ def test_the_typo_line_and_exit_code_3_through_the_cli(tmp_path: Path) -> None:
 
 
 # ---- a round under a profile that changed -------------------------------------------------
-class RenderingTestbed:
+class RenderingTestbed(ScriptedTestbed):
     """Renders every config it deploys with the profile's space (as a launcher does) and
     measures 100 tok/s whatever it is."""
 
     def __init__(self, space: KnobSpace) -> None:
+        super().__init__(lambda config, n: 100.0)
         self.space = space
-        self.boots: list[Config] = []
-        self.up = False
 
     def deploy(self, config: Config) -> dict[int, str]:
         self.space.render(config)  # a config lacking a knob of the space fails here
-        self.boots.append(config)
-        self.up = True
-        return {0: "#!/bin/sh\n"}
-
-    def bench(self, cell: CellSpec) -> CellResultRecord:
-        if not self.up:
-            raise NodeError("nothing deployed", failure_class="bench_failed")
-        return CellResultRecord(
-            cell=cell.name,
-            category=cell.category,
-            concurrency=1,
-            context_tokens=0,
-            duration=1.0,
-            completed=10,
-            total_output_tokens=100,
-            output_throughput=100.0,
-            per_request_throughput=100.0,
-            mean_ttft_ms=10,
-            median_ttft_ms=10,
-            p90_ttft_ms=10,
-            p99_ttft_ms=10,
-            median_itl_ms=1,
-            effective_concurrency=1.0,
-            clocks=(NodeClockRecord(rank=0, sm_clock_mhz=2000.0, matmul_rate=1.0),),
-            fingerprints={"code-0": "same"},
-        )
-
-    def logs(self) -> dict[int, str]:
-        return {0: "log"}
-
-    def stop_all(self) -> None:
-        self.up = False
-
-    def restore(self, config: Config) -> None:
-        self.deploy(config)
+        return super().deploy(config)
 
 
 def run_round(tmp_path: Path, budget: int, *knobs: dict[str, Any]) -> tuple[str, RenderingTestbed]:
