@@ -38,6 +38,8 @@ DEFAULT_SMOKE_PROMPT = "The capital of France is"
 #: Metric-name prefixes of the engines whose spec-decode counters the bench reads, in the order
 #: they are tried: ``PREFIX + "spec_decode_num_drafts"`` and its siblings.
 SPEC_PREFIXES = ("vllm:", "llamacpp:")
+#: the least a cell waits past its warm-up for a cold engine's first token (seconds)
+COLD_START_MIN_S = 60.0
 
 #: Gauges of requests an engine is still working on, per engine: a cell drains them to zero.
 BUSY_GAUGES = (
@@ -265,6 +267,14 @@ class _Cell:
     counter: int = 0
     #: the greedy probe, run to completion after the window (its text only is evidence)
     probes: list[_Request] = field(default_factory=list)
+    #: set at the cell's first token or first failure: what a cold engine's warm-up waits on
+    news: asyncio.Event = field(default_factory=asyncio.Event)
+    #: how much later than its warm-up the window opened (a cold engine's first token)
+    extended_s: float = 0.0
+
+    def failed(self, why: str) -> None:
+        self.errors.append(why)
+        self.news.set()
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -303,7 +313,7 @@ async def _one(client: httpx.AsyncClient, state: _Cell, *, probe: bool = False) 
         async with client.stream("POST", state.url, json=body) as response:
             if response.status_code != 200:
                 detail = (await response.aread()).decode(errors="replace")[:300]
-                state.errors.append(f"HTTP {response.status_code}: {detail}")
+                state.failed(f"HTTP {response.status_code}: {detail}")
                 req.end = loop.time()
                 return
             async for line in response.aiter_lines():
@@ -338,13 +348,14 @@ async def _one(client: httpx.AsyncClient, state: _Cell, *, probe: bool = False) 
                 if count > 0:
                     if req.first is None:
                         req.first = now
+                        state.news.set()
                     req.chunks.append((now, count))
                 req.text.append(piece)
                 if choice.get("finish_reason"):
                     req.finished = True
             req.end = loop.time()
     except (httpx.HTTPError, ValueError, KeyError, TypeError) as e:
-        state.errors.append(_describe(e))
+        state.failed(_describe(e))
         req.end = loop.time()
 
 
@@ -373,6 +384,34 @@ async def _greedy_probe(
     errors = len(state.errors)
     await _one(client, state, probe=True)
     del state.errors[errors:]
+
+
+def cold_start_limit_s(cell: CellSpec) -> float:
+    """How long past its warm-up a cell waits for a cold engine's first token."""
+    return max(COLD_START_MIN_S, 5.0 * (cell.warmup_s + cell.duration_s))
+
+
+async def _cold_start(state: _Cell, say: Callable[[str], None]) -> None:
+    """The window opens at the warm-up's end, or, on an engine that has sent neither a token
+    nor a failure by then, at its first token: a backend that compiles on first use answers
+    its first request late, and a window spent waiting for it would measure the compile, not
+    the config. A failure ends the wait, and so does ``cold_start_limit_s``: the window is
+    then the one the cell had (failures are its evidence, as on a warm engine)."""
+    if state.news.is_set():
+        return
+    loop = asyncio.get_running_loop()
+    waited_from, planned = loop.time(), state.w1
+    limit = cold_start_limit_s(state.cell)
+    state.w1 = math.inf  # the streams go on while the engine warms up
+    say(f"{state.cell.name}: no token after the warm-up; waiting up to {limit:g}s for the first")
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(state.news.wait(), timeout=limit)
+    now = loop.time()
+    if any(r.first is not None for r in state.requests):
+        state.extended_s = now - waited_from
+        state.w0, state.w1 = now, now + state.cell.duration_s
+    else:
+        state.w1 = planned
 
 
 async def run_cell_async(
@@ -419,6 +458,7 @@ async def run_cell_async(
         ]
         try:
             await asyncio.sleep(max(0.0, state.w0 - loop.time()))
+            await _cold_start(state, say)
             before = await _scrape(client, metrics_url)
             say(f"{cell.name}: measuring {cell.duration_s:g}s")
             await asyncio.sleep(max(0.0, state.w1 - loop.time()))
@@ -512,7 +552,9 @@ def _summarise(
         per_position_acceptance=positions,
         fingerprints=fingerprints,
     )
-    evidence = {"errors": state.errors[:20], "requests": len(state.requests)}
+    evidence: dict[str, Any] = {"errors": state.errors[:20], "requests": len(state.requests)}
+    if state.extended_s > 0:
+        evidence["warmup_extended_s"] = round(state.extended_s, 3)
     return record, evidence
 
 

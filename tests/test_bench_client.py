@@ -83,6 +83,31 @@ def test_requests_straddling_the_window_count_only_inside(nodes: TwinNodes) -> N
     assert got.total_output_tokens == pytest.approx(truth.output_tok_s * 0.5, rel=0.01)
 
 
+def test_a_cold_engine_window_opens_at_its_first_token(nodes: TwinNodes, tmp_path: Path) -> None:
+    """An engine that compiles on first use answers its first request after the whole of a
+    short cell's warm-up and window (vLLM's CPU backend on a loaded host): the window opens at
+    the first token and measures the config, where it used to measure nothing."""
+    cold = 32.0  # real seconds, 2 twin seconds at this landscape's run scale of 16
+    path = write_landscape(tmp_path, prefill={"cold_first_s": cold})
+    landscape = load_landscape(path)
+    assert landscape.engine_model(landscape.settings({})).cold_first_s == pytest.approx(2.0)
+    cell = CellSpec(
+        name="cold", category="code", concurrency=2, max_tokens=128, warmup_s=0.3, duration_s=0.5
+    )
+    truth = landscape.truth({**BASE, **CONFIGS["vllm-dflash2-tp4"][1]}, cell)
+    _, url = nodes.head(serve_argv(), TWIN_LANDSCAPE=str(path))
+    progress: list[str] = []
+    got = run_cell(url, "glm53", cell, on_progress=progress.append)
+    assert any("no token after the warm-up" in line for line in progress), progress
+    assert got.duration == pytest.approx(cell.duration_s, abs=0.01) and got.errors == 0
+    assert got.output_throughput == pytest.approx(truth.output_tok_s, rel=0.03)
+    # warm now: the next cell on the same boot needs no wait
+    progress.clear()
+    again = run_cell(url, "glm53", cell, on_progress=progress.append)
+    assert not any("no token after the warm-up" in line for line in progress), progress
+    assert again.output_throughput == pytest.approx(truth.output_tok_s, rel=0.03)
+
+
 def test_noise_spreads_as_the_landscape_says(nodes: TwinNodes, tmp_path: Path) -> None:
     """Run to run within a boot, boot to boot across boots: each measurement equals the truth
     times the draws for its (seed, boot, run), and the draws spread as the landscape says."""

@@ -113,6 +113,7 @@ class Engine:
         self._live: set[Request] = set()
         self._credits: deque[float] = deque()
         self._prefill_free = 0.0
+        self._warm = False  # the first prefill after boot pays the model's cold start
         self._run = 0
         self._run_speed = 1.0
         self._run_acceptance = 1.0
@@ -182,6 +183,9 @@ class Engine:
                 arrival=arrival,
             )
             start = max(arrival, self._prefill_free)
+            if not self._warm:
+                self._warm = True
+                start += self.model.cold_first_s / self.speed
             first = start + self.model.prefill_s(req.prompt_tokens) / self.speed
             self._prefill_free = first
             req.prefill_start = start

@@ -143,6 +143,9 @@ class Prefill(_Model):
     superlinear: float = Field(default=0.0, ge=0)
     kv_cache_dtype: dict[str, float] = Field(default_factory=dict)
     cliff: Cliff | None = None
+    #: seconds added to the first prefill after boot: a backend that compiles its batch
+    #: shapes on first use (vLLM's CPU backend) answers its first request late
+    cold_first_s: float = Field(default=0.0, ge=0)
 
 
 class Boot(_Model):
@@ -341,6 +344,11 @@ class EngineModel:
     def accepted_per_step(self, category: Category) -> float:
         """Tokens per verify step: 1 + Σ P(position i accepted)."""
         return 1.0 + sum(self.positions(category))
+
+    @property
+    def cold_first_s(self) -> float:
+        """Seconds the first prefill after boot takes on top of its own (twin seconds)."""
+        return self.landscape.prefill.cold_first_s / self.landscape.time_scale.run
 
     def prefill_s(self, prompt_tokens: int) -> float:
         """Prefill time of a ``prompt_tokens`` prompt (the time to first token with no queue)."""
