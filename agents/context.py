@@ -52,6 +52,10 @@ class HistoryEntry(BaseModel):
     #: ``Config.key`` of the champion it was compared against.
     champion_key: str
     failure_class: str | None = None
+    #: What one more look at this change still promises (``E[max(0, δ)]`` under its verdict's
+    #: posterior, log scale), when the verdict stopped it for want of boots and it may run
+    #: again under this champion; ``None`` otherwise.
+    second_look: float | None = None
 
     @property
     def measured(self) -> bool:

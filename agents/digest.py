@@ -36,6 +36,7 @@ def digest(context: ProposalContext, *, extra: Sequence[str] = ()) -> str:
         _knobs(context),
         _draft_model(context),
         _constraints(context),
+        _open(context),
         _tried(context),
         _vetoes(context),
         _known_bad(context),
@@ -111,6 +112,28 @@ def _constraints(context: ProposalContext) -> str:
         return ""
     lines = ["## Hard constraints (configurations matching these never run)"]
     lines += [f"- {describe_values(f.when)}: {f.reason}" for f in context.space.forbidden]
+    return "\n".join(lines)
+
+
+def _open(context: ProposalContext) -> str:
+    latest: dict[str, HistoryEntry] = {}
+    for entry in context.history:
+        if entry.champion_key == context.champion.key and entry.knob and entry.value is not None:
+            latest[f"{entry.knob}={as_text(entry.value)}"] = entry
+    still = [(k, e) for k, e in latest.items() if e.second_look is not None]
+    if not still:
+        return ""
+    lines = [
+        "## Open for a second look (stopped for want of boots, still promising; proposing one "
+        "again adds boots to what it measured)"
+    ]
+    lines += [
+        f"- {k}: still promises {math.expm1(e.second_look or 0.0) * 100:+.1f}% "
+        f"(E[max(0, gain)]), last measured {e.delta_pct:+.1f}%"
+        if e.delta_pct is not None
+        else f"- {k}: still promises {math.expm1(e.second_look or 0.0) * 100:+.1f}%"
+        for k, e in still
+    ]
     return "\n".join(lines)
 
 

@@ -20,6 +20,10 @@ that may have moved with the keep get looks again:
   ``δ ~ N(prediction, (τ/2)²)``; per boot: divided by the boots a decision costs when a share
   of the knob's changes fail to boot (``1 / (1 − crashes / (tries + 1))``).
 
+A change the verdict stopped for want of boots while it still promised a gain is open for a
+second look (``second_look``, below): it competes with the first looks on what it promises,
+from its posterior rather than a prior, and is never a first look again.
+
 Going back to the champion this one replaced is no look (that comparison was just decided);
 a knob whose changes failed to boot ``FIRST_LOOK_CRASHES`` times with one failure class gets
 no more (every K but 7 wedges one stack's boot); a draft-knob value the model predicts more
@@ -150,11 +154,13 @@ def first_look(
         for e in context.history
         if e.status == Status.KEEP and Config(e.config).key == context.champion.key
     }
+    reopened = open_changes(context)  # looked at already: second looks, not first
     looks = [
         c
         for c in allowed
         if c.knob in knobs
         and context.champion.apply(c).key not in back
+        and context.champion.apply(c).key not in reopened
         and not (
             model is not None
             and c.knob == model.knob
@@ -173,3 +179,43 @@ def first_look(
 
     knob = min({c.knob for c in looks}, key=promise)
     return knob, [c for c in looks if c.knob == knob]
+
+
+def open_changes(context: ProposalContext) -> dict[str, float]:
+    """The configs open for a second look under this champion (the verdict stopped them for
+    want of boots while they still promised a gain: ``HistoryEntry.second_look``), each with
+    what its latest look still promises."""
+    out: dict[str, float] = {}
+    for e in context.history:
+        if e.champion_key != context.champion.key or e.knob is None:
+            continue
+        key = Config(e.config).key
+        if key in context.decided_keys:
+            continue
+        if e.second_look is None:
+            out.pop(key, None)
+        else:
+            out[key] = e.second_look
+    return out
+
+
+def second_look(
+    context: ProposalContext,
+    allowed: Sequence[Change],
+    first: tuple[str, list[Change]] | None,
+    model: DraftPrediction | None = None,
+) -> tuple[Change, float] | None:
+    """The open change to look at again now, with what it promises, or ``None``: the one that
+    promises most, when that is at least what the best first look promises per boot (evidence
+    that a change is close to a keep weighs more than a prior's hope for an untried one)."""
+    promises = open_changes(context)
+    best: tuple[Change, float] | None = None
+    for c in allowed:
+        gain = promises.get(context.champion.apply(c).key)
+        if gain is not None and (best is None or gain > best[1]):
+            best = (c, gain)
+    if best is None or first is None:
+        return best
+    knob, looks = first
+    bar = max(expected_gain(context, c, model) for c in looks) / boots_per_decision(context, knob)
+    return best if best[1] >= bar else None

@@ -40,7 +40,7 @@ from agents.context import HistoryEntry, ProposalContext, same_value
 from agents.draft_model import predict
 from agents.first_looks import DRAFT_LOOK_FLOOR as DRAFT_LOOK_FLOOR  # re-exported
 from agents.first_looks import first_look as first_look  # re-exported
-from agents.first_looks import seed_for, why
+from agents.first_looks import second_look, seed_for, why
 from agents.proposal import ONE_EXPERIMENT, Proposal, ProposalExhausted
 from knobs.config import Change, Config
 from knobs.errors import KnobError
@@ -157,6 +157,15 @@ class OptunaProposer:
         model = predict(context) if self.first_looks and self.draft_model else None
         first = first_look(context, allowed, sampler_seed, model) if self.first_looks else None
         looks = [] if first is None else first[1]
+        again = second_look(context, allowed, first, model) if self.first_looks else None
+        if again is not None:
+            notes = {
+                "sampler": "second look",
+                "completed_trials": str(completed),
+                "second_look": f"stopped for want of boots, it still promises "
+                f"{math.expm1(again[1]) * 100:+.1f}% (E[max(0, gain)]); its earlier boots count",
+            }
+            return self._proposal(context, again[0], completed, notes, skipped)
         if first is not None and model is not None and first[0] == model.knob:
             # the draft knob's looks in the model's order, best predicted first
             change = model.best_of(looks)
@@ -280,6 +289,8 @@ class OptunaProposer:
         target = f"{change.knob}={as_text(change.new)}"
         if notes["sampler"] == "draft model":
             how = notes["draft_model"]
+        elif notes["sampler"] == "second look":
+            how = f"a second look at {target}: {notes['second_look']}"
         elif notes["sampler"] == "fallback" and "first_look" in notes:
             how = f"TPE's suggestions did not move it; {target} is its least-tried allowed value"
         elif notes["sampler"] == "fallback":

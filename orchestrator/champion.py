@@ -21,7 +21,7 @@ from agents import ChampionCell
 from cluster.errors import NodeError
 from knobs.config import Config
 from knobs.records import CellResultRecord
-from knobs.vocabulary import BootRole, BootStatus, Kind, Status
+from knobs.vocabulary import BootRole, BootStatus, Kind, State, Status
 from ledger import ChampionRecord, ExperimentRecord, Ledger, RoundRecord
 from orchestrator import policy
 from orchestrator.boot import Booter
@@ -30,7 +30,8 @@ from orchestrator.display import RoundDisplay
 from orchestrator.evolution import fit_champion, knob_changes
 from orchestrator.measurements import Measurement, read_measurements
 from orchestrator.noise import NoiseModel, learn
-from orchestrator.priors import learned_prior
+from orchestrator.pooling import ValueBoots, pool
+from orchestrator.priors import base_prior, learned_prior
 from orchestrator.profile import Profile
 from orchestrator.runlog import RunLog
 from orchestrator.verdict import (
@@ -167,15 +168,41 @@ class ChampionEvidence:
             run_groups=[],
         )
 
-    def judge(self, knob: str | None, measurements: Sequence[Measurement]) -> Assessment:
-        """``verdict.assess`` of a change of ``knob`` measured so, against the champion's level
-        and the noise estimate, with the knob's effect prior as this cluster's decided changes
-        of it taught (``priors``; ``None`` for a knob the profile no longer has: the profile's
-        prior)."""
+    def judge(self, e: ExperimentRecord, measurements: Sequence[Measurement]) -> Assessment:
+        """``verdict.assess`` of experiment ``e`` measured so, against the champion's level and
+        the noise estimate, with its knob's effect prior as this cluster's decided changes of
+        it taught (``priors``; ``None`` for a knob the profile no longer has: the profile's
+        prior) and, for an ordered knob, the other values of it measured against this champion
+        (``pooling``; their changes then leave the prior, which would count them twice)."""
         champion = self.level()
-        space = self.profile.space
-        in_space = knob is not None and knob in space.names
-        prior = learned_prior(self.profile, self.ledger, knob) if knob and in_space else None
+        knob = e.knob
+        in_space = knob is not None and knob in self.profile.space.names
+        siblings = self.siblings(e) if in_space and self.profile.verdict.pool_values else []
+        prior = (
+            learned_prior(self.profile, self.ledger, knob, excluding={s.id for s in siblings})
+            if knob and in_space
+            else None
+        )
+        noise = self.noise()
+        champion_logs = [math.log(objective(m.cells)) for m in champion]
+        pooled = None
+        held = self.current().config.as_dict().get(knob) if knob is not None else None
+        if siblings and knob is not None and e.value is not None and held is not None:
+            base = prior or base_prior(self.profile, knob)
+            pooled = pool(
+                self.profile.space.spec(knob),
+                held,
+                champion_logs,
+                ValueBoots(e.value, tuple(math.log(objective(m.cells)) for m in measurements)),
+                [
+                    ValueBoots(s.value, self.trusted_logs(s.id))
+                    for s in siblings
+                    if s.value is not None
+                ],
+                boot_cv=noise.boot_cv,
+                p_null=base.p_null,
+                tau=math.log1p(base.effect_pct / 100),
+            )
         return assess(
             self.profile.verdict,
             Evidence(
@@ -186,8 +213,41 @@ class ChampionEvidence:
                 champion_cells=champion[-1].cells,
                 min_matmul_rate=self.profile.gates.min_matmul_rate,
             ),
-            self.noise(),
+            noise,
             prior,
+            pooled,
+        )
+
+    def siblings(self, e: ExperimentRecord) -> list[ExperimentRecord]:
+        """The decided changes of ``e``'s knob alone, measured against the current champion (its
+        config but for that knob): the values ``pooling`` judges ``e`` with."""
+        if e.knob is None:
+            return []
+        champion = self.current()
+        others = {k: v for k, v in champion.config.as_dict().items() if k != e.knob}
+        out: list[ExperimentRecord] = []
+        for s in self.ledger.experiments(cluster=self.cluster):
+            if (
+                s.id == e.id
+                or s.kind != Kind.CANDIDATE
+                or s.knob != e.knob
+                or s.state != State.DECIDED
+                or s.status not in (Status.DISCARD, Status.INCONCLUSIVE)
+                or s.failure_class is not None
+                or s.created_at < champion.since
+            ):
+                continue
+            config = s.config.as_dict()
+            if {k: v for k, v in config.items() if k != e.knob} == others:
+                out.append(s)
+        return out
+
+    def trusted_logs(self, experiment_id: int) -> tuple[float, ...]:
+        """The log objectives of an experiment's trusted measurements."""
+        return tuple(
+            math.log(objective(m.cells))
+            for m in self.measurements(experiment_id)
+            if self.trusted(m)
         )
 
     def boots_during(self, experiment_id: int) -> int:

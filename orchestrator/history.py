@@ -17,6 +17,7 @@ from knobs.space import Reconciled
 from knobs.spec import Value
 from knobs.vocabulary import INFRASTRUCTURE, UNMEASURED, EventKind, State, Status
 from ledger import EventRecord, ExperimentRecord, Ledger, RoundRecord
+from orchestrator import policy
 from orchestrator.champion import ChampionEvidence
 from orchestrator.evolution import rekeyed
 from orchestrator.priors import interacting, knob_priors, measured
@@ -42,6 +43,8 @@ def proposal_context(
     history: list[HistoryEntry] = []
     known_bad: list[KnownBad] = []
     decided = {current.config.key}
+    looks: dict[str, int] = {}  # experiments of each config under this champion
+    reopened: dict[str, bool] = {}
     experiments = ledger.experiments(cluster=profile.cluster.name)
     # configs recorded under an earlier profile, fitted to this one, and the champion keys
     # they were decided against likewise (``evolution``): a change decided before a knob was
@@ -53,13 +56,19 @@ def proposal_context(
             continue
         fitted = profile.space.reconcile(e.config)
         champion_key = rekey.get(e.champion_key or "", e.champion_key or "")
-        history.append(_entry(e, fitted, champion_key))
+        here = champion_key == current.config.key and e.failure_class not in INFRASTRUCTURE
+        if here:
+            looks[fitted.config.key] = looks.get(fitted.config.key, 0) + 1
+        again = _second_look(profile, ledger, e, looks.get(fitted.config.key, 0)) if here else None
+        history.append(_entry(e, fitted, champion_key, again))
         if e.id in cleared:  # a person cleared its region: it bars nothing, and may run again
             continue
         # a failure of the infrastructure's (stuck clocks, a node unreachable) measured the
-        # node, not the config: it may run again
-        if champion_key == current.config.key and e.failure_class not in INFRASTRUCTURE:
+        # node, not the config: it may run again; a change stopped for want of boots that still
+        # promises a gain may be looked at again (``policy.second_look``)
+        if here:
             decided.add(fitted.config.key)
+            reopened[fitted.config.key] = again is not None  # the last look decides
         region = _barred(profile, ledger, e.model_copy(update={"config": fitted.config}))
         if region is not None:
             known_bad.append(region)
@@ -70,7 +79,7 @@ def proposal_context(
         champion_objective=current.objective,
         history=tuple(history),
         known_bad=tuple(known_bad),
-        decided_keys=frozenset(decided),
+        decided_keys=frozenset(k for k in decided if not reopened.get(k, False)),
         budget_left=max(0, rnd.budget - candidates_done),
         seed=rnd.seed,
         # LLM spend so far in this round, from the ledger: a resumed round keeps its cap
@@ -81,7 +90,19 @@ def proposal_context(
     )
 
 
-def _entry(e: ExperimentRecord, fitted: Reconciled, champion_key: str) -> HistoryEntry:
+def _second_look(profile: Profile, ledger: Ledger, e: ExperimentRecord, looks: int) -> float | None:
+    """``policy.second_look`` of a decided change, from its verdict in the ledger."""
+    if e.status not in (Status.DISCARD, Status.INCONCLUSIVE) or e.knob is None:
+        return None
+    verdict = ledger.verdict(e.id)
+    if verdict is None:
+        return None
+    return policy.second_look(profile.verdict, verdict.rule, verdict.stats, looks)
+
+
+def _entry(
+    e: ExperimentRecord, fitted: Reconciled, champion_key: str, second_look: float | None = None
+) -> HistoryEntry:
     """``e`` as history, its config fitted to the profile; but a change of a knob the profile
     lost keeps its config as recorded: fitted, it would read as the champion measured again
     (a model that learns from configs skips it, as it no longer fits the space)."""
@@ -97,6 +118,7 @@ def _entry(e: ExperimentRecord, fitted: Reconciled, champion_key: str) -> Histor
         delta_pct=e.delta_pct,
         champion_key=champion_key,
         failure_class=e.failure_class,
+        second_look=second_look,
     )
 
 

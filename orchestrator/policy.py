@@ -27,13 +27,13 @@ told.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from knobs.vocabulary import BootRole, Status, Undecided
 from orchestrator.measurements import Measurement
 from orchestrator.profile import VerdictSpec
-from orchestrator.verdict import Assessment, objective_of
+from orchestrator.verdict import Assessment, Posterior, objective_of
 
 #: The champion may be booted at most this many times ``max_boots`` for one verdict.
 CHAMPION_BOOTS_PER_BOOT = 2
@@ -336,3 +336,25 @@ def infrastructure_retry(spec: VerdictSpec, failures: int) -> float | None:
     if failures > spec.infra_retries:
         return None
     return spec.infra_backoff_s * 2.0 ** (failures - 1)
+
+
+#: The verdict rules that stop a change for want of boots, not for what it measured.
+OUT_OF_BOOTS = frozenset({"futility", "max-boots"})
+
+
+def second_look(
+    spec: VerdictSpec, rule: str, stats: Mapping[str, object], looks: int
+) -> float | None:
+    """What one more look at a change still promises (``E[max(0, δ)]``, log scale), or None
+    when it gets none: only a change the verdict stopped for want of boots (``OUT_OF_BOOTS``)
+    whose posterior still promises ``second_look_gain_pct``, looked at ``looks`` times under
+    this champion, fewer than ``1 + second_looks``. A ledger whose verdicts predate the
+    posterior in their stats has none."""
+    if rule not in OUT_OF_BOOTS or looks > spec.second_looks:
+        return None
+    numbers = [stats.get(k) for k in ("post_p_effect", "post_mean", "post_sd")]
+    if not all(isinstance(x, int | float) for x in numbers):
+        return None
+    p_effect, mean, sd = (float(x) for x in numbers)  # type: ignore[arg-type]
+    gain = Posterior(p_effect=p_effect, mean=mean, sd=sd).expected_gain()
+    return gain if gain >= math.log1p(spec.second_look_gain_pct / 100) else None

@@ -23,7 +23,7 @@ them (the proposer looks at it again when the champion moves).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -155,10 +155,14 @@ def knob_priors(profile: Profile, changes: Sequence[Measured]) -> dict[str, Effe
     return out
 
 
-def learned_prior(profile: Profile, ledger: Ledger, knob: str) -> EffectPrior | None:
-    """The prior a change of ``knob`` is judged with now (decided experiments only); ``None``
-    when its spec declares none and nothing was measured (the verdict's profile prior)."""
-    changes = measured(ledger, ledger.experiments(cluster=profile.cluster.name))
+def learned_prior(
+    profile: Profile, ledger: Ledger, knob: str, *, excluding: Collection[int] = ()
+) -> EffectPrior | None:
+    """The prior a change of ``knob`` is judged with now (decided experiments only, but those
+    ``excluding`` names: evidence the verdict weighs otherwise); ``None`` when its spec declares
+    none and nothing was measured (the verdict's profile prior)."""
+    experiments = ledger.experiments(cluster=profile.cluster.name)
+    changes = measured(ledger, [e for e in experiments if e.id not in excluding])
     mine = [(m.g, m.se) for m in changes if m.knob == knob]
     if not mine and profile.space.spec(knob).effect_prior is None:
         return None

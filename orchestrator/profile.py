@@ -86,6 +86,26 @@ class VerdictSpec(BaseModel):
         description="judge a one-knob change with its knob's effect_prior where its spec "
         "declares one (CUDA graphs and K always do something; adapter rank rarely does)",
     )
+    pool_values: bool = Field(
+        default=True,
+        description="judge a value of an ordered knob (K, MNBT) together with the other values "
+        "of the knob measured against the same champion (off: on its own boots alone)",
+    )
+    second_looks: int = Field(
+        default=2,
+        ge=0,
+        le=5,
+        description="a change the verdict stopped at its boot cap or on futility while it still "
+        "promises second_look_gain_pct may be looked at again this many times under one "
+        "champion; its earlier boots count in the next verdict",
+    )
+    second_look_gain_pct: float = Field(
+        default=2.0,
+        gt=0,
+        le=50,
+        description="what a change must still promise (E[max(0, gain)] under its posterior) to "
+        "be looked at again",
+    )
     max_boots: int = Field(
         default=3, ge=1, le=20, description="candidate boots before inconclusive"
     )

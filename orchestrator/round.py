@@ -337,7 +337,7 @@ class RoundRunner:
             monotone=monotone_classes(self.profile, e),
         )
         return policy.next_action(
-            self.profile.verdict, progress, lambda ms: self.champion.judge(e.knob, ms)
+            self.profile.verdict, progress, lambda ms: self.champion.judge(e, ms)
         )
 
     def _config_failures(self, e: ExperimentRecord) -> tuple[list[policy.BootFailure], bool]:

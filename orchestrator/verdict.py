@@ -30,13 +30,16 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from knobs.records import NONDETERMINISTIC, CellResultRecord
 from knobs.spec import EffectPrior
 from knobs.vocabulary import Status, Undecided
 from orchestrator.noise import NoiseModel
 from orchestrator.profile import VerdictSpec
+
+if TYPE_CHECKING:
+    from orchestrator.pooling import Pooled
 
 
 def objective(cells: Sequence[CellResultRecord]) -> float:
@@ -123,14 +126,26 @@ class Posterior:
         """P(δ > threshold); ``threshold`` ≥ 0 (the null's δ = 0 is never above)."""
         return self.p_effect * (1.0 - _phi((threshold - self.mean) / self.sd))
 
+    def expected_gain(self) -> float:
+        """``E[max(0, δ)]``: what keeping the change would gain, counting a loss as none (what
+        one more look at it may still find)."""
+        if self.sd <= 0:
+            return self.p_effect * max(0.0, self.mean)
+        z = self.mean / self.sd
+        return self.p_effect * (self.sd * _normal_pdf(z, 1.0) + self.mean * _phi(z))
 
-def posterior(g: float, se: float, *, prior_null: float, prior_sd: float) -> Posterior:
-    """Spike-and-slab posterior of δ from ``g ~ N(δ, se²)``."""
+
+def posterior(
+    g: float, se: float, *, prior_null: float, prior_sd: float, prior_mean: float = 0.0
+) -> Posterior:
+    """Spike-and-slab posterior of δ from ``g ~ N(δ, se²)``; the slab ``N(prior_mean,
+    prior_sd²)`` (centred on 0 unless other evidence, e.g. ``pooling``'s, moved it)."""
     null = prior_null * _normal_pdf(g, se)
-    slab = (1.0 - prior_null) * _normal_pdf(g, math.sqrt(se**2 + prior_sd**2))
+    slab = (1.0 - prior_null) * _normal_pdf(g - prior_mean, math.sqrt(se**2 + prior_sd**2))
     p_effect = slab / (null + slab) if null + slab > 0 else (1.0 if abs(g) > se else 0.0)
     shrink = prior_sd**2 / (prior_sd**2 + se**2)
-    return Posterior(p_effect=p_effect, mean=g * shrink, sd=math.sqrt(shrink) * se)
+    mean = prior_mean + (g - prior_mean) * shrink
+    return Posterior(p_effect=p_effect, mean=mean, sd=math.sqrt(shrink) * se)
 
 
 @dataclass(frozen=True)
@@ -239,12 +254,18 @@ def _guardrails(spec: VerdictSpec, ev: Evidence, stats: dict[str, object]) -> As
 
 
 def assess(
-    spec: VerdictSpec, ev: Evidence, noise: NoiseModel, prior: EffectPrior | None = None
+    spec: VerdictSpec,
+    ev: Evidence,
+    noise: NoiseModel,
+    prior: EffectPrior | None = None,
+    pooled: Pooled | None = None,
 ) -> Assessment:
     """The verdict on the evidence so far (or a request for another boot).
 
     ``prior``: what is known about the changed knob's effect (its spec's ``effect_prior``);
     ``None``, or ``spec.knob_priors`` off: the profile's ``prior_null`` / ``prior_effect_pct``.
+    ``pooled``: the change's effect given the other values of its knob measured against the
+    same champion too (``pooling``); it decides in place of the change's own boots alone.
     """
     if not ev.candidate or not ev.champion:
         raise ValueError("a verdict needs at least one boot of candidate and champion")
@@ -274,7 +295,7 @@ def assess(
             f"{delta_pct:+.2f}% vs champion ({relation} +{spec.threshold_pct:g}%, one run)",
             stats,
         )
-    return _sequential(spec, ev, noise, prior, stats)
+    return _sequential(spec, ev, noise, prior, stats, pooled)
 
 
 def _sequential(
@@ -283,6 +304,7 @@ def _sequential(
     noise: NoiseModel,
     prior: EffectPrior | None,
     stats: dict[str, object],
+    pooled: Pooled | None = None,
 ) -> Assessment:
     """The sequential policy: the posterior of the gain decides, or asks for another boot."""
     knob_prior = prior is not None and spec.knob_priors
@@ -292,6 +314,17 @@ def _sequential(
     g = _mean_log(ev.candidate) - _mean_log(ev.champion)
     se = noise.se(len(ev.candidate), len(ev.champion))
     post = posterior(g, se, prior_null=prior.p_null, prior_sd=prior_sd)
+    # what the boots still to come update: the knob's prior, or the other values' evidence
+    slab = Slab(prior.p_null, prior_sd, 0.0)
+    if pooled is not None:
+        stats.update(
+            own_p_gain=post.p_above(0.0),
+            pooled_values=pooled.values,
+            pooled_boots=pooled.boots,
+            pooled_p_effect=pooled.posterior.p_effect,
+        )
+        post = pooled.posterior
+        slab = Slab(1.0 - pooled.prior.p_effect, pooled.prior.sd, pooled.prior.mean)
     equivalence = math.log1p(spec.equivalence_pct / 100)
     p_gain = post.p_above(0.0)
     p_worth = post.p_above(equivalence)
@@ -303,11 +336,17 @@ def _sequential(
         prior_null=prior.p_null,
         prior_effect_pct=prior.effect_pct,
         prior_from="knob" if knob_prior else "profile",
+        # the posterior itself, for what comes after the verdict (a second look weighs it)
+        post_p_effect=post.p_effect,
+        post_mean=post.mean,
+        post_sd=post.sd,
     )
     where = (
         f"{stats['delta_pct']:+.2f}% over {len(ev.candidate)} boot(s) vs {len(ev.champion)}; "
         f"P(gain)={p_gain:.2f}, P(gain>{spec.equivalence_pct:g}%)={p_worth:.2f}"
     )
+    if pooled is not None:
+        where += f" with {pooled.values} other value(s) of the knob ({pooled.boots} boots)"
     if p_gain >= spec.confidence:
         if ev.confirmations >= spec.confirm_boots:
             return Assessment(Status.KEEP, "posterior", f"{where}: confirmed gain", stats)
@@ -315,16 +354,23 @@ def _sequential(
     if p_worth < spec.futility:
         why = "worse" if g < -se else "not worth a change"
         return Assessment(Status.DISCARD, "posterior", f"{where}: {why}", stats)
-    return _more_or_stop(
-        spec, noise, prior, prior_sd, g, len(ev.candidate), len(ev.champion), where, stats
-    )
+    return _more_or_stop(spec, noise, slab, g, len(ev.candidate), len(ev.champion), where, stats)
+
+
+@dataclass(frozen=True)
+class Slab:
+    """The prior the boots still to come update: a share ``p_null`` of no effect, else
+    ``N(mean, sd²)`` on the log scale."""
+
+    p_null: float
+    sd: float
+    mean: float
 
 
 def _more_or_stop(
     spec: VerdictSpec,
     noise: NoiseModel,
-    prior: EffectPrior,
-    prior_sd: float,
+    slab: Slab,
     g: float,
     n: int,
     m: int,
@@ -348,9 +394,10 @@ def _more_or_stop(
         m,
         max(0, spec.max_boots - n),
         champion_more=champion_more,
-        prior_null=prior.p_null,
-        prior_sd=prior_sd,
+        prior_null=slab.p_null,
+        prior_sd=slab.sd,
         confidence=spec.confidence,
+        prior_mean=slab.mean,
     )
     stats.update(p_reach=reach)
     if reach < spec.predictive_futility:
@@ -369,8 +416,10 @@ def _more_or_stop(
     return Assessment(Undecided.MORE, "posterior", reason, stats, next_boot="candidate")
 
 
-def _p_gain(g: float, se: float, prior_null: float, prior_sd: float) -> float:
-    return posterior(g, se, prior_null=prior_null, prior_sd=prior_sd).p_above(0.0)
+def _p_gain(g: float, se: float, prior_null: float, prior_sd: float, prior_mean: float) -> float:
+    return posterior(
+        g, se, prior_null=prior_null, prior_sd=prior_sd, prior_mean=prior_mean
+    ).p_above(0.0)
 
 
 def predictive_keep(
@@ -384,6 +433,7 @@ def predictive_keep(
     prior_null: float,
     prior_sd: float,
     confidence: float,
+    prior_mean: float = 0.0,
 ) -> float:
     """The predictive probability that ``more`` further candidate boots and ``champion_more``
     further champion boots bring ``P(gain)`` to ``confidence`` (Bayesian sequential designs'
@@ -407,12 +457,12 @@ def predictive_keep(
     var = boot_cv**2
     se_now = math.sqrt(var * (1 / n + 1 / m))
     se_end = math.sqrt(var * (1 / (n + more) + 1 / (m + champion_more)))
-    low, high = 0.0, 1.0
-    if _p_gain(high, se_end, prior_null, prior_sd) < confidence:
+    low, high = -1.0, 1.0
+    if _p_gain(high, se_end, prior_null, prior_sd, prior_mean) < confidence:
         return 0.0
     for _ in range(60):
         mid = (low + high) / 2
-        if _p_gain(mid, se_end, prior_null, prior_sd) >= confidence:
+        if _p_gain(mid, se_end, prior_null, prior_sd, prior_mean) >= confidence:
             high = mid
         else:
             low = mid
@@ -429,7 +479,7 @@ def predictive_keep(
             + champion_more / (m + champion_more) ** 2
         )
     )
-    post = posterior(g, se_now, prior_null=prior_null, prior_sd=prior_sd)
+    post = posterior(g, se_now, prior_null=prior_null, prior_sd=prior_sd, prior_mean=prior_mean)
 
     def reach(mean: float, spread: float) -> float:
         # g' = (1 - k)·δ + k·g + independent noise, δ ~ N(mean, spread²)

@@ -1,0 +1,278 @@
+"""A value judged with its neighbours (issue #18): the other values of an ordered knob measured
+against the same champion are evidence about the candidate's effect."""
+
+from __future__ import annotations
+
+import io
+import math
+import random
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from agents import HistoryEntry, OptunaProposer, ProposalContext, digest
+from agents.sweep import SweepProposer
+from cluster.simulated import SimulatedTestbed
+from cluster.twin.landscape import load_landscape
+from knobs import KnobSpace, catalog
+from knobs.vocabulary import Kind, Status
+from ledger import Ledger
+from orchestrator.approval import ApprovalGate
+from orchestrator.display import RoundDisplay
+from orchestrator.policy import second_look
+from orchestrator.pooling import ValueBoots, pool, position
+from orchestrator.profile import Profile, VerdictSpec
+from orchestrator.round import RoundOptions, RoundRunner
+from orchestrator.testbed import NullSink
+from orchestrator.verdict import Posterior, posterior
+
+SPACE = KnobSpace(knobs=catalog("vllm-dflash2"))
+K = SPACE.spec("num_speculative_tokens")
+CV = 0.054
+TAU = math.log1p(0.15)
+
+
+def boots(effect: float, n: int, rng: random.Random, *, level: float = 0.0) -> tuple[float, ...]:
+    return tuple(level + effect + rng.gauss(0.0, CV) for _ in range(n))
+
+
+def p_gain(candidate: ValueBoots, others: list[ValueBoots], champion: list[float]) -> float:
+    pooled = pool(K, 7, champion, candidate, others, boot_cv=CV, p_null=0.1, tau=TAU)
+    assert pooled is not None
+    return pooled.posterior.p_above(0.0)
+
+
+def test_nothing_to_pool_without_another_value_or_off_the_domain() -> None:
+    alone = ValueBoots(4, (0.05,))
+    assert pool(K, 7, [0.0], alone, [], boot_cv=CV, p_null=0.1, tau=TAU) is None
+    assert position(K, 7) == 1.0 and position(K, 1) == 0.0 and position(K, 99) is None
+    dtype = SPACE.spec("kv_cache_dtype")
+    assert position(dtype, "auto") is not None and position(dtype, "fp4") is None
+
+
+def test_a_value_looked_at_again_is_judged_on_all_its_boots() -> None:
+    """A second look at CUDA graphs (no order: its values are unrelated) pools exactly as one
+    experiment with every boot would be judged."""
+    graphs = SPACE.spec("cuda_graphs")
+    champion = [0.0, 0.02, -0.01]
+    before, now = ValueBoots(True, (0.03,)), ValueBoots(True, (0.05, 0.04))
+    pooled = pool(graphs, False, champion, now, [before], boot_cv=CV, p_null=0.1, tau=TAU)
+    assert pooled is not None and pooled.values == 1 and pooled.boots == 1
+    g = (0.03 + 0.05 + 0.04) / 3 - sum(champion) / 3
+    plain = posterior(g, CV * math.sqrt(1 / 3 + 1 / 3), prior_null=0.1, prior_sd=TAU)
+    assert pooled.posterior.p_effect == pytest.approx(plain.p_effect, rel=1e-6)
+    assert pooled.posterior.mean == pytest.approx(plain.mean, rel=1e-6)
+    assert pooled.posterior.sd == pytest.approx(plain.sd, rel=1e-6)
+
+
+def test_neighbours_that_gained_lift_a_value_that_measured_a_little_and_losers_sink_it() -> None:
+    """K 7 → 4 measured +4 % on one boot: on its own P(gain) is a coin toss; with K 3, 5 and 2
+    measured +10 % on two boots each against the same champion it is much higher; with them
+    at −10 % it is lower."""
+    champion = [0.0, 0.01, -0.01]
+    candidate = ValueBoots(4, (math.log(1.04),))
+    alone = posterior(math.log(1.04), CV * math.sqrt(1 + 1 / 3), prior_null=0.1, prior_sd=TAU)
+    up = [ValueBoots(v, (math.log(1.10),) * 2) for v in (3, 5, 2)]
+    down = [ValueBoots(v, (math.log(0.90),) * 2) for v in (3, 5, 2)]
+    assert 0.5 < alone.p_above(0.0) < 0.65
+    assert p_gain(candidate, up, champion) > alone.p_above(0.0) + 0.2
+    assert p_gain(candidate, down, champion) < alone.p_above(0.0) - 0.15
+
+
+def test_the_champions_error_is_counted_once() -> None:
+    """Every contrast shares the champion's mean. Every value of K measured +6 % on twelve
+    boots each against a champion of two boots reads as the champion measured low, not as a
+    knob that matters; against a champion of thirty boots the same contrasts are a gain."""
+    many = [ValueBoots(v, (math.log(1.06),) * 12) for v in (1, 2, 3, 5, 6)]
+    candidate = ValueBoots(4, (math.log(1.06),) * 12)
+
+    def pooled_at(m: int) -> Posterior:
+        pooled = pool(K, 7, [0.0] * m, candidate, many, boot_cv=CV, p_null=0.1, tau=TAU)
+        assert pooled is not None and pooled.values == 5 and pooled.boots == 60
+        return pooled.posterior
+
+    assert pooled_at(2).p_effect < 0.3 < 0.99 < pooled_at(30).p_effect
+    assert pooled_at(2).p_above(0.0) < 0.3 < 0.99 < pooled_at(30).p_above(0.0)
+
+
+def test_a_knob_whose_neighbours_disagree_is_judged_value_by_value() -> None:
+    """Values alternating −10 % / +10 % say the knob is not smooth: the short length scales
+    explain them, and the candidate keeps its own measurement rather than its neighbours'."""
+    rng = random.Random(3)
+    effects = {1: -0.1, 2: 0.1, 3: -0.1, 5: -0.1, 6: 0.1}
+    others = [ValueBoots(v, boots(e, 3, rng)) for v, e in effects.items()]
+    champion = list(boots(0.0, 4, rng))
+    candidate = ValueBoots(4, boots(0.1, 3, rng))
+    pooled = pool(K, 7, champion, candidate, others, boot_cv=CV, p_null=0.1, tau=TAU)
+    assert pooled is not None
+    own = sum(candidate.logs) / 3 - sum(champion) / 4
+    assert abs(pooled.posterior.mean - own) < 0.04 and pooled.posterior.mean > 0.05
+
+
+def test_pooling_is_calibrated_where_the_knob_is_smooth() -> None:
+    """Drawn from the model's own kind of world (a smooth effect over K, the noise the verdict
+    assumes): of the candidates pooled P(gain) calls ≥ 0.9, at least 85 % truly gain."""
+    rng = random.Random(11)
+    called, right = 0, 0
+    for _ in range(300):
+        slope = rng.gauss(0.0, 0.04)  # per K step, towards lower K
+        truth = {v: slope * (7 - v) for v in (1, 2, 3, 4, 5, 6)}
+        champion = list(boots(0.0, 3, rng))
+        others = [ValueBoots(v, boots(truth[v], 1, rng)) for v in (3, 5, 2)]
+        candidate = ValueBoots(4, boots(truth[4], 1, rng))
+        if p_gain(candidate, others, champion) >= 0.9:
+            called += 1
+            right += truth[4] > 0
+    assert called >= 30 and right / called >= 0.85
+
+
+def profile(tmp: Path) -> Profile:
+    landscape = load_landscape("far-k")
+    return Profile.model_validate(
+        {
+            "name": "sim-far-k",
+            "model": "sim",
+            "cluster": {
+                "name": "sim-far-k",
+                "nodes": [{"rank": 0, "host": "127.0.0.1", "workdir": str(tmp)}],
+            },
+            "launcher": {"argv": ["true"]},
+            "knob_catalog": landscape.catalog,
+            "cells": [c.model_dump() for c in landscape.cells()],
+            "proposer": {"kind": "sweep"},
+        }
+    )
+
+
+def test_a_round_judges_a_value_with_the_values_measured_before_it(tmp_path: Path) -> None:
+    """K 6, 5 and 4 against the default champion (K 7), in that order, on the simulated stack
+    whose best K is far from the card's: each later verdict names the values before it, and
+    the ledger's stats carry the candidate's own P(gain) beside the pooled one."""
+    landscape = load_landscape("far-k")
+    sweep = [{"num_speculative_tokens": v} for v in (6, 5, 4)]
+    with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
+        runner = RoundRunner(
+            profile(tmp_path),
+            ledger,
+            NullSink(),
+            SimulatedTestbed(landscape, 5),
+            SweepProposer(sweep),
+            ApprovalGate(ledger, "auto"),
+            RoundDisplay(Console(file=io.StringIO())),
+        )
+        runner.run(RoundOptions(budget=3, proposer="sweep", approve="auto", seed=5))
+        judged = [e for e in ledger.experiments() if e.kind == Kind.CANDIDATE]
+        verdicts = [ledger.verdict(e.id) for e in judged]
+    assert [e.value for e in judged] == [6, 5, 4]
+    first, second, third = verdicts
+    assert first is not None and "pooled_values" not in first.stats
+    # K 5 is judged with K 6's boots (the same champion); it was kept, so K 4 is judged
+    # against K 5 alone: nothing of K 5's champion's values is pooled into it
+    assert second is not None
+    assert second.stats["pooled_values"] == 1, second.stats
+    assert "with 1 other value(s) of the knob" in second.reason
+    assert isinstance(second.stats["own_p_gain"], float)
+    assert judged[1].status == "keep"
+    assert third is not None and "pooled_values" not in third.stats
+
+
+def test_a_change_stopped_for_want_of_boots_gets_second_looks_that_count_its_boots(
+    tmp_path: Path,
+) -> None:
+    """CUDA graphs on the two-node stack: +4.8 % that its first boot measured at +1 %. The
+    verdict stops it on futility while its posterior still promises a gain, so the proposer
+    looks at it again (a "second look"), each look's verdict pools the earlier looks' boots,
+    and no change gets more than 1 + ``second_looks`` looks under one champion."""
+    landscape = load_landscape("sm121-2node")
+    data = profile(tmp_path).model_dump(mode="json", exclude_unset=True)
+    data.update(knob_catalog=landscape.catalog, cells=[c.model_dump() for c in landscape.cells()])
+    data["proposer"] = {"kind": "optuna", "seed": 0}
+    with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
+        prof = Profile.model_validate(data)
+        runner = RoundRunner(
+            prof,
+            ledger,
+            NullSink(),
+            SimulatedTestbed(landscape, 0),
+            OptunaProposer(seed=0),
+            ApprovalGate(ledger, "auto"),
+            RoundDisplay(Console(file=io.StringIO())),
+        )
+        runner.run(RoundOptions(budget=6, proposer="optuna", approve="auto", seed=0))
+        experiments = [e for e in ledger.experiments() if e.kind == Kind.CANDIDATE]
+        proposals = {p.id: p for p in ledger.proposals()}
+        verdicts = {e.id: ledger.verdict(e.id) for e in experiments}
+    again = [
+        e
+        for e in experiments
+        if e.proposal_id is not None
+        and proposals[e.proposal_id].notes.get("sampler") == "second look"
+    ]
+    assert again, [
+        (e.knob, e.value, e.status, proposals[e.proposal_id].notes)
+        for e in experiments
+        if e.proposal_id
+    ]
+    for e in again:
+        earlier = [x for x in experiments if x.id < e.id and x.config.key == e.config.key]
+        assert earlier and all(x.champion_key == e.champion_key for x in earlier)
+        assert verdicts[earlier[-1].id].rule in ("futility", "max-boots")  # type: ignore[union-attr]
+        v = verdicts[e.id]
+        assert v is not None
+        pooled_boots = v.stats["pooled_boots"]
+        assert isinstance(pooled_boots, int) and pooled_boots >= len(earlier)
+    looks: dict[tuple[str | None, str], int] = {}
+    for e in experiments:
+        looks[(e.champion_key, e.config.key)] = looks.get((e.champion_key, e.config.key), 0) + 1
+    assert max(looks.values()) <= 1 + prof.verdict.second_looks
+
+
+def test_the_digest_lists_what_is_open_for_a_second_look() -> None:
+    champion = SPACE.default_config()
+    graphs = champion.apply(SPACE.change(champion, "cuda_graphs", True))
+    entry = HistoryEntry(
+        experiment=2,
+        config=graphs.as_dict(),
+        knob="cuda_graphs",
+        value=True,
+        status=Status.DISCARD,
+        objective=101.2,
+        delta_pct=1.2,
+        champion_key=champion.key,
+        second_look=math.log1p(0.026),
+    )
+    context = ProposalContext(
+        space=SPACE,
+        champion=champion,
+        champion_objective=100.0,
+        history=(entry,),
+        known_bad=(),
+        decided_keys=frozenset({champion.key}),
+        budget_left=10,
+        seed=0,
+    )
+    text = digest(context)
+    assert "## Open for a second look" in text
+    assert "- cuda_graphs=true: still promises +2.6% (E[max(0, gain)]), last measured +1.2%" in text
+    closed = context.model_copy(
+        update={"history": (entry.model_copy(update={"second_look": None}),)}
+    )
+    assert "second look" not in digest(closed)
+
+
+def test_a_second_look_only_for_a_change_stopped_for_want_of_boots() -> None:
+    spec = VerdictSpec()
+    promising = {"post_p_effect": 0.95, "post_mean": 0.02, "post_sd": 0.05}
+    flat = {"post_p_effect": 0.2, "post_mean": 0.0, "post_sd": 0.05}
+    gain = second_look(spec, "futility", promising, looks=1)
+    expected = Posterior(p_effect=0.95, mean=0.02, sd=0.05).expected_gain()
+    assert gain is not None and gain == pytest.approx(expected)
+    assert gain > math.log1p(spec.second_look_gain_pct / 100)
+    # looked at once, then ``second_looks`` times more: no more
+    assert second_look(spec, "max-boots", promising, looks=spec.second_looks) is not None
+    assert second_look(spec, "max-boots", promising, looks=1 + spec.second_looks) is None
+    assert second_look(spec, "posterior", promising, looks=1) is None  # the posterior decided
+    assert second_look(spec, "futility", flat, looks=1) is None  # promises too little
+    assert second_look(spec, "futility", {"g": 0.01, "se": 0.05}, looks=1) is None  # old ledger
+    assert second_look(VerdictSpec(second_looks=0), "futility", promising, looks=1) is None
