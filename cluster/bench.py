@@ -38,6 +38,8 @@ DEFAULT_SMOKE_PROMPT = "The capital of France is"
 #: Metric-name prefixes of the engines whose spec-decode counters the bench reads, in the order
 #: they are tried: ``PREFIX + "spec_decode_num_drafts"`` and its siblings.
 SPEC_PREFIXES = ("vllm:", "llamacpp:")
+#: How many failed requests' words a cell's record keeps (its ``error_samples``).
+ERROR_SAMPLES = 3
 #: the least a cell waits past its warm-up for a cold engine's first token (seconds)
 COLD_START_MIN_S = 60.0
 
@@ -271,6 +273,8 @@ class _Cell:
     news: asyncio.Event = field(default_factory=asyncio.Event)
     #: how much later than its warm-up the window opened (a cold engine's first token)
     extended_s: float = 0.0
+    #: requests sent again after no answer on a kept-alive connection (not failures)
+    retried: int = 0
 
     def failed(self, why: str) -> None:
         self.errors.append(why)
@@ -309,54 +313,75 @@ async def _one(client: httpx.AsyncClient, state: _Cell, *, probe: bool = False) 
         "stream": True,
         "stream_options": {"include_usage": True, "continuous_usage_stats": True},
     }
-    try:
-        async with client.stream("POST", state.url, json=body) as response:
-            if response.status_code != 200:
-                detail = (await response.aread()).decode(errors="replace")[:300]
-                state.failed(f"HTTP {response.status_code}: {detail}")
-                req.end = loop.time()
-                return
-            async for line in response.aiter_lines():
-                if not line.startswith("data: "):
-                    continue
-                data = line[6:]
-                if data == "[DONE]":
-                    continue  # read the body to its end so the connection goes back to the pool
-                now = loop.time()
-                chunk = json.loads(data)
-                timings = chunk.get("timings")
-                if isinstance(timings, dict) and "draft_n" in timings:
-                    req.drafted = int(timings["draft_n"])
-                    req.accepted = int(timings.get("draft_n_accepted", 0))
-                choices = chunk.get("choices") or []
-                usage = chunk.get("usage")
-                if not choices:
-                    if usage:
-                        req.tokens = max(req.tokens, int(usage.get("completion_tokens", 0)))
-                    continue
-                choice = choices[0]
-                piece = choice.get("text")
-                if piece is None:
-                    piece = (choice.get("delta") or {}).get("content") or ""
-                if usage and "completion_tokens" in usage:
-                    total = int(usage["completion_tokens"])
-                    count = total - req.tokens
-                else:
-                    count = 1 if piece else 0
-                    total = req.tokens + count
-                req.tokens = total
-                if count > 0:
-                    if req.first is None:
-                        req.first = now
-                        state.news.set()
-                    req.chunks.append((now, count))
-                req.text.append(piece)
-                if choice.get("finish_reason"):
-                    req.finished = True
+    for attempt in (1, 2):
+        answered = False
+        try:
+            async with client.stream("POST", state.url, json=body) as response:
+                answered = True
+                if response.status_code != 200:
+                    detail = (await response.aread()).decode(errors="replace")[:300]
+                    state.failed(f"HTTP {response.status_code}: {detail}")
+                    req.end = loop.time()
+                    return
+                await _read_stream(response, state, req)
             req.end = loop.time()
-    except (httpx.HTTPError, ValueError, KeyError, TypeError) as e:
-        state.failed(_describe(e))
-        req.end = loop.time()
+            return
+        except (httpx.HTTPError, ValueError, KeyError, TypeError) as e:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                # the window closed under this request: the cancellation's side effects
+                # (a stream cut mid-chunk) are the client's doing, not a failed request
+                raise asyncio.CancelledError from e
+            if attempt == 1 and not answered and isinstance(e, httpx.TransportError):
+                # no answer at all on a kept-alive connection the server had just closed:
+                # the request never reached the engine, and is sent once more
+                state.retried += 1
+                continue
+            state.failed(_describe(e))
+            req.end = loop.time()
+            return
+
+
+async def _read_stream(response: httpx.Response, state: _Cell, req: _Request) -> None:
+    """A 200 response's server-sent events into ``req``: tokens per chunk and when."""
+    loop = asyncio.get_running_loop()
+    async for line in response.aiter_lines():
+        if not line.startswith("data: "):
+            continue
+        data = line[6:]
+        if data == "[DONE]":
+            continue  # read the body to its end so the connection goes back to the pool
+        now = loop.time()
+        chunk = json.loads(data)
+        timings = chunk.get("timings")
+        if isinstance(timings, dict) and "draft_n" in timings:
+            req.drafted = int(timings["draft_n"])
+            req.accepted = int(timings.get("draft_n_accepted", 0))
+        choices = chunk.get("choices") or []
+        usage = chunk.get("usage")
+        if not choices:
+            if usage:
+                req.tokens = max(req.tokens, int(usage.get("completion_tokens", 0)))
+            continue
+        choice = choices[0]
+        piece = choice.get("text")
+        if piece is None:
+            piece = (choice.get("delta") or {}).get("content") or ""
+        if usage and "completion_tokens" in usage:
+            total = int(usage["completion_tokens"])
+            count = total - req.tokens
+        else:
+            count = 1 if piece else 0
+            total = req.tokens + count
+        req.tokens = total
+        if count > 0:
+            if req.first is None:
+                req.first = now
+                state.news.set()
+            req.chunks.append((now, count))
+        req.text.append(piece)
+        if choice.get("finish_reason"):
+            req.finished = True
 
 
 async def _stream_forever(client: httpx.AsyncClient, state: _Cell) -> None:
@@ -538,6 +563,7 @@ def _summarise(
         duration=duration,
         completed=len(done_in),
         errors=len(state.errors),
+        error_samples=tuple(e[:300] for e in state.errors[:ERROR_SAMPLES]),
         total_output_tokens=tokens,
         output_throughput=tokens / duration if duration > 0 else 0.0,
         per_request_throughput=sum(rates) / len(rates) if rates else 0.0,
@@ -555,6 +581,8 @@ def _summarise(
     evidence: dict[str, Any] = {"errors": state.errors[:20], "requests": len(state.requests)}
     if state.extended_s > 0:
         evidence["warmup_extended_s"] = round(state.extended_s, 3)
+    if state.retried:
+        evidence["retried"] = state.retried
     return record, evidence
 
 

@@ -57,6 +57,9 @@ class CellResultRecord(BaseModel):
     duration: float = Field(description="measurement seconds (after warm-up)")
     completed: int = Field(description="requests finished inside the window")
     errors: int = 0
+    error_samples: tuple[str, ...] = Field(
+        default=(), description="the first failed requests' words (what failed, for a person)"
+    )
     total_output_tokens: int
     output_throughput: float = Field(description="decode tok/s, all requests together")
     per_request_throughput: float = Field(description="mean tok/s of one request's decode")

@@ -221,11 +221,12 @@ def _guardrails(spec: VerdictSpec, ev: Evidence, stats: dict[str, object]) -> As
     requests = sum(c.completed + c.errors for c in ev.candidate_cells)
     errors = sum(c.errors for c in ev.candidate_cells)
     if requests and errors / requests > spec.max_error_rate:
+        samples = [m for c in ev.candidate_cells for m in c.error_samples]
         return Assessment(
             Status.DISCARD,
             "errors",
-            f"{errors} of {requests} requests failed",
-            {**stats, "errors": errors},
+            f"{errors} of {requests} requests failed" + (f": {samples[0]}" if samples else ""),
+            {**stats, "errors": errors, "error_samples": samples[:5]},
         )
     if spec.ttft_p90_regression_pct is None:
         return None

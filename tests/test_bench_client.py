@@ -3,10 +3,14 @@ noise spreads as the landscape says, failures are ``BenchError``s with their evi
 
 from __future__ import annotations
 
+import http.server
+import json
 import math
 import statistics
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -205,3 +209,80 @@ def test_failures_are_bench_errors_with_evidence(nodes: TwinNodes) -> None:
     with pytest.raises(BenchError) as every:
         run_cell(url, "not-the-model", cell)
     assert "HTTP 404" in str(every.value)
+
+
+class _ClosingEngine(http.server.BaseHTTPRequestHandler):
+    """An OpenAI-style completions server that closes a kept-alive connection instead of
+    answering its second completion, the first time it sees that request (what a server's
+    keep-alive limit does to a client that sends on the connection as it closes)."""
+
+    protocol_version = "HTTP/1.1"
+    lock = threading.Lock()
+    dropped: ClassVar[set[bytes]] = set()
+    served = 0
+
+    def setup(self) -> None:
+        super().setup()
+        self.posts = 0
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        body = b'{"data": [{"id": "glm53"}]}' if self.path == "/v1/models" else b""
+        self.send_response(200 if body else 404)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self) -> None:
+        raw = self.rfile.read(int(self.headers["Content-Length"]))
+        self.posts += 1
+        with self.lock:
+            drop = self.posts > 1 and raw not in self.dropped
+            if drop:
+                self.dropped.add(raw)
+            else:
+                type(self).served += 1
+        if drop:
+            self.close_connection = True  # no status line, no headers: the socket closes
+            return
+        events = [
+            {"choices": [{"text": "x", "finish_reason": None}], "usage": {"completion_tokens": i}}
+            for i in (1, 2, 3)
+        ]
+        last = {"text": "", "finish_reason": "length"}
+        events.append({"choices": [last], "usage": {"completion_tokens": 3}})
+        body = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events)
+        body += b"data: [DONE]\n\n"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def test_a_request_the_server_closed_on_unanswered_is_sent_again_not_failed() -> None:
+    """A kept-alive connection closed under a request that got no answer at all: the request
+    never reached the engine, and is sent once more; the cell records no failure (before, such
+    a request failed the cell, and the errors guardrail discarded a +58 % config on a GPU)."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _ClosingEngine)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        cell = CellSpec(
+            name="keepalive",
+            category="code",
+            concurrency=2,
+            max_tokens=3,
+            warmup_s=0.1,
+            duration_s=0.5,
+        )
+        got = run_cell(url, "glm53", cell)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert _ClosingEngine.dropped, "the server closed no connection: the test tested nothing"
+    assert got.errors == 0 and got.error_samples == (), got.error_samples
+    assert got.completed > 0 and got.total_output_tokens > 0

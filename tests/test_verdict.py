@@ -271,6 +271,18 @@ def test_stuck_clocks_during_measurement_make_it_invalid() -> None:
 
 def test_guardrails_errors_and_ttft() -> None:
     assert assess(SPEC, evidence([130.0], [100.0], errors=1), NOISE).rule == "errors"
+    said = "HTTP 500: slot unavailable"
+    failed = Evidence(
+        candidate=[130.0],
+        champion=[100.0],
+        confirmations=0,
+        candidate_cells=[cell(130.0, errors=1).model_copy(update={"error_samples": (said,)})],
+        champion_cells=[cell(100.0)],
+    )
+    verdict = assess(SPEC, failed, NOISE)
+    # what failed is in the verdict's words, for the person reading results.tsv in the morning
+    assert verdict.rule == "errors" and verdict.reason == f"1 of 11 requests failed: {said}"
+    assert verdict.stats["error_samples"] == [said]
     slow = assess(SPEC, evidence([130.0], [100.0], ttft=400.0), NOISE)
     assert slow.status == "discard" and slow.rule == "ttft-guardrail"
 
