@@ -119,7 +119,7 @@ def test_noise_spreads_as_the_landscape_says(nodes: TwinNodes, tmp_path: Path) -
     landscape = load_landscape(path)
     knobs = {**BASE, **CONFIGS["vllm-dflash2-tp4"][1]}
     cell = CellSpec(
-        name="s", category="prose", concurrency=8, max_tokens=128, warmup_s=0.1, duration_s=0.8
+        name="s", category="prose", concurrency=8, max_tokens=128, warmup_s=0.1, duration_s=2.0
     )
     truth = landscape.truth(knobs, cell)
     seed = 11
