@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 from agents.context import HistoryEntry, ProposalContext, describe_values, same_value
 from agents.draft_model import predict
+from agents.first_looks import open_changes
 from knobs.spec import KnobSpec, Value, as_text
 
 #: How many of the latest experiments are listed one per line.
@@ -116,24 +117,21 @@ def _constraints(context: ProposalContext) -> str:
 
 
 def _open(context: ProposalContext) -> str:
-    latest: dict[str, HistoryEntry] = {}
-    for entry in context.history:
-        if entry.champion_key == context.champion.key and entry.knob and entry.value is not None:
-            latest[f"{entry.knob}={as_text(entry.value)}"] = entry
-    still = [(k, e) for k, e in latest.items() if e.second_look is not None]
+    still = list(open_changes(context).values())
     if not still:
         return ""
     lines = [
         "## Open for a second look (stopped for want of boots, still promising; proposing one "
         "again adds boots to what it measured)"
     ]
-    lines += [
-        f"- {k}: still promises {math.expm1(e.second_look or 0.0) * 100:+.1f}% "
-        f"(E[max(0, gain)]), last measured {e.delta_pct:+.1f}%"
-        if e.delta_pct is not None
-        else f"- {k}: still promises {math.expm1(e.second_look or 0.0) * 100:+.1f}%"
-        for k, e in still
-    ]
+    for e in still:
+        promise = f"still promises {math.expm1(e.second_look or 0.0) * 100:+.1f}%"
+        last = (
+            "" if e.delta_pct is None else f" (E[max(0, gain)]), last measured {e.delta_pct:+.1f}%"
+        )
+        lines.append(
+            f"- {e.knob}={as_text(e.value) if e.value is not None else '?'}: {promise}{last}"
+        )
     return "\n".join(lines)
 
 

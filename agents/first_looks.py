@@ -37,7 +37,7 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 
-from agents.context import ProposalContext
+from agents.context import HistoryEntry, ProposalContext
 from agents.draft_model import DraftPrediction
 from knobs.config import Change, Config
 from knobs.spec import EffectPrior
@@ -181,11 +181,11 @@ def first_look(
     return knob, [c for c in looks if c.knob == knob]
 
 
-def open_changes(context: ProposalContext) -> dict[str, float]:
+def open_changes(context: ProposalContext) -> dict[str, HistoryEntry]:
     """The configs open for a second look under this champion (the verdict stopped them for
     want of boots while they still promised a gain: ``HistoryEntry.second_look``), each with
-    what its latest look still promises."""
-    out: dict[str, float] = {}
+    its latest look."""
+    out: dict[str, HistoryEntry] = {}
     for e in context.history:
         if e.champion_key != context.champion.key or e.knob is None:
             continue
@@ -195,7 +195,7 @@ def open_changes(context: ProposalContext) -> dict[str, float]:
         if e.second_look is None:
             out.pop(key, None)
         else:
-            out[key] = e.second_look
+            out[key] = e
     return out
 
 
@@ -211,7 +211,8 @@ def second_look(
     promises = open_changes(context)
     best: tuple[Change, float] | None = None
     for c in allowed:
-        gain = promises.get(context.champion.apply(c).key)
+        entry = promises.get(context.champion.apply(c).key)
+        gain = None if entry is None else entry.second_look
         if gain is not None and (best is None or gain > best[1]):
             best = (c, gain)
     if best is None or first is None:
