@@ -14,6 +14,9 @@ that may have moved with the keep get looks again:
   knob's spec; learned: ``context.interacting``, a change that measured differently under two
   champions): the values decided under the old champion are open again, and a look keeps
   them from waiting on TPE;
+- a knob that has had no look at all (a keep came before its turn under the first champion,
+  or the profile gained it) gets one under whichever champion is in force: its turn is not
+  lost because another knob's keep came first;
 - the knob looked at first is the one whose best look promises the most gain per boot:
   ``E[gain] = (1 − p_null) · E[max(0, δ)]``, with ``δ ~ N(0, τ²)`` (``τ`` the prior's spread:
   ``E = τ/√(2π)``) or, for the draft knob where the draft-length model predicts a value,
@@ -100,7 +103,14 @@ def why(context: ProposalContext, knob: str) -> str:
     kept = _last_kept(context)
     if kept is None:
         return "every knob gets a look under the first champion"
+    if knob not in _looked_at(context):
+        return "it has had no look yet"
     return f"it may interact with {kept}, which the last keep changed"
+
+
+def _looked_at(context: ProposalContext) -> set[str]:
+    """The knobs some decided experiment changed (a vetoed proposal is no look)."""
+    return {e.knob for e in context.history if e.knob and e.status != Status.VETOED}
 
 
 def eligible(context: ProposalContext) -> dict[str, bool]:
@@ -111,6 +121,7 @@ def eligible(context: ProposalContext) -> dict[str, bool]:
     )
     kept = _last_kept(context)
     moved = set() if kept is None else _interacting(context, kept)
+    looked = _looked_at(context)
     out: dict[str, bool] = {}
     for spec in context.space.knobs:
         if any(n >= FIRST_LOOK_CRASHES for (k, _), n in crashes.items() if k == spec.name):
@@ -119,7 +130,7 @@ def eligible(context: ProposalContext) -> dict[str, bool]:
         sweep = sweep and len(spec.domain()) <= FIRST_LOOK_VALUES
         if not sweep and spec.name in here:
             continue  # one look under each champion
-        if sweep or kept is None or spec.name in moved:
+        if sweep or kept is None or spec.name in moved or spec.name not in looked:
             out[spec.name] = sweep
     return out
 

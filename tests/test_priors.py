@@ -6,9 +6,9 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from agents.context import ProposalContext
+from agents.context import HistoryEntry, ProposalContext
 from agents.digest import digest
-from agents.first_looks import eligible, first_look
+from agents.first_looks import eligible, first_look, why
 from knobs import KnobSpace, catalog
 from knobs.spec import EffectPrior
 from knobs.vocabulary import Kind, State, Status
@@ -140,6 +140,50 @@ def test_every_knob_gets_a_look_and_a_learned_flat_knob_comes_after_a_learned_st
         done = {ctx.champion.apply(c).key for c in ctx.candidates() if c.knob == first[0]}
         ctx = ctx.model_copy(update={"decided_keys": ctx.decided_keys | done})
     assert order[0] == "max_num_batched_tokens" and order[-1] == "num_speculative_tokens"
+
+
+def test_a_knob_whose_turn_a_keep_took_still_gets_its_look_under_the_next_champion() -> None:
+    """Under the first champion a keep came before two knobs had their look (and a person
+    vetoed one of them): under the new champion they get it, while a knob looked at already
+    and not interacting with the keep does not."""
+    first = SPACE.default_config()
+    graphs = first.apply(next(c for c in context({}).candidates() if c.knob == "cuda_graphs"))
+    looked = [
+        ("max_num_batched_tokens", Status.DISCARD),
+        ("drafter_adapter_rank", Status.DISCARD),
+        ("kv_cache_dtype", Status.VETOED),
+        ("cuda_graphs", Status.KEEP),
+    ]
+    history = [
+        HistoryEntry(
+            experiment=1, config=dict(first), knob=None, value=None, status=Status.KEEP,
+            objective=100.0, delta_pct=0.0, champion_key=first.key,
+        )
+    ]  # fmt: skip
+    for i, (knob, status) in enumerate(looked, start=2):
+        value = graphs[knob] if knob == "cuda_graphs" else SPACE.spec(knob).domain()[0]
+        history.append(
+            HistoryEntry(
+                experiment=i,
+                config=dict(first) | {knob: value},
+                knob=knob,
+                value=value,
+                status=status,
+                objective=None if status == Status.VETOED else 100.0,
+                delta_pct=None if status == Status.VETOED else 0.0,
+                champion_key=first.key,
+            )
+        )
+    ctx = context({}).model_copy(update={"champion": graphs, "history": tuple(history)})
+    assert set(eligible(ctx)) == {
+        "num_speculative_tokens",  # a sweep under every champion (and it interacts)
+        "cuda_graphs",
+        "kv_cache_dtype",  # vetoed: no look
+        "gpu_memory_utilization",
+    }
+    assert why(ctx, "gpu_memory_utilization") == "it has had no look yet"
+    look = first_look(ctx, ctx.candidates(), 0)
+    assert look is not None and look[0] in eligible(ctx)
 
 
 def test_the_digest_shows_the_priors_in_force() -> None:

@@ -3,7 +3,7 @@ opens the ledger and the deployer a command uses and closes them on every path."
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Annotated
 
@@ -12,13 +12,29 @@ from rich.console import Console
 
 from cluster.deploy import Deployer, Progress
 from ledger import Ledger
-from orchestrator.profile import Profile
+from orchestrator.profile import Profile, embedded_profiles
 from orchestrator.settings import Settings
 from orchestrator.testbed import deployer_for
 
+
+def completes(words: Callable[[], list[str]]) -> Callable[[str], list[str]]:
+    """Shell completion of an option's value: ``words()`` that start with what is typed (none:
+    the shell completes file names, as the completion script asks it to)."""
+
+    def complete(incomplete: str) -> list[str]:
+        return [w for w in words() if w.startswith(incomplete)]
+
+    return complete
+
+
 ProfileOpt = Annotated[
     str | None,
-    typer.Option("--profile", "-p", help="profile YAML path or embedded name (default: twin)"),
+    typer.Option(
+        "--profile",
+        "-p",
+        help="profile YAML path or embedded name (default: twin)",
+        autocompletion=completes(embedded_profiles),
+    ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON for scripts")]
 

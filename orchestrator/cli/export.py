@@ -1,27 +1,59 @@
-"""``orchestrate export``: results.tsv from the ledger."""
+"""``orchestrate export``: results.tsv from the ledger, and the ledger as an Optuna study."""
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from ledger import tsv_text
+from agents.study_export import StudyTrial, export_study
+from knobs.vocabulary import MEASURED, State
+from ledger import ExperimentRecord, tsv_text
 from orchestrator.cli.common import ProfileOpt, opened
 from orchestrator.errors import UsageError
 from orchestrator.profile import load_profile
 
 
 def export(
-    path: Annotated[str, typer.Argument(help="file to write, or - for stdout")] = "results.tsv",
+    path: Annotated[
+        str | None,
+        typer.Argument(help="file to write, or - for stdout (default: results.tsv)"),
+    ] = None,
+    optuna_storage: Annotated[
+        str | None,
+        typer.Option(
+            "--optuna-storage",
+            metavar="URL",
+            help="also (without PATH: only) add the decided experiments to an Optuna study in "
+            "this RDB storage (sqlite:///optuna.db), for optuna-dashboard",
+        ),
+    ] = None,
+    study: Annotated[
+        str | None,
+        typer.Option("--study", help="the Optuna study's name (default: the cluster's name)"),
+    ] = None,
     profile: ProfileOpt = None,
 ) -> None:
-    """Write results.tsv: one row per decided experiment, oldest first."""
+    """Write results.tsv: one row per decided experiment, oldest first; or add them to an
+    Optuna study (``--optuna-storage``): one trial each, a re-export adds the new ones."""
     prof = load_profile(profile)
     with opened(prof) as o:
-        text = tsv_text(o.ledger().experiments(cluster=prof.cluster.name))
+        experiments = o.ledger().experiments(cluster=prof.cluster.name)
+    if optuna_storage is not None:
+        name = study or prof.cluster.name
+        done = export_study(optuna_storage, name, prof.space, list(_trials(experiments)))
+        typer.echo(
+            f"study {done.study!r} in {optuna_storage}: {done.added} trial(s) added, "
+            f"{done.present} there already",
+            err=True,
+        )
+        if path is None:
+            return
+    text = tsv_text(experiments)
+    path = path or "results.tsv"
     if path == "-":
         sys.stdout.write(text)
         return
@@ -30,3 +62,26 @@ def export(
     except OSError as e:
         raise UsageError(f"cannot write {path}: {e.strerror}") from e
     typer.echo(f"wrote {path} ({text.count(chr(10)) - 1} experiments)", err=True)
+
+
+def _trials(experiments: Iterable[ExperimentRecord]) -> Iterable[StudyTrial]:
+    """The decided experiments as study trials (see ``agents.study_export``)."""
+    for e in experiments:
+        if e.state != State.DECIDED or e.status is None:
+            continue
+        measured = e.status in MEASURED and e.objective is not None
+        attrs: dict[str, object] = {
+            "status": str(e.status),
+            "kind": str(e.kind),
+            "round": e.round_id,
+            "description": e.description,
+        }
+        if e.knob is not None:
+            attrs.update(knob=e.knob, value=e.value)
+        if e.delta_pct is not None:
+            attrs["delta_pct"] = e.delta_pct
+        if e.objective is not None and not measured:
+            attrs["untrusted_objective"] = e.objective
+        if e.failure_class is not None:
+            attrs["failure_class"] = str(e.failure_class)
+        yield StudyTrial(e.id, dict(e.config), e.objective if measured else None, attrs)

@@ -23,7 +23,7 @@ app = typer.Typer(
     help="Autoresearch for LLM-serving clusters: propose one knob change, deploy it, bench it, "
     "judge it against the champion, record everything.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
 )
 app.add_typer(proposals_app, name="proposals")

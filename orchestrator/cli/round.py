@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
-from typing import Annotated, Any
+from typing import Annotated, Any, get_args
 
 import typer
 from rich.console import Console
@@ -17,11 +17,11 @@ from knobs.spec import as_text
 from ledger import ExperimentRecord, ProposalRecord
 from ledger.mlflow_sink import MlflowSink
 from orchestrator.approval import Answer, ApprovalGate, llm_summary
-from orchestrator.cli.common import JsonOpt, ProfileOpt, opened, out
+from orchestrator.cli.common import JsonOpt, ProfileOpt, completes, opened, out
 from orchestrator.crashpoints import deploy_progress
 from orchestrator.display import RoundDisplay, experiments_table
 from orchestrator.lease import Ownership
-from orchestrator.profile import Profile, default_brief, load_profile
+from orchestrator.profile import ApproveMode, Profile, ProposerKind, default_brief, load_profile
 from orchestrator.round import RoundOptions, RoundReport, RoundRunner
 from orchestrator.testbed import ClusterTestbed
 
@@ -33,10 +33,18 @@ def round_(
     ] = None,
     profile: ProfileOpt = None,
     proposer: Annotated[
-        str | None, typer.Option(help="optuna | sweep | claude | hybrid (default: the profile's)")
+        str | None,
+        typer.Option(
+            help="optuna | sweep | claude | hybrid (default: the profile's)",
+            autocompletion=completes(lambda: list(get_args(ProposerKind))),
+        ),
     ] = None,
     approve: Annotated[
-        str | None, typer.Option(help="auto | ask | queue (default: the profile's)")
+        str | None,
+        typer.Option(
+            help="auto | ask | queue (default: the profile's)",
+            autocompletion=completes(lambda: list(get_args(ApproveMode))),
+        ),
     ] = None,
     max_hours: Annotated[
         float | None, typer.Option(min=0, help="stop starting experiments after this")
