@@ -90,6 +90,9 @@ class NodeSpec(BaseModel):
     transport: Literal["local", "ssh"] = "local"
     ssh: SshSpec | None = None
     vars: dict[str, str] = Field(default_factory=dict, description="extra launcher placeholders")
+    gpus: int = Field(
+        default=1, ge=0, le=64, description="GPUs the node's engine holds (for GPU-hours)"
+    )
 
     @model_validator(mode="after")
     def _safe(self) -> NodeSpec:

@@ -20,7 +20,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 #: The schema's number: the newest Alembic revision of ``ledger/migrations`` as an int, bumped
 #: with each new revision. ``alembic_version`` is the truth; the ``schema_version`` row mirrors
 #: this, so that an orchestrate from before the revisions refuses a newer ledger.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 def utcnow() -> datetime:
@@ -79,6 +79,8 @@ class RoundRow(Base):
     mlflow_run_id: Mapped[str | None] = mapped_column(String(64))
     # the wall-clock cap the round was started with, kept for its resumes (None: no cap)
     max_hours: Mapped[float | None] = mapped_column(Float)
+    # the GPU-hours cap (boots included), kept for its resumes (None: no cap); schema 3
+    max_gpu_hours: Mapped[float | None] = mapped_column(Float)
 
 
 class ProposalRow(Base):

@@ -54,6 +54,8 @@ class RoundRecord(_Record):
     finished_at: datetime | None
     mlflow_run_id: str | None
     max_hours: float | None = None
+    #: the round's GPU-hours cap, boots included (``None``: none)
+    max_gpu_hours: float | None = None
 
 
 class ProposalRecord(_Record):

@@ -291,8 +291,10 @@ class Ledger:
         approve: str,
         seed: int,
         max_hours: float | None = None,
+        max_gpu_hours: float | None = None,
     ) -> RoundRecord:
-        """Start a new round (``max_hours``: its wall-clock cap, kept for its resumes)."""
+        """Start a new round (``max_hours``: its wall-clock cap, ``max_gpu_hours``: its
+        GPU-hours cap; both kept for its resumes)."""
         with self._session() as s:
             row = RoundRow(
                 cluster=cluster,
@@ -304,6 +306,7 @@ class Ledger:
                 seed=seed,
                 status=str(RoundStatus.RUNNING),
                 max_hours=max_hours,
+                max_gpu_hours=max_gpu_hours,
             )
             s.add(row)
             s.flush()
@@ -345,6 +348,23 @@ class Ledger:
         """Keep the wall-clock cap a resume was given, for the resumes after it."""
         with self._session() as s:
             self._get(s, RoundRow, round_id).max_hours = max_hours
+
+    def set_round_max_gpu_hours(self, round_id: int, max_gpu_hours: float | None) -> None:
+        """Keep the GPU-hours cap a resume was given, for the resumes after it."""
+        with self._session() as s:
+            self._get(s, RoundRow, round_id).max_gpu_hours = max_gpu_hours
+
+    def boots_since(self, cluster: str, since: datetime) -> list[BootRecord]:
+        """Every boot of ``cluster`` started at or after ``since`` (whichever experiment it
+        measured: a champion re-measured in a round is booted under its own), oldest first."""
+        with self._session() as s:
+            rows = s.scalars(
+                select(BootRow)
+                .join(ExperimentRow, BootRow.experiment_id == ExperimentRow.id)
+                .where(ExperimentRow.cluster == cluster, BootRow.started_at >= since)
+                .order_by(BootRow.id)
+            )
+            return [_boot(r) for r in rows]
 
     def finish_round(self, round_id: int, status: RoundStatus = RoundStatus.DONE) -> None:
         """Close a round (done, or failed when it could not go on)."""
@@ -854,6 +874,7 @@ def _round(row: RoundRow) -> RoundRecord:
         finished_at=_aware(row.finished_at),
         mlflow_run_id=row.mlflow_run_id,
         max_hours=row.max_hours,
+        max_gpu_hours=row.max_gpu_hours,
     )
 
 

@@ -51,11 +51,17 @@ def kept_on_resume(
     return lines
 
 
-def stopped_by_max_hours(rnd: RoundRecord, done: int) -> str:
-    """The line a round stopped by its wall-clock cap ends with."""
+def stopped_by_cap(rnd: RoundRecord, cap: str, done: int, gpu_hours: float) -> str:
+    """The line a round stopped by its wall-clock or GPU-hours cap ends with."""
+    if cap == "max-gpu-hours":
+        limit = f"--max-gpu-hours {rnd.max_gpu_hours:g} ({gpu_hours:.2f} GPU-hours used)"
+        again = "the same command with a larger --max-gpu-hours resumes it"
+    else:
+        limit = f"--max-hours {rnd.max_hours:g}"
+        again = "the same command resumes it"
     return (
-        f"round {rnd.id} stopped by --max-hours {rnd.max_hours:g}: {done} of {rnd.budget} "
-        "experiments done; it stays open, and the same command resumes it"
+        f"round {rnd.id} stopped by {limit}: {done} of {rnd.budget} experiments done; "
+        f"it stays open, and {again}"
     )
 
 

@@ -40,9 +40,10 @@ from orchestrator.approval import ApprovalGate
 from orchestrator.boot import Booter
 from orchestrator.champion import ChampionEvidence
 from orchestrator.crashpoints import crashpoint
-from orchestrator.display import RoundDisplay, describe, kept_on_resume, stopped_by_max_hours
+from orchestrator.display import RoundDisplay, describe, kept_on_resume, stopped_by_cap
 from orchestrator.errors import OrchestrateError
 from orchestrator.faults import InfrastructureFaults
+from orchestrator.gpu_hours import gpu_hours
 from orchestrator.history import monotone_classes, proposal_context
 from orchestrator.intake import Intake
 from orchestrator.measurements import Measurement
@@ -66,7 +67,12 @@ class RoundOptions:
     proposer: str
     approve: str
     max_hours: float | None = None
+    max_gpu_hours: float | None = None
     seed: int = 0
+
+
+#: What stops a round with its experiments left (it stays open; a resume goes on).
+CAPS = ("max-hours", "max-gpu-hours")
 
 
 @dataclass(frozen=True)
@@ -78,6 +84,8 @@ class RoundReport:
     champion: ChampionRecord | None
     resumed: bool
     stopped_by: str
+    #: the round's GPU-hours (every boot's wall time × the cluster's GPUs)
+    gpu_hours: float = 0.0
 
 
 class RoundRunner:
@@ -130,6 +138,7 @@ class RoundRunner:
             approve=options.approve,
             seed=options.seed,
             max_hours=options.max_hours,
+            max_gpu_hours=options.max_gpu_hours,
         )
         rnd = self.runlog.round_run(rnd, self.profile, self.cluster)
         crashpoint("round.started")
@@ -148,7 +157,7 @@ class RoundRunner:
             }
             for line in kept_on_resume(existing, asked, self.profile.name, self.profile.digest):
                 self.display.note(line)
-            rnd = self._max_hours_on_resume(rnd, options.max_hours)
+            rnd = self._caps_on_resume(rnd, options)
             self.runlog.reconcile(rnd)  # what a kill left open in MLflow, from the ledger
             self.champion.settle()
         # the profile gained or lost a knob since the champion was recorded (``evolution``)
@@ -158,37 +167,45 @@ class RoundRunner:
             stopped_by = self._loop(rnd, started)
         finally:
             self.display.stop()
-        if stopped_by != "max-hours":
+        used = gpu_hours(self.ledger, rnd, self.profile)
+        if stopped_by not in CAPS:
             # MLflow complete before the ledger closes the round: a kill in between resumes it
             self.runlog.reconcile(rnd)
-            self.runlog.finish_round(rnd)
+            self.runlog.finish_round(rnd, gpu_hours=used)
             crashpoint("round.finished")
             self.ledger.finish_round(rnd.id, RoundStatus.DONE)
         else:
-            self.display.note(stopped_by_max_hours(rnd, self._candidates_done(rnd)))
+            self.display.note(stopped_by_cap(rnd, stopped_by, self._candidates_done(rnd), used))
         return RoundReport(
             round=self.ledger.round(rnd.id),
             experiments=self.ledger.experiments(round_id=rnd.id),
             champion=self.champion.fitted(),
             resumed=existing is not None,
             stopped_by=stopped_by,
+            gpu_hours=used,
         )
 
-    def _max_hours_on_resume(self, rnd: RoundRecord, asked: float | None) -> RoundRecord:
-        """A resume keeps the round's wall-clock cap unless this command gives one (it counts
-        from this command's start either way); said in one line."""
-        if asked is None:
-            if rnd.max_hours is not None:
-                self.display.note(
-                    f"  round {rnd.id} keeps its --max-hours {rnd.max_hours:g}, counted from now"
-                )
-            return rnd
-        if asked != rnd.max_hours:
-            kept = "none" if rnd.max_hours is None else f"{rnd.max_hours:g}"
-            self.display.note(
-                f"  round {rnd.id} takes --max-hours {asked:g} from now (it had {kept})"
-            )
-            self.ledger.set_round_max_hours(rnd.id, asked)
+    def _caps_on_resume(self, rnd: RoundRecord, options: RoundOptions) -> RoundRecord:
+        """A resume keeps the round's caps unless this command gives one, each said in one
+        line: the wall-clock cap counts from this command's start, the GPU-hours cap over the
+        whole round (every boot since it started)."""
+        used = gpu_hours(self.ledger, rnd, self.profile)
+        caps = (
+            ("--max-hours", rnd.max_hours, options.max_hours, "counted from now"),
+            ("--max-gpu-hours", rnd.max_gpu_hours, options.max_gpu_hours, f"{used:.2f} used"),
+        )
+        for flag, kept, asked, how in caps:
+            if asked is None:
+                if kept is not None:
+                    self.display.note(f"  round {rnd.id} keeps its {flag} {kept:g}, {how}")
+                continue
+            if asked != kept:
+                had = "none" if kept is None else f"{kept:g}"
+                self.display.note(f"  round {rnd.id} takes {flag} {asked:g}, {how} (it had {had})")
+                if flag == "--max-hours":
+                    self.ledger.set_round_max_hours(rnd.id, asked)
+                else:
+                    self.ledger.set_round_max_gpu_hours(rnd.id, asked)
         return self.ledger.round(rnd.id)
 
     def _loop(self, rnd: RoundRecord, started: float) -> str:
@@ -203,6 +220,9 @@ class RoundRunner:
         while self._candidates_done(rnd) < rnd.budget:
             if rnd.max_hours is not None and self._clock() - started > rnd.max_hours * 3600:
                 return "max-hours"
+            cap = rnd.max_gpu_hours
+            if cap is not None and gpu_hours(self.ledger, rnd, self.profile) >= cap:
+                return "max-gpu-hours"
             if self.champion.due():
                 self.champion.remeasure(rnd)
             try:

@@ -70,8 +70,13 @@ class RunLog:
             tags={TAG_ROUND_STARTED: key},
         )
 
-    def finish_round(self, rnd: RoundRecord, status: str = "FINISHED") -> None:
-        """The parent run ends with the round (``FAILED``: its baseline did not boot)."""
+    def finish_round(
+        self, rnd: RoundRecord, status: str = "FINISHED", *, gpu_hours: float | None = None
+    ) -> None:
+        """The parent run ends with the round (``FAILED``: its baseline did not boot), with
+        the round's GPU-hours as a metric when given."""
+        if gpu_hours is not None:
+            self.sink.log_metrics(rnd.mlflow_run_id or "", {"gpu_hours": gpu_hours})
         self.sink.finish(rnd.mlflow_run_id or "", status)
 
     def experiment_run(self, rnd: RoundRecord, e: ExperimentRecord) -> str:

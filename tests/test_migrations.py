@@ -1,8 +1,9 @@
 """The ledger's schema migrations: a ledger written by a released orchestrate is upgraded in
 place on open, SQLite and PostgreSQL, and nothing is lost.
 
-``fixtures/ledgers/schema1.sqlite`` was written by the release at c70919d (its README says
-how); ``schema1.results.tsv`` is that release's ``orchestrate export`` of it.
+``fixtures/ledgers/schema1.sqlite`` was written by the release at c70919d, ``schema2.sqlite``
+by the one at 8ccca75 (their README says how); ``schemaN.results.tsv`` is that release's
+``orchestrate export`` of it.
 """
 
 from __future__ import annotations
@@ -107,9 +108,12 @@ def _check_new_schema_works(ledger: Ledger) -> None:
         approve="auto",
         seed=0,
         max_hours=2.5,
+        max_gpu_hours=40.0,
     )
     assert new.id == max(r.id for r in rounds) + 1
     assert ledger.round(new.id).max_hours == 2.5
+    assert ledger.round(new.id).max_gpu_hours == 40.0
+    assert [r.max_gpu_hours for r in rounds] == [None] * len(rounds)
     ledger.add_event(CLUSTER, EventKind.KNOB_ADDED, subject="k", detail={"default": 1})
     assert [e.subject for e in ledger.events(CLUSTER, EventKind.KNOB_ADDED)] == ["k"]
 
@@ -141,6 +145,45 @@ def test_a_schema1_sqlite_ledger_is_copied_aside_then_upgraded_in_place(tmp_path
         assert again.upgraded is None
         assert len(again.events("*", EventKind.LEDGER_UPGRADED)) == 1
     assert list(tmp_path.glob("*.bak")) == [upgrade.backup]
+
+
+def test_a_schema2_sqlite_ledger_is_upgraded_and_keeps_its_rounds_caps(tmp_path: Path) -> None:
+    """Schema 2 (the release at 8ccca75: a round with --max-hours 5, an invalid verdict, a
+    crash) opens with schema 3, which adds the round's GPU-hours cap; nothing is lost."""
+    fixture = LEDGERS / "schema2.sqlite"
+    db = tmp_path / "orchestrate.db"
+    shutil.copyfile(fixture, db)
+    url = f"sqlite:///{db}"
+    old_url = f"sqlite:///file:{fixture}?mode=ro&uri=true"
+    with _connect(old_url) as conn:
+        found = inspect(conn)
+        columns = {t: [c["name"] for c in found.get_columns(t)] for t in found.get_table_names()}
+    columns.pop("schema_version"), columns.pop("alembic_version")  # rewritten by the upgrade
+
+    def content(of: str) -> dict[str, list[tuple[object, ...]]]:
+        with _connect(of) as conn:
+            return {t: _rows(conn, t, c) for t, c in columns.items()}
+
+    with Ledger(url) as ledger:
+        assert ledger.upgraded is not None
+        assert (ledger.upgraded.from_revision, ledger.upgraded.to_revision) == ("0002", head())
+        now, before = content(url), content(old_url)
+        # the upgrade's own event comes after every event the release wrote
+        added = now["event"][len(before["event"]) :]
+        assert [row[2] for row in added] == [EventKind.LEDGER_UPGRADED]
+        now["event"] = now["event"][: len(before["event"])]
+        assert now == before
+        experiments = ledger.experiments(cluster=CLUSTER)
+        assert tsv_text(experiments) == (LEDGERS / "schema2.results.tsv").read_text()
+        assert [e.status for e in experiments] == ["keep", "invalid", "crash"]
+        status = json.loads((LEDGERS / "schema2.status.json").read_text())
+        champion = ledger.champion(CLUSTER)
+        assert champion is not None and champion.objective == status["champion"]["objective"]
+        [rnd] = ledger.rounds(CLUSTER)
+        assert (rnd.max_hours, rnd.max_gpu_hours) == (5.0, None)
+        ledger.set_round_max_gpu_hours(rnd.id, 12.5)
+        assert ledger.round(rnd.id).max_gpu_hours == 12.5
+    assert _version_rows(url) == (head(), SCHEMA_VERSION)
 
 
 def test_processes_opening_an_old_sqlite_ledger_at_once_upgrade_it_once(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ import shutil
 from pathlib import Path
 
 from ledger import Ledger
+from ledger.schema import head
 from tests.fixtures.cli import orchestrate
 from tests.fixtures.profiles import twin_profile_data, write_profile
 
@@ -46,10 +47,12 @@ def test_an_old_ledger_with_a_grown_profile_resumes_its_champion(tmp_path: Path)
     status = orchestrate(tmp_path, "status", "--profile", str(profile), "--json", env=env)
     assert status.returncode == 0, status.stderr
     # the upgrade is said once, on stderr; stdout stays JSON
-    assert "upgraded the ledger's schema 0001 -> 0002" in status.stderr
+    assert f"upgraded the ledger's schema 0001 -> {head()}" in status.stderr
     assert list(tmp_path.glob("orchestrate.db.*.bak"))
     now = json.loads(status.stdout)
     assert now["champion"]["experiment"] == old["champion"]["experiment"]
+    # the old rounds' boots count as GPU-hours too (four twin nodes of one GPU each)
+    assert now["gpu_hours"] > 0 and now["running_round"] is None
 
     done = orchestrate(tmp_path, "round", "--budget", "1", "--profile", str(profile), env=env)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -64,6 +67,8 @@ def test_an_old_ledger_with_a_grown_profile_resumes_its_champion(tmp_path: Path)
         assert len(new) == 1 and new[0].knob == "num_speculative_tokens"
         assert new[0].config["moe_backend"] == "triton"
         assert new[0].id == max(e["experiment"] for e in _tsv(LEDGERS / "schema1.results.tsv")) + 1
+    after = orchestrate(tmp_path, "status", "--profile", str(profile), "--json", env=env)
+    assert json.loads(after.stdout)["gpu_hours"] > now["gpu_hours"]
     exported = orchestrate(tmp_path, "export", "-", "--profile", str(profile), env=env)
     assert exported.returncode == 0, exported.stderr
     # every old row exactly as the old release exported it, the new experiment after them

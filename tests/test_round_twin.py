@@ -94,6 +94,10 @@ def test_round_records_everything_and_a_second_round_continues(workdir: Path) ->
         filter_string="tags.mlflow.runName = 'round-1'",
     )
     assert len(parents) == 1
+    # the twin's four nodes hold a GPU each while a boot is up: the round's GPU-hours, on the
+    # parent run as in the report, are four times its boots' wall time, which is real seconds
+    assert 0 < report["gpu_hours"] < 4 * 600 / 3600
+    assert parents[0].data.metrics["gpu_hours"] == pytest.approx(report["gpu_hours"], abs=1e-4)
     children = client.search_runs(
         [parents[0].info.experiment_id],
         filter_string=f"tags.mlflow.parentRunId = '{parents[0].info.run_id}'",

@@ -20,6 +20,8 @@ from orchestrator.approval import Answer, ApprovalGate, llm_summary
 from orchestrator.cli.common import JsonOpt, ProfileOpt, completes, opened, out
 from orchestrator.crashpoints import deploy_progress
 from orchestrator.display import RoundDisplay, experiments_table
+from orchestrator.errors import UsageError
+from orchestrator.gpu_hours import cluster_gpus
 from orchestrator.lease import Ownership
 from orchestrator.profile import ApproveMode, Profile, ProposerKind, default_brief, load_profile
 from orchestrator.round import RoundOptions, RoundReport, RoundRunner
@@ -49,6 +51,14 @@ def round_(
     max_hours: Annotated[
         float | None, typer.Option(min=0, help="stop starting experiments after this")
     ] = None,
+    max_gpu_hours: Annotated[
+        float | None,
+        typer.Option(
+            min=0,
+            help="stop starting experiments once the round's boots have held this many "
+            "GPU-hours (wall time x the GPUs the profile's nodes declare)",
+        ),
+    ] = None,
     seed: Annotated[
         int | None, typer.Option(help="the proposer's seed (default: the profile's)")
     ] = None,
@@ -59,12 +69,19 @@ def round_(
     An interrupted round (killed, Ctrl-C) is resumed by running the command again.
     """
     prof = load_profile(profile)
+    if max_gpu_hours is not None and cluster_gpus(prof) == 0:
+        raise UsageError(
+            f"--max-gpu-hours {max_gpu_hours:g}: the nodes of profile {prof.name} declare no "
+            "GPUs (gpus: 0), so it could never stop the round; give them gpus: N, or use "
+            "--max-hours"
+        )
     mode = approve or prof.approve.mode
     options = RoundOptions(
         budget=budget or prof.budget,
         proposer=proposer or prof.proposer.kind,
         approve=mode,
         max_hours=max_hours,
+        max_gpu_hours=max_gpu_hours,
         seed=prof.proposer.seed if seed is None else seed,
     )
     proposer_obj = _proposer(prof, options)
@@ -127,6 +144,7 @@ def _print_report(report: RoundReport, as_json: bool) -> None:
             "status": report.round.status,
             "resumed": report.resumed,
             "stopped_by": report.stopped_by,
+            "gpu_hours": round(report.gpu_hours, 4),
             "experiments": [_experiment_json(e) for e in report.experiments],
             "champion": None
             if report.champion is None
@@ -145,6 +163,7 @@ def _print_report(report: RoundReport, as_json: bool) -> None:
         )
     else:
         console.print(f"Round {report.round.id}: no experiment decided yet ({report.stopped_by})")
+    console.print(f"GPU-hours: {report.gpu_hours:.2f} (boots included)")
     if report.champion is not None:
         settings_text = ", ".join(f"{k}={as_text(v)}" for k, v in report.champion.config.items())
         console.print(

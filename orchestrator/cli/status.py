@@ -11,6 +11,7 @@ from knobs.spec import as_text
 from knobs.vocabulary import Kind, State, Status
 from orchestrator.cli.common import JsonOpt, ProfileOpt, opened, out
 from orchestrator.evolution import fit_champion, knob_changes
+from orchestrator.gpu_hours import cluster_gpus, gpu_hours
 from orchestrator.priors import knob_priors, measured
 from orchestrator.profile import load_profile
 
@@ -31,6 +32,7 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
         rounds = ledger.rounds(name)
         experiments = ledger.experiments(cluster=name)
         effects = measured(ledger, experiments)  # each knob's measured changes, for its prior
+        used = {r.id: gpu_hours(ledger, r, prof) for r in rounds}
     data: dict[str, Any] = {
         "cluster": name,
         "champion": None
@@ -55,7 +57,10 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
                 and e.state == State.DECIDED
                 and e.status != Status.VETOED
             ),
+            "gpu_hours": round(used[running.id], 4),
+            "max_gpu_hours": running.max_gpu_hours,
         },
+        "gpu_hours": round(sum(used.values()), 4),
         "lease": None
         if lease is None
         else {"holder": lease.holder, "expires_at": lease.expires_at.isoformat()},
@@ -85,10 +90,15 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
         console.print(f"{line} (recorded by the next round or cluster up)")
     if running is not None:
         r = data["running_round"]
+        cap = "" if running.max_gpu_hours is None else f" of {running.max_gpu_hours:g}"
         console.print(
-            f"round {running.id} unfinished: {r['done']} of {r['budget']} done "
-            "(run `orchestrate round` to resume)"
+            f"round {running.id} unfinished: {r['done']} of {r['budget']} done, "
+            f"{r['gpu_hours']:.2f}{cap} GPU-hours (run `orchestrate round` to resume)"
         )
+    console.print(
+        f"GPU-hours: {data['gpu_hours']:.2f} over {len(rounds)} round(s) "
+        f"({cluster_gpus(prof)} GPU(s) per boot)"
+    )
     if lease is not None:
         console.print(f"lease: {lease.holder} until {lease.expires_at:%H:%M:%S} UTC")
     console.print("effect priors in force (the verdict's and the proposer's):")
