@@ -42,4 +42,4 @@ test-real: engines
 	$(BIN)/pytest -q -m real_engine
 
 clean:
-	rm -rf $(VENV) orchestrate.db mlflow.db mlartifacts results.tsv .orchestrate
+	rm -rf $(VENV) orchestrate.db mlflow.db mlartifacts results.tsv .orchestrate reports

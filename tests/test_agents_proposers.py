@@ -315,7 +315,8 @@ def test_the_knobs_known_to_matter_get_first_looks_before_tpe_takes_over() -> No
 def test_a_new_champion_gets_first_looks_again_but_not_back_where_it_came_from() -> None:
     """CUDA graphs that lost at K=7 may win at K=5: after a keep the knobs known to matter get
     their first looks again, except going back to the champion just replaced (K=7: that
-    comparison was just decided)."""
+    comparison was just decided); and the knobs whose turn the keep took (K=5 was kept before
+    the four others had a look) get theirs under the new champion."""
 
     def k5(config: Config) -> float:
         return 100.0 + (5.0 if config["num_speculative_tokens"] == 5 else 0.0)
@@ -326,7 +327,9 @@ def test_a_new_champion_gets_first_looks_again_but_not_back_where_it_came_from()
         loop.step(proposer)
         assert len(loop.proposals) <= 40, "K=5 was never proposed"
     kept_at = len(loop.proposals)
-    loop.run(proposer, 8)
+    looked = {p.change.knob for _, p in loop.proposals[:kept_at]}
+    assert looked == {"cuda_graphs", "num_speculative_tokens"}
+    loop.run(proposer, 11)
     after = [p for _, p in loop.proposals[kept_at:]]
     assert all("first_look" in p.notes for p in after[:6])
     assert sorted(((p.change.knob, p.change.new) for p in after[:6]), key=str) == sorted(
@@ -334,10 +337,11 @@ def test_a_new_champion_gets_first_looks_again_but_not_back_where_it_came_from()
         + [("num_speculative_tokens", k) for k in (1, 2, 3, 4, 6)],
         key=str,
     )
-    # the adapter rank interacts with K (declared on K's spec): one look again after K moved
-    assert after[6].change.knob == "drafter_adapter_rank"
-    assert "interact with num_speculative_tokens" in after[6].notes["first_look"]
-    assert "first_look" not in after[7].notes
+    # every knob without a look yet gets one now, once (the adapter rank among them, which
+    # interacts with K, declared on K's spec)
+    assert {p.change.knob for p in after[6:10]} == set(CATALOG.names) - looked
+    assert all("it has had no look yet" in p.notes["first_look"] for p in after[6:10])
+    assert "first_look" not in after[10].notes
 
 
 def test_a_knob_whose_changes_keep_failing_to_boot_gets_no_more_first_looks() -> None:

@@ -12,6 +12,7 @@ from orchestrator.cli.cluster import cluster_app
 from orchestrator.cli.export import export
 from orchestrator.cli.known_bad import known_bad_app
 from orchestrator.cli.proposals import proposals_app
+from orchestrator.cli.report import report
 from orchestrator.cli.round import round_
 from orchestrator.cli.status import status
 from orchestrator.cli.twin import twin_app
@@ -35,6 +36,7 @@ app.command("round")(round_)
 app.command("status")(status)
 app.command("export")(export)
 app.command("bench")(bench)
+app.command("report")(report)
 
 
 def run(argv: list[str] | None = None) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+from pathlib import Path
 from typing import Annotated, Any, get_args
 
 import typer
@@ -14,16 +15,17 @@ from rich.text import Text
 
 from agents import Proposer, make_proposer
 from knobs.spec import as_text
-from ledger import ExperimentRecord, ProposalRecord
+from ledger import ExperimentRecord, Ledger, ProposalRecord
 from ledger.mlflow_sink import MlflowSink
 from orchestrator.approval import Answer, ApprovalGate, llm_summary
 from orchestrator.cli.common import JsonOpt, ProfileOpt, completes, opened, out
 from orchestrator.crashpoints import deploy_progress
 from orchestrator.display import RoundDisplay, experiments_table
-from orchestrator.errors import UsageError
+from orchestrator.errors import OrchestrateError, UsageError
 from orchestrator.gpu_hours import cluster_gpus
 from orchestrator.lease import Ownership
 from orchestrator.profile import ApproveMode, Profile, ProposerKind, default_brief, load_profile
+from orchestrator.report import write_report
 from orchestrator.round import RoundOptions, RoundReport, RoundRunner
 from orchestrator.testbed import ClusterTestbed
 
@@ -120,7 +122,26 @@ def round_(
                 prof, ledger, sink, testbed, proposer_obj, gate, display, guard=owner.check
             )
             report = runner.run(options)
-    _print_report(report, as_json)
+        page = _write_report(prof, ledger, sink, report, display)
+    _print_report(report, as_json, page)
+
+
+def _write_report(
+    prof: Profile, ledger: Ledger, sink: MlflowSink, report: RoundReport, display: RoundDisplay
+) -> Path | None:
+    """The round's report (``orchestrate report``), written at its end and logged to its
+    MLflow parent run. A report that cannot be written is said in one line: the round's record
+    is complete without it, and ``orchestrate report`` writes it again."""
+    try:
+        written = write_report(prof, ledger, report.round.id)
+        run_id = report.round.mlflow_run_id
+        if run_id:
+            for path in (written.page, *written.pictures):
+                sink.log_files(run_id, {"report": path})
+    except OrchestrateError as e:
+        display.note(f"the round's report was not written: {e.message}")
+        return None
+    return written.page
 
 
 def _proposer(prof: Profile, options: RoundOptions) -> Proposer:
@@ -136,10 +157,12 @@ def _proposer(prof: Profile, options: RoundOptions) -> Proposer:
     return make_proposer(kind, seed=options.seed, options=proposer_options)
 
 
-def _print_report(report: RoundReport, as_json: bool) -> None:
-    """The round's experiments and champion: a table, or JSON for scripts."""
+def _print_report(report: RoundReport, as_json: bool, page: Path | None) -> None:
+    """The round's experiments and champion: a table, or JSON for scripts; and where its
+    report is."""
     if as_json:
         payload = {
+            "report": None if page is None else str(page),
             "round": report.round.id,
             "status": report.round.status,
             "resumed": report.resumed,
@@ -170,6 +193,8 @@ def _print_report(report: RoundReport, as_json: bool) -> None:
             f"champion: experiment #{report.champion.experiment_id}, objective "
             f"{report.champion.objective:.1f}  ({settings_text})"
         )
+    if page is not None:
+        console.print(f"report: {page}")
 
 
 def _experiment_json(e: ExperimentRecord) -> dict[str, Any]:

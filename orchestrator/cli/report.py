@@ -1,0 +1,30 @@
+"""``orchestrate report``: a round's report, an HTML page with its plots."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from orchestrator.cli.common import ProfileOpt, opened
+from orchestrator.profile import load_profile
+from orchestrator.report import write_report
+
+
+def report(
+    round_id: Annotated[
+        int | None, typer.Option("--round", min=1, help="the round (default: the last)")
+    ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", help="folder to write into (default: reports/round-N)"),
+    ] = None,
+    profile: ProfileOpt = None,
+) -> None:
+    """Write a round's report: progress, per-knob effects, where the boots and GPU-hours went,
+    the champion's launcher diff; one self-contained HTML page and its PNGs."""
+    prof = load_profile(profile)
+    with opened(prof) as o:
+        written = write_report(prof, o.ledger(), round_id, out)
+    typer.echo(f"wrote {written.page} (round {written.data.round.id})")

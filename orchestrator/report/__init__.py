@@ -1,0 +1,57 @@
+"""``orchestrate report``: a round's report, one self-contained HTML page and its PNGs
+(``data`` reads the ledger, ``plots`` draws, ``page`` writes the HTML)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ledger import Ledger
+from orchestrator.errors import UsageError
+from orchestrator.profile import Profile
+from orchestrator.report.data import NothingToReport, ReportData, collect
+from orchestrator.report.page import page
+from orchestrator.report.plots import all_plots
+
+__all__ = ["NothingToReport", "ReportData", "Written", "default_dir", "write_report"]
+
+#: The page's file name in the report's folder.
+PAGE = "report.html"
+
+
+@dataclass(frozen=True)
+class Written:
+    """A report on disk: its page and its pictures."""
+
+    page: Path
+    pictures: tuple[Path, ...]
+    data: ReportData
+
+
+def default_dir(round_id: int) -> Path:
+    """Where a report goes without ``--out``: ``reports/round-N`` under the current folder."""
+    return Path("reports") / f"round-{round_id}"
+
+
+def write_report(
+    profile: Profile, ledger: Ledger, round_id: int | None = None, out: Path | None = None
+) -> Written:
+    """Write round ``round_id``'s report (default: the last round) into ``out``.
+
+    Raises:
+        NothingToReport: the ledger has no such round.
+        UsageError: ``out`` cannot be written.
+    """
+    data = collect(profile, ledger, round_id)
+    folder = out if out is not None else default_dir(data.round.id)
+    pictures = all_plots(data)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        files = []
+        for name, png in pictures.items():
+            (folder / name).write_bytes(png)
+            files.append(folder / name)
+        (folder / PAGE).write_text(page(data, pictures), encoding="utf-8")
+    except OSError as e:
+        raise UsageError(f"cannot write the report into {folder}: {e.strerror}") from e
+    return Written(folder / PAGE, tuple(files), data)

@@ -1,0 +1,299 @@
+"""What a round report shows, read from the ledger (no drawing here): every experiment with its
+verdict's evidence, the champion's path, per knob and value the measured effects, where the
+boots and GPU-hours went, the LLM spend, and the champion's launcher against the one the round
+started from."""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from cluster.launcher import render_node
+from knobs.config import Config
+from knobs.errors import KnobError, ProfileError
+from knobs.records import LlmUsage
+from knobs.spec import EffectPrior, Value, as_text
+from knobs.vocabulary import BootRole, BootStatus, Kind, State, Status
+from ledger import BootRecord, ExperimentRecord, Ledger, RoundRecord
+from orchestrator.display import describe
+from orchestrator.errors import OrchestrateError
+from orchestrator.gpu_hours import cluster_gpus
+from orchestrator.priors import knob_priors, measured
+from orchestrator.profile import Profile
+from orchestrator.settings import runtime_placeholders
+
+#: Where a boot's time went (the report's categories), in the order the plot stacks them.
+USES = ("baseline", "candidate", "confirmation", "champion re-measure", "failed boot")
+#: A two-sided 95 % interval, in standard errors.
+Z95 = 1.96
+
+
+class NothingToReport(OrchestrateError):
+    """The ledger has no round to report (or not the one asked for)."""
+
+    exit_code = 4
+
+
+@dataclass(frozen=True)
+class Point:
+    """One decided experiment of the round, in order."""
+
+    experiment: int
+    label: str
+    kind: Kind
+    status: Status
+    objective: float | None
+    delta_pct: float | None
+    #: the verdict's 95 % interval of the change, percent (``None``: no such evidence)
+    interval: tuple[float, float] | None
+    boots: int
+    rule: str
+    knob: str | None
+    value: Value | None
+    #: how its boot failed (a crash's class, or one that did not reproduce)
+    failure: str | None = None
+
+
+@dataclass(frozen=True)
+class KnobRow:
+    """A knob's value as the round measured it: every experiment that set it."""
+
+    knob: str
+    value: str
+    effects: tuple[float, ...]
+    #: the verdict of each of ``effects``, and of each experiment without one (a crash)
+    statuses: tuple[Status, ...]
+    crashes: int
+    interval: tuple[float, float] | None
+    boots: int
+    verdicts: str
+    prior: EffectPrior | None
+
+
+@dataclass
+class ReportData:
+    """Everything the report draws and lists."""
+
+    profile: str
+    cluster: str
+    round: RoundRecord
+    points: list[Point]
+    #: the champion's objective after each point (the step line)
+    champion_after: list[float | None]
+    knobs: list[KnobRow]
+    #: per experiment number, hours of boots by use (``USES``)
+    boot_hours: dict[int, dict[str, float]]
+    boots_by_use: Counter[str]
+    gpus: int
+    llm_usd: float
+    llm_calls: int
+    launcher_diff: str
+    start_config: Config | None
+    champion_config: Config | None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def gpu_hours(self) -> float:
+        return sum(sum(c.values()) for c in self.boot_hours.values()) * self.gpus
+
+
+def collect(profile: Profile, ledger: Ledger, round_id: int | None = None) -> ReportData:
+    """The report's data for round ``round_id`` of the profile's cluster (default: the last).
+
+    Raises:
+        NothingToReport: no such round, or the ledger has none.
+    """
+    cluster = profile.cluster.name
+    rounds = ledger.rounds(cluster)
+    if not rounds:
+        raise NothingToReport(
+            f"the ledger has no round of cluster {cluster}: run `orchestrate round` first"
+        )
+    chosen = [r for r in rounds if round_id is None or r.id == round_id]
+    if not chosen:
+        known = ", ".join(str(r.id) for r in rounds)
+        raise NothingToReport(f"cluster {cluster} has no round {round_id} (it has {known})")
+    rnd = chosen[-1]
+    experiments = [
+        e for e in ledger.experiments(round_id=rnd.id) if e.state == State.DECIDED and e.status
+    ]
+    start, end = _champions(ledger, cluster, rnd)
+    data = ReportData(
+        profile=profile.name,
+        cluster=cluster,
+        round=rnd,
+        points=[_point(ledger, e) for e in experiments],
+        champion_after=[],
+        knobs=[],
+        boot_hours={},
+        boots_by_use=Counter(),
+        gpus=cluster_gpus(profile),
+        llm_usd=0.0,
+        llm_calls=0,
+        launcher_diff="",
+        start_config=start,
+        champion_config=end,
+    )
+    data.champion_after = _champion_path(ledger, cluster, rnd, experiments)
+    data.knobs = _knob_rows(profile, ledger, data.points)
+    _boots(ledger, rnd, experiments, data)
+    for p in ledger.proposals(round_id=rnd.id):
+        usage = LlmUsage.from_notes(p.notes)
+        if usage is not None:
+            data.llm_usd += usage.cost_usd
+            data.llm_calls += usage.requests
+    data.launcher_diff = _launcher_diff(profile, start, end)
+    return data
+
+
+def _point(ledger: Ledger, e: ExperimentRecord) -> Point:
+    verdict = ledger.verdict(e.id)
+    stats = verdict.stats if verdict is not None else {}
+    g, se = stats.get("g"), stats.get("se")
+    interval = None
+    if isinstance(g, int | float) and isinstance(se, int | float) and se > 0:
+        interval = (math.expm1(g - Z95 * se) * 100, math.expm1(g + Z95 * se) * 100)
+    up = [b for b in ledger.boots(e.id) if b.status != BootStatus.FAILED]
+    assert e.status is not None
+    return Point(
+        experiment=e.id,
+        label=describe(e),
+        kind=e.kind,
+        status=e.status,
+        objective=e.objective if e.status not in (Status.CRASH, Status.VETOED) else None,
+        delta_pct=e.delta_pct,
+        interval=interval,
+        boots=len([b for b in up if b.role != BootRole.REMEASURE]),
+        rule=verdict.rule if verdict is not None else "",
+        knob=e.knob,
+        value=e.value,
+        failure=e.failure_class,
+    )
+
+
+def _champions(
+    ledger: Ledger, cluster: str, rnd: RoundRecord
+) -> tuple[Config | None, Config | None]:
+    """The champion the round started from and the one it ended with."""
+    history = ledger.champion_history(cluster)
+    end_of_round = rnd.finished_at or datetime.now(UTC)
+    before = [c for c in history if c.since <= rnd.started_at]
+    during = [c for c in history if c.since <= end_of_round]
+    start = before[-1] if before else (during[0] if during else None)
+    end = during[-1] if during else None
+    return (
+        None if start is None else start.config,
+        None if end is None else end.config,
+    )
+
+
+def _champion_path(
+    ledger: Ledger, cluster: str, rnd: RoundRecord, experiments: list[ExperimentRecord]
+) -> list[float | None]:
+    """The champion's objective as each experiment was decided (its step line)."""
+    history = ledger.champion_history(cluster)
+    path: list[float | None] = []
+    for e in experiments:
+        at = e.decided_at or rnd.started_at
+        held = [c for c in history if c.since <= at]
+        path.append(held[-1].objective if held else None)
+    return path
+
+
+def _knob_rows(profile: Profile, ledger: Ledger, points: list[Point]) -> list[KnobRow]:
+    """Per knob and value, what the round measured (candidates only), with the prior in force
+    for the knob (the profile's, or what this cluster's measurements taught)."""
+    priors = knob_priors(
+        profile, measured(ledger, ledger.experiments(cluster=profile.cluster.name))
+    )
+    groups: dict[tuple[str, str], list[Point]] = defaultdict(list)
+    for p in points:
+        if p.kind == Kind.CANDIDATE and p.knob is not None and p.status != Status.VETOED:
+            groups[(p.knob, _text(p.value))].append(p)
+    rows = []
+    for (knob, value), ps in sorted(groups.items()):
+        with_effect = [p for p in ps if p.delta_pct is not None and p.objective]
+        effects = tuple(p.delta_pct for p in with_effect if p.delta_pct is not None)
+        last = next((p.interval for p in reversed(ps) if p.interval is not None), None)
+        verdicts = Counter(str(p.status) for p in ps)
+        rows.append(
+            KnobRow(
+                knob=knob,
+                value=value,
+                effects=effects,
+                statuses=tuple(p.status for p in with_effect),
+                crashes=sum(1 for p in ps if p.status == Status.CRASH),
+                interval=last,
+                boots=sum(p.boots for p in ps),
+                verdicts=", ".join(f"{n} {s}" for s, n in sorted(verdicts.items())),
+                prior=priors.get(knob),
+            )
+        )
+    return rows
+
+
+def _use(boot: BootRecord, e: ExperimentRecord | None) -> str:
+    if boot.status == BootStatus.FAILED:
+        return "failed boot"
+    if boot.role == BootRole.REMEASURE:
+        return "champion re-measure"
+    if boot.role == BootRole.CONFIRM:
+        return "confirmation"
+    return "baseline" if e is not None and e.kind == Kind.BASELINE else "candidate"
+
+
+def _boots(
+    ledger: Ledger, rnd: RoundRecord, experiments: list[ExperimentRecord], data: ReportData
+) -> None:
+    """Every boot of the round by use, in hours, charged to the experiment it served (a
+    champion's re-measurement to the experiment that was running when it was booted)."""
+    end_of_round = rnd.finished_at or datetime.now(UTC)
+    mine = {e.id: e for e in experiments}
+    order = sorted(experiments, key=lambda e: e.created_at)
+    for boot in ledger.boots_since(rnd.cluster, rnd.started_at):
+        if boot.started_at > end_of_round:
+            break
+        hours = ((boot.ended_at or end_of_round) - boot.started_at).total_seconds() / 3600
+        owner = mine.get(boot.experiment_id)
+        if owner is None or boot.role == BootRole.REMEASURE:
+            running = [e for e in order if e.created_at <= boot.started_at]
+            owner = running[-1] if running else (order[0] if order else None)
+        use = _use(boot, mine.get(boot.experiment_id))
+        data.boots_by_use[use] += 1
+        if owner is not None:
+            spent = data.boot_hours.setdefault(owner.id, {})
+            spent[use] = spent.get(use, 0.0) + hours
+
+
+def _launcher_diff(profile: Profile, start: Config | None, end: Config | None) -> str:
+    """The head node's launcher for the round's last champion against its first (a unified
+    diff; the knob changes alone when the launchers cannot be rendered here)."""
+    if start is None or end is None:
+        return ""
+    if start.key == end.key:
+        return ""
+    head = profile.cluster.head
+    try:
+        runtime = runtime_placeholders()
+        old = render_node(profile.launcher, profile.space, start, profile.cluster, head, runtime)
+        new = render_node(profile.launcher, profile.space, end, profile.cluster, head, runtime)
+    except (ProfileError, KnobError):
+        changed = [k for k in end if start.get(k) != end.get(k)]
+        return "\n".join(
+            f"{k}: {_text(start.get(k))} -> {_text(end.get(k))}" for k in sorted(changed)
+        )
+    return "".join(
+        difflib.unified_diff(
+            old.script.splitlines(keepends=True),
+            new.script.splitlines(keepends=True),
+            fromfile="starting champion",
+            tofile="champion",
+        )
+    )
+
+
+def _text(value: Value | None) -> str:
+    return "(none)" if value is None else as_text(value)

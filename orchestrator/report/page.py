@@ -1,0 +1,155 @@
+"""The report as one self-contained HTML page: the pictures inline (``data:`` URIs, so the file
+opens anywhere on its own), the tables, the launcher diff. Every text from the ledger is
+escaped. A script marks on ``<body>`` how many pictures the browser decoded
+(``data-images-decoded``), which is how a test in headless Chromium knows they were drawn."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Mapping
+from html import escape
+
+from knobs.spec import as_text
+from orchestrator.report.data import USES, ReportData
+
+CSS = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
+h1 { font-size: 1.5em; } h2 { font-size: 1.15em; margin-top: 1.8em; }
+table { border-collapse: collapse; font-size: 0.85em; }
+td, th { border-bottom: 1px solid #ddd; padding: 3px 8px; text-align: left; }
+td.n { text-align: right; font-variant-numeric: tabular-nums; }
+.keep { color: #2ca02c; font-weight: 600; } .crash { color: #d62728; }
+.invalid { color: #ff7f0e; } .inconclusive { color: #1f77b4; }
+pre { background: #f6f6f6; padding: 0.8em; overflow-x: auto; font-size: 0.8em; }
+img { max-width: 100%; }
+"""
+
+SCRIPT = """
+window.addEventListener("load", function () {
+  var images = Array.prototype.slice.call(document.images);
+  var decoded = images.filter(function (i) { return i.complete && i.naturalWidth > 0; });
+  document.body.setAttribute("data-images", String(images.length));
+  document.body.setAttribute("data-images-decoded", String(decoded.length));
+});
+"""
+
+
+def _num(value: float | None, fmt: str = "{:.4g}") -> str:
+    return "" if value is None else fmt.format(value)
+
+
+def _interval(value: tuple[float, float] | None) -> str:
+    return "" if value is None else f"{value[0]:+.1f} … {value[1]:+.1f}"
+
+
+def _img(name: str, png: bytes, alt: str) -> str:
+    data = base64.b64encode(png).decode("ascii")
+    return f'<img src="data:image/png;base64,{data}" alt="{escape(alt)}" id="{escape(name)}">'
+
+
+def _experiments(data: ReportData) -> str:
+    rows = []
+    for p in data.points:
+        rule = p.rule if p.failure is None else f"{p.rule} ({p.failure})"
+        rows.append(
+            "<tr>"
+            f'<td class="n">#{p.experiment}</td><td>{escape(p.label)}</td>'
+            f'<td class="{escape(p.status)}">{escape(p.status)}</td>'
+            f'<td class="n">{_num(p.objective)}</td>'
+            f'<td class="n">{_num(p.delta_pct, "{:+.2f}")}</td>'
+            f'<td class="n">{_interval(p.interval)}</td>'
+            f'<td class="n">{p.boots}</td><td>{escape(rule)}</td>'
+            "</tr>"
+        )
+    head = (
+        "<tr><th>#</th><th>change</th><th>verdict</th><th>objective</th><th>Δ %</th>"
+        "<th>95 % interval</th><th>boots</th><th>rule</th></tr>"
+    )
+    return f"<table>{head}{''.join(rows)}</table>"
+
+
+def _knobs(data: ReportData) -> str:
+    if not data.knobs:
+        return "<p>No candidate was measured.</p>"
+    rows = []
+    for r in data.knobs:
+        prior = ""
+        if r.prior is not None:
+            source = r.prior.source or "the profile's"
+            prior = f"{r.prior.p_null:.0%} null, ±{r.prior.effect_pct:.1f} % ({source})"
+        effects = ", ".join(f"{e:+.1f}" for e in r.effects)
+        rows.append(
+            f"<tr><td>{escape(r.knob)}</td><td>{escape(r.value)}</td>"
+            f'<td class="n">{escape(effects)}</td><td class="n">{_interval(r.interval)}</td>'
+            f'<td class="n">{r.boots}</td><td>{escape(r.verdicts)}</td>'
+            f"<td>{escape(prior)}</td></tr>"
+        )
+    head = (
+        "<tr><th>knob</th><th>value</th><th>measured Δ %</th><th>95 % interval</th>"
+        "<th>boots</th><th>verdicts</th><th>prior in force</th></tr>"
+    )
+    return f"<table>{head}{''.join(rows)}</table>"
+
+
+def _spend(data: ReportData) -> str:
+    by_use = ", ".join(f"{data.boots_by_use.get(u, 0)} {u}" for u in USES)
+    gpus = f"{data.gpus} GPU(s) per boot" if data.gpus else "nodes that declare no GPU"
+    llm = (
+        f"${data.llm_usd:.4f} over {data.llm_calls} LLM request(s)"
+        if data.llm_calls
+        else "no LLM was asked"
+    )
+    return (
+        f"<p>{sum(data.boots_by_use.values())} boots ({escape(by_use)}); "
+        f"{data.gpu_hours:.2f} GPU-hours on {escape(gpus)}; {escape(llm)}.</p>"
+    )
+
+
+def _champion(data: ReportData) -> str:
+    if data.champion_config is None:
+        return "<p>No champion.</p>"
+    settings = ", ".join(f"{k}={as_text(v)}" for k, v in data.champion_config.items())
+    diff = (
+        f"<pre>{escape(data.launcher_diff)}</pre>"
+        if data.launcher_diff
+        else "<p>The round ended with the champion it started from.</p>"
+    )
+    return f"<p><code>{escape(settings)}</code></p>{diff}"
+
+
+def page(data: ReportData, pictures: Mapping[str, bytes]) -> str:
+    """The whole HTML page."""
+    rnd = data.round
+    title = f"orchestrate: round {rnd.id} on {data.cluster}"
+    decided = sum(1 for p in data.points if p.kind != "baseline")
+    started = [c for c in data.champion_after if c is not None]
+    gain = (
+        f", the champion {(started[-1] / started[0] - 1) * 100:+.1f} % over the round's start"
+        if len(started) >= 2 and started[0] > 0
+        else ""
+    )
+    summary = (
+        f"Profile {escape(data.profile)}; {escape(rnd.status)}, {decided} of {rnd.budget} "
+        f"experiments decided, proposer {escape(rnd.proposer)}, approval {escape(rnd.approve)}"
+        f"{escape(gain)}; started {rnd.started_at:%Y-%m-%d %H:%M} UTC."
+    )
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>
+<style>{CSS}</style><script>{SCRIPT}</script></head>
+<body>
+<h1>{escape(title)}</h1>
+<p>{summary}</p>
+<h2>Progress</h2>
+{_img("progress", pictures["progress.png"], "progress: objective per experiment")}
+<h2>Experiments</h2>
+{_experiments(data)}
+<h2>Per knob and value</h2>
+{_img("effects", pictures["effects.png"], "measured effect per knob and value")}
+{_knobs(data)}
+<h2>Where the boots and GPU-hours went</h2>
+{_img("boots", pictures["boots.png"], "boots and GPU-hours by use")}
+{_spend(data)}
+<h2>The champion's launcher against the starting one</h2>
+{_champion(data)}
+</body></html>
+"""

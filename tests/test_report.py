@@ -1,0 +1,89 @@
+"""``orchestrate report``: a round's HTML page and PNGs, from a ledger written by a released
+orchestrate (``fixtures/ledgers/schema2.sqlite``: a keep, an invalid, a crash, a champion
+re-measure), opened in headless Chromium (Debian's package) to check that the page's pictures
+are drawn; and the one-line refusals. That a round writes its report at its end and logs it
+to MLflow is checked in ``test_round_twin.py``."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+from matplotlib import image
+
+from tests.fixtures.cli import orchestrate
+from tests.fixtures.profiles import twin_profile_data, write_profile
+
+LEDGERS = Path(__file__).parent / "fixtures" / "ledgers"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def _chromium(*args: str) -> subprocess.CompletedProcess[str]:
+    assert CHROMIUM is not None, "no chromium: apt-get install chromium (.ci/run does)"
+    return subprocess.run(
+        [
+            CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+            "--virtual-time-budget=15000", *args,
+        ],
+        capture_output=True, text=True, timeout=180, check=False,
+    )  # fmt: skip
+
+
+def _fixture(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    shutil.copyfile(LEDGERS / "schema2.sqlite", tmp_path / "orchestrate.db")
+    data = twin_profile_data()
+    data["cluster"]["name"] = "twin-local"  # the cluster the release recorded
+    profile = write_profile(tmp_path, data)
+    return profile, {**os.environ, "ORCHESTRATE_LEDGER": f"sqlite:///{tmp_path}/orchestrate.db"}
+
+
+def test_the_report_of_an_old_round_is_drawn_in_chromium(tmp_path: Path) -> None:
+    profile, env = _fixture(tmp_path)
+    done = orchestrate(
+        tmp_path, "report", "--out", "out", "--profile", str(profile), env=env, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "wrote out/report.html (round 1)"
+    page = tmp_path / "out" / "report.html"
+    html = page.read_text()
+    for name in ("progress.png", "effects.png", "boots.png"):
+        picture = image.imread(tmp_path / "out" / name)
+        assert picture.shape[0] > 200 and picture.shape[1] > 400, name
+        assert float(np.std(picture[..., :3])) > 0.05, f"{name} is blank"
+    # what the ledger says, in words: the verdicts, the crash's class, the boots by use
+    for words in ("invalid", "crash", "kv_capacity", "champion re-measure", "GPU-hours"):
+        assert words in html, words
+
+    dom = _chromium("--dump-dom", page.as_uri())
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    body = re.search(r"<body[^>]*>", dom.stdout)
+    assert body is not None, dom.stdout[:2000]
+    assert 'data-images="3"' in body.group(0) and 'data-images-decoded="3"' in body.group(0)
+
+    shot = tmp_path / "shot.png"
+    taken = _chromium(f"--screenshot={shot}", "--window-size=1200,1600", page.as_uri())
+    assert taken.returncode == 0 and shot.exists(), taken.stderr[-2000:]
+    pixels = image.imread(shot)[..., :3]
+    # the page's top 1600 pixels hold the title and the progress plot: not a blank page
+    assert float(np.mean(pixels < 0.5)) > 0.01
+
+
+def test_no_round_and_an_unknown_round_are_one_line_exit_4(tmp_path: Path) -> None:
+    profile, env = _fixture(tmp_path)
+    unknown = orchestrate(tmp_path, "report", "--round", "9", "--profile", str(profile), env=env)
+    assert unknown.returncode == 4, unknown.stderr
+    assert unknown.stderr.strip().splitlines()[-1] == (
+        "Error: cluster twin-local has no round 9 (it has 1)"
+    )
+    empty = {**env, "ORCHESTRATE_LEDGER": f"sqlite:///{tmp_path}/empty.db"}
+    none = orchestrate(tmp_path, "report", "--profile", str(profile), env=empty)
+    assert none.returncode == 4, none.stderr
+    lines = none.stderr.strip().splitlines()
+    assert lines == [
+        "Error: the ledger has no round of cluster twin-local: run `orchestrate round` first"
+    ]
+    assert not (tmp_path / "reports").exists()
