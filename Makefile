@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint install clean
-.PHONY: engines test-real
+.PHONY: engines test-real screenshots
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -40,6 +40,12 @@ engines: $(STAMP)
 ## line (installs the engine first if it is missing; about 10 minutes on two cores)
 test-real: engines
 	$(BIN)/pytest -q -m real_engine
+
+## make screenshots: a round logged to a real `mlflow server`, and the MLflow UI's pages
+## (experiments, a round with its children, a child's artifacts) as PNGs in docs/images, taken
+## in headless Chromium (apt-get install chromium); look at them after changing what is logged
+screenshots: $(STAMP)
+	$(BIN)/python bench/mlflow_screenshots.py --out docs/images
 
 clean:
 	rm -rf $(VENV) orchestrate.db mlflow.db mlartifacts results.tsv .orchestrate reports

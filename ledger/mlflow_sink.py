@@ -52,6 +52,8 @@ _EMPTY: Final[Mapping[str, str]] = MappingProxyType({})
 # MLflow's own limits (mlflow.utils.validation), restated so that importing this module does
 # not import mlflow; tests/test_mlflow_sink.py checks they still match the installed mlflow.
 MAX_PARAM_VALUE: Final = 6000
+#: MLflow's limit on a run's name (characters).
+MAX_RUN_NAME: Final = 250
 MAX_TAG_VALUE: Final = 8000
 MAX_KEY: Final = 250
 _MAX_PARAMS_TAGS_PER_BATCH: Final = 100
@@ -61,6 +63,13 @@ _MAX_METRICS_PER_BATCH: Final = 1000
 _DB_SCHEMES: Final = frozenset({"sqlite", "postgresql", "mysql", "mssql"})
 # Text files larger than this are uploaded as they are rather than read in to be redacted.
 _MAX_REDACTED_FILE_BYTES: Final = 64 * 1024 * 1024
+
+
+def mlflow_experiment(cluster: str) -> str:
+    """The MLflow experiment a cluster's rounds go to (one per cluster). A round started by an
+    older orchestrate, in the shared experiment ``orchestrate``, goes on in it: its children
+    follow its parent run."""
+    return f"orchestrate/{cluster}"
 
 
 class MlflowSinkError(OrchestrateError):
@@ -95,8 +104,9 @@ class MlflowSink:
     working directory. A relative sqlite path is made absolute once, here. Artifacts of a new
     experiment go to ``artifact_root`` when given, else to ``mlartifacts/`` next to a sqlite
     database (``./mlartifacts`` for the default), else ``./mlartifacts`` for other databases;
-    a tracking server (``http(s)://``) chooses its own. An existing experiment keeps the
-    artifact location it was created with.
+    a tracking server (``http(s)://``) chooses its own unless ``artifact_root`` is a remote
+    URI (``s3://``): never a path of this machine. An existing experiment keeps the artifact
+    location it was created with.
     """
 
     def __init__(
@@ -115,6 +125,13 @@ class MlflowSink:
         self.tracking_uri, default_artifacts = _resolve_tracking_uri(tracking_uri)
         self.experiment_name = experiment_name
         root = artifact_root if artifact_root is not None else default_artifacts
+        local = root is not None and not (isinstance(root, str) and "://" in root)
+        if self.tracking_uri.startswith(("http://", "https://")) and (
+            local or str(root).startswith("file:")
+        ):
+            # a tracking server keeps the artifacts (``mlflow server --serve-artifacts``): a
+            # path of this machine would be a dead link for everyone else
+            root = None
         self._artifact_location = _artifact_location(root)
         with self._translate("open the tracking store"):
             _probe_database(self.tracking_uri)
@@ -255,6 +272,16 @@ class MlflowSink:
         entries = _tag_entries(tags, _Redactor.from_environment())
         with self._translate("set tags"):
             self._log_tags(run_id, entries)
+
+    def rename(self, run_id: str, name: str) -> None:
+        """Give a run the name the UI lists it by (redacted, truncated to MLflow's limit).
+
+        Raises:
+            MlflowSinkError: MLflow failed (unknown run id included).
+        """
+        text = _truncate(_Redactor.from_environment().text(name), MAX_RUN_NAME)
+        with self._translate("rename run"):
+            self._client.update_run(run_id, name=text)
 
     def finish(self, run_id: str, status: str = "FINISHED") -> None:
         """Mark a run terminated with ``status``: FINISHED, FAILED or KILLED.

@@ -72,7 +72,7 @@ class Intake:
             e.id, verdict=verdict, objective=None, delta_pct=None, accept_len=None
         )
         run_id = self.runlog.experiment_run(rnd, decided)
-        self.runlog.vetoed(run_id, p.reason or "")
+        self.runlog.vetoed(run_id, decided, p.reason or "")
         self.display.decided(decided, verdict.reason)
 
     def _add(self, rnd: RoundRecord, p: ProposalRecord, how: str) -> ExperimentRecord:

@@ -171,7 +171,7 @@ class RoundRunner:
         if stopped_by not in CAPS:
             # MLflow complete before the ledger closes the round: a kill in between resumes it
             self.runlog.reconcile(rnd)
-            self.runlog.finish_round(rnd, gpu_hours=used)
+            self.runlog.finish_round(rnd)
             crashpoint("round.finished")
             self.ledger.finish_round(rnd.id, RoundStatus.DONE)
         else:
@@ -396,7 +396,7 @@ class RoundRunner:
             failure_detail=err.evidence(),
         )
         crashpoint("verdict.committed")
-        self.runlog.crashed(run_id, err)
+        self.runlog.crashed(run_id, decided, err)
         crashpoint("mlflow.verdict")
         self.display.decided(decided, f"{err.failure_class}: {crash.reason}")
         if e.kind == Kind.CANDIDATE:

@@ -18,8 +18,8 @@ from collections.abc import Mapping, Sequence
 from agents import METRIC_NOTES, TAG_NOTES
 from cluster.errors import NodeError
 from knobs.records import CellResultRecord
-from knobs.spec import as_text
-from knobs.vocabulary import State, Status
+from knobs.spec import Value, as_text
+from knobs.vocabulary import Kind, State, Status
 from ledger import ExperimentRecord, Ledger, ProposalRecord, RoundRecord, VerdictRecord
 from orchestrator.crashpoints import crashpoint
 from orchestrator.display import describe
@@ -70,13 +70,8 @@ class RunLog:
             tags={TAG_ROUND_STARTED: key},
         )
 
-    def finish_round(
-        self, rnd: RoundRecord, status: str = "FINISHED", *, gpu_hours: float | None = None
-    ) -> None:
-        """The parent run ends with the round (``FAILED``: its baseline did not boot), with
-        the round's GPU-hours as a metric when given."""
-        if gpu_hours is not None:
-            self.sink.log_metrics(rnd.mlflow_run_id or "", {"gpu_hours": gpu_hours})
+    def finish_round(self, rnd: RoundRecord, status: str = "FINISHED") -> None:
+        """The parent run ends with the round (``FAILED``: its baseline did not boot)."""
         self.sink.finish(rnd.mlflow_run_id or "", status)
 
     def experiment_run(self, rnd: RoundRecord, e: ExperimentRecord) -> str:
@@ -103,6 +98,7 @@ class RunLog:
                 tags={"knob": e.knob or "-", "experiment": str(e.id)},
             )
             crashpoint("mlflow.run.created")
+            self.sink.rename(run_id, self._name(e))
         else:
             state = self.sink.run_state(run_id)
             present = state.metrics if state is not None else frozenset()
@@ -148,18 +144,24 @@ class RunLog:
         """A re-measurement of the champion, on the champion's run."""
         self.sink.log_metrics(run_id, {_REMEASURE: objective}, step=measurement)
 
-    def vetoed(self, run_id: str, reason: str) -> None:
+    def _name(self, e: ExperimentRecord, status: str | None = None) -> str:
+        old = self.ledger.proposal(e.proposal_id).old_value if e.proposal_id else None
+        return run_name(e, old, status)
+
+    def vetoed(self, run_id: str, e: ExperimentRecord, reason: str) -> None:
         """A vetoed proposal's run: tagged and ended without a boot."""
         self.sink.set_tags(run_id, {"status": Status.VETOED, "veto_reason": reason})
+        self.sink.rename(run_id, self._name(e, Status.VETOED))
         self.sink.finish(run_id, "KILLED")
 
-    def crashed(self, run_id: str, err: NodeError) -> None:
+    def crashed(self, run_id: str, e: ExperimentRecord, err: NodeError) -> None:
         """A crashed experiment's run: the failure's evidence, tagged, ended as failed."""
-        self._crashed(run_id, err.failure_class, err.evidence())
+        self._crashed(run_id, e, err.failure_class, err.evidence())
 
-    def _crashed(self, run_id: str, failure_class: str, evidence: str) -> None:
+    def _crashed(self, run_id: str, e: ExperimentRecord, failure_class: str, evidence: str) -> None:
         self.sink.log_texts(run_id, {"failure.txt": evidence})
         self.sink.set_tags(run_id, {"status": Status.CRASH, "failure_class": failure_class})
+        self.sink.rename(run_id, self._name(e, Status.CRASH))
         self.sink.finish(run_id, "FAILED")
 
     def decided(
@@ -202,6 +204,7 @@ class RunLog:
             },
         )
         self.sink.set_tags(run_id, {"status": verdict.status, "rule": verdict.rule})
+        self.sink.rename(run_id, self._name(decided, verdict.status))
         self.sink.finish(run_id, "FINISHED")
 
     # ---- what a kill left undone ------------------------------------------------------------
@@ -239,10 +242,10 @@ class RunLog:
         """``e``'s verdict written to its run as the round writes it, from the ledger."""
         if e.status == Status.VETOED:
             reason = self.ledger.proposal(e.proposal_id).reason if e.proposal_id else None
-            self.vetoed(run_id, reason or "")
+            self.vetoed(run_id, e, reason or "")
             return
         if e.status == Status.CRASH:
-            self._crashed(run_id, e.failure_class or "unknown", e.failure_detail or "")
+            self._crashed(run_id, e, e.failure_class or "unknown", e.failure_detail or "")
             return
         verdict = self.ledger.verdict(e.id)
         assert verdict is not None  # decided: the verdict came in the same transaction
@@ -276,3 +279,16 @@ class RunLog:
                 run_id, _REMEASURE
             ):
                 self.remeasured(run_id, d.after, d.measurement)
+
+
+def run_name(e: ExperimentRecord, old: Value | None, status: str | None = None) -> str:
+    """The name an experiment's run is listed by in MLflow: ``exp-7 · num_speculative_tokens
+    7→5 · discard`` (the verdict once there is one), ``exp-1 · baseline · keep``; ``old``: the
+    changed knob's value before (``None``: unknown)."""
+    if e.kind == Kind.BASELINE or e.knob is None:
+        change = "baseline"
+    else:
+        before = "?" if old is None else as_text(old)
+        after = "?" if e.value is None else as_text(e.value)
+        change = f"{e.knob} {before}→{after}"
+    return " · ".join([f"exp-{e.id}", change, *([str(status)] if status else [])])

@@ -113,6 +113,8 @@ class Sink(Protocol):
 
     def set_tags(self, run_id: str, tags: Mapping[str, str]) -> None: ...
 
+    def rename(self, run_id: str, name: str) -> None: ...
+
     def finish(self, run_id: str, status: str = "FINISHED") -> None: ...
 
     def run_state(self, run_id: str) -> RunState | None: ...
@@ -166,6 +168,9 @@ class NullSink:
         pass
 
     def log_files(self, run_id: str, files: Mapping[str, Path]) -> None:
+        pass
+
+    def rename(self, run_id: str, name: str) -> None:
         pass
 
     def set_tags(self, run_id: str, tags: Mapping[str, str]) -> None:

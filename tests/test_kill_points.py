@@ -225,12 +225,13 @@ def _ledger_agrees(ledger: Ledger) -> None:
 def _mlflow_agrees(ledger: Ledger, client: MlflowClient) -> None:
     """One run per experiment and per round, ended, with the ledger's status and objective,
     each metric logged once; every re-measurement logged once on the champion's run."""
-    experiment = client.get_experiment_by_name("orchestrate")
+    experiment = client.get_experiment_by_name(f"orchestrate/{CLUSTER}")
     assert experiment is not None
     runs = client.search_runs([experiment.experiment_id], max_results=1000)
     by_name: dict[str, list[Any]] = {}
     for run in runs:
-        by_name.setdefault(run.info.run_name, []).append(run)
+        # an experiment's run is named for its change and, once decided, its verdict
+        by_name.setdefault(run.info.run_name.split(" · ")[0], []).append(run)
     for r in ledger.rounds(CLUSTER):
         [parent] = by_name[f"round-{r.id}"]
         assert parent.info.run_id == r.mlflow_run_id
@@ -242,6 +243,7 @@ def _mlflow_agrees(ledger: Ledger, client: MlflowClient) -> None:
         assert e.status is not None
         assert run.info.status == ended.get(e.status, "FINISHED"), e
         assert run.data.tags["status"] == e.status
+        assert run.info.run_name.endswith(f" · {e.status}"), run.info.run_name
         if e.objective is not None:
             assert run.data.metrics["objective"] == pytest.approx(e.objective)
         for key in run.data.metrics:

@@ -80,6 +80,7 @@ def test_a_round_with_two_experiments(
     sink.log_files(first, {"logs": log, "": log})
     sink.finish(first)
     sink.finish(second, "FAILED")
+    sink.rename(second, "exp-2 · num_speculative_tokens 7→5 · crash")
     sink.finish(round_run)
 
     parent = client.get_run(round_run)
@@ -117,7 +118,7 @@ def test_a_round_with_two_experiments(
     assert json.loads(_text(client, first, "cells.json", tmp_path)) == [1, 2]
     assert _text(client, first, "logs/node-3.log", tmp_path) == "INFO booted\n"
     assert client.get_run(second).info.status == "FAILED"
-    assert client.get_run(second).info.run_name == "exp-2"
+    assert client.get_run(second).info.run_name == "exp-2 · num_speculative_tokens 7→5 · crash"
 
     assert sink.runs_of_round(round_run) == [first, second]
     other = sink.start_round(round_id=8, cluster="twin", params={})

@@ -119,7 +119,7 @@ def test_a_budget_4_round_on_real_vllm(workdir: Path) -> None:
     assert len(rows) == 1 + len(experiments)
 
     client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
-    experiment = client.get_experiment_by_name("orchestrate")
+    experiment = client.get_experiment_by_name("orchestrate/vllm-cpu-local")
     assert experiment is not None
     parent = client.search_runs(
         [experiment.experiment_id],
@@ -129,9 +129,13 @@ def test_a_budget_4_round_on_real_vllm(workdir: Path) -> None:
         [parent.info.experiment_id],
         filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'",
     )
-    assert sorted(c.info.run_name for c in children) == sorted(
-        f"exp-{e['experiment']}" for e in experiments
-    )
+    # each child named for its change and verdict: exp-N · knob old→new · status
+    names = {c.info.run_name.split(" · ")[0]: c.info.run_name for c in children}
+    assert sorted(names) == sorted(f"exp-{e['experiment']}" for e in experiments)
+    for e in experiments:
+        change = "baseline" if e["kind"] == "baseline" else f"{e['knob']} "
+        assert names[f"exp-{e['experiment']}"].startswith(f"exp-{e['experiment']} · {change}")
+        assert names[f"exp-{e['experiment']}"].endswith(f" · {e['status']}")
     engine = layout("vllm-cpu")
     # every boot as the ledger has it: one that failed (a boot past its timeout on a loaded
     # machine, then booted again) has a log without the server's start line

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -87,7 +88,7 @@ def test_round_records_everything_and_a_second_round_continues(workdir: Path) ->
     ]
 
     client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
-    experiment = client.get_experiment_by_name("orchestrate")
+    experiment = client.get_experiment_by_name("orchestrate/twin-local")  # one per cluster
     assert experiment is not None
     parents = client.search_runs(
         [experiment.experiment_id],
@@ -102,6 +103,13 @@ def test_round_records_everything_and_a_second_round_continues(workdir: Path) ->
     assert report["report"] == "reports/round-1/report.html"
     assert (workdir / report["report"]).stat().st_size > 10_000
     logged = {a.path for a in client.list_artifacts(parents[0].info.run_id, "report")}
+    at_root = {a.path for a in client.list_artifacts(parents[0].info.run_id)}
+    assert {"report", "results.tsv", "champion"} <= at_root
+    champion = {a.path for a in client.list_artifacts(parents[0].info.run_id, "champion")}
+    assert champion == {f"champion/node-{r}.sh" for r in range(4)}
+    metrics = parents[0].data.metrics
+    assert metrics["experiments"] == 2 and metrics["boots"] >= 3
+    assert metrics["best_objective"] > 0 and "gain_pct" in metrics
     assert logged == {
         f"report/{n}" for n in ("report.html", "progress.png", "effects.png", "boots.png")
     }
@@ -109,9 +117,16 @@ def test_round_records_everything_and_a_second_round_continues(workdir: Path) ->
         [parents[0].info.experiment_id],
         filter_string=f"tags.mlflow.parentRunId = '{parents[0].info.run_id}'",
     )
-    assert sorted(c.info.run_name for c in children) == sorted(
-        f"exp-{e['experiment']}" for e in report["experiments"]
+    # each child named for its change and verdict, as the UI lists it
+    names = {c.info.run_name.split(" · ")[0]: c.info.run_name for c in children}
+    assert names.pop(f"exp-{baseline['experiment']}") == (
+        f"exp-{baseline['experiment']} · baseline · keep"
     )
+    for e in report["experiments"][1:]:
+        value = json.dumps(e["value"]) if isinstance(e["value"], bool) else str(e["value"])
+        pattern = rf"exp-{e['experiment']} · {e['knob']} \S+→{re.escape(value)} · {e['status']}"
+        assert re.fullmatch(pattern, names.pop(f"exp-{e['experiment']}")), pattern
+    assert names == {}
     for child in children:
         paths = {a.path for a in client.list_artifacts(child.info.run_id)}
         assert "logs" in paths, paths
@@ -155,6 +170,9 @@ def round_until(
         stdout=stdout,
         stderr=subprocess.PIPE,
         text=True,
+        # Ctrl-C as at a terminal: a suite started in the background (`make test &`, nohup)
+        # hands its children SIGINT ignored, and the round would never see the signal
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     seen: list[str] = []
     assert proc.stderr is not None
@@ -212,13 +230,7 @@ def test_malformed_yaml_is_one_line(workdir: Path) -> None:
 
 
 def test_ctrl_c_mid_experiment_is_one_line_exit_130_and_resumes(workdir: Path) -> None:
-    data = twin_profile_data()
-    # the Ctrl-C lands while the candidate is measured however late this process reads the
-    # line that says so: cells 2 to 4 take 9 s after it (a loaded machine once read it after
-    # the candidate's 0.6 s cells had all ended, and the round ended before the signal)
-    for cell in data["cells"][1:]:
-        cell["duration_s"] = 3.0
-    profile = write_profile(workdir, data)
+    profile = write_profile(workdir, twin_profile_data())
     # Ctrl-C while the first candidate is measured
     proc, seen = round_until(workdir, profile, 1, 1, subprocess.PIPE)
     try:
@@ -271,7 +283,7 @@ def mlflow_server(tmp_path: Path) -> Iterator[str]:
 
 
 def test_round_json_is_json_with_an_mlflow_tracking_server(
-    workdir: Path, mlflow_server: str, monkeypatch: pytest.MonkeyPatch
+    workdir: Path, mlflow_server: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     # with a tracking server MLflow writes "View run … at …" to stdout: --json keeps stdout
     # for the report, the rest goes to stderr
@@ -282,3 +294,14 @@ def test_round_json_is_json_with_an_mlflow_tracking_server(
     report = json.loads(result.stdout)
     assert [e["kind"] for e in report["experiments"]][:1] == ["baseline"]
     assert "View run" in result.stderr
+    # artifacts go through the server (--serve-artifacts), not to a path of this machine
+    client = MlflowClient(mlflow_server)
+    experiment = client.get_experiment_by_name("orchestrate/twin-local")
+    assert experiment is not None
+    [parent] = client.search_runs(
+        [experiment.experiment_id], filter_string="tags.mlflow.runName = 'round-1'"
+    )
+    assert parent.info.artifact_uri.startswith("mlflow-artifacts:"), parent.info.artifact_uri
+    served = tmp_path / "served"
+    assert [p.name for p in served.rglob("report.html")] == ["report.html"]
+    assert list(served.rglob("node-0.log"))

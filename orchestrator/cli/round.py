@@ -15,8 +15,8 @@ from rich.text import Text
 
 from agents import Proposer, make_proposer
 from knobs.spec import as_text
-from ledger import ExperimentRecord, Ledger, ProposalRecord
-from ledger.mlflow_sink import MlflowSink
+from ledger import ExperimentRecord, Ledger, ProposalRecord, tsv_text
+from ledger.mlflow_sink import MlflowSink, mlflow_experiment
 from orchestrator.approval import Answer, ApprovalGate, llm_summary
 from orchestrator.cli.common import JsonOpt, ProfileOpt, completes, opened, out
 from orchestrator.crashpoints import deploy_progress
@@ -26,6 +26,7 @@ from orchestrator.gpu_hours import cluster_gpus
 from orchestrator.lease import Ownership
 from orchestrator.profile import ApproveMode, Profile, ProposerKind, default_brief, load_profile
 from orchestrator.report import write_report
+from orchestrator.report.data import launchers, summary
 from orchestrator.round import RoundOptions, RoundReport, RoundRunner
 from orchestrator.testbed import ClusterTestbed
 
@@ -105,7 +106,12 @@ def round_(
             on_timeout=prof.approve.on_timeout,
             max_timeouts=prof.approve.max_timeouts,
         )
-        sink = MlflowSink(o.settings.mlflow_uri, artifact_root=o.settings.artifact_root)
+        # one MLflow experiment per cluster: its rounds side by side, no other cluster's
+        sink = MlflowSink(
+            o.settings.mlflow_uri,
+            experiment_name=mlflow_experiment(prof.cluster.name),
+            artifact_root=o.settings.artifact_root,
+        )
         # each node's start and /health are crash points of the kill suite (``crashpoints``)
         deployer = o.deployer(progress=deploy_progress(display.phase))
         testbed = ClusterTestbed(deployer, prof.cluster.base_url, prof.model)
@@ -136,8 +142,17 @@ def _write_report(
         written = write_report(prof, ledger, report.round.id)
         run_id = report.round.mlflow_run_id
         if run_id:
+            # the parent run at a glance: the round in numbers, its report, its results.tsv
+            # and the champion's launchers
+            sink.log_metrics(run_id, summary(written.data))
             for path in (written.page, *written.pictures):
                 sink.log_files(run_id, {"report": path})
+            texts = {"results.tsv": tsv_text(ledger.experiments(cluster=prof.cluster.name))}
+            champion = written.data.champion_config
+            if champion is not None:
+                for rank, script in launchers(prof, champion).items():
+                    texts[f"champion/node-{rank}.sh"] = script
+            sink.log_texts(run_id, texts)
     except OrchestrateError as e:
         display.note(f"the round's report was not written: {e.message}")
         return None

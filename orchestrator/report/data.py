@@ -297,3 +297,38 @@ def _launcher_diff(profile: Profile, start: Config | None, end: Config | None) -
 
 def _text(value: Value | None) -> str:
     return "(none)" if value is None else as_text(value)
+
+
+def summary(data: ReportData) -> dict[str, float]:
+    """The round in numbers, for its MLflow parent run: the champion's objective at the start
+    and the end, the gain, keeps, boots, GPU-hours and LLM spend."""
+    path = [c for c in data.champion_after if c is not None]
+    out: dict[str, float] = {
+        "experiments": float(sum(1 for p in data.points if p.kind == Kind.CANDIDATE)),
+        "keeps": float(
+            sum(1 for p in data.points if p.kind == Kind.CANDIDATE and p.status == Status.KEEP)
+        ),
+        "boots": float(sum(data.boots_by_use.values())),
+        "failed_boots": float(data.boots_by_use.get("failed boot", 0)),
+        "gpu_hours": data.gpu_hours,
+        "llm_spend_usd": data.llm_usd,
+    }
+    if path:
+        out.update(start_objective=path[0], best_objective=path[-1])
+        if path[0] > 0:
+            out["gain_pct"] = (path[-1] / path[0] - 1.0) * 100.0
+    return out
+
+
+def launchers(profile: Profile, config: Config) -> dict[int, str]:
+    """Every node's launcher for ``config`` (empty when it cannot be rendered here)."""
+    runtime = runtime_placeholders()
+    try:
+        return {
+            node.rank: render_node(
+                profile.launcher, profile.space, config, profile.cluster, node, runtime
+            ).script
+            for node in profile.cluster.nodes
+        }
+    except (ProfileError, KnobError):
+        return {}
