@@ -1,10 +1,10 @@
 """Screenshots of the MLflow UI after a round, in headless Chromium (``make screenshots``).
 
 A real ``mlflow server --serve-artifacts`` on a free port, a round of ``--budget`` experiments
-on the embedded twin logging to it (a fresh ledger in a temporary folder), then three pages as
-a person opens them: the experiments list, the round with its children, and one child's
-artifacts. The PNGs go to ``--out`` (``docs/images``), where the README shows them; look at
-them after a change to what the round logs.
+on the embedded twin logging to it (a fresh ledger in a temporary folder), then four pages as
+a person opens them: the experiments list, a round's parent run, one child run and that
+child's artifacts. The PNGs go to ``--out`` (``docs/images``), where the
+README shows them; look at them after a change to what the round logs.
 """
 
 from __future__ import annotations
@@ -107,7 +107,21 @@ def main() -> None:
                 (r for r in children if r.data.tags.get("status") == "discard"), children[-1]
             )
             shoot(chromium, f"{url}/#/experiments", args.out / "mlflow-experiments.png")
-            shoot(chromium, f"{url}/#/experiments/{eid}", args.out / "mlflow-round.png")
+            # the round's parent run: the round in numbers, its report and results.tsv
+            parent = child.data.tags["mlflow.parentRunId"]
+            shoot(
+                chromium,
+                f"{url}/#/experiments/{eid}/runs/{parent}",
+                args.out / "mlflow-round.png",
+                size="1500,1300",
+            )
+            # a child, named for its change and verdict, with its metrics and params
+            shoot(
+                chromium,
+                f"{url}/#/experiments/{eid}/runs/{child.info.run_id}",
+                args.out / "mlflow-child.png",
+                size="1500,1300",
+            )
             shoot(
                 chromium,
                 f"{url}/#/experiments/{eid}/runs/{child.info.run_id}/artifacts",

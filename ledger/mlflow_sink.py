@@ -52,6 +52,9 @@ _EMPTY: Final[Mapping[str, str]] = MappingProxyType({})
 # MLflow's own limits (mlflow.utils.validation), restated so that importing this module does
 # not import mlflow; tests/test_mlflow_sink.py checks they still match the installed mlflow.
 MAX_PARAM_VALUE: Final = 6000
+#: The experiment tag MLflow 3's UI reads to choose its view, and the value for runs tables.
+EXPERIMENT_KIND_TAG: Final = "mlflow.experimentKind"
+EXPERIMENT_KIND: Final = "custom_model_development"
 #: MLflow's limit on a run's name (characters).
 MAX_RUN_NAME: Final = 250
 MAX_TAG_VALUE: Final = 8000
@@ -416,7 +419,11 @@ class MlflowSink:
         if experiment is None:
             try:
                 created: str = self._client.create_experiment(
-                    self.experiment_name, artifact_location=self._artifact_location
+                    self.experiment_name,
+                    artifact_location=self._artifact_location,
+                    # MLflow 3's UI opens a "machine learning" experiment on its runs table
+                    # (a GenAI one on traces, which a round has none of)
+                    tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND},
                 )
                 return created
             except MlflowException as e:
@@ -435,6 +442,8 @@ class MlflowSink:
                 operation="open the experiment",
             )
         experiment_id: str = experiment.experiment_id
+        if EXPERIMENT_KIND_TAG not in experiment.tags:  # one an older orchestrate created
+            self._client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
         return experiment_id
 
     @contextmanager

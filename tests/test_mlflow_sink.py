@@ -90,6 +90,9 @@ def test_a_round_with_two_experiments(
     assert parent.data.tags["orchestrate.round"] == "7"
     assert parent.data.tags["orchestrate.cluster"] == "twin"
     assert parent.info.artifact_uri.startswith(mlflow_db.artifact_root.as_uri())
+    # MLflow 3's UI opens it on its runs table, not on traces
+    experiment = client.get_experiment(parent.info.experiment_id)
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
 
     child: Run = client.get_run(first)
     assert child.info.run_name == "exp-1"
