@@ -101,7 +101,8 @@ def test_a_claude_round_refuses_injections_records_cost_and_falls_back(
     assert not canary.exists()
     stores = (workdir, mlflow_store.db_path.parent)
     launchers = [p.read_text() for d in stores for p in d.rglob("*.sh")]
-    assert len(launchers) == 4 + 4 * 3  # the nodes' last, and every boot's in MLflow
+    # the nodes' last, every boot's in MLflow, and the champion's on the round's parent run
+    assert len(launchers) == 4 + 4 * 3 + 4
     for text in launchers:
         assert "touch" not in text and str(canary) not in text
 
