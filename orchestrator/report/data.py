@@ -120,7 +120,12 @@ def collect(profile: Profile, ledger: Ledger, round_id: int | None = None) -> Re
     experiments = [
         e for e in ledger.experiments(round_id=rnd.id) if e.state == State.DECIDED and e.status
     ]
-    start, end = _champions(ledger, cluster, rnd)
+    # fitted to the profile as it is now: a champion recorded before it gained a knob has the
+    # knob's default, one it lost is dropped (``KnobSpace.reconcile``), as the round runs it
+    start, end = (
+        None if c is None else profile.space.reconcile(c).config
+        for c in _champions(ledger, cluster, rnd)
+    )
     data = ReportData(
         profile=profile.name,
         cluster=cluster,
