@@ -118,8 +118,10 @@ def test_noise_spreads_as_the_landscape_says(nodes: TwinNodes, tmp_path: Path) -
     path = write_landscape(tmp_path, noise={"stuck_clock_probability": 0.0})
     landscape = load_landscape(path)
     knobs = {**BASE, **CONFIGS["vllm-dflash2-tp4"][1]}
+    # two streams, not eight: what is checked is the noise model's draws, and a client with
+    # fewer streams to read is not the one starved on a loaded machine (eight read 2 % low there)
     cell = CellSpec(
-        name="s", category="prose", concurrency=8, max_tokens=128, warmup_s=0.1, duration_s=2.0
+        name="s", category="prose", concurrency=2, max_tokens=128, warmup_s=0.1, duration_s=2.0
     )
     truth = landscape.truth(knobs, cell)
     seed = 11
