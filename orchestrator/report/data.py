@@ -8,7 +8,7 @@ from __future__ import annotations
 import difflib
 import math
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from cluster.launcher import render_node
@@ -93,7 +93,6 @@ class ReportData:
     launcher_diff: str
     start_config: Config | None
     champion_config: Config | None
-    notes: list[str] = field(default_factory=list)
 
     @property
     def gpu_hours(self) -> float:
