@@ -56,6 +56,10 @@ class HistoryEntry(BaseModel):
     #: posterior, log scale), when the verdict stopped it for want of boots and it may run
     #: again under this champion; ``None`` otherwise.
     second_look: float | None = None
+    #: The verdict discarded it as worse than the champion or past a guardrail, under this
+    #: champion (``orchestrator.policy.overshot``): for an ordered knob, a value nearer the
+    #: champion's may still gain (``first_looks.step_back``).
+    overshot: bool = False
 
     @property
     def measured(self) -> bool:

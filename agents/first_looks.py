@@ -17,6 +17,11 @@ that may have moved with the keep get looks again:
 - a knob that has had no look at all (a keep came before its turn under the first champion,
   or the profile gained it) gets one under whichever champion is in force: its turn is not
   lost because another knob's keep came first;
+- a knob whose one look under this champion went too far (an ordered knob, discarded as
+  worse than the champion or past a guardrail: ``HistoryEntry.overshot``) gets one more, a
+  step back: the value halfway between the champion's and the one looked at (``step_back``;
+  16 slots → 4 broke time to first token, so 8 is looked at). Compass search shrinks a step
+  that failed the same way; a far value's failure says nothing about a nearer one;
 - the knob looked at first is the one whose best look promises the most gain per boot:
   ``E[gain] = (1 − p_null) · E[max(0, δ)]``, with ``δ ~ N(0, τ²)`` (``τ`` the prior's spread:
   ``E = τ/√(2π)``) or, for the draft knob where the draft-length model predicts a value,
@@ -40,10 +45,10 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 
-from agents.context import HistoryEntry, ProposalContext
+from agents.context import HistoryEntry, ProposalContext, same_value
 from agents.draft_model import DraftPrediction
 from knobs.config import Change, Config
-from knobs.spec import EffectPrior
+from knobs.spec import EffectPrior, KnobSpec, Value, as_text
 from knobs.vocabulary import Status
 
 #: A knob whose prior in force says fewer than this share of its changes do nothing is swept
@@ -95,9 +100,21 @@ def boots_per_decision(context: ProposalContext, knob: str) -> float:
     return 1.0 / (1.0 - crashes / (context.tries(knob) + 1))
 
 
+def _sweeps(context: ProposalContext, spec: KnobSpec) -> bool:
+    """Whether every value of ``spec`` gets a look under each champion (see the module)."""
+    prior = _prior(context, spec.name)
+    return prior.p_null < FIRST_LOOK_NULL and len(spec.domain()) <= FIRST_LOOK_VALUES
+
+
 def why(context: ProposalContext, knob: str) -> str:
     """Why ``knob`` gets a look under this champion, in words."""
     prior = _prior(context, knob)
+    back = step_back(context).get(knob)
+    if back is not None and not _sweeps(context, context.space.spec(knob)):
+        return (
+            f"its look at {as_text(back[0])} went too far (worse, or past a guardrail): "
+            f"a step back to {as_text(back[1])}"
+        )
     if prior.p_null < FIRST_LOOK_NULL:
         return f"only {prior.p_null:.0%} of its changes do nothing"
     kept = _last_kept(context)
@@ -113,6 +130,36 @@ def _looked_at(context: ProposalContext) -> set[str]:
     return {e.knob for e in context.history if e.knob and e.status != Status.VETOED}
 
 
+def step_back(context: ProposalContext) -> dict[str, tuple[Value, Value]]:
+    """The ordered knobs whose one look under this champion went too far, each with the
+    value looked at and the value halfway back to the champion's (nearer the champion when
+    halfway falls between two; none when the look was one step away)."""
+    looks: dict[str, list[HistoryEntry]] = {}
+    for e in context.history:
+        if e.champion_key == context.champion.key and e.knob and e.status != Status.VETOED:
+            looks.setdefault(e.knob, []).append(e)
+    specs = {s.name: s for s in context.space.knobs}
+    out: dict[str, tuple[Value, Value]] = {}
+    for knob, entries in looks.items():
+        spec = specs.get(knob)
+        if spec is None or not spec.ordered or len(entries) != 1 or not entries[0].overshot:
+            continue
+        looked = entries[0].value
+        domain = [float(v) for v in spec.domain()]
+        if not isinstance(looked, int | float) or isinstance(looked, bool):
+            continue
+        here = _nearest(domain, float(context.champion[knob]))
+        there = _nearest(domain, float(looked))
+        back = here + int((there - here) / 2)  # truncated: toward the champion
+        if back != here:
+            out[knob] = (looked, spec.domain()[back])
+    return out
+
+
+def _nearest(domain: Sequence[float], value: float) -> int:
+    return min(range(len(domain)), key=lambda i: abs(domain[i] - value))
+
+
 def eligible(context: ProposalContext) -> dict[str, bool]:
     """The knobs that get looks under this champion, each with whether every value does."""
     here = {e.knob for e in context.history if e.champion_key == context.champion.key}
@@ -122,13 +169,15 @@ def eligible(context: ProposalContext) -> dict[str, bool]:
     kept = _last_kept(context)
     moved = set() if kept is None else _interacting(context, kept)
     looked = _looked_at(context)
+    stepped = step_back(context)
     out: dict[str, bool] = {}
     for spec in context.space.knobs:
         if any(n >= FIRST_LOOK_CRASHES for (k, _), n in crashes.items() if k == spec.name):
             continue  # its changes keep failing to boot the same way: left to TPE
-        sweep = _prior(context, spec.name).p_null < FIRST_LOOK_NULL
-        sweep = sweep and len(spec.domain()) <= FIRST_LOOK_VALUES
+        sweep = _sweeps(context, spec)
         if not sweep and spec.name in here:
+            if spec.name in stepped:
+                out[spec.name] = False  # a step back from a look that went too far
             continue  # one look under each champion
         if sweep or kept is None or spec.name in moved or spec.name not in looked:
             out[spec.name] = sweep
@@ -166,10 +215,13 @@ def first_look(
         if e.status == Status.KEEP and Config(e.config).key == context.champion.key
     }
     reopened = open_changes(context)  # looked at already: second looks, not first
+    # a knob that is eligible for its step back alone looks at that value only
+    stepped = {k: v[1] for k, v in step_back(context).items() if knobs.get(k) is False}
     looks = [
         c
         for c in allowed
         if c.knob in knobs
+        and (c.knob not in stepped or same_value(c.new, stepped[c.knob]))
         and context.champion.apply(c).key not in back
         and context.champion.apply(c).key not in reopened
         and not (

@@ -59,8 +59,12 @@ def proposal_context(
         here = champion_key == current.config.key and e.failure_class not in INFRASTRUCTURE
         if here:
             looks[fitted.config.key] = looks.get(fitted.config.key, 0) + 1
-        again = _second_look(profile, ledger, e, looks.get(fitted.config.key, 0)) if here else None
-        history.append(_entry(e, fitted, champion_key, again))
+        again, overshot = (
+            _read_verdict(profile, ledger, e, looks.get(fitted.config.key, 0))
+            if here
+            else (None, False)
+        )
+        history.append(_entry(e, fitted, champion_key, again, overshot))
         if e.id in cleared:  # a person cleared its region: it bars nothing, and may run again
             continue
         # a failure of the infrastructure's (stuck clocks, a node unreachable) measured the
@@ -90,18 +94,27 @@ def proposal_context(
     )
 
 
-def _second_look(profile: Profile, ledger: Ledger, e: ExperimentRecord, looks: int) -> float | None:
-    """``policy.second_look`` of a decided change, from its verdict in the ledger."""
+def _read_verdict(
+    profile: Profile, ledger: Ledger, e: ExperimentRecord, looks: int
+) -> tuple[float | None, bool]:
+    """What a discarded or inconclusive change's verdict in the ledger leaves the proposer:
+    ``policy.second_look`` and ``policy.overshot``."""
     if e.status not in (Status.DISCARD, Status.INCONCLUSIVE) or e.knob is None:
-        return None
+        return None, False
     verdict = ledger.verdict(e.id)
     if verdict is None:
-        return None
-    return policy.second_look(profile.verdict, verdict.rule, verdict.stats, looks)
+        return None, False
+    again = policy.second_look(profile.verdict, verdict.rule, verdict.stats, looks)
+    overshot = e.status == Status.DISCARD and policy.overshot(verdict.rule, verdict.stats)
+    return again, overshot
 
 
 def _entry(
-    e: ExperimentRecord, fitted: Reconciled, champion_key: str, second_look: float | None = None
+    e: ExperimentRecord,
+    fitted: Reconciled,
+    champion_key: str,
+    second_look: float | None = None,
+    overshot: bool = False,
 ) -> HistoryEntry:
     """``e`` as history, its config fitted to the profile; but a change of a knob the profile
     lost keeps its config as recorded: fitted, it would read as the champion measured again
@@ -119,6 +132,7 @@ def _entry(
         champion_key=champion_key,
         failure_class=e.failure_class,
         second_look=second_look,
+        overshot=overshot,
     )
 
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from knobs.vocabulary import BootRole, Status, Undecided
 from orchestrator.measurements import Measurement
 from orchestrator.profile import VerdictSpec
-from orchestrator.verdict import Assessment, Posterior, objective_of
+from orchestrator.verdict import GUARDRAIL_RULES, Assessment, Posterior, objective_of, worse
 
 #: The champion may be booted at most this many times ``max_boots`` for one verdict.
 CHAMPION_BOOTS_PER_BOOT = 2
@@ -358,3 +358,20 @@ def second_look(
     p_effect, mean, sd = (float(x) for x in numbers)  # type: ignore[arg-type]
     gain = Posterior(p_effect=p_effect, mean=mean, sd=sd).expected_gain()
     return gain if gain >= math.log1p(spec.second_look_gain_pct / 100) else None
+
+
+def overshot(rule: str, stats: Mapping[str, object]) -> bool:
+    """Whether a discard says its change went too far: past a guardrail (``GUARDRAIL_RULES``),
+    or worse than the champion by the posterior (``verdict.worse``). For an ordered knob a
+    value between the champion's and this one may still gain: ``agents.first_looks`` gives it
+    a look (a step back). "Not worth a change" is no overshoot: a step that far did nothing,
+    a shorter one is not expected to do more."""
+    if rule in GUARDRAIL_RULES:
+        return True
+    g, se = stats.get("g"), stats.get("se")
+    return (
+        rule == "posterior"
+        and isinstance(g, int | float)
+        and isinstance(se, int | float)
+        and worse(float(g), float(se))
+    )

@@ -217,6 +217,17 @@ def _validity(spec: VerdictSpec, ev: Evidence, stats: dict[str, object]) -> Asse
     return None
 
 
+#: The rules that discard a change for what it broke (failed requests, time to first token),
+#: whatever its objective.
+GUARDRAIL_RULES = frozenset({"errors", "ttft-guardrail"})
+
+
+def worse(g: float, se: float) -> bool:
+    """The posterior's "worse": the change measured more than a standard error below the
+    champion (``g``: log ratio of the objectives, ``se`` its standard error)."""
+    return g < -se
+
+
 def _guardrails(spec: VerdictSpec, ev: Evidence, stats: dict[str, object]) -> Assessment | None:
     requests = sum(c.completed + c.errors for c in ev.candidate_cells)
     errors = sum(c.errors for c in ev.candidate_cells)
@@ -353,7 +364,7 @@ def _sequential(
             return Assessment(Status.KEEP, "posterior", f"{where}: confirmed gain", stats)
         return Assessment(Undecided.CONFIRM, "posterior", f"{where}: promising, confirming", stats)
     if p_worth < spec.futility:
-        why = "worse" if g < -se else "not worth a change"
+        why = "worse" if worse(g, se) else "not worth a change"
         return Assessment(Status.DISCARD, "posterior", f"{where}: {why}", stats)
     return _more_or_stop(spec, noise, slab, g, len(ev.candidate), len(ev.champion), where, stats)
 

@@ -8,11 +8,12 @@ from pathlib import Path
 
 from agents.context import HistoryEntry, ProposalContext
 from agents.digest import digest
-from agents.first_looks import eligible, first_look, why
+from agents.first_looks import eligible, first_look, step_back, why
 from knobs import KnobSpace, catalog
 from knobs.spec import EffectPrior
 from knobs.vocabulary import Kind, State, Status
 from ledger import Ledger, VerdictRecord
+from orchestrator.policy import overshot
 from orchestrator.priors import interacting, knob_priors, learn, learned_prior, measured
 from orchestrator.profile import Profile
 
@@ -184,6 +185,58 @@ def test_a_knob_whose_turn_a_keep_took_still_gets_its_look_under_the_next_champi
     assert why(ctx, "gpu_memory_utilization") == "it has had no look yet"
     look = first_look(ctx, ctx.candidates(), 0)
     assert look is not None and look[0] in eligible(ctx)
+
+
+def _look(i: int, knob: str, value: object, went_too_far: bool) -> HistoryEntry:
+    first = SPACE.default_config()
+    return HistoryEntry(
+        experiment=i, config=dict(first) | {knob: value}, knob=knob, value=value,
+        status=Status.DISCARD, objective=90.0, delta_pct=-10.0, champion_key=first.key,
+        overshot=went_too_far,
+    )  # fmt: skip
+
+
+def test_a_look_that_went_too_far_gets_a_step_back_and_one_that_did_nothing_does_not() -> None:
+    """The GPU round: 16 slots → 4 broke time to first token, and 8 (the winner) never had a
+    look. An ordered knob whose one look went too far gets one more, halfway back."""
+    base = SPACE.default_config()
+    assert base["drafter_adapter_rank"] == 64 and base["max_num_batched_tokens"] == 7168
+    history = (
+        HistoryEntry(
+            experiment=1, config=dict(base), knob=None, value=None, status=Status.KEEP,
+            objective=100.0, delta_pct=0.0, champion_key=base.key,
+        ),
+        _look(2, "drafter_adapter_rank", 0, went_too_far=True),
+        _look(3, "max_num_batched_tokens", 2048, went_too_far=False),  # not worth a change
+    )  # fmt: skip
+    ctx = context({}).model_copy(update={"history": history})
+    assert step_back(ctx) == {"drafter_adapter_rank": (0, 32)}  # 64 → 0 went too far: 32
+    knobs = eligible(ctx)
+    assert knobs.get("drafter_adapter_rank") is False and "max_num_batched_tokens" not in knobs
+    assert why(ctx, "drafter_adapter_rank").endswith("a step back to 32")
+    seen: dict[str, list[object]] = {}
+    while (first := first_look(ctx, ctx.candidates(), 0)) is not None:
+        seen[first[0]] = [c.new for c in first[1]]
+        done = {ctx.champion.apply(c).key for c in first[1]}
+        ctx = ctx.model_copy(update={"decided_keys": ctx.decided_keys | done})
+    assert seen["drafter_adapter_rank"] == [32] and "max_num_batched_tokens" not in seen
+    # the step back taken (and gone too far as well): no third look
+    ctx = ctx.model_copy(
+        update={"history": (*history, _look(4, "drafter_adapter_rank", 32, went_too_far=True))}
+    )
+    assert step_back(ctx) == {} and "drafter_adapter_rank" not in eligible(ctx)
+    # a look one step away has nothing between: 7168 → 6656 went too far, no step back
+    one_step = _look(5, "max_num_batched_tokens", 6656, went_too_far=True)
+    ctx = ctx.model_copy(update={"history": (*history[:1], one_step)})
+    assert step_back(ctx) == {}
+
+
+def test_what_counts_as_going_too_far() -> None:
+    assert overshot("ttft-guardrail", {}) and overshot("errors", {})
+    assert overshot("posterior", {"g": -0.2, "se": 0.05})  # worse
+    assert not overshot("posterior", {"g": -0.01, "se": 0.05})  # not worth a change
+    assert not overshot("futility", {"g": -0.2, "se": 0.05})  # out of boots: a second look's
+    assert not overshot("posterior", {})  # a verdict older than its stats
 
 
 def test_the_digest_shows_the_priors_in_force() -> None:
