@@ -225,6 +225,10 @@ class Profile(BaseModel):
     model: str = Field(pattern=r"^[A-Za-z0-9_./:-]{1,256}$", description="served model name")
     launcher: LauncherSpec
     knob_catalog: str | None = None
+    #: Catalog knobs this profile does not tune: the launcher sets them as written (or leaves
+    #: them to the engine's default), and they are neither proposed nor rendered. ``orchestrate
+    #: init`` writes it for the catalog knobs a launcher does not set.
+    untuned: tuple[str, ...] = ()
     knobs: tuple[KnobSpec, ...] = ()
     forbidden: tuple[ForbiddenCombination, ...] = ()
     champion: dict[str, Value] = Field(
@@ -276,17 +280,35 @@ class Profile(BaseModel):
             raise ValueError("cell names must be unique")
         if self.knob_catalog is None and not self.knobs:
             raise ValueError("a profile needs knob_catalog or knobs")
-        base = catalog(self.knob_catalog) if self.knob_catalog else ()
+        base = self._catalog_knobs()
         clash = render_clash(overlay(base, self.knobs))
         if clash is not None:
             raise KnobError(clash)
         return self
 
+    def _catalog_knobs(self) -> tuple[KnobSpec, ...]:
+        """The catalog's knobs less the ``untuned`` ones.
+
+        Raises:
+            KnobError: an ``untuned`` name the catalog lacks, or that ``knobs:`` defines too.
+        """
+        base = catalog(self.knob_catalog) if self.knob_catalog else ()
+        names = {k.name for k in base}
+        for name in self.untuned:
+            if name not in names:
+                raise KnobError(
+                    f"untuned: {name!r} is not a knob of catalog {self.knob_catalog}; known: "
+                    + ", ".join(sorted(names)),
+                    knob=name,
+                )
+            if any(k.name == name for k in self.knobs):
+                raise KnobError(f"untuned: {name!r} is also defined under knobs:", knob=name)
+        return tuple(k for k in base if k.name not in self.untuned)
+
     @property
     def space(self) -> KnobSpace:
-        """The knob space: the catalog overlaid with the profile's own knobs."""
-        base = catalog(self.knob_catalog) if self.knob_catalog else ()
-        return KnobSpace(knobs=overlay(base, self.knobs), forbidden=self.forbidden)
+        """The knob space: the catalog (less ``untuned``) overlaid with the profile's knobs."""
+        return KnobSpace(knobs=overlay(self._catalog_knobs(), self.knobs), forbidden=self.forbidden)
 
     def initial_champion(self) -> Config:
         """The starting champion config.

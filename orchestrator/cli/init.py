@@ -1,0 +1,69 @@
+"""``orchestrate init --from launcher.sh``: a profile from the launcher a user already has."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from knobs.spec import as_text
+from orchestrator.adopt.build import adopt
+from orchestrator.cli.common import out
+from orchestrator.errors import UsageError
+from orchestrator.settings import runtime_placeholders
+
+
+def init(
+    source: Annotated[
+        Path,
+        typer.Option(
+            "--from",
+            help="the launcher: a script with a `vllm serve` line (or `docker run … "
+            "--entrypoint vllm IMAGE serve …`), worker lines with --headless",
+        ),
+    ],
+    nodes: Annotated[
+        str | None,
+        typer.Option(
+            "--nodes",
+            metavar="HOST,HOST,…",
+            help="the nodes' addresses (or ~/.ssh/config aliases), head first, reached over "
+            "SSH; without it, one local node",
+        ),
+    ] = None,
+    catalog_name: Annotated[
+        str, typer.Option("--catalog", help="the knob catalog to recognise")
+    ] = "vllm-dflash2",
+    name: Annotated[
+        str | None, typer.Option("--name", help="the profile's name (default: the file's)")
+    ] = None,
+    dest: Annotated[
+        Path | None, typer.Option("--out", help="where to write it (default: NAME.yaml)")
+    ] = None,
+    force: Annotated[bool, typer.Option("--force", help="overwrite --out if it exists")] = False,
+) -> None:
+    """Write a profile from a launcher: the catalog's knobs it sets become the champion, every
+    other flag and the environment stay as written, per-node values become placeholders. The
+    profile is rendered back for every node and must give the launcher's own command."""
+    hosts = [h.strip() for h in nodes.split(",")] if nodes else None
+    if hosts is not None and not all(hosts):
+        raise UsageError(f"--nodes {nodes!r}: an empty address")
+    adopted = adopt(
+        source, nodes=hosts, catalog_name=catalog_name, name=name, runtime=runtime_placeholders()
+    )
+    target = dest or Path(f"{adopted.profile.name}.yaml")
+    if target.exists() and not force:
+        raise UsageError(f"{target} exists; choose another --out or pass --force")
+    target.write_text(adopted.text)
+    console = out()
+    champion = adopted.recognised.champion
+    console.print(
+        f"wrote {target}: {len(champion)} knob(s) recognised ("
+        + ", ".join(f"{k}={as_text(v)}" for k, v in champion.items())
+        + f"), {len(adopted.recognised.untuned)} left untuned, "
+        f"{len(adopted.profile.cluster.nodes)} node(s)"
+    )
+    for note in adopted.notes:
+        console.print(f"  note: {note}")
+    console.print(f"check it: orchestrate cluster up --dry-run --profile {target}")
