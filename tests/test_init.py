@@ -180,6 +180,9 @@ def test_a_cpu_launcher_with_variables_and_exec(tmp_path: Path) -> None:
     got = _commands(tmp_path, str(tmp_path / "vllm-cpu-ngram.yaml"))["node-0"]
     assert got[:3] == ["/opt/vllm-cpu/bin/vllm", "serve", "/models/smollm2"]
     assert profile.cluster.port == 28180 and got[got.index("--port") + 1] == "28180"
+    # a JSON flag no knob writes into is kept as written
+    compilation = got[got.index("--compilation-config") + 1]
+    assert json.loads(compilation) == {"cudagraph_capture_sizes": [1, 2, 4]}
 
 
 @pytest.mark.parametrize(
