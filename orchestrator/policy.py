@@ -303,13 +303,15 @@ def suspected_drift(level: Sequence[float], boot_cv: float, flagged: int | None)
     Two places the new level may start are screened at ``DRIFT_SIGMAS``: the latest boot, and —
     the sequential part — ``flagged``, the position of the last flag that was not confirmed,
     whose boots a real drift would have moved too (a drift the confirmation missed is caught
-    on the boots since, not diluted into the level). The earliest start that flags, if any."""
+    on the boots since, not diluted into the level). The earliest start that flags, if any;
+    a start whose boots do not mostly lie on the side of the shift (``_most_agree``) flags
+    nothing."""
     starts = sorted({len(level) - 1, *([flagged] if flagged is not None else [])})
     for start in starts:
         if not 0 < start < len(level) or min(level) <= 0:
             continue
         test = shift(level, start, boot_cv)
-        if abs(test.sigmas) > DRIFT_SIGMAS:
+        if abs(test.sigmas) > DRIFT_SIGMAS and _most_agree(level, test):
             return test
     return None
 
@@ -317,14 +319,27 @@ def suspected_drift(level: Sequence[float], boot_cv: float, flagged: int | None)
 def drift_confirmed(level: Sequence[float], flag: Shift, boot_cv: float) -> Shift | None:
     """The re-base, if the confirmation boot (``level[-1]``, after the flagged boots) confirms
     the flag: the boots from ``flag.start`` on are ``CONFIRM_SIGMAS`` standard errors off the
-    level before them, in the flag's direction, the confirmation boot on that side too.
-    ``None``: not confirmed, the flagged boots stay in the champion's level."""
+    level before them, in the flag's direction, the confirmation boot on that side too, and
+    most of them on that side (``_most_agree``). ``None``: not confirmed, the flagged boots
+    stay in the champion's level."""
     if min(level) <= 0:
         return None
     test = shift(level, flag.start, boot_cv)
     direction = math.copysign(1.0, flag.sigmas)
     agrees = math.log(level[-1] / test.before) * direction > 0
-    return test if agrees and test.sigmas * direction > CONFIRM_SIGMAS else None
+    shifted = test.sigmas * direction > CONFIRM_SIGMAS and _most_agree(level, test)
+    return test if agrees and shifted else None
+
+
+def _most_agree(level: Sequence[float], test: Shift) -> bool:
+    """Whether more than half of the boots from ``test.start`` on lie on the side of the level
+    before them that the shift points to. A drift moves every boot after it; a champion that
+    measures 2400 or 4900 at random (the GPU round's 16 slots at concurrency 8) puts its boots
+    on both sides, and two low ones among four are no new level."""
+    direction = math.copysign(1.0, test.sigmas)
+    post = level[test.start :]
+    side = sum(1 for v in post if math.log(v / test.before) * direction > 0)
+    return 2 * side > len(post)
 
 
 def infrastructure_retry(spec: VerdictSpec, failures: int) -> float | None:

@@ -223,6 +223,14 @@ def test_what_init_refuses(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     done = orchestrate(tmp_path, "init", "--from", str(launcher), "--nodes", "a,b")
     assert done.returncode == 2 and "exists" in done.stderr  # never overwritten unasked
+    # a worker line that leaves out a knob the head sets: one champion cannot render both
+    launcher.write_text(
+        "vllm serve /m --nnodes 2 --node-rank 0 --master-addr 10.0.0.1 --enforce-eager\n"
+        "vllm serve /m --nnodes 2 --node-rank 1 --master-addr 10.0.0.1 --headless\n"
+    )
+    done = orchestrate(tmp_path, "init", "--from", str(launcher), "--nodes", "a,b", "--force")
+    assert done.returncode == 3, done.stderr
+    assert f"{launcher}:2:" in done.stderr and "sets cuda_graphs to true" in done.stderr
 
 
 def test_untuned_must_name_catalog_knobs(tmp_path: Path) -> None:

@@ -217,3 +217,25 @@ def test_the_sentinel_s_false_alarms_per_re_measure_are_under_one_percent(n: int
         rebases += policy.drift_confirmed(confirm, flag, cv) is not None
     assert 0.03 < flags / trials < 0.07
     assert rebases / trials < 0.01
+
+
+def test_a_champion_that_measures_high_or_low_at_random_has_not_drifted() -> None:
+    """The third GPU round: speculation off at 16 slots measured 2400 or 4900 tok/s at random
+    (the concurrency-8 cells collapse on some boots). Two low boots four apart flagged and
+    "confirmed" a -44 % drift between two high ones; now a new level needs most of its boots
+    on its side."""
+    cv = 0.06
+    level = [4042.0, 4402.0, 4458.0, 4650.0, 2429.0]  # boot 15 came out low
+    flag = policy.suspected_drift(level, cv, None)
+    assert flag is not None and flag.start == 4
+    assert policy.drift_confirmed([*level, 4611.0], flag, cv) is None  # boot 16: high again
+    level = [*level, 4611.0, 4948.0]
+    # the boots since the unconfirmed flag (one low, two high) flag no fall; the latest boot
+    # alone, against a level the low boot pulled down, flags a rise
+    rise = policy.suspected_drift(level, cv, 4)
+    assert rise is not None and rise.start == 6 and rise.sigmas > 0
+    # boot 21 came out low: it confirms neither the rise nor the fall (two of four low)
+    assert policy.drift_confirmed([*level, 2514.0], rise, cv) is None
+    assert policy.drift_confirmed([*level, 2514.0], flag, cv) is None
+    # a drift that moves every boot is still one: three low boots of four
+    assert policy.drift_confirmed([*level[:5], 2600.0, 4700.0, 2500.0], flag, cv) is not None

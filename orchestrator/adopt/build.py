@@ -149,14 +149,24 @@ def _environment(script: Script, head: Serve) -> dict[str, str]:
 
 
 def _same_knobs(script: Script, head: Recognised, worker: Recognised, line: Serve) -> None:
-    for knob, value in worker.champion.items():
-        if head.champion.get(knob, value) != value:
-            raise script.fail(
-                line.line,
-                str(value),
-                f"the head sets {knob} to {head.champion[knob]}: a profile renders one value "
-                "for every node",
-            )
+    """The worker's line sets every knob the head's does, to the same value (a profile renders
+    one champion for every node).
+
+    Raises:
+        LauncherReadError: a knob set differently, or on one line only.
+    """
+    for knob in sorted(set(head.champion) | set(worker.champion)):
+        mine, theirs = head.champion.get(knob), worker.champion.get(knob)
+        if mine == theirs:
+            continue
+        shown = "nothing" if theirs is None else as_text(theirs)
+        raise script.fail(
+            line.line,
+            knob,
+            f"the worker's line sets {knob} to {shown}, the head's to "
+            f"{'nothing' if mine is None else as_text(mine)}: a profile renders one value for "
+            "every node",
+        )
 
 
 def _hosts(script: Script, head: Serve, nodes: list[str] | None) -> list[str]:
