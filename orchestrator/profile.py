@@ -400,7 +400,8 @@ def profile_path(name_or_path: str | None) -> Path:
     return Path(str(embedded))
 
 
-def _first_error(e: ValidationError) -> str:
+def first_error(e: ValidationError) -> str:
+    """A validation error in one line: where, what, and how many more."""
     err = e.errors()[0]
     where = ".".join(str(p) for p in err["loc"]) or "(top level)"
     more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
@@ -428,7 +429,7 @@ def load_profile(name_or_path: str | None = None, *, base_dir: Path | None = Non
     try:
         profile = Profile.model_validate(data)
     except ValidationError as e:
-        raise ProfileError(f"profile {path}: {_first_error(e)}", path=str(path)) from e
+        raise ProfileError(f"profile {path}: {first_error(e)}", path=str(path)) from e
     except KnobError as e:
         raise ProfileError(f"profile {path}: {e}", path=str(path)) from e
     profile = _resolve_workdirs(profile, base_dir or Path.cwd(), path)

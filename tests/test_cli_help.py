@@ -90,6 +90,7 @@ def test_a_missing_command_or_option_is_named() -> None:
     assert set(missing_from(cut, app)) == {
         "orchestrate engines install --force",
         "orchestrate cluster up --force",
+        "orchestrate init --force",
         "orchestrate cluster down",
         "orchestrate cluster down --force",
     }

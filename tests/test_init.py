@@ -223,6 +223,9 @@ def test_what_init_refuses(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     done = orchestrate(tmp_path, "init", "--from", str(launcher), "--nodes", "a,b")
     assert done.returncode == 2 and "exists" in done.stderr  # never overwritten unasked
+    done = orchestrate(tmp_path, "init", "--from", str(launcher), "--nodes", "a,b c", "--force")
+    assert done.returncode == 3 and "cluster.nodes.1.host" in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
     # a worker line that leaves out a knob the head sets: one champion cannot render both
     launcher.write_text(
         "vllm serve /m --nnodes 2 --node-rank 0 --master-addr 10.0.0.1 --enforce-eager\n"

@@ -26,6 +26,7 @@ from knobs.vocabulary import BootStatus
 from ledger import HEADER, Ledger
 from orchestrator.engines import installed, layout
 from orchestrator.profile import profile_path
+from orchestrator.settings import runtime_placeholders
 from tests.fixtures.cli import ORCHESTRATE, orchestrate
 from tests.fixtures.profiles import free_port, write_profile
 from tests.fixtures.sshd import ssh_hosts
@@ -238,3 +239,48 @@ def test_the_real_engine_over_ssh(tmp_path: Path, engine: None) -> None:
         assert down.returncode == 0, down.stderr
         assert "node-0: stopped" in down.stdout
         assert processes_in(host.workdir) == []
+
+
+@pytest.mark.timeout(900)
+def test_a_profile_init_writes_from_a_launcher_boots_and_measures(workdir: Path) -> None:
+    """`orchestrate init --from` a launcher script for this engine, then the profile it wrote
+    deploys the engine (its gates pass) and measures a cell: the adopted profile is a working
+    one, not only a parsable one."""
+    runtime = runtime_placeholders()
+    port = free_port()
+    spec = (
+        '{"method":"ngram","num_speculative_tokens":2,"prompt_lookup_max":5,"prompt_lookup_min":3}'
+    )
+    (workdir / "serve.sh").write_text(
+        "#!/bin/sh\n"
+        "export VLLM_CPU_KVCACHE_SPACE=2 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1\n"
+        "export VLLM_NO_USAGE_STATS=1\n"
+        f"MODELS={runtime['vllm_cpu_models']}\n"
+        f'exec {runtime["vllm_cpu"]} serve "$MODELS/smollm2-135m-instruct" \\\n'
+        f"  --served-model-name smollm2 --host 127.0.0.1 --port {port} --dtype float32 \\\n"
+        "  --max-model-len 2048 --seed 0 --enforce-eager --max-num-batched-tokens 2048 \\\n"
+        f"  --speculative-config '{spec}'\n"
+    )
+    profile = workdir / "profile.yaml"
+    done = orchestrate(workdir, "init", "--from", "serve.sh", "--out", str(profile), timeout=60)
+    assert done.returncode == 0, done.stderr
+    data = yaml.safe_load(profile.read_text())
+    assert data["champion"] == {
+        "num_speculative_tokens": 2,
+        "max_num_batched_tokens": 2048,
+        "cuda_graphs": False,
+    }
+    # where this test keeps nodes, and a short cell: what a user edits after init
+    data["cluster"]["nodes"][0]["workdir"] = str(workdir / "node-0")
+    data["cells"] = [
+        {"name": "code-c1", "category": "code", "concurrency": 1, "max_tokens": 64,
+         "warmup_s": 1, "duration_s": 3}
+    ]  # fmt: skip
+    profile.write_text(yaml.safe_dump(data))
+    up = orchestrate(workdir, "cluster", "up", "--profile", str(profile), timeout=600)
+    assert up.returncode == 0, up.stderr[-3000:]
+    assert f"at http://127.0.0.1:{port}" in up.stdout
+    bench = orchestrate(workdir, "bench", "--profile", str(profile), "--json", timeout=300)
+    assert bench.returncode == 0, bench.stderr[-3000:]
+    [cell] = json.loads(bench.stdout)
+    assert cell["cell"] == "code-c1" and cell["output_throughput"] > 0

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import ValidationError
 
 from cluster.inventory import ClusterSpec
 from cluster.launcher import render_node
@@ -35,7 +36,7 @@ from orchestrator.adopt.knobs import Recognised, recognise
 from orchestrator.adopt.serve import Option, Serve, find_serves, read_options
 from orchestrator.adopt.shell import Script, read_script
 from orchestrator.errors import OrchestrateError, UsageError
-from orchestrator.profile import Profile
+from orchestrator.profile import Profile, first_error
 
 #: Options whose value is the node's, not the launcher's: the placeholder that renders it.
 PER_NODE = {
@@ -117,14 +118,17 @@ def adopt(
         _same_knobs(script, found, recognise(catalog(catalog_name), worker, env), worker)
     hosts = _hosts(script, head, nodes)
     argv, head_argv, worker_argv = _argv(script, head, worker, found, len(hosts), notes)
-    stem = name or path.stem.replace("_", "-")
+    stem = name or (re.sub(r"[^A-Za-z0-9_.-]+", "-", path.stem).strip("-.") or "adopted")[:64]
     data = _profile(stem, head, hosts, nodes is not None, found, catalog_name)
     data["launcher"].update(argv=argv, head_argv=head_argv, worker_argv=worker_argv)
     header = _header(path, found, notes, head)
     body = yaml.safe_dump(
         data, sort_keys=False, width=100, default_flow_style=None, allow_unicode=True
     )
-    profile = Profile.model_validate(yaml.safe_load(body))
+    try:
+        profile = Profile.model_validate(yaml.safe_load(body))
+    except ValidationError as e:  # a --name, --nodes address or served name a profile refuses
+        raise ProfileError(f"{path}: the profile would not load: {first_error(e)}") from None
     _round_trip(profile, head, worker, found, runtime or {})
     return Adopted(profile=profile, text=header + body, recognised=found, head=head, notes=notes)
 
