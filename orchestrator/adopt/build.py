@@ -33,7 +33,7 @@ from knobs.catalog import CATALOGS, catalog
 from knobs.errors import ProfileError
 from knobs.spec import Value, as_text
 from orchestrator.adopt.knobs import Recognised, recognise
-from orchestrator.adopt.serve import Option, Serve, find_serves, read_options
+from orchestrator.adopt.serve import NUMBER, Option, Serve, find_serves, read_options
 from orchestrator.adopt.shell import Script, read_script
 from orchestrator.errors import OrchestrateError, UsageError
 from orchestrator.profile import Profile, first_error
@@ -56,9 +56,6 @@ CELLS = [
     {"name": "structured-c4", "category": "structured", "concurrency": 4},
     {"name": "agentic-c4-8k", "category": "agentic", "concurrency": 4, "context_tokens": 8192},
 ]
-
-
-_NUMBER = re.compile(r"^-?[0-9]+(\.[0-9]*)?([eE][-+]?[0-9]+)?$")
 
 
 class RoundTripError(OrchestrateError):
@@ -399,7 +396,7 @@ def _canonical(argv: list[str], split: int) -> tuple[list[str], list[str]]:
         if o.value is not None and o.value.startswith("{"):
             with contextlib.suppress(json.JSONDecodeError):
                 value = json.dumps(json.loads(o.value), sort_keys=True)
-        elif o.value is not None and _NUMBER.match(o.value):
+        elif o.value is not None and NUMBER.match(o.value):
             value = f"{float(o.value):.12g}"  # 0.80 and 0.8 are one value
         out.append(f"{o.flag}={value}" if value is not None else o.flag)
     return [*argv[:split], model], sorted(out)

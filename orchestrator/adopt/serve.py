@@ -45,7 +45,8 @@ _DOCKER_SWITCHES = frozenset(
 #: ``docker run`` options a launcher drops: the engine runs in the foreground, its output is
 #: the node's log, and no terminal is attached (``-it`` without one fails).
 _DETACHED = frozenset({"--detach", "--interactive", "--tty"})
-_NUMBER = re.compile(r"^-?[0-9.]+$")
+#: A number as a command line writes it (``-1``, ``0.80``, ``1e-3``): a value, never an option.
+NUMBER = re.compile(r"^-?[0-9]+(\.[0-9]*)?([eE][-+]?[0-9]+)?$")
 
 
 @dataclass(frozen=True)
@@ -183,7 +184,7 @@ def read_options(tokens: list[str]) -> tuple[str, list[Option]]:
     i = 0
     while i < len(tokens):
         word = tokens[i]
-        if not word.startswith("-") or _NUMBER.match(word):
+        if not word.startswith("-") or NUMBER.match(word):
             if not model:
                 model = word
             else:
@@ -197,7 +198,7 @@ def read_options(tokens: list[str]) -> tuple[str, list[Option]]:
             continue
         nxt = tokens[i + 1] if i + 1 < len(tokens) else None
         switch = word in SWITCHES or word.startswith("--no-")
-        if nxt is None or switch or (nxt.startswith("-") and not _NUMBER.match(nxt)):
+        if nxt is None or switch or (nxt.startswith("-") and not NUMBER.match(nxt)):
             options.append(Option(word, None))
             i += 1
         else:
