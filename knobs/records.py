@@ -80,6 +80,12 @@ class CellResultRecord(BaseModel):
     fingerprints: dict[str, str] = Field(
         default_factory=dict, description="prompt id → sha256 of the greedy text"
     )
+    client_stall_s: float = Field(
+        default=0.0, description="seconds of the window the measuring client was off the CPU"
+    )
+    measured_again: int = Field(
+        default=0, description="measurements of this cell dropped because the client stalled"
+    )
 
 
 class LlmUsage(BaseModel):

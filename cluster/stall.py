@@ -1,0 +1,68 @@
+"""Whether the measuring client was kept off the CPU during a cell's window.
+
+A bench cell counts the tokens that *arrive* in its window, so a client that is not scheduled
+(a busy host, a VM's stolen time, a laptop's other work) reads the engine low: tokens the engine
+sent at the window's end are read after it, and closed-loop streams are refilled late, leaving
+the engine idle. That is the client's host's fault, never the config's, so a cell whose client
+was stalled for more than ``DISTURBED_FRACTION`` of its window is measured again
+(``cluster.bench.run_cell``) and the record says how long the kept one was stalled.
+
+``StallWatch`` is a thread that sleeps to absolute deadlines ``TICK_S`` apart on the event
+loop's clock (``time.monotonic``). A wake-up later than ``LATE_S`` means the process was off the
+CPU for about that long: a busy asyncio loop or the GIL delays a wake-up by a few milliseconds,
+not tens. Each late wake-up is a stalled interval ``[deadline, woke)``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+#: seconds between the watch's wake-ups
+TICK_S = 0.01
+#: a wake-up this much later than its deadline (seconds) is a stall, not the GIL's turn
+LATE_S = 0.02
+#: a window whose client was stalled for more than this fraction of it is measured again
+DISTURBED_FRACTION = 0.02
+#: … at most this many times in all (the least stalled measurement is kept)
+ATTEMPTS = 3
+
+
+class StallWatch:
+    """Records the intervals in which its thread woke late; a context manager around a cell."""
+
+    def __init__(self) -> None:
+        self._stalls: list[tuple[float, float]] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="stall-watch", daemon=True)
+
+    def __enter__(self) -> StallWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        deadline = time.monotonic() + TICK_S
+        while not self._stop.is_set():
+            time.sleep(max(0.0, deadline - time.monotonic()))
+            woke = time.monotonic()
+            if woke - deadline > LATE_S:
+                with self._lock:
+                    self._stalls.append((deadline, woke))
+                deadline = woke  # the next tick is measured from here, not owed from before
+            deadline += TICK_S
+
+    def stalled_s(self, start: float, end: float) -> float:
+        """Seconds of ``[start, end)`` (``time.monotonic``) in which the client was stalled."""
+        with self._lock:
+            stalls = list(self._stalls)
+        return sum(max(0.0, min(b, end) - max(a, start)) for a, b in stalls)
+
+
+def disturbed(stalled_s: float, window_s: float) -> bool:
+    """Whether a window of ``window_s`` seconds stalled for ``stalled_s`` is the host's reading."""
+    return window_s > 0 and stalled_s > DISTURBED_FRACTION * window_s
