@@ -1,0 +1,141 @@
+"""The ledger's connection: opening (and creating or upgrading) it, and one transaction per
+method: every method commits before it returns, so a process killed at any point leaves the
+ledger at the last completed state change."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, Self, TypeVar
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, IntegrityError, SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+
+from knobs.vocabulary import EventKind
+from ledger.errors import LedgerError
+from ledger.models import Base, EventRow
+from ledger.schema import NewerSchema, Upgrade
+from ledger.schema import prepare as prepare_schema
+
+T = TypeVar("T")
+
+
+class LedgerBase:
+    """The connection to the SQL ledger at ``url`` (SQLite or PostgreSQL), created on first use,
+    and its one-transaction sessions; the tables' methods are in the mixins ``Ledger`` joins."""
+
+    def __init__(self, url: str) -> None:
+        """Open (and if needed create) the ledger.
+
+        Raises:
+            LedgerError: a malformed URL, an unreachable server, a schema written by a newer
+                orchestrate, or a SQLite file that could not be copied aside before an upgrade.
+        """
+        try:
+            parsed = make_url(url)
+        except ArgumentError as e:
+            raise LedgerError(
+                f"ledger URL {url!r} is not a database URL (e.g. sqlite:///orchestrate.db)",
+                url=url,
+            ) from e
+        self.url = parsed.render_as_string(hide_password=True)
+        try:
+            if parsed.get_backend_name() == "sqlite":
+                # a person approving from another terminal writes while the round waits
+                self._engine: Engine = create_engine(url, connect_args={"timeout": 30})
+                event.listen(self._engine, "connect", _sqlite_pragmas)
+            else:
+                self._engine = create_engine(url, pool_pre_ping=True)
+        except (SQLAlchemyError, ImportError) as e:
+            raise LedgerError(f"cannot open ledger {self.url}: {e}", url=self.url) from e
+        self._sessions = sessionmaker(self._engine, expire_on_commit=False)
+        try:
+            self._create()
+        except BaseException:
+            self._engine.dispose()
+            raise
+
+    def close(self) -> None:
+        """Release the connection pool."""
+        self._engine.dispose()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    @contextmanager
+    def _session(self) -> Iterator[Session]:
+        session = self._sessions()
+        try:
+            yield session
+            session.commit()
+        except SQLAlchemyError as e:
+            session.rollback()
+            detail = str(e).splitlines()[0]
+            raise LedgerError(f"ledger {self.url}: {detail}", url=self.url) from e
+        except BaseException:
+            session.rollback()
+            raise
+        finally:
+            session.close()
+
+    def _create(self) -> None:
+        # the schema lock (ledger/schema.py) keeps openers of this orchestrate from racing; an
+        # older one creating the same new ledger takes none, so a lost race on CREATE TABLE or
+        # the schema row is retried. Each lost race means another process created one more
+        # table or the row, which cannot be lost on again, so one attempt per table and one
+        # for the row (and one to find them all) always suffice
+        self.upgraded: Upgrade | None = None
+        attempts = len(Base.metadata.tables) + 2
+        for attempt in range(attempts):
+            try:
+                self._create_once()
+                return
+            except LedgerError as e:
+                lost_race = isinstance(e.__cause__, IntegrityError) or "already exists" in e.message
+                if attempt == attempts - 1 or not lost_race:
+                    raise
+
+    def _create_once(self) -> None:
+        with self._session() as s:
+            try:
+                upgrade = prepare_schema(s.connection())
+            except NewerSchema as e:
+                raise LedgerError(
+                    f"ledger {self.url} is at {e.found}, newer than this orchestrate knows "
+                    f"(revision {e.head}): upgrade orchestrate, or use a new ledger URL",
+                    url=self.url,
+                ) from e
+            except OSError as e:
+                raise LedgerError(
+                    f"cannot copy ledger {self.url} aside before upgrading it: {e}", url=self.url
+                ) from e
+            if upgrade is not None:
+                backup = None if upgrade.backup is None else str(upgrade.backup)
+                s.add(
+                    EventRow(
+                        cluster="*",
+                        kind=str(EventKind.LEDGER_UPGRADED),
+                        subject=upgrade.to_revision,
+                        detail={"from": upgrade.from_revision, "backup": backup},
+                        reason=upgrade.line(),
+                    )
+                )
+        self.upgraded = upgrade
+
+    def _get(self, s: Session, cls: type[T], key: object, *, lock: bool = False) -> T:
+        row = s.get(cls, key, with_for_update=lock)
+        if row is None:
+            name = getattr(cls, "__tablename__", cls.__name__)
+            raise LedgerError(f"no {name} {key} in ledger {self.url}", url=self.url)
+        return row
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.close()

@@ -1,0 +1,193 @@
+"""Boots, the cells they measured, the champion's drift, and the record's events."""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+
+from knobs.config import Config
+from knobs.records import CellResultRecord
+from knobs.vocabulary import BootRole, BootStatus, EventKind, FailureClass
+from ledger.base import LedgerBase
+from ledger.models import BootRow, CellResultRow, DriftRow, EventRow, utcnow
+from ledger.records import BootRecord, DriftRecord, EventRecord
+from ledger.rows import boot_record, current_champion, drift_record, event_record
+
+
+class Measures(LedgerBase):
+    """Boots, the cells they measured, the champion's drift, and the record's events."""
+
+    # ---- boots and cells ------------------------------------------------------------------
+    def start_boot(
+        self,
+        experiment_id: int,
+        config: Config,
+        *,
+        role: BootRole = BootRole.MEASURE,
+        measurement: int | None = None,
+    ) -> BootRecord:
+        """Record that a boot of ``config`` begins (stop-all is its first step).
+
+        ``measurement`` continues an interrupted measurement; by default the boot starts the
+        experiment's next one.
+        """
+        with self._session() as s:
+            if measurement is None:
+                last = s.scalars(
+                    select(BootRow.measurement)
+                    .where(BootRow.experiment_id == experiment_id)
+                    .order_by(BootRow.measurement.desc())
+                ).first()
+                measurement = 0 if last is None else last + 1
+            row = BootRow(
+                experiment_id=experiment_id,
+                config_key=config.key,
+                role=str(role),
+                measurement=measurement,
+                status=str(BootStatus.BOOTING),
+            )
+            s.add(row)
+            s.flush()
+            return boot_record(row)
+
+    def end_boot(
+        self,
+        boot_id: int,
+        *,
+        status: BootStatus,
+        failure_class: FailureClass | None = None,
+        failure_detail: str | None = None,
+    ) -> None:
+        """Mark a boot ``up`` (healthy), ``failed`` or ``down`` (torn down after use)."""
+        with self._session() as s:
+            row = self._get(s, BootRow, boot_id)
+            row.status = str(status)
+            if status == BootStatus.UP:
+                row.healthy_at = utcnow()
+            else:
+                row.ended_at = utcnow()
+            row.failure_class = failure_class or row.failure_class
+            row.failure_detail = failure_detail or row.failure_detail
+
+    def boots(self, experiment_id: int) -> list[BootRecord]:
+        """The boots of an experiment, oldest first."""
+        with self._session() as s:
+            rows = s.scalars(
+                select(BootRow).where(BootRow.experiment_id == experiment_id).order_by(BootRow.id)
+            )
+            return [boot_record(r) for r in rows]
+
+    def open_boots(self) -> list[BootRecord]:
+        """Boots never marked down or failed: servers that may still run."""
+        with self._session() as s:
+            rows = s.scalars(
+                select(BootRow).where(
+                    BootRow.status.in_((str(BootStatus.BOOTING), str(BootStatus.UP)))
+                )
+            )
+            return [boot_record(r) for r in rows]
+
+    def add_cell_result(
+        self, experiment_id: int, boot_id: int, result: CellResultRecord, *, repeat: int = 0
+    ) -> None:
+        """Record one measured cell.
+
+        Raises:
+            LedgerError: that cell of that boot and repeat is already recorded.
+        """
+        with self._session() as s:
+            s.add(
+                CellResultRow(
+                    experiment_id=experiment_id,
+                    boot_id=boot_id,
+                    cell=result.cell,
+                    repeat=repeat,
+                    output_throughput=result.output_throughput,
+                    accepted_per_step=result.accepted_per_step,
+                    p90_ttft_ms=result.p90_ttft_ms,
+                    errors=result.errors,
+                    record=result.model_dump(mode="json"),
+                )
+            )
+
+    def cell_results(self, experiment_id: int) -> list[tuple[int, int, CellResultRecord]]:
+        """``(boot_id, repeat, result)`` of every cell of an experiment, in recording order."""
+        with self._session() as s:
+            rows = s.scalars(
+                select(CellResultRow)
+                .where(CellResultRow.experiment_id == experiment_id)
+                .order_by(CellResultRow.id)
+            )
+            return [(r.boot_id, r.repeat, CellResultRecord.model_validate(r.record)) for r in rows]
+
+    def set_champion_objective(self, cluster: str, objective: float) -> None:
+        """The champion's best estimate changed (a re-measurement)."""
+        with self._session() as s:
+            row = current_champion(s, cluster)
+            if row is not None:
+                row.objective = objective
+
+    def add_drift(
+        self,
+        *,
+        cluster: str,
+        experiment_id: int,
+        measurement: int,
+        before: float,
+        after: float,
+        significant: bool,
+    ) -> DriftRecord:
+        """Record a champion re-measurement and its drift."""
+        with self._session() as s:
+            row = DriftRow(
+                cluster=cluster,
+                experiment_id=experiment_id,
+                measurement=measurement,
+                before=before,
+                after=after,
+                drift_pct=(after / before - 1.0) * 100.0 if before > 0 else 0.0,
+                significant=significant,
+            )
+            s.add(row)
+            s.flush()
+            return drift_record(row)
+
+    def drifts(self, cluster: str) -> list[DriftRecord]:
+        """Every drift record of the cluster, oldest first."""
+        with self._session() as s:
+            rows = s.scalars(
+                select(DriftRow).where(DriftRow.cluster == cluster).order_by(DriftRow.id)
+            )
+            return [drift_record(r) for r in rows]
+
+    # ---- events ---------------------------------------------------------------------------
+    def add_event(
+        self,
+        cluster: str,
+        kind: EventKind,
+        *,
+        subject: str = "",
+        detail: dict[str, object] | None = None,
+        reason: str = "",
+        actor: str = "",
+    ) -> EventRecord:
+        """Record something done to the record outside a verdict (see ``EventRow``)."""
+        with self._session() as s:
+            row = EventRow(
+                cluster=cluster,
+                kind=str(kind),
+                subject=subject,
+                detail=dict(detail or {}),
+                reason=reason,
+                actor=actor,
+            )
+            s.add(row)
+            s.flush()
+            return event_record(row)
+
+    def events(self, cluster: str, kind: EventKind | None = None) -> list[EventRecord]:
+        """The cluster's events (of ``kind``, if given), oldest first."""
+        with self._session() as s:
+            query = select(EventRow).where(EventRow.cluster == cluster)
+            if kind is not None:
+                query = query.where(EventRow.kind == str(kind))
+            return [event_record(r) for r in s.scalars(query.order_by(EventRow.id))]
