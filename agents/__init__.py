@@ -15,17 +15,7 @@ Optuna as its fallback) and ``hybrid`` (Claude picks the knob and direction, TPE
 
 from __future__ import annotations
 
-from agents.claude import (
-    METRIC_NOTES,
-    TAG_NOTES,
-    ClaudeOptions,
-    ClaudeProposer,
-    LLMError,
-    MissingApiKey,
-    change_tool,
-    llm_notes,
-    round_spend,
-)
+from agents.claude import ClaudeProposer
 from agents.context import (
     ChampionCell,
     HistoryEntry,
@@ -37,6 +27,16 @@ from agents.context import (
 from agents.digest import digest
 from agents.factory import KINDS, make_proposer
 from agents.hybrid import HybridProposer
+from agents.llm import (
+    METRIC_NOTES,
+    TAG_NOTES,
+    ClaudeOptions,
+    LLMError,
+    MissingApiKey,
+    llm_notes,
+    round_spend,
+)
+from agents.llm_tool import change_tool
 from agents.optuna_proposer import OptunaProposer
 from agents.proposal import Proposal, ProposalExhausted, Proposer
 from agents.sweep import SweepProposer

@@ -181,7 +181,7 @@ class ProposalContext(BaseModel):
     #: The user's research brief (for LLM proposers).
     brief: str = ""
     #: USD already spent on LLM calls in this round: the sum of the ``llm_cost_usd`` notes of
-    #: the round's recorded proposals (``agents.claude.round_spend``), so that a resumed round
+    #: the round's recorded proposals (``agents.llm.round_spend``), so that a resumed round
     #: still honours the profile's cap.
     llm_spend_usd: float = Field(default=0.0, ge=0)
     #: The champion's cells, averaged over its trusted measurements (empty before any).

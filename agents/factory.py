@@ -7,8 +7,9 @@ from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from agents.claude import ClaudeOptions, ClaudeProposer
+from agents.claude import ClaudeProposer
 from agents.hybrid import HybridProposer
+from agents.llm import ClaudeOptions
 from agents.optuna_proposer import OptunaProposer
 from agents.proposal import Proposer
 from agents.sweep import SweepProposer

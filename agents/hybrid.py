@@ -17,18 +17,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from agents.claude import (
-    EFFECT_PROPERTIES,
-    SYSTEM,
-    ClaudeOptions,
-    Effect,
-    LLMProposer,
-    one_knob_problem,
-    read_effect,
-    tool_schema,
-)
+from agents.claude import SYSTEM, LLMProposer
 from agents.context import ProposalContext, same_value
 from agents.draft_model import predict
+from agents.llm import ClaudeOptions
+from agents.llm_tool import EFFECT_PROPERTIES, Effect, one_knob_problem, read_effect, tool_schema
 from agents.optuna_proposer import MAX_ASKS, OptunaProposer, distributions
 from agents.proposal import Proposal
 from knobs.config import Change

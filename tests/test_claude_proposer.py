@@ -24,7 +24,7 @@ from agents import (
     ProposalExhausted,
     make_proposer,
 )
-from agents.claude import DEFAULT_MODEL, PRICES, clean_text
+from agents.llm import DEFAULT_MODEL, PRICES, clean_text
 from cluster.launcher import render_node
 from knobs import Change, Config, ForbiddenCombination, KnobSpace, catalog
 from orchestrator.profile import load_profile

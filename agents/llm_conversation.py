@@ -1,0 +1,253 @@
+"""One forced tool call with the Messages API, retried with the refusal's reason as a tool
+error: the calls, their usage, and what failed."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from agents.llm import ClaudeOptions, LLMError, Usage, clean_text
+from knobs.spec import printable
+
+if TYPE_CHECKING:  # the SDK takes seconds to import: only a Claude proposer pays for it
+    import anthropic
+
+T = TypeVar("T")
+
+
+# ---- the conversation ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ToolCall:
+    """One ``tool_use`` block of a reply."""
+
+    id: str
+    name: str
+    input: object
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A call that gave no reply: ``again`` (a malformed reply: worth another try) or not
+    (the API stayed unavailable through the SDK's retries: give up)."""
+
+    reason: str
+    again: bool = False
+
+
+@dataclass
+class Outcome(Generic[T]):
+    """How a tool conversation ended: a value, or why not (``fallback``)."""
+
+    value: T | None
+    usage: Usage = field(default_factory=Usage)
+    tries: int = 0
+    rejections: list[str] = field(default_factory=list)
+    fallback: str | None = None
+
+
+class ToolConversation:
+    """Asks the model to call one tool, feeding refusals back as tool errors.
+
+    The SDK retries 408/409/429/5xx (529 included), timeouts and connection errors with
+    exponential backoff (``api_retries`` times, honouring ``retry-after``); past that the
+    conversation gives up with a ``fallback`` reason rather than failing the round. An error a
+    retry cannot fix (401, 403, 404, 400 …) raises ``LLMError``.
+    """
+
+    def __init__(
+        self,
+        client: anthropic.Anthropic,
+        options: ClaudeOptions,
+        tool: dict[str, Any],
+        system: str,
+    ) -> None:
+        self.client = client
+        self.options = options
+        self.tool = tool
+        self.system = system
+
+    def run(
+        self,
+        prompt: str,
+        validate: Callable[[object], T | str],
+        *,
+        spent_before: float,
+    ) -> Outcome[T]:
+        """Up to ``max_tries`` proposals; the first that ``validate`` accepts.
+
+        ``validate`` gets a tool call's input and returns the accepted value or the reason it
+        is refused (sent back to the model as the tool's error).
+
+        Raises:
+            LLMError: the API refused the request for a reason a retry cannot fix.
+        """
+        outcome: Outcome[T] = Outcome(value=None)
+        name = self.tool["name"]
+        messages: list[dict[str, Any]] = [{"role": "user", "content": prompt}]
+        cap = self.options.max_usd_per_round
+        prices = self.options.prices()
+        while outcome.tries < self.options.max_tries:
+            spent = spent_before + outcome.usage.cost(prices)
+            if cap is not None and spent >= cap:
+                outcome.fallback = f"LLM spend cap reached: ${spent:.4f} of ${cap:.2f} this round"
+                return outcome
+            outcome.tries += 1
+            reply = self._call(messages, outcome)
+            if isinstance(reply, Failure):
+                if reply.again:
+                    outcome.rejections.append(reply.reason)
+                    continue
+                outcome.fallback = reply.reason
+                return outcome
+            content, stop_reason = reply
+            calls = [_tool_call(block) for block in content if _kind(block) == "tool_use"]
+            if not calls:
+                outcome.rejections.append(
+                    f"the reply called no tool (stop_reason {printable(stop_reason)})"
+                )
+                continue
+            reason = self._judge(calls, validate, outcome)
+            if reason is None:
+                return outcome
+            outcome.rejections.append(reason)
+            messages.append({"role": "assistant", "content": [_echo(b) for b in content]})
+            messages.append(
+                {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "tool_result",
+                            "tool_use_id": call.id,
+                            "is_error": True,
+                            "content": f"refused: {reason}. Call {name} again with a "
+                            "different proposal.",
+                        }
+                        for call in calls
+                    ],
+                }
+            )
+        last = outcome.rejections[-1] if outcome.rejections else "none"
+        outcome.fallback = (
+            f"{len(outcome.rejections)} of {outcome.tries} proposals refused (last: {last})"
+        )
+        return outcome
+
+    def _judge(
+        self, calls: list[ToolCall], validate: Callable[[object], T | str], outcome: Outcome[T]
+    ) -> str | None:
+        if len(calls) > 1:
+            return (
+                f"{len(calls)} tool calls in one reply; exactly one knob per proposal: call "
+                f"{self.tool['name']} once"
+            )
+        call = calls[0]
+        if call.name != self.tool["name"]:
+            return f"there is no tool {printable(call.name)}; call {self.tool['name']}"
+        verdict = validate(call.input)
+        if isinstance(verdict, str):
+            return verdict
+        outcome.value = verdict
+        return None
+
+    def _call(
+        self, messages: list[dict[str, Any]], outcome: Outcome[T]
+    ) -> tuple[list[object], object] | Failure:
+        """The reply's content blocks and stop reason, or why there is none.
+
+        Raises:
+            LLMError: the API refused the request for a reason a retry cannot fix.
+        """
+        usage = outcome.usage
+        usage.requests += 1
+        # the SDK retried transient failures before giving up (at most this many attempts)
+        attempts = self.options.api_retries + 1
+        request: dict[str, Any] = {
+            "model": self.options.model,
+            "max_tokens": self.options.max_tokens,
+            "system": self.system,
+            "messages": messages,
+            "tools": [self.tool],
+            "tool_choice": {
+                "type": "tool",
+                "name": self.tool["name"],
+                "disable_parallel_tool_use": True,
+            },
+        }
+        import anthropic  # lazy: see the TYPE_CHECKING import
+
+        try:
+            raw = self.client.messages.with_raw_response.create(**request)
+            usage.api_retries += raw.retries_taken
+            message = raw.parse()
+        except anthropic.APIStatusError as e:
+            status = e.status_code
+            error_type, detail = _error_of(e.body)
+            what = f"HTTP {status} {error_type}: {detail}"
+            if status in (408, 409, 429) or status >= 500:
+                usage.api_retries += self.options.api_retries
+                return Failure(f"Claude API unavailable ({what}) after {attempts} attempts")
+            raise LLMError(
+                f"Claude API refused the request ({what}); model {self.options.model}",
+                model=self.options.model,
+                status=status,
+                error_type=error_type,
+            ) from e
+        except anthropic.APITimeoutError:
+            usage.api_retries += self.options.api_retries
+            return Failure(
+                f"Claude API timed out ({self.options.api_timeout_s:g}s per request) "
+                f"after {attempts} attempts"
+            )
+        except anthropic.APIConnectionError as e:
+            usage.api_retries += self.options.api_retries
+            return Failure(
+                f"Claude API unreachable ({_first_line(str(e))}) after {attempts} attempts"
+            )
+        except (ValueError, anthropic.APIResponseValidationError) as e:
+            return Failure(f"malformed response from the API ({_first_line(str(e))})", again=True)
+        usage.add(getattr(message, "usage", None))
+        content = getattr(message, "content", None)
+        if not isinstance(content, list):
+            return Failure("malformed response from the API (no content list)", again=True)
+        return content, getattr(message, "stop_reason", None)
+
+
+def _kind(block: object) -> object:
+    return getattr(block, "type", None)
+
+
+def _tool_call(block: object) -> ToolCall:
+    return ToolCall(
+        id=str(getattr(block, "id", "")),
+        name=str(getattr(block, "name", "")),
+        input=getattr(block, "input", None),
+    )
+
+
+def _echo(block: object) -> dict[str, Any]:
+    """A reply's content block as it goes back in the conversation."""
+    if _kind(block) == "tool_use":
+        call = _tool_call(block)
+        return {
+            "type": "tool_use",
+            "id": call.id,
+            "name": call.name,
+            "input": call.input if isinstance(call.input, dict) else {},
+        }
+    text = getattr(block, "text", "")
+    return {"type": "text", "text": text if isinstance(text, str) and text else "(no text)"}
+
+
+def _error_of(body: object) -> tuple[str, str]:
+    error = body.get("error") if isinstance(body, dict) else None
+    if isinstance(error, dict):
+        return (
+            clean_text(error.get("type"), 60) or "error",
+            clean_text(error.get("message"), 200) or "",
+        )
+    return "error", clean_text(str(body), 200) or ""
+
+
+def _first_line(text: str) -> str:
+    return clean_text(text.splitlines()[0] if text else "", 200) or type(text).__name__
