@@ -119,6 +119,10 @@ class Trace:
     # every keep: experiment index, the change, its true effect then, valid or not
     keep_log: list[dict[str, Any]] = field(default_factory=list)
     start_pct: float = 0.0  # the default config's true objective, % of the optimum
+    # the champion's level each verdict compared against, over its true objective (percent),
+    # with the number of keeps before that verdict: a keep's own selected boots in the level
+    # (the winner's curse) read as a positive bias after keeps, none before the first
+    level_bias: list[tuple[float, int]] = field(default_factory=list)
 
 
 def true_effect_pct(
@@ -262,6 +266,7 @@ def run_loop(
                 continue
             trace.boot_failures += e.status == "crash"
             kept = e.status == "keep"
+            level_bias(trace, landscape, ledger.verdict(e.id), champion.as_dict())
             tally(
                 trace,
                 landscape,
@@ -288,6 +293,14 @@ def run_loop(
         if last is not None:
             sentinel_log(trace, ledger, experiments, last)
     return trace
+
+
+def level_bias(trace: Trace, landscape: Landscape, verdict: Any, champion: dict[str, Any]) -> None:
+    """The champion's level a verdict compared against, over the champion's true objective."""
+    level = None if verdict is None else verdict.stats.get("champion_objective")
+    true = landscape.objective(champion)
+    if isinstance(level, int | float) and true:
+        trace.level_bias.append((round(100 * (level / true - 1), 3), trace.keeps))
 
 
 def sentinel_log(trace: Trace, ledger: Ledger, experiments: list[Any], last: Any) -> None:
@@ -450,6 +463,8 @@ def summarise(landscape: Landscape, trace: Trace, optimum: float) -> dict[str, A
         "drift_flags": trace.drift_flags,
         "drift_rebases": trace.drift_rebases,
         "sentinel_events": trace.sentinel_events,
+        # per verdict: the champion level's bias over its truth (%), and the keeps before it
+        "level_bias": trace.level_bias,
         # the champion's true objective, % of the optimum, before (index 0) and after each
         # decided experiment; first_reached[p]: the first index at which it was >= p %
         "pct_after": [round(p, 3) for p in pct],
