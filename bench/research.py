@@ -123,6 +123,9 @@ class Trace:
     # with the number of keeps before that verdict: a keep's own selected boots in the level
     # (the winner's curse) read as a positive bias after keeps, none before the first
     level_bias: list[tuple[float, int]] = field(default_factory=list)
+    # every decided experiment: its true effect then (%, None: does not boot), its status, the
+    # verdict's rule, and the boots it took (measure and confirm)
+    decisions: list[tuple[float | None, str, str, int]] = field(default_factory=list)
 
 
 def true_effect_pct(
@@ -266,7 +269,18 @@ def run_loop(
                 continue
             trace.boot_failures += e.status == "crash"
             kept = e.status == "keep"
-            level_bias(trace, landscape, ledger.verdict(e.id), champion.as_dict())
+            verdict = ledger.verdict(e.id)
+            level_bias(trace, landscape, verdict, champion.as_dict())
+            effect = true_effect_pct(landscape, champion.as_dict(), e.config.as_dict())
+            took = sum(1 for b in ledger.boots(e.id) if b.role in ("measure", "confirm"))
+            trace.decisions.append(
+                (
+                    None if math.isnan(effect) else round(effect, 3),
+                    str(e.status),
+                    verdict.rule if verdict is not None else "",
+                    took,
+                )
+            )
             tally(
                 trace,
                 landscape,
@@ -465,6 +479,8 @@ def summarise(landscape: Landscape, trace: Trace, optimum: float) -> dict[str, A
         "sentinel_events": trace.sentinel_events,
         # per verdict: the champion level's bias over its truth (%), and the keeps before it
         "level_bias": trace.level_bias,
+        # per decided experiment: true effect % then, status, the verdict's rule, boots taken
+        "decisions": trace.decisions,
         # the champion's true objective, % of the optimum, before (index 0) and after each
         # decided experiment; first_reached[p]: the first index at which it was >= p %
         "pct_after": [round(p, 3) for p in pct],
@@ -806,6 +822,43 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
             print("| " + " | ".join(cells) + " |")
     if "orchestrate" in args.methods:
         report_ratios(summary, args)
+        report_decisions([r for r in rows if r["method"] == "orchestrate"], args.landscapes)
+
+
+#: true-effect buckets of ``report_decisions`` (lower edges, %)
+EFFECT_BUCKETS = ((20.0, "≥ 20 %"), (10.0, "10–20 %"), (5.0, "5–10 %"), (1.0, "1–5 %"))
+
+
+def report_decisions(runs: list[dict[str, Any]], names: list[str]) -> None:
+    """orchestrate's decided experiments by their true effect: tried / kept / boots each, and
+    the verdict rules of the ≥ 5 % changes it did not keep."""
+    print("\n## orchestrate's decisions by true effect\n")
+    print("tried / kept / boots each (measure and confirm boots of the experiment)\n")
+    heads = [label for _, label in EFFECT_BUCKETS]
+    print("| landscape | " + " | ".join(heads) + " | < 1 % | ≥ 5 % not kept, by rule |")
+    print("|---|" + "---|" * (len(heads) + 2))
+    for name in names:
+        tried: dict[str, list[tuple[str, int]]] = {}
+        rules: dict[str, int] = {}
+        for run in (r for r in runs if r["landscape"] == name):
+            for effect, status, rule, took in run.get("decisions", []):
+                if effect is None:
+                    continue
+                label = next((lab for low, lab in EFFECT_BUCKETS if effect >= low), "< 1 %")
+                tried.setdefault(label, []).append((status, took))
+                if effect >= 5.0 and status != "keep":
+                    rules[f"{status}/{rule}"] = rules.get(f"{status}/{rule}", 0) + 1
+        why = ", ".join(f"{k} {v}" for k, v in sorted(rules.items(), key=lambda kv: -kv[1]))
+        cells = [_decided_cell(tried.get(h, [])) for h in [*heads, "< 1 %"]]
+        print(f"| {name} | " + " | ".join(cells) + f" | {why} |")
+
+
+def _decided_cell(got: list[tuple[str, int]]) -> str:
+    """``tried / kept / boots each`` of one bucket's (status, boots) decisions."""
+    if not got:
+        return "-"
+    kept = sum(1 for status, _ in got if status == "keep")
+    return f"{len(got)} / {kept} / {sum(t for _, t in got) / len(got):.2f}"
 
 
 def table_row(

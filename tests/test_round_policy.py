@@ -504,3 +504,17 @@ def test_a_one_knob_change_is_judged_with_its_knobs_prior(tmp_path: Path) -> Non
     assert judged("k", k) == ("keep", "mrrc", "knob", "0.05")
     assert judged("k-plain", k, knob_priors=False) == ("discard", "m", "profile", "0.5")
     assert judged("kv", {"kv_cache_dtype": "auto"}) == ("discard", "m", "profile", "0.5")
+
+
+def test_the_benchmark_records_every_decision_with_its_truth(tmp_path: Path) -> None:
+    """`bench/research.py`'s per-decision record (what docs/benchmarks.md's table of decisions
+    by true effect is read from) has every decided experiment, its keeps agree with the keep
+    log, and each took at least one boot and names its verdict's rule."""
+    landscape = load_landscape("exl3-tp4")
+    trace = run_loop(landscape, 0, 8, {}, "orchestrate")
+    assert len(trace.decisions) == trace.decided > 0 and trace.keeps > 0
+    kept = [effect for effect, status, _, _ in trace.decisions if status == "keep"]
+    assert kept == [k["true_effect_pct"] for k in trace.keep_log]
+    assert all(took >= 1 and rule for _, _, rule, took in trace.decisions)
+    # the level each verdict compared against, before any keep and after
+    assert {keeps for _, keeps in trace.level_bias} <= set(range(trace.keeps + 1))
