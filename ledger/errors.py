@@ -25,3 +25,17 @@ class LeaseHeld(LedgerError):
     def __init__(self, message: str, *, url: str, lease: LeaseRecord) -> None:
         super().__init__(message, url=url)
         self.lease = lease
+
+
+class MlflowSinkError(OrchestrateError):
+    """MLflow (or its database, or its artifact store) failed, or was configured wrongly.
+
+    Carries the tracking URI (with any password masked) and the operation that failed.
+    """
+
+    exit_code = 4
+
+    def __init__(self, message: str, *, tracking_uri: str, operation: str) -> None:
+        super().__init__(message)
+        self.tracking_uri = tracking_uri
+        self.operation = operation

@@ -6,14 +6,13 @@ no global active run that could leak between rounds or tests, and a resumed roun
 runs it created before.
 
 Secrets never reach MLflow: params, tags and texts are redacted before they are logged (see
-``_Redactor``). Every MLflow, database and filesystem failure comes out as ``MlflowSinkError``.
+``Redactor``). Every MLflow, database and filesystem failure comes out as ``MlflowSinkError``.
 """
 
 from __future__ import annotations
 
 import enum
 import json
-import os
 import re
 import tempfile
 import time
@@ -23,9 +22,16 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Final, TypeVar
-from urllib.parse import urlsplit, urlunsplit
 
-from orchestrator.errors import OrchestrateError
+from ledger.errors import MlflowSinkError
+from ledger.mlflow_uri import (
+    DEFAULT_TRACKING_URI,
+    artifact_location,
+    display_uri,
+    probe_database,
+    resolve_tracking_uri,
+)
+from ledger.redact import Redactor, redacted_copy
 
 if TYPE_CHECKING:
     from mlflow.entities import Param
@@ -35,9 +41,6 @@ _T = TypeVar("_T")
 
 __all__ = ["DEFAULT_TRACKING_URI", "MlflowSink", "MlflowSinkError", "RunState"]
 
-DEFAULT_TRACKING_URI: Final = "sqlite:///mlflow.db"
-DEFAULT_ARTIFACT_DIR: Final = "mlartifacts"
-REDACTED: Final = "***"
 TRUNCATION_MARK: Final = "...[truncated]"
 
 TAG_ROUND: Final = "orchestrate.round"
@@ -62,31 +65,12 @@ MAX_KEY: Final = 250
 _MAX_PARAMS_TAGS_PER_BATCH: Final = 100
 _MAX_METRICS_PER_BATCH: Final = 1000
 
-# Schemes that MLflow serves from a SQL database through SQLAlchemy.
-_DB_SCHEMES: Final = frozenset({"sqlite", "postgresql", "mysql", "mssql"})
-# Text files larger than this are uploaded as they are rather than read in to be redacted.
-_MAX_REDACTED_FILE_BYTES: Final = 64 * 1024 * 1024
-
 
 def mlflow_experiment(cluster: str) -> str:
     """The MLflow experiment a cluster's rounds go to (one per cluster). A round started by an
     older orchestrate, in the shared experiment ``orchestrate``, goes on in it: its children
     follow its parent run."""
     return f"orchestrate/{cluster}"
-
-
-class MlflowSinkError(OrchestrateError):
-    """MLflow (or its database, or its artifact store) failed, or was configured wrongly.
-
-    Carries the tracking URI (with any password masked) and the operation that failed.
-    """
-
-    exit_code = 4
-
-    def __init__(self, message: str, *, tracking_uri: str, operation: str) -> None:
-        super().__init__(message)
-        self.tracking_uri = tracking_uri
-        self.operation = operation
 
 
 @dataclass(frozen=True)
@@ -125,7 +109,7 @@ class MlflowSink:
             MlflowSinkError: the URI is a file store or a plain path, the store cannot be
                 reached or opened, or the experiment exists but is deleted.
         """
-        self.tracking_uri, default_artifacts = _resolve_tracking_uri(tracking_uri)
+        self.tracking_uri, default_artifacts = resolve_tracking_uri(tracking_uri)
         self.experiment_name = experiment_name
         root = artifact_root if artifact_root is not None else default_artifacts
         local = root is not None and not (isinstance(root, str) and "://" in root)
@@ -135,9 +119,9 @@ class MlflowSink:
             # a tracking server keeps the artifacts (``mlflow server --serve-artifacts``): a
             # path of this machine would be a dead link for everyone else
             root = None
-        self._artifact_location = _artifact_location(root)
+        self._artifact_location = artifact_location(root)
         with self._translate("open the tracking store"):
-            _probe_database(self.tracking_uri)
+            probe_database(self.tracking_uri)
             # Imported here: importing mlflow costs about a second, and code that only needs
             # MlflowSinkError (the CLI, for one) should not pay it.
             from mlflow.tracking import MlflowClient
@@ -234,7 +218,7 @@ class MlflowSink:
         paths = {key: _artifact_path(key, allow_root=False) for key in texts}
         if not texts:
             return
-        redactor = _Redactor.from_environment()
+        redactor = Redactor.from_environment()
         with self._translate("log texts"), tempfile.TemporaryDirectory(prefix="mlflow-") as tmp:
             staging = Path(tmp)
             for key, text in texts.items():
@@ -257,11 +241,11 @@ class MlflowSink:
         dirs = {key: _artifact_path(key, allow_root=True) for key in files}
         if not files:
             return
-        redactor = _Redactor.from_environment()
+        redactor = Redactor.from_environment()
         with self._translate("log files"), tempfile.TemporaryDirectory(prefix="mlflow-") as tmp:
             for index, (key, local) in enumerate(files.items()):
                 source = Path(local)
-                redacted = _redacted_copy(source, Path(tmp) / str(index), redactor)
+                redacted = redacted_copy(source, Path(tmp) / str(index), redactor)
                 artifact_dir = str(dirs[key]) if dirs[key].parts else None
                 self._client.log_artifact(run_id, str(redacted or source), artifact_dir)
 
@@ -272,7 +256,7 @@ class MlflowSink:
             ValueError: two tag names become the same name once sanitised.
             MlflowSinkError: MLflow failed (unknown run id included).
         """
-        entries = _tag_entries(tags, _Redactor.from_environment())
+        entries = _tag_entries(tags, Redactor.from_environment())
         with self._translate("set tags"):
             self._log_tags(run_id, entries)
 
@@ -282,7 +266,7 @@ class MlflowSink:
         Raises:
             MlflowSinkError: MLflow failed (unknown run id included).
         """
-        text = _truncate(_Redactor.from_environment().text(name), MAX_RUN_NAME)
+        text = _truncate(Redactor.from_environment().text(name), MAX_RUN_NAME)
         with self._translate("rename run"):
             self._client.update_run(run_id, name=text)
 
@@ -389,7 +373,7 @@ class MlflowSink:
         tags: Mapping[str, str],
         params: Mapping[str, str],
     ) -> str:
-        redactor = _Redactor.from_environment()
+        redactor = Redactor.from_environment()
         tag_entries = _tag_entries(tags, redactor)
         param_entries = _param_entries(params, redactor)
         # The tags go in with the run: a child is never seen without its parent tag.
@@ -438,7 +422,7 @@ class MlflowSink:
                 f"MLflow experiment {self.experiment_name!r} is deleted: restore it "
                 f"(`mlflow experiments restore --experiment-id {experiment.experiment_id}`) "
                 "or choose another experiment name",
-                tracking_uri=_display_uri(self.tracking_uri),
+                tracking_uri=display_uri(self.tracking_uri),
                 operation="open the experiment",
             )
         experiment_id: str = experiment.experiment_id
@@ -463,93 +447,6 @@ class MlflowSink:
             raise
 
 
-# -- the tracking URI ---------------------------------------------------------------------------
-
-
-def _resolve_tracking_uri(explicit: str | None) -> tuple[str, Path | None]:
-    """The URI to use, and the default artifact root that goes with it (None: the server's).
-
-    Raises:
-        MlflowSinkError: a plain path or a ``file:`` URI (MLflow's deprecated file store).
-    """
-    raw = explicit if explicit is not None else os.environ.get("MLFLOW_TRACKING_URI", "")
-    uri = raw.strip() or DEFAULT_TRACKING_URI
-    scheme = urlsplit(uri).scheme.lower()
-    # one letter: a Windows drive ("C:\\mlruns"), which is a path too
-    if len(scheme) <= 1 or scheme == "file":
-        raise MlflowSinkError(
-            f"MLflow tracking URI {uri!r} is a file store, which MLflow has deprecated: use "
-            "sqlite:///mlflow.db (or another database URI) or an http(s):// tracking server",
-            tracking_uri=_display_uri(uri),
-            operation="configure",
-        )
-    dialect = scheme.split("+", 1)[0]
-    if dialect == "sqlite":
-        return _absolute_sqlite(uri)
-    if dialect in _DB_SCHEMES:
-        return uri, Path.cwd() / DEFAULT_ARTIFACT_DIR
-    return uri, None
-
-
-def _absolute_sqlite(uri: str) -> tuple[str, Path | None]:
-    """Pin a relative sqlite path to the current directory, so a later chdir changes nothing."""
-    prefix, sep, rest = uri.partition(":///")
-    if not sep:
-        return uri, Path.cwd() / DEFAULT_ARTIFACT_DIR  # "sqlite://": in memory
-    path, query_sep, query = rest.partition("?")
-    if path in ("", ":memory:"):
-        return uri, Path.cwd() / DEFAULT_ARTIFACT_DIR
-    absolute = Path(path) if path.startswith("/") else Path.cwd() / path
-    return f"{prefix}:///{absolute}{query_sep}{query}", absolute.parent / DEFAULT_ARTIFACT_DIR
-
-
-def _artifact_location(root: str | Path | None) -> str | None:
-    if root is None:
-        return None
-    if isinstance(root, str) and "://" in root:
-        return root  # already a URI (s3://, gs://, file:///…)
-    return Path(root).resolve().as_uri()
-
-
-def _probe_database(uri: str) -> None:
-    """Connect once to a server database before MLflow does.
-
-    MLflow retries a failing database connection ten times with backoff (about 100 s) before
-    it gives up; one direct attempt turns "server down" into an error at once.
-
-    Raises:
-        sqlalchemy.exc.SQLAlchemyError, ImportError: the server refuses, or no driver.
-    """
-    dialect = urlsplit(uri).scheme.lower().split("+", 1)[0]
-    if dialect not in _DB_SCHEMES or dialect == "sqlite":
-        return
-    import sqlalchemy
-    from sqlalchemy.pool import NullPool
-
-    connect_args: dict[str, object] = {"connect_timeout": 10} if dialect == "postgresql" else {}
-    engine = sqlalchemy.create_engine(uri, poolclass=NullPool, connect_args=connect_args)
-    try:
-        with engine.connect():
-            pass
-    finally:
-        engine.dispose()
-
-
-def _display_uri(uri: str) -> str:
-    """The URI with any password replaced by ``***`` (it goes into error messages)."""
-    try:
-        parts = urlsplit(uri)
-    except ValueError:
-        return uri
-    if parts.password is None:
-        return uri
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    netloc = f"{parts.username or ''}:{REDACTED}@{host}"
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
-
-
 def _is_mlflow_exception(error: Exception) -> bool:
     from mlflow.exceptions import MlflowException
 
@@ -557,9 +454,9 @@ def _is_mlflow_exception(error: Exception) -> bool:
 
 
 def _sink_error(uri: str, operation: str, error: BaseException) -> MlflowSinkError:
-    shown = _display_uri(uri)
+    shown = display_uri(uri)
     first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
-    reason = _Redactor.from_environment().text(first_line)[:500]
+    reason = Redactor.from_environment().text(first_line)[:500]
     hint = ""
     if isinstance(error, ImportError) and "psycopg2" in str(error):
         hint = " (psycopg 3 is installed: write the URI as postgresql+psycopg://…)"
@@ -607,7 +504,7 @@ def _truncate(value: str, limit: int) -> str:
     return value[: limit - len(TRUNCATION_MARK)] + TRUNCATION_MARK
 
 
-def _param_entries(params: Mapping[str, str], redactor: _Redactor) -> list[Param]:
+def _param_entries(params: Mapping[str, str], redactor: Redactor) -> list[Param]:
     from mlflow.entities import Param
 
     return [
@@ -616,7 +513,7 @@ def _param_entries(params: Mapping[str, str], redactor: _Redactor) -> list[Param
     ]
 
 
-def _tag_entries(tags: Mapping[str, str], redactor: _Redactor) -> list[tuple[str, str]]:
+def _tag_entries(tags: Mapping[str, str], redactor: Redactor) -> list[tuple[str, str]]:
     return [
         (key, _truncate(redactor.value(key, str(value)), MAX_TAG_VALUE))
         for key, value in _clean_keys(tags, "tag").items()
@@ -656,119 +553,3 @@ def _artifact_path(key: str, *, allow_root: bool) -> PurePosixPath:
 def _chunks(items: Sequence[_T], size: int) -> Iterator[Sequence[_T]]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
-
-
-def _redacted_copy(source: Path, staging: Path, redactor: _Redactor) -> Path | None:
-    """A redacted copy of a UTF-8 text file under ``staging`` (same name), or None when the
-    file is binary, too large, or has nothing to redact.
-
-    Raises:
-        OSError: the file cannot be read, or the copy cannot be written.
-    """
-    if source.stat().st_size > _MAX_REDACTED_FILE_BYTES:
-        return None
-    data = source.read_bytes()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        return None
-    redacted = redactor.value(source.name, text)
-    if redacted == text:
-        return None
-    staging.mkdir(parents=True, exist_ok=True)
-    copy = staging / source.name
-    copy.write_text(redacted, encoding="utf-8")
-    return copy
-
-
-# -- secrets ------------------------------------------------------------------------------------
-
-# A name is a secret's when one of its words is one of these (or ends in one of the longer
-# ones: HFTOKEN, DBPASSWORD). Words, not substrings: `max_num_batched_tokens`,
-# `num_speculative_tokens` and `tokenizer` are serving knobs, not secrets.
-_SECRET_WORDS: Final = frozenset(
-    {"KEY", "TOKEN", "SECRET", "SECRETS", "PASSWORD", "PASSWD", "APIKEY", "CREDENTIALS"}
-)
-_SECRET_SUFFIXES: Final = ("APIKEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD")
-_WORD_BOUNDARY: Final = re.compile(r"[^A-Za-z0-9]+|(?<=[a-z0-9])(?=[A-Z])")
-
-# An environment secret shorter than this is matched only as a whole value, never inside a
-# text: replacing every "1234" in every log would destroy the logs and protect nothing.
-_MIN_SECRET_IN_TEXT: Final = 8
-_MIN_SECRET_VALUE: Final = 6
-
-_VALUE: Final = r"\"[^\"\n]*\"|'[^'\n]*'"
-# Each pattern starts only where a name can start (the lookbehinds): without that a long run of
-# name characters is tried from each of its positions, quadratic in its length.
-_URL_PASSWORD: Final = re.compile(
-    r"(?<![A-Za-z0-9+.\-])(?P<head>[A-Za-z][A-Za-z0-9+.\-]*://[^:/@\s]*:)[^@/\s]+@"
-)
-_ASSIGNMENT: Final = re.compile(
-    r"(?<![A-Za-z0-9_.\-])(?P<name>[A-Za-z_][A-Za-z0-9_.\-]*)(?P<quote>[\"']?)"
-    r"(?P<sep>[ \t]*[=:][ \t]*)"
-    rf"(?P<value>{_VALUE}|[^\s\"',;}}\]]+)"
-)
-_FLAG: Final = re.compile(
-    r"(?<![\w-])(?P<name>--?[A-Za-z][A-Za-z0-9_\-]*)(?P<sep>(?:[ \t]|\\\r?\n)+)"
-    rf"(?P<value>{_VALUE}|[^\s\"'\-\\]\S*)"
-)
-_BEARER: Final = re.compile(r"(?i)\b(?P<name>bearer)(?P<sep>\s+)(?P<value>[\w.~+/=\-]{8,})")
-_KNOWN_TOKENS: Final = re.compile(
-    r"\bsk-ant-[\w\-]{8,}|\bsk-[A-Za-z0-9_\-]{20,}|\bhf_[A-Za-z0-9]{20,}"
-    r"|\bgh[pousr]_[A-Za-z0-9]{20,}|\bAKIA[0-9A-Z]{16}\b|\bxox[abprs]-[A-Za-z0-9\-]{10,}"
-)
-
-
-def _is_secret_name(name: str) -> bool:
-    for word in _WORD_BOUNDARY.split(name):
-        upper = word.upper()
-        if upper in _SECRET_WORDS or (upper and upper.endswith(_SECRET_SUFFIXES)):
-            return True
-    return False
-
-
-def _masked(match: re.Match[str]) -> str:
-    value = match["value"]
-    quote = value[0] if value[:1] in ("'", '"') else ""
-    return match.group(0)[: match.start("value") - match.start()] + f"{quote}{REDACTED}{quote}"
-
-
-def _masked_if_secret(match: re.Match[str]) -> str:
-    return _masked(match) if _is_secret_name(match["name"]) else match.group(0)
-
-
-class _Redactor:
-    """Redacts secrets from what goes to MLflow.
-
-    A value whose key names a secret becomes ``***``; so does a value equal to the current
-    value of a secret-named environment variable (``ANTHROPIC_API_KEY``, ``HF_TOKEN``). In any
-    other value or text: those environment values, ``NAME=value`` / ``"name": value`` and
-    ``--flag value`` where the name is a secret's, URL passwords, bearer tokens and well-known
-    key formats (``sk-ant-…``, ``hf_…``, ``ghp_…``, ``AKIA…``) become ``***``.
-    """
-
-    def __init__(self, secrets: Sequence[str]) -> None:
-        self._whole = frozenset(s for s in secrets if len(s) >= _MIN_SECRET_VALUE)
-        # longest first, so that a secret containing another is replaced whole
-        self._inner = sorted(
-            (s for s in secrets if len(s) >= _MIN_SECRET_IN_TEXT), key=len, reverse=True
-        )
-
-    @classmethod
-    def from_environment(cls) -> _Redactor:
-        """Read the environment now: a key exported after the sink was made still counts."""
-        return cls([v.strip() for k, v in os.environ.items() if _is_secret_name(k) and v.strip()])
-
-    def value(self, key: str, value: str) -> str:
-        if _is_secret_name(key) or value.strip() in self._whole:
-            return REDACTED
-        return self.text(value)
-
-    def text(self, text: str) -> str:
-        for secret in self._inner:
-            text = text.replace(secret, REDACTED)
-        text = _URL_PASSWORD.sub(rf"\g<head>{REDACTED}@", text)
-        text = _ASSIGNMENT.sub(_masked_if_secret, text)
-        text = _FLAG.sub(_masked_if_secret, text)
-        text = _BEARER.sub(_masked, text)
-        return _KNOWN_TOKENS.sub(REDACTED, text)

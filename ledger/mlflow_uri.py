@@ -1,0 +1,102 @@
+"""Where MLflow is: the tracking URI (a database or a server; never the deprecated file store),
+the artifact root that goes with it, one probe of a database server, and the URI as shown (its
+password masked)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Final
+from urllib.parse import urlsplit, urlunsplit
+
+from ledger.errors import MlflowSinkError
+from ledger.redact import REDACTED
+
+DEFAULT_TRACKING_URI: Final = "sqlite:///mlflow.db"
+DEFAULT_ARTIFACT_DIR: Final = "mlartifacts"
+#: Schemes that MLflow serves from a SQL database through SQLAlchemy.
+DB_SCHEMES: Final = frozenset({"sqlite", "postgresql", "mysql", "mssql"})
+
+
+def resolve_tracking_uri(explicit: str | None) -> tuple[str, Path | None]:
+    """The URI to use, and the default artifact root that goes with it (None: the server's).
+
+    Raises:
+        MlflowSinkError: a plain path or a ``file:`` URI (MLflow's deprecated file store).
+    """
+    raw = explicit if explicit is not None else os.environ.get("MLFLOW_TRACKING_URI", "")
+    uri = raw.strip() or DEFAULT_TRACKING_URI
+    scheme = urlsplit(uri).scheme.lower()
+    # one letter: a Windows drive ("C:\\mlruns"), which is a path too
+    if len(scheme) <= 1 or scheme == "file":
+        raise MlflowSinkError(
+            f"MLflow tracking URI {uri!r} is a file store, which MLflow has deprecated: use "
+            "sqlite:///mlflow.db (or another database URI) or an http(s):// tracking server",
+            tracking_uri=display_uri(uri),
+            operation="configure",
+        )
+    dialect = scheme.split("+", 1)[0]
+    if dialect == "sqlite":
+        return absolute_sqlite(uri)
+    if dialect in DB_SCHEMES:
+        return uri, Path.cwd() / DEFAULT_ARTIFACT_DIR
+    return uri, None
+
+
+def absolute_sqlite(uri: str) -> tuple[str, Path | None]:
+    """Pin a relative sqlite path to the current directory, so a later chdir changes nothing."""
+    prefix, sep, rest = uri.partition(":///")
+    if not sep:
+        return uri, Path.cwd() / DEFAULT_ARTIFACT_DIR  # "sqlite://": in memory
+    path, query_sep, query = rest.partition("?")
+    if path in ("", ":memory:"):
+        return uri, Path.cwd() / DEFAULT_ARTIFACT_DIR
+    absolute = Path(path) if path.startswith("/") else Path.cwd() / path
+    return f"{prefix}:///{absolute}{query_sep}{query}", absolute.parent / DEFAULT_ARTIFACT_DIR
+
+
+def artifact_location(root: str | Path | None) -> str | None:
+    if root is None:
+        return None
+    if isinstance(root, str) and "://" in root:
+        return root  # already a URI (s3://, gs://, file:///…)
+    return Path(root).resolve().as_uri()
+
+
+def probe_database(uri: str) -> None:
+    """Connect once to a server database before MLflow does.
+
+    MLflow retries a failing database connection ten times with backoff (about 100 s) before
+    it gives up; one direct attempt turns "server down" into an error at once.
+
+    Raises:
+        sqlalchemy.exc.SQLAlchemyError, ImportError: the server refuses, or no driver.
+    """
+    dialect = urlsplit(uri).scheme.lower().split("+", 1)[0]
+    if dialect not in DB_SCHEMES or dialect == "sqlite":
+        return
+    import sqlalchemy
+    from sqlalchemy.pool import NullPool
+
+    connect_args: dict[str, object] = {"connect_timeout": 10} if dialect == "postgresql" else {}
+    engine = sqlalchemy.create_engine(uri, poolclass=NullPool, connect_args=connect_args)
+    try:
+        with engine.connect():
+            pass
+    finally:
+        engine.dispose()
+
+
+def display_uri(uri: str) -> str:
+    """The URI with any password replaced by ``***`` (it goes into error messages)."""
+    try:
+        parts = urlsplit(uri)
+    except ValueError:
+        return uri
+    if parts.password is None:
+        return uri
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    netloc = f"{parts.username or ''}:{REDACTED}@{host}"
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
