@@ -244,3 +244,27 @@ def test_untuned_must_name_catalog_knobs(tmp_path: Path) -> None:
     done = orchestrate(tmp_path, "status", "--profile", str(tmp_path / "bad.yaml"))
     assert done.returncode == 3 and "untuned: 'max_num_batched_token' is not a knob" in done.stderr
     assert "max_num_batched_tokens" not in profile.space.names
+
+
+def test_every_node_works_in_the_workdir_asked_for(tmp_path: Path) -> None:
+    """`--workdir` is every node's directory (launchers, logs, pid files, the claim); without
+    it, /var/lib/orchestrate/NAME. One a remote shell could not take as one word is refused in
+    one line, and nothing is written."""
+    profile, _ = _init(tmp_path, "card002-v5-tp4.sh", "--nodes", "a,b,c,d", "--workdir", "/srv/glm")
+    assert {n.workdir for n in profile.cluster.nodes} == {"/srv/glm"}
+    default, _ = _init(tmp_path, "vllm-cpu-ngram.sh", "--force")
+    assert [n.workdir for n in default.cluster.nodes] == ["/var/lib/orchestrate/vllm-cpu-ngram"]
+    out = tmp_path / "bad.yaml"
+    done = orchestrate(
+        tmp_path,
+        "init",
+        "--from",
+        str(LAUNCHERS / "vllm-cpu-ngram.sh"),
+        "--out",
+        str(out),
+        "--workdir",
+        "/srv/a b;rm -rf /",
+    )
+    assert done.returncode == 3, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "workdir" in done.stderr
+    assert not out.exists()

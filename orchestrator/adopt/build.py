@@ -82,8 +82,10 @@ def adopt(
     catalog_name: str = "vllm-dflash2",
     name: str | None = None,
     runtime: dict[str, str] | None = None,
+    workdir: str | None = None,
 ) -> Adopted:
-    """The profile of the launcher at ``path`` (see the module).
+    """The profile of the launcher at ``path`` (see the module); ``workdir``: every node's
+    (default ``/var/lib/orchestrate/NAME``).
 
     Raises:
         LauncherReadError: a line or token it cannot read (exit 3).
@@ -116,7 +118,7 @@ def adopt(
     hosts = _hosts(script, head, nodes)
     argv, head_argv, worker_argv = _argv(script, head, worker, found, len(hosts), notes)
     stem = name or (re.sub(r"[^A-Za-z0-9_.-]+", "-", path.stem).strip("-.") or "adopted")[:64]
-    data = _profile(stem, head, hosts, nodes is not None, found, catalog_name)
+    data = _profile(stem, head, hosts, nodes is not None, found, catalog_name, workdir)
     data["launcher"].update(argv=argv, head_argv=head_argv, worker_argv=worker_argv)
     header = _header(path, found, notes, head)
     body = yaml.safe_dump(
@@ -260,9 +262,10 @@ def _profile(
     remote: bool,
     found: Recognised,
     catalog_name: str,
+    workdir: str | None,
 ) -> dict[str, Any]:
     """The profile's fields but the launcher's argv (see ``adopt``)."""
-    workdir = f"/var/lib/orchestrate/{name}"
+    workdir = workdir or f"/var/lib/orchestrate/{name}"
     nodes: list[dict[str, Any]] = []
     for rank, host in enumerate(hosts):
         node: dict[str, Any] = {"rank": rank, "host": host, "workdir": workdir}

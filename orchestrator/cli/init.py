@@ -42,6 +42,15 @@ def init(
         Path | None, typer.Option("--out", help="where to write it (default: NAME.yaml)")
     ] = None,
     force: Annotated[bool, typer.Option("--force", help="overwrite --out if it exists")] = False,
+    workdir: Annotated[
+        str | None,
+        typer.Option(
+            "--workdir",
+            metavar="PATH",
+            help="every node's directory for launchers, logs and pid files (default: "
+            "/var/lib/orchestrate/NAME; a relative one, for a local node, is the profile's)",
+        ),
+    ] = None,
 ) -> None:
     """Write a profile from a launcher: the catalog's knobs it sets become the champion, every
     other flag and the environment stay as written, per-node values become placeholders. The
@@ -50,7 +59,12 @@ def init(
     if hosts is not None and not all(hosts):
         raise UsageError(f"--nodes {nodes!r}: an empty address")
     adopted = adopt(
-        source, nodes=hosts, catalog_name=catalog_name, name=name, runtime=runtime_placeholders()
+        source,
+        nodes=hosts,
+        catalog_name=catalog_name,
+        name=name,
+        runtime=runtime_placeholders(),
+        workdir=workdir,
     )
     target = dest or Path(f"{adopted.profile.name}.yaml")
     if target.exists() and not force:
