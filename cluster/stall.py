@@ -10,7 +10,8 @@ was stalled for more than ``DISTURBED_FRACTION`` of its window is measured again
 ``StallWatch`` is a thread that sleeps to absolute deadlines ``TICK_S`` apart on the event
 loop's clock (``time.monotonic``). A wake-up later than ``LATE_S`` means the process was off the
 CPU for about that long: a busy asyncio loop or the GIL delays a wake-up by a few milliseconds,
-not tens. Each late wake-up is a stalled interval ``[deadline, woke)``.
+not tens. Each late wake-up is a stalled interval ``[deadline, woke)``; one that overlaps the
+window counts whole, as a stall across the window's start or end moves tokens across it.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ import time
 
 #: seconds between the watch's wake-ups
 TICK_S = 0.01
-#: a wake-up this much later than its deadline (seconds) is a stall, not the GIL's turn
-LATE_S = 0.02
+#: a wake-up this much later than its deadline (seconds) is a stall, not the GIL's turn (the
+#: interpreter switches threads every 5 ms)
+LATE_S = 0.015
 #: a window whose client was stalled for more than this fraction of it is measured again
 DISTURBED_FRACTION = 0.02
 #: … at most this many times in all (the least stalled measurement is kept)
@@ -57,10 +59,13 @@ class StallWatch:
             deadline += TICK_S
 
     def stalled_s(self, start: float, end: float) -> float:
-        """Seconds of ``[start, end)`` (``time.monotonic``) in which the client was stalled."""
+        """Seconds the client was stalled in stalls that overlap ``[start, end]``
+        (``time.monotonic``), each counted whole: what a stall costs a window is at its edges
+        (tokens sent before the window's start and read after it count in; tokens sent before
+        its end and read after it count out), up to the stall's whole length."""
         with self._lock:
             stalls = list(self._stalls)
-        return sum(max(0.0, min(b, end) - max(a, start)) for a, b in stalls)
+        return sum(b - a for a, b in stalls if b >= start and a <= end)
 
 
 def disturbed(stalled_s: float, window_s: float) -> bool:

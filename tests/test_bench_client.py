@@ -78,9 +78,11 @@ def test_noise_free_measurements_match_the_ground_truth(nodes: TwinNodes, name: 
 def test_requests_straddling_the_window_count_only_inside(nodes: TwinNodes) -> None:
     landscape = load_landscape("vllm-dflash2-tp4")
     _, url = nodes.head(serve_argv())
-    # each request lasts longer than the window: none completes inside it
+    # each request lasts longer than the window (about 3.7 s): none completes inside it; a
+    # 2-s window, not 0.5: at 1 % a 0.5-s window had 5 ms of slack, and a loaded CI machine's
+    # scheduling moved more tokens than that across its edges (it read 2382 for 2152)
     cell = CellSpec(
-        name="long", category="code", concurrency=2, max_tokens=4000, warmup_s=0.3, duration_s=0.5
+        name="long", category="code", concurrency=2, max_tokens=4000, warmup_s=0.3, duration_s=2.0
     )
     truth = landscape.truth({**BASE, **CONFIGS["vllm-dflash2-tp4"][1]}, cell)
     got = run_cell(url, "glm53", cell)
@@ -90,7 +92,7 @@ def test_requests_straddling_the_window_count_only_inside(nodes: TwinNodes) -> N
     expected = text.fingerprint(text.greedy_text(first.text, 4000, trap=False))
     assert got.completed == 0 and got.fingerprints == {first.id: expected}
     assert got.output_throughput == pytest.approx(truth.output_tok_s, rel=0.01)
-    assert got.total_output_tokens == pytest.approx(truth.output_tok_s * 0.5, rel=0.01)
+    assert got.total_output_tokens == pytest.approx(truth.output_tok_s * 2.0, rel=0.01)
 
 
 def test_a_cold_engine_window_opens_at_its_first_token(nodes: TwinNodes, tmp_path: Path) -> None:
