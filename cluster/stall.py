@@ -12,6 +12,10 @@ loop's clock (``time.monotonic``). A wake-up later than ``LATE_S`` means the pro
 CPU for about that long: a busy asyncio loop or the GIL delays a wake-up by a few milliseconds,
 not tens. Each late wake-up is a stalled interval ``[deadline, woke)``; one that overlaps the
 window counts whole, as a stall across the window's start or end moves tokens across it.
+
+The engine's host can stall too. An engine that counts its own late wake-ups
+(``ENGINE_STALL_METRIC``, the twin's scheduler) has them added to the client's: from the cell's
+first request to the window's end, since the counter says how long but not when.
 """
 
 from __future__ import annotations
@@ -24,6 +28,10 @@ TICK_S = 0.01
 #: a wake-up this much later than its deadline (seconds) is a stall, not the GIL's turn (the
 #: interpreter switches threads every 5 ms)
 LATE_S = 0.015
+#: An engine may report its own host's stalls as this counter (seconds its scheduler woke late;
+#: the twin does, vLLM does not): tokens due before a window's edge and sent after it move
+#: across the edge as they do for a stalled client, so they count the same way
+ENGINE_STALL_METRIC = "twin:scheduler_stall_seconds"
 #: a window whose client was stalled for more than this fraction of it is measured again
 DISTURBED_FRACTION = 0.02
 #: … at most this many times in all (the least stalled measurement is kept)

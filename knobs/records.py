@@ -83,8 +83,14 @@ class CellResultRecord(BaseModel):
     client_stall_s: float = Field(
         default=0.0, description="seconds of the window the measuring client was off the CPU"
     )
+    engine_stall_s: float = Field(
+        default=0.0,
+        description="seconds the engine reported its scheduler late from the cell's start to"
+        " the window's end (an engine that reports it: the twin)",
+    )
     measured_again: int = Field(
-        default=0, description="measurements of this cell dropped because the client stalled"
+        default=0,
+        description="measurements of this cell dropped because the client or the engine stalled",
     )
 
 

@@ -62,7 +62,10 @@ def test_bash_completes_commands_options_and_values(tmp_path: Path) -> None:
 
 
 def test_install_completion_sets_up_an_interactive_bash(tmp_path: Path) -> None:
-    _bash("orchestrate --install-completion bash", tmp_path)
+    # as a user types it at a bash prompt: bash is the command's parent, where typer looks
+    # for the shell (`bash -c` with one command would exec it and leave the test's process
+    # as its parent)
+    _bash("orchestrate --install-completion; true", tmp_path)
     assert "orchestrate" in (tmp_path / ".bashrc").read_text()
     registered = _bash("complete -p orchestrate", tmp_path, interactive=True)
     assert "-F _orchestrate_completion orchestrate" in registered

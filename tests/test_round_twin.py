@@ -62,6 +62,9 @@ def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     assert engines_alive(tmp_path) == []
 
 
+# two rounds of the four-node twin, about two minutes alone; 300 s ran out beside the suite's
+# other workers on two busy cores (a guard against a hang, not a speed test)
+@pytest.mark.timeout(900)
 def test_round_records_everything_and_a_second_round_continues(workdir: Path) -> None:
     profile = write_profile(workdir, twin_profile_data())
     first = orchestrate(workdir, "round", "--budget", "2", "--profile", str(profile), "--json")

@@ -181,11 +181,14 @@ def test_a_head_started_before_its_workers_fails(nodes: TwinNodes) -> None:
             return serve_argv(extra=(*flags, "--headless"))
         return serve_argv(port=free_port(), extra=flags)
 
-    # workers started after the head: refused when they come up, however soon that is
+    # workers started after the head: refused when they come up, however soon that is. The
+    # head waits 10 s here, not the demo's 1 s: a worker's interpreter may take more than a
+    # second to start on a loaded machine, and the head would time out instead (the case below)
+    patient = str(landscape.boot.rendezvous_timeout_s / 10.0)
     early = free_port()
-    head = nodes.start(rank(0, early), name="head", TWIN_BOOT_SCALE=scale)
+    head = nodes.start(rank(0, early), name="head", TWIN_BOOT_SCALE=patient)
     head.wait_for(r"Started server process")
-    late = nodes.start(rank(1, early), name="late", TWIN_BOOT_SCALE=scale)
+    late = nodes.start(rank(1, early), name="late", TWIN_BOOT_SCALE=patient)
     assert head.wait_exit() == 1
     head.wait_for(
         r"ERROR .*node rank 1 was started .*s after rank 0; headless ranks must be up "

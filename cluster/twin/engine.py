@@ -38,6 +38,10 @@ from cluster.twin import noise, text
 from cluster.twin.landscape import EngineModel
 from knobs.records import Category
 
+#: The scheduler thread waking this much later (wall seconds) than a delivery was due means the
+#: host kept the twin off the CPU: the lateness counts in ``Counters.stall_s``.
+LATE_S = 0.015
+
 #: A request arriving this soon (wall seconds) after a completion is timed from it. 0.1 s was
 #: too little on a loaded 2-core CI machine: a starved client refilled both of two slots later
 #: than that, the engine found itself idle, and a new run (a new noise draw) began mid-cell.
@@ -88,6 +92,7 @@ class Counters:
     per_position: list[int] = field(default_factory=list)
     running: int = 0
     waiting: int = 0
+    stall_s: float = 0.0
 
 
 class Engine:
@@ -226,6 +231,10 @@ class Engine:
         with self._cond:
             while not self._stop:
                 now = self._clock()
+                if self._heap and now - self._heap[0][0] > LATE_S:
+                    # a delivery due this long ago: the host kept this thread off the CPU,
+                    # and tokens due before a client's window edge reach it after the edge
+                    self.counters.stall_s += now - self._heap[0][0]
                 while self._heap and self._heap[0][0] <= now:
                     due, _, req = heapq.heappop(self._heap)
                     if not req.aborted:
@@ -305,4 +314,5 @@ class Engine:
                 per_position=list(c.per_position),
                 running=len(self._live) - waiting,
                 waiting=waiting,
+                stall_s=c.stall_s,
             )

@@ -22,6 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from cluster import prompts
+from cluster.stall import ENGINE_STALL_METRIC
 from cluster.twin import text
 from cluster.twin.engine import Chunk, Counters, Engine, Request
 
@@ -124,6 +125,14 @@ def _engine_metrics(c: Counters) -> list[_Metric]:
             "counter",
             "Cumulative number of preemption from the engine.",
             [("", 0)],
+        ),
+        (
+            # the twin's own, not vLLM's: a bench cell reads it as the engine host's stall
+            # (cluster.bench: such a cell is measured again, as for a stalled client)
+            ENGINE_STALL_METRIC,
+            "counter",
+            "Seconds the twin's scheduler woke later than a delivery was due (its host was busy).",
+            [("", c.stall_s)],
         ),
     ]
 
