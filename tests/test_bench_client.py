@@ -26,6 +26,11 @@ from cluster.twin.landscape import load_landscape, window_tokens
 from knobs.records import CellResultRecord, CellSpec, NodeClockRecord
 from tests.twin_fixtures import TwinNodes, free_port, running_nodes, serve_argv, write_landscape
 
+# the client is checked against the twin's ground truth within 1 %: on a machine the rest of
+# the suite leaves alone (`make test` runs these after the others, one at a time). Beside the
+# suite's three workers a concurrency-8 cell read 2.9 % low with no stall of 15 ms in it.
+pytestmark = pytest.mark.solo
+
 REPO = Path(__file__).resolve().parent.parent
 
 

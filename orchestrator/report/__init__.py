@@ -11,7 +11,6 @@ from orchestrator.errors import UsageError
 from orchestrator.profile import Profile
 from orchestrator.report.data import NothingToReport, ReportData, collect
 from orchestrator.report.page import page
-from orchestrator.report.plots import all_plots
 
 __all__ = ["NothingToReport", "ReportData", "Written", "default_dir", "write_report"]
 
@@ -42,6 +41,9 @@ def write_report(
         NothingToReport: the ledger has no such round.
         UsageError: ``out`` cannot be written.
     """
+    # matplotlib is a second of every command's start-up where it is imported: only here
+    from orchestrator.report.plots import all_plots
+
     data = collect(profile, ledger, round_id)
     folder = out if out is not None else default_dir(data.round.id)
     pictures = all_plots(data)
