@@ -34,13 +34,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from cluster import prompts
+from cluster.stall import LATE_S
 from cluster.twin import noise, text
 from cluster.twin.landscape import EngineModel
 from knobs.records import Category
-
-#: The scheduler thread waking this much later (wall seconds) than a delivery was due means the
-#: host kept the twin off the CPU: the lateness counts in ``Counters.stall_s``.
-LATE_S = 0.015
 
 #: A request arriving this soon (wall seconds) after a completion is timed from it. 0.1 s was
 #: too little on a loaded 2-core CI machine: a starved client refilled both of two slots later
@@ -232,7 +229,8 @@ class Engine:
             while not self._stop:
                 now = self._clock()
                 if self._heap and now - self._heap[0][0] > LATE_S:
-                    # a delivery due this long ago: the host kept this thread off the CPU,
+                    # a delivery due this long ago (the client's stall watch's threshold): the
+                    # host kept this thread off the CPU,
                     # and tokens due before a client's window edge reach it after the edge
                     self.counters.stall_s += now - self._heap[0][0]
                 while self._heap and self._heap[0][0] <= now:
