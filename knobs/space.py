@@ -156,6 +156,28 @@ class KnobSpace(BaseModel):
         self.check_constraints(champion.apply(change))
         return change
 
+    def coupled_change(
+        self, champion: Config, knob: object, raw: object, enabling: object, enabling_raw: object
+    ) -> Change:
+        """A validated coupled move away from ``champion``: ``knob`` to ``raw`` together with
+        ``enabling`` to ``enabling_raw`` (``Change.enabling``). Whether the move may run is
+        ``agents.coupled``'s question; this checks only that it is two real changes of two
+        knobs whose result breaks no hard constraint.
+
+        Raises:
+            KnobError: unknown knob, bad value, no change, the same knob twice, or a forbidden
+                result.
+        """
+        first = self.change(champion, knob, raw)
+        second = self.change(champion, enabling, enabling_raw)
+        if first.knob == second.knob:
+            raise KnobError(
+                f"a coupled move needs two knobs, not {first.knob} twice", knob=first.knob
+            )
+        change = first.model_copy(update={"enabling": second})
+        self.check_constraints(champion.apply(change))
+        return change
+
     def neighbours(self, champion: Config) -> list[Change]:
         """Every allowed one-knob change away from ``champion``, knob by knob, value by value."""
         out: list[Change] = []
