@@ -32,8 +32,10 @@ class Experiments(LedgerBase):
         value: Value | None = None,
         description: str = "",
         state: State = State.APPROVED,
+        coupled: tuple[str, Value] | None = None,
     ) -> ExperimentRecord:
-        """Record an experiment that is about to run (or a vetoed one, state ``decided``)."""
+        """Record an experiment that is about to run (or a vetoed one, state ``decided``);
+        ``coupled``: a coupled move's enabling knob and its new value."""
         with self._session() as s:
             row = ExperimentRow(
                 cluster=cluster,
@@ -46,6 +48,8 @@ class Experiments(LedgerBase):
                 champion_objective=champion_objective,
                 knob=knob,
                 value=dump_value(value),
+                coupled_knob=None if coupled is None else coupled[0],
+                coupled_value=None if coupled is None else dump_value(coupled[1]),
                 description=description,
                 state=str(state),
             )

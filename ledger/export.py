@@ -1,5 +1,6 @@
 """``results.tsv``: one row per decided experiment, oldest first; the same ledger gives the
-same bytes."""
+same bytes. A coupled move (``agents.coupled``) reads ``a+b`` in the knob column and ``v+w``
+in the value column; its description has both knobs' old and new values."""
 
 from __future__ import annotations
 
@@ -37,8 +38,11 @@ def tsv_rows(experiments: Iterable[ExperimentRecord]) -> list[str]:
         objective = 0.0 if zero or e.objective is None else e.objective
         delta = 0.0 if zero or e.delta_pct is None else e.delta_pct
         accept = 0.0 if zero or e.accept_len is None else e.accept_len
-        knob = e.knob or "-"
+        knob = e.label or "-"
         value = "-" if e.value is None else as_text(e.value)
+        if e.coupled_knob is not None and e.coupled_value is not None:
+            # a coupled move: both knobs and both values, ``a+b`` and ``v+w``
+            value += f"+{as_text(e.coupled_value)}"
         lines.append(
             "\t".join(
                 (

@@ -20,7 +20,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 #: The schema's number: the newest Alembic revision of ``ledger/migrations`` as an int, bumped
 #: with each new revision. ``alembic_version`` is the truth; the ``schema_version`` row mirrors
 #: this, so that an orchestrate from before the revisions refuses a newer ledger.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 
 def utcnow() -> datetime:
@@ -84,7 +84,7 @@ class RoundRow(Base):
 
 
 class ProposalRow(Base):
-    """A proposed one-knob change and what a person (or the gate) decided about it."""
+    """A proposed one-knob change (or coupled move) and what a person (or the gate) decided."""
 
     __tablename__ = "proposal"
 
@@ -100,6 +100,10 @@ class ProposalRow(Base):
     risk: Mapped[str] = mapped_column(Text, default="")
     estimated_cost: Mapped[str] = mapped_column(Text, default="")
     notes: Mapped[dict[str, str]] = mapped_column(JSON, default=dict)
+    # a coupled move's enabling knob and its values (JSON), NULL for a one-knob change; schema 4
+    coupled_knob: Mapped[str | None] = mapped_column(String(64))
+    coupled_old: Mapped[str | None] = mapped_column(Text)
+    coupled_new: Mapped[str | None] = mapped_column(Text)
     status: Mapped[str] = mapped_column(String(16), default="pending")
     decided_by: Mapped[str | None] = mapped_column(String(64))
     reason: Mapped[str | None] = mapped_column(Text)
@@ -123,6 +127,9 @@ class ExperimentRow(Base):
     champion_objective: Mapped[float | None] = mapped_column(Float)
     knob: Mapped[str | None] = mapped_column(String(64))
     value: Mapped[str | None] = mapped_column(Text)  # JSON of the new value
+    # a coupled move's enabling knob and its new value (JSON); NULL otherwise; schema 4
+    coupled_knob: Mapped[str | None] = mapped_column(String(64))
+    coupled_value: Mapped[str | None] = mapped_column(Text)
     description: Mapped[str] = mapped_column(Text, default="")
     state: Mapped[str] = mapped_column(String(16), default="approved")
     status: Mapped[str | None] = mapped_column(String(16))

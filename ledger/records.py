@@ -6,7 +6,7 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict
 
-from knobs.config import Config
+from knobs.config import Change, Config
 from knobs.records import LlmUsage
 from knobs.spec import Value
 from knobs.vocabulary import (
@@ -78,6 +78,20 @@ class ProposalRecord(_Record):
     reason: str | None
     created_at: datetime
     decided_at: datetime | None
+    #: a coupled move's enabling knob and its values (``knobs.config.Change.enabling``)
+    coupled_knob: str | None = None
+    coupled_old: Value | None = None
+    coupled_new: Value | None = None
+
+    @property
+    def change(self) -> Change:
+        """The proposed change as recorded (old and new values as the ledger has them)."""
+        enabling = (
+            None
+            if self.coupled_knob is None or self.coupled_old is None or self.coupled_new is None
+            else Change(knob=self.coupled_knob, old=self.coupled_old, new=self.coupled_new)
+        )
+        return Change(knob=self.knob, old=self.old_value, new=self.new_value, enabling=enabling)
 
     @property
     def llm(self) -> LlmUsage | None:
@@ -109,6 +123,16 @@ class ExperimentRecord(_Record):
     created_at: datetime
     decided_at: datetime | None
     mlflow_run_id: str | None
+    #: a coupled move's enabling knob and its new value (``agents.coupled``); else None
+    coupled_knob: str | None = None
+    coupled_value: Value | None = None
+
+    @property
+    def label(self) -> str | None:
+        """The changed knob as results.tsv names it: ``knob``, ``knob+other`` when coupled."""
+        if self.knob is None or self.coupled_knob is None:
+            return self.knob
+        return f"{self.knob}+{self.coupled_knob}"
 
 
 class BootRecord(_Record):

@@ -128,8 +128,10 @@ class Rounds(LedgerBase):
         risk: str = "",
         estimated_cost: str = "",
         notes: dict[str, str] | None = None,
+        coupled: tuple[str, Value, Value] | None = None,
     ) -> ProposalRecord:
-        """Record a proposal as pending."""
+        """Record a proposal as pending; ``coupled``: a coupled move's enabling knob, its old
+        and its new value."""
         with self._session() as s:
             row = ProposalRow(
                 round_id=round_id,
@@ -143,6 +145,9 @@ class Rounds(LedgerBase):
                 risk=risk,
                 estimated_cost=estimated_cost,
                 notes=dict(notes or {}),
+                coupled_knob=None if coupled is None else coupled[0],
+                coupled_old=None if coupled is None else json.dumps(coupled[1]),
+                coupled_new=None if coupled is None else json.dumps(coupled[2]),
                 status=str(ProposalStatus.PENDING),
             )
             s.add(row)

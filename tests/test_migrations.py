@@ -22,8 +22,9 @@ from alembic.operations import Operations
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Connection, create_engine, func, insert, inspect, select, text, update
 
-from knobs.vocabulary import EventKind
-from ledger import Ledger, LedgerError, tsv_text
+from knobs.config import Config
+from knobs.vocabulary import EventKind, Kind, Status
+from ledger import Ledger, LedgerError, VerdictRecord, tsv_text
 from ledger.models import SCHEMA_VERSION, Base, SchemaRow
 from ledger.schema import head, scripts
 from tests.test_ledger import _race
@@ -184,6 +185,62 @@ def test_a_schema2_sqlite_ledger_is_upgraded_and_keeps_its_rounds_caps(tmp_path:
         ledger.set_round_max_gpu_hours(rnd.id, 12.5)
         assert ledger.round(rnd.id).max_gpu_hours == 12.5
     assert _version_rows(url) == (head(), SCHEMA_VERSION)
+
+
+def test_an_upgraded_ledger_reads_its_one_knob_rows_as_before_and_records_a_coupled_move(
+    tmp_path: Path,
+) -> None:
+    """Schema 4 adds a coupled move's second knob in columns of its own: the rows of schema 2
+    read as one-knob changes exactly as before (same results.tsv), and a coupled move written
+    after the upgrade reads back with both knobs (``a+b`` in results.tsv)."""
+    db = tmp_path / "orchestrate.db"
+    shutil.copyfile(LEDGERS / "schema2.sqlite", db)
+    with Ledger(f"sqlite:///{db}") as ledger:
+        before = ledger.experiments(cluster=CLUSTER)
+        assert all(e.coupled_knob is None and e.coupled_value is None for e in before)
+        assert all(p.coupled_knob is None for p in ledger.proposals())
+        assert [e.label for e in before] == [e.knob for e in before]
+        [rnd] = ledger.rounds(CLUSTER)
+        champion = ledger.champion(CLUSTER)
+        assert champion is not None
+        config = Config(
+            {**champion.config.as_dict(), "kv_cache_dtype": "auto", "gpu_memory_utilization": 0.86}
+        )
+        p = ledger.add_proposal(
+            round_id=rnd.id,
+            source="optuna",
+            knob="kv_cache_dtype",
+            old_value=champion.config["kv_cache_dtype"],
+            new_value="auto",
+            champion_key=champion.config.key,
+            coupled=("gpu_memory_utilization", champion.config["gpu_memory_utilization"], 0.86),
+        )
+        assert p.change.label == "kv_cache_dtype+gpu_memory_utilization"
+        e = ledger.add_experiment(
+            cluster=CLUSTER,
+            round_id=rnd.id,
+            kind=Kind.CANDIDATE,
+            config=config,
+            champion_key=champion.config.key,
+            champion_objective=champion.objective,
+            proposal_id=p.id,
+            knob="kv_cache_dtype",
+            value="auto",
+            description="kv_cache_dtype fp8_e4m3 → auto + gpu_memory_utilization 0.85 → 0.86",
+            coupled=("gpu_memory_utilization", 0.86),
+        )
+        ledger.decide(
+            e.id,
+            verdict=VerdictRecord(status=Status.DISCARD, rule="test", reason="test", stats={}),
+            objective=100.0,
+            delta_pct=-1.0,
+            accept_len=3.0,
+        )
+        text = tsv_text(ledger.experiments(cluster=CLUSTER))
+    old = (LEDGERS / "schema2.results.tsv").read_text()
+    assert text.startswith(old)
+    row = text[len(old) :].rstrip("\n").split("\t")
+    assert row[4:7] == ["discard", "kv_cache_dtype+gpu_memory_utilization", "auto+0.86"]
 
 
 def test_processes_opening_an_old_sqlite_ledger_at_once_upgrade_it_once(tmp_path: Path) -> None:
