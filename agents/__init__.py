@@ -24,6 +24,7 @@ from agents.context import (
     ProposalContext,
     Refusal,
 )
+from agents.coupled import COUPLED_NOTE, CoupledMove
 from agents.digest import digest
 from agents.factory import KINDS, make_proposer
 from agents.hybrid import HybridProposer
@@ -43,6 +44,7 @@ from agents.sweep import SweepProposer
 from knobs.vocabulary import MEASURED, Status
 
 __all__ = [
+    "COUPLED_NOTE",
     "KINDS",
     "MEASURED",
     "METRIC_NOTES",
@@ -50,6 +52,7 @@ __all__ = [
     "ChampionCell",
     "ClaudeOptions",
     "ClaudeProposer",
+    "CoupledMove",
     "HistoryEntry",
     "HybridProposer",
     "KnownBad",

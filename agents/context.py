@@ -13,6 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from agents import coupled
 from knobs.config import Change, Config
 from knobs.errors import KnobError
 from knobs.space import KnobSpace
@@ -44,6 +45,9 @@ class HistoryEntry(BaseModel):
     #: The changed knob; ``None`` for a baseline or a re-measure of the champion.
     knob: str | None
     value: Value | None
+    #: A coupled move's enabling knob and its value (``agents.coupled``); else ``None``.
+    coupled_knob: str | None = None
+    coupled_value: Value | None = None
     status: Status
     #: ``None`` for a crash or a veto.
     objective: float | None
@@ -69,6 +73,8 @@ class HistoryEntry(BaseModel):
     def describe(self) -> str:
         """``#7 cuda_graphs=true: keep, 101.3 (+2.1%)`` for hypotheses and logs."""
         what = "baseline" if self.knob is None else f"{self.knob}={_text(self.value)}"
+        if self.coupled_knob is not None:
+            what += f"+{self.coupled_knob}={_text(self.coupled_value)}"
         score = "" if self.objective is None else f", {self.objective:.4g}"
         delta = "" if self.delta_pct is None else f" ({self.delta_pct:+.1f}%)"
         why = f" [{self.failure_class}]" if self.failure_class else ""
@@ -212,22 +218,35 @@ class ProposalContext(BaseModel):
         """``None`` if ``change`` may run now, else why not.
 
         Never raises: a change that does not validate is refused with the validation message.
+        A coupled move (two knobs) runs only where ``agents.coupled`` opens one.
         """
-        try:
-            valid = self.space.change(self.champion, change.knob, change.new)
-        except KnobError as e:
-            return Refusal(kind="invalid", reason=e.message)
-        if not same_value(change.old, valid.old):
-            return Refusal(
-                kind="invalid",
-                reason=f"stale change: the champion's {change.knob} is {as_text(valid.old)}, "
-                f"not {_text(change.old)}",
-            )
-        if not same_value(change.new, valid.new) or type(change.new) is not type(valid.new):
-            return Refusal(
-                kind="invalid",
-                reason=f"knob {change.knob}: write {change.new!r} as {as_text(valid.new)}",
-            )
+        valid: Change | None = None
+        for move in change.moves():
+            try:
+                one = self.space.change(self.champion, move.knob, move.new)
+            except KnobError as e:
+                return Refusal(kind="invalid", reason=e.message)
+            if not same_value(move.old, one.old):
+                return Refusal(
+                    kind="invalid",
+                    reason=f"stale change: the champion's {move.knob} is {as_text(one.old)}, "
+                    f"not {_text(move.old)}",
+                )
+            if not same_value(move.new, one.new) or type(move.new) is not type(one.new):
+                return Refusal(
+                    kind="invalid",
+                    reason=f"knob {move.knob}: write {move.new!r} as {as_text(one.new)}",
+                )
+            valid = one if valid is None else valid.model_copy(update={"enabling": one})
+        assert valid is not None
+        if valid.enabling is not None:
+            try:
+                self.space.check_constraints(self.champion.apply(valid))
+            except KnobError as e:
+                return Refusal(kind="invalid", reason=e.message)
+            why_not = coupled.refusal_reason(self, valid)
+            if why_not is not None:
+                return Refusal(kind="invalid", reason=why_not)
         candidate = self.champion.apply(valid)
         if candidate.key in self.decided_keys:
             return Refusal(
@@ -257,6 +276,11 @@ class ProposalContext(BaseModel):
     def candidates(self) -> list[Change]:
         """Every allowed one-knob change away from the champion, in ``space.neighbours`` order."""
         return [c for c in self.space.neighbours(self.champion) if self.refusal(c) is None]
+
+    def coupled_moves(self) -> list[coupled.CoupledMove]:
+        """The coupled moves open under this champion (``agents.coupled``), oldest failure
+        first: the only two-knob changes ``refusal`` allows."""
+        return coupled.open_moves(self)
 
     def refusals(self, changes: Iterable[Change]) -> dict[str, int]:
         """How many of ``changes`` are refused, counted by refusal kind (allowed ones omitted)."""

@@ -136,7 +136,12 @@ def step_back(context: ProposalContext) -> dict[str, tuple[Value, Value]]:
     halfway falls between two; none when the look was one step away)."""
     looks: dict[str, list[HistoryEntry]] = {}
     for e in context.history:
-        if e.champion_key == context.champion.key and e.knob and e.status != Status.VETOED:
+        if (
+            e.champion_key == context.champion.key
+            and e.knob
+            and e.status != Status.VETOED
+            and e.coupled_knob is None  # a coupled move is no look at one knob's values
+        ):
             looks.setdefault(e.knob, []).append(e)
     specs = {s.name: s for s in context.space.knobs}
     out: dict[str, tuple[Value, Value]] = {}

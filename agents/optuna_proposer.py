@@ -41,7 +41,7 @@ from agents.draft_model import predict
 from agents.first_looks import DRAFT_LOOK_FLOOR as DRAFT_LOOK_FLOOR  # re-exported
 from agents.first_looks import first_look as first_look  # re-exported
 from agents.first_looks import second_look, seed_for, why
-from agents.proposal import ONE_EXPERIMENT, Proposal, ProposalExhausted
+from agents.proposal import ONE_EXPERIMENT, Proposal, ProposalExhausted, coupled_proposal
 from knobs.config import Change, Config
 from knobs.errors import KnobError
 from knobs.space import KnobSpace
@@ -141,9 +141,17 @@ class OptunaProposer:
     def propose(self, context: ProposalContext) -> Proposal:
         """TPE's suggestion, narrowed to one allowed knob change away from the champion.
 
+        A coupled move open under this champion (``agents.coupled``: a value that failed to
+        boot for a reason another knob explains, with that knob's next value) comes first,
+        with first looks on: it finishes the look whose boot failed for a named cause.
+
         Raises:
             ProposalExhausted: no allowed one-knob change is left.
         """
+        if self.first_looks:
+            moves = context.coupled_moves()
+            if moves:
+                return coupled_proposal(context, moves[0], self.name)
         allowed = context.candidates()
         if not allowed:
             neighbours = context.space.neighbours(context.champion)

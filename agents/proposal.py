@@ -8,7 +8,9 @@ from typing import Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict
 
 from agents.context import ProposalContext
+from agents.coupled import COUPLED_NOTE, CoupledMove
 from knobs.config import Change
+from knobs.spec import as_text
 from orchestrator.errors import OrchestrateError
 
 #: What a proposal's estimated cost says when the proposer knows nothing more specific: every
@@ -31,6 +33,35 @@ class Proposal(BaseModel):
     #: e.g. "1 boot + 4 cells".
     estimated_cost: str
     notes: dict[str, str] = {}
+
+
+def coupled_proposal(context: ProposalContext, move: CoupledMove, source: str) -> Proposal:
+    """The proposal of an open coupled move (``agents.coupled``): both knobs, and the failure
+    it answers in its hypothesis and its ``coupled`` note."""
+    change = move.change
+    assert change.enabling is not None
+    prior = context.prior(change.knob)
+    effect = (
+        f"unknown: {change.knob}={as_text(change.new)} never booted here; judged with "
+        f"{change.knob}'s prior"
+        + ("" if prior is None else f" ({1 - prior.p_null:.0%} of its changes matter, ")
+        + ("" if prior is None else f"spread {prior.effect_pct:g}%)")
+    )
+    return Proposal(
+        change=change,
+        source=source,
+        hypothesis=f"{change.describe()}: a coupled move. {move.why()}.",
+        expected_effect=effect,
+        risk=f"{change.enabling.knob}={as_text(change.enabling.new)} may not be enough: if the "
+        f"pair fails again, the pair's region is barred; {context.risk_of(change)}",
+        estimated_cost=ONE_EXPERIMENT,
+        notes={
+            "sampler": "coupled",
+            COUPLED_NOTE: move.why(),
+            "coupled_experiment": str(move.experiment),
+            "coupled_failure": move.failure_class,
+        },
+    )
 
 
 @runtime_checkable
