@@ -145,6 +145,12 @@ class ApprovalGate:
                 return self.ledger.decide_proposal(
                     proposal.id, status=ProposalStatus.VETOED, by="person", reason=reason
                 )
+            if answer.action == "edit" and proposal.coupled_knob is not None:
+                problem = (
+                    "a coupled move is approved or vetoed as proposed: its second knob's value "
+                    "is the one its failure asks for (veto it, and propose a one-knob change)"
+                )
+                continue
             if answer.action == "edit":
                 try:
                     change = context.space.change(context.champion, proposal.knob, answer.value)

@@ -173,7 +173,9 @@ class ChampionEvidence:
         the noise estimate, with its knob's effect prior as this cluster's decided changes of
         it taught (``priors``; ``None`` for a knob the profile no longer has: the profile's
         prior) and, for an ordered knob, the other values of it measured against this champion
-        (``pooling``; their changes then leave the prior, which would count them twice)."""
+        (``pooling``; their changes then leave the prior, which would count them twice). A
+        coupled move is judged with the prior of the knob whose value failed (``e.knob``), alone
+        (``siblings``)."""
         champion = self.level()
         knob = e.knob
         in_space = knob is not None and knob in self.profile.space.names
@@ -220,8 +222,9 @@ class ChampionEvidence:
 
     def siblings(self, e: ExperimentRecord) -> list[ExperimentRecord]:
         """The decided changes of ``e``'s knob alone, measured against the current champion (its
-        config but for that knob): the values ``pooling`` judges ``e`` with."""
-        if e.knob is None:
+        config but for that knob): the values ``pooling`` judges ``e`` with. None for a coupled
+        move: it moved another knob too, so it is no value of one knob's curve."""
+        if e.knob is None or e.coupled_knob is not None:
             return []
         champion = self.current()
         others = {k: v for k, v in champion.config.as_dict().items() if k != e.knob}

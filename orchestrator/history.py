@@ -126,6 +126,8 @@ def _entry(
         config=(e.config if lost else fitted.config).as_dict(),
         knob=e.knob,
         value=e.value,
+        coupled_knob=e.coupled_knob,
+        coupled_value=e.coupled_value,
         status=e.status,
         objective=e.objective if e.status not in UNMEASURED else None,
         delta_pct=e.delta_pct,
@@ -166,9 +168,16 @@ def monotone_classes(profile: Profile, e: ExperimentRecord) -> frozenset[str]:
     return frozenset(
         c
         for c in declared
-        if (region := crash_region(profile, e.knob, e.value, e.config, c)).at_least
+        if (region := crash_region(profile, e.knob, e.value, e.config, c, _coupled(e))).at_least
         or region.at_most
     )
+
+
+def _coupled(e: ExperimentRecord) -> tuple[str, Value] | None:
+    """A coupled move's enabling knob and value (``agents.coupled``), else None."""
+    if e.coupled_knob is None or e.coupled_value is None:
+        return None
+    return e.coupled_knob, e.coupled_value
 
 
 def _barred(profile: Profile, ledger: Ledger, e: ExperimentRecord) -> KnownBad | None:
@@ -184,13 +193,16 @@ def _barred(profile: Profile, ledger: Ledger, e: ExperimentRecord) -> KnownBad |
     source = _BARS[Status(e.status)]
     # a boot failure or a veto is pinned on the knob's value; wrong outputs come from an
     # interaction (graphs with one K), so only that whole config is barred
+    coupled = _coupled(e)
     when = e.config.as_dict() if e.status == Status.INVALID else {e.knob: e.value}
+    if coupled is not None and e.status != Status.INVALID:
+        when[coupled[0]] = coupled[1]  # a coupled move bars the pair, never its first knob alone
     reason = e.failure_class or (e.failure_detail or e.status)[:200]
     if e.status == Status.VETOED and e.proposal_id is not None:
         # the person's words, so every proposer learns why
         reason = ledger.proposal(e.proposal_id).reason or "vetoed"
     region = (
-        crash_region(profile, e.knob, e.value, e.config, e.failure_class)
+        crash_region(profile, e.knob, e.value, e.config, e.failure_class, coupled)
         if e.status == Status.CRASH
         else KnownBad(when=when, reason=reason, source=source)
     )
@@ -198,7 +210,12 @@ def _barred(profile: Profile, ledger: Ledger, e: ExperimentRecord) -> KnownBad |
 
 
 def crash_region(
-    profile: Profile, knob: str, value: Value, config: Config, failure_class: str | None
+    profile: Profile,
+    knob: str,
+    value: Value,
+    config: Config,
+    failure_class: str | None,
+    coupled: tuple[str, Value] | None = None,
 ) -> KnownBad:
     """The region a boot failure of ``knob=value`` bars.
 
@@ -208,8 +225,15 @@ def crash_region(
     memory, which ``gpu_memory_utilization`` declares for ``kv_capacity``) bars the value
     only on that side of the other knob's value in the config that failed: a larger
     memory fraction may fit it.
+
+    A coupled move (``coupled``: its enabling knob and value, ``agents.coupled``) that fails
+    bars the pair, never the first knob's value alone: each of the two knobs is bounded on
+    the side it declares the failure monotone (``kv_cache_dtype=auto,
+    gpu_memory_utilization<=0.86`` for ``kv_capacity``), else held at its value.
     """
     space = profile.space
+    if coupled is not None:
+        return _pair_region(profile, ((knob, value), coupled), config, failure_class)
     own = space.spec(knob).monotone_failures if knob in space.names else {}
     side = own.get(failure_class or "")
     if side is not None and isinstance(value, int | float) and not isinstance(value, bool):
@@ -229,3 +253,33 @@ def crash_region(
     return KnownBad(
         when={knob: value}, at_least=at_least, at_most=at_most, reason="", source="crash"
     )
+
+
+def _pair_region(
+    profile: Profile,
+    moved: tuple[tuple[str, Value], tuple[str, Value]],
+    config: Config,
+    failure_class: str | None,
+) -> KnownBad:
+    """The region a failed coupled move bars (``crash_region``)."""
+    space = profile.space
+    when: dict[str, Value] = {}
+    at_least: dict[str, int | float] = {}
+    at_most: dict[str, int | float] = {}
+    for name, value in moved:
+        side = (space.spec(name).monotone_failures if name in space.names else {}).get(
+            failure_class or ""
+        )
+        if side is not None and isinstance(value, int | float) and not isinstance(value, bool):
+            (at_least if side == "above" else at_most)[name] = value
+        else:
+            when[name] = value
+    names = {name for name, _ in moved}
+    for spec in space.knobs:
+        other = spec.monotone_failures.get(failure_class or "")
+        held = config.get(spec.name)
+        if other is None or spec.name in names or isinstance(held, bool):
+            continue
+        if isinstance(held, int | float):
+            (at_least if other == "above" else at_most)[spec.name] = held
+    return KnownBad(when=when, at_least=at_least, at_most=at_most, reason="", source="crash")

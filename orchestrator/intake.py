@@ -1,8 +1,9 @@
 """A proposal's way into the ledger: recorded as pending, then (once the veto gate decided)
 an experiment to run, or a vetoed experiment decided without a boot.
 
-Both are one knob away from the champion of the moment, validated by ``KnobSpace.change``
-again (the ledger's value, or a person's edit, is never trusted as is).
+Both are one knob away from the champion of the moment (or a coupled move, two: ``agents.
+coupled``), validated by ``KnobSpace.change`` again (the ledger's value, or a person's edit,
+is never trusted as is).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class Intake:
     def record(self, rnd: RoundRecord, proposal: Proposal) -> ProposalRecord:
         """The proposal, pending, in the ledger."""
         champion = self.champion.current()
+        enabling = proposal.change.enabling
         return self.ledger.add_proposal(
             round_id=rnd.id,
             source=proposal.source,
@@ -50,6 +52,7 @@ class Intake:
             risk=proposal.risk,
             estimated_cost=proposal.estimated_cost,
             notes=dict(proposal.notes),
+            coupled=None if enabling is None else (enabling.knob, enabling.old, enabling.new),
         )
 
     def experiment(self, rnd: RoundRecord, p: ProposalRecord) -> ExperimentRecord:
@@ -79,7 +82,15 @@ class Intake:
         """The proposal's change applied to the champion of the moment, as an experiment;
         ``how``: what its description says after the change (the proposal's fields)."""
         champion = self.champion.current()
-        change = self.profile.space.change(champion.config, p.knob, p.new_value)
+        space = self.profile.space
+        change = (
+            space.change(champion.config, p.knob, p.new_value)
+            if p.coupled_knob is None
+            else space.coupled_change(
+                champion.config, p.knob, p.new_value, p.coupled_knob, p.coupled_new
+            )
+        )
+        enabling = change.enabling
         told = how.format(source=p.source, decided_by=p.decided_by, reason=p.reason or "")
         return self.ledger.add_experiment(
             cluster=self.cluster,
@@ -92,4 +103,5 @@ class Intake:
             knob=change.knob,
             value=change.new,
             description=f"{change.describe()} {told}".strip(),
+            coupled=None if enabling is None else (enabling.knob, enabling.new),
         )

@@ -65,6 +65,8 @@ def measured(ledger: Ledger, experiments: Iterable[ExperimentRecord]) -> list[Me
             or e.status not in MEASURED
             or e.knob is None
             or e.value is None
+            # a coupled move measured two knobs at once: no effect of either alone
+            or e.coupled_knob is not None
             or e.failure_class in INFRASTRUCTURE
         ):
             continue

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 
 from agents import ProposalContext, ProposalExhausted, Proposer
 from cluster.errors import NodeError
-from knobs.spec import as_text
 from knobs.vocabulary import (
     INFRASTRUCTURE,
     BootStatus,
@@ -271,11 +270,7 @@ class RoundRunner:
             proposal = self.proposer.propose(self.context(rnd))
             record = self.intake.record(rnd, proposal)
             crashpoint("proposal.recorded")
-        self.display.experiment(
-            index,
-            rnd.budget,
-            f"{record.knob} {as_text(record.old_value)} → {as_text(record.new_value)}",
-        )
+        self.display.experiment(index, rnd.budget, record.change.describe())
         self.display.phase(f"waiting for approval ({rnd.approve})")
         decision = self.gate.decide(record, self.context(rnd))
         crashpoint("proposal.approved")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 
-from agents import METRIC_NOTES, TAG_NOTES
+from agents import COUPLED_NOTE, METRIC_NOTES, TAG_NOTES
 from cluster.errors import NodeError
 from knobs.records import CellResultRecord
 from knobs.spec import Value, as_text
@@ -90,12 +90,18 @@ class RunLog:
             params: dict[str, object] = {k: as_text(v) for k, v in e.config.items()}
             params["description"] = describe(e)
             params["config_key"] = e.config.key
+            if e.coupled_knob is not None:
+                params["coupled"] = e.label  # a coupled move: the two knobs it changed
             run_id = self.sink.start_experiment(
                 parent_run_id=parent,
                 number=e.id,
                 kind=e.kind,
                 params=params,
-                tags={"knob": e.knob or "-", "experiment": str(e.id)},
+                tags={
+                    "knob": e.label or "-",
+                    "experiment": str(e.id),
+                    **({"coupled": "true"} if e.coupled_knob is not None else {}),
+                },
             )
             crashpoint("mlflow.run.created")
             self.sink.rename(run_id, self._name(e))
@@ -124,6 +130,8 @@ class RunLog:
             expected_effect=p.expected_effect[:200],
             decided_by=p.decided_by or "",
         )
+        if p.coupled_knob is not None and COUPLED_NOTE in p.notes:
+            tags["coupled_because"] = p.notes[COUPLED_NOTE][:500]  # the failure it answers
         if metrics:
             self.sink.log_metrics(run_id, metrics)
         self.sink.set_tags(run_id, tags)
@@ -145,8 +153,10 @@ class RunLog:
         self.sink.log_metrics(run_id, {_REMEASURE: objective}, step=measurement)
 
     def _name(self, e: ExperimentRecord, status: str | None = None) -> str:
-        old = self.ledger.proposal(e.proposal_id).old_value if e.proposal_id else None
-        return run_name(e, old, status)
+        p = self.ledger.proposal(e.proposal_id) if e.proposal_id else None
+        return run_name(
+            e, None if p is None else p.old_value, status, None if p is None else p.coupled_old
+        )
 
     def vetoed(self, run_id: str, e: ExperimentRecord, reason: str) -> None:
         """A vetoed proposal's run: tagged and ended without a boot."""
@@ -281,14 +291,25 @@ class RunLog:
                 self.remeasured(run_id, d.after, d.measurement)
 
 
-def run_name(e: ExperimentRecord, old: Value | None, status: str | None = None) -> str:
+def run_name(
+    e: ExperimentRecord,
+    old: Value | None,
+    status: str | None = None,
+    coupled_old: Value | None = None,
+) -> str:
     """The name an experiment's run is listed by in MLflow: ``exp-7 · num_speculative_tokens
     7→5 · discard`` (the verdict once there is one), ``exp-1 · baseline · keep``; ``old``: the
-    changed knob's value before (``None``: unknown)."""
+    changed knob's value before (``None``: unknown). A coupled move names both knobs:
+    ``exp-9 · kv_cache_dtype fp8_e4m3→auto + gpu_memory_utilization 0.85→0.86 · keep``
+    (``coupled_old``: the enabling knob's value before)."""
     if e.kind == Kind.BASELINE or e.knob is None:
         change = "baseline"
     else:
         before = "?" if old is None else as_text(old)
         after = "?" if e.value is None else as_text(e.value)
         change = f"{e.knob} {before}→{after}"
+        if e.coupled_knob is not None:
+            was = "?" if coupled_old is None else as_text(coupled_old)
+            now = "?" if e.coupled_value is None else as_text(e.coupled_value)
+            change += f" + {e.coupled_knob} {was}→{now}"
     return " · ".join([f"exp-{e.id}", change, *([str(status)] if status else [])])

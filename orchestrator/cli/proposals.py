@@ -37,7 +37,7 @@ def proposals_list(
         typer.echo("no pending proposals")
     for p in rows:
         typer.echo(
-            f"{p.id}\t{p.status}\t{p.knob} {as_text(p.old_value)} -> {as_text(p.new_value)}"
+            f"{p.id}\t{p.status}\t{p.change.describe().replace(' → ', ' -> ')}"
             f"\t{p.source}\t{p.hypothesis}"
         )
 

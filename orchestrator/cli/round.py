@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from agents import Proposer, make_proposer
+from agents import COUPLED_NOTE, Proposer, make_proposer
 from knobs.spec import as_text
 from ledger import ExperimentRecord, Ledger, ProposalRecord, tsv_text
 from ledger.mlflow_sink import MlflowSink, mlflow_experiment
@@ -219,6 +219,8 @@ def _experiment_json(e: ExperimentRecord) -> dict[str, Any]:
         "kind": e.kind,
         "knob": e.knob,
         "value": e.value,
+        "coupled_knob": e.coupled_knob,
+        "coupled_value": e.coupled_value,
         "description": e.description,
         "config": e.config.as_dict(),
         "config_key": e.config.key,
@@ -246,8 +248,10 @@ def _ask(console: Console, p: ProposalRecord, problem: str | None) -> Answer:
         console.print(Text(problem, style="red"))
     else:
         console.print(Text(f"\nProposal {p.id} ({p.source}): ", style="bold"), end="")
-        console.print(Text(f"{p.knob} {as_text(p.old_value)} → {as_text(p.new_value)}"))
+        console.print(Text(p.change.describe()))
         rows = [
+            # a coupled move says so, and which failure it answers (``agents.coupled``)
+            ("coupled", p.notes.get(COUPLED_NOTE, "") if p.coupled_knob else ""),
             ("hypothesis", p.hypothesis),
             ("expected", p.expected_effect),
             ("risk", p.risk),
@@ -255,7 +259,7 @@ def _ask(console: Console, p: ProposalRecord, problem: str | None) -> Answer:
             ("llm", llm_summary(p.notes)),
         ]
         for label, value in rows:
-            if value or label != "llm":
+            if value or label not in ("llm", "coupled"):
                 console.print(Text(f"  {label + ':':<11} {value or '-'}"))
     action = typer.prompt("approve, edit or veto", default="approve").strip().lower()
     action = {"a": "approve", "e": "edit", "v": "veto"}.get(action, action)

@@ -172,8 +172,11 @@ def _point(ledger: Ledger, e: ExperimentRecord) -> Point:
         interval=interval,
         boots=len([b for b in up if b.role != BootRole.REMEASURE]),
         rule=verdict.rule if verdict is not None else "",
-        knob=e.knob,
-        value=e.value,
+        # a coupled move is a row of its own: ``a+b`` at ``v+w``
+        knob=e.label,
+        value=e.value
+        if e.coupled_knob is None or e.value is None
+        else f"{as_text(e.value)}+{as_text(e.coupled_value or '')}",
         failure=e.failure_class,
     )
 
