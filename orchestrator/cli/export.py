@@ -78,6 +78,8 @@ def _trials(experiments: Iterable[ExperimentRecord]) -> Iterable[StudyTrial]:
         }
         if e.knob is not None:
             attrs.update(knob=e.knob, value=e.value)
+        if e.coupled_knob is not None:  # a coupled move: its enabling knob too
+            attrs.update(coupled_knob=e.coupled_knob, coupled_value=e.coupled_value)
         if e.delta_pct is not None:
             attrs["delta_pct"] = e.delta_pct
         if e.objective is not None and not measured:
