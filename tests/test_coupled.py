@@ -26,6 +26,7 @@ from knobs.vocabulary import Kind, Status
 from ledger import Ledger, tsv_text
 from ledger.mlflow_sink import MlflowSink
 from orchestrator.approval import Answer, ApprovalGate
+from orchestrator.cli.round import _ask as ask_at_prompt
 from orchestrator.display import RoundDisplay
 from orchestrator.history import crash_region
 from orchestrator.known_bad import barred_regions
@@ -388,3 +389,38 @@ def test_a_coupled_move_that_fails_again_bars_the_pair(
         "kv_cache_dtype=auto, gpu_memory_utilization<=0.86",
     ]
     assert after.coupled_knob is None, after  # one coupled try per value under a champion
+
+
+def test_the_veto_prompt_says_the_move_is_coupled_and_which_failure_it_answers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ctx = context(
+        (crashed(2, KV_AUTO, "kv_cache_dtype", "auto", "kv_capacity"),), (kv_short(0.85),)
+    )
+    [move] = ctx.coupled_moves()
+    proposal = OptunaProposer(seed=0).propose(ctx)
+    with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
+        rnd = ledger.create_round(
+            cluster="c", profile_name="p", profile_digest="d", budget=1, proposer="optuna",
+            approve="ask", seed=0,
+        )  # fmt: skip
+        assert proposal.change.enabling is not None
+        record = ledger.add_proposal(
+            round_id=rnd.id,
+            source=proposal.source,
+            knob=proposal.change.knob,
+            old_value=proposal.change.old,
+            new_value=proposal.change.new,
+            champion_key=CHAMPION.key,
+            hypothesis=proposal.hypothesis,
+            notes=dict(proposal.notes),
+            coupled=(proposal.change.enabling.knob, 0.85, 0.86),
+        )
+    out = io.StringIO()
+    monkeypatch.setattr("sys.stdin", io.StringIO("veto\nnot tonight\n"))
+    answer = ask_at_prompt(Console(file=out, width=400), record, None)
+    shown = out.getvalue()
+    assert "kv_cache_dtype fp8_e4m3 → auto + gpu_memory_utilization 0.85 → 0.86" in shown
+    coupled_line = next(line for line in shown.splitlines() if "coupled:" in line)
+    assert move.why() in coupled_line
+    assert answer == Answer("veto", reason="not tonight")

@@ -10,6 +10,7 @@ import typer
 
 from knobs.spec import as_text
 from knobs.vocabulary import ProposalStatus
+from ledger import ProposalRecord
 from orchestrator.cli.common import JsonOpt, ProfileOpt, opened
 from orchestrator.profile import load_profile
 
@@ -48,7 +49,7 @@ def proposals_approve(proposal_id: ProposalId, profile: ProfileOpt = None) -> No
     prof = load_profile(profile)
     with opened(prof) as o:
         p = o.ledger().decide_proposal(proposal_id, status=ProposalStatus.APPROVED, by="person")
-    typer.echo(f"approved proposal {p.id}: {p.knob} -> {as_text(p.new_value)}")
+    typer.echo(f"approved proposal {p.id}: {_target(p)}")
 
 
 @proposals_app.command("veto")
@@ -63,4 +64,12 @@ def proposals_veto(
         p = o.ledger().decide_proposal(
             proposal_id, status=ProposalStatus.VETOED, by="person", reason=reason
         )
-    typer.echo(f"vetoed proposal {p.id}: {p.knob} -> {as_text(p.new_value)}")
+    typer.echo(f"vetoed proposal {p.id}: {_target(p)}")
+
+
+def _target(p: ProposalRecord) -> str:
+    """``knob -> value``, and ``+ knob -> value`` for a coupled move's enabling knob."""
+    text = f"{p.knob} -> {as_text(p.new_value)}"
+    if p.coupled_knob is not None and p.coupled_new is not None:
+        text += f" + {p.coupled_knob} -> {as_text(p.coupled_new)}"
+    return text
