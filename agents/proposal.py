@@ -19,7 +19,8 @@ ONE_EXPERIMENT = "1 boot (all nodes, workers first) + 1 pass of the profile's be
 
 
 class Proposal(BaseModel):
-    """One knob change for the champion, with what its author expects and why."""
+    """One knob change for the champion (or a coupled move: ``Change.enabling``), with what
+    its author expects and why."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
