@@ -424,3 +424,27 @@ def test_the_veto_prompt_says_the_move_is_coupled_and_which_failure_it_answers(
     coupled_line = next(line for line in shown.splitlines() if "coupled:" in line)
     assert move.why() in coupled_line
     assert answer == Answer("veto", reason="not tonight")
+
+
+def test_a_kept_coupled_move_moves_both_knobs_in_the_champion(
+    tmp_path: Path, mlflow_db: MlflowStore
+) -> None:
+    """A test landscape where the FP8 KV cache costs 30 % a step: the BF16 cache at 0.86 is a
+    large gain, kept, and the champion holds both of the move's values."""
+    data = yaml.safe_load(landscape_path("sm121-2node").read_text())
+    data["decode"]["kv_cache_dtype"]["fp8_e4m3"]["step"] = 1.3
+    data["name"] = "sm121-slow-fp8"
+    path = tmp_path / "slow-fp8.yaml"
+    path.write_text(yaml.safe_dump(data))
+    prof = _profile(tmp_path, path)
+    testbed = SimulatedTestbed(load_landscape(path), seed=0)
+    with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
+        _round(ledger, prof, testbed, SweepProposer([{"kv_cache_dtype": "auto"}]), 1)
+        _round(ledger, prof, testbed, OptunaProposer(seed=0), 1)
+        pair = [e for e in ledger.experiments() if e.kind == Kind.CANDIDATE][-1]
+        champion = ledger.champion(prof.cluster.name)
+    assert pair.coupled_knob == "gpu_memory_utilization"
+    assert pair.status == Status.KEEP, pair
+    assert champion is not None and champion.experiment_id == pair.id
+    assert champion.config["kv_cache_dtype"] == "auto"
+    assert champion.config["gpu_memory_utilization"] == 0.86
