@@ -32,6 +32,7 @@ from orchestrator.history import crash_region
 from orchestrator.known_bad import barred_regions
 from orchestrator.profile import Profile
 from orchestrator.round import RoundOptions, RoundRunner
+from orchestrator.testbed import NullSink
 from tests.fixtures.mlflow_store import MlflowStore
 
 SPACE = KnobSpace(knobs=catalog("vllm-dflash2"))
@@ -448,3 +449,35 @@ def test_a_kept_coupled_move_moves_both_knobs_in_the_champion(
     assert champion is not None and champion.experiment_id == pair.id
     assert champion.config["kv_cache_dtype"] == "auto"
     assert champion.config["gpu_memory_utilization"] == 0.86
+
+
+def test_a_coupled_proposal_left_pending_by_a_kill_runs_on_resume(tmp_path: Path) -> None:
+    """The round recorded the coupled proposal and was killed before its gate: the resumed
+    round reads both knobs back from the ledger and runs the pair, not the first knob alone."""
+    prof = _profile(tmp_path, "sm121-2node")
+    testbed = SimulatedTestbed(load_landscape("sm121-2node"), seed=0)
+    with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
+        _round(ledger, prof, testbed, SweepProposer([{"kv_cache_dtype": "auto"}]), 1)
+        runner = RoundRunner(
+            prof,
+            ledger,
+            NullSink(),
+            testbed,
+            OptunaProposer(seed=0),
+            ApprovalGate(ledger, "auto"),
+            RoundDisplay(Console(file=io.StringIO())),
+        )
+        rnd = ledger.create_round(
+            cluster=prof.cluster.name, profile_name=prof.name, profile_digest=prof.digest,
+            budget=1, proposer="optuna", approve="auto", seed=0,
+        )  # fmt: skip
+        # what the round does before its crashpoint "proposal.recorded"
+        pending = runner.intake.record(rnd, OptunaProposer(seed=0).propose(runner.context(rnd)))
+        assert pending.coupled_knob == "gpu_memory_utilization" and pending.coupled_new == 0.86
+        report = runner.run(RoundOptions(budget=1, proposer="optuna", approve="auto", seed=0))
+    assert report.resumed
+    [pair] = [e for e in report.experiments if e.kind == Kind.CANDIDATE]
+    assert pair.proposal_id == pending.id
+    assert pair.config["kv_cache_dtype"] == "auto"
+    assert pair.config["gpu_memory_utilization"] == 0.86
+    assert pair.label == "kv_cache_dtype+gpu_memory_utilization" and pair.objective
