@@ -137,8 +137,12 @@ def _open(context: ProposalContext) -> str:
 
 def _tried(context: ProposalContext) -> str:
     by_value: dict[str, list[tuple[Value, list[HistoryEntry]]]] = defaultdict(list)
+    coupled: list[HistoryEntry] = []
     for entry in context.history:
         if entry.knob is None or entry.value is None:
+            continue
+        if entry.coupled_knob is not None:  # two knobs at once: listed apart
+            coupled.append(entry)
             continue
         groups = by_value[entry.knob]
         for value, entries in groups:
@@ -158,6 +162,12 @@ def _tried(context: ProposalContext) -> str:
             continue
         parts = [_group(spec, value, entries) for value, entries in _ordered(spec, groups)]
         lines.append(f"- {spec.name}: " + "; ".join(parts))
+    if coupled:
+        lines.append(
+            "- coupled moves (a value that failed for another knob's reason, tried with that "
+            "knob's next value; the orchestrator proposes them itself): "
+            + "; ".join(e.describe() for e in coupled)
+        )
     return "\n".join(lines)
 
 

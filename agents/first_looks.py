@@ -257,6 +257,8 @@ def open_changes(context: ProposalContext) -> dict[str, HistoryEntry]:
     for e in context.history:
         if e.champion_key != context.champion.key or e.knob is None:
             continue
+        if e.coupled_knob is not None:
+            continue  # a coupled move gets one try under a champion (``agents.coupled``)
         key = Config(e.config).key
         if key in context.decided_keys:
             continue

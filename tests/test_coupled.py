@@ -14,7 +14,7 @@ from mlflow.tracking import MlflowClient
 from pydantic import ValidationError
 from rich.console import Console
 
-from agents import HistoryEntry, KnownBad, OptunaProposer, ProposalContext
+from agents import HistoryEntry, KnownBad, OptunaProposer, ProposalContext, digest
 from agents.coupled import COUPLED_NOTE, open_moves
 from agents.sweep import SweepProposer
 from cluster.simulated import SimulatedTestbed
@@ -481,3 +481,18 @@ def test_a_coupled_proposal_left_pending_by_a_kill_runs_on_resume(tmp_path: Path
     assert pair.config["kv_cache_dtype"] == "auto"
     assert pair.config["gpu_memory_utilization"] == 0.86
     assert pair.label == "kv_cache_dtype+gpu_memory_utilization" and pair.objective
+
+
+def test_the_llm_digest_lists_a_coupled_move_apart_from_its_first_knobs_values() -> None:
+    pair = KV_AUTO.apply(SPACE.change(KV_AUTO, "gpu_memory_utilization", 0.86))
+    entries = (
+        crashed(2, KV_AUTO, "kv_cache_dtype", "auto", "kv_capacity"),
+        crashed(
+            3, pair, "kv_cache_dtype", "auto", "kv_capacity",
+            coupled=("gpu_memory_utilization", 0.86),
+        ),
+    )  # fmt: skip
+    text = digest(context(entries, (kv_short(0.85), kv_short(0.86))))
+    [line] = [ln for ln in text.splitlines() if ln.startswith("- kv_cache_dtype:")]
+    assert "crash×1" in line and "crash×2" not in line, line
+    assert "#3 kv_cache_dtype=auto+gpu_memory_utilization=0.86: crash [kv_capacity]" in text
