@@ -63,7 +63,8 @@ from agents.optuna_proposer import distributions
 from cluster.simulated import SimulatedTestbed, StepDrift
 from cluster.twin.landscape import Landscape, load_landscape
 from knobs.catalog import catalog
-from knobs.config import Config
+from knobs.config import Change, Config
+from knobs.errors import KnobError
 from ledger import Ledger
 from orchestrator.approval import ApprovalGate
 from orchestrator.display import RoundDisplay
@@ -496,29 +497,64 @@ def experiments_to(row: dict[str, Any], pct: float, budget: int) -> int:
     return next((i for i, p in enumerate(row["pct_after"]) if p >= pct), budget + 1)
 
 
-def ceiling(landscape: Landscape, margin_pct: float) -> float:
+def steps(landscape: Landscape, config: Config, coupled: bool) -> list[Change]:
+    """The moves the loop may make from ``config``: every one-knob neighbour and, with
+    ``coupled``, the coupled moves (``agents.coupled``): a neighbour that does not boot for a
+    failure class another knob declares monotone, with that knob's next value in the
+    direction that cures it (one try, as the loop makes)."""
+    space = landscape.knob_space()
+    out = space.neighbours(config)
+    if not coupled:
+        return out
+    for change in list(out):
+        status, _ = landscape.boot_status(landscape.settings(config.apply(change).as_dict()))
+        if status not in ("oom", "kv_capacity"):
+            continue
+        for spec in space.knobs:
+            side = spec.monotone_failures.get(status)
+            held = config[spec.name]
+            if side is None or spec.name == change.knob or isinstance(held, bool | str):
+                continue
+            cure = [v for v in spec.domain() if isinstance(v, int | float) and v > held]
+            if side == "above":
+                cure = sorted(
+                    (v for v in spec.domain() if isinstance(v, int | float) and v < held),
+                    reverse=True,
+                )
+            if not cure:
+                continue
+            try:
+                out.append(
+                    space.coupled_change(config, change.knob, change.new, spec.name, cure[0])
+                )
+            except KnobError:
+                continue
+    return out
+
+
+def ceiling(landscape: Landscape, margin_pct: float, coupled: bool = False) -> float:
     """The best true objective a one-knob hill climb can reach from the default config when
     every step it keeps is a true gain of at least ``margin_pct``: a loop that keeps only real
-    gains can do no better. Exhaustive over improving chains, memoised on the config."""
-    space = landscape.knob_space()
+    gains can do no better. Exhaustive over improving chains, memoised on the config.
+    ``coupled``: coupled moves are steps too (``steps``)."""
     best: dict[str, float] = {}
 
     def climb(config: Config) -> float:
         if config.key not in best:
             here = truth(landscape, config.as_dict())
             top = here
-            for change in space.neighbours(config):
+            for change in steps(landscape, config, coupled):
                 nxt = config.apply(change)
                 if here > 0 and truth(landscape, nxt.as_dict()) >= here * (1 + margin_pct / 100):
                     top = max(top, climb(nxt))
             best[config.key] = top
         return best[config.key]
 
-    return climb(space.default_config())
+    return climb(landscape.knob_space().default_config())
 
 
 def widest_path(
-    landscape: Landscape, target: float, limit: int = 5000
+    landscape: Landscape, target: float, limit: int = 5000, coupled: bool = False
 ) -> list[tuple[str, float]] | None:
     """The one-knob path from the default config to a config whose true objective is at least
     ``target`` whose smallest step is as large as possible (steps never lose: a kept loss is a
@@ -538,7 +574,7 @@ def widest_path(
         here = -neg_value
         if here >= target:
             return path
-        for change in space.neighbours(config):
+        for change in steps(landscape, config, coupled):
             nxt = config.apply(change)
             value = truth(landscape, nxt.as_dict())
             if here <= 0 or value < here or nxt.key in seen:
@@ -570,7 +606,8 @@ def landscape_for(name: str, boot_noise: float | None) -> Landscape:
 
 
 def report_ceilings(names: list[str], boot_noise: float | None = None) -> None:
-    """What the landscapes allow an honest one-knob loop, and what the last steps cost."""
+    """What the landscapes allow an honest one-knob loop, and what the last steps cost; then
+    the same with coupled moves as steps (where they change anything)."""
     print("\n## What a one-knob loop can reach\n")
     print(
         "ceiling: the best true objective (% of the optimum) reachable from the default config "
@@ -579,26 +616,42 @@ def report_ceilings(names: list[str], boot_noise: float | None = None) -> None:
         "largest (no step a true loss), and the boots per side a one-sided 95% test needs to "
         "tell that smallest step from nothing at the landscape's boot-to-boot noise.\n"
     )
-    print(
+    header = (
         "| landscape | ceiling, steps ≥ 0.1% | ceiling, steps ≥ 2% | path to 99% "
-        "| smallest step | boots/side |"
+        "| smallest step | boots/side |\n|---|---|---|---|---|---|"
     )
-    print("|---|---|---|---|---|---|")
-    for name in names:
-        landscape = landscape_for(name, boot_noise)
-        optimum = float(landscape.optimum()["objective"])
-        tops = [100 * ceiling(landscape, m) / optimum for m in (0.1, 2.0)]
-        path = widest_path(landscape, 0.99 * optimum)
-        if path is None:
-            steps, smallest = "not found", math.nan
-        else:
-            steps = ", ".join(f"{what} ({gain:+.1f}%)" for what, gain in path)
-            smallest = min((gain for _, gain in path), default=math.nan)
-        need = boots_to_tell(smallest, landscape.boot_to_boot)
-        print(
-            f"| {name} | {tops[0]:.1f}% | {tops[1]:.1f}% | {steps} | {smallest:+.1f}% | "
-            f"{need:.0f} |"
-        )
+    print(header)
+    rows = {name: _ceiling_row(name, boot_noise, coupled=False) for name in names}
+    for row in rows.values():
+        print(row)
+    with_coupled = {name: _ceiling_row(name, boot_noise, coupled=True) for name in names}
+    changed = [row for name, row in with_coupled.items() if row != rows[name]]
+    print("\n### With coupled moves\n")
+    print(
+        "The same, where a step may also be a coupled move (a value that does not boot for a "
+        "failure another knob declares monotone, with that knob's next value); landscapes "
+        "where it changes nothing are left out.\n"
+    )
+    if changed:
+        print(header)
+        for row in changed:
+            print(row)
+    else:
+        print("(it changes nothing on these landscapes)")
+
+
+def _ceiling_row(name: str, boot_noise: float | None, *, coupled: bool) -> str:
+    landscape = landscape_for(name, boot_noise)
+    optimum = float(landscape.optimum()["objective"])
+    tops = [100 * ceiling(landscape, m, coupled) / optimum for m in (0.1, 2.0)]
+    path = widest_path(landscape, 0.99 * optimum, coupled=coupled)
+    if path is None:
+        shown, smallest = "not found", math.nan
+    else:
+        shown = ", ".join(f"{what} ({gain:+.1f}%)" for what, gain in path)
+        smallest = min((gain for _, gain in path), default=math.nan)
+    need = boots_to_tell(smallest, landscape.boot_to_boot)
+    return f"| {name} | {tops[0]:.1f}% | {tops[1]:.1f}% | {shown} | {smallest:+.1f}% | {need:.0f} |"
 
 
 def verdict_settings(text: str) -> dict[str, Any]:
