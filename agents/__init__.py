@@ -5,8 +5,9 @@ protocol). It sees only a ``ProposalContext`` (knob space, champion, decided his
 regions, the keys decided under this champion, budget, seed, brief, LLM spend of the round)
 and keeps no state between calls that a resumed round would need. Every proposal is one knob
 away from the champion and ``context.allowed``, but for a coupled move (``coupled``: a value
-that failed for a reason another knob explains, with that knob's next value; the Optuna
-proposer takes one first); a proposer with nothing allowed left raises ``ProposalExhausted``.
+that failed for a reason another knob explains, with that knob's next value; the Optuna,
+Claude and hybrid proposers take one first: ``open_coupled``); a proposer with nothing
+allowed left raises ``ProposalExhausted``.
 
 Built: ``optuna`` (TPE ask/tell, rebuilt from the history on every call), ``sweep`` (a fixed
 list, or every neighbour), ``claude`` (Claude through the Messages API's forced tool use, with

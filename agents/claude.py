@@ -37,7 +37,7 @@ from agents.llm_tool import (
     one_knob_problem,
     read_effect,
 )
-from agents.proposal import Proposal, ProposalExhausted, Proposer
+from agents.proposal import Proposal, ProposalExhausted, Proposer, open_coupled
 from orchestrator.errors import UsageError
 
 if TYPE_CHECKING:  # the SDK takes seconds to import: only a Claude proposer pays for it
@@ -181,6 +181,9 @@ class ClaudeProposer(LLMProposer):
             ProposalExhausted: no allowed one-knob change is left (checked before any call).
             LLMError: the API refused the request for a reason a retry cannot fix.
         """
+        coupled = open_coupled(context, self.name)  # before any call: see ``open_coupled``
+        if coupled is not None:
+            return coupled
         tool = change_tool(context.space, strict=self.options.strict_tools)
 
         def validate(data: object) -> Proposal | str:

@@ -23,7 +23,7 @@ from agents.draft_model import predict
 from agents.llm import ClaudeOptions
 from agents.llm_tool import EFFECT_PROPERTIES, Effect, one_knob_problem, read_effect, tool_schema
 from agents.optuna_proposer import MAX_ASKS, OptunaProposer, distributions
-from agents.proposal import Proposal
+from agents.proposal import Proposal, open_coupled
 from knobs.config import Change
 from knobs.errors import KnobError
 from knobs.space import KnobSpace
@@ -109,6 +109,9 @@ class HybridProposer(LLMProposer):
             ProposalExhausted: no allowed one-knob change is left (checked before any call).
             LLMError: the API refused the request for a reason a retry cannot fix.
         """
+        coupled = open_coupled(context, self.name)  # before any call: see ``open_coupled``
+        if coupled is not None:
+            return coupled
         tool = knob_tool(context.space, strict=self.options.strict_tools)
 
         def validate(data: object) -> Proposal | str:

@@ -41,7 +41,7 @@ from agents.draft_model import predict
 from agents.first_looks import DRAFT_LOOK_FLOOR as DRAFT_LOOK_FLOOR  # re-exported
 from agents.first_looks import first_look as first_look  # re-exported
 from agents.first_looks import second_look, seed_for, why
-from agents.proposal import ONE_EXPERIMENT, Proposal, ProposalExhausted, coupled_proposal
+from agents.proposal import ONE_EXPERIMENT, Proposal, ProposalExhausted, open_coupled
 from knobs.config import Change, Config
 from knobs.errors import KnobError
 from knobs.space import KnobSpace
@@ -148,10 +148,9 @@ class OptunaProposer:
         Raises:
             ProposalExhausted: no allowed one-knob change is left.
         """
-        if self.first_looks:
-            moves = context.coupled_moves()
-            if moves:
-                return coupled_proposal(context, moves[0], self.name)
+        coupled = open_coupled(context, self.name) if self.first_looks else None
+        if coupled is not None:
+            return coupled
         allowed = context.candidates()
         if not allowed:
             neighbours = context.space.neighbours(context.champion)

@@ -65,6 +65,17 @@ def coupled_proposal(context: ProposalContext, move: CoupledMove, source: str) -
     )
 
 
+def open_coupled(context: ProposalContext, source: str) -> Proposal | None:
+    """The proposal of the oldest coupled move open under this champion, or ``None``.
+
+    Every proposer that chooses for itself (Optuna with first looks, Claude, the hybrid) takes
+    it before its own choice: it is the one way to run a value whose boot failed for a cause
+    another knob declares, a one-knob proposer cannot name it (the model's tool takes one
+    knob), and it is tried once per champion. A person may still veto it."""
+    moves = context.coupled_moves()
+    return coupled_proposal(context, moves[0], source) if moves else None
+
+
 @runtime_checkable
 class Proposer(Protocol):
     """Suggests the next one-knob change. Must be deterministic given the context.

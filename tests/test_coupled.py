@@ -14,7 +14,16 @@ from mlflow.tracking import MlflowClient
 from pydantic import ValidationError
 from rich.console import Console
 
-from agents import HistoryEntry, KnownBad, OptunaProposer, ProposalContext, digest
+from agents import (
+    ClaudeOptions,
+    ClaudeProposer,
+    HistoryEntry,
+    HybridProposer,
+    KnownBad,
+    OptunaProposer,
+    ProposalContext,
+    digest,
+)
 from agents.coupled import COUPLED_NOTE, open_moves
 from agents.sweep import SweepProposer
 from bench.research import ceiling, widest_path
@@ -34,6 +43,7 @@ from orchestrator.known_bad import barred_regions
 from orchestrator.profile import Profile
 from orchestrator.round import RoundOptions, RoundRunner
 from orchestrator.testbed import NullSink
+from tests.fixtures.messages_api import MessagesApi
 from tests.fixtures.mlflow_store import MlflowStore
 
 SPACE = KnobSpace(knobs=catalog("vllm-dflash2"))
@@ -512,3 +522,39 @@ def test_coupled_moves_lift_the_two_node_stacks_ceiling() -> None:
     assert path is not None
     assert path[0][0] == ("kv_cache_dtype fp8_e4m3 → auto + gpu_memory_utilization 0.85 → 0.86")
     assert min(gain for _, gain in path) > 2.0
+
+
+@pytest.mark.parametrize("kind", ["claude", "hybrid"])
+def test_the_llm_proposers_take_an_open_coupled_move_before_any_call(
+    messages_api: MessagesApi, kind: str
+) -> None:
+    """The model's tool names one knob, so it cannot propose the move; the proposer takes it
+    itself, as the digest tells the model, and spends no call on it."""
+    ctx = context(
+        (crashed(2, KV_AUTO, "kv_cache_dtype", "auto", "kv_capacity"),), (kv_short(0.85),)
+    )
+    [move] = ctx.coupled_moves()
+    options = ClaudeOptions(api_retries=0)
+    optuna = OptunaProposer(seed=0)
+    proposer = (
+        ClaudeProposer(options, fallback=optuna, base_url=messages_api.url)
+        if kind == "claude"
+        else HybridProposer(options, optuna=optuna, base_url=messages_api.url)
+    )
+    try:
+        proposal = proposer.propose(ctx)
+    finally:
+        proposer.close()
+    assert proposal.change == move.change and proposal.source == kind
+    assert proposal.notes[COUPLED_NOTE] == move.why()
+    assert messages_api.requests == []
+    # once decided under this champion, the move is closed: the next proposal is the model's
+    done = crashed(
+        3,
+        CHAMPION.apply(move.change),
+        "kv_cache_dtype",
+        "auto",
+        "kv_capacity",
+        coupled=("gpu_memory_utilization", 0.86),
+    )
+    assert context((*ctx.history, done), ctx.known_bad).coupled_moves() == []
