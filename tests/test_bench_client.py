@@ -19,16 +19,28 @@ from typing import ClassVar
 
 import pytest
 
-from cluster import prompts
+from cluster import prompts, stall
 from cluster.bench import BenchError, run_cell, scrape_metrics, smoke
 from cluster.twin import noise, text
 from cluster.twin.landscape import load_landscape, window_tokens
 from knobs.records import CellResultRecord, CellSpec, NodeClockRecord
-from tests.twin_fixtures import TwinNodes, free_port, running_nodes, serve_argv, write_landscape
+from tests.twin_fixtures import (
+    HostWait,
+    TwinNodes,
+    free_port,
+    running_nodes,
+    serve_argv,
+    write_landscape,
+)
 
 # the client is checked against the twin's ground truth within 1 %: on a machine the rest of
 # the suite leaves alone (`make test` runs these after the others, one at a time). Beside the
-# suite's three workers a concurrency-8 cell read 2.9 % low with no stall of 15 ms in it.
+# suite's three workers a concurrency-8 cell read 2.9 % low with no stall of 15 ms in it; on a
+# CI machine that something else kept busy (or a CPU quota throttled) the windows the stall
+# watch let pass read 1.3 % low. So the tolerance is 1 % plus what the host can have taken
+# from the window (`HostWait`: the record's stall, and the kernel's waits for a CPU that the
+# stall watch cannot see, at the window's two edges): 1 % where nothing waited, at most 2.5 %
+# for a clean 2-s window on a busy machine.
 pytestmark = pytest.mark.solo
 
 REPO = Path(__file__).resolve().parent.parent
@@ -62,12 +74,19 @@ BASE = {
 def test_noise_free_measurements_match_the_ground_truth(nodes: TwinNodes, name: str) -> None:
     landscape = load_landscape(name)
     flags, knobs = CONFIGS[name]
-    _, url = nodes.head(serve_argv(**flags), TWIN_LANDSCAPE=name)  # type: ignore[arg-type]
+    engine, url = nodes.head(serve_argv(**flags), TWIN_LANDSCAPE=name)  # type: ignore[arg-type]
     for cell in landscape.cells():
         truth = landscape.truth({**BASE, **knobs}, cell)
         assert truth.valid
-        got = run_cell(url, "glm53", cell)
-        assert got.output_throughput == pytest.approx(truth.output_tok_s, rel=0.01), cell.name
+        with HostWait(engine.proc.pid) as host:
+            got = run_cell(url, "glm53", cell)
+        stalled = got.client_stall_s + got.engine_stall_s
+        rel = host.tolerance(0.01, cell.duration_s, stalled)
+        assert got.output_throughput == pytest.approx(truth.output_tok_s, rel=rel), (
+            cell.name,
+            stalled,
+            host.waited_s,
+        )
         assert got.accepted_per_step == pytest.approx(truth.accepted_per_step, rel=0.01), cell.name
         assert got.per_position_acceptance == pytest.approx(truth.per_position, abs=0.01)
         assert got.acceptance_rate == pytest.approx(truth.acceptance_rate, rel=0.01)
@@ -83,7 +102,7 @@ def test_noise_free_measurements_match_the_ground_truth(nodes: TwinNodes, name: 
 
 def test_requests_straddling_the_window_count_only_inside(nodes: TwinNodes) -> None:
     landscape = load_landscape("vllm-dflash2-tp4")
-    _, url = nodes.head(serve_argv())
+    engine, url = nodes.head(serve_argv())
     # each request lasts longer than the window (about 3.7 s): none completes inside it; a
     # 2-s window, not 0.5: at 1 % a 0.5-s window had 5 ms of slack, and a loaded CI machine's
     # scheduling moved more tokens than that across its edges (it read 2382 for 2152)
@@ -91,14 +110,16 @@ def test_requests_straddling_the_window_count_only_inside(nodes: TwinNodes) -> N
         name="long", category="code", concurrency=2, max_tokens=4000, warmup_s=0.3, duration_s=2.0
     )
     truth = landscape.truth({**BASE, **CONFIGS["vllm-dflash2-tp4"][1]}, cell)
-    got = run_cell(url, "glm53", cell)
+    with HostWait(engine.proc.pid) as host:
+        got = run_cell(url, "glm53", cell)
+    rel = host.tolerance(0.01, cell.duration_s, got.client_stall_s + got.engine_stall_s)
     # none finished inside: the first prompt was run to completion after the window, so the
     # cell still carries a greedy fingerprint, the twin's greedy text of that prompt
     first = prompts.build_prompt("code", 0, 0)
     expected = text.fingerprint(text.greedy_text(first.text, 4000, trap=False))
     assert got.completed == 0 and got.fingerprints == {first.id: expected}
-    assert got.output_throughput == pytest.approx(truth.output_tok_s, rel=0.01)
-    assert got.total_output_tokens == pytest.approx(truth.output_tok_s * 2.0, rel=0.01)
+    assert got.output_throughput == pytest.approx(truth.output_tok_s, rel=rel), host.waited_s
+    assert got.total_output_tokens == pytest.approx(truth.output_tok_s * 2.0, rel=rel)
 
 
 def test_a_cold_engine_window_opens_at_its_first_token(nodes: TwinNodes, tmp_path: Path) -> None:
@@ -128,11 +149,14 @@ def test_a_cold_engine_window_opens_at_its_first_token(nodes: TwinNodes, tmp_pat
 
 # a bench client in a process of its own, so that the test can stop it as a busy host would
 CLIENT = """
+import os
 import sys
 from cluster.bench import run_cell
+from tests.twin_fixtures import run_delay_s
 from knobs.records import CellSpec
 cell = CellSpec.model_validate_json(sys.argv[2])
 record = run_cell(sys.argv[1], "glm53", cell, on_progress=lambda m: print(m, flush=True))
+print(f"WAITED {run_delay_s(os.getpid())}", flush=True)
 print("RESULT " + record.model_dump_json(), flush=True)
 """
 
@@ -153,12 +177,15 @@ def test_a_cell_whose_host_stalled_is_measured_again(nodes: TwinNodes, stopped: 
     engine, url = nodes.head(serve_argv(**flags), TWIN_LANDSCAPE=name)  # type: ignore[arg-type]
     lines: list[str] = []
     stops = 0
-    with subprocess.Popen(
-        [sys.executable, "-c", CLIENT, url, cell.model_dump_json()],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        text=True,
-    ) as child:
+    with (
+        HostWait(engine.proc.pid) as host,
+        subprocess.Popen(
+            [sys.executable, "-c", CLIENT, url, cell.model_dump_json()],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            text=True,
+        ) as child,
+    ):
         assert child.stdout is not None
         victim = child.pid if stopped == "client" else engine.proc.pid
         for line in child.stdout:
@@ -172,11 +199,20 @@ def test_a_cell_whose_host_stalled_is_measured_again(nodes: TwinNodes, stopped: 
         assert child.wait(timeout=60) == 0 and stops == 1, lines
     result = CellResultRecord.model_validate_json(lines[-1].removeprefix("RESULT "))
     said = [line for line in lines if "a busy host" in line]
-    assert len(said) == 1 and "measuring again (2/3)" in said[0], lines
+    # the stopped measurement was dropped, and the line says whose host stalled it and how long
+    assert said and "measuring again (2/3)" in said[0], lines
     assert float(said[0].split(f"{stopped} ")[1].split("s")[0]) >= 0.9, said
-    assert result.measured_again == 1, lines
-    assert result.client_stall_s < 0.04 and result.engine_stall_s < 0.04, result
-    assert result.output_throughput == pytest.approx(truth.output_tok_s, rel=0.01)
+    # on an idle machine the next one is clean; a busy host (a CI machine's was) may disturb it
+    # too, and it is dropped in turn, at most ATTEMPTS in all: the least stalled one is kept
+    assert result.measured_again == min(len(said), stall.ATTEMPTS - 1), lines
+    kept = result.client_stall_s + result.engine_stall_s
+    assert kept < float(said[0].split("stalled ")[1].split("s")[0]) - 0.5, (kept, said)
+    if len(said) == 1:
+        assert not stall.disturbed(kept, result.duration), result
+    # the child's own waits, and the engine's (both over every measurement the client took)
+    host.waited_s += float(next(x for x in lines if x.startswith("WAITED ")).split()[1])
+    rel = host.tolerance(0.01, result.duration, kept)
+    assert result.output_throughput == pytest.approx(truth.output_tok_s, rel=rel), (kept, host)
 
 
 def test_noise_spreads_as_the_landscape_says(nodes: TwinNodes, tmp_path: Path) -> None:
@@ -218,20 +254,26 @@ def test_noise_spreads_as_the_landscape_says(nodes: TwinNodes, tmp_path: Path) -
     head, url = nodes.head(serve_argv(), **env)
     run = 0
     for _ in range(6):
-        measured = run_cell(url, "glm53", cell)
+        with HostWait(head.proc.pid) as host:
+            measured = run_cell(url, "glm53", cell)
         # a measurement the client's host stalled was taken again: each was one of the twin's runs
         run += 1 + measured.measured_again
         got = measured.output_throughput / truth.output_tok_s
-        assert got == pytest.approx(expected(1, run), rel=0.015), (run, measured.client_stall_s)
+        stalled = measured.client_stall_s + measured.engine_stall_s
+        rel = host.tolerance(0.015, cell.duration_s, stalled)
+        assert got == pytest.approx(expected(1, run), rel=rel), (run, host.waited_s)
         ratios.append(got / noise.boot_factor(seed, 1, n.boot_to_boot))
     head.stop()
     across: list[float] = []
     for boot in range(2, 6):
         head, url = nodes.head(serve_argv(), **env)
-        measured = run_cell(url, "glm53", cell)
+        with HostWait(head.proc.pid) as host:
+            measured = run_cell(url, "glm53", cell)
         got = measured.output_throughput / truth.output_tok_s
         run = 1 + measured.measured_again
-        assert got == pytest.approx(expected(boot, run), rel=0.015), (boot, measured.client_stall_s)
+        stalled = measured.client_stall_s + measured.engine_stall_s
+        rel = host.tolerance(0.015, cell.duration_s, stalled)
+        assert got == pytest.approx(expected(boot, run), rel=rel), (boot, host.waited_s)
         across.append(got)
         head.stop()
     # the spreads themselves, against chi-square bounds (99 %) for these few draws
@@ -261,7 +303,8 @@ def test_clocks_are_read_before_and_after_and_the_worse_kept(nodes: TwinNodes) -
     )
     got = run_cell(url, "glm53", cell, clocks=lambda: next(readings), on_progress=progress.append)
     assert [(c.rank, c.matmul_rate) for c in got.clocks] == [(0, 0.8), (1, 0.75)]
-    assert progress[0].startswith("tiny:") and "tok/s" in progress[-1]
+    # the last line is the rate, or on a busy host what the stall watch made of the window
+    assert progress[0].startswith("tiny:") and any("tok/s" in line for line in progress)
 
 
 def test_failures_are_bench_errors_with_evidence(nodes: TwinNodes) -> None:

@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 import yaml
 
+from cluster import stall
 from cluster.twin import HEAD_READY_LINE, WORKER_READY_LINE, models_dir
 from cluster.twin.landscape import landscape_path
 
@@ -222,6 +223,51 @@ def running_nodes(tmp: Path) -> Iterator[TwinNodes]:
         nodes.stop_all()
 
 
+def run_delay_s(pid: int, tid: int | None = None) -> float:
+    """Seconds the process's threads (or the one thread ``tid``) have waited for a CPU while
+    runnable: the kernel's ``run_delay`` (``/proc/<pid>/task/<tid>/schedstat``, field two), what
+    a busy host, a CPU quota or a VM's stolen time took from them. Threads that have exited are
+    not counted; 0.0 where the kernel keeps no such account."""
+    tasks = Path(f"/proc/{pid}/task")
+    paths = [tasks / str(tid)] if tid is not None else list(tasks.glob("*"))
+    total = 0
+    for path in paths:
+        try:
+            total += int((path / "schedstat").read_text().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    return total / 1e9
+
+
+class HostWait:
+    """How long this thread and the given processes waited for a CPU inside the block
+    (``run_delay_s``). A measurement's tolerance on a shared machine is the idle machine's plus
+    what its host can have taken from the window: the stall the record carries (late wake-ups,
+    counted whole) and the waits the stall watch cannot see (each shorter than
+    ``stall.LATE_S``; those that move tokens across the window are at its two edges)."""
+
+    def __init__(self, *pids: int) -> None:
+        self._who = [(os.getpid(), threading.get_native_id()), *((pid, None) for pid in pids)]
+        self._start = 0.0
+        self.waited_s = 0.0
+
+    def _now(self) -> float:
+        return sum(run_delay_s(pid, tid) for pid, tid in self._who)
+
+    def __enter__(self) -> HostWait:
+        self._start = self._now()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.waited_s = max(0.0, self._now() - self._start)
+
+    def tolerance(self, idle: float, window_s: float, stalled_s: float = 0.0) -> float:
+        """``idle`` (a relative tolerance) plus the fractions of the ``window_s`` seconds the
+        record's stall and the unseen waits at its edges can have moved."""
+        unseen = min(self.waited_s, 2 * stall.LATE_S)
+        return idle + (stalled_s + unseen) / window_s
+
+
 def health(url: str) -> int:
     """The status of ``GET /health``."""
     return httpx.get(url + "/health", timeout=5.0, trust_env=False).status_code
@@ -231,10 +277,12 @@ __all__ = [
     "FAST_BOOT",
     "HEAD_READY_LINE",
     "WORKER_READY_LINE",
+    "HostWait",
     "TwinNode",
     "TwinNodes",
     "free_port",
     "health",
+    "run_delay_s",
     "running_nodes",
     "serve_argv",
     "spec_config",
