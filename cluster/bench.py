@@ -6,13 +6,13 @@ one finishes) for a warm-up and then a measurement window. Throughput counts the
 arrive inside the window (a request straddling an edge contributes only its tokens inside);
 per-chunk token counts come from vLLM's ``continuous_usage_stats`` (llama-server streams one
 chunk per token). Accepted tokens per step come from the deltas of the spec-decode counters
-scraped at both window edges: vLLM's ``vllm:spec_decode_*`` or llama-server's
-``llamacpp:spec_decode_*`` (same names under another prefix; llama-server adds a request's
-counts when the request finishes). Where a server has no such counters, the acceptance rate
+scraped at both window edges (``cluster.metrics``; llama-server adds a request's counts when
+the request finishes). Where a server has no such counters, the acceptance rate
 comes from the ``timings`` (``draft_n``, ``draft_n_accepted``) that llama-server puts in the
 last chunk of each request. Requests still in flight when the window closes are cancelled.
 
-Every failure is a ``BenchError`` carrying the URL and the evidence; no httpx exception escapes.
+Every failure is a ``BenchError`` (``cluster.errors``) carrying the URL and the evidence; no
+httpx exception escapes.
 """
 
 from __future__ import annotations
@@ -22,171 +22,28 @@ import contextlib
 import hashlib
 import json
 import math
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 import httpx
 
-from cluster import prompts, stall
+from cluster import metrics, prompts, stall
+from cluster.errors import BenchError, describe
 from knobs.records import NONDETERMINISTIC, CellResultRecord, CellSpec, NodeClockRecord
-from orchestrator.errors import OrchestrateError
 
 DEFAULT_SMOKE_PROMPT = "The capital of France is"
 
-#: Metric-name prefixes of the engines whose spec-decode counters the bench reads, in the order
-#: they are tried: ``PREFIX + "spec_decode_num_drafts"`` and its siblings.
-SPEC_PREFIXES = ("vllm:", "llamacpp:")
 #: How many failed requests' words a cell's record keeps (its ``error_samples``).
 ERROR_SAMPLES = 3
 #: the least a cell waits past its warm-up for a cold engine's first token (seconds)
 COLD_START_MIN_S = 60.0
-
-#: Gauges of requests an engine is still working on, per engine: a cell drains them to zero.
-BUSY_GAUGES = (
-    ("vllm:num_requests_running", "vllm:num_requests_waiting"),
-    ("llamacpp:requests_processing", "llamacpp:requests_deferred"),
-)
-
-_SERIES = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)(\s+\S+)?$")
-_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
-
-
-class BenchError(OrchestrateError):
-    """A bench request or scrape failed: carries the URL, the HTTP status if any, the evidence."""
-
-    exit_code: ClassVar[int] = 6
-
-    def __init__(
-        self, message: str, *, url: str, status: int | None = None, evidence: str = ""
-    ) -> None:
-        super().__init__(message)
-        self.url = url
-        self.status = status
-        self.evidence = evidence
-
-
-# ---- /metrics ---------------------------------------------------------------------------------
-def parse_metrics(text: str) -> dict[str, float]:
-    """Prometheus text as a dict.
-
-    Keys are series, ``name{k="v",…}`` with labels sorted, and, for every metric name, the bare
-    name holding the sum of its series (so ``vllm:spec_decode_num_drafts_total`` works whether
-    or not the server adds labels). Comments and malformed lines are skipped.
-    """
-    out: dict[str, float] = {}
-    sums: dict[str, float] = {}
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        match = _SERIES.match(line)
-        if not match:
-            continue
-        name, _, labels, raw = match.group(1), match.group(2), match.group(3), match.group(4)
-        try:
-            value = float(raw)
-        except ValueError:
-            continue
-        if labels:
-            pairs = sorted(_LABEL.findall(labels))
-            key = name + "{" + ",".join(f'{k}="{v}"' for k, v in pairs) + "}"
-            out[key] = out.get(key, 0.0) + value
-        sums[name] = sums.get(name, 0.0) + value
-    out.update(sums)
-    return out
-
-
-def _counter(metrics: dict[str, float], name: str) -> float | None:
-    for candidate in (name + "_total", name):
-        if candidate in metrics:
-            return metrics[candidate]
-    return None
-
-
-def _per_position(metrics: dict[str, float], name: str) -> dict[int, float]:
-    out: dict[int, float] = {}
-    for base in (name + "_total", name):
-        for key, value in metrics.items():
-            if key.startswith(base + "{"):
-                match = re.search(r'position="(\d+)"', key)
-                if match:
-                    pos = int(match.group(1))
-                    out[pos] = out.get(pos, 0.0) + value
-        if out:
-            return out
-    return out
-
-
-def busy_requests(metrics: dict[str, float]) -> float | None:
-    """Requests the engine is running or holding back (vLLM's running + waiting gauges,
-    llama-server's processing + deferred), or None for a server with neither."""
-    for running, waiting in BUSY_GAUGES:
-        if running in metrics:
-            return metrics[running] + metrics.get(waiting, 0.0)
-    return None
-
-
-def spec_prefix(metrics: dict[str, float]) -> str | None:
-    """The prefix (``vllm:``, ``llamacpp:``) under which ``metrics`` has spec-decode counters."""
-    for prefix in SPEC_PREFIXES:
-        if _counter(metrics, prefix + "spec_decode_num_drafts") is not None:
-            return prefix
-    return None
-
-
-def scrape_metrics(base_url: str, timeout: float = 10.0) -> dict[str, float]:
-    """``GET /metrics`` parsed by ``parse_metrics``.
-
-    Raises:
-        BenchError: the endpoint cannot be reached or does not answer 200.
-    """
-    url = base_url.rstrip("/") + "/metrics"
-    try:
-        with httpx.Client(timeout=timeout, trust_env=False) as client:
-            response = client.get(url)
-    except httpx.HTTPError as e:
-        raise BenchError(
-            f"cannot scrape {url}: {_describe(e)}", url=url, evidence=_describe(e)
-        ) from e
-    if response.status_code != 200:
-        raise BenchError(
-            f"{url} answered {response.status_code}",
-            url=url,
-            status=response.status_code,
-            evidence=response.text[-500:],
-        )
-    return parse_metrics(response.text)
-
-
-async def _scrape(client: httpx.AsyncClient, url: str) -> dict[str, float] | None:
-    try:
-        response = await client.get(url)
-    except httpx.HTTPError:
-        return None
-    if response.status_code != 200:
-        return None
-    return parse_metrics(response.text)
 
 
 async def _scrape_models(client: httpx.AsyncClient, base_url: str) -> None:
     # the cell itself reports an unreachable endpoint
     with contextlib.suppress(httpx.HTTPError):
         await client.get(base_url.rstrip("/") + "/v1/models")
-
-
-async def _drain(client: httpx.AsyncClient, metrics_url: str, limit: float = 2.0) -> None:
-    """Wait (up to ``limit`` seconds) until the engine has dropped the cancelled requests, so
-    the next cell starts on an idle engine; a server without the gauges is not waited for."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + limit
-    while loop.time() < deadline:
-        metrics = await _scrape(client, metrics_url)
-        busy = None if metrics is None else busy_requests(metrics)
-        if busy is None or busy == 0:
-            return
-        await asyncio.sleep(0.01)
 
 
 # ---- one greedy generation ---------------------------------------------------------------------
@@ -209,7 +66,7 @@ def smoke(
             response = client.post(url, json=body)
     except httpx.HTTPError as e:
         raise BenchError(
-            f"smoke generation at {url} failed: {_describe(e)}", url=url, evidence=_describe(e)
+            f"smoke generation at {url} failed: {describe(e)}", url=url, evidence=describe(e)
         ) from e
     if response.status_code != 200:
         raise BenchError(
@@ -235,10 +92,6 @@ def smoke(
             evidence=response.text[-1000:],
         )
     return text
-
-
-def _describe(e: BaseException) -> str:
-    return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
 
 
 # ---- the cell -----------------------------------------------------------------------------------
@@ -337,7 +190,7 @@ async def _one(client: httpx.AsyncClient, state: _Cell, *, probe: bool = False) 
                 # the request never reached the engine, and is sent once more
                 state.retried += 1
                 continue
-            state.failed(_describe(e))
+            state.failed(describe(e))
             req.end = loop.time()
             return
 
@@ -468,7 +321,7 @@ async def run_cell_async(
         )
     stalled = watch.stalled_s(state.w0, min(state.w1, loop.time()))
     (_, after), (opening, _) = scrapes
-    engine_stalled = _delta(opening or {}, after or {}, stall.ENGINE_STALL_METRIC) or 0.0
+    engine_stalled = metrics.delta(opening or {}, after or {}, stall.ENGINE_STALL_METRIC) or 0.0
     record = record.model_copy(
         update={"client_stall_s": round(stalled, 4), "engine_stall_s": round(engine_stalled, 4)}
     )
@@ -494,7 +347,7 @@ async def _measure(
             prompts.build_prompt(cell.category, cell.context_tokens, i)
         await asyncio.gather(*(_scrape_models(client, base_url) for _ in range(cell.concurrency)))
         # the whole cell's counters too: a slow engine may publish no draft inside the window
-        opening = await _scrape(client, metrics_url)
+        opening = await metrics.scrape(client, metrics_url)
         t0 = loop.time()
         state = _Cell(
             cell=cell,
@@ -511,17 +364,17 @@ async def _measure(
         try:
             await asyncio.sleep(max(0.0, state.w0 - loop.time()))
             await _cold_start(state, say)
-            before = await _scrape(client, metrics_url)
+            before = await metrics.scrape(client, metrics_url)
             say(f"{cell.name}: measuring {cell.duration_s:g}s")
             await asyncio.sleep(max(0.0, state.w1 - loop.time()))
-            after = await _scrape(client, metrics_url)
+            after = await metrics.scrape(client, metrics_url)
         finally:
             for w in workers:
                 w.cancel()
             await asyncio.gather(*workers, return_exceptions=True)
         await _greedy_probe(client, state, say)
-        await _drain(client, metrics_url)
-        closing = await _scrape(client, metrics_url)
+        await metrics.drain(client, metrics_url)
+        closing = await metrics.scrape(client, metrics_url)
     return state, ((before, after), (opening, closing))
 
 
@@ -568,9 +421,9 @@ def _summarise(
         if seen != digest:
             # greedy decoding must repeat itself; keep the evidence that it did not
             fingerprints[f"{r.prompt_id}{NONDETERMINISTIC}"] = digest
-    accepted, rate, positions = spec_acceptance(*window)
+    accepted, rate, positions = metrics.spec_acceptance(*window)
     if accepted is None:
-        accepted, rate, positions = spec_acceptance(*whole)
+        accepted, rate, positions = metrics.spec_acceptance(*whole)
     if rate is None:
         rate = timings_acceptance(done_in)
     record = CellResultRecord(
@@ -604,42 +457,12 @@ def _summarise(
     return record, evidence
 
 
-def spec_acceptance(
-    before: dict[str, float] | None, after: dict[str, float] | None
-) -> tuple[float | None, float | None, tuple[float, ...]]:
-    """Accepted tokens per verify step (1 + accepted / verify steps), the acceptance rate
-    (accepted / drafted) and the per-position acceptance, from the spec-decode counters'
-    deltas between two scrapes (vLLM's or llama-server's); Nones where nothing was drafted
-    or the server has no such counters."""
-    if before is None or after is None:
-        return None, None, ()
-    prefix = spec_prefix(after)
-    if prefix is None:
-        return None, None, ()
-    drafts = _delta(before, after, prefix + "spec_decode_num_drafts")
-    drafted = _delta(before, after, prefix + "spec_decode_num_draft_tokens")
-    acc = _delta(before, after, prefix + "spec_decode_num_accepted_tokens")
-    if not drafts or drafts <= 0 or acc is None:
-        return None, None, ()
-    p0 = _per_position(before, prefix + "spec_decode_num_accepted_tokens_per_pos")
-    p1 = _per_position(after, prefix + "spec_decode_num_accepted_tokens_per_pos")
-    positions = tuple((p1[i] - p0.get(i, 0.0)) / drafts for i in sorted(p1))
-    return 1.0 + acc / drafts, (acc / drafted if drafted else None), positions
-
-
 def timings_acceptance(requests: Sequence[_Request]) -> float | None:
     """Accepted / drafted tokens summed over the ``timings`` of ``requests`` (llama-server's
     ``draft_n`` and ``draft_n_accepted``), or None where none of them drafted."""
     drafted = sum(r.drafted or 0 for r in requests)
     accepted = sum(r.accepted or 0 for r in requests)
     return accepted / drafted if drafted > 0 else None
-
-
-def _delta(before: dict[str, float], after: dict[str, float], name: str) -> float | None:
-    a, b = _counter(before, name), _counter(after, name)
-    if a is None or b is None:
-        return None
-    return b - a
 
 
 def _worse(

@@ -1,4 +1,5 @@
-"""Deploy and node failures. Each carries its evidence and a failure class for the ledger."""
+"""Deploy, node and bench failures. Each carries its evidence (a node's, a failure class for the
+ledger; a bench request's, its URL and status)."""
 
 from __future__ import annotations
 
@@ -82,6 +83,25 @@ class ClaimHeld(OwnershipError):
 class OwnershipLost(OwnershipError):
     """This orchestrator's ledger lease or a node's claim was lost while it ran: the round
     stops at its next safe point, the experiment left undecided."""
+
+
+class BenchError(OrchestrateError):
+    """A bench request or scrape failed: carries the URL, the HTTP status if any, the evidence."""
+
+    exit_code: ClassVar[int] = 6
+
+    def __init__(
+        self, message: str, *, url: str, status: int | None = None, evidence: str = ""
+    ) -> None:
+        super().__init__(message)
+        self.url = url
+        self.status = status
+        self.evidence = evidence
+
+
+def describe(e: BaseException) -> str:
+    """An exception in a few words: its type and, where it has one, its message."""
+    return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
 
 
 def tail(text: str, lines: int = 30) -> str:

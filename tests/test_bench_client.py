@@ -20,7 +20,9 @@ from typing import ClassVar
 import pytest
 
 from cluster import prompts, stall
-from cluster.bench import BenchError, run_cell, scrape_metrics, smoke
+from cluster.bench import run_cell, smoke
+from cluster.errors import BenchError
+from cluster.metrics import scrape_metrics
 from cluster.twin import noise, text
 from cluster.twin.landscape import load_landscape, window_tokens
 from knobs.records import CellResultRecord, CellSpec, NodeClockRecord

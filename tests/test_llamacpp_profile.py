@@ -14,8 +14,9 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from cluster.bench import busy_requests, parse_metrics, run_cell, spec_acceptance
+from cluster.bench import run_cell
 from cluster.launcher import render_node
+from cluster.metrics import busy_requests, parse_metrics, spec_acceptance
 from knobs.records import CellSpec
 from knobs.spec import KnobSpec, RenderSpec
 from orchestrator.engines import LLAMA_MODEL_ENV, LLAMA_SERVER_ENV, llamacpp_placeholders

@@ -16,7 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cluster.bench import parse_metrics, scrape_metrics, smoke
+from cluster.bench import smoke
+from cluster.metrics import parse_metrics, scrape_metrics
 from cluster.prompts import build_prompt
 from cluster.twin import MASK_EMBEDDING_LINE, models_dir, node
 from cluster.twin.landscape import load_landscape
