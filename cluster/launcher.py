@@ -7,9 +7,10 @@ quoted with ``shlex.quote``; the script never interpolates a raw string.
 from __future__ import annotations
 
 import json
+import math
 import re
 import shlex
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -28,6 +29,9 @@ _ARG = re.compile(r"^[^\x00-\x1f\x7f]{1,4096}$")
 SCRIPT = "launcher.sh"
 LOG = "engine.log"
 PIDFILE = "engine.pid"
+#: The node's own journal of what orchestrate did to it (issue #4): one line per start and
+#: stop, stamped by the node's clock. ``<unix time> <event> rank=R rc=N <last output line>``.
+EVENTS = "engine.events"
 
 
 class LauncherSpec(BaseModel):
@@ -216,5 +220,34 @@ def alive_command(node: NodeSpec) -> list[str]:
         'kill -0 -- "-$pid" 2>/dev/null || exit 1; '
         # a dead engine not yet reaped by init is a zombie: dead, whatever kill -0 says
         '[ "$(cut -d" " -f3 "/proc/$pid/stat" 2>/dev/null)" != Z ]'
+    )
+    return ["bash", "-c", body]
+
+
+def journaled(node: NodeSpec, argv: Sequence[str], event: str) -> list[str]:
+    """argv that runs ``argv`` on ``node``, prints what it printed, exits with its status, and
+    appends one line to the node's journal (``EVENTS``) stamped by the node's clock."""
+    journal = shlex.quote(f"{node.workdir}/{EVENTS}")
+    body = (
+        f"out=$({shlex.join(argv)}); rc=$?; "
+        f'printf "%s %s rank=%s rc=%s %s\\n" "$(date +%s.%N)" {shlex.quote(event)} '
+        f'{node.rank} "$rc" "$(printf "%s" "$out" | tail -n 1)" >>{journal} 2>/dev/null; '
+        'printf "%s\\n" "$out"; exit "$rc"'
+    )
+    return ["bash", "-c", body]
+
+
+def memory_command(window_s: float, tolerance_mib: float, timeout_s: float) -> list[str]:
+    """argv that samples ``MemAvailable`` every ``window_s`` until two samples differ by at most
+    ``tolerance_mib``; prints ``settled KIB`` (exit 0) or ``unsettled KIB`` (exit 3)."""
+    samples = max(2, math.ceil(timeout_s / window_s) + 1)
+    tolerance_kib = int(tolerance_mib * 1024)
+    body = (
+        "prev=; "
+        f"for i in $(seq {samples}); do "
+        "cur=$(awk '/^MemAvailable:/{print $2}' /proc/meminfo); "
+        'if [ -n "$prev" ]; then d=$((cur - prev)); [ "$d" -lt 0 ] && d=$((-d)); '
+        f'if [ "$d" -le {tolerance_kib} ]; then echo "settled $cur"; exit 0; fi; fi; '
+        f'prev=$cur; sleep {window_s:.3f}; done; echo "unsettled $cur"; exit 3'
     )
     return ["bash", "-c", body]

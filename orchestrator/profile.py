@@ -14,7 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from agents import ClaudeOptions
-from cluster.deploy import GateSpec
+from cluster.gates import GateSpec
 from cluster.inventory import ClusterSpec, NodeSpec
 from cluster.launcher import LauncherSpec
 from cluster.ports import resolve_auto_ports

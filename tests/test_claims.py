@@ -20,8 +20,8 @@ import pytest
 
 from cluster.claims import CLAIM_DIR, Holder, NodeClaims
 from cluster.connect import open_transport
-from cluster.deploy import DEFAULT_FAILURE_PATTERNS
 from cluster.errors import ClaimHeld, OwnershipLost
+from cluster.gates import DEFAULT_FAILURE_PATTERNS
 from cluster.ports import PORTS_FILE
 from knobs.vocabulary import EventKind, ProposalStatus
 from ledger import Ledger

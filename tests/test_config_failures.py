@@ -17,8 +17,8 @@ import pytest
 from rich.console import Console
 
 from agents import SweepProposer
-from cluster.deploy import GateSpec
 from cluster.errors import DeployError
+from cluster.gates import GateSpec
 from knobs.config import Config
 from knobs.vocabulary import INFRASTRUCTURE, BootStatus, FailureClass, Kind, Status
 from ledger import Ledger

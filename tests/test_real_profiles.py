@@ -14,8 +14,15 @@ from pathlib import Path
 import pytest
 
 from cluster.connect import open_transport
-from cluster.deploy import journaled, memory_command
-from cluster.launcher import fill, placeholders, render_node, start_command, stop_command
+from cluster.launcher import (
+    fill,
+    journaled,
+    memory_command,
+    placeholders,
+    render_node,
+    start_command,
+    stop_command,
+)
 from cluster.ssh import SshTransport
 from knobs.errors import KnobError
 from orchestrator.profile import Profile, embedded_profiles, load_profile

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import yaml
 
-from cluster.deploy import EVENTS
+from cluster.launcher import EVENTS
 from knobs.vocabulary import Kind, State, Status
 from ledger import ExperimentRecord, Ledger
 from tests.fixtures.profiles import write_profile

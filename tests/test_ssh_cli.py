@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 from mlflow.tracking import MlflowClient
 
-from cluster.deploy import EVENTS
+from cluster.launcher import EVENTS
 from ledger import Ledger
 from tests.fixtures.mlflow_store import MlflowStore
 from tests.fixtures.profiles import write_profile

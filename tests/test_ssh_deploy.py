@@ -17,9 +17,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cluster.deploy import EVENTS, Deployer
+from cluster.deploy import Deployer
 from cluster.errors import NodeUnreachable
-from cluster.launcher import SCRIPT
+from cluster.launcher import EVENTS, SCRIPT
 from knobs.vocabulary import NODE_ACCESS
 from orchestrator.profile import Profile, load_profile
 from orchestrator.testbed import deployer_for

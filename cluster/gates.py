@@ -1,0 +1,110 @@
+"""How a boot is judged good (a profile's ``gates``): timeouts, readiness, the smoke generation,
+the boot log's gates and failure classes, clocks, and the preflight gates of issue #4.
+``cluster.deploy`` applies them."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from knobs.vocabulary import FailureClass
+
+DEFAULT_FAILURE_PATTERNS: dict[FailureClass, tuple[str, ...]] = {
+    # another process holds a port the engine binds: the host's fault, never the config's
+    # (vLLM and uvicorn print errno 98; llama.cpp its own line)
+    "port_in_use": (
+        r"address already in use",
+        r"\[Errno 98\]",
+        r"EADDRINUSE",
+        r"couldn't bind HTTP server socket",
+    ),
+    "oom": (r"out of memory", r"OutOfMemoryError", r"CUDA error: out of memory"),
+    # vLLM, when the memory fraction leaves too little for the KV cache of one request
+    "kv_capacity": (
+        r"more KV cache memory is needed than the available",
+        r"No available memory for the cache blocks",
+        r"larger than the available KV cache memory",
+    ),
+    "worker_missing": (
+        r"timed out waiting for .*worker",
+        r"rendezvous .*timed out",
+        r"lost .*worker",
+        # issue #4: what a head prints when a rank never joined or went away
+        r"timed out .*waiting for node rank",
+        r"NCCL error: remote process exited",
+        # issue #17: a worker that found another cluster's head on its master port
+        r"rendezvous token does not match",
+    ),
+}
+
+
+class GateSpec(BaseModel):
+    """How a boot is judged good: timeouts, readiness, smoke generation, log gates, clocks."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    boot_timeout_s: float = Field(default=120.0, gt=0)
+    stall_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="no new head log output for this long while not healthy: wedge",
+    )
+    poll_s: float = Field(default=0.25, gt=0)
+    worker_ready_line: str | None = Field(
+        default=None, description="regex a worker's log prints once it is up"
+    )
+    worker_ready_timeout_s: float = Field(default=30.0, gt=0)
+    stop_grace_s: float = Field(default=10.0, gt=0)
+    health_path: str = "/health"
+    smoke_prompt: str = "The capital of France is"
+    smoke_max_tokens: int = Field(default=8, ge=1, le=256)
+    must_log: tuple[str, ...] = ()
+    must_not_log: tuple[str, ...] = ()
+    failure_patterns: dict[FailureClass, tuple[str, ...]] = Field(
+        default_factory=lambda: dict(DEFAULT_FAILURE_PATTERNS)
+    )
+    clocks_command: tuple[str, ...] | None = Field(
+        default=None, description="argv printing JSON {sm_clock_mhz, matmul_rate} on a node"
+    )
+    min_matmul_rate: float = Field(default=0.9, gt=0)
+    recover_command: tuple[str, ...] | None = Field(
+        default=None, description="argv that power-cycles a node whose clocks are stuck"
+    )
+    # --- issue #4: preflight gates and container stops ---------------------------------------
+    interface: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9_.:{}-]{1,64}$",
+        description="the cluster interface (placeholders allowed): each node's host address "
+        "must be on it before anything starts, or the node is the wrong rank",
+    )
+    memory_settle_s: float | None = Field(
+        default=None,
+        ge=0.05,
+        description="free memory is sampled this far apart; it has settled once two samples "
+        "differ by at most memory_settle_mib (a stopped engine frees unified memory slowly)",
+    )
+    memory_settle_mib: float = Field(default=512.0, gt=0)
+    memory_settle_timeout_s: float = Field(default=120.0, gt=0)
+    min_free_mib: float | None = Field(
+        default=None, gt=0, description="settled free memory below this fails the gate"
+    )
+    worker_follows_head: tuple[str, ...] = Field(
+        default=(r"[Mm]aster shut down", r"lost the connection to master"),
+        description="regexes of the lines a worker prints when it exits because the head went "
+        "away: such a worker is not blamed for a failed boot",
+    )
+    stop_hook: tuple[str, ...] | None = Field(
+        default=None,
+        description="argv run on a node before its engine's process group is stopped, e.g. "
+        "`docker stop -t 30 NAME` for an engine in a container; its exit status is recorded, "
+        "the process-group stop that follows confirms the engine is gone",
+    )
+
+    @field_validator("failure_patterns")
+    @classmethod
+    def _defaults_kept(
+        cls, given: dict[FailureClass, tuple[str, ...]]
+    ) -> dict[FailureClass, tuple[str, ...]]:
+        """A profile's patterns replace the defaults class by class, never all of them: one
+        that names its own OOM lines still tells a port clash (which must never bar a value)
+        and a missing worker."""
+        return {**DEFAULT_FAILURE_PATTERNS, **given}
