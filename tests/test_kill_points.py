@@ -80,11 +80,12 @@ def _profile_data(champion_boots: int) -> dict[str, Any]:
     data["launcher"]["env"].update(TWIN_NOISE="0", TWIN_BOOT_SCALE="5000")
     data["gates"].update(clocks_command=None, recover_command=None)
     data["cells"] = [c for c in data["cells"] if c["name"] in CELLS]
-    # windows of half a second: CI read the +25 % candidate below the champion once on 0.3 s
-    # (a host's stall at a window's edge; cells so disturbed are measured again now)
+    # windows of a second: CI read the +25 % candidate below the champion once on 0.3 s (a
+    # host's stall at a window's edge; cells so disturbed are measured again now), and once more
+    # on 0.5 s under load; a stall moves at most its own length of tokens across an edge
     for cell in data["cells"]:
         cell["warmup_s"] = 0.1
-        cell["duration_s"] = 0.5
+        cell["duration_s"] = 1.0
     # one boot a verdict; with two trusted boots wanted, the champion is re-measured before
     # the round's proposal (a candidate was decided since its one boot)
     data["verdict"] = {
