@@ -319,11 +319,14 @@ async def run_cell_async(
             url=url,
             evidence="\n".join(state.errors[:5]) or first,
         )
-    stalled = watch.stalled_s(state.w0, min(state.w1, loop.time()))
+    client_stalled = watch.stalled_s(state.w0, min(state.w1, loop.time()))
     (_, after), (opening, _) = scrapes
     engine_stalled = metrics.delta(opening or {}, after or {}, stall.ENGINE_STALL_METRIC) or 0.0
     record = record.model_copy(
-        update={"client_stall_s": round(stalled, 4), "engine_stall_s": round(engine_stalled, 4)}
+        update={
+            "client_stall_s": round(client_stalled, 4),
+            "engine_stall_s": round(engine_stalled, 4),
+        }
     )
     say(f"{cell.name}: {record.output_throughput:.1f} tok/s")
     return record, evidence
@@ -514,13 +517,13 @@ def _measured_undisturbed(
     kept: CellResultRecord | None = None
     for attempt in range(1, stall.ATTEMPTS + 1):
         record, _ = asyncio.run(run_cell_async(base_url, model, cell, on_progress=on_progress))
-        if kept is None or _stalled(record) < _stalled(kept):
+        if kept is None or stalled(record) < stalled(kept):
             kept = record
-        if not stall.disturbed(_stalled(record), record.duration):
+        if not stall.disturbed(stalled(record), record.duration):
             break
         again = attempt < stall.ATTEMPTS
         say(
-            f"{cell.name}: stalled {_stalled(record):.2f}s around the {record.duration:g}s "
+            f"{cell.name}: stalled {stalled(record):.2f}s around the {record.duration:g}s "
             f"window (client {record.client_stall_s:.2f}s, engine {record.engine_stall_s:.2f}s:"
             " a busy host), "
             + (
@@ -533,6 +536,6 @@ def _measured_undisturbed(
     return kept.model_copy(update={"measured_again": attempt - 1})
 
 
-def _stalled(record: CellResultRecord) -> float:
+def stalled(record: CellResultRecord) -> float:
     """Seconds the cell's window was disturbed by its hosts: the client's and the engine's."""
     return record.client_stall_s + record.engine_stall_s

@@ -20,7 +20,7 @@ from typing import ClassVar
 import pytest
 
 from cluster import prompts, stall
-from cluster.bench import run_cell, smoke
+from cluster.bench import run_cell, smoke, stalled
 from cluster.errors import BenchError
 from cluster.metrics import scrape_metrics
 from cluster.twin import noise, text
@@ -82,11 +82,10 @@ def test_noise_free_measurements_match_the_ground_truth(nodes: TwinNodes, name: 
         assert truth.valid
         with HostWait(engine.proc.pid) as host:
             got = run_cell(url, "glm53", cell)
-        stalled = got.client_stall_s + got.engine_stall_s
-        rel = host.tolerance(0.01, cell.duration_s, stalled)
+        rel = host.tolerance(0.01, got)
         assert got.output_throughput == pytest.approx(truth.output_tok_s, rel=rel), (
             cell.name,
-            stalled,
+            stalled(got),
             host.waited_s,
         )
         assert got.accepted_per_step == pytest.approx(truth.accepted_per_step, rel=0.01), cell.name
@@ -114,7 +113,7 @@ def test_requests_straddling_the_window_count_only_inside(nodes: TwinNodes) -> N
     truth = landscape.truth({**BASE, **CONFIGS["vllm-dflash2-tp4"][1]}, cell)
     with HostWait(engine.proc.pid) as host:
         got = run_cell(url, "glm53", cell)
-    rel = host.tolerance(0.01, cell.duration_s, got.client_stall_s + got.engine_stall_s)
+    rel = host.tolerance(0.01, got)
     # none finished inside: the first prompt was run to completion after the window, so the
     # cell still carries a greedy fingerprint, the twin's greedy text of that prompt
     first = prompts.build_prompt("code", 0, 0)
@@ -207,13 +206,13 @@ def test_a_cell_whose_host_stalled_is_measured_again(nodes: TwinNodes, stopped: 
     # on an idle machine the next one is clean; a busy host (a CI machine's was) may disturb it
     # too, and it is dropped in turn, at most ATTEMPTS in all: the least stalled one is kept
     assert result.measured_again == min(len(said), stall.ATTEMPTS - 1), lines
-    kept = result.client_stall_s + result.engine_stall_s
+    kept = stalled(result)
     assert kept < float(said[0].split("stalled ")[1].split("s")[0]) - 0.5, (kept, said)
     if len(said) == 1:
         assert not stall.disturbed(kept, result.duration), result
     # the child's own waits, and the engine's (both over every measurement the client took)
     host.waited_s += float(next(x for x in lines if x.startswith("WAITED ")).split()[1])
-    rel = host.tolerance(0.01, result.duration, kept)
+    rel = host.tolerance(0.01, result)
     assert result.output_throughput == pytest.approx(truth.output_tok_s, rel=rel), (kept, host)
 
 
@@ -261,8 +260,7 @@ def test_noise_spreads_as_the_landscape_says(nodes: TwinNodes, tmp_path: Path) -
         # a measurement the client's host stalled was taken again: each was one of the twin's runs
         run += 1 + measured.measured_again
         got = measured.output_throughput / truth.output_tok_s
-        stalled = measured.client_stall_s + measured.engine_stall_s
-        rel = host.tolerance(0.015, cell.duration_s, stalled)
+        rel = host.tolerance(0.015, measured)
         assert got == pytest.approx(expected(1, run), rel=rel), (run, host.waited_s)
         ratios.append(got / noise.boot_factor(seed, 1, n.boot_to_boot))
     head.stop()
@@ -273,8 +271,7 @@ def test_noise_spreads_as_the_landscape_says(nodes: TwinNodes, tmp_path: Path) -
             measured = run_cell(url, "glm53", cell)
         got = measured.output_throughput / truth.output_tok_s
         run = 1 + measured.measured_again
-        stalled = measured.client_stall_s + measured.engine_stall_s
-        rel = host.tolerance(0.015, cell.duration_s, stalled)
+        rel = host.tolerance(0.015, measured)
         assert got == pytest.approx(expected(boot, run), rel=rel), (boot, host.waited_s)
         across.append(got)
         head.stop()

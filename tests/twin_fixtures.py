@@ -26,8 +26,10 @@ import httpx
 import yaml
 
 from cluster import stall
+from cluster.bench import stalled
 from cluster.twin import HEAD_READY_LINE, WORKER_READY_LINE, models_dir
 from cluster.twin.landscape import landscape_path
+from knobs.records import CellResultRecord
 
 #: Boot this many times faster than the landscapes' own scale (a test boot takes ~0.1 s).
 FAST_BOOT = "4000"
@@ -261,11 +263,11 @@ class HostWait:
     def __exit__(self, *_exc: object) -> None:
         self.waited_s = max(0.0, self._now() - self._start)
 
-    def tolerance(self, idle: float, window_s: float, stalled_s: float = 0.0) -> float:
-        """``idle`` (a relative tolerance) plus the fractions of the ``window_s`` seconds the
-        record's stall and the unseen waits at its edges can have moved."""
+    def tolerance(self, idle: float, record: CellResultRecord) -> float:
+        """``idle`` (a relative tolerance) plus the fractions of ``record``'s window that its
+        stall and the unseen waits at its edges can have moved."""
         unseen = min(self.waited_s, 2 * stall.LATE_S)
-        return idle + (stalled_s + unseen) / window_s
+        return idle + (stalled(record) + unseen) / record.duration
 
 
 def health(url: str) -> int:
