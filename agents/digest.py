@@ -125,12 +125,19 @@ def _open(context: ProposalContext) -> str:
         "again adds boots to what it measured)"
     ]
     for e in still:
-        promise = f"still promises {math.expm1(e.second_look or 0.0) * 100:+.1f}%"
+        gain = e.second_look if e.second_look is not None else e.further_look
+        promise = f"still promises {math.expm1(gain or 0.0) * 100:+.1f}%"
         last = (
             "" if e.delta_pct is None else f" (E[max(0, gain)]), last measured {e.delta_pct:+.1f}%"
         )
+        spent = (
+            ""
+            if e.second_look is not None
+            else "; its second looks are spent: worth a boot only when no untried change "
+            "promises as much"
+        )
         lines.append(
-            f"- {e.knob}={as_text(e.value) if e.value is not None else '?'}: {promise}{last}"
+            f"- {e.knob}={as_text(e.value) if e.value is not None else '?'}: {promise}{last}{spent}"
         )
     return "\n".join(lines)
 

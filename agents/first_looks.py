@@ -250,8 +250,8 @@ def first_look(
 
 
 def open_changes(context: ProposalContext) -> dict[str, HistoryEntry]:
-    """The configs open for a second look under this champion (the verdict stopped them for
-    want of boots while they still promised a gain: ``HistoryEntry.second_look``), each with
+    """The configs open for another look under this champion (the verdict stopped them for
+    want of boots: ``HistoryEntry.second_look``, ``HistoryEntry.further_look``), each with
     its latest look."""
     out: dict[str, HistoryEntry] = {}
     for e in context.history:
@@ -262,7 +262,7 @@ def open_changes(context: ProposalContext) -> dict[str, HistoryEntry]:
         key = Config(e.config).key
         if key in context.decided_keys:
             continue
-        if e.second_look is None:
+        if e.second_look is None and e.further_look is None:
             out.pop(key, None)
         else:
             out[key] = e
@@ -290,3 +290,37 @@ def second_look(
     knob, looks = first
     bar = max(expected_gain(context, c, model) for c in looks) / boots_per_decision(context, knob)
     return best if best[1] >= bar else None
+
+
+def untried_promise(
+    context: ProposalContext, allowed: Sequence[Change], model: DraftPrediction | None = None
+) -> float:
+    """What the best change not yet looked at under this champion promises per boot
+    (``expected_gain`` under its knob's prior in force, over ``boots_per_decision``); 0 when
+    every allowed change was looked at."""
+    reopened = open_changes(context)
+    fresh = [c for c in allowed if context.champion.apply(c).key not in reopened]
+    return max(
+        (expected_gain(context, c, model) / boots_per_decision(context, c.knob) for c in fresh),
+        default=0.0,
+    )
+
+
+def further_look(
+    context: ProposalContext, allowed: Sequence[Change], model: DraftPrediction | None = None
+) -> tuple[Change, float] | None:
+    """The change to look at once more now although its second looks are spent (or it
+    promised less than they need), with what it promises: the one whose posterior promises
+    most, when that beats every change not yet looked at (``untried_promise``). Evidence and
+    priors on one scale: late in a round, when the priors in force say what is left untried
+    is likely nothing, the boots go to the change the measurements say may still gain."""
+    promises = open_changes(context)
+    best: tuple[Change, float] | None = None
+    for c in allowed:
+        entry = promises.get(context.champion.apply(c).key)
+        gain = None if entry is None else entry.further_look
+        if gain is not None and (best is None or gain > best[1]):
+            best = (c, gain)
+    if best is None or best[1] <= untried_promise(context, allowed, model):
+        return None
+    return best

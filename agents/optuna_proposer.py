@@ -40,7 +40,7 @@ from agents.context import HistoryEntry, ProposalContext, same_value
 from agents.draft_model import predict
 from agents.first_looks import DRAFT_LOOK_FLOOR as DRAFT_LOOK_FLOOR  # re-exported
 from agents.first_looks import first_look as first_look  # re-exported
-from agents.first_looks import second_look, seed_for, why
+from agents.first_looks import further_look, open_changes, second_look, seed_for, why
 from agents.proposal import ONE_EXPERIMENT, Proposal, ProposalExhausted, open_coupled
 from knobs.config import Change, Config
 from knobs.errors import KnobError
@@ -173,6 +173,25 @@ class OptunaProposer:
                 f"{math.expm1(again[1]) * 100:+.1f}% (E[max(0, gain)]); its earlier boots count",
             }
             return self._proposal(context, again[0], completed, notes, skipped)
+        later = (
+            further_look(context, allowed, model) if self.first_looks and first is None else None
+        )
+        if later is not None:
+            notes = {
+                "sampler": "further look",
+                "completed_trials": str(completed),
+                "second_look": f"stopped for want of boots, it still promises "
+                f"{math.expm1(later[1]) * 100:+.1f}% (E[max(0, gain)]), more than any change "
+                "not yet looked at; its earlier boots count",
+            }
+            return self._proposal(context, later[0], completed, notes, skipped)
+        # a change open for another look is taken on what it promises (above), not TPE's
+        reopened = set(open_changes(context)) if self.first_looks else set()
+        fresh = [c for c in allowed if context.champion.apply(c).key not in reopened]
+        if fresh:
+            allowed = fresh
+        else:
+            reopened = set()
         if first is not None and model is not None and first[0] == model.knob:
             # the draft knob's looks in the model's order, best predicted first
             change = model.best_of(looks)
@@ -194,7 +213,10 @@ class OptunaProposer:
                     c.knob == knob and same_value(c.new, change.new) for c in looks
                 ):
                     continue
-                if context.refusal(change) is None:
+                if (
+                    context.refusal(change) is None
+                    and context.champion.apply(change).key not in reopened
+                ):
                     notes = {
                         "sampler": "tpe" if completed >= self.n_startup else "random (startup)",
                         "completed_trials": str(completed),
@@ -296,7 +318,7 @@ class OptunaProposer:
         target = f"{change.knob}={as_text(change.new)}"
         if notes["sampler"] == "draft model":
             how = notes["draft_model"]
-        elif notes["sampler"] == "second look":
+        elif notes["sampler"] in ("second look", "further look"):
             how = f"a second look at {target}: {notes['second_look']}"
         elif notes["sampler"] == "fallback" and "first_look" in notes:
             how = f"TPE's suggestions did not move it; {target} is its least-tried allowed value"

@@ -59,12 +59,12 @@ def proposal_context(
         here = champion_key == current.config.key and e.failure_class not in INFRASTRUCTURE
         if here:
             looks[fitted.config.key] = looks.get(fitted.config.key, 0) + 1
-        again, overshot = (
+        again, further, overshot = (
             _read_verdict(profile, ledger, e, looks.get(fitted.config.key, 0))
             if here
-            else (None, False)
+            else (None, None, False)
         )
-        history.append(_entry(e, fitted, champion_key, again, overshot))
+        history.append(_entry(e, fitted, champion_key, again, overshot, further))
         if e.id in cleared:  # a person cleared its region: it bars nothing, and may run again
             continue
         # a failure of the infrastructure's (stuck clocks, a node unreachable) measured the
@@ -72,7 +72,8 @@ def proposal_context(
         # promises a gain may be looked at again (``policy.second_look``)
         if here:
             decided.add(fitted.config.key)
-            reopened[fitted.config.key] = again is not None  # the last look decides
+            # the last look decides
+            reopened[fitted.config.key] = again is not None or further is not None
         region = _barred(profile, ledger, e.model_copy(update={"config": fitted.config}))
         if region is not None:
             known_bad.append(region)
@@ -96,17 +97,23 @@ def proposal_context(
 
 def _read_verdict(
     profile: Profile, ledger: Ledger, e: ExperimentRecord, looks: int
-) -> tuple[float | None, bool]:
+) -> tuple[float | None, float | None, bool]:
     """What a discarded or inconclusive change's verdict in the ledger leaves the proposer:
-    ``policy.second_look`` and ``policy.overshot``."""
+    ``policy.second_look``, else what a further look promises (``policy.look_promise``), and
+    ``policy.overshot``."""
     if e.status not in (Status.DISCARD, Status.INCONCLUSIVE) or e.knob is None:
-        return None, False
+        return None, None, False
     verdict = ledger.verdict(e.id)
     if verdict is None:
-        return None, False
+        return None, None, False
     again = policy.second_look(profile.verdict, verdict.rule, verdict.stats, looks)
+    further = (
+        None
+        if again is not None
+        else policy.look_promise(profile.verdict, verdict.rule, verdict.stats)
+    )
     overshot = e.status == Status.DISCARD and policy.overshot(verdict.rule, verdict.stats)
-    return again, overshot
+    return again, further, overshot
 
 
 def _entry(
@@ -115,6 +122,7 @@ def _entry(
     champion_key: str,
     second_look: float | None = None,
     overshot: bool = False,
+    further_look: float | None = None,
 ) -> HistoryEntry:
     """``e`` as history, its config fitted to the profile; but a change of a knob the profile
     lost keeps its config as recorded: fitted, it would read as the champion measured again
@@ -134,6 +142,7 @@ def _entry(
         champion_key=champion_key,
         failure_class=e.failure_class,
         second_look=second_look,
+        further_look=further_look,
         overshot=overshot,
     )
 

@@ -357,15 +357,13 @@ def infrastructure_retry(spec: VerdictSpec, failures: int) -> float | None:
 OUT_OF_BOOTS = frozenset({"futility", "max-boots"})
 
 
-def second_look(
-    spec: VerdictSpec, rule: str, stats: Mapping[str, object], looks: int
-) -> float | None:
-    """What one more look at a change still promises (``E[max(0, δ)]``, log scale), or None
-    when it gets none: only a change the verdict stopped for want of boots (``OUT_OF_BOOTS``)
-    whose posterior still promises ``second_look_gain_pct``, looked at ``looks`` times under
-    this champion, fewer than ``1 + second_looks``. A ledger whose verdicts predate the
-    posterior in their stats has none."""
-    if rule not in OUT_OF_BOOTS or looks > spec.second_looks:
+def look_promise(spec: VerdictSpec, rule: str, stats: Mapping[str, object]) -> float | None:
+    """What one more look at a change still promises (``E[max(0, δ)]`` under its verdict's
+    posterior, log scale), or None when it gets no other look: only a change the verdict
+    stopped for want of boots (``OUT_OF_BOOTS``) whose posterior still promises
+    ``second_look_gain_pct``. A ledger whose verdicts predate the posterior in their stats has
+    none."""
+    if rule not in OUT_OF_BOOTS:
         return None
     numbers = [stats.get(k) for k in ("post_p_effect", "post_mean", "post_sd")]
     if not all(isinstance(x, int | float) for x in numbers):
@@ -373,6 +371,17 @@ def second_look(
     p_effect, mean, sd = (float(x) for x in numbers)  # type: ignore[arg-type]
     gain = Posterior(p_effect=p_effect, mean=mean, sd=sd).expected_gain()
     return gain if gain >= math.log1p(spec.second_look_gain_pct / 100) else None
+
+
+def second_look(
+    spec: VerdictSpec, rule: str, stats: Mapping[str, object], looks: int
+) -> float | None:
+    """What a second look at a change promises (``look_promise``), or None when it gets none:
+    looked at ``looks`` times under this champion, fewer than ``1 + second_looks``. A change
+    that still promises as much but has no second look left may get a further look
+    (``agents.first_looks.further_look``): only when it promises more than every change not
+    yet looked at."""
+    return look_promise(spec, rule, stats) if looks <= spec.second_looks else None
 
 
 def overshot(rule: str, stats: Mapping[str, object]) -> bool:

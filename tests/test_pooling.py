@@ -12,15 +12,18 @@ import pytest
 from rich.console import Console
 
 from agents import HistoryEntry, OptunaProposer, ProposalContext, digest
+from agents.first_looks import further_look, untried_promise
 from agents.sweep import SweepProposer
 from cluster.simulated import SimulatedTestbed
 from cluster.twin.landscape import load_landscape
 from knobs import KnobSpace, catalog
+from knobs.config import Config
+from knobs.spec import EffectPrior
 from knobs.vocabulary import Kind, Status
 from ledger import Ledger
 from orchestrator.approval import ApprovalGate
 from orchestrator.display import RoundDisplay
-from orchestrator.policy import second_look
+from orchestrator.policy import look_promise, second_look
 from orchestrator.pooling import ValueBoots, pool, position
 from orchestrator.profile import Profile, VerdictSpec
 from orchestrator.round import RoundOptions, RoundRunner
@@ -222,10 +225,13 @@ def test_a_change_stopped_for_want_of_boots_gets_second_looks_that_count_its_boo
         assert v is not None
         pooled_boots = v.stats["pooled_boots"]
         assert isinstance(pooled_boots, int) and pooled_boots >= len(earlier)
+    # beyond 1 + ``second_looks`` looks, only a further look (it beat every untried change)
     looks: dict[tuple[str | None, str], int] = {}
     for e in experiments:
         looks[(e.champion_key, e.config.key)] = looks.get((e.champion_key, e.config.key), 0) + 1
-    assert max(looks.values()) <= 1 + prof.verdict.second_looks
+        if looks[(e.champion_key, e.config.key)] > 1 + prof.verdict.second_looks:
+            assert e.proposal_id is not None
+            assert proposals[e.proposal_id].notes.get("sampler") == "further look"
 
 
 def test_the_digest_lists_what_is_open_for_a_second_look() -> None:
@@ -276,3 +282,85 @@ def test_a_second_look_only_for_a_change_stopped_for_want_of_boots() -> None:
     assert second_look(spec, "futility", flat, looks=1) is None  # promises too little
     assert second_look(spec, "futility", {"g": 0.01, "se": 0.05}, looks=1) is None  # old ledger
     assert second_look(VerdictSpec(second_looks=0), "futility", promising, looks=1) is None
+    # with its second looks spent, it still has a promise (a further look may take it)
+    assert look_promise(spec, "max-boots", promising) == pytest.approx(expected)
+    assert look_promise(spec, "posterior", promising) is None
+    assert look_promise(spec, "futility", flat) is None
+
+
+def _further_context(p_null: float) -> ProposalContext:
+    """CUDA graphs looked at three times under the champion (its second looks spent) while it
+    still promises +3 %, and every other knob with the prior ``p_null`` / ±15 %."""
+    champion = SPACE.default_config()
+    graphs = champion.apply(SPACE.change(champion, "cuda_graphs", True))
+    entry = HistoryEntry(
+        experiment=4,
+        config=graphs.as_dict(),
+        knob="cuda_graphs",
+        value=True,
+        status=Status.DISCARD,
+        objective=101.0,
+        delta_pct=1.0,
+        champion_key=champion.key,
+        further_look=math.log1p(0.03),
+    )
+    priors = {s.name: EffectPrior(p_null=p_null, effect_pct=15.0) for s in SPACE.knobs}
+    return ProposalContext(
+        space=SPACE,
+        champion=champion,
+        champion_objective=100.0,
+        history=(entry,),
+        known_bad=(),
+        decided_keys=frozenset({champion.key}),
+        budget_left=10,
+        seed=0,
+        knob_priors=priors,
+    )
+
+
+def test_a_further_look_only_when_it_beats_every_untried_change() -> None:
+    """Evidence and priors on one scale: a change whose second looks are spent is looked at
+    again when what it still promises (its posterior) beats what every change not yet looked
+    at promises (its knob's prior in force), and not otherwise."""
+    sure_nothing = _further_context(p_null=0.97)  # the priors say what is left does nothing
+    allowed = sure_nothing.candidates()
+    assert untried_promise(sure_nothing, allowed) < math.log1p(0.03)
+    got = further_look(sure_nothing, allowed)
+    assert got is not None and got[0].knob == "cuda_graphs" and got[0].new is True
+    assert got[1] == pytest.approx(math.log1p(0.03))
+    maybe = _further_context(p_null=0.3)  # ±15 % most of the time: an untried change promises more
+    assert untried_promise(maybe, maybe.candidates()) > math.log1p(0.03)
+    assert further_look(maybe, maybe.candidates()) is None
+    text = digest(sure_nothing)
+    assert "- cuda_graphs=true: still promises +3.0%" in text
+    assert "its second looks are spent" in text
+    # the Optuna proposer: the first looks come first, then the further look
+    proposal = OptunaProposer(seed=0).propose(sure_nothing)
+    assert proposal.notes["sampler"] != "further look"
+    champion = sure_nothing.champion
+    looked = tuple(
+        HistoryEntry(
+            experiment=10 + i,
+            config=champion.apply(change).as_dict(),
+            knob=change.knob,
+            value=change.new,
+            status=Status.DISCARD,
+            objective=99.0,
+            delta_pct=-1.0,
+            champion_key=champion.key,
+        )
+        for i, change in enumerate(
+            next(c for c in allowed if c.knob == s.name)
+            for s in SPACE.knobs
+            if s.name != "cuda_graphs"
+        )
+    )
+    done = sure_nothing.model_copy(
+        update={
+            "history": (*sure_nothing.history, *looked),
+            "decided_keys": sure_nothing.decided_keys | {Config(e.config).key for e in looked},
+        }
+    )
+    proposal = OptunaProposer(seed=0).propose(done)
+    assert proposal.notes["sampler"] == "further look", proposal.notes
+    assert proposal.change.knob == "cuda_graphs" and "+3.0%" in proposal.hypothesis
