@@ -43,7 +43,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from agents.context import HistoryEntry, ProposalContext, same_value
 from agents.draft_model import DraftPrediction
@@ -278,13 +278,7 @@ def second_look(
     """The open change to look at again now, with what it promises, or ``None``: the one that
     promises most, when that is at least what the best first look promises per boot (evidence
     that a change is close to a keep weighs more than a prior's hope for an untried one)."""
-    promises = open_changes(context)
-    best: tuple[Change, float] | None = None
-    for c in allowed:
-        entry = promises.get(context.champion.apply(c).key)
-        gain = None if entry is None else entry.second_look
-        if gain is not None and (best is None or gain > best[1]):
-            best = (c, gain)
+    best = _most_promising(context, allowed, lambda e: e.second_look)
     if best is None or first is None:
         return best
     knob, looks = first
@@ -309,18 +303,29 @@ def untried_promise(
 def further_look(
     context: ProposalContext, allowed: Sequence[Change], model: DraftPrediction | None = None
 ) -> tuple[Change, float] | None:
-    """The change to look at once more now although its second looks are spent (or it
-    promised less than they need), with what it promises: the one whose posterior promises
-    most, when that beats every change not yet looked at (``untried_promise``). Evidence and
-    priors on one scale: late in a round, when the priors in force say what is left untried
-    is likely nothing, the boots go to the change the measurements say may still gain."""
+    """The change to look at once more now although its second looks are spent, with what it
+    promises: the one whose posterior promises most, when that beats every change not yet
+    looked at (``untried_promise``). Evidence and priors on one scale: late in a round, when
+    the priors in force say what is left untried is likely nothing, the boots go to the change
+    the measurements say may still gain."""
+    best = _most_promising(context, allowed, lambda e: e.further_look)
+    if best is None or best[1] <= untried_promise(context, allowed, model):
+        return None
+    return best
+
+
+def _most_promising(
+    context: ProposalContext,
+    allowed: Sequence[Change],
+    promise: Callable[[HistoryEntry], float | None],
+) -> tuple[Change, float] | None:
+    """The allowed change open for another look whose latest look promises most (``promise``
+    of its history entry), with that promise."""
     promises = open_changes(context)
     best: tuple[Change, float] | None = None
     for c in allowed:
         entry = promises.get(context.champion.apply(c).key)
-        gain = None if entry is None else entry.further_look
+        gain = None if entry is None else promise(entry)
         if gain is not None and (best is None or gain > best[1]):
             best = (c, gain)
-    if best is None or best[1] <= untried_promise(context, allowed, model):
-        return None
     return best

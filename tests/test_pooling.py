@@ -234,21 +234,25 @@ def test_a_change_stopped_for_want_of_boots_gets_second_looks_that_count_its_boo
             assert proposals[e.proposal_id].notes.get("sampler") == "further look"
 
 
-def test_the_digest_lists_what_is_open_for_a_second_look() -> None:
+def _graphs_open(
+    delta_pct: float, priors: dict[str, EffectPrior] | None = None, **look: float
+) -> ProposalContext:
+    """CUDA graphs looked at under the default champion, measured ``delta_pct``, open for
+    another look (``look``: its ``second_look`` or ``further_look``)."""
     champion = SPACE.default_config()
     graphs = champion.apply(SPACE.change(champion, "cuda_graphs", True))
     entry = HistoryEntry(
-        experiment=2,
+        experiment=4,
         config=graphs.as_dict(),
         knob="cuda_graphs",
         value=True,
         status=Status.DISCARD,
-        objective=101.2,
-        delta_pct=1.2,
+        objective=100.0 + delta_pct,
+        delta_pct=delta_pct,
         champion_key=champion.key,
-        second_look=math.log1p(0.026),
+        **look,
     )
-    context = ProposalContext(
+    return ProposalContext(
         space=SPACE,
         champion=champion,
         champion_objective=100.0,
@@ -257,7 +261,13 @@ def test_the_digest_lists_what_is_open_for_a_second_look() -> None:
         decided_keys=frozenset({champion.key}),
         budget_left=10,
         seed=0,
+        knob_priors=priors or {},
     )
+
+
+def test_the_digest_lists_what_is_open_for_a_second_look() -> None:
+    context = _graphs_open(1.2, second_look=math.log1p(0.026))
+    (entry,) = context.history
     text = digest(context)
     assert "## Open for a second look" in text
     assert "- cuda_graphs=true: still promises +2.6% (E[max(0, gain)]), last measured +1.2%" in text
@@ -291,31 +301,8 @@ def test_a_second_look_only_for_a_change_stopped_for_want_of_boots() -> None:
 def _further_context(p_null: float) -> ProposalContext:
     """CUDA graphs looked at three times under the champion (its second looks spent) while it
     still promises +3 %, and every other knob with the prior ``p_null`` / ±15 %."""
-    champion = SPACE.default_config()
-    graphs = champion.apply(SPACE.change(champion, "cuda_graphs", True))
-    entry = HistoryEntry(
-        experiment=4,
-        config=graphs.as_dict(),
-        knob="cuda_graphs",
-        value=True,
-        status=Status.DISCARD,
-        objective=101.0,
-        delta_pct=1.0,
-        champion_key=champion.key,
-        further_look=math.log1p(0.03),
-    )
     priors = {s.name: EffectPrior(p_null=p_null, effect_pct=15.0) for s in SPACE.knobs}
-    return ProposalContext(
-        space=SPACE,
-        champion=champion,
-        champion_objective=100.0,
-        history=(entry,),
-        known_bad=(),
-        decided_keys=frozenset({champion.key}),
-        budget_left=10,
-        seed=0,
-        knob_priors=priors,
-    )
+    return _graphs_open(1.0, priors, further_look=math.log1p(0.03))
 
 
 def test_a_further_look_only_when_it_beats_every_untried_change() -> None:
