@@ -125,7 +125,7 @@ class Trace:
     # (the winner's curse) read as a positive bias after keeps, none before the first
     level_bias: list[tuple[float, int]] = field(default_factory=list)
     # every decided experiment: its true effect then (%, None: does not boot), its status, the
-    # verdict's rule, and the boots it took (measure and confirm)
+    # verdict's rule, and the boots it took (measure, repeat and confirm)
     decisions: list[tuple[float | None, str, str, int]] = field(default_factory=list)
 
 
@@ -273,7 +273,13 @@ def run_loop(
             verdict = ledger.verdict(e.id)
             level_bias(trace, landscape, verdict, champion.as_dict())
             effect = true_effect_pct(landscape, champion.as_dict(), e.config.as_dict())
-            took = sum(1 for b in ledger.boots(e.id) if b.role in ("measure", "confirm"))
+            took = sum(  # its own boots until decided (a champion's later boots are not)
+                1
+                for b in ledger.boots(e.id)
+                if b.role in ("measure", "repeat", "confirm")
+                and e.decided_at is not None
+                and b.started_at <= e.decided_at
+            )
             trace.decisions.append(
                 (
                     None if math.isnan(effect) else round(effect, 3),
@@ -886,7 +892,7 @@ def report_decisions(runs: list[dict[str, Any]], names: list[str]) -> None:
     """orchestrate's decided experiments by their true effect: tried / kept / boots each, and
     the verdict rules of the ≥ 5 % changes it did not keep."""
     print("\n## orchestrate's decisions by true effect\n")
-    print("tried / kept / boots each (measure and confirm boots of the experiment)\n")
+    print("tried / kept / boots each (measure, repeat and confirm boots of the experiment)\n")
     heads = [label for _, label in EFFECT_BUCKETS]
     print("| landscape | " + " | ".join(heads) + " | < 1 % | ≥ 5 % not kept, by rule |")
     print("|---|" + "---|" * (len(heads) + 2))
