@@ -60,9 +60,9 @@ class HistoryEntry(BaseModel):
     #: posterior, log scale), when the verdict stopped it for want of boots and it may run
     #: again under this champion; ``None`` otherwise.
     second_look: float | None = None
-    #: What one more look promises when the verdict stopped it for want of boots but its
-    #: second looks are spent or it promises less than they need: looked at again only when
-    #: that beats every change not yet looked at (``first_looks.further_look``); else ``None``.
+    #: What one more look promises (``policy.look_promise``) when the verdict stopped it for
+    #: want of boots but its second looks are spent: looked at again only when that beats
+    #: every change not yet looked at (``first_looks.further_look``); else ``None``.
     further_look: float | None = None
     #: The verdict discarded it as worse than the champion or past a guardrail, under this
     #: champion (``orchestrator.policy.overshot``): for an ordered knob, a value nearer the

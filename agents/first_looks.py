@@ -94,6 +94,17 @@ def expected_gain(context: ProposalContext, change: Change, model: DraftPredicti
     return (1 - prior.p_null) * (sd * normal + mean * 0.5 * (1 + math.erf(z / math.sqrt(2))))
 
 
+def per_boot(
+    context: ProposalContext, changes: Sequence[Change], model: DraftPrediction | None
+) -> float:
+    """What the best of ``changes`` promises per boot: ``expected_gain`` over the boots a
+    decision of its knob costs (``boots_per_decision``); 0 for no change."""
+    return max(
+        (expected_gain(context, c, model) / boots_per_decision(context, c.knob) for c in changes),
+        default=0.0,
+    )
+
+
 def boots_per_decision(context: ProposalContext, knob: str) -> float:
     """The boots a decided change of ``knob`` costs when some of its changes fail to boot."""
     crashes = sum(1 for e in context.history if e.knob == knob and e.status == Status.CRASH)
@@ -240,10 +251,13 @@ def first_look(
 
     def promise(knob: str) -> tuple[float, float, int, int]:
         mine = [c for c in looks if c.knob == knob]
-        gain = max(expected_gain(context, c, model) for c in mine)
-        per_boot = gain / boots_per_decision(context, knob)
         tie = seed_for(seed, knob)
-        return (-per_boot, _prior(context, knob).p_null, context.tries(knob), tie)
+        return (
+            -per_boot(context, mine, model),
+            _prior(context, knob).p_null,
+            context.tries(knob),
+            tie,
+        )
 
     knob = min({c.knob for c in looks}, key=promise)
     return knob, [c for c in looks if c.knob == knob]
@@ -281,23 +295,18 @@ def second_look(
     best = _most_promising(context, allowed, lambda e: e.second_look)
     if best is None or first is None:
         return best
-    knob, looks = first
-    bar = max(expected_gain(context, c, model) for c in looks) / boots_per_decision(context, knob)
-    return best if best[1] >= bar else None
+    return best if best[1] >= per_boot(context, first[1], model) else None
 
 
 def untried_promise(
     context: ProposalContext, allowed: Sequence[Change], model: DraftPrediction | None = None
 ) -> float:
     """What the best change not yet looked at under this champion promises per boot
-    (``expected_gain`` under its knob's prior in force, over ``boots_per_decision``); 0 when
-    every allowed change was looked at."""
+    (``per_boot``, under its knob's prior in force); 0 when every allowed change was looked
+    at."""
     reopened = open_changes(context)
     fresh = [c for c in allowed if context.champion.apply(c).key not in reopened]
-    return max(
-        (expected_gain(context, c, model) / boots_per_decision(context, c.knob) for c in fresh),
-        default=0.0,
-    )
+    return per_boot(context, fresh, model)
 
 
 def further_look(

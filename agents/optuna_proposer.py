@@ -188,10 +188,9 @@ class OptunaProposer:
         # a change open for another look is taken on what it promises (above), not TPE's
         reopened = set(open_changes(context)) if self.first_looks else set()
         fresh = [c for c in allowed if context.champion.apply(c).key not in reopened]
-        if fresh:
-            allowed = fresh
-        else:
-            reopened = set()
+        if not fresh:  # only open changes are left: TPE may take one
+            reopened, fresh = set(), list(allowed)
+        allowed = fresh
         if first is not None and model is not None and first[0] == model.knob:
             # the draft knob's looks in the model's order, best predicted first
             change = model.best_of(looks)
