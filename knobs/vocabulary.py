@@ -97,6 +97,9 @@ class EventKind(StrEnum):
     KNOB_REMOVED = "knob-removed"
     #: the ledger's schema was upgraded (subject: the new revision)
     LEDGER_UPGRADED = "ledger-upgraded"
+    #: a kept change's boots left its level as champion: its first boot of its own read too far
+    #: below them (subject: the champion's experiment id; detail: from which measurement)
+    KEEP_BOOTS_SET_ASIDE = "keep-boots-set-aside"
 
 
 #: How a boot or a bench failed (``NodeError.failure_class``, the ledger's ``failure_class``).

@@ -1,65 +1,44 @@
-"""The champion's evidence: its trusted boots, the cluster's noise estimate, its re-measurements
-and drift.
+"""The champion's evidence: its trusted boots, its level and the cluster's noise estimate, and
+how a verdict judges a candidate against them.
 
 Every verdict compares a candidate with the champion, so the champion's level is measured on
-several boots (topped up after each keep) and again every so often (the drift sentinel); a
-re-measurement that flags a drift is followed by one more boot, and only a drift that boot
-confirms re-bases the level on the boots from the flag on (an unconfirmed flag's boots stay in
-the level). The noise estimate — how much one boot's objective scatters on this cluster — is
-the profile's prior pooled with every config the ledger measured on several boots. When to
-re-measure and what counts as a drift is ``policy``'s to say; this module reads the ledger and
-boots.
+several boots and again every so often (``remeasure``: when and how it is booted, the drift
+sentinel, the boots that kept it set aside). Its level is its trusted boots since the last cut
+(``cuts``: a confirmed drift, or a keep's boots set aside). The noise estimate — how much one
+boot's objective scatters on this cluster — is the profile's prior pooled with every config
+the ledger measured on several boots, each split at its cuts.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from datetime import UTC, datetime
 
 from agents import ChampionCell
-from cluster.errors import NodeError
 from knobs.config import Config
 from knobs.records import CellResultRecord
-from knobs.vocabulary import BootRole, BootStatus, Kind, State, Status
-from ledger import ChampionRecord, ExperimentRecord, Ledger, RoundRecord
-from orchestrator import policy
-from orchestrator.boot import Booter
-from orchestrator.crashpoints import crashpoint
-from orchestrator.display import RoundDisplay
+from knobs.vocabulary import BootRole, BootStatus, EventKind, Kind, State, Status
+from ledger import ChampionRecord, ExperimentRecord, Ledger
 from orchestrator.evolution import fit_champion, knob_changes
 from orchestrator.measurements import Measurement, read_measurements
 from orchestrator.noise import NoiseModel, learn
 from orchestrator.pooling import ValueBoots, pool
 from orchestrator.priors import base_prior, learned_prior
 from orchestrator.profile import Profile
-from orchestrator.runlog import RunLog
 from orchestrator.verdict import (
     Assessment,
     Evidence,
     assess,
     objective,
-    objective_of,
-    slow_ranks,
 )
 
 
 class ChampionEvidence:
     """What the ledger knows of a cluster's champion and its noise; re-measures it."""
 
-    def __init__(
-        self,
-        profile: Profile,
-        ledger: Ledger,
-        booter: Booter,
-        runlog: RunLog,
-        display: RoundDisplay,
-    ) -> None:
+    def __init__(self, profile: Profile, ledger: Ledger) -> None:
         self.profile = profile
         self.ledger = ledger
-        self.booter = booter
-        self.runlog = runlog
-        self.display = display
         self.cluster = profile.cluster.name
 
     # ---- reading the ledger -----------------------------------------------------------------
@@ -93,18 +72,28 @@ class ChampionEvidence:
         """Complete, and every node's clocks were right."""
         return m.trusted(self.profile.gates.min_matmul_rate)
 
+    def cuts(self) -> dict[int, list[int]]:
+        """Where each config's level starts again, by experiment: a confirmed drift's first
+        boot, and a champion's first boot of its own when the boots that kept it were set
+        aside (``policy.keep_boots_inflated``). Boots before a cut are another level's."""
+        cuts: dict[int, list[int]] = {}
+        for d in self.ledger.drifts(self.cluster):
+            if d.significant:
+                cuts.setdefault(d.experiment_id, []).append(d.measurement)
+        for event in self.ledger.events(self.cluster, EventKind.KEEP_BOOTS_SET_ASIDE):
+            at = event.detail.get("measurement")
+            if isinstance(at, int):
+                cuts.setdefault(int(event.subject), []).append(at)
+        return cuts
+
     def level(self) -> list[Measurement]:
         """The champion's complete measurements with every node's clocks right, since its last
-        significant drift."""
+        cut (``cuts``: a confirmed drift, or the boots that kept it set aside)."""
         champion = self.current()
         complete = [m for m in self.measurements(champion.experiment_id) if m.complete]
         # a baseline measured only with a node's clocks off is all there is until re-measured
         measurements = [m for m in complete if self.trusted(m)] or complete
-        cuts = [
-            d.measurement
-            for d in self.ledger.drifts(self.cluster)
-            if d.experiment_id == champion.experiment_id and d.significant
-        ]
+        cuts = self.cuts().get(champion.experiment_id)
         if cuts:
             measurements = [m for m in measurements if m.index >= max(cuts)] or measurements
         return measurements
@@ -142,15 +131,12 @@ class ChampionEvidence:
         (``without``: an experiment whose boots since its last re-base are left out — the drift
         sentinel's, which a drift under test would otherwise pass off as noise)."""
         spec = self.profile.verdict.noise
-        cuts: dict[int, list[int]] = {}
-        for d in self.ledger.drifts(self.cluster):
-            if d.significant:
-                cuts.setdefault(d.experiment_id, []).append(d.measurement)
+        cuts = self.cuts()
         groups: list[list[float]] = []
         for e in self.ledger.experiments(cluster=self.cluster):
             if e.status in (Status.CRASH, Status.VETOED, Status.INVALID):
                 continue
-            # a significant drift splits a config's boots: the level moved, not the noise
+            # a cut splits a config's boots: the level moved (or was chosen), not the noise
             segments: dict[int, list[float]] = {}
             for m in self.measurements(e.id):
                 if self.trusted(m):
@@ -272,162 +258,3 @@ class ChampionEvidence:
             if b.status != BootStatus.FAILED
         ]
         return (theirs[-1].id if theirs else 0) >= (mine[-1].id if mine else 0)
-
-    # ---- re-measuring -----------------------------------------------------------------------
-    def due(self) -> bool:
-        """Whether the champion is re-measured before the next proposal (``policy``'s rule)."""
-        champion = self.ledger.champion(self.cluster)
-        if champion is None:
-            return False
-        boots = [
-            b for b in self.ledger.boots(champion.experiment_id) if b.status == BootStatus.DOWN
-        ]
-        if not boots:
-            return False
-        last = boots[-1].ended_at or boots[-1].started_at
-        decided_since = sum(
-            1
-            for e in self.ledger.experiments(cluster=self.cluster)
-            if e.kind == Kind.CANDIDATE
-            and e.status not in (None, Status.VETOED)
-            and e.decided_at is not None
-            and e.decided_at > last
-        )
-        return policy.remeasure_due(
-            self.profile.verdict,
-            trusted_boots=sum(1 for m in self.level() if self.trusted(m)),
-            decided_since=decided_since,
-            age_s=(datetime.now(UTC) - last).total_seconds(),
-        )
-
-    def remeasure(self, rnd: RoundRecord) -> NodeError | None:
-        """A fresh boot of the champion; records its drift. A boot that flags a drift
-        (``policy.suspected_drift``) is followed by one more, a confirmation (role ``confirm``),
-        and the level is re-based only when it confirms the drift (``policy.drift_confirmed``);
-        otherwise both boots are the champion's measurements like any other. A boot with a
-        node's clocks off is measured again (``policy.CHAMPION_CLOCK_TRIES`` in all); it never
-        counts as drift. The failure, if a boot failed."""
-        e = self.ledger.experiment(self.current().experiment_id)
-        self.display.phase("re-measuring the champion")
-        run_id = self.runlog.experiment_run(rnd, e)
-        failure, latest = self._boot(e, run_id, BootRole.REMEASURE)
-        if latest is None:
-            return failure
-        flag = self._record_remeasure(e.id, run_id, latest)
-        if flag is None:
-            return None
-        if not self.profile.verdict.confirm_drift:  # the loop before #18: re-based on the flag
-            self._add_drift(e.id, latest, flag.before, significant=True)
-            return None
-        self.display.note(
-            f"  the champion measured {100 * (flag.after / flag.before - 1):+.1f}% vs its level "
-            f"({flag.sigmas:+.1f} standard errors): a suspected drift, booting it once more "
-            "to confirm"
-        )
-        failure, confirmation = self._boot(e, run_id, BootRole.CONFIRM)
-        if confirmation is None:
-            return failure
-        self._record_confirmation(e.id, run_id, flag, confirmation)
-        return None
-
-    def _boot(
-        self, e: ExperimentRecord, run_id: str, role: BootRole
-    ) -> tuple[NodeError | None, Measurement | None]:
-        """One measurement of the champion with every node's clocks right (taken again when
-        they were off, ``policy.CHAMPION_CLOCK_TRIES`` in all): the failure if a boot failed,
-        and the measurement (``None`` if it failed or the clocks were off every time)."""
-        for attempt in range(1, policy.CHAMPION_CLOCK_TRIES + 1):
-            failure = self.booter.measure(e, run_id, role=role, measurement=None)
-            if failure is not None:
-                self.display.note(f"  the champion's re-measurement failed: {failure.message}")
-                return failure, None
-            latest = [m for m in self.measurements(e.id) if m.complete][-1]
-            if self.trusted(latest):
-                return None, latest
-            slow = ", ".join(map(str, slow_ranks(latest.cells, self.profile.gates.min_matmul_rate)))
-            again = attempt < policy.CHAMPION_CLOCK_TRIES
-            self.display.note(
-                f"  the champion's re-measurement ran with clocks off on node(s) {slow}: "
-                "it is neither drift nor the champion's level"
-                + ("; measuring again" if again else "")
-            )
-        return None, None
-
-    def settle(self) -> None:
-        """Re-base the champion's level once more if a kill fell between a re-measurement's
-        drift and its re-base (a resume): once re-measured, the champion's objective is its
-        trusted level's."""
-        champion = self.ledger.champion(self.cluster)
-        if champion is None or not any(
-            d.experiment_id == champion.experiment_id for d in self.ledger.drifts(self.cluster)
-        ):
-            return
-        level = objective_of([objective(m.cells) for m in self.level()])
-        if not math.isclose(level, champion.objective, rel_tol=1e-9):
-            self.ledger.set_champion_objective(self.cluster, level)
-
-    def _trusted_level(self) -> tuple[list[Measurement], int | None]:
-        """The champion's trusted measurements since its last re-base, oldest first, and the
-        position among them of its last flagged boot not confirmed (the re-measurement just
-        before a drift confirmation boot: a ``confirm`` boot after a ``remeasure`` one)."""
-        ms = [m for m in self.level() if self.trusted(m)]
-        flagged: int | None = None
-        remeasured = False
-        for i, m in enumerate(ms):
-            if m.role == BootRole.CONFIRM and remeasured and i > 0:
-                flagged = i - 1
-            remeasured = remeasured or m.role == BootRole.REMEASURE
-        return ms, flagged
-
-    def _record_remeasure(
-        self, experiment_id: int, run_id: str, latest: Measurement
-    ) -> policy.Shift | None:
-        """Record a re-measurement (never a re-base on its own); the suspected drift it flags."""
-        ms, flagged = self._trusted_level()
-        level = [objective(m.cells) for m in ms]
-        before = objective_of(level[:-1]) if len(level) > 1 else level[-1]
-        flag = policy.suspected_drift(level, self.noise(experiment_id).boot_cv, flagged)
-        self._add_drift(experiment_id, latest, before, significant=False)
-        self.runlog.remeasured(run_id, objective(latest.cells), latest.index)
-        return flag
-
-    def _record_confirmation(
-        self, experiment_id: int, run_id: str, flag: policy.Shift, confirmation: Measurement
-    ) -> None:
-        """Record the confirmation boot of a suspected drift; re-base the level on the boots
-        from the flag on if it confirms the drift (a significant drift recorded at the first
-        of them: ``level`` starts there)."""
-        ms, _ = self._trusted_level()
-        level = [objective(m.cells) for m in ms]
-        rebase = policy.drift_confirmed(level, flag, self.noise(experiment_id).boot_cv)
-        self._add_drift(experiment_id, confirmation, flag.before, significant=False)
-        self.runlog.remeasured(run_id, objective(confirmation.cells), confirmation.index)
-        if rebase is None:
-            self.display.note(
-                "  not confirmed: the champion's level keeps its history, these boots included"
-            )
-            return
-        self._add_drift(experiment_id, ms[rebase.start], rebase.before, significant=True)
-        moved = 100 * (rebase.after / rebase.before - 1)
-        self.display.note(
-            f"  drift confirmed: the champion measures {moved:+.1f}% vs before over "
-            f"{len(level) - rebase.start} boots; comparisons re-baselined on them"
-        )
-
-    def _add_drift(
-        self, experiment_id: int, m: Measurement, before: float, *, significant: bool
-    ) -> None:
-        """A drift row for measurement ``m`` against the level ``before``; the champion's
-        objective set to its level (re-based when ``significant``)."""
-        self.ledger.add_drift(
-            cluster=self.cluster,
-            experiment_id=experiment_id,
-            measurement=m.index,
-            before=before,
-            after=objective(m.cells),
-            significant=significant,
-        )
-        crashpoint("drift.recorded")
-        trusted = [objective(m.cells) for m in self.level()]
-        self.ledger.set_champion_objective(self.cluster, objective_of(trusted))
-        crashpoint("champion.rebased")

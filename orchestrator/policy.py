@@ -249,16 +249,25 @@ def crash(failure_class: str, message: str) -> Assessment:
 
 
 def remeasure_due(
-    spec: VerdictSpec, *, trusted_boots: int, decided_since: int, age_s: float
+    spec: VerdictSpec,
+    *,
+    trusted_boots: int,
+    decided_since: int,
+    age_s: float,
+    own_boots: int | None = None,
 ) -> bool:
     """Whether the champion is measured again before the next proposal.
 
-    While it has fewer than ``champion_boots`` trusted boots (every comparison shares its
-    error: a one-boot champion makes every verdict noisier), after each decided experiment;
-    and — the drift sentinel — every ``drift_every`` decided experiments, or when its last
-    measurement is older than ``drift_max_age_s``. ``decided_since``: candidates decided
-    since its last boot.
+    A kept change with no trusted boot of its own as champion (``own_boots`` 0; ``None``: the
+    round's baseline), at once: the boots that kept it were chosen for reading high, and its
+    first boot of its own tests them (``keep_boots_inflated``). While it has fewer than
+    ``champion_boots`` trusted boots (every comparison shares its error: a one-boot champion
+    makes every verdict noisier), after each decided experiment; and — the drift sentinel —
+    every ``drift_every`` decided experiments, or when its last measurement is older than
+    ``drift_max_age_s``. ``decided_since``: candidates decided since its last boot.
     """
+    if own_boots == 0 and spec.keep_boots_sigmas is not None:
+        return True
     old = spec.drift_max_age_s is not None and age_s > spec.drift_max_age_s
     few = trusted_boots < spec.champion_boots
     return (few and decided_since >= 1) or decided_since >= spec.drift_every or old
@@ -314,6 +323,22 @@ def suspected_drift(level: Sequence[float], boot_cv: float, flagged: int | None)
         if abs(test.sigmas) > DRIFT_SIGMAS and _most_agree(level, test):
             return test
     return None
+
+
+def keep_boots_inflated(
+    spec: VerdictSpec, keep: Sequence[float], fresh: float, boot_cv: float
+) -> Shift | None:
+    """Whether a new champion's first boot of its own (``fresh``) says that the boots which
+    kept it (``keep``: its trusted per-boot objectives as a candidate) read high: ``fresh`` is
+    ``keep_boots_sigmas`` standard errors below their level. One-sided: a keep's boots were
+    chosen for reading high (the winner's curse), and the level they leave behind judges every
+    change after it, so a low first boot of its own sets them aside and the champion is measured
+    afresh (``champion_boots`` of its own). The shift from the first boot of its own on, or
+    ``None``: they stay in the level."""
+    if spec.keep_boots_sigmas is None or not keep or min(*keep, fresh) <= 0:
+        return None
+    test = shift([*keep, fresh], len(keep), boot_cv)
+    return test if test.sigmas < -spec.keep_boots_sigmas else None
 
 
 def drift_confirmed(level: Sequence[float], flag: Shift, boot_cv: float) -> Shift | None:

@@ -161,6 +161,13 @@ class VerdictSpec(BaseModel):
         "champion, and its level re-based only when that boot confirms the drift (off only to "
         "reproduce the loop before issue #18, which re-based on the flagged boot alone)",
     )
+    keep_boots_sigmas: float | None = Field(
+        default=1.5,
+        gt=0,
+        description="a kept change's boots were chosen for reading high: when the new "
+        "champion's first boot of its own reads this many standard errors below them, they "
+        "leave its level (recorded as an event) and it is measured afresh (null: they stay)",
+    )
     infra_retries: int = Field(
         default=2,
         ge=0,

@@ -6,8 +6,9 @@ up the unfinished round where the ledger says it stopped: a cell already recorde
 measured again, no engine is left running unrecorded, and the round's budget is honoured.
 
 The loop only dispatches. What a proposer sees is ``history``'s; one boot is ``boot``'s;
-the champion's evidence and noise estimate are ``champion``'s; what is booted next and when
-an experiment is decided is ``policy``'s (on ``verdict``'s statistics); MLflow is ``runlog``'s.
+the champion's evidence and noise estimate are ``champion``'s, its re-measurements
+``remeasure``'s; what is booted next and when an experiment is decided is ``policy``'s (on
+``verdict``'s statistics); MLflow is ``runlog``'s.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from orchestrator.history import monotone_classes, proposal_context
 from orchestrator.intake import Intake
 from orchestrator.measurements import Measurement
 from orchestrator.profile import Profile
+from orchestrator.remeasure import ChampionRemeasure
 from orchestrator.runlog import RunLog
 from orchestrator.testbed import Sink, Testbed
 from orchestrator.verdict import Assessment, accept_len, objective, objective_of
@@ -114,7 +116,8 @@ class RoundRunner:
         self.runlog = RunLog(ledger, sink)
         # guard: the safe point before each boot (the lease and the node claims, issue #17)
         self.booter = Booter(profile, ledger, testbed, self.runlog, display, guard=guard)
-        self.champion = ChampionEvidence(profile, ledger, self.booter, self.runlog, display)
+        self.champion = ChampionEvidence(profile, ledger)
+        self.remeasures = ChampionRemeasure(self.champion, self.booter, self.runlog, display)
         self.intake = Intake(profile, ledger, self.champion, self.runlog, display)
         self.faults = InfrastructureFaults(profile, ledger, display, sleep)
 
@@ -158,7 +161,7 @@ class RoundRunner:
                 self.display.note(line)
             rnd = self._caps_on_resume(rnd, options)
             self.runlog.reconcile(rnd)  # what a kill left open in MLflow, from the ledger
-            self.champion.settle()
+            self.remeasures.settle()
         # the profile gained or lost a knob since the champion was recorded (``evolution``)
         for line in self.champion.record_knob_changes():
             self.display.note(line)
@@ -222,8 +225,8 @@ class RoundRunner:
             cap = rnd.max_gpu_hours
             if cap is not None and gpu_hours(self.ledger, rnd, self.profile) >= cap:
                 return "max-gpu-hours"
-            if self.champion.due():
-                self.champion.remeasure(rnd)
+            if self.remeasures.due():
+                self.remeasures.remeasure(rnd)
             try:
                 experiment = self._next_experiment(rnd)
             except ProposalExhausted as e:
@@ -315,7 +318,7 @@ class RoundRunner:
                 self._crash(rnd, e, run_id, action.assessment, failure)
                 return
             if isinstance(action, policy.BootChampion):
-                failure = self.champion.remeasure(rnd)
+                failure = self.remeasures.remeasure(rnd)
                 if failure is not None and failure.failure_class in INFRASTRUCTURE:
                     champion = self.ledger.experiment(self.champion.current().experiment_id)
                     self.faults.wait_or_stop(e, failure, booted=champion)  # or stop: exit 5

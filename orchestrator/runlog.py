@@ -152,6 +152,11 @@ class RunLog:
         """A re-measurement of the champion, on the champion's run."""
         self.sink.log_metrics(run_id, {_REMEASURE: objective}, step=measurement)
 
+    def keep_boots_set_aside(self, run_id: str, measurement: int) -> None:
+        """The champion's level starts again at ``measurement``: the boots that kept it were
+        set aside (``ChampionEvidence``), tagged on the champion's run."""
+        self.sink.set_tags(run_id, {"keep_boots_set_aside_at": str(measurement)})
+
     def _name(self, e: ExperimentRecord, status: str | None = None) -> str:
         p = self.ledger.proposal(e.proposal_id) if e.proposal_id else None
         return run_name(

@@ -239,3 +239,19 @@ def test_a_champion_that_measures_high_or_low_at_random_has_not_drifted() -> Non
     assert policy.drift_confirmed([*level, 2514.0], flag, cv) is None
     # a drift that moves every boot is still one: three low boots of four
     assert policy.drift_confirmed([*level[:5], 2600.0, 4700.0, 2500.0], flag, cv) is not None
+
+
+def test_a_keeps_boots_are_set_aside_only_when_its_own_boot_reads_low_enough() -> None:
+    """One-sided, at ``keep_boots_sigmas`` standard errors of the keep's boots against one
+    boot: two boots at 130 and one of its own at 120 (-7.7 %, se 6.1 % at a 5 % boot CV: 1.3
+    standard errors) set them aside at 1.0 but not at 1.5; a boot of its own that reads higher
+    never does (the boots that keep a change were chosen for reading high, not low); null
+    turns the test off."""
+    keep = [130.0, 130.0]
+    at = {s: VerdictSpec(keep_boots_sigmas=s) for s in (1.0, 1.5, None)}
+    low = policy.keep_boots_inflated(at[1.0], keep, 120.0, 0.05)
+    assert low is not None and low.start == 2 and -1.4 < low.sigmas < -1.2
+    assert policy.keep_boots_inflated(at[1.5], keep, 120.0, 0.05) is None
+    assert policy.keep_boots_inflated(at[1.0], keep, 150.0, 0.05) is None
+    assert policy.keep_boots_inflated(at[None], keep, 100.0, 0.05) is None
+    assert policy.keep_boots_inflated(at[1.5], keep, 110.0, 0.05) is not None

@@ -8,6 +8,7 @@ import io
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 
 from agents import ProposalContext, SweepProposer
@@ -17,7 +18,7 @@ from cluster.simulated import StepDrift
 from cluster.twin.landscape import load_landscape
 from knobs.config import Change, Config
 from knobs.records import CellResultRecord, CellSpec, NodeClockRecord
-from knobs.vocabulary import FailureClass
+from knobs.vocabulary import EventKind, FailureClass
 from ledger import Ledger
 from orchestrator.approval import ApprovalGate
 from orchestrator.display import RoundDisplay
@@ -275,6 +276,64 @@ def test_a_real_step_drift_is_re_based_within_three_re_measures(tmp_path: Path) 
     before = [rebased for boot, rebased in trace.sentinel_events if boot <= 10]
     assert not any(before)
     assert any(after[:3]), "no re-base within three re-measures of the step"
+
+
+def _keep_then_own(own: float) -> ScriptedTestbed:
+    """K=5 reads 130 on its first two boots (the boots that keep it) and ``own`` on every boot
+    after (its boots as champion); the BF16 cache adds 9 % to K=5."""
+    count: dict[object, int] = {}
+
+    def speed(config: Config, n: int) -> float:
+        if config["num_speculative_tokens"] != 5:
+            return 100.0
+        key = config["kv_cache_dtype"]
+        count[key] = count.get(key, 0) + 1
+        k5 = 130.0 if count[key] <= 2 and key != "auto" else own
+        return k5 * (1.09 if key == "auto" else 1.0)
+
+    return ScriptedTestbed(speed)
+
+
+def test_a_keep_whose_boots_read_high_leaves_them_out_of_the_level(tmp_path: Path) -> None:
+    """The winner's curse: K=5 is kept on two boots at 130, then measures 122 on every boot
+    of its own as champion. Its first boot of its own (taken at once after the keep) reads
+    below the boots that kept it by more than ``keep_boots_sigmas`` standard errors, too
+    little for the drift sentinel: the two are set aside (an event in the ledger, no drift)
+    and the champion's level starts from that boot. The BF16 cache at K=5 (+9 % on the truth)
+    measures +9 %; against a level that kept the two high boots (about 127) it read +4.5 %."""
+    changes: list[dict[str, object]] = [{"num_speculative_tokens": 5}, {"kv_cache_dtype": "auto"}]
+    with run(tmp_path, _keep_then_own(122.0), changes, budget=2) as ledger:
+        _, k5, kv = ledger.experiments()
+        assert k5.status == "keep"
+        roles = [b.role for b in ledger.boots(k5.id)]
+        # the first boot of its own at once, and two more at once once the two are set aside
+        assert roles[:5] == ["measure", "confirm", "remeasure", "remeasure", "remeasure"]
+        (event,) = ledger.events("scripted", EventKind.KEEP_BOOTS_SET_ASIDE)
+        assert event.subject == str(k5.id)
+        assert event.detail["measurement"] == ledger.boots(k5.id)[2].measurement
+        sigmas = event.detail["sigmas"]
+        assert event.detail["keep_boots"] == 2 and isinstance(sigmas, float) and sigmas < -1.5
+        assert kv.status == "keep" and 7 < (kv.delta_pct or 0) < 11
+        verdict = ledger.verdict(kv.id)
+        assert verdict is not None and verdict.stats["champion_objective"] == pytest.approx(122)
+        assert not any(d.significant for d in ledger.drifts("scripted"))
+
+
+def test_a_keep_whose_own_boot_agrees_keeps_its_boots_in_the_level(tmp_path: Path) -> None:
+    """The same keep, its boots as champion reading 130 too: its first boot of its own (at
+    once after the keep) agrees, nothing is set aside and no further boot is owed; the BF16
+    cache (+9 %) is judged against a level with all three boots in it."""
+    changes: list[dict[str, object]] = [{"num_speculative_tokens": 5}, {"kv_cache_dtype": "auto"}]
+    with run(tmp_path, _keep_then_own(130.0), changes, budget=2) as ledger:
+        _, k5, kv = ledger.experiments()
+        assert not ledger.events("scripted", EventKind.KEEP_BOOTS_SET_ASIDE)
+        assert [b.role for b in ledger.boots(k5.id)][:3] == ["measure", "confirm", "remeasure"]
+        assert kv.status == "keep" and 7 < (kv.delta_pct or 0) < 11
+        verdict = ledger.verdict(kv.id)
+        assert verdict is not None
+        boots, level = verdict.stats["champion_boots"], verdict.stats["champion_objective"]
+        assert isinstance(boots, int) and isinstance(level, float)
+        assert boots >= 3 and round(level) == 130
 
 
 def proposal_context(ledger: Ledger, testbed: ScriptedTestbed) -> ProposalContext:
