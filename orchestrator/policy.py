@@ -255,18 +255,23 @@ def remeasure_due(
     decided_since: int,
     age_s: float,
     own_boots: int | None = None,
+    afresh: bool = False,
 ) -> bool:
     """Whether the champion is measured again before the next proposal.
 
     A kept change with no trusted boot of its own as champion (``own_boots`` 0; ``None``: the
     round's baseline), at once: the boots that kept it were chosen for reading high, and its
-    first boot of its own tests them (``keep_boots_inflated``). While it has fewer than
+    first boot of its own tests them (``keep_boots_inflated``); one whose keep's boots were set
+    aside (``afresh``) with fewer than ``champion_boots`` trusted boots, at once too (a resume
+    finishes measuring it afresh). While it has fewer than
     ``champion_boots`` trusted boots (every comparison shares its error: a one-boot champion
     makes every verdict noisier), after each decided experiment; and — the drift sentinel —
     every ``drift_every`` decided experiments, or when its last measurement is older than
     ``drift_max_age_s``. ``decided_since``: candidates decided since its last boot.
     """
     if own_boots == 0 and spec.keep_boots_sigmas is not None:
+        return True
+    if afresh and trusted_boots < spec.champion_boots:
         return True
     old = spec.drift_max_age_s is not None and age_s > spec.drift_max_age_s
     few = trusted_boots < spec.champion_boots

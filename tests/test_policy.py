@@ -255,3 +255,20 @@ def test_a_keeps_boots_are_set_aside_only_when_its_own_boot_reads_low_enough() -
     assert policy.keep_boots_inflated(at[1.0], keep, 150.0, 0.05) is None
     assert policy.keep_boots_inflated(at[None], keep, 100.0, 0.05) is None
     assert policy.keep_boots_inflated(at[1.5], keep, 110.0, 0.05) is not None
+
+
+def test_a_kept_champion_is_booted_at_once_for_its_own_boot_and_to_finish_afresh() -> None:
+    """A kept change with no boot of its own is re-measured before the next proposal, however
+    many boots kept it; one whose keep's boots were set aside, until it has ``champion_boots``
+    of its own (a kill between those boots resumes them first). The baseline keeps the old
+    schedule: after a decided experiment while it has too few boots."""
+    spec = VerdictSpec(champion_boots=3)
+    due = policy.remeasure_due
+    assert due(spec, trusted_boots=3, decided_since=0, age_s=0.0, own_boots=0)
+    assert not due(spec, trusted_boots=4, decided_since=0, age_s=0.0, own_boots=1)
+    assert due(spec, trusted_boots=2, decided_since=0, age_s=0.0, own_boots=2, afresh=True)
+    assert not due(spec, trusted_boots=3, decided_since=0, age_s=0.0, own_boots=3, afresh=True)
+    assert not due(spec, trusted_boots=1, decided_since=0, age_s=0.0)
+    assert due(spec, trusted_boots=1, decided_since=1, age_s=0.0)
+    off = VerdictSpec(champion_boots=3, keep_boots_sigmas=None)
+    assert not due(off, trusted_boots=3, decided_since=0, age_s=0.0, own_boots=0)

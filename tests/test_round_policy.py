@@ -5,6 +5,8 @@ what the test says (the real loop, ledger and verdict code run unchanged)."""
 from __future__ import annotations
 
 import io
+import json
+import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -25,6 +27,8 @@ from orchestrator.display import RoundDisplay
 from orchestrator.profile import Profile
 from orchestrator.round import RoundOptions, RoundRunner
 from orchestrator.testbed import NullSink
+from tests.fixtures.cli import orchestrate
+from tests.fixtures.profiles import twin_profile_data, write_profile
 
 CELL = CellSpec(name="code-c1", category="code", concurrency=1)
 
@@ -317,6 +321,28 @@ def test_a_keep_whose_boots_read_high_leaves_them_out_of_the_level(tmp_path: Pat
         verdict = ledger.verdict(kv.id)
         assert verdict is not None and verdict.stats["champion_objective"] == pytest.approx(122)
         assert not any(d.significant for d in ledger.drifts("scripted"))
+
+
+def test_status_says_when_the_champions_keep_boots_were_set_aside(tmp_path: Path) -> None:
+    """What a user finds in the morning: ``orchestrate status`` says that the champion's level
+    is its own boots, and from which measurement (the text, and the JSON's evidence)."""
+    changes: list[dict[str, object]] = [{"num_speculative_tokens": 5}, {"drafter_adapter_rank": 0}]
+    with run(tmp_path, _keep_then_own(122.0), changes, budget=2) as ledger:
+        assert [e.status for e in ledger.experiments()] == ["keep", "keep", "discard"]
+        (event,) = ledger.events("scripted", EventKind.KEEP_BOOTS_SET_ASIDE)
+    data = twin_profile_data(nodes=1)
+    data["cluster"]["name"] = "scripted"
+    profile_file = write_profile(tmp_path, data)
+    env = {**os.environ, "ORCHESTRATE_LEDGER": f"sqlite:///{tmp_path}/ledger.db"}
+    shown = orchestrate(tmp_path, "status", "--profile", str(profile_file), "--json", env=env)
+    assert shown.returncode == 0, shown.stderr
+    champion = json.loads(shown.stdout)["champion"]
+    assert champion["objective"] == pytest.approx(122)
+    assert champion["keep_boots_set_aside"] == event.detail
+    text = orchestrate(tmp_path, "status", "--profile", str(profile_file), env=env)
+    said = " ".join(text.stdout.split())
+    at = event.detail["measurement"]
+    assert f"its level is its own boots from measurement {at} on" in said
 
 
 def test_a_keep_whose_own_boot_agrees_keeps_its_boots_in_the_level(tmp_path: Path) -> None:
