@@ -269,7 +269,7 @@ def remeasure_due(
     every ``drift_every`` decided experiments, or when its last measurement is older than
     ``drift_max_age_s``. ``decided_since``: candidates decided since its last boot.
     """
-    if own_boots == 0 and spec.keep_boots_sigmas is not None:
+    if own_boots == 0 and tests_keep_boots(spec):
         return True
     if afresh and trusted_boots < spec.champion_boots:
         return True
@@ -330,6 +330,14 @@ def suspected_drift(level: Sequence[float], boot_cv: float, flagged: int | None)
     return None
 
 
+def tests_keep_boots(spec: VerdictSpec) -> bool:
+    """Whether a kept change's boots are tested by its first boot of its own as champion: under
+    the sequential policy, whose verdicts compare against the champion's level, unless
+    ``keep_boots_sigmas`` is null. The threshold policy (one run against the champion's last,
+    the common practice the benchmark's greedy baseline reproduces) never re-measures for it."""
+    return spec.policy == "sequential" and spec.keep_boots_sigmas is not None
+
+
 def keep_boots_inflated(
     spec: VerdictSpec, keep: Sequence[float], fresh: float, boot_cv: float
 ) -> Shift | None:
@@ -340,10 +348,11 @@ def keep_boots_inflated(
     change after it, so a low first boot of its own sets them aside and the champion is measured
     afresh (``champion_boots`` of its own). The shift from the first boot of its own on, or
     ``None``: they stay in the level."""
-    if spec.keep_boots_sigmas is None or not keep or min(*keep, fresh) <= 0:
+    sigmas = spec.keep_boots_sigmas
+    if sigmas is None or not tests_keep_boots(spec) or not keep or min(*keep, fresh) <= 0:
         return None
     test = shift([*keep, fresh], len(keep), boot_cv)
-    return test if test.sigmas < -spec.keep_boots_sigmas else None
+    return test if test.sigmas < -sigmas else None
 
 
 def drift_confirmed(level: Sequence[float], flag: Shift, boot_cv: float) -> Shift | None:

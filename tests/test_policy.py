@@ -272,3 +272,12 @@ def test_a_kept_champion_is_booted_at_once_for_its_own_boot_and_to_finish_afresh
     assert due(spec, trusted_boots=1, decided_since=1, age_s=0.0)
     off = VerdictSpec(champion_boots=3, keep_boots_sigmas=None)
     assert not due(off, trusted_boots=3, decided_since=0, age_s=0.0, own_boots=0)
+
+
+def test_the_threshold_policy_never_tests_a_keeps_boots() -> None:
+    """The common practice (one run against the champion's last, the benchmark's greedy
+    baseline) is reproduced as it was: no boot of its own after a keep, nothing set aside."""
+    spec = VerdictSpec(policy="threshold", champion_boots=1)
+    assert not policy.tests_keep_boots(spec)
+    assert not policy.remeasure_due(spec, trusted_boots=1, decided_since=0, age_s=0.0, own_boots=0)
+    assert policy.keep_boots_inflated(spec, [130.0, 130.0], 100.0, 0.05) is None
