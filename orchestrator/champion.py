@@ -80,11 +80,20 @@ class ChampionEvidence:
         for d in self.ledger.drifts(self.cluster):
             if d.significant:
                 cuts.setdefault(d.experiment_id, []).append(d.measurement)
-        for event in self.ledger.events(self.cluster, EventKind.KEEP_BOOTS_SET_ASIDE):
-            at = event.detail.get("measurement")
+        for experiment_id, detail in self.set_aside().items():
+            at = detail.get("measurement")
             if isinstance(at, int):
-                cuts.setdefault(int(event.subject), []).append(at)
+                cuts.setdefault(experiment_id, []).append(at)
         return cuts
+
+    def set_aside(self) -> dict[int, dict[str, object]]:
+        """The champions whose keep's boots were set aside (``remeasure``), by experiment, with
+        the event's evidence: from which measurement their level starts, both levels, the
+        standard errors."""
+        return {
+            int(event.subject): event.detail
+            for event in self.ledger.events(self.cluster, EventKind.KEEP_BOOTS_SET_ASIDE)
+        }
 
     def level(self) -> list[Measurement]:
         """The champion's complete measurements with every node's clocks right, since its last

@@ -263,11 +263,11 @@ def remeasure_due(
     round's baseline), at once: the boots that kept it were chosen for reading high, and its
     first boot of its own tests them (``keep_boots_inflated``); one whose keep's boots were set
     aside (``afresh``) with fewer than ``champion_boots`` trusted boots, at once too (a resume
-    finishes measuring it afresh). While it has fewer than
-    ``champion_boots`` trusted boots (every comparison shares its error: a one-boot champion
-    makes every verdict noisier), after each decided experiment; and — the drift sentinel —
-    every ``drift_every`` decided experiments, or when its last measurement is older than
-    ``drift_max_age_s``. ``decided_since``: candidates decided since its last boot.
+    finishes measuring it afresh). While it has fewer than ``champion_boots`` trusted boots
+    (every comparison shares its error: a one-boot champion makes every verdict noisier), after
+    each decided experiment; and — the drift sentinel — every ``drift_every`` decided
+    experiments, or when its last measurement is older than ``drift_max_age_s``.
+    ``decided_since``: candidates decided since its last boot.
     """
     if own_boots == 0 and tests_keep_boots(spec):
         return True

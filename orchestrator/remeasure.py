@@ -70,11 +70,7 @@ class ChampionRemeasure:
             decided_since=decided_since,
             age_s=(datetime.now(UTC) - last).total_seconds(),
             own_boots=len(self._own(trusted)) if kept else None,
-            afresh=str(champion.experiment_id)
-            in {
-                ev.subject
-                for ev in self.ledger.events(self.cluster, EventKind.KEEP_BOOTS_SET_ASIDE)
-            },
+            afresh=champion.experiment_id in self.evidence.set_aside(),
         )
 
     def remeasure(self, rnd: RoundRecord) -> NodeError | None:

@@ -154,7 +154,7 @@ class RunLog:
 
     def keep_boots_set_aside(self, run_id: str, measurement: int) -> None:
         """The champion's level starts again at ``measurement``: the boots that kept it were
-        set aside (``ChampionEvidence``), tagged on the champion's run."""
+        set aside (``ChampionRemeasure``), tagged on the champion's run."""
         self.sink.set_tags(run_id, {"keep_boots_set_aside_at": str(measurement)})
 
     def _name(self, e: ExperimentRecord, status: str | None = None) -> str:

@@ -8,7 +8,8 @@ from typing import Any
 import typer
 
 from knobs.spec import as_text
-from knobs.vocabulary import EventKind, Kind, State, Status
+from knobs.vocabulary import Kind, State, Status
+from orchestrator.champion import ChampionEvidence
 from orchestrator.cli.common import JsonOpt, ProfileOpt, opened, out
 from orchestrator.evolution import fit_champion, knob_changes
 from orchestrator.gpu_hours import cluster_gpus, gpu_hours
@@ -32,9 +33,7 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
         rounds = ledger.rounds(name)
         experiments = ledger.experiments(cluster=name)
         effects = measured(ledger, experiments)  # each knob's measured changes, for its prior
-        set_aside = {
-            ev.subject: ev.detail for ev in ledger.events(name, EventKind.KEEP_BOOTS_SET_ASIDE)
-        }
+        set_aside = ChampionEvidence(prof, ledger).set_aside()  # its keep's boots, if they left
         used = {r.id: gpu_hours(ledger, r, prof) for r in rounds}
     data: dict[str, Any] = {
         "cluster": name,
@@ -45,7 +44,7 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
             "objective": champion.objective,
             "config": champion.config.as_dict(),
             # the boots that kept it, if they left its level (``remeasure``)
-            "keep_boots_set_aside": set_aside.get(str(champion.experiment_id)),
+            "keep_boots_set_aside": set_aside.get(champion.experiment_id),
         },
         "rounds": len(rounds),
         "experiments": len(experiments),
@@ -91,7 +90,7 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
             f"champion: experiment #{champion.experiment_id}, objective {champion.objective:.1f}: "
             + ", ".join(f"{k}={as_text(v)}" for k, v in champion.config.items())
         )
-        aside = set_aside.get(str(champion.experiment_id))
+        aside = set_aside.get(champion.experiment_id)
         if aside is not None:
             console.print(
                 f"  its level is its own boots from measurement {aside.get('measurement')} on: "
