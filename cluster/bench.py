@@ -122,12 +122,14 @@ class _Cell:
     counter: int = 0
     #: the greedy probe, run to completion after the window (its text only is evidence)
     probes: list[_Request] = field(default_factory=list)
-    #: set at the cell's first token or first failure: what a cold engine's warm-up waits on
+    #: set at every token and every failure: what a cold or quiet engine's wait waits on
     news: asyncio.Event = field(default_factory=asyncio.Event)
-    #: how much later than its warm-up the window opened (a cold engine's first token)
+    #: how much later than its warm-up the window opened (a cold or quiet engine's token)
     extended_s: float = 0.0
     #: requests sent again after no answer on a kept-alive connection (not failures)
     retried: int = 0
+    #: when the current wait for a silent engine's token began
+    waiting_from: float = 0.0
 
     def failed(self, why: str) -> None:
         self.errors.append(why)
@@ -230,8 +232,8 @@ async def _read_stream(response: httpx.Response, state: _Cell, req: _Request) ->
         if count > 0:
             if req.first is None:
                 req.first = now
-                state.news.set()
             req.chunks.append((now, count))
+            state.news.set()
         req.text.append(piece)
         if choice.get("finish_reason"):
             req.finished = True
@@ -265,31 +267,78 @@ async def _greedy_probe(
 
 
 def cold_start_limit_s(cell: CellSpec) -> float:
-    """How long past its warm-up a cell waits for a cold engine's first token."""
+    """How long past its warm-up a cell waits, in all, for a cold or quiet engine's tokens."""
     return max(COLD_START_MIN_S, 5.0 * (cell.warmup_s + cell.duration_s))
 
 
-async def _cold_start(state: _Cell, say: Callable[[str], None]) -> None:
+async def _cold_start(state: _Cell, deadline: float, say: Callable[[str], None]) -> None:
     """The window opens at the warm-up's end, or, on an engine that has sent neither a token
     nor a failure by then, at its first token: a backend that compiles on first use answers
     its first request late, and a window spent waiting for it would measure the compile, not
-    the config. A failure ends the wait, and so does ``cold_start_limit_s``: the window is
-    then the one the cell had (failures are its evidence, as on a warm engine)."""
+    the config. A failure ends the wait, and so does the ``deadline``: the window is then the
+    one the cell had (failures are its evidence, as on a warm engine)."""
     if state.news.is_set():
         return
     loop = asyncio.get_running_loop()
-    waited_from, planned = loop.time(), state.w1
-    limit = cold_start_limit_s(state.cell)
-    state.w1 = math.inf  # the streams go on while the engine warms up
-    say(f"{state.cell.name}: no token after the warm-up; waiting up to {limit:g}s for the first")
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(state.news.wait(), timeout=limit)
-    now = loop.time()
-    if any(r.first is not None for r in state.requests):
-        state.extended_s = now - waited_from
-        state.w0, state.w1 = now, now + state.cell.duration_s
-    else:
+    say(
+        f"{state.cell.name}: no token after the warm-up; "
+        f"waiting up to {deadline - loop.time():.0f}s for the first"
+    )
+    if await _wait_for_news(state, deadline) and any(r.first is not None for r in state.requests):
+        _reopen(state)
+
+
+def _went_quiet(state: _Cell) -> bool:
+    """The window closed with no token in it and no failure anywhere: an engine that is
+    alive and silent (a decode path compiled on first use after the first token, a host that
+    kept it off the CPU), not a measurement of the config and not a failed one."""
+    if state.errors:
+        return False
+    return not any(state.w0 <= t < state.w1 for r in state.requests for t, _ in r.chunks)
+
+
+async def _after_quiet(state: _Cell, deadline: float, say: Callable[[str], None]) -> bool:
+    """A quiet window (``_went_quiet``) waits, up to the ``deadline``, for the engine's next
+    token, and re-opens at it (True); on a failure or at the deadline the window stays the
+    quiet one (False), and the cell measured nothing."""
+    loop = asyncio.get_running_loop()
+    if loop.time() >= deadline:
+        return False
+    say(
+        f"{state.cell.name}: no token in the window; "
+        f"waiting up to {deadline - loop.time():.0f}s for the next"
+    )
+    quiet_from = loop.time()
+    state.news.clear()
+    if not await _wait_for_news(state, deadline):
+        return False
+    if not any(t >= quiet_from for r in state.requests for t, _ in r.chunks):
+        return False  # a failure ended the wait: it is the cell's evidence
+    _reopen(state)
+    return True
+
+
+async def _wait_for_news(state: _Cell, deadline: float) -> bool:
+    """Waits, with the streams going on, until a token or a failure arrives (True) or the
+    ``deadline`` passes (False); the window's planned end is back in place after a timeout."""
+    loop = asyncio.get_running_loop()
+    planned = state.w1
+    state.w1 = math.inf  # the streams go on while the engine is silent
+    state.waiting_from = loop.time()
+    try:
+        await asyncio.wait_for(state.news.wait(), timeout=max(0.0, deadline - loop.time()))
+    except TimeoutError:
         state.w1 = planned
+        return False
+    state.w1 = planned
+    return True
+
+
+def _reopen(state: _Cell) -> None:
+    """The window opens now, for the cell's duration: the engine has just sent a token."""
+    now = asyncio.get_running_loop().time()
+    state.extended_s += now - state.waiting_from
+    state.w0, state.w1 = now, now + state.cell.duration_s
 
 
 async def run_cell_async(
@@ -303,7 +352,8 @@ async def run_cell_async(
 
     Raises:
         BenchError: no token arrived in the window and requests failed (the evidence is the
-            first failure), or no token at all arrived.
+            first failure), or no token arrived in one within ``cold_start_limit_s`` past the
+            warm-up (a window that closes quiet, with no failure, waits for the next token).
     """
     say = on_progress or (lambda _m: None)
     url = base_url.rstrip("/") + "/v1/completions"
@@ -366,11 +416,22 @@ async def _measure(
         ]
         try:
             await asyncio.sleep(max(0.0, state.w0 - loop.time()))
-            await _cold_start(state, say)
-            before = await metrics.scrape(client, metrics_url)
-            say(f"{cell.name}: measuring {cell.duration_s:g}s")
-            await asyncio.sleep(max(0.0, state.w1 - loop.time()))
-            after = await metrics.scrape(client, metrics_url)
+            deadline = loop.time() + cold_start_limit_s(cell)
+            await _cold_start(state, deadline, say)
+            while True:
+                before = await metrics.scrape(client, metrics_url)
+                say(f"{cell.name}: measuring {cell.duration_s:g}s")
+                await asyncio.sleep(max(0.0, state.w1 - loop.time()))
+                after = await metrics.scrape(client, metrics_url)
+                if not _went_quiet(state):
+                    break
+                # a stream whose request ended after the window stopped: it goes on again
+                workers = [
+                    asyncio.create_task(_stream_forever(client, state)) if w.done() else w
+                    for w in workers
+                ]
+                if not await _after_quiet(state, deadline, say):
+                    break
         finally:
             for w in workers:
                 w.cancel()

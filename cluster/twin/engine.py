@@ -118,6 +118,7 @@ class Engine:
         self._credits: deque[float] = deque()
         self._prefill_free = 0.0
         self._warm = False  # the first prefill after boot pays the model's cold start
+        self._decode_free: float | None = None  # when the first decode step's compile ends
         self._run = 0
         self._run_speed = 1.0
         self._run_acceptance = 1.0
@@ -273,7 +274,9 @@ class Engine:
             return
         n, context = self._occupancy(due)
         step = self.model.step_s(n, context) / self.speed
-        heapq.heappush(self._heap, (due + step, next(self._seq), req))
+        if self._decode_free is None:
+            self._decode_free = due + self.model.cold_decode_s / self.speed
+        heapq.heappush(self._heap, (max(due, self._decode_free) + step, next(self._seq), req))
 
     def _target(self, req: Request) -> int:
         done = 1 + math.floor(req.steps * req.accepted + 1e-9)

@@ -146,6 +146,9 @@ class Prefill(_Model):
     #: seconds added to the first prefill after boot: a backend that compiles its batch
     #: shapes on first use (vLLM's CPU backend) answers its first request late
     cold_first_s: float = Field(default=0.0, ge=0)
+    #: seconds added to the first decode step after boot, for every request in flight: a
+    #: backend that compiles its decode path on first use goes quiet after the first token
+    cold_decode_s: float = Field(default=0.0, ge=0)
 
 
 class Boot(_Model):
@@ -349,6 +352,11 @@ class EngineModel:
     def cold_first_s(self) -> float:
         """Seconds the first prefill after boot takes on top of its own (twin seconds)."""
         return self.landscape.prefill.cold_first_s / self.landscape.time_scale.run
+
+    @property
+    def cold_decode_s(self) -> float:
+        """Seconds the first decode step after boot waits on top of its own (twin seconds)."""
+        return self.landscape.prefill.cold_decode_s / self.landscape.time_scale.run
 
     def prefill_s(self, prompt_tokens: int) -> float:
         """Prefill time of a ``prompt_tokens`` prompt (the time to first token with no queue)."""
