@@ -123,58 +123,43 @@ def test_requests_straddling_the_window_count_only_inside(nodes: TwinNodes) -> N
     assert got.total_output_tokens == pytest.approx(truth.output_tok_s * 2.0, rel=rel)
 
 
-def test_a_cold_engine_window_opens_at_its_first_token(nodes: TwinNodes, tmp_path: Path) -> None:
-    """An engine that compiles on first use answers its first request after the whole of a
-    short cell's warm-up and window (vLLM's CPU backend on a loaded host): the window opens at
-    the first token and measures the config, where it used to measure nothing."""
-    cold = 32.0  # real seconds, 2 twin seconds at this landscape's run scale of 16
-    path = write_landscape(tmp_path, prefill={"cold_first_s": cold})
+#: what a cold engine does after boot (the twin's ``prefill`` fields), and what the cell says
+COLD = {
+    # its first token comes after the whole of a short cell's warm-up and window (vLLM's CPU
+    # backend compiling its batch shapes on first use, on a loaded host)
+    "cold_first_s": "no token after the warm-up",
+    # its first token comes, then nothing for longer than the window, and nothing fails (its
+    # decode path compiled on first use: CI's "measured nothing: no token arrived in the
+    # window" on vLLM's CPU build)
+    "cold_decode_s": "no token in the window",
+}
+
+
+@pytest.mark.parametrize("cold", list(COLD))
+def test_a_cold_engine_window_opens_at_its_token(
+    nodes: TwinNodes, tmp_path: Path, cold: str
+) -> None:
+    """A cold engine's silence is no measurement of the config: the window opens at its token
+    and measures the config, where it used to measure nothing; warm, the next cell on the same
+    boot waits for nothing."""
+    wait = 32.0  # real seconds, 2 twin seconds at this landscape's run scale of 16
+    path = write_landscape(tmp_path, prefill={cold: wait})
     landscape = load_landscape(path)
-    assert landscape.engine_model(landscape.settings({})).cold_first_s == pytest.approx(2.0)
+    assert getattr(landscape.engine_model(landscape.settings({})), cold) == pytest.approx(2.0)
     cell = CellSpec(
         name="cold", category="code", concurrency=2, max_tokens=128, warmup_s=0.3, duration_s=0.5
     )
     truth = landscape.truth({**BASE, **CONFIGS["vllm-dflash2-tp4"][1]}, cell)
     engine, url = nodes.head(serve_argv(), TWIN_LANDSCAPE=str(path))
-    progress: list[str] = []
-    with HostWait(engine.proc.pid) as host:
-        got = run_cell(url, "glm53", cell, on_progress=progress.append)
-    assert any("no token after the warm-up" in line for line in progress), progress
-    assert got.duration == pytest.approx(cell.duration_s, abs=0.01) and got.errors == 0
-    rel = host.tolerance(0.03, got)
-    assert got.output_throughput == pytest.approx(truth.output_tok_s, rel=rel), host.waited_s
-    # warm now: the next cell on the same boot needs no wait
-    progress.clear()
-    with HostWait(engine.proc.pid) as host:
-        again = run_cell(url, "glm53", cell, on_progress=progress.append)
-    assert not any("no token after the warm-up" in line for line in progress), progress
-    rel = host.tolerance(0.03, again)
-    assert again.output_throughput == pytest.approx(truth.output_tok_s, rel=rel), host.waited_s
-
-
-def test_an_engine_quiet_after_its_first_token_is_waited_for(
-    nodes: TwinNodes, tmp_path: Path
-) -> None:
-    """An engine that compiles its decode path on first use sends the first token, then
-    nothing for longer than a short cell's window, and fails nothing (vLLM's CPU build on a
-    loaded CI host: "measured nothing: no token arrived in the window"). The window re-opens at
-    its next token and measures the config."""
-    quiet = 32.0  # real seconds, 2 twin seconds at this landscape's run scale of 16
-    path = write_landscape(tmp_path, prefill={"cold_decode_s": quiet})
-    landscape = load_landscape(path)
-    assert landscape.engine_model(landscape.settings({})).cold_decode_s == pytest.approx(2.0)
-    cell = CellSpec(
-        name="quiet", category="code", concurrency=2, max_tokens=128, warmup_s=0.3, duration_s=0.5
-    )
-    truth = landscape.truth({**BASE, **CONFIGS["vllm-dflash2-tp4"][1]}, cell)
-    engine, url = nodes.head(serve_argv(), TWIN_LANDSCAPE=str(path))
-    progress: list[str] = []
-    with HostWait(engine.proc.pid) as host:
-        got = run_cell(url, "glm53", cell, on_progress=progress.append)
-    assert any("no token in the window" in line for line in progress), progress
-    assert got.duration == pytest.approx(cell.duration_s, abs=0.01) and got.errors == 0
-    rel = host.tolerance(0.03, got)
-    assert got.output_throughput == pytest.approx(truth.output_tok_s, rel=rel), host.waited_s
+    for warm in (False, True):
+        progress: list[str] = []
+        with HostWait(engine.proc.pid) as host:
+            got = run_cell(url, "glm53", cell, on_progress=progress.append)
+        waited = any(COLD[cold] in line for line in progress)
+        assert waited != warm, progress
+        assert got.duration == pytest.approx(cell.duration_s, abs=0.01) and got.errors == 0
+        rel = host.tolerance(0.03, got)
+        assert got.output_throughput == pytest.approx(truth.output_tok_s, rel=rel), host.waited_s
 
 
 # a bench client in a process of its own, so that the test can stop it as a busy host would
