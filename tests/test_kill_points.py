@@ -125,6 +125,24 @@ class Site:
     def ledger_url(self) -> str:
         return f"sqlite:///{self.root / 'orchestrate.db'}"
 
+    def evidence(self) -> str:
+        """Each experiment's verdict and its cells as measured: what a test that finds an
+        unexpected verdict prints (a loaded host's reading, or the config's)."""
+        lines = []
+        with Ledger(self.ledger_url) as ledger:
+            for e in ledger.experiments(cluster=CLUSTER):
+                verdict = ledger.verdict(e.id)
+                said = f"{verdict.rule}: {verdict.reason}" if verdict else "no verdict"
+                lines.append(f"exp {e.id} {e.config.as_dict()} {e.status}: {said}")
+                for boot, repeat, c in ledger.cell_results(e.id):
+                    lines.append(
+                        f"  boot {boot} #{repeat} {c.cell}: {c.output_throughput:.1f} tok/s, "
+                        f"{c.errors} errors {list(c.error_samples)}, stalled "
+                        f"{c.client_stall_s:.2f}+{c.engine_stall_s:.2f}s, "
+                        f"measured again {c.measured_again}"
+                    )
+        return "\n".join(lines)
+
     def round(self, env: Mapping[str, str] | None = None) -> Any:
         args = ("round", "--budget", "1", "--profile", "profile.yaml", "--json")
         return orchestrate(self.root, *args, env={**self.env, **(env or {})}, timeout=180)
@@ -139,7 +157,7 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Site:
     first = site.round()
     assert first.returncode == 0, first.stderr
     statuses = [e["status"] for e in json.loads(first.stdout)["experiments"]]
-    assert statuses[0] == Status.KEEP and statuses[1] != Status.KEEP, first.stderr
+    assert statuses[0] == Status.KEEP and statuses[1] != Status.KEEP, site.evidence()
     return site
 
 
@@ -183,7 +201,7 @@ def test_killed_at_a_state_boundary_the_resume_agrees(
     assert resumed.returncode == 0, resumed.stderr
     report = json.loads(resumed.stdout)
     assert report["resumed"] is True
-    assert [e["status"] for e in report["experiments"]] == [Status.KEEP]
+    assert [e["status"] for e in report["experiments"]] == [Status.KEEP], site.evidence()
     assert engines_alive(site.root) == []
     with Ledger(site.ledger_url) as ledger:
         assert bool(ledger.drifts(CLUSTER)) == drift
