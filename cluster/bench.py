@@ -128,8 +128,6 @@ class _Cell:
     extended_s: float = 0.0
     #: requests sent again after no answer on a kept-alive connection (not failures)
     retried: int = 0
-    #: when the current wait for a silent engine's token began
-    waiting_from: float = 0.0
 
     def failed(self, why: str) -> None:
         self.errors.append(why)
@@ -277,15 +275,8 @@ async def _cold_start(state: _Cell, deadline: float, say: Callable[[str], None])
     its first request late, and a window spent waiting for it would measure the compile, not
     the config. A failure ends the wait, and so does the ``deadline``: the window is then the
     one the cell had (failures are its evidence, as on a warm engine)."""
-    if state.news.is_set():
-        return
-    loop = asyncio.get_running_loop()
-    say(
-        f"{state.cell.name}: no token after the warm-up; "
-        f"waiting up to {deadline - loop.time():.0f}s for the first"
-    )
-    if await _wait_for_news(state, deadline) and any(r.first is not None for r in state.requests):
-        _reopen(state)
+    if not state.news.is_set():
+        await _reopen_at_token(state, deadline, say, "no token after the warm-up", "first")
 
 
 def _went_quiet(state: _Cell) -> bool:
@@ -301,44 +292,31 @@ async def _after_quiet(state: _Cell, deadline: float, say: Callable[[str], None]
     """A quiet window (``_went_quiet``) waits, up to the ``deadline``, for the engine's next
     token, and re-opens at it (True); on a failure or at the deadline the window stays the
     quiet one (False), and the cell measured nothing."""
-    loop = asyncio.get_running_loop()
-    if loop.time() >= deadline:
+    if asyncio.get_running_loop().time() >= deadline:
         return False
-    say(
-        f"{state.cell.name}: no token in the window; "
-        f"waiting up to {deadline - loop.time():.0f}s for the next"
-    )
-    quiet_from = loop.time()
     state.news.clear()
-    if not await _wait_for_news(state, deadline):
-        return False
-    if not any(t >= quiet_from for r in state.requests for t, _ in r.chunks):
-        return False  # a failure ended the wait: it is the cell's evidence
-    _reopen(state)
-    return True
+    return await _reopen_at_token(state, deadline, say, "no token in the window", "next")
 
 
-async def _wait_for_news(state: _Cell, deadline: float) -> bool:
-    """Waits, with the streams going on, until a token or a failure arrives (True) or the
-    ``deadline`` passes (False); the window's planned end is back in place after a timeout."""
+async def _reopen_at_token(
+    state: _Cell, deadline: float, say: Callable[[str], None], why: str, which: str
+) -> bool:
+    """Waits, with the streams going on, for a token or a failure until the ``deadline``; at a
+    token the window opens there, for the cell's duration (True); at a failure or the deadline
+    the window stays as planned (False)."""
     loop = asyncio.get_running_loop()
-    planned = state.w1
+    since, planned = loop.time(), state.w1
+    say(f"{state.cell.name}: {why}; waiting up to {deadline - since:.0f}s for the {which}")
     state.w1 = math.inf  # the streams go on while the engine is silent
-    state.waiting_from = loop.time()
-    try:
-        await asyncio.wait_for(state.news.wait(), timeout=max(0.0, deadline - loop.time()))
-    except TimeoutError:
-        state.w1 = planned
-        return False
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(state.news.wait(), timeout=max(0.0, deadline - since))
     state.w1 = planned
-    return True
-
-
-def _reopen(state: _Cell) -> None:
-    """The window opens now, for the cell's duration: the engine has just sent a token."""
-    now = asyncio.get_running_loop().time()
-    state.extended_s += now - state.waiting_from
+    if not any(t >= since for r in state.requests for t, _ in r.chunks):
+        return False  # a failure ended the wait (it is the cell's evidence), or the deadline
+    now = loop.time()
+    state.extended_s += now - since
     state.w0, state.w1 = now, now + state.cell.duration_s
+    return True
 
 
 async def run_cell_async(
