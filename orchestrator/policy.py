@@ -269,13 +269,23 @@ def remeasure_due(
     experiments, or when its last measurement is older than ``drift_max_age_s``.
     ``decided_since``: candidates decided since its last boot.
     """
-    if own_boots == 0 and tests_keep_boots(spec):
-        return True
-    if afresh and trusted_boots < spec.champion_boots:
+    if keep_test_due(spec, trusted_boots=trusted_boots, own_boots=own_boots, afresh=afresh):
         return True
     old = spec.drift_max_age_s is not None and age_s > spec.drift_max_age_s
     few = trusted_boots < spec.champion_boots
     return (few and decided_since >= 1) or decided_since >= spec.drift_every or old
+
+
+def keep_test_due(
+    spec: VerdictSpec, *, trusted_boots: int, own_boots: int | None, afresh: bool
+) -> bool:
+    """Whether a kept change's keep is still to be tested (``remeasure_due``'s first two rules):
+    it has no trusted boot of its own as champion yet, or its keep's boots were set aside and it
+    has fewer than ``champion_boots`` trusted boots. A round ends only once this is false (its
+    last keep is tested before it closes: the champion a person finds has a level of its own)."""
+    if own_boots == 0 and tests_keep_boots(spec):
+        return True
+    return afresh and trusted_boots < spec.champion_boots
 
 
 def drift(before: Sequence[float], after: float, boot_cv: float) -> tuple[float, bool]:

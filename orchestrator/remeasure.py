@@ -14,6 +14,7 @@ event in the ledger) and it is measured afresh. What counts as a drift or an inf
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from cluster.errors import NodeError
@@ -27,6 +28,16 @@ from orchestrator.display import RoundDisplay
 from orchestrator.measurements import Measurement
 from orchestrator.runlog import RunLog
 from orchestrator.verdict import objective, objective_of, slow_ranks
+
+
+@dataclass(frozen=True)
+class _State:
+    """The champion as ``policy`` sees it when deciding whether to boot it again."""
+
+    last: datetime  # its last boot's end
+    trusted: int  # trusted boots in its level
+    own: int | None  # trusted boots of its own as champion (None: a round's baseline)
+    afresh: bool  # its keep's boots were set aside
 
 
 class ChampionRemeasure:
@@ -45,31 +56,55 @@ class ChampionRemeasure:
 
     def due(self) -> bool:
         """Whether the champion is re-measured before the next proposal (``policy``'s rule)."""
-        champion = self.ledger.champion(self.cluster)
-        if champion is None:
+        state = self._state()
+        if state is None:
             return False
-        boots = [
-            b for b in self.ledger.boots(champion.experiment_id) if b.status == BootStatus.DOWN
-        ]
-        if not boots:
-            return False
-        last = boots[-1].ended_at or boots[-1].started_at
         decided_since = sum(
             1
             for e in self.ledger.experiments(cluster=self.cluster)
             if e.kind == Kind.CANDIDATE
             and e.status not in (None, Status.VETOED)
             and e.decided_at is not None
-            and e.decided_at > last
+            and e.decided_at > state.last
         )
-        trusted = [m for m in self.evidence.level() if self.evidence.trusted(m)]
-        kept = self.ledger.experiment(champion.experiment_id).kind == Kind.CANDIDATE
         return policy.remeasure_due(
             self.profile.verdict,
-            trusted_boots=len(trusted),
+            trusted_boots=state.trusted,
             decided_since=decided_since,
-            age_s=(datetime.now(UTC) - last).total_seconds(),
-            own_boots=len(self._own(trusted)) if kept else None,
+            age_s=(datetime.now(UTC) - state.last).total_seconds(),
+            own_boots=state.own,
+            afresh=state.afresh,
+        )
+
+    def keep_untested(self) -> bool:
+        """Whether the champion's keep is still to be tested by boots of its own
+        (``policy.keep_test_due``): what a round does before it closes."""
+        state = self._state()
+        return state is not None and policy.keep_test_due(
+            self.profile.verdict,
+            trusted_boots=state.trusted,
+            own_boots=state.own,
+            afresh=state.afresh,
+        )
+
+    def _state(self) -> _State | None:
+        """What ``policy`` decides a re-measurement on; ``None`` when there is no champion or
+        it was never booted."""
+        champion = self.ledger.champion(self.cluster)
+        if champion is None:
+            return None
+        boots = [
+            b for b in self.ledger.boots(champion.experiment_id) if b.status == BootStatus.DOWN
+        ]
+        if not boots:
+            return None
+        last = boots[-1].ended_at or boots[-1].started_at
+        trusted = [m for m in self.evidence.level() if self.evidence.trusted(m)]
+        kept = self.ledger.experiment(champion.experiment_id).kind == Kind.CANDIDATE
+        return _State(
+            last=last,
+            trusted=len(trusted),
+            own=len(self._own(trusted)) if kept else None,
             afresh=champion.experiment_id in self.evidence.set_aside(),
         )
 

@@ -220,21 +220,49 @@ class RoundRunner:
         if self.ledger.champion(self.cluster) is None:
             self._baseline(rnd)
         while self._candidates_done(rnd) < rnd.budget:
-            if rnd.max_hours is not None and self._clock() - started > rnd.max_hours * 3600:
-                return "max-hours"
-            cap = rnd.max_gpu_hours
-            if cap is not None and gpu_hours(self.ledger, rnd, self.profile) >= cap:
-                return "max-gpu-hours"
+            capped = self._capped(rnd, started)
+            if capped is not None:
+                return capped
             if self.remeasures.due():
                 self.remeasures.remeasure(rnd)
             try:
                 experiment = self._next_experiment(rnd)
             except ProposalExhausted as e:
                 self.display.note(f"no allowed change is left: {e}")
+                self._test_last_keep(rnd, started)
                 return "exhausted"
             if experiment is not None:
                 self._run_experiment(rnd, experiment)
+        self._test_last_keep(rnd, started)
         return "budget"
+
+    def _capped(self, rnd: RoundRecord, started: float) -> str | None:
+        """The cap the round has reached (``CAPS``), if any."""
+        if rnd.max_hours is not None and self._clock() - started > rnd.max_hours * 3600:
+            return "max-hours"
+        cap = rnd.max_gpu_hours
+        if cap is not None and gpu_hours(self.ledger, rnd, self.profile) >= cap:
+            return "max-gpu-hours"
+        return None
+
+    def _test_last_keep(self, rnd: RoundRecord, started: float) -> None:
+        """A round that ends on a keep boots the new champion once on its own before it closes
+        (``policy.keep_test_due``), as the next proposal would have: the boots that kept it were
+        chosen for reading high, and the level a person finds in the morning (and the next
+        round judges against) is tested on a boot of its own, or set aside and measured afresh.
+        Not past a cap, and a boot that fails here: the next round's first re-measurement
+        tests it then."""
+        if not self.remeasures.keep_untested():
+            return
+        capped = self._capped(rnd, started)
+        if capped is not None:
+            self.display.note(
+                f"the round's last keep is not yet booted on its own ({capped} reached): the "
+                "next round does it first"
+            )
+            return
+        self.display.note("the round's last keep is booted on its own before the round ends")
+        self.remeasures.remeasure(rnd)
 
     def _candidates_done(self, rnd: RoundRecord) -> int:
         return sum(

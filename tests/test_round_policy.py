@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -141,11 +142,12 @@ def test_a_clear_gain_is_kept_after_a_confirmation_boot_and_a_champion_remeasure
         candidate = ledger.experiments()[-1]
         assert candidate.status == "keep"
         roles = [b.role for b in ledger.boots(candidate.id)]
-        assert roles == ["measure", "confirm"]
+        # the round ends on the keep: its first boot of its own as champion before it closes
+        assert roles == ["measure", "confirm", "remeasure"]
         champion_roles = [b.role for b in ledger.boots(ledger.experiments()[0].id)]
         assert champion_roles == ["measure", "remeasure"]
-        # the order of boots: baseline, candidate, champion again, candidate again
-        assert [b["num_speculative_tokens"] for b in testbed.boots] == [7, 5, 7, 5]
+        # the order of boots: baseline, candidate, champion again, candidate again, new champion
+        assert [b["num_speculative_tokens"] for b in testbed.boots] == [7, 5, 7, 5, 5]
         assert ledger.champion("scripted").config["num_speculative_tokens"] == 5  # type: ignore[union-attr]
 
 
@@ -231,7 +233,7 @@ def test_a_champion_re_measured_with_clocks_off_is_neither_drift_nor_its_level(
         # the sentinel's stuck boot and its repeat, then the keep's confirmation re-measurement
         roles = [b.role for b in ledger.boots(baseline.id)]
         assert roles == ["measure", "remeasure", "remeasure", "remeasure"]
-        drifts = ledger.drifts("scripted")
+        drifts = [d for d in ledger.drifts("scripted") if d.experiment_id == baseline.id]
         assert [(round(d.before), round(d.after), d.significant) for d in drifts] == [
             (100, 100, False),
             (100, 100, False),
@@ -362,6 +364,75 @@ def test_a_keep_whose_own_boot_agrees_keeps_its_boots_in_the_level(tmp_path: Pat
         assert boots >= 3 and round(level) == 130
 
 
+def test_a_round_that_ends_on_a_keep_tests_it_before_it_closes(tmp_path: Path) -> None:
+    """The winner's curse on a round's last experiment: K=5 is kept on two boots at 130 and
+    measures 122 on boots of its own. The round boots it on its own before it closes, sets the
+    two aside and measures it afresh: the champion a person finds in the morning (and the next
+    round judges against) is at 122, not 130. Without the boot it stayed at 130 until the next
+    round's first proposal."""
+    with run(tmp_path, _keep_then_own(122.0), [{"num_speculative_tokens": 5}], budget=1) as ledger:
+        _, k5 = ledger.experiments()
+        assert k5.status == "keep"
+        roles = [b.role for b in ledger.boots(k5.id)]
+        assert roles == ["measure", "confirm", "remeasure", "remeasure", "remeasure"]
+        (event,) = ledger.events("scripted", EventKind.KEEP_BOOTS_SET_ASIDE)
+        assert event.subject == str(k5.id)
+        champion = ledger.champion("scripted")
+        assert champion is not None and champion.objective == pytest.approx(122)
+        assert ledger.rounds("scripted")[-1].status == "done"
+
+
+def test_a_round_past_its_hours_leaves_its_last_keeps_test_to_the_next(tmp_path: Path) -> None:
+    """The same keep in a round with ``--max-hours``: the keep ends past the cap, so the round
+    closes without the boot, says so, and the next round boots it first (sets the two high
+    boots aside and measures it afresh) before its first proposal."""
+    ticks = iter(range(0, 100_000, 1000))  # each look at the clock: 1000 s later
+    ledger = Ledger(f"sqlite:///{tmp_path}/ledger.db")
+    out = io.StringIO()
+    testbed = _keep_then_own(122.0)
+
+    def runner(changes: Sequence[Mapping[str, object]], clock: Callable[[], float]) -> RoundRunner:
+        return RoundRunner(
+            profile(),
+            ledger,
+            NullSink(),
+            testbed,
+            SweepProposer(changes),  # type: ignore[arg-type]
+            ApprovalGate(ledger, "auto"),
+            RoundDisplay(Console(file=out, width=200)),
+            clock=clock,
+        )
+
+    with ledger:
+        first = runner([{"num_speculative_tokens": 5}], lambda: float(next(ticks)))
+        # started at 0, the check before the experiment at 1000 s, the one after it at 2000 s
+        first.run(RoundOptions(budget=1, proposer="sweep", approve="auto", max_hours=0.5))
+        _, k5 = ledger.experiments()
+        assert k5.status == "keep" and ledger.rounds("scripted")[-1].status == "done"
+        assert [b.role for b in ledger.boots(k5.id)] == ["measure", "confirm"]
+        assert "not yet booted on its own (max-hours reached)" in out.getvalue()
+        changes: list[dict[str, object]] = [{"drafter_adapter_rank": 0}]
+        runner(changes, time.monotonic).run(
+            RoundOptions(budget=1, proposer="sweep", approve="auto")
+        )
+        assert [b.role for b in ledger.boots(k5.id)][:5] == [
+            "measure", "confirm", "remeasure", "remeasure", "remeasure"
+        ]  # fmt: skip
+        assert len(ledger.events("scripted", EventKind.KEEP_BOOTS_SET_ASIDE)) == 1
+
+
+def test_a_threshold_round_that_ends_on_a_keep_boots_nothing_more(tmp_path: Path) -> None:
+    """The threshold policy (one run against the champion's last: the benchmark's greedy
+    baseline) never tests a keep's boots, at a round's end neither."""
+    testbed = _keep_then_own(122.0)
+    changes: list[dict[str, object]] = [{"num_speculative_tokens": 5}]
+    with run(tmp_path, testbed, changes, budget=1, policy="threshold") as ledger:
+        _, k5 = ledger.experiments()
+        assert k5.status == "keep"
+        assert [b.role for b in ledger.boots(k5.id)] == ["measure"]
+        assert len(testbed.boots) == 2
+
+
 def proposal_context(ledger: Ledger, testbed: ScriptedTestbed) -> ProposalContext:
     """What a proposer would see next in the ledger's last round."""
     runner = RoundRunner(
@@ -486,7 +557,9 @@ def test_a_candidate_boot_with_clocks_off_is_set_aside_and_booted_again(tmp_path
     with run(tmp_path / "once", testbed, [{"num_speculative_tokens": 5}], budget=1) as ledger:
         candidate = ledger.experiments()[1]
         assert candidate.status == "keep"
-        assert [b.role for b in ledger.boots(candidate.id)] == ["measure", "measure", "confirm"]
+        # ... and, the round ending on it, its first boot of its own as champion
+        roles = [b.role for b in ledger.boots(candidate.id)]
+        assert roles == ["measure", "measure", "confirm", "remeasure"]
         assert round(candidate.objective or 0) == 130
 
     stuck = {2, 3}
@@ -526,8 +599,8 @@ def test_an_undecided_candidate_boots_the_champion_when_it_has_fewer_boots(
     with run(tmp_path, testbed, changes, budget=1, champion_boots=1) as ledger:
         assert ledger.experiments()[1].status == "keep"
     order = "".join("c" if c["kv_cache_dtype"] == "auto" else "B" for c in testbed.boots)
-    # baseline, c, c, champion, c, champion, confirmation
-    assert order == "BccBcBc"
+    # baseline, c, c, champion, c, champion, confirmation, the new champion's own boot
+    assert order == "BccBcBcc"
 
     testbed = ScriptedTestbed(speed)
     (tmp_path / "off").mkdir()
@@ -586,7 +659,8 @@ def test_a_one_knob_change_is_judged_with_its_knobs_prior(tmp_path: Path) -> Non
             return (candidate.status, roles, str(stats["prior_from"]), str(stats["prior_null"]))
 
     k: dict[str, object] = {"num_speculative_tokens": 5}
-    assert judged("k", k) == ("keep", "mrrc", "knob", "0.05")
+    # (the last ``r``: the keep's first boot of its own, before the round ends)
+    assert judged("k", k) == ("keep", "mrrcr", "knob", "0.05")
     assert judged("k-plain", k, knob_priors=False) == ("discard", "m", "profile", "0.5")
     assert judged("kv", {"kv_cache_dtype": "auto"}) == ("discard", "m", "profile", "0.5")
 
