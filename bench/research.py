@@ -124,6 +124,10 @@ class Trace:
     # with the number of keeps before that verdict: a keep's own selected boots in the level
     # (the winner's curse) read as a positive bias after keeps, none before the first
     level_bias: list[tuple[float, int]] = field(default_factory=list)
+    # what the round leaves: the champion's recorded level over its true objective (percent),
+    # and the boots taken after the last decided experiment (a last keep's boot of its own)
+    final_level_pct: float | None = None
+    boots_after_last: int = 0
     # every decided experiment: its true effect then (%, None: does not boot), its status, the
     # verdict's rule, and the boots it took (measure, repeat and confirm)
     decisions: list[tuple[float | None, str, str, int]] = field(default_factory=list)
@@ -313,6 +317,11 @@ def run_loop(
             trace.stuck_reboots = slow_boots(ledger, experiments, last)
         if last is not None:
             sentinel_log(trace, ledger, experiments, last)
+            trace.boots_after_last = sum(1 for started, _ in boots_by_time if started > last)
+        final = ledger.champion(profile.cluster.name)
+        true = None if final is None else landscape.objective(final.config.as_dict())
+        if final is not None and true:
+            trace.final_level_pct = round(100 * (final.objective / true - 1), 3)
     return trace
 
 
@@ -486,6 +495,10 @@ def summarise(landscape: Landscape, trace: Trace, optimum: float) -> dict[str, A
         "sentinel_events": trace.sentinel_events,
         # per verdict: the champion level's bias over its truth (%), and the keeps before it
         "level_bias": trace.level_bias,
+        # the round's end: the champion's recorded level over its truth (%; None when the
+        # champion does not boot on the landscape), and boots after the last decided experiment
+        "final_level_pct": trace.final_level_pct,
+        "boots_after_last": trace.boots_after_last,
         # per decided experiment: true effect % then, status, the verdict's rule, boots taken
         "decisions": trace.decisions,
         # the champion's true objective, % of the optimum, before (index 0) and after each

@@ -677,3 +677,5 @@ def test_the_benchmark_records_every_decision_with_its_truth(tmp_path: Path) -> 
     assert all(took >= 1 and rule for _, _, rule, took in trace.decisions)
     # the level each verdict compared against, before any keep and after
     assert {keeps for _, keeps in trace.level_bias} <= set(range(trace.keeps + 1))
+    # and the level the round left its champion at, over its truth (noise: never exactly 0)
+    assert trace.final_level_pct is not None and 0 < abs(trace.final_level_pct) < 20
