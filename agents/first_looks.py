@@ -21,7 +21,10 @@ that may have moved with the keep get looks again:
   worse than the champion or past a guardrail: ``HistoryEntry.overshot``) gets one more, a
   step back: the value halfway between the champion's and the one looked at (``step_back``;
   16 slots → 4 broke time to first token, so 8 is looked at). Compass search shrinks a step
-  that failed the same way; a far value's failure says nothing about a nearer one;
+  that failed the same way; a far value's failure says nothing about a nearer one. The look
+  showed that the knob does something under this champion, so the step back promises as a
+  knob with no null (``p_null`` 0 in ``expected_gain``): it is not left behind knobs whose
+  prior says most of their changes do nothing;
 - the knob looked at first is the one whose best look promises the most gain per boot:
   ``E[gain] = (1 − p_null) · E[max(0, δ)]``, with ``δ ~ N(0, τ²)`` (``τ`` the prior's spread:
   ``E = τ/√(2π)``) or, for the draft knob where the draft-length model predicts a value,
@@ -78,8 +81,12 @@ def _prior(context: ProposalContext, knob: str) -> EffectPrior:
 
 
 def expected_gain(context: ProposalContext, change: Change, model: DraftPrediction | None) -> float:
-    """``E[max(0, δ)]`` of ``change`` (log scale) under its knob's prior (see the module)."""
+    """``E[max(0, δ)]`` of ``change`` (log scale) under its knob's prior (see the module); a
+    step back counts its knob as one that does something (its look went too far)."""
     prior = _prior(context, change.knob)
+    back = step_back(context).get(change.knob)
+    if back is not None and same_value(change.new, back[1]):
+        prior = prior.model_copy(update={"p_null": 0.0})
     tau = math.log1p(prior.effect_pct / 100)
     predicted = (
         model.change_pct.get(int(change.new))

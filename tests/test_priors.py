@@ -6,9 +6,11 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import pytest
+
 from agents.context import HistoryEntry, ProposalContext
 from agents.digest import digest
-from agents.first_looks import eligible, first_look, step_back, why
+from agents.first_looks import eligible, expected_gain, first_look, step_back, why
 from knobs import KnobSpace, catalog
 from knobs.spec import EffectPrior
 from knobs.vocabulary import Kind, State, Status
@@ -229,6 +231,39 @@ def test_a_look_that_went_too_far_gets_a_step_back_and_one_that_did_nothing_does
     one_step = _look(5, "max_num_batched_tokens", 6656, went_too_far=True)
     ctx = ctx.model_copy(update={"history": (*history[:1], one_step)})
     assert step_back(ctx) == {}
+
+
+def test_a_step_back_promises_as_a_knob_that_does_something_and_goes_first() -> None:
+    """The fourth GPU round: 16 slots → 4 broke time to first token on boot 9, and the step
+    back to 8 (the brute force's best) waited behind five knobs never looked at until boot
+    17. A look that went too far shows that the knob does something under this champion: its
+    step back promises what the knob's changes do when they do anything (``p_null`` 0), so it
+    comes before knobs whose prior still says most of their changes do nothing."""
+    base = SPACE.default_config()
+    history = (
+        HistoryEntry(
+            experiment=1, config=dict(base), knob=None, value=None, status=Status.KEEP,
+            objective=100.0, delta_pct=0.0, champion_key=base.key,
+        ),
+        _look(2, "drafter_adapter_rank", 0, went_too_far=True),
+    )  # fmt: skip
+    ctx = context({}).model_copy(update={"history": history})
+    back = ctx.space.change(base, "drafter_adapter_rank", 32)
+    tau = math.log1p(ctx.prior("drafter_adapter_rank").effect_pct / 100)  # type: ignore[union-attr]
+    assert expected_gain(ctx, back, None) == pytest.approx(tau / math.sqrt(2 * math.pi))
+    calm = ctx.model_copy(
+        update={"history": (history[0], _look(2, "drafter_adapter_rank", 0, False))}
+    )
+    assert expected_gain(calm, back, None) == pytest.approx(
+        (1 - CATALOG_NULL) * tau / math.sqrt(2 * math.pi)
+    )
+    order = []
+    while (first := first_look(ctx, ctx.candidates(), 0)) is not None:
+        order.append(first[0])
+        done = {ctx.champion.apply(c).key for c in first[1]}
+        ctx = ctx.model_copy(update={"decided_keys": ctx.decided_keys | done})
+    assert order[0] == "drafter_adapter_rank"  # before: last, behind every never-looked knob
+    assert set(order) == set(SPACE.names)
 
 
 def test_what_counts_as_going_too_far() -> None:
