@@ -221,7 +221,12 @@ def test_a_cell_whose_host_stalled_is_measured_again(nodes: TwinNodes, stopped: 
     # too, and it is dropped in turn, at most ATTEMPTS in all: the least stalled one is kept
     assert result.measured_again == min(len(said), stall.ATTEMPTS - 1), lines
     kept = stalled(result)
-    assert kept < float(said[0].split("stalled ")[1].split("s")[0]) - 0.5, (kept, said)
+    # the kept one is not the stopped one, and the least stalled of all (the lines say each
+    # measurement's stall to 0.01 s; a busy host may stall every one, a clean-clone run here once
+    # kept 0.59 s after the stopped 1.09 s, just past the 0.5 s margin this test used to ask)
+    stalls = [float(line.split("stalled ")[1].split("s")[0]) for line in said]
+    assert kept < stalls[0], (kept, said)
+    assert len(said) < stall.ATTEMPTS or kept <= min(stalls) + 0.005, (kept, said)
     if len(said) == 1:
         assert not stall.disturbed(kept, result.duration), result
     # the child's own waits, and the engine's (both over every measurement the client took)
