@@ -219,6 +219,7 @@ class RoundRunner:
         self._adopt_approved_proposals(rnd)
         if self.ledger.champion(self.cluster) is None:
             self._baseline(rnd)
+        stopped_by = "budget"
         while self._candidates_done(rnd) < rnd.budget:
             capped = self._capped(rnd, started)
             if capped is not None:
@@ -229,12 +230,12 @@ class RoundRunner:
                 experiment = self._next_experiment(rnd)
             except ProposalExhausted as e:
                 self.display.note(f"no allowed change is left: {e}")
-                self._test_last_keep(rnd, started)
-                return "exhausted"
+                stopped_by = "exhausted"
+                break
             if experiment is not None:
                 self._run_experiment(rnd, experiment)
         self._test_last_keep(rnd, started)
-        return "budget"
+        return stopped_by
 
     def _capped(self, rnd: RoundRecord, started: float) -> str | None:
         """The cap the round has reached (``CAPS``), if any."""
