@@ -87,3 +87,30 @@ def test_no_round_and_an_unknown_round_are_one_line_exit_4(tmp_path: Path) -> No
         "Error: the ledger has no round of cluster twin-local: run `orchestrate round` first"
     ]
     assert not (tmp_path / "reports").exists()
+
+
+def test_without_matplotlib_the_report_is_one_line_and_writes_nothing(tmp_path: Path) -> None:
+    """matplotlib is imported only for the report's plots; where it does not import (a
+    trimmed install: the sixth GPU run carried none), ``orchestrate report`` says so in one
+    line, exit 2, and writes nothing (a round's end notes the same line and still exits 0: it
+    catches every ``OrchestrateError`` of its report). The package is hidden by a folder ahead
+    of site-packages whose ``matplotlib`` raises ImportError, as an absent one does."""
+    profile, env = _fixture(tmp_path)
+    hidden = tmp_path / "hidden" / "matplotlib"
+    hidden.mkdir(parents=True)
+    (hidden / "__init__.py").write_text("raise ImportError('No module named matplotlib')\n")
+    env = {
+        **env,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(hidden.parent), env.get("PYTHONPATH")])),
+    }
+    done = orchestrate(tmp_path, "report", "--out", "out", "--profile", str(profile), env=env)
+    assert done.returncode == 2, done.stderr
+    # the released ledger is upgraded first (its own lines); then the one error line
+    error = [line for line in done.stderr.splitlines() if line.startswith("Error:")]
+    assert error == [
+        "Error: the report's plots need matplotlib, which does not import here (No module "
+        "named matplotlib); install it (pip install 'matplotlib>=3.8,<4') and run "
+        "`orchestrate report`"
+    ], done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "out").exists()

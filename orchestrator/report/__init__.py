@@ -39,10 +39,16 @@ def write_report(
 
     Raises:
         NothingToReport: the ledger has no such round.
-        UsageError: ``out`` cannot be written.
+        UsageError: ``out`` cannot be written, or matplotlib is not installed.
     """
     # matplotlib is a second of every command's start-up where it is imported: only here
-    from orchestrator.report.plots import all_plots
+    try:
+        from orchestrator.report.plots import all_plots
+    except ImportError as e:
+        raise UsageError(
+            f"the report's plots need matplotlib, which does not import here ({e}); "
+            "install it (pip install 'matplotlib>=3.8,<4') and run `orchestrate report`"
+        ) from e
 
     data = collect(profile, ledger, round_id)
     folder = out if out is not None else default_dir(data.round.id)
