@@ -33,10 +33,23 @@ from dataclasses import dataclass
 from knobs.vocabulary import BootRole, Status, Undecided
 from orchestrator.measurements import Measurement
 from orchestrator.profile import VerdictSpec
-from orchestrator.verdict import GUARDRAIL_RULES, Assessment, Posterior, objective_of, worse
+from orchestrator.verdict import (
+    BALANCE_LOOKS,
+    GUARDRAIL_RULES,
+    Assessment,
+    Posterior,
+    objective_of,
+    worse,
+)
 
 #: The champion may be booted at most this many times ``max_boots`` for one verdict.
 CHAMPION_BOOTS_PER_BOOT = 2
+#: A change whose boots over its looks under one champion reach this many times the most the
+#: champion is balanced to (``verdict.BALANCE_LOOKS`` × ``max_boots``), still undecided, has
+#: had its fair trial: past twice the champion's boots, all the candidate boots there could
+#: ever be take off less than a fifth of the comparison's error (the champion's share stays),
+#: so further looks would each stop the same way.
+FAIR_TRIAL = 2
 #: A champion re-measurement with a node's clocks off is taken this many times in all.
 CHAMPION_CLOCK_TRIES = 2
 #: A re-measurement this many standard errors off the champion's level is a suspected drift
@@ -410,9 +423,15 @@ def look_promise(spec: VerdictSpec, rule: str, stats: Mapping[str, object]) -> f
     """What one more look at a change still promises (``E[max(0, δ)]`` under its verdict's
     posterior, log scale), or None when it gets no other look: only a change the verdict
     stopped for want of boots (``OUT_OF_BOOTS``) whose posterior still promises
-    ``second_look_gain_pct``. A ledger whose verdicts predate the posterior in their stats has
-    none."""
+    ``second_look_gain_pct``, and not after its fair trial: ``value_boots`` (its boots over
+    its looks under this champion) at ``FAIR_TRIAL`` times the most the champion is balanced
+    to (``BALANCE_LOOKS`` × ``max_boots``), still undecided. A
+    ledger whose verdicts predate the posterior in their stats has none; one whose verdicts
+    predate ``value_boots`` is judged by the posterior alone."""
     if rule not in OUT_OF_BOOTS:
+        return None
+    side = stats.get("value_boots")
+    if isinstance(side, int) and side >= FAIR_TRIAL * BALANCE_LOOKS * spec.max_boots:
         return None
     numbers = [stats.get(k) for k in ("post_p_effect", "post_mean", "post_sd")]
     if not all(isinstance(x, int | float) for x in numbers):

@@ -68,6 +68,7 @@ class Pooled:
     prior: Posterior
     values: int  # other values pooled
     boots: int  # their boots
+    same: int = 0  # of them, the boots of the candidate's own value (its earlier looks)
 
 
 def position(spec: KnobSpec, value: Value) -> float | None:
@@ -128,6 +129,7 @@ def pool(
         prior=prior,
         values=len(merged),
         boots=sum(len(v) for v in merged.values()),
+        same=len(merged.get(xc, [])),
     )
 
 

@@ -23,6 +23,11 @@ profile's cells of decode tok/s. The champion has its own boots. ``assess`` comp
    - otherwise ``more``: another boot — of the champion when it has fewer boots than the
      candidate (``balance_boots``: the difference's error shrinks fastest on the side with
      fewer boots, and the champion's boots serve every later verdict), else of the candidate.
+     A value looked at before under this champion (``pooling``) counts its earlier looks' boots
+     on its side: while they outweigh the champion's, the champion is booted (up to
+     ``BALANCE_LOOKS`` × ``max_boots``) before the predictive futility may give the change up
+     — no boot of the candidate reduces the champion's error, which every pooled contrast
+     shares.
 """
 
 from __future__ import annotations
@@ -40,6 +45,11 @@ from orchestrator.profile import VerdictSpec
 
 if TYPE_CHECKING:
     from orchestrator.pooling import Pooled
+
+#: A value looked at again balances the champion against all its looks' boots (pooled), up
+#: to this many times ``max_boots`` champion boots (``policy.FAIR_TRIAL``: when a value has
+#: had enough boots that further looks cannot decide it).
+BALANCE_LOOKS = 3
 
 
 def objective(cells: Sequence[CellResultRecord]) -> float:
@@ -366,7 +376,11 @@ def _sequential(
     if p_worth < spec.futility:
         why = "worse" if worse(g, se) else "not worth a change"
         return Assessment(Status.DISCARD, "posterior", f"{where}: {why}", stats)
-    return _more_or_stop(spec, noise, slab, g, len(ev.candidate), len(ev.champion), where, stats)
+    side = len(ev.candidate) + (pooled.same if pooled is not None else 0)
+    stats.update(value_boots=side)
+    return _more_or_stop(
+        spec, noise, slab, g, len(ev.candidate), len(ev.champion), where, stats, side=side
+    )
 
 
 @dataclass(frozen=True)
@@ -388,10 +402,13 @@ def _more_or_stop(
     m: int,
     where: str,
     stats: dict[str, object],
+    *,
+    side: int,
 ) -> Assessment:
     """Undecided by the posterior: inconclusive at the boot cap, a discard when a keep is out
     of reach within it (predictive futility), else another boot and whose."""
-    champion_more = max(0, spec.max_boots - m) if spec.balance_boots else 0
+    balance_to = max(spec.max_boots, min(side, BALANCE_LOOKS * spec.max_boots))
+    champion_more = max(0, balance_to - m) if spec.balance_boots else 0
     if n >= spec.max_boots and champion_more == 0:
         return Assessment(
             Status.INCONCLUSIVE,
@@ -399,6 +416,12 @@ def _more_or_stop(
             f"{where}: undecided after {spec.max_boots} boots",
             stats,
         )
+    if spec.balance_boots and side > spec.max_boots and m < balance_to:
+        # looked at again: the candidate's side outweighs the champion's, whose error every
+        # pooled contrast shares; its boots come before the change is given up
+        stats.update(next_boot="champion")
+        reason = f"{where}: undecided over {side} boots of this value, the champion measured again"
+        return Assessment(Undecided.MORE, "posterior", reason, stats, next_boot="champion")
     reach = predictive_keep(
         g,
         noise.boot_cv,

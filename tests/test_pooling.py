@@ -23,12 +23,13 @@ from knobs.vocabulary import Kind, Status
 from ledger import Ledger
 from orchestrator.approval import ApprovalGate
 from orchestrator.display import RoundDisplay
-from orchestrator.policy import look_promise, second_look
+from orchestrator.noise import NoiseModel
+from orchestrator.policy import FAIR_TRIAL, look_promise, second_look
 from orchestrator.pooling import ValueBoots, pool, position
 from orchestrator.profile import Profile, VerdictSpec
 from orchestrator.round import RoundOptions, RoundRunner
 from orchestrator.testbed import NullSink
-from orchestrator.verdict import Posterior, posterior
+from orchestrator.verdict import BALANCE_LOOKS, Assessment, Evidence, Posterior, assess, posterior
 
 SPACE = KnobSpace(knobs=catalog("vllm-dflash2"))
 K = SPACE.spec("num_speculative_tokens")
@@ -296,6 +297,11 @@ def test_a_second_look_only_for_a_change_stopped_for_want_of_boots() -> None:
     assert look_promise(spec, "max-boots", promising) == pytest.approx(expected)
     assert look_promise(spec, "posterior", promising) is None
     assert look_promise(spec, "futility", flat) is None
+    # its fair trial had: twice as many boots of the value over its looks as the champion may
+    # be balanced to (``BALANCE_LOOKS`` × ``max_boots``), still undecided — no further look
+    tried = FAIR_TRIAL * BALANCE_LOOKS * spec.max_boots
+    assert look_promise(spec, "max-boots", {**promising, "value_boots": tried - 1}) is not None
+    assert look_promise(spec, "max-boots", {**promising, "value_boots": tried}) is None
 
 
 def _further_context(p_null: float) -> ProposalContext:
@@ -351,3 +357,45 @@ def test_a_further_look_only_when_it_beats_every_untried_change() -> None:
     proposal = OptunaProposer(seed=0).propose(done)
     assert proposal.notes["sampler"] == "further look", proposal.notes
     assert proposal.change.knob == "cuda_graphs" and "+3.0%" in proposal.hypothesis
+
+
+def test_a_value_looked_at_again_boots_the_champion_before_it_is_given_up() -> None:
+    """The `far-k` trace (seed 0, K 4 → 2, true +5.2 %): eleven looks at K 2 under one
+    champion, each one to three boots stopped for futility at pooled P(gain) 0.7–0.89, because
+    the posterior's spread was the champion's six boots, which every pooled contrast shares and
+    no candidate boot reduces. When the value's boots over its looks outweigh the champion's,
+    the champion is booted (up to ``BALANCE_LOOKS`` × ``max_boots`` boots) before the change is
+    given up; a first look, or a champion already as well measured, goes on as before."""
+    spec = VerdictSpec()
+    noise = NoiseModel(boot_cv=CV, run_cv=0.02, boot_dof=0, run_dof=0)
+    scatter = (0.03, -0.05, 0.06, -0.02, 0.01, -0.04, 0.05, -0.04, 0.0)
+
+    def judged(champion_boots: int, earlier_looks: int) -> Assessment:
+        champion = [0.0 + s / 2 for s in scatter[:champion_boots]]
+        others = [
+            ValueBoots(3, tuple(0.03 + s for s in scatter[:3])),
+            ValueBoots(1, tuple(0.02 + s for s in scatter[3:6])),
+        ]
+        if earlier_looks:
+            others.append(ValueBoots(2, tuple(0.05 + s for s in scatter[:earlier_looks])))
+        own = (0.02,)
+        pooled = pool(K, 4, champion, ValueBoots(2, own), others, boot_cv=CV, p_null=0.1, tau=TAU)
+        assert pooled is not None and pooled.same == earlier_looks
+        ev = Evidence(
+            candidate=[100 * math.exp(x) for x in own],
+            champion=[100 * math.exp(x) for x in champion],
+            confirmations=0,
+            candidate_cells=[],
+            champion_cells=[],
+        )
+        return assess(spec, ev, noise, EffectPrior(p_null=0.1, effect_pct=15.0), pooled)
+
+    again = judged(champion_boots=6, earlier_looks=8)
+    assert again.status == "more" and again.next_boot == "champion", again.reason
+    assert "over 9 boots of this value, the champion measured again" in again.reason
+    # the champion as well measured as the value's side allows (BALANCE_LOOKS × max_boots)
+    enough = judged(champion_boots=BALANCE_LOOKS * spec.max_boots, earlier_looks=8)
+    assert enough.next_boot != "champion", enough.reason
+    # a first look at the value: the champion's boots are not outweighed
+    first = judged(champion_boots=6, earlier_looks=0)
+    assert first.next_boot != "champion", first.reason
