@@ -4,11 +4,13 @@ and the MLflow store guard fails a test that leaks a fluent run."""
 from __future__ import annotations
 
 import os
+import socket
 import sys
 
 import pytest
 import sqlalchemy as sa
 
+from tests.fixtures import ports
 from tests.fixtures.mlflow_store import MlflowStore
 
 
@@ -86,3 +88,21 @@ def test_a_leaked_fluent_run_fails_the_test(pytester: pytest.Pytester) -> None:
     import mlflow
 
     assert mlflow.active_run() is None  # the guard ended the leaked run
+
+
+def test_a_free_port_is_never_one_an_outgoing_connection_may_be_given() -> None:
+    """Servers' ports are drawn below the kernel's ephemeral range (a port from ``bind(0)``
+    was later held by some connection for two minutes of a CI run), and are free: a server
+    can listen on each; a port something listens on is never drawn."""
+    low = ports.ephemeral_low()
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", ports.free_port()))
+        held.listen()
+        taken = held.getsockname()[1]
+        drawn = {ports.free_port() for _ in range(200)}
+    assert taken not in drawn
+    assert all(ports.LOW <= p < low for p in drawn), sorted(drawn)[-3:]
+    for port in list(drawn)[:5]:
+        with socket.socket() as server:
+            server.bind(("127.0.0.1", port))
+            server.listen()

@@ -28,7 +28,8 @@ from orchestrator.engines import installed, layout
 from orchestrator.profile import profile_path
 from orchestrator.settings import runtime_placeholders
 from tests.fixtures.cli import ORCHESTRATE, orchestrate
-from tests.fixtures.profiles import free_port, write_profile
+from tests.fixtures.ports import free_port
+from tests.fixtures.profiles import write_profile
 from tests.fixtures.sshd import ssh_hosts
 
 pytestmark = pytest.mark.real_engine

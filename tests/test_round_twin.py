@@ -18,7 +18,8 @@ from mlflow.tracking import MlflowClient
 
 from ledger import HEADER
 from tests.fixtures.cli import ORCHESTRATE, orchestrate
-from tests.fixtures.profiles import free_port, twin_profile_data, write_profile
+from tests.fixtures.ports import free_port
+from tests.fixtures.profiles import twin_profile_data, write_profile
 from tests.fixtures.wait import wait_until
 
 

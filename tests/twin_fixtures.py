@@ -13,7 +13,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -30,16 +29,10 @@ from cluster.bench import stalled
 from cluster.twin import HEAD_READY_LINE, WORKER_READY_LINE, models_dir
 from cluster.twin.landscape import landscape_path
 from knobs.records import CellResultRecord
+from tests.fixtures.ports import free_port
 
 #: Boot this many times faster than the landscapes' own scale (a test boot takes ~0.1 s).
 FAST_BOOT = "4000"
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def spec_config(drafter: str | Path = "dflash2-r64", k: int = 7) -> str:
