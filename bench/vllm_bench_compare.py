@@ -42,7 +42,7 @@ from knobs.records import CellSpec
 from orchestrator.engines import installed, layout
 from orchestrator.profile import Profile, load_profile
 from orchestrator.testbed import deployer_for
-from tests.fixtures.profiles import free_port
+from tests.fixtures.ports import free_port
 
 
 def boot(profile: Profile) -> Deployer:
