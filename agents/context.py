@@ -62,7 +62,8 @@ class HistoryEntry(BaseModel):
     second_look: float | None = None
     #: What one more look promises (``policy.look_promise``) when the verdict stopped it for
     #: want of boots but its second looks are spent: looked at again only when that beats
-    #: every change not yet looked at (``first_looks.further_look``); else ``None``.
+    #: what the next change not yet looked at promises (``first_looks.further_look``); else
+    #: ``None``.
     further_look: float | None = None
     #: The verdict discarded it as worse than the champion or past a guardrail, under this
     #: champion (``orchestrator.policy.overshot``): for an ordered knob, a value nearer the

@@ -133,8 +133,8 @@ def _open(context: ProposalContext) -> str:
         spent = (
             ""
             if e.second_look is not None
-            else "; its second looks are spent: worth a boot only when no untried change "
-            "promises as much"
+            else "; its second looks are spent: worth a boot only when the next untried "
+            "change (on average over the knobs left) promises less"
         )
         lines.append(
             f"- {e.knob}={as_text(e.value) if e.value is not None else '?'}: {promise}{last}{spent}"

@@ -308,22 +308,30 @@ def second_look(
 def untried_promise(
     context: ProposalContext, allowed: Sequence[Change], model: DraftPrediction | None = None
 ) -> float:
-    """What the best change not yet looked at under this champion promises per boot
-    (``per_boot``, under its knob's prior in force); 0 when every allowed change was looked
-    at."""
+    """What the proposer's next change not yet looked at under this champion promises per
+    boot once the first looks are done: its pick is TPE's, made on no promise, so the
+    average over the knobs left of what each knob's best untried change promises
+    (``per_boot``, under its prior in force); 0 when every allowed change was looked at. A
+    single value that promises much is no reason to pass over a measured change: TPE may
+    never draw it."""
     reopened = open_changes(context)
     fresh = [c for c in allowed if context.champion.apply(c).key not in reopened]
-    return per_boot(context, fresh, model)
+    knobs = {c.knob for c in fresh}
+    if not knobs:
+        return 0.0
+    return sum(per_boot(context, [c for c in fresh if c.knob == k], model) for k in knobs) / len(
+        knobs
+    )
 
 
 def further_look(
     context: ProposalContext, allowed: Sequence[Change], model: DraftPrediction | None = None
 ) -> tuple[Change, float] | None:
     """The change to look at once more now although its second looks are spent, with what it
-    promises: the one whose posterior promises most, when that beats every change not yet
-    looked at (``untried_promise``). Evidence and priors on one scale: late in a round, when
-    the priors in force say what is left untried is likely nothing, the boots go to the change
-    the measurements say may still gain."""
+    promises: the one whose posterior promises most, when that beats what the next change not
+    yet looked at promises (``untried_promise``). Evidence and priors on one scale: late in a
+    round, when the priors in force say what is left untried is likely nothing, the boots go
+    to the change the measurements say may still gain."""
     best = _most_promising(context, allowed, lambda e: e.further_look)
     if best is None or best[1] <= untried_promise(context, allowed, model):
         return None

@@ -447,8 +447,8 @@ def second_look(
     """What a second look at a change promises (``look_promise``), or None when it gets none:
     looked at ``looks`` times under this champion, fewer than ``1 + second_looks``. A change
     that still promises as much but has no second look left may get a further look
-    (``agents.first_looks.further_look``): only when it promises more than every change not
-    yet looked at."""
+    (``agents.first_looks.further_look``): only when it promises more than the next change
+    not yet looked at (on average over the knobs left: TPE's pick)."""
     return look_promise(spec, rule, stats) if looks <= spec.second_looks else None
 
 
