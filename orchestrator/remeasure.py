@@ -74,6 +74,7 @@ class ChampionRemeasure:
             age_s=(datetime.now(UTC) - state.last).total_seconds(),
             own_boots=state.own,
             afresh=state.afresh,
+            baseline=state.own is None,
         )
 
     def keep_untested(self) -> bool:

@@ -76,7 +76,8 @@ def test_the_backoff_doubles_and_the_retries_end() -> None:
 
 
 def test_a_node_back_after_a_retry_costs_no_verdict(tmp_path: Path) -> None:
-    testbed = FlakyNode(lambda attempt: attempt == 2)  # the first candidate's first deploy
+    # the first candidate's first deploy (the baseline's second came before the first proposal)
+    testbed = FlakyNode(lambda attempt: attempt == 3)
     waits: list[float] = []
     loop = runner(tmp_path, testbed, waits)
     report = loop.run(RoundOptions(budget=2, proposer="sweep", approve="auto"))
@@ -181,10 +182,11 @@ def test_a_resume_says_what_it_keeps_that_the_command_asked_otherwise(tmp_path: 
 def test_the_champion_unreachable_for_a_confirmation_leaves_the_candidate_undecided(
     tmp_path: Path,
 ) -> None:
-    # K=5 measures +30 %: the confirmation wants the champion measured again (the third deploy),
-    # and node 2 is gone from then on
+    # K=5 measures +30 %: the confirmation wants the champion measured again (the fourth
+    # deploy: the baseline's second came before the first proposal), and node 2 is gone from
+    # then on
     testbed = FlakyNode(
-        lambda attempt: attempt >= 3,
+        lambda attempt: attempt >= 4,
         speed=lambda c: 130.0 if c["num_speculative_tokens"] == 5 else 100.0,
     )
     waits: list[float] = []
@@ -197,6 +199,7 @@ def test_the_champion_unreachable_for_a_confirmation_leaves_the_candidate_undeci
     assert f"experiment #{candidate.id} is left undecided" in stopped.value.message
     champion_boots = loop.ledger.boots(baseline.id)
     assert [b.failure_class for b in champion_boots] == [
+        None,
         None,
         "unreachable",
         "unreachable",

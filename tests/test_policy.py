@@ -261,7 +261,8 @@ def test_a_kept_champion_is_booted_at_once_for_its_own_boot_and_to_finish_afresh
     """A kept change with no boot of its own is re-measured before the next proposal, however
     many boots kept it; one whose keep's boots were set aside, until it has ``champion_boots``
     of its own (a kill between those boots resumes them first). The baseline keeps the old
-    schedule: after a decided experiment while it has too few boots."""
+    schedule, but for its first boots: at once while it has too few (the boots it would take
+    after the first verdicts, taken before them)."""
     spec = VerdictSpec(champion_boots=3)
     due = policy.remeasure_due
     assert due(spec, trusted_boots=3, decided_since=0, age_s=0.0, own_boots=0)
@@ -270,6 +271,8 @@ def test_a_kept_champion_is_booted_at_once_for_its_own_boot_and_to_finish_afresh
     assert not due(spec, trusted_boots=3, decided_since=0, age_s=0.0, own_boots=3, afresh=True)
     assert not due(spec, trusted_boots=1, decided_since=0, age_s=0.0)
     assert due(spec, trusted_boots=1, decided_since=1, age_s=0.0)
+    assert due(spec, trusted_boots=2, decided_since=0, age_s=0.0, baseline=True)
+    assert not due(spec, trusted_boots=3, decided_since=0, age_s=0.0, baseline=True)
     off = VerdictSpec(champion_boots=3, keep_boots_sigmas=None)
     assert not due(off, trusted_boots=3, decided_since=0, age_s=0.0, own_boots=0)
 

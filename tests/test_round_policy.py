@@ -145,9 +145,12 @@ def test_a_clear_gain_is_kept_after_a_confirmation_boot_and_a_champion_remeasure
         # the round ends on the keep: its first boot of its own as champion before it closes
         assert roles == ["measure", "confirm", "remeasure"]
         champion_roles = [b.role for b in ledger.boots(ledger.experiments()[0].id)]
-        assert champion_roles == ["measure", "remeasure"]
-        # the order of boots: baseline, candidate, champion again, candidate again, new champion
-        assert [b["num_speculative_tokens"] for b in testbed.boots] == [7, 5, 7, 5, 5]
+        # the baseline's second boot before the first proposal (it has too few), its third
+        # for the confirmation
+        assert champion_roles == ["measure", "remeasure", "remeasure"]
+        # the order of boots: baseline twice, candidate, champion again, candidate again, new
+        # champion
+        assert [b["num_speculative_tokens"] for b in testbed.boots] == [7, 7, 5, 7, 5, 5]
         assert ledger.champion("scripted").config["num_speculative_tokens"] == 5  # type: ignore[union-attr]
 
 
@@ -194,8 +197,9 @@ def test_the_champion_is_re_measured_until_it_has_its_boots_then_every_n(
     tmp_path: Path,
 ) -> None:
     """A one-boot champion makes every comparison noisier: it is re-measured after each
-    decided experiment until it has ``champion_boots`` boots; after that only the drift
-    sentinel (every ``drift_every`` decided experiments) boots it again."""
+    decided experiment until it has ``champion_boots`` boots (the round's baseline before its
+    first proposal too); after that only the drift sentinel (every ``drift_every`` decided
+    experiments) boots it again."""
     testbed = ScriptedTestbed(lambda c, n: 100.0)
     changes = [{"drafter_adapter_rank": r} for r in (0, 16, 32, 128)]
     changes += [{"max_num_batched_tokens": v} for v in (4096, 16384)]
@@ -206,8 +210,9 @@ def test_the_champion_is_re_measured_until_it_has_its_boots_then_every_n(
         ]  # fmt: skip
         champion = baseline.config
         order = ["B" if config == champion else "c" for config in testbed.boots]
-        # baseline, c1, B, c2, B (three boots now), c3 c4 c5 (three decided), B, c6
-        assert "".join(order) == "BcBcBcccBc"
+        # baseline, B (before the first proposal), c1, B (three boots now), c2 c3 c4 (three
+        # decided), B, c5 c6
+        assert "".join(order) == "BBcBcccBcc"
         assert [e.status for e in ledger.experiments()[1:]] == ["discard"] * 6
 
 
@@ -541,7 +546,8 @@ def test_a_monotone_boot_failure_bars_the_whole_side_of_the_value(tmp_path: Path
 
 
 def test_a_candidate_boot_with_clocks_off_is_set_aside_and_booted_again(tmp_path: Path) -> None:
-    """Boot 2, the candidate's first, has a node at 75 % clocks: it measured the node, not the
+    """Boot 3, the candidate's first (the baseline's second came before the first proposal),
+    has a node at 75 % clocks: it measured the node, not the
     config, so the candidate is booted once more and judged on its clean boots (a clear +30 %:
     kept, its objective the clean level). Stuck on both boots, it is invalid for its clocks,
     and the config is not barred: it may run again under the same champion. With
@@ -551,7 +557,7 @@ def test_a_candidate_boot_with_clocks_off_is_set_aside_and_booted_again(tmp_path
         gain = 1.3 if config["num_speculative_tokens"] == 5 else 1.0
         return (75.0 if n in stuck else 100.0) * gain
 
-    stuck = {2}
+    stuck = {3}
     testbed = ScriptedTestbed(speed, stuck=lambda n: n in stuck)
     (tmp_path / "once").mkdir()
     with run(tmp_path / "once", testbed, [{"num_speculative_tokens": 5}], budget=1) as ledger:
@@ -562,7 +568,7 @@ def test_a_candidate_boot_with_clocks_off_is_set_aside_and_booted_again(tmp_path
         assert roles == ["measure", "measure", "confirm", "remeasure"]
         assert round(candidate.objective or 0) == 130
 
-    stuck = {2, 3}
+    stuck = {3, 4}
     testbed = ScriptedTestbed(speed, stuck=lambda n: n in stuck)
     (tmp_path / "twice").mkdir()
     with run(tmp_path / "twice", testbed, [{"num_speculative_tokens": 5}], budget=1) as ledger:
@@ -573,7 +579,7 @@ def test_a_candidate_boot_with_clocks_off_is_set_aside_and_booted_again(tmp_path
         assert candidate.config.key not in context.decided_keys
         assert context.known_bad == ()
 
-    stuck = {2}
+    stuck = {3}
     testbed = ScriptedTestbed(speed, stuck=lambda n: n in stuck)
     (tmp_path / "off").mkdir()
     changes: list[dict[str, object]] = [{"num_speculative_tokens": 5}]
