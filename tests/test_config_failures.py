@@ -134,7 +134,8 @@ def test_the_policy_boots_a_first_failure_again_and_crashes_a_second() -> None:
 
 def test_a_flaky_start_is_booted_again_measured_and_bars_nothing(tmp_path: Path) -> None:
     said = io.StringIO()
-    loop = runner(tmp_path, Failing(lambda n, c: "start" if n == 2 else None), said)
+    # deploy 3, the candidate's first (the baseline's second came before the first proposal)
+    loop = runner(tmp_path, Failing(lambda n, c: "start" if n == 3 else None), said)
     report = loop.run(RoundOptions(budget=1, proposer="sweep", approve="auto"))
     candidate = report.experiments[1]
     assert candidate.status == Status.DISCARD and candidate.failure_class is None
@@ -182,8 +183,9 @@ def test_a_monotone_oom_bars_its_side_at_once(tmp_path: Path) -> None:
 def test_a_kill_during_the_second_boot_resumes_counting_the_first_failure(
     tmp_path: Path,
 ) -> None:
-    # deploy 2 fails (start), deploy 3 (its second boot) is killed, deploy 4 fails again
-    testbed = Failing(lambda n, c: "start" if n in (2, 4) else None, interrupt=lambda n: n == 3)
+    # deploys 1 and 2 are the baseline's; deploy 3 fails (start), deploy 4 (its second boot)
+    # is killed, deploy 5 fails again
+    testbed = Failing(lambda n, c: "start" if n in (3, 5) else None, interrupt=lambda n: n == 4)
     with pytest.raises(KeyboardInterrupt):
         runner(tmp_path, testbed).run(RoundOptions(budget=1, proposer="sweep", approve="auto"))
     again = runner(tmp_path, testbed)

@@ -25,7 +25,7 @@ from tests.fixtures.cli import orchestrate
 from tests.fixtures.profiles import twin_profile_data, write_profile
 from tests.test_round_policy import ScriptedTestbed, profile
 
-CHANGES = [{"num_speculative_tokens": 5}, {"num_speculative_tokens": 6}]
+CHANGES = [{"num_speculative_tokens": k} for k in (5, 6, 4)]
 
 
 def two_nodes_of(gpus: int) -> Profile:

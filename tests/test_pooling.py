@@ -160,12 +160,12 @@ def test_a_round_judges_a_value_with_the_values_measured_before_it(tmp_path: Pat
             profile(tmp_path),
             ledger,
             NullSink(),
-            SimulatedTestbed(landscape, 5),
+            SimulatedTestbed(landscape, 19),  # a draw where K 6 is discarded and K 5 kept
             SweepProposer(sweep),
             ApprovalGate(ledger, "auto"),
             RoundDisplay(Console(file=io.StringIO())),
         )
-        runner.run(RoundOptions(budget=3, proposer="sweep", approve="auto", seed=5))
+        runner.run(RoundOptions(budget=3, proposer="sweep", approve="auto", seed=19))
         judged = [e for e in ledger.experiments() if e.kind == Kind.CANDIDATE]
         verdicts = [ledger.verdict(e.id) for e in judged]
     assert [e.value for e in judged] == [6, 5, 4]
