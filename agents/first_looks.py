@@ -316,12 +316,8 @@ def untried_promise(
     never draw it."""
     reopened = open_changes(context)
     fresh = [c for c in allowed if context.champion.apply(c).key not in reopened]
-    knobs = {c.knob for c in fresh}
-    if not knobs:
-        return 0.0
-    return sum(per_boot(context, [c for c in fresh if c.knob == k], model) for k in knobs) / len(
-        knobs
-    )
+    by_knob = [[c for c in fresh if c.knob == k] for k in {c.knob for c in fresh}]
+    return sum(per_boot(context, mine, model) for mine in by_knob) / max(1, len(by_knob))
 
 
 def further_look(

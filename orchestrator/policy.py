@@ -281,11 +281,10 @@ def remeasure_due(
     (every comparison shares its error: a one-boot champion makes every verdict noisier), after
     each decided experiment — and, under the sequential policy, the round's ``baseline`` (a
     champion no keep made) before its first proposal too: a boot it would take after the first
-    verdict anyway, taken first,
-    spares that verdict a level of one boot's luck (a baseline that read 9 % high discarded
-    CUDA graphs, +4.8 %, on `sm121-2node`); and — the
-    drift sentinel — every ``drift_every`` decided experiments, or when its last measurement is
-    older than ``drift_max_age_s``. ``decided_since``: candidates decided since its last boot.
+    verdict anyway, taken first, spares that verdict a level of one boot's luck (a baseline
+    that read 9 % high discarded CUDA graphs, +4.8 %, on `sm121-2node`); and — the drift
+    sentinel — every ``drift_every`` decided experiments, or when its last measurement is older
+    than ``drift_max_age_s``. ``decided_since``: candidates decided since its last boot.
     """
     if keep_test_due(spec, trusted_boots=trusted_boots, own_boots=own_boots, afresh=afresh):
         return True
@@ -431,9 +430,9 @@ def look_promise(spec: VerdictSpec, rule: str, stats: Mapping[str, object]) -> f
     stopped for want of boots (``OUT_OF_BOOTS``) whose posterior still promises
     ``second_look_gain_pct``, and not after its fair trial: ``value_boots`` (its boots over
     its looks under this champion) at ``FAIR_TRIAL`` times the most the champion is balanced
-    to (``BALANCE_LOOKS`` × ``max_boots``), still undecided. A
-    ledger whose verdicts predate the posterior in their stats has none; one whose verdicts
-    predate ``value_boots`` is judged by the posterior alone."""
+    to (``BALANCE_LOOKS`` × ``max_boots``), still undecided. A ledger whose verdicts predate
+    the posterior in their stats has none; one whose verdicts predate ``value_boots`` is judged
+    by the posterior alone."""
     if rule not in OUT_OF_BOOTS:
         return None
     side = stats.get("value_boots")
