@@ -23,7 +23,7 @@ from orchestrator.evolution import fit_champion, knob_changes
 from orchestrator.measurements import Measurement, read_measurements
 from orchestrator.noise import NoiseModel, learn
 from orchestrator.pooling import ValueBoots, pool
-from orchestrator.priors import base_prior, learned_prior
+from orchestrator.priors import MEASURING, base_prior, learned_prior
 from orchestrator.profile import Profile
 from orchestrator.verdict import (
     Assessment,
@@ -217,8 +217,11 @@ class ChampionEvidence:
 
     def siblings(self, e: ExperimentRecord) -> list[ExperimentRecord]:
         """The decided changes of ``e``'s knob alone, measured against the current champion (its
-        config but for that knob): the values ``pooling`` judges ``e`` with. None for a coupled
-        move: it moved another knob too, so it is no value of one knob's curve."""
+        config but for that knob), whose verdicts measured an effect (``priors.MEASURING``): the
+        values ``pooling`` judges ``e`` with. Not a value discarded past a guardrail: MNBT below
+        a time-to-first-token cliff runs in another regime, and its speed (−10 %) is no point on
+        the curve of the values inside. None for a coupled move: it moved another knob too, so
+        it is no value of one knob's curve."""
         if e.knob is None or e.coupled_knob is not None:
             return []
         champion = self.current()
@@ -236,7 +239,10 @@ class ChampionEvidence:
             ):
                 continue
             config = s.config.as_dict()
-            if {k: v for k, v in config.items() if k != e.knob} == others:
+            if {k: v for k, v in config.items() if k != e.knob} != others:
+                continue
+            verdict = self.ledger.verdict(s.id)
+            if verdict is not None and verdict.rule in MEASURING:
                 out.append(s)
         return out
 

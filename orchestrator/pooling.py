@@ -17,7 +17,12 @@ knob's effect below 5 is not a coin toss for any of them. The model, on the log 
   scale ``ℓ``, conditioned on ``δ(champion's value) = 0``. ``ℓ`` is not assumed: each of
   ``LENGTHS`` is weighted by how well it explains the data, from nearly independent values to
   a knob whose effect is one smooth trend, so a knob whose neighbours disagree is judged value
-  by value.
+  by value. Nor is it assumed that the trend runs through the champion: each length scale
+  comes twice, once smooth across the champion's value and once with the two sides
+  independent (a kink at the champion), weighted alike. A champion is where a search stopped,
+  often at a peak or a cliff's edge: MNBT below it past a time-to-first-token cliff (−10 %)
+  says, under a smooth trend, that MNBT above it gains; the values above, measured flat or
+  worse, then weigh for the kink, and each side is judged by its own values.
 
 A knob without an order (CUDA graphs, a KV dtype) has unrelated values: they share only the
 spike and the champion's error, and a value looked at again (``policy.second_look``) pools all
@@ -119,7 +124,11 @@ def pool(
     if not merged:
         return None
     prior_points = sorted(merged)
-    lengths = LENGTHS if spec.ordered else (UNRELATED,)
+    lengths = (
+        [(length, kink) for length in LENGTHS for kink in (False, True)]
+        if spec.ordered
+        else [(UNRELATED, False)]
+    )
     prior = _fit(prior_points, merged, xc, x0, champion_logs, boot_cv, p_null, tau, lengths)
     both = {x: list(v) for x, v in merged.items()}
     both.setdefault(xc, []).extend(candidate.logs)
@@ -137,11 +146,16 @@ def _kernel(xs: np.ndarray, ys: np.ndarray, length: float) -> np.ndarray:
     return np.asarray(np.exp(-0.5 * ((xs[:, None] - ys[None, :]) / length) ** 2))
 
 
-def _conditioned(xs: np.ndarray, x0: float, length: float) -> np.ndarray:
-    """The kernel over ``xs`` given ``δ(x0) = 0``."""
+def _conditioned(xs: np.ndarray, x0: float, length: float, kink: bool) -> np.ndarray:
+    """The kernel over ``xs`` given ``δ(x0) = 0``; with ``kink``, the two sides of ``x0``
+    independent."""
     k = _kernel(xs, xs, length)
     k0 = _kernel(xs, np.array([x0]), length)[:, 0]
-    return np.asarray(k - np.outer(k0, k0))
+    out = k - np.outer(k0, k0)
+    if kink:
+        side = np.sign(xs - x0)
+        out = out * (side[:, None] == side[None, :])
+    return np.asarray(out)
 
 
 def _fit(
@@ -153,7 +167,7 @@ def _fit(
     cv: float,
     p_null: float,
     tau: float,
-    lengths: Sequence[float],
+    lengths: Sequence[tuple[float, bool]],
 ) -> Posterior:
     """The spike-and-slab posterior of ``δ(xc)`` given the contrasts at ``points``."""
     champ = float(np.mean(champion_logs))
@@ -164,8 +178,8 @@ def _fit(
     xs = np.array([*points, xc])
     log_null = _log_density(g, noise)
     logs, means, variances = [], [], []
-    for length in lengths:
-        k = tau**2 * _conditioned(xs, x0, length)
+    for length, kink in lengths:
+        k = tau**2 * _conditioned(xs, x0, length, kink)
         kpp, kcp, kcc = k[:-1, :-1], k[-1, :-1], k[-1, -1]
         cov = kpp + noise + _JITTER * np.eye(len(points))
         logs.append(_log_density(g, cov))

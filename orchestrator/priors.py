@@ -38,8 +38,9 @@ PRIOR_CHANGES = 3.0
 #: Two measurements of one change under two champions this many standard errors apart: the
 #: knob interacts with what changed between the champions.
 INTERACTION_Z = 3.0
-#: The verdict rules that decide on a measured effect (not a guardrail, not an invalid output).
-_MEASURING = frozenset({"posterior", "futility", "max-boots", "threshold"})
+#: The verdict rules that decide on a measured effect (not a guardrail, not an invalid output):
+#: the changes whose effects teach a knob's prior and are pooled as its curve (``pooling``).
+MEASURING = frozenset({"posterior", "futility", "max-boots", "threshold"})
 _PIS = np.linspace(0.005, 0.995, 100)
 _TAUS = np.exp(np.linspace(math.log(0.002), math.log(0.7), 80))
 
@@ -71,7 +72,7 @@ def measured(ledger: Ledger, experiments: Iterable[ExperimentRecord]) -> list[Me
         ):
             continue
         verdict = ledger.verdict(e.id)
-        if verdict is None or verdict.rule not in _MEASURING:
+        if verdict is None or verdict.rule not in MEASURING:
             continue
         effect = _effect(verdict.stats)
         if effect is not None:

@@ -131,6 +131,45 @@ def test_pooling_is_calibrated_where_the_knob_is_smooth() -> None:
     assert called >= 30 and right / called >= 0.85
 
 
+def test_a_cliff_on_one_side_of_the_champion_says_little_of_the_other_side() -> None:
+    """The champion at a cliff's edge: every K below it −10 %, K above it doing nothing. A trend
+    through the champion would read the cliff as a gain above it; the kink at the champion
+    (each side its own curve) weighs against that, so K 5's pooled P(gain) stays near what the
+    values above the champion alone say (the cliff still says the knob matters)."""
+    rng = random.Random(7)
+    truth = {1: -0.1, 2: -0.1, 3: -0.1, 5: 0.0, 6: 0.0}
+    lift = []
+    for _ in range(200):
+        champion = list(boots(0.0, 4, rng))
+        others = [ValueBoots(v, boots(truth[v], 2, rng)) for v in (1, 2, 3, 6)]
+        candidate = ValueBoots(5, boots(truth[5], 1, rng))
+        both = pool(K, 4, champion, candidate, others, boot_cv=CV, p_null=0.1, tau=TAU)
+        above = [o for o in others if isinstance(o.value, int) and o.value > 4]
+        one = pool(K, 4, champion, candidate, above, boot_cv=CV, p_null=0.1, tau=TAU)
+        assert both is not None and one is not None
+        lift.append(both.posterior.p_above(0.0) - one.posterior.p_above(0.0))
+    assert sum(lift) / len(lift) < 0.25
+
+
+def test_a_trend_through_the_champion_still_carries_across_it() -> None:
+    """K's effect one slope through the champion (K 4): K 5, 6 and 2 measured once each, K 3 is
+    judged with them; of the candidates pooled P(gain) calls ≥ 0.9, every one truly gains."""
+    rng = random.Random(11)
+    called, right = 0, 0
+    for _ in range(400):
+        slope = rng.gauss(0.0, 0.04)
+        truth = {v: slope * (4 - v) for v in range(1, 8)}
+        champion = list(boots(0.0, 3, rng))
+        others = [ValueBoots(v, boots(truth[v], 1, rng)) for v in (5, 6, 2)]
+        candidate = ValueBoots(3, boots(truth[3], 1, rng))
+        pooled = pool(K, 4, champion, candidate, others, boot_cv=CV, p_null=0.1, tau=TAU)
+        assert pooled is not None
+        if pooled.posterior.p_above(0.0) >= 0.9:
+            called += 1
+            right += truth[3] > 0
+    assert called >= 30 and right == called
+
+
 def profile(tmp: Path) -> Profile:
     landscape = load_landscape("far-k")
     return Profile.model_validate(
@@ -179,6 +218,34 @@ def test_a_round_judges_a_value_with_the_values_measured_before_it(tmp_path: Pat
     assert isinstance(second.stats["own_p_gain"], float)
     assert judged[1].status == "keep"
     assert third is not None and "pooled_values" not in third.stats
+
+
+def test_a_value_past_a_guardrail_is_no_point_on_the_curve(tmp_path: Path) -> None:
+    """MNBT 7168 → 3072 falls past the stack's time-to-first-token cliff (discarded by the
+    guardrail, its speed another regime's), then 8704 and 9728 are measured: 8704 is judged on
+    its own boots, 9728 with 8704's alone."""
+    landscape = load_landscape("far-k")
+    sweep = [{"max_num_batched_tokens": v} for v in (3072, 8704, 9728)]
+    with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
+        runner = RoundRunner(
+            profile(tmp_path),
+            ledger,
+            NullSink(),
+            SimulatedTestbed(landscape, 3),
+            SweepProposer(sweep),
+            ApprovalGate(ledger, "auto"),
+            RoundDisplay(Console(file=io.StringIO())),
+        )
+        runner.run(RoundOptions(budget=3, proposer="sweep", approve="auto", seed=3))
+        judged = [e for e in ledger.experiments() if e.kind == Kind.CANDIDATE]
+        verdicts = [ledger.verdict(e.id) for e in judged]
+    assert [e.value for e in judged] == [3072, 8704, 9728]
+    first, second, third = verdicts
+    assert second is not None and "pooled_values" not in second.stats
+    assert [v.rule if v else None for v in (first, second)] == ["ttft-guardrail", "posterior"]
+    assert [e.status for e in judged[:2]] == ["discard", "discard"]
+    assert third is not None
+    assert third.stats["pooled_values"] == 1, third.stats
 
 
 def test_a_change_stopped_for_want_of_boots_gets_second_looks_that_count_its_boots(
