@@ -20,7 +20,7 @@ from knobs import KnobSpace, catalog
 from knobs.config import Config
 from knobs.spec import EffectPrior
 from knobs.vocabulary import Kind, Status
-from ledger import Ledger
+from ledger import ExperimentRecord, Ledger, VerdictRecord
 from orchestrator.approval import ApprovalGate
 from orchestrator.display import RoundDisplay
 from orchestrator.noise import NoiseModel
@@ -188,25 +188,32 @@ def profile(tmp: Path) -> Profile:
     )
 
 
+def sweep_round(
+    tmp: Path, knob: str, values: tuple[int, ...], *, seed: int
+) -> tuple[list[ExperimentRecord], list[VerdictRecord | None]]:
+    """A round on the simulated ``far-k`` stack that looks at ``values`` of ``knob`` in turn:
+    its candidates and their verdicts."""
+    with Ledger(f"sqlite:///{tmp}/ledger.db") as ledger:
+        runner = RoundRunner(
+            profile(tmp),
+            ledger,
+            NullSink(),
+            SimulatedTestbed(load_landscape("far-k"), seed),
+            SweepProposer([{knob: v} for v in values]),
+            ApprovalGate(ledger, "auto"),
+            RoundDisplay(Console(file=io.StringIO())),
+        )
+        runner.run(RoundOptions(budget=len(values), proposer="sweep", approve="auto", seed=seed))
+        judged = [e for e in ledger.experiments() if e.kind == Kind.CANDIDATE]
+        return judged, [ledger.verdict(e.id) for e in judged]
+
+
 def test_a_round_judges_a_value_with_the_values_measured_before_it(tmp_path: Path) -> None:
     """K 6, 5 and 4 against the default champion (K 7), in that order, on the simulated stack
     whose best K is far from the card's: each later verdict names the values before it, and
     the ledger's stats carry the candidate's own P(gain) beside the pooled one."""
-    landscape = load_landscape("far-k")
-    sweep = [{"num_speculative_tokens": v} for v in (6, 5, 4)]
-    with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
-        runner = RoundRunner(
-            profile(tmp_path),
-            ledger,
-            NullSink(),
-            SimulatedTestbed(landscape, 19),  # a draw where K 6 is discarded and K 5 kept
-            SweepProposer(sweep),
-            ApprovalGate(ledger, "auto"),
-            RoundDisplay(Console(file=io.StringIO())),
-        )
-        runner.run(RoundOptions(budget=3, proposer="sweep", approve="auto", seed=19))
-        judged = [e for e in ledger.experiments() if e.kind == Kind.CANDIDATE]
-        verdicts = [ledger.verdict(e.id) for e in judged]
+    # seed 19: a draw where K 6 is discarded and K 5 kept
+    judged, verdicts = sweep_round(tmp_path, "num_speculative_tokens", (6, 5, 4), seed=19)
     assert [e.value for e in judged] == [6, 5, 4]
     first, second, third = verdicts
     assert first is not None and "pooled_values" not in first.stats
@@ -224,21 +231,7 @@ def test_a_value_past_a_guardrail_is_no_point_on_the_curve(tmp_path: Path) -> No
     """MNBT 7168 → 3072 falls past the stack's time-to-first-token cliff (discarded by the
     guardrail, its speed another regime's), then 8704 and 9728 are measured: 8704 is judged on
     its own boots, 9728 with 8704's alone."""
-    landscape = load_landscape("far-k")
-    sweep = [{"max_num_batched_tokens": v} for v in (3072, 8704, 9728)]
-    with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
-        runner = RoundRunner(
-            profile(tmp_path),
-            ledger,
-            NullSink(),
-            SimulatedTestbed(landscape, 3),
-            SweepProposer(sweep),
-            ApprovalGate(ledger, "auto"),
-            RoundDisplay(Console(file=io.StringIO())),
-        )
-        runner.run(RoundOptions(budget=3, proposer="sweep", approve="auto", seed=3))
-        judged = [e for e in ledger.experiments() if e.kind == Kind.CANDIDATE]
-        verdicts = [ledger.verdict(e.id) for e in judged]
+    judged, verdicts = sweep_round(tmp_path, "max_num_batched_tokens", (3072, 8704, 9728), seed=3)
     assert [e.value for e in judged] == [3072, 8704, 9728]
     first, second, third = verdicts
     assert second is not None and "pooled_values" not in second.stats
