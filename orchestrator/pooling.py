@@ -124,15 +124,15 @@ def pool(
     if not merged:
         return None
     prior_points = sorted(merged)
-    lengths = (
+    shapes = (
         [(length, kink) for length in LENGTHS for kink in (False, True)]
         if spec.ordered
         else [(UNRELATED, False)]
     )
-    prior = _fit(prior_points, merged, xc, x0, champion_logs, boot_cv, p_null, tau, lengths)
+    prior = _fit(prior_points, merged, xc, x0, champion_logs, boot_cv, p_null, tau, shapes)
     both = {x: list(v) for x, v in merged.items()}
     both.setdefault(xc, []).extend(candidate.logs)
-    posterior = _fit(sorted(both), both, xc, x0, champion_logs, boot_cv, p_null, tau, lengths)
+    posterior = _fit(sorted(both), both, xc, x0, champion_logs, boot_cv, p_null, tau, shapes)
     return Pooled(
         posterior=posterior,
         prior=prior,
@@ -167,9 +167,10 @@ def _fit(
     cv: float,
     p_null: float,
     tau: float,
-    lengths: Sequence[tuple[float, bool]],
+    shapes: Sequence[tuple[float, bool]],
 ) -> Posterior:
-    """The spike-and-slab posterior of ``δ(xc)`` given the contrasts at ``points``."""
+    """The spike-and-slab posterior of ``δ(xc)`` given the contrasts at ``points``, the slab
+    a mixture over ``shapes`` (a length scale, and whether the curve has a kink at ``x0``)."""
     champ = float(np.mean(champion_logs))
     m = len(champion_logs)
     g = np.array([float(np.mean(boots[x])) - champ for x in points])
@@ -178,7 +179,7 @@ def _fit(
     xs = np.array([*points, xc])
     log_null = _log_density(g, noise)
     logs, means, variances = [], [], []
-    for length, kink in lengths:
+    for length, kink in shapes:
         k = tau**2 * _conditioned(xs, x0, length, kink)
         kpp, kcp, kcc = k[:-1, :-1], k[-1, :-1], k[-1, -1]
         cov = kpp + noise + _JITTER * np.eye(len(points))
@@ -186,7 +187,7 @@ def _fit(
         solved = np.linalg.solve(cov, kcp)
         means.append(float(solved @ g))
         variances.append(max(float(kcc - kcp @ solved), _JITTER))
-    log_slab = float(np.logaddexp.reduce(logs)) - math.log(len(lengths))
+    log_slab = float(np.logaddexp.reduce(logs)) - math.log(len(shapes))
     pi = min(max(p_null, 1e-6), 1 - 1e-6)
     log_odds = math.log1p(-pi) + log_slab - math.log(pi) - log_null
     p_effect = 1.0 / (1.0 + math.exp(-log_odds)) if log_odds > -700 else 0.0
