@@ -21,7 +21,7 @@ from knobs.spec import EffectPrior, Value, as_text
 from knobs.vocabulary import MEASURED, Status
 
 #: Where a known-bad region comes from.
-KnownBadSource = Literal["crash", "invalid", "veto", "constraint"]
+KnownBadSource = Literal["crash", "invalid", "veto", "constraint", "guardrail"]
 
 
 def same_value(a: object, b: object) -> bool:

@@ -36,6 +36,9 @@ VLLM_DFLASH2: tuple[KnobSpec, ...] = (
         default=7168,
         description="MNBT: tokens per scheduler step; bounds prefill chunks",
         render=RenderSpec(kind="flag", flag="--max-num-batched-tokens"),
+        # a long prompt past the TTFT guardrail at one MNBT takes more prefill steps at a
+        # smaller one
+        monotone_guardrails={"ttft-guardrail": "below"},
         effect_prior=EffectPrior(
             p_null=0.7,
             effect_pct=15.0,

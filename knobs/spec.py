@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from knobs.errors import KnobError
+from knobs.vocabulary import GuardrailRule
 
 #: A knob's value. Every domain is finite, so every value can be listed and compared.
 Value = bool | int | float | str
@@ -119,6 +120,15 @@ class KnobSpec(BaseModel):
     #: one, e.g. ``kv_capacity``), so one crash bars the whole side for every proposer instead
     #: of costing a boot per value. Numeric knobs only.
     monotone_failures: dict[str, Literal["above", "below"]] = Field(default_factory=dict)
+    #: Guardrails that are monotone in this knob: ``{verdict rule: side}``. A change to value v
+    #: discarded by that guardrail (``GUARDRAIL_RULES``) means the values on that side of v break
+    #: it alike with the other knobs as they were (``below``: v and every smaller value, e.g.
+    #: ``ttft-guardrail`` on MNBT, whose smaller prefill chunks take a long prompt more steps),
+    #: so the discard bars that side under those other values instead of costing a boot per
+    #: value; a keep that moves another knob lifts it. Numeric knobs only.
+    monotone_guardrails: dict[GuardrailRule, Literal["above", "below"]] = Field(
+        default_factory=dict
+    )
     #: What changing this knob is known to do, for the verdict's prior (None: the profile's).
     effect_prior: EffectPrior | None = None
     #: What the knob is to the models that know it: ``draft_tokens``, the draft length K of
@@ -154,6 +164,11 @@ class KnobSpec(BaseModel):
         if self.monotone_failures and not self.ordered:
             raise ValueError(
                 f"knob {self.name}: monotone_failures needs a numeric knob (int, float, or "
+                "choices that are all numbers)"
+            )
+        if self.monotone_guardrails and not self.ordered:
+            raise ValueError(
+                f"knob {self.name}: monotone_guardrails needs a numeric knob (int, float, or "
                 "choices that are all numbers)"
             )
         for failure in self.monotone_failures:

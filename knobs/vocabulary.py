@@ -136,6 +136,12 @@ INFRASTRUCTURE: frozenset[FailureClass] = frozenset(
     {*NODE_ACCESS, "upload", "worker_missing", "remote_failed", "clocks_stuck", "port_in_use"}
 )
 
+#: The verdict rules that discard a change for what it broke (failed requests, time to first
+#: token), whatever its objective. A knob may declare one monotone in its values
+#: (``KnobSpec.monotone_guardrails``).
+GuardrailRule = Literal["errors", "ttft-guardrail"]
+GUARDRAIL_RULES: frozenset[GuardrailRule] = frozenset(get_args(GuardrailRule))
+
 #: Statuses whose experiment has no objective of its own: it never booted, or was never run.
 UNMEASURED = frozenset({Status.CRASH, Status.VETOED})
 

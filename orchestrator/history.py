@@ -75,7 +75,7 @@ def proposal_context(
             # the last look decides
             reopened[fitted.config.key] = again is not None or further is not None
         region = _barred(profile, ledger, e.model_copy(update={"config": fitted.config}))
-        if region is not None:
+        if region is not None and holds(region, champion_key, current.config.key):
             known_bad.append(region)
     changes = measured(ledger, experiments)  # the knobs' measured effects, for their priors
     return ProposalContext(
@@ -191,6 +191,8 @@ def _coupled(e: ExperimentRecord) -> tuple[str, Value] | None:
 
 def _barred(profile: Profile, ledger: Ledger, e: ExperimentRecord) -> KnownBad | None:
     """The region a decided experiment bars, if it bars one."""
+    if e.status == Status.DISCARD:
+        return guardrail_region(profile, ledger, e)
     if (
         e.knob is None
         or e.value is None
@@ -216,6 +218,40 @@ def _barred(profile: Profile, ledger: Ledger, e: ExperimentRecord) -> KnownBad |
         else KnownBad(when=when, reason=reason, source=source)
     )
     return region.model_copy(update={"reason": reason, "source": source})
+
+
+def guardrail_region(profile: Profile, ledger: Ledger, e: ExperimentRecord) -> KnownBad | None:
+    """The region a guardrail discard bars: none, unless the knob declares its guardrail
+    monotone (``KnobSpec.monotone_guardrails``: MNBT below a value past the time-to-first-token
+    guardrail). Then that side of the value, with every other knob as it was: the guardrail is
+    measured against the champion, so the region holds only under the champion it was
+    measured against (``proposal_context`` drops it when the champion moves). Not a coupled
+    move: it moved another knob too."""
+    if e.knob is None or e.coupled_knob is not None or e.knob not in profile.space.names:
+        return None
+    value = e.value
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    verdict = ledger.verdict(e.id)
+    declared = profile.space.spec(e.knob).monotone_guardrails.items()
+    side = next((s for rule, s in declared if verdict is not None and rule == verdict.rule), None)
+    if verdict is None or side is None:
+        return None
+    bound = {e.knob: value}
+    return KnownBad(
+        when={k: v for k, v in e.config.as_dict().items() if k != e.knob},
+        at_least=bound if side == "above" else {},
+        at_most=bound if side == "below" else {},
+        reason=f"{verdict.rule} against its champion: {verdict.reason}"[:200],
+        source="guardrail",
+    )
+
+
+def holds(region: KnownBad, champion_key: str, current_key: str) -> bool:
+    """Whether a region decided under the champion ``champion_key`` bars anything under the
+    champion ``current_key`` (both fitted to the profile): a guardrail's only under the
+    champion it was measured against (``guardrail_region``), any other always."""
+    return region.source != "guardrail" or champion_key == current_key
 
 
 def crash_region(

@@ -15,7 +15,8 @@ from agents import KnownBad
 from knobs.vocabulary import EventKind
 from ledger import EventRecord, ExperimentRecord, Ledger
 from orchestrator.errors import OrchestrateError, UsageError
-from orchestrator.history import cleared_regions, region_of
+from orchestrator.evolution import rekeyed
+from orchestrator.history import cleared_regions, holds, region_of
 from orchestrator.profile import Profile
 
 
@@ -41,14 +42,21 @@ class BarredRegion:
 
 
 def barred_regions(profile: Profile, ledger: Ledger) -> list[BarredRegion]:
-    """Every region the profile's cluster has barred, oldest first, cleared ones included."""
+    """Every region the profile's cluster bars, oldest first, cleared ones included (not a
+    guardrail's measured against an earlier champion: a keep lifted it)."""
     cluster = profile.cluster.name
     cleared = cleared_regions(ledger, cluster)
     champions = {c.config.key: c.experiment_id for c in ledger.champion_history(cluster)}
+    current = ledger.champion(cluster)
+    now = "" if current is None else profile.space.reconcile(current.config).config.key
+    experiments = ledger.experiments(cluster=cluster)
+    rekey = rekeyed(profile.space, experiments)
     out: list[BarredRegion] = []
-    for e in ledger.experiments(cluster=cluster):
+    for e in experiments:
         region = region_of(profile, ledger, e)
-        if region is not None:
+        key = e.champion_key or ""
+        # a guardrail's region measured against an earlier champion bars nothing now
+        if region is not None and holds(region, rekey.get(key, key), now):
             champion = champions.get(e.champion_key or "")
             out.append(BarredRegion(e, region, champion, cleared.get(e.id)))
     return out

@@ -30,12 +30,11 @@ import math
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-from knobs.vocabulary import BootRole, Status, Undecided
+from knobs.vocabulary import GUARDRAIL_RULES, BootRole, Status, Undecided
 from orchestrator.measurements import Measurement
 from orchestrator.profile import VerdictSpec
 from orchestrator.verdict import (
     BALANCE_LOOKS,
-    GUARDRAIL_RULES,
     Assessment,
     Posterior,
     objective_of,

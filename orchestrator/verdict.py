@@ -227,11 +227,6 @@ def _validity(spec: VerdictSpec, ev: Evidence, stats: dict[str, object]) -> Asse
     return None
 
 
-#: The rules that discard a change for what it broke (failed requests, time to first token),
-#: whatever its objective.
-GUARDRAIL_RULES = frozenset({"errors", "ttft-guardrail"})
-
-
 def worse(g: float, se: float) -> bool:
     """The posterior's "worse": the change measured more than a standard error below the
     champion (``g``: log ratio of the objectives, ``se`` its standard error)."""

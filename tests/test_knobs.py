@@ -197,6 +197,32 @@ def test_monotone_failures_need_an_ordered_knob_and_a_failure_class_name() -> No
         )
 
 
+def test_monotone_guardrails_need_an_ordered_knob_and_a_guardrail_rule() -> None:
+    (spec,) = [k for k in catalog("vllm-dflash2") if k.name == "max_num_batched_tokens"]
+    assert spec.monotone_guardrails == {"ttft-guardrail": "below"}
+    with pytest.raises(ValueError, match="monotone_guardrails needs a numeric knob"):
+        KnobSpec(
+            name="x",
+            type="bool",
+            default=False,
+            render=RenderSpec(kind="switch", when_true=("--x",)),
+            monotone_guardrails={"ttft-guardrail": "below"},
+        )
+    # only the verdict's guardrails can be declared: a misspelt rule is refused, not ignored
+    with pytest.raises(ValueError, match="ttft-guardrail"):
+        KnobSpec.model_validate(
+            {
+                "name": "x",
+                "type": "int",
+                "low": 1,
+                "high": 3,
+                "default": 1,
+                "render": {"kind": "flag", "flag": "--x"},
+                "monotone_guardrails": {"ttft": "below"},
+            }
+        )
+
+
 def test_unknown_catalog() -> None:
     with pytest.raises(KnobError, match="unknown knob catalog 'nope'"):
         catalog("nope")

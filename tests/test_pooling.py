@@ -23,6 +23,7 @@ from knobs.vocabulary import Kind, Status
 from ledger import ExperimentRecord, Ledger, VerdictRecord
 from orchestrator.approval import ApprovalGate
 from orchestrator.display import RoundDisplay
+from orchestrator.known_bad import barred_regions
 from orchestrator.noise import NoiseModel
 from orchestrator.policy import FAIR_TRIAL, look_promise, second_look
 from orchestrator.pooling import ValueBoots, pool, position
@@ -193,17 +194,26 @@ def sweep_round(
 ) -> tuple[list[ExperimentRecord], list[VerdictRecord | None]]:
     """A round on the simulated ``far-k`` stack that looks at ``values`` of ``knob`` in turn:
     its candidates and their verdicts."""
+    return sweep_entries(tmp, [{knob: v} for v in values], seed=seed)
+
+
+def sweep_entries(
+    tmp: Path, entries: list[dict[str, int]], *, seed: int
+) -> tuple[list[ExperimentRecord], list[VerdictRecord | None]]:
+    """A round on the simulated ``far-k`` stack that walks ``entries`` (one-knob changes of the
+    champion of the moment), in the ledger ``tmp/ledger.db``: its candidates and their
+    verdicts."""
     with Ledger(f"sqlite:///{tmp}/ledger.db") as ledger:
         runner = RoundRunner(
             profile(tmp),
             ledger,
             NullSink(),
             SimulatedTestbed(load_landscape("far-k"), seed),
-            SweepProposer([{knob: v} for v in values]),
+            SweepProposer(entries),
             ApprovalGate(ledger, "auto"),
             RoundDisplay(Console(file=io.StringIO())),
         )
-        runner.run(RoundOptions(budget=len(values), proposer="sweep", approve="auto", seed=seed))
+        runner.run(RoundOptions(budget=len(entries), proposer="sweep", approve="auto", seed=seed))
         judged = [e for e in ledger.experiments() if e.kind == Kind.CANDIDATE]
         return judged, [ledger.verdict(e.id) for e in judged]
 
@@ -239,6 +249,45 @@ def test_a_value_past_a_guardrail_is_no_point_on_the_curve(tmp_path: Path) -> No
     assert [e.status for e in judged[:2]] == ["discard", "discard"]
     assert third is not None
     assert third.stats["pooled_values"] == 1, third.stats
+
+
+def test_a_guardrail_declared_monotone_bars_its_side_under_its_champion(tmp_path: Path) -> None:
+    """MNBT declares its time-to-first-token guardrail monotone (a smaller MNBT takes a long
+    prompt more prefill steps): 7168 → 4096 past the guardrail bars 3072 under the same
+    champion, so the sweep skips it with the region's words and measures 8704; the region is
+    listed as the guardrail's, pinned to the other knobs' values."""
+    mnbt = "max_num_batched_tokens"
+    judged, verdicts = sweep_entries(tmp_path, [{mnbt: 4096}, {mnbt: 3072}, {mnbt: 8704}], seed=0)
+    assert [e.value for e in judged] == [4096, 8704]
+    assert [v.rule if v else None for v in verdicts] == ["ttft-guardrail", "posterior"]
+    with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
+        skipped = ledger.proposals()[-1].notes["skipped"]
+        assert "entry 2 (max_num_batched_tokens=3072)" in skipped, skipped
+        assert "max_num_batched_tokens<=4096" in skipped, skipped
+        [region] = barred_regions(profile(tmp_path), ledger)
+        assert region.experiment.id == judged[0].id and region.region.source == "guardrail"
+        assert region.region.at_most == {mnbt: 4096}
+        assert region.region.when["num_speculative_tokens"] == 7
+        assert region.region.reason.startswith("ttft-guardrail against its champion: TTFT p90")
+
+
+def test_a_guardrail_region_lifts_when_the_champion_moves(tmp_path: Path) -> None:
+    """The guardrail is measured against the champion: after K 7 → 4 is kept, MNBT 3072 is
+    no longer barred by 4096's discard under K 7, and is measured against the new champion."""
+    mnbt, k = "max_num_batched_tokens", "num_speculative_tokens"
+    judged, verdicts = sweep_entries(tmp_path, [{mnbt: 4096}, {k: 4}, {mnbt: 3072}], seed=0)
+    assert [(e.knob, e.value, e.status) for e in judged] == [
+        (mnbt, 4096, "discard"),
+        (k, 4, "keep"),
+        (mnbt, 3072, "discard"),
+    ]
+    assert verdicts[2] is not None and verdicts[2].rule == "ttft-guardrail"
+    # what `known-bad list` shows: 3072's region under K 4, not 4096's lifted one under K 7
+    with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
+        [region] = barred_regions(profile(tmp_path), ledger)
+    assert region.experiment.id == judged[2].id
+    assert region.region.at_most == {mnbt: 3072}
+    assert region.region.when[k] == 4
 
 
 def test_a_change_stopped_for_want_of_boots_gets_second_looks_that_count_its_boots(
