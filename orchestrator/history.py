@@ -230,10 +230,10 @@ def guardrail_region(profile: Profile, ledger: Ledger, e: ExperimentRecord) -> K
     if e.knob is None or e.coupled_knob is not None or e.knob not in profile.space.names:
         return None
     value = e.value
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    verdict = ledger.verdict(e.id)
     declared = profile.space.spec(e.knob).monotone_guardrails.items()
+    if not declared or isinstance(value, bool) or not isinstance(value, int | float):
+        return None  # asked before the ledger: most discards' knobs declare none
+    verdict = ledger.verdict(e.id)
     side = next((s for rule, s in declared if verdict is not None and rule == verdict.rule), None)
     if verdict is None or side is None:
         return None
