@@ -125,7 +125,8 @@ class KnobSpec(BaseModel):
     #: it alike with the other knobs as they were (``below``: v and every smaller value, e.g.
     #: ``ttft-guardrail`` on MNBT, whose smaller prefill chunks take a long prompt more steps),
     #: so the discard bars that side under those other values instead of costing a boot per
-    #: value; a keep that moves another knob lifts it. Numeric knobs only.
+    #: value, while the champion it was measured against stays (any keep lifts it). Numeric
+    #: knobs only.
     monotone_guardrails: dict[GuardrailRule, Literal["above", "below"]] = Field(
         default_factory=dict
     )

@@ -225,8 +225,7 @@ def guardrail_region(profile: Profile, ledger: Ledger, e: ExperimentRecord) -> K
     monotone (``KnobSpec.monotone_guardrails``: MNBT below a value past the time-to-first-token
     guardrail). Then that side of the value, with every other knob as it was: the guardrail is
     measured against the champion, so the region holds only under the champion it was
-    measured against (``proposal_context`` drops it when the champion moves). Not a coupled
-    move: it moved another knob too."""
+    measured against (``holds``). Not a coupled move: it moved another knob too."""
     if e.knob is None or e.coupled_knob is not None or e.knob not in profile.space.names:
         return None
     value = e.value
