@@ -17,8 +17,10 @@ from collections.abc import Sequence
 from agents import ChampionCell
 from knobs.config import Config
 from knobs.records import CellResultRecord
+from knobs.spec import EffectPrior
 from knobs.vocabulary import BootRole, BootStatus, EventKind, Kind, State, Status
 from ledger import ChampionRecord, ExperimentRecord, Ledger
+from orchestrator.acceptance import acceptance_shift, counts
 from orchestrator.evolution import fit_champion, knob_changes
 from orchestrator.measurements import Measurement, read_measurements
 from orchestrator.noise import NoiseModel, learn
@@ -170,13 +172,23 @@ class ChampionEvidence:
         prior) and, for an ordered knob, the other values of it measured against this champion
         (``pooling``; their changes then leave the prior, which would count them twice). A
         coupled move is judged with the prior of the knob whose value failed (``e.knob``), alone
-        (``siblings``)."""
+        (``siblings``). Where the acceptance counters say what the change does and its knob's
+        changes mostly do nothing more (``counted``), their shift is the verdict's null, judged
+        with the prior of what the knob does beyond its counters, and the change alone: its
+        counters measure it better than its neighbours' throughput."""
         champion = self.level()
         knob = e.knob
         in_space = knob is not None and knob in self.profile.space.names
-        siblings = self.siblings(e) if in_space and self.profile.verdict.pool_values else []
+        counted = self.counted(e, measurements, champion)
+        siblings = (
+            self.siblings(e)
+            if in_space and self.profile.verdict.pool_values and counted is None
+            else []
+        )
         prior = (
-            learned_prior(self.profile, self.ledger, knob, excluding={s.id for s in siblings})
+            counted[0]
+            if counted is not None
+            else learned_prior(self.profile, self.ledger, knob, excluding={s.id for s in siblings})
             if knob and in_space
             else None
         )
@@ -209,11 +221,33 @@ class ChampionEvidence:
                 candidate_cells=[c for m in measurements for c in m.cells],
                 champion_cells=champion[-1].cells,
                 min_matmul_rate=self.profile.gates.min_matmul_rate,
+                acceptance=None if counted is None else counted[1],
             ),
             noise,
             prior,
             pooled,
         )
+
+    def counted(
+        self,
+        e: ExperimentRecord,
+        measurements: Sequence[Measurement],
+        champion: Sequence[Measurement],
+    ) -> tuple[EffectPrior, tuple[float, float]] | None:
+        """The prior of what ``e``'s knob does beyond its acceptance counters, and the counters'
+        shift, when the verdict's null is "it does what its counters say" (``acceptance.counts``:
+        the counters moved, and this knob's changes, as this cluster measured them, mostly do
+        nothing more); ``None``: judged as any other change. Not a coupled move (two knobs)."""
+        knob = e.knob
+        if knob is None or knob not in self.profile.space.names or e.coupled_knob is not None:
+            return None
+        shift = acceptance_shift([m.cells for m in measurements], [m.cells for m in champion])
+        if shift is None:
+            return None
+        prior = learned_prior(self.profile, self.ledger, knob, beyond=True) or base_prior(
+            self.profile, knob
+        )
+        return (prior, shift) if counts(shift, prior) else None
 
     def siblings(self, e: ExperimentRecord) -> list[ExperimentRecord]:
         """The decided changes of ``e``'s knob alone, measured against the current champion (its

@@ -32,14 +32,9 @@ from dataclasses import dataclass
 
 from knobs.vocabulary import GUARDRAIL_RULES, BootRole, Status, Undecided
 from orchestrator.measurements import Measurement
+from orchestrator.posterior import Posterior
 from orchestrator.profile import VerdictSpec
-from orchestrator.verdict import (
-    BALANCE_LOOKS,
-    Assessment,
-    Posterior,
-    objective_of,
-    worse,
-)
+from orchestrator.verdict import BALANCE_LOOKS, Assessment, objective_of, worse
 
 #: The champion may be booted at most this many times ``max_boots`` for one verdict.
 CHAMPION_BOOTS_PER_BOOT = 2
@@ -441,7 +436,14 @@ def look_promise(spec: VerdictSpec, rule: str, stats: Mapping[str, object]) -> f
     if not all(isinstance(x, int | float) for x in numbers):
         return None
     p_effect, mean, sd = (float(x) for x in numbers)  # type: ignore[arg-type]
-    gain = Posterior(p_effect=p_effect, mean=mean, sd=sd).expected_gain()
+    spike, spike_sd = stats.get("post_spike", 0.0), stats.get("post_spike_sd", 0.0)
+    null = (  # the null was the acceptance counters' shift (``orchestrator.acceptance``)
+        (float(spike), float(spike_sd))
+        if isinstance(spike, int | float) and isinstance(spike_sd, int | float)
+        else (0.0, 0.0)
+    )
+    posterior = Posterior(p_effect=p_effect, mean=mean, sd=sd, spike=null[0], spike_sd=null[1])
+    gain = posterior.expected_gain()
     return gain if gain >= math.log1p(spec.second_look_gain_pct / 100) else None
 
 

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from knobs.spec import KnobSpec, Value
-from orchestrator.verdict import Posterior
+from orchestrator.posterior import Posterior
 
 #: Length scales of the slab's Gaussian process, in units of the knob's whole domain.
 LENGTHS = (0.04, 0.12, 0.3, 0.8)

@@ -15,6 +15,14 @@ keeps (or gains) a high ``π``. Only decided experiments count, so the experimen
 is never in the prior it is judged with; a failure of the infrastructure's, a crash, an invalid
 output, a guardrail or a veto measured no effect and adds nothing.
 
+Two priors per knob, from the same changes. What a change of the knob does to the objective
+(``knob_priors``, and ``learned_prior``: the proposers' promise, the digest, ``orchestrate
+status``, the verdict) learns from each change's ``g``. What it does beyond its acceptance
+counters (``learned_prior(beyond=True)``: the prior of a verdict whose null is the counters'
+shift, ``orchestrator.acceptance``) learns from ``g`` less that shift: a drafter adapter whose
+changes moved the objective by what their counters said is a knob that matters to the proposer,
+and one whose counters the verdict may take at their word.
+
 Learned interactions: a knob whose change to one value measured effects under two champions
 that differ by more than ``INTERACTION_Z`` standard errors interacts with what changed between
 them (the proposer looks at it again when the champion moves).
@@ -47,7 +55,8 @@ _TAUS = np.exp(np.linspace(math.log(0.002), math.log(0.7), 80))
 
 @dataclass(frozen=True)
 class Measured:
-    """One decided one-knob change: its log effect ``g`` with standard error ``se``."""
+    """One decided one-knob change: its log effect ``g`` with standard error ``se``, and what its
+    acceptance counters said of it (``counters ± counters_se``; 0 where they said nothing)."""
 
     experiment: int
     knob: str
@@ -55,6 +64,14 @@ class Measured:
     champion_key: str
     g: float
     se: float
+    counters: float = 0.0
+    counters_se: float = 0.0
+
+    @property
+    def beyond(self) -> tuple[float, float]:
+        """What the change did beyond what its counters account for, with its error: the
+        effect the verdict's null (the counters' shift) is weighed against."""
+        return self.g - self.counters, math.hypot(self.se, self.counters_se)
 
 
 def measured(ledger: Ledger, experiments: Iterable[ExperimentRecord]) -> list[Measured]:
@@ -80,13 +97,17 @@ def measured(ledger: Ledger, experiments: Iterable[ExperimentRecord]) -> list[Me
     return out
 
 
-def _effect(stats: dict[str, object]) -> tuple[float, float] | None:
-    """``(g, se)`` from a verdict's stats: the sequential verdict's own, else the threshold
-    verdict's delta over its boots' noise; ``None`` when the verdict measured no effect (a
-    guardrail, an invalid output)."""
+def _effect(stats: dict[str, object]) -> tuple[float, float, float, float] | None:
+    """``(g, se, counters, counters_se)`` from a verdict's stats: the sequential verdict's own
+    (the counters' shift where it recorded one, else 0: a verdict of an older release, or cells
+    without counters), else the threshold verdict's delta over its boots' noise; ``None`` when
+    the verdict measured no effect (a guardrail, an invalid output)."""
     g, se = stats.get("g"), stats.get("se")
     if isinstance(g, int | float) and isinstance(se, int | float) and se > 0:
-        return float(g), float(se)
+        shift, shift_se = stats.get("acceptance_shift"), stats.get("acceptance_se")
+        if isinstance(shift, int | float) and isinstance(shift_se, int | float):
+            return float(g), float(se), float(shift), float(shift_se)
+        return float(g), float(se), 0.0, 0.0
     delta, cv = stats.get("delta_pct"), stats.get("boot_cv")
     n, m = stats.get("candidate_boots"), stats.get("champion_boots")
     numbers = (delta, cv, n, m)
@@ -96,7 +117,7 @@ def _effect(stats: dict[str, object]) -> tuple[float, float] | None:
     assert isinstance(n, int | float) and isinstance(m, int | float)
     if delta <= -100 or cv <= 0 or n < 1 or m < 1:
         return None
-    return math.log1p(delta / 100), cv * math.sqrt(1 / n + 1 / m)
+    return math.log1p(delta / 100), cv * math.sqrt(1 / n + 1 / m), 0.0, 0.0
 
 
 def learn(base: EffectPrior, effects: Sequence[tuple[float, float]]) -> EffectPrior:
@@ -159,14 +180,21 @@ def knob_priors(profile: Profile, changes: Sequence[Measured]) -> dict[str, Effe
 
 
 def learned_prior(
-    profile: Profile, ledger: Ledger, knob: str, *, excluding: Collection[int] = ()
+    profile: Profile,
+    ledger: Ledger,
+    knob: str,
+    *,
+    excluding: Collection[int] = (),
+    beyond: bool = False,
 ) -> EffectPrior | None:
     """The prior a change of ``knob`` is judged with now (decided experiments only, but those
     ``excluding`` names: evidence the verdict weighs otherwise); ``None`` when its spec declares
-    none and nothing was measured (the verdict's profile prior)."""
+    none and nothing was measured (the verdict's profile prior). ``beyond``: of what its
+    changes did beyond their acceptance counters (``Measured.beyond``), the prior of a verdict
+    whose null is the counters' shift."""
     experiments = ledger.experiments(cluster=profile.cluster.name)
     changes = measured(ledger, [e for e in experiments if e.id not in excluding])
-    mine = [(m.g, m.se) for m in changes if m.knob == knob]
+    mine = [m.beyond if beyond else (m.g, m.se) for m in changes if m.knob == knob]
     if not mine and profile.space.spec(knob).effect_prior is None:
         return None
     return learn(base_prior(profile, knob), mine)

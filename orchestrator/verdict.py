@@ -11,8 +11,11 @@ profile's cells of decode tok/s. The champion has its own boots. ``assess`` comp
    ``prior_null`` of changes do nothing; the rest spread ``prior_effect_pct``; a one-knob
    change is judged with its knob's ``effect_prior`` when the knob spec declares one) and the
    observed mean log ratio ``g ~ N(δ, se²)`` whose ``se`` comes from the noise model,
-   ``P(δ > 0 | g)`` and ``P(δ > equivalence | g)`` follow in closed form. The prior makes the
-   posterior honest whatever rule decided to take another boot, so one rule serves every look:
+   ``P(δ > 0 | g)`` and ``P(δ > equivalence | g)`` follow in closed form (``posterior``).
+   Where the acceptance counters say what the change does (``Evidence.acceptance``,
+   ``orchestrator.acceptance``), the null is that: the spike sits at their shift. The prior
+   makes the posterior honest whatever rule decided to take another boot, so one rule serves
+   every look:
    - P(δ > 0) ≥ confidence: ``confirm`` until ``confirm_boots`` fresh boots were added (with
      the champion re-measured), then ``keep``;
    - P(δ > equivalence) < futility: ``discard`` (clearly worse, or not worth it);
@@ -41,6 +44,7 @@ from knobs.records import NONDETERMINISTIC, CellResultRecord
 from knobs.spec import EffectPrior
 from knobs.vocabulary import Status, Undecided
 from orchestrator.noise import NoiseModel
+from orchestrator.posterior import posterior, predictive_keep
 from orchestrator.profile import VerdictSpec
 
 if TYPE_CHECKING:
@@ -116,48 +120,6 @@ def slow_ranks(cells: Sequence[CellResultRecord], min_matmul_rate: float) -> lis
     )
 
 
-def _phi(x: float) -> float:
-    return 0.5 * (1.0 + math.erf(x / math.sqrt(2.0)))
-
-
-def _normal_pdf(x: float, sd: float) -> float:
-    return math.exp(-0.5 * (x / sd) ** 2) / (sd * math.sqrt(2 * math.pi))
-
-
-@dataclass(frozen=True)
-class Posterior:
-    """The posterior of the log gain δ given the observed mean log ratio."""
-
-    p_effect: float  # P(the change does anything)
-    mean: float  # of δ given it does something
-    sd: float
-
-    def p_above(self, threshold: float) -> float:
-        """P(δ > threshold); ``threshold`` ≥ 0 (the null's δ = 0 is never above)."""
-        return self.p_effect * (1.0 - _phi((threshold - self.mean) / self.sd))
-
-    def expected_gain(self) -> float:
-        """``E[max(0, δ)]``: what keeping the change would gain, counting a loss as none (what
-        one more look at it may still find)."""
-        if self.sd <= 0:
-            return self.p_effect * max(0.0, self.mean)
-        z = self.mean / self.sd
-        return self.p_effect * (self.sd * _normal_pdf(z, 1.0) + self.mean * _phi(z))
-
-
-def posterior(
-    g: float, se: float, *, prior_null: float, prior_sd: float, prior_mean: float = 0.0
-) -> Posterior:
-    """Spike-and-slab posterior of δ from ``g ~ N(δ, se²)``; the slab ``N(prior_mean,
-    prior_sd²)`` (centred on 0 unless other evidence, e.g. ``pooling``'s, moved it)."""
-    null = prior_null * _normal_pdf(g, se)
-    slab = (1.0 - prior_null) * _normal_pdf(g - prior_mean, math.sqrt(se**2 + prior_sd**2))
-    p_effect = slab / (null + slab) if null + slab > 0 else (1.0 if abs(g) > se else 0.0)
-    shrink = prior_sd**2 / (prior_sd**2 + se**2)
-    mean = prior_mean + (g - prior_mean) * shrink
-    return Posterior(p_effect=p_effect, mean=mean, sd=math.sqrt(shrink) * se)
-
-
 @dataclass(frozen=True)
 class Evidence:
     """What a verdict looks at: per-boot objectives and the cells behind them."""
@@ -168,6 +130,9 @@ class Evidence:
     candidate_cells: Sequence[CellResultRecord]
     champion_cells: Sequence[CellResultRecord]
     min_matmul_rate: float = 0.9
+    #: what the acceptance counters alone say the change does (``acceptance_shift``): the log
+    #: ratio and its standard error; ``None`` where the cells report no acceptance
+    acceptance: tuple[float, float] | None = None
 
 
 #: Whose boot an undecided verdict wants next.
@@ -330,9 +295,12 @@ def _sequential(
     prior_sd = math.log1p(prior.effect_pct / 100)
     g = _mean_log(ev.candidate) - _mean_log(ev.champion)
     se = noise.se(len(ev.candidate), len(ev.champion))
-    post = posterior(g, se, prior_null=prior.p_null, prior_sd=prior_sd)
+    spike, spike_sd = ev.acceptance if ev.acceptance is not None else (0.0, 0.0)
+    post = posterior(
+        g, se, prior_null=prior.p_null, prior_sd=prior_sd, spike=spike, spike_sd=spike_sd
+    )
     # what the boots still to come update: the knob's prior, or the other values' evidence
-    slab = Slab(prior.p_null, prior_sd, 0.0)
+    slab = Slab(prior.p_null, prior_sd, 0.0, spike, spike_sd)
     if pooled is not None:
         stats.update(
             own_p_gain=post.p_above(0.0),
@@ -358,12 +326,24 @@ def _sequential(
         post_mean=post.mean,
         post_sd=post.sd,
     )
+    if ev.acceptance is not None:  # the null was the counters' shift, not 0
+        stats.update(
+            acceptance_shift=spike,
+            acceptance_se=spike_sd,
+            post_spike=post.spike,
+            post_spike_sd=post.spike_sd,
+        )
     where = (
         f"{stats['delta_pct']:+.2f}% over {len(ev.candidate)} boot(s) vs {len(ev.champion)}; "
         f"P(gain)={p_gain:.2f}, P(gain>{spec.equivalence_pct:g}%)={p_worth:.2f}"
     )
     if pooled is not None:
         where += f" with {pooled.values} other value(s) of the knob ({pooled.boots} boots)"
+    if ev.acceptance is not None:
+        where += (
+            f", its acceptance counters say {math.expm1(spike) * 100:+.1f}% "
+            f"(±{spike_sd * 100:.1f}%)"
+        )
     if p_gain >= spec.confidence:
         if ev.confirmations >= spec.confirm_boots:
             return Assessment(Status.KEEP, "posterior", f"{where}: confirmed gain", stats)
@@ -386,6 +366,8 @@ class Slab:
     p_null: float
     sd: float
     mean: float
+    spike: float = 0.0
+    spike_sd: float = 0.0
 
 
 def _more_or_stop(
@@ -428,6 +410,8 @@ def _more_or_stop(
         prior_sd=slab.sd,
         confidence=spec.confidence,
         prior_mean=slab.mean,
+        spike=slab.spike,
+        spike_sd=slab.spike_sd,
     )
     stats.update(p_reach=reach)
     if reach < spec.predictive_futility:
@@ -444,80 +428,6 @@ def _more_or_stop(
     stats.update(next_boot="candidate")
     reason = f"{where}: undecided, another boot"
     return Assessment(Undecided.MORE, "posterior", reason, stats, next_boot="candidate")
-
-
-def _p_gain(g: float, se: float, prior_null: float, prior_sd: float, prior_mean: float) -> float:
-    return posterior(
-        g, se, prior_null=prior_null, prior_sd=prior_sd, prior_mean=prior_mean
-    ).p_above(0.0)
-
-
-def predictive_keep(
-    g: float,
-    boot_cv: float,
-    n: int,
-    m: int,
-    more: int,
-    *,
-    champion_more: int = 0,
-    prior_null: float,
-    prior_sd: float,
-    confidence: float,
-    prior_mean: float = 0.0,
-) -> float:
-    """The predictive probability that ``more`` further candidate boots and ``champion_more``
-    further champion boots bring ``P(gain)`` to ``confidence`` (Bayesian sequential designs'
-    futility rule: stop when success is out of reach, not only when the gain already looks
-    small).
-
-    ``g``: the observed mean log ratio over ``n`` candidate and ``m`` champion boots, each
-    boot scattering ``boot_cv``. Given the true gain δ and ``g``, the candidate's mean error is
-    ``c·(g - δ) + u`` and the champion's ``(c - 1)·(g - δ) + u``, where
-    ``c = (1/n) / (1/n + 1/m)`` and ``u ~ N(0, cv²/(n + m))`` is the part of both errors that
-    ``g`` cannot see; the new boots are independent. So the final ratio ``g'`` over
-    ``n + more`` and ``m + champion_more`` boots is normal given δ and ``g``, with
-    ``E g' = (1 - K)·δ + K·g`` where ``K = c·n/(n + more) + (1 - c)·m/(m + champion_more)``.
-    ``P(gain | g')`` rises with ``g'``, so success is ``g' ≥ g*``; over the posterior of δ
-    (spike at 0, normal slab) the chance integrates in closed form. Only the last look counts
-    (a keep reached on the way is not): the estimate errs on the side of stopping.
-    """
-    if more <= 0 and champion_more <= 0:
-        return 0.0
-    more, champion_more = max(0, more), max(0, champion_more)
-    var = boot_cv**2
-    se_now = math.sqrt(var * (1 / n + 1 / m))
-    se_end = math.sqrt(var * (1 / (n + more) + 1 / (m + champion_more)))
-    low, high = -1.0, 1.0
-    if _p_gain(high, se_end, prior_null, prior_sd, prior_mean) < confidence:
-        return 0.0
-    for _ in range(60):
-        mid = (low + high) / 2
-        if _p_gain(mid, se_end, prior_null, prior_sd, prior_mean) >= confidence:
-            high = mid
-        else:
-            low = mid
-    target = high
-    kept = n / (n + more)  # the weight of the boots so far in the final candidate mean
-    champion_kept = m / (m + champion_more)
-    c = (1 / n) / (1 / n + 1 / m)  # the candidate's share of g's error
-    k = c * kept + (1 - c) * champion_kept
-    sd_future = math.sqrt(
-        var
-        * (
-            (kept - champion_kept) ** 2 / (n + m)
-            + more / (n + more) ** 2
-            + champion_more / (m + champion_more) ** 2
-        )
-    )
-    post = posterior(g, se_now, prior_null=prior_null, prior_sd=prior_sd, prior_mean=prior_mean)
-
-    def reach(mean: float, spread: float) -> float:
-        # g' = (1 - k)·δ + k·g + independent noise, δ ~ N(mean, spread²)
-        centre = k * g + (1 - k) * mean
-        sd = math.sqrt(sd_future**2 + ((1 - k) * spread) ** 2)
-        return 1.0 - _phi((target - centre) / sd) if sd > 0 else float(centre >= target)
-
-    return (1 - post.p_effect) * reach(0.0, 0.0) + post.p_effect * reach(post.mean, post.sd)
 
 
 def objective_of(per_boot: Sequence[float]) -> float:

@@ -4,9 +4,11 @@ top comment and docs/benchmarks.md describe, so a benchmark result on it means w
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from cluster.twin.landscape import Landscape, load_landscape, shipped
 from knobs.catalog import catalog
@@ -119,3 +121,24 @@ def test_flat_knobs_matter_moves_mnbt_and_rank_not_k_or_graphs() -> None:
     best = optimum("flat-knobs-matter")["config"]
     assert (best["num_speculative_tokens"], best["drafter_adapter_rank"]) == (7, 128)
     assert best["max_num_batched_tokens"] != base["max_num_batched_tokens"]
+
+
+def test_holdout_drafter_adapter_counters_mislead() -> None:
+    """``bench/landscapes/holdout-drafter.yaml``, written to check the verdict where the
+    acceptance counters mislead: rank 128 accepts more per step and loses, rank 0 accepts less
+    and gains (a bigger adapter drafts slower), so a verdict that took the counters at their
+    word would keep the loss and discard the gain."""
+    path = Path(__file__).parent.parent / "bench" / "landscapes" / "holdout-drafter.yaml"
+    land = Landscape.model_validate(yaml.safe_load(path.read_text()))
+    base = default()
+    rank = effects(land, "drafter_adapter_rank", base)
+    cells = land.cells()
+
+    def accepted(config: dict[str, Any]) -> float:
+        return sum(land.truth(config, c).accepted_per_step for c in cells)
+
+    assert accepted({**base, "drafter_adapter_rank": 128}) > accepted(base)
+    assert -3.0 < rank[128] < 0.0
+    assert accepted({**base, "drafter_adapter_rank": 0}) < accepted(base)
+    assert rank[0] > 3.0
+    assert effects(land, "cuda_graphs", base)[True] > 4.0

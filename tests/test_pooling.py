@@ -27,10 +27,11 @@ from orchestrator.known_bad import barred_regions
 from orchestrator.noise import NoiseModel
 from orchestrator.policy import FAIR_TRIAL, look_promise, second_look
 from orchestrator.pooling import ValueBoots, pool, position
+from orchestrator.posterior import Posterior, posterior
 from orchestrator.profile import Profile, VerdictSpec
 from orchestrator.round import RoundOptions, RoundRunner
 from orchestrator.testbed import NullSink
-from orchestrator.verdict import BALANCE_LOOKS, Assessment, Evidence, Posterior, assess, posterior
+from orchestrator.verdict import BALANCE_LOOKS, Assessment, Evidence, assess
 
 SPACE = KnobSpace(knobs=catalog("vllm-dflash2"))
 K = SPACE.spec("num_speculative_tokens")

@@ -57,7 +57,7 @@ def test_a_knob_measured_null_many_times_keeps_a_high_p_null() -> None:
     assert learn(card, []) == card  # nothing measured: the card's
 
 
-def _ledger_with_changes(path: Path) -> tuple[Ledger, int]:
+def _ledger_with_changes(path: Path, counters: float | None = None) -> tuple[Ledger, int]:
     ledger = Ledger(f"sqlite:///{path}/ledger.db")
     rnd = ledger.create_round(
         cluster="c",
@@ -85,6 +85,8 @@ def _ledger_with_changes(path: Path) -> tuple[Ledger, int]:
         if i == 2:
             break  # the one being judged: not decided
         stats: dict[str, object] = {"delta_pct": 10.0, "g": math.log(1.1), "se": 0.035}
+        if counters is not None:  # what the acceptance counters said of it
+            stats.update(acceptance_shift=counters, acceptance_se=0.004)
         ledger.decide(
             e.id,
             verdict=VerdictRecord(status=Status.KEEP, rule="posterior", reason="r", stats=stats),
@@ -107,6 +109,33 @@ def test_the_experiment_being_judged_is_not_in_its_own_prior(tmp_path: Path) -> 
         assert priors["max_num_batched_tokens"] == prior
         assert priors["cuda_graphs"] == SPACE.spec("cuda_graphs").effect_prior
         assert not interacting(changes)  # one champion: nothing to compare
+
+
+def test_what_the_counters_explain_teaches_a_knob_nothing(tmp_path: Path) -> None:
+    """Two changes measured +10 % whose acceptance counters said +10 %: the knob's changes did
+    what their counters say and nothing more, so the verdict's prior (the null it weighs
+    against the counters' shift) stays a knob that rarely does more, while the proposers'
+    (what its changes do to the objective) learns that it matters; counters that said +2 %
+    leave +8 % to learn from."""
+    ledger, _ = _ledger_with_changes(tmp_path, counters=math.log(1.1))
+    with ledger:
+        changes = measured(ledger, ledger.experiments(cluster="c"))
+        assert [round(m.beyond[0], 6) for m in changes] == [0.0, 0.0]
+        assert all(m.beyond[1] == pytest.approx(math.hypot(0.035, 0.004)) for m in changes)
+        prior = learned_prior(profile(), ledger, "max_num_batched_tokens", beyond=True)
+        assert prior is not None and prior.p_null > CATALOG_NULL
+        # what the knob's changes do to the objective: they matter (the proposers' promise)
+        promise = knob_priors(profile(), changes)["max_num_batched_tokens"]
+        assert promise.p_null < CATALOG_NULL - 0.15
+        assert learned_prior(profile(), ledger, "max_num_batched_tokens") == promise
+    other = tmp_path / "other"
+    other.mkdir()
+    ledger, _ = _ledger_with_changes(other, counters=math.log(1.02))
+    with ledger:
+        changes = measured(ledger, ledger.experiments(cluster="c"))
+        assert all(m.beyond[0] == pytest.approx(math.log(1.1 / 1.02)) for m in changes)
+        prior = learned_prior(profile(), ledger, "max_num_batched_tokens", beyond=True)
+        assert prior is not None and prior.p_null < CATALOG_NULL
 
 
 def context(priors: dict[str, EffectPrior]) -> ProposalContext:

@@ -66,6 +66,32 @@ def test_accepted_per_step_is_one_plus_the_sum_of_positions(tmp_path: Path) -> N
     assert k3.acceptance_rate == pytest.approx((0.750 + 0.555 + 0.415) / 3)
 
 
+def test_a_bigger_adapter_may_accept_more_and_draft_slower(tmp_path: Path) -> None:
+    """``decode.adapter_rank_draft`` scales the drafter's share of a step by the adapter's
+    rank: rank 128 accepts 7 % more per position and drafts 16 % slower, so its acceptance
+    counters rise while its step lengthens by the drafter's share of it alone; ranks it does
+    not name draft as before."""
+    landscape = load_landscape(
+        write_landscape(
+            tmp_path,
+            acceptance={"adapter_rank": {0: 1.0, 16: 1.0, 32: 1.0, 64: 1.0, 128: 1.07}},
+            decode={"adapter_rank_draft": {128: 1.16}},
+        )
+    )
+    plain = load_landscape("vllm-dflash2-tp4")
+    cell = CellSpec(name="c", category="code", concurrency=1)
+    big = {**CHAMPION, "drafter_adapter_rank": 128}
+    before, after = landscape.truth(CHAMPION, cell), landscape.truth(big, cell)
+    assert after.accepted_per_step > before.accepted_per_step
+    assert before.step_s == plain.truth(CHAMPION, cell).step_s  # rank 64: not named
+    d = landscape.decode
+    k = 7  # the champion's K
+    drafter_ms = d.draft_ms + d.draft_step_ms * k + d.draft_token_ms * k
+    kv = d.kv_cache_dtype[str(CHAMPION["kv_cache_dtype"])].step  # the whole step's factor
+    slower = 0.16 * drafter_ms * kv / 1000.0 / landscape.time_scale.run
+    assert after.step_s - before.step_s == pytest.approx(slower)
+
+
 def test_categories_rank_as_card_004_says(tp4: Landscape) -> None:
     accepted = {
         c: tp4.truth(CHAMPION, CellSpec(name="x", category=c, concurrency=1)).accepted_per_step

@@ -10,8 +10,9 @@ import pytest
 from knobs.records import CellResultRecord, NodeClockRecord
 from knobs.spec import EffectPrior
 from orchestrator.noise import NoiseModel, learn, pooled
+from orchestrator.posterior import posterior, predictive_keep
 from orchestrator.profile import VerdictSpec
-from orchestrator.verdict import Evidence, assess, objective, posterior, predictive_keep
+from orchestrator.verdict import Evidence, assess, objective
 
 SPEC = VerdictSpec()
 NOISE = NoiseModel(boot_cv=0.03, run_cv=0.02, boot_dof=0, run_dof=0)

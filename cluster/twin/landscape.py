@@ -124,6 +124,9 @@ class Decode(_Model):
     kv_cache_dtype: dict[str, KvDecode] = Field(default_factory=dict)
     mnbt_reference: int = Field(default=8192, ge=1)
     mnbt_penalty_per_1k: float = Field(default=0.0, ge=0)
+    #: adapter rank → a factor on the drafter's share of a step (``draft_ms``, ``draft_step_ms``
+    #: and ``draft_token_ms``; missing: 1.0): a bigger adapter drafts slower
+    adapter_rank_draft: dict[int, float] = Field(default_factory=dict)
 
 
 class Cliff(_Model):
@@ -379,11 +382,11 @@ class EngineModel:
         s = self.settings
         n = max(1, running)
         k = s.num_speculative_tokens
+        drafting = d.adapter_rank_draft.get(s.drafter_adapter_rank, 1.0)
         ms = (
             d.base_ms
-            + (d.draft_ms if k > 0 else 0.0)
-            + d.draft_step_ms * k
-            + n * (d.verify_token_ms * (k + 1) + d.draft_token_ms * k)
+            + ((d.draft_ms if k > 0 else 0.0) + d.draft_step_ms * k) * drafting
+            + n * (d.verify_token_ms * (k + 1) + d.draft_token_ms * k * drafting)
             + d.request_ms * (n - 1)
         )
         kv = d.kv_cache_dtype.get(s.kv_cache_dtype, KvDecode())
@@ -656,6 +659,7 @@ class Landscape(_Model):
             settings.cuda_graphs,
             settings.kv_cache_dtype,
             self.acceptance.adapter_rank.get(settings.drafter_adapter_rank, 1.0),
+            self.decode.adapter_rank_draft.get(settings.drafter_adapter_rank, 1.0),
             self.traps.index(model.trap) if model.trap is not None else -1,
             cell,
         )
