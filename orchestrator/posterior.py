@@ -24,6 +24,20 @@ def _normal_pdf(x: float, sd: float) -> float:
 
 
 @dataclass(frozen=True)
+class Prior:
+    """The spike-and-slab prior of a change's log gain: a share ``p_null`` of changes at the
+    spike (0, or ``spike`` known to ``± spike_sd``: what the acceptance counters say the change
+    does), the rest ``N(mean, sd²)`` (centred on 0 unless other evidence, e.g. ``pooling``'s,
+    moved it)."""
+
+    p_null: float
+    sd: float
+    mean: float = 0.0
+    spike: float = 0.0
+    spike_sd: float = 0.0
+
+
+@dataclass(frozen=True)
 class Posterior:
     """The posterior of the log gain δ given the observed mean log ratio."""
 
@@ -60,24 +74,14 @@ def _positive_part(mean: float, sd: float) -> float:
     return sd * _normal_pdf(z, 1.0) + mean * _phi(z)
 
 
-def posterior(
-    g: float,
-    se: float,
-    *,
-    prior_null: float,
-    prior_sd: float,
-    prior_mean: float = 0.0,
-    spike: float = 0.0,
-    spike_sd: float = 0.0,
-) -> Posterior:
-    """Spike-and-slab posterior of δ from ``g ~ N(δ, se²)``; the slab ``N(prior_mean,
-    prior_sd²)`` (centred on 0 unless other evidence, e.g. ``pooling``'s, moved it); the spike
-    at 0, or at ``spike`` measured to ``± spike_sd`` (``acceptance_shift``)."""
-    null = prior_null * _normal_pdf(g - spike, math.sqrt(se**2 + spike_sd**2))
-    slab = (1.0 - prior_null) * _normal_pdf(g - prior_mean, math.sqrt(se**2 + prior_sd**2))
+def posterior(g: float, se: float, prior: Prior) -> Posterior:
+    """Spike-and-slab posterior of δ from ``g ~ N(δ, se²)`` under ``prior``."""
+    spike, spike_sd = prior.spike, prior.spike_sd
+    null = prior.p_null * _normal_pdf(g - spike, math.sqrt(se**2 + spike_sd**2))
+    slab = (1.0 - prior.p_null) * _normal_pdf(g - prior.mean, math.sqrt(se**2 + prior.sd**2))
     p_effect = slab / (null + slab) if null + slab > 0 else (1.0 if abs(g - spike) > se else 0.0)
-    shrink = prior_sd**2 / (prior_sd**2 + se**2)
-    mean = prior_mean + (g - prior_mean) * shrink
+    shrink = prior.sd**2 / (prior.sd**2 + se**2)
+    mean = prior.mean + (g - prior.mean) * shrink
     if spike_sd > 0:
         weight = se**2 / (se**2 + spike_sd**2)  # the counters' share of the null's estimate
         spike, spike_sd = spike + (g - spike) * (1 - weight), math.sqrt(weight) * spike_sd
@@ -86,24 +90,8 @@ def posterior(
     )
 
 
-def _p_gain(
-    g: float,
-    se: float,
-    prior_null: float,
-    prior_sd: float,
-    prior_mean: float,
-    spike: float = 0.0,
-    spike_sd: float = 0.0,
-) -> float:
-    return posterior(
-        g,
-        se,
-        prior_null=prior_null,
-        prior_sd=prior_sd,
-        prior_mean=prior_mean,
-        spike=spike,
-        spike_sd=spike_sd,
-    ).p_above(0.0)
+def _p_gain(g: float, se: float, prior: Prior) -> float:
+    return posterior(g, se, prior).p_above(0.0)
 
 
 def predictive_keep(
@@ -114,12 +102,8 @@ def predictive_keep(
     more: int,
     *,
     champion_more: int = 0,
-    prior_null: float,
-    prior_sd: float,
+    prior: Prior,
     confidence: float,
-    prior_mean: float = 0.0,
-    spike: float = 0.0,
-    spike_sd: float = 0.0,
 ) -> float:
     """The predictive probability that ``more`` further candidate boots and ``champion_more``
     further champion boots bring ``P(gain)`` to ``confidence`` (Bayesian sequential designs'
@@ -144,11 +128,11 @@ def predictive_keep(
     se_now = math.sqrt(var * (1 / n + 1 / m))
     se_end = math.sqrt(var * (1 / (n + more) + 1 / (m + champion_more)))
     low, high = -1.0, 1.0
-    if _p_gain(high, se_end, prior_null, prior_sd, prior_mean, spike, spike_sd) < confidence:
+    if _p_gain(high, se_end, prior) < confidence:
         return 0.0
     for _ in range(60):
         mid = (low + high) / 2
-        if _p_gain(mid, se_end, prior_null, prior_sd, prior_mean, spike, spike_sd) >= confidence:
+        if _p_gain(mid, se_end, prior) >= confidence:
             high = mid
         else:
             low = mid
@@ -165,15 +149,7 @@ def predictive_keep(
             + champion_more / (m + champion_more) ** 2
         )
     )
-    post = posterior(
-        g,
-        se_now,
-        prior_null=prior_null,
-        prior_sd=prior_sd,
-        prior_mean=prior_mean,
-        spike=spike,
-        spike_sd=spike_sd,
-    )
+    post = posterior(g, se_now, prior)
 
     def reach(mean: float, spread: float) -> float:
         # g' = (1 - k)·δ + k·g + independent noise, δ ~ N(mean, spread²)

@@ -44,7 +44,7 @@ from knobs.records import NONDETERMINISTIC, CellResultRecord
 from knobs.spec import EffectPrior
 from knobs.vocabulary import Status, Undecided
 from orchestrator.noise import NoiseModel
-from orchestrator.posterior import posterior, predictive_keep
+from orchestrator.posterior import Prior, posterior, predictive_keep
 from orchestrator.profile import VerdictSpec
 
 if TYPE_CHECKING:
@@ -296,11 +296,9 @@ def _sequential(
     g = _mean_log(ev.candidate) - _mean_log(ev.champion)
     se = noise.se(len(ev.candidate), len(ev.champion))
     spike, spike_sd = ev.acceptance if ev.acceptance is not None else (0.0, 0.0)
-    post = posterior(
-        g, se, prior_null=prior.p_null, prior_sd=prior_sd, spike=spike, spike_sd=spike_sd
-    )
     # what the boots still to come update: the knob's prior, or the other values' evidence
-    slab = Slab(prior.p_null, prior_sd, 0.0, spike, spike_sd)
+    ahead = Prior(p_null=prior.p_null, sd=prior_sd, spike=spike, spike_sd=spike_sd)
+    post = posterior(g, se, ahead)
     if pooled is not None:
         stats.update(
             own_p_gain=post.p_above(0.0),
@@ -309,7 +307,9 @@ def _sequential(
             pooled_p_effect=pooled.posterior.p_effect,
         )
         post = pooled.posterior
-        slab = Slab(1.0 - pooled.prior.p_effect, pooled.prior.sd, pooled.prior.mean)
+        ahead = Prior(
+            p_null=1.0 - pooled.prior.p_effect, sd=pooled.prior.sd, mean=pooled.prior.mean
+        )
     equivalence = math.log1p(spec.equivalence_pct / 100)
     p_gain = post.p_above(0.0)
     p_worth = post.p_above(equivalence)
@@ -354,26 +354,14 @@ def _sequential(
     side = len(ev.candidate) + (pooled.same if pooled is not None else 0)
     stats.update(value_boots=side)
     return _more_or_stop(
-        spec, noise, slab, g, len(ev.candidate), len(ev.champion), where, stats, side=side
+        spec, noise, ahead, g, len(ev.candidate), len(ev.champion), where, stats, side=side
     )
-
-
-@dataclass(frozen=True)
-class Slab:
-    """The prior the boots still to come update: a share ``p_null`` of no effect, else
-    ``N(mean, sd²)`` on the log scale."""
-
-    p_null: float
-    sd: float
-    mean: float
-    spike: float = 0.0
-    spike_sd: float = 0.0
 
 
 def _more_or_stop(
     spec: VerdictSpec,
     noise: NoiseModel,
-    slab: Slab,
+    ahead: Prior,
     g: float,
     n: int,
     m: int,
@@ -406,12 +394,8 @@ def _more_or_stop(
         m,
         max(0, spec.max_boots - n),
         champion_more=champion_more,
-        prior_null=slab.p_null,
-        prior_sd=slab.sd,
+        prior=ahead,
         confidence=spec.confidence,
-        prior_mean=slab.mean,
-        spike=slab.spike,
-        spike_sd=slab.spike_sd,
     )
     stats.update(p_reach=reach)
     if reach < spec.predictive_futility:

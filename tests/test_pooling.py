@@ -27,7 +27,7 @@ from orchestrator.known_bad import barred_regions
 from orchestrator.noise import NoiseModel
 from orchestrator.policy import FAIR_TRIAL, look_promise, second_look
 from orchestrator.pooling import ValueBoots, pool, position
-from orchestrator.posterior import Posterior, posterior
+from orchestrator.posterior import Posterior, Prior, posterior
 from orchestrator.profile import Profile, VerdictSpec
 from orchestrator.round import RoundOptions, RoundRunner
 from orchestrator.testbed import NullSink
@@ -66,7 +66,7 @@ def test_a_value_looked_at_again_is_judged_on_all_its_boots() -> None:
     pooled = pool(graphs, False, champion, now, [before], boot_cv=CV, p_null=0.1, tau=TAU)
     assert pooled is not None and pooled.values == 1 and pooled.boots == 1
     g = (0.03 + 0.05 + 0.04) / 3 - sum(champion) / 3
-    plain = posterior(g, CV * math.sqrt(1 / 3 + 1 / 3), prior_null=0.1, prior_sd=TAU)
+    plain = posterior(g, CV * math.sqrt(1 / 3 + 1 / 3), Prior(p_null=0.1, sd=TAU))
     assert pooled.posterior.p_effect == pytest.approx(plain.p_effect, rel=1e-6)
     assert pooled.posterior.mean == pytest.approx(plain.mean, rel=1e-6)
     assert pooled.posterior.sd == pytest.approx(plain.sd, rel=1e-6)
@@ -78,7 +78,7 @@ def test_neighbours_that_gained_lift_a_value_that_measured_a_little_and_losers_s
     at −10 % it is lower."""
     champion = [0.0, 0.01, -0.01]
     candidate = ValueBoots(4, (math.log(1.04),))
-    alone = posterior(math.log(1.04), CV * math.sqrt(1 + 1 / 3), prior_null=0.1, prior_sd=TAU)
+    alone = posterior(math.log(1.04), CV * math.sqrt(1 + 1 / 3), Prior(p_null=0.1, sd=TAU))
     up = [ValueBoots(v, (math.log(1.10),) * 2) for v in (3, 5, 2)]
     down = [ValueBoots(v, (math.log(0.90),) * 2) for v in (3, 5, 2)]
     assert 0.5 < alone.p_above(0.0) < 0.65

@@ -10,7 +10,7 @@ import pytest
 from knobs.records import CellResultRecord, NodeClockRecord
 from knobs.spec import EffectPrior
 from orchestrator.noise import NoiseModel, learn, pooled
-from orchestrator.posterior import posterior, predictive_keep
+from orchestrator.posterior import Prior, posterior, predictive_keep
 from orchestrator.profile import VerdictSpec
 from orchestrator.verdict import Evidence, assess, objective
 
@@ -26,6 +26,7 @@ def cell(
     rate: float = 1.0,
     ttft: float = 100.0,
     errors: int = 0,
+    accepted: float | None = 3.0,
 ) -> CellResultRecord:
     return CellResultRecord(
         cell=name,
@@ -44,7 +45,7 @@ def cell(
         p99_ttft_ms=ttft,
         median_itl_ms=5.0,
         effective_concurrency=1.0,
-        accepted_per_step=3.0,
+        accepted_per_step=accepted,
         clocks=(NodeClockRecord(rank=0, sm_clock_mhz=2000 * rate, matmul_rate=rate),),
         fingerprints={"code-0": text},
     )
@@ -165,22 +166,36 @@ def test_a_knob_known_to_matter_is_judged_with_its_own_prior() -> None:
 
 
 @pytest.mark.parametrize(
-    ("n", "m", "more", "champion_more"),
-    [(1, 4, 2, 0), (2, 3, 1, 0), (1, 1, 4, 0), (1, 1, 2, 2), (2, 1, 1, 2), (3, 2, 0, 1)],
+    ("n", "m", "more", "champion_more", "counted"),
+    [
+        (1, 4, 2, 0, False),
+        (2, 3, 1, 0, False),
+        (1, 1, 4, 0, False),
+        (1, 1, 2, 2, False),
+        (2, 1, 1, 2, False),
+        (3, 2, 0, 1, False),
+        (1, 3, 2, 0, True),
+        (2, 3, 1, 0, True),
+    ],
 )
 def test_the_predictive_chance_of_a_keep_matches_simulation(
-    n: int, m: int, more: int, champion_more: int
+    n: int, m: int, more: int, champion_more: int, counted: bool
 ) -> None:
     """``predictive_keep`` against a simulation of the model it claims: δ from the prior,
     boots scattering ``cv``; among runs whose first ``n`` and ``m`` boots gave g near a value,
     the share whose ``n + more`` and ``m + champion_more`` boots reach ``P(gain) ≥
-    confidence``."""
-    cv, prior_null, prior_sd, confidence = 0.05, 0.5, math.log1p(0.15), 0.95
+    confidence``. ``counted``: the null at what the acceptance counters say (+4 % ± 0.5 %,
+    ``orchestrator.acceptance``) under a prior whose changes mostly do nothing more."""
+    cv, prior_sd, confidence = 0.05, math.log1p(0.15), 0.95
+    prior_null, spike, spike_sd = (0.7, math.log(1.04), 0.005) if counted else (0.5, 0.0, 0.0)
+    prior = Prior(p_null=prior_null, sd=prior_sd, spike=spike, spike_sd=spike_sd)
     rng = random.Random(7)
     se_end = cv * math.sqrt(1 / (n + more) + 1 / (m + champion_more))
-    hits: dict[float, list[int]] = {0.04: [0, 0], 0.08: [0, 0], 0.12: [0, 0]}
+    near_g = (-0.02, 0.02, 0.06) if counted else (0.04, 0.08, 0.12)
+    hits: dict[float, list[int]] = {g: [0, 0] for g in near_g}
     for _ in range(120_000):
-        delta = 0.0 if rng.random() < prior_null else rng.gauss(0.0, prior_sd)
+        null = rng.random() < prior_null
+        delta = rng.gauss(spike, spike_sd) if null else rng.gauss(0.0, prior_sd)
         champion = [rng.gauss(0.0, cv) for _ in range(m + champion_more)]
         boots = [delta + rng.gauss(0.0, cv) for _ in range(n + more)]
         g = sum(boots[:n]) / n - sum(champion[:m]) / m
@@ -188,7 +203,7 @@ def test_the_predictive_chance_of_a_keep_matches_simulation(
         if near is None:
             continue
         g_end = sum(boots) / (n + more) - sum(champion) / len(champion)
-        post = posterior(g_end, se_end, prior_null=prior_null, prior_sd=prior_sd)
+        post = posterior(g_end, se_end, prior)
         hits[near][0] += post.p_above(0.0) >= confidence
         hits[near][1] += 1
     for g, (k, total) in hits.items():
@@ -199,8 +214,7 @@ def test_the_predictive_chance_of_a_keep_matches_simulation(
             m,
             more,
             champion_more=champion_more,
-            prior_null=prior_null,
-            prior_sd=prior_sd,
+            prior=prior,
             confidence=confidence,
         )
         simulated = k / total
@@ -320,8 +334,8 @@ def test_noise_model_learns_from_repeated_boots_but_keeps_its_prior() -> None:
 
 
 def test_posterior_is_skeptical_of_small_gains_and_sure_of_big_ones() -> None:
-    small = posterior(math.log(1.02), 0.05, prior_null=0.5, prior_sd=0.05)
-    big = posterior(math.log(1.30), 0.03, prior_null=0.5, prior_sd=0.05)
+    small = posterior(math.log(1.02), 0.05, Prior(p_null=0.5, sd=0.05))
+    big = posterior(math.log(1.30), 0.03, Prior(p_null=0.5, sd=0.05))
     assert small.p_above(0.0) < 0.5
     assert big.p_above(0.0) > 0.99
 

@@ -4,18 +4,17 @@
 from __future__ import annotations
 
 import math
-import random
 
 import pytest
 
-from knobs.records import CellResultRecord, NodeClockRecord
+from knobs.records import CellResultRecord
 from knobs.spec import EffectPrior
 from orchestrator.acceptance import ACCEPTANCE_CV_FLOOR, acceptance_shift
 from orchestrator.noise import NoiseModel
 from orchestrator.policy import look_promise
-from orchestrator.posterior import posterior, predictive_keep
 from orchestrator.profile import VerdictSpec
 from orchestrator.verdict import Evidence, assess
+from tests.test_verdict import cell as verdict_cell
 
 SPEC = VerdictSpec()
 NOISE = NoiseModel(boot_cv=0.05, run_cv=0.02, boot_dof=0, run_dof=0)
@@ -24,27 +23,7 @@ RARELY = EffectPrior(p_null=0.7, effect_pct=15.0)
 
 
 def cell(name: str, tok_s: float, accepted: float | None) -> CellResultRecord:
-    return CellResultRecord(
-        cell=name,
-        category="code",
-        concurrency=1,
-        context_tokens=0,
-        duration=2.0,
-        completed=10,
-        errors=0,
-        total_output_tokens=int(tok_s * 2),
-        output_throughput=tok_s,
-        per_request_throughput=tok_s,
-        mean_ttft_ms=100.0,
-        median_ttft_ms=100.0,
-        p90_ttft_ms=100.0,
-        p99_ttft_ms=100.0,
-        median_itl_ms=5.0,
-        effective_concurrency=1.0,
-        accepted_per_step=accepted,
-        clocks=(NodeClockRecord(rank=0, sm_clock_mhz=2000, matmul_rate=1.0),),
-        fingerprints={"code-0": "a"},
-    )
+    return verdict_cell(tok_s, name=name, accepted=accepted)
 
 
 def test_the_counters_weigh_each_cell_by_its_share_of_the_champion() -> None:
@@ -128,50 +107,6 @@ def test_counters_that_say_a_loss_discard_it_at_once() -> None:
     one boot."""
     result = assess(SPEC, evidence([100.0], CHAMPION, (math.log(0.97), 0.005)), NOISE, RARELY)
     assert result.status == "discard", result.reason
-
-
-@pytest.mark.parametrize(("n", "m", "more"), [(1, 3, 2), (2, 3, 1)])
-def test_the_predictive_chance_of_a_keep_with_counters_matches_simulation(
-    n: int, m: int, more: int
-) -> None:
-    """``predictive_keep`` with the null at the counters' shift, against a simulation of the
-    model it claims (as ``test_verdict``'s, for a null at 0)."""
-    cv, prior_null, prior_sd, confidence = 0.05, 0.7, math.log1p(0.15), 0.95
-    spike, spike_sd = math.log(1.04), 0.005
-    rng = random.Random(11)
-    se_end = cv * math.sqrt(1 / (n + more) + 1 / m)
-    hits: dict[float, list[int]] = {-0.02: [0, 0], 0.02: [0, 0], 0.06: [0, 0]}
-    for _ in range(150_000):
-        null = rng.random() < prior_null
-        delta = rng.gauss(spike, spike_sd) if null else rng.gauss(0.0, prior_sd)
-        champion = [rng.gauss(0.0, cv) for _ in range(m)]
-        boots = [delta + rng.gauss(0.0, cv) for _ in range(n + more)]
-        g = sum(boots[:n]) / n - sum(champion) / m
-        near = next((k for k in hits if abs(g - k) < 0.005), None)
-        if near is None:
-            continue
-        g_end = sum(boots) / (n + more) - sum(champion) / m
-        post = posterior(
-            g_end, se_end, prior_null=prior_null, prior_sd=prior_sd, spike=spike, spike_sd=spike_sd
-        )
-        hits[near][0] += post.p_above(0.0) >= confidence
-        hits[near][1] += 1
-    for g, (k, total) in hits.items():
-        predicted = predictive_keep(
-            g,
-            cv,
-            n,
-            m,
-            more,
-            prior_null=prior_null,
-            prior_sd=prior_sd,
-            confidence=confidence,
-            spike=spike,
-            spike_sd=spike_sd,
-        )
-        simulated = k / total
-        tolerance = 0.03 + 3 * math.sqrt(simulated * (1 - simulated) / total)
-        assert abs(predicted - simulated) < tolerance, (g, predicted, simulated, total)
 
 
 def test_what_a_change_judged_on_its_counters_still_promises_counts_its_null() -> None:
