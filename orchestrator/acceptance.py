@@ -33,6 +33,11 @@ COUNTED_SIGMAS = 3.0
 COUNTED_NULL = 0.5
 
 
+def moved(shift: tuple[float, float]) -> bool:
+    """Whether the counters say the change moved acceptance (``COUNTED_SIGMAS``)."""
+    return abs(shift[0]) > COUNTED_SIGMAS * shift[1]
+
+
 def counts(shift: tuple[float, float], beyond: EffectPrior) -> bool:
     """Whether a change is judged with the counters' shift as its null: they say it moved
     acceptance (``COUNTED_SIGMAS``), and its knob's changes mostly do nothing beyond their
@@ -40,7 +45,7 @@ def counts(shift: tuple[float, float], beyond: EffectPrior) -> bool:
     draft length, whose every change also moves the step's time, never is (its card prior
     says 5 % of its changes do nothing); a drafter adapter, until this cluster measures its
     changes doing more than their counters say, is."""
-    return abs(shift[0]) > COUNTED_SIGMAS * shift[1] and beyond.p_null >= COUNTED_NULL
+    return moved(shift) and beyond.p_null >= COUNTED_NULL
 
 
 def acceptance_shift(

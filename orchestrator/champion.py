@@ -20,7 +20,7 @@ from knobs.records import CellResultRecord
 from knobs.spec import EffectPrior
 from knobs.vocabulary import BootRole, BootStatus, EventKind, Kind, State, Status
 from ledger import ChampionRecord, ExperimentRecord, Ledger
-from orchestrator.acceptance import acceptance_shift, counts
+from orchestrator.acceptance import acceptance_shift, counts, moved
 from orchestrator.evolution import fit_champion, knob_changes
 from orchestrator.measurements import Measurement, read_measurements
 from orchestrator.noise import NoiseModel, learn
@@ -242,7 +242,8 @@ class ChampionEvidence:
         if knob is None or knob not in self.profile.space.names or e.coupled_knob is not None:
             return None
         shift = acceptance_shift([m.cells for m in measurements], [m.cells for m in champion])
-        if shift is None:
+        # the knob's prior is a read of the ledger: only when the counters moved
+        if shift is None or not moved(shift):
             return None
         prior = learned_prior(self.profile, self.ledger, knob, beyond=True) or base_prior(
             self.profile, knob
