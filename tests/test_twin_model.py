@@ -252,6 +252,10 @@ def test_optimum_cli_prints_ground_truth_json(tmp_path: Path) -> None:
             "unknown knob 'cuda_graph'",
         ),
         (lambda d: d["noise"].update(run_to_run=-0.1), "noise.run_to_run"),
+        (
+            lambda d: d["decode"].update(adapter_rank_draft={128: 0}),
+            "decode.adapter_rank_draft.128",
+        ),
     ],
 )
 def test_bad_landscapes_are_one_clear_line(tmp_path: Path, mutate: object, message: str) -> None:

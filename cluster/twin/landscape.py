@@ -19,7 +19,7 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
@@ -126,7 +126,7 @@ class Decode(_Model):
     mnbt_penalty_per_1k: float = Field(default=0.0, ge=0)
     #: adapter rank → a factor on the drafter's share of a step (``draft_ms``, ``draft_step_ms``
     #: and ``draft_token_ms``; missing: 1.0): a bigger adapter drafts slower
-    adapter_rank_draft: dict[int, float] = Field(default_factory=dict)
+    adapter_rank_draft: dict[int, Annotated[float, Field(gt=0)]] = Field(default_factory=dict)
 
 
 class Cliff(_Model):
