@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from knobs.records import CellResultRecord
 from knobs.spec import EffectPrior
@@ -31,6 +32,17 @@ COUNTED_SIGMAS = 3.0
 #: The share of a knob's changes that do nothing beyond their counters (its prior's ``p_null``,
 #: as the cluster's measurements taught it) from which the counters' shift is its null.
 COUNTED_NULL = 0.5
+
+
+@dataclass(frozen=True)
+class Null:
+    """A verdict's null where the counters say what a change does: the prior it is judged with
+    (its ``p_null`` the spike's weight), the spike (log shift, its error) and whence it came
+    (``counters``: their shift alone; ``draft law``: less the step cost, ``step_cost``)."""
+
+    prior: EffectPrior
+    spike: tuple[float, float]
+    source: str
 
 
 def moved(shift: tuple[float, float]) -> bool:

@@ -17,16 +17,17 @@ from collections.abc import Sequence
 from agents import ChampionCell
 from knobs.config import Config
 from knobs.records import CellResultRecord
-from knobs.spec import EffectPrior
+from knobs.spec import EffectPrior, Value
 from knobs.vocabulary import BootRole, BootStatus, EventKind, Kind, State, Status
 from ledger import ChampionRecord, ExperimentRecord, Ledger
-from orchestrator.acceptance import acceptance_shift, counts, moved
+from orchestrator.acceptance import Null, acceptance_shift, counts, moved
 from orchestrator.evolution import fit_champion, knob_changes
 from orchestrator.measurements import Measurement, read_measurements
 from orchestrator.noise import NoiseModel, learn
 from orchestrator.pooling import ValueBoots, pool
 from orchestrator.priors import MEASURING, base_prior, learned_prior
 from orchestrator.profile import Profile
+from orchestrator.step_cost import LAW_HOLDS, draft_changes, law_null
 from orchestrator.verdict import (
     Assessment,
     Evidence,
@@ -172,22 +173,23 @@ class ChampionEvidence:
         prior) and, for an ordered knob, the other values of it measured against this champion
         (``pooling``; their changes then leave the prior, which would count them twice). A
         coupled move is judged with the prior of the knob whose value failed (``e.knob``), alone
-        (``siblings``). Where the acceptance counters say what the change does and its knob's
-        changes mostly do nothing more (``counted``), their shift is the verdict's null, judged
-        with the prior of what the knob does beyond its counters, and the change alone: its
-        counters measure it better than its neighbours' throughput."""
+        (``siblings``). Where the acceptance counters say what the change does (``null``: with
+        the step cost for the draft length), that is the verdict's null, and the change is
+        judged alone: its counters measure it better than its neighbours' throughput."""
         champion = self.level()
         knob = e.knob
         in_space = knob is not None and knob in self.profile.space.names
-        counted = self.counted(e, measurements, champion)
+        held = self.current().config.as_dict().get(knob) if knob is not None else None
+        counters = acceptance_shift([m.cells for m in measurements], [m.cells for m in champion])
+        null = self.null(e, counters, held)
         siblings = (
             self.siblings(e)
-            if in_space and self.profile.verdict.pool_values and counted is None
+            if in_space and self.profile.verdict.pool_values and null is None
             else []
         )
         prior = (
-            counted[0]
-            if counted is not None
+            null.prior
+            if null is not None
             else learned_prior(self.profile, self.ledger, knob, excluding={s.id for s in siblings})
             if knob and in_space
             else None
@@ -195,7 +197,6 @@ class ChampionEvidence:
         noise = self.noise()
         champion_logs = [math.log(objective(m.cells)) for m in champion]
         pooled = None
-        held = self.current().config.as_dict().get(knob) if knob is not None else None
         if siblings and knob is not None and e.value is not None and held is not None:
             base = prior or base_prior(self.profile, knob)
             pooled = pool(
@@ -221,34 +222,54 @@ class ChampionEvidence:
                 candidate_cells=[c for m in measurements for c in m.cells],
                 champion_cells=champion[-1].cells,
                 min_matmul_rate=self.profile.gates.min_matmul_rate,
-                acceptance=None if counted is None else counted[1],
+                acceptance=None if null is None else null.spike,
+                null_from="counters" if null is None else null.source,
+                counters=counters,
+                held=held,
             ),
             noise,
             prior,
             pooled,
         )
 
-    def counted(
-        self,
-        e: ExperimentRecord,
-        measurements: Sequence[Measurement],
-        champion: Sequence[Measurement],
-    ) -> tuple[EffectPrior, tuple[float, float]] | None:
-        """The prior of what ``e``'s knob does beyond its acceptance counters, and the counters'
-        shift, when the verdict's null is "it does what its counters say" (``acceptance.counts``:
-        the counters moved, and this knob's changes, as this cluster measured them, mostly do
-        nothing more); ``None``: judged as any other change. Not a coupled move (two knobs)."""
+    def null(
+        self, e: ExperimentRecord, counters: tuple[float, float] | None, held: Value | None
+    ) -> Null | None:
+        """The verdict's null where the acceptance counters say what ``e`` does: for the draft
+        length, their shift less the step cost this cluster's K changes taught
+        (``step_cost``); for another knob, their shift, where its changes mostly do nothing
+        more (``acceptance.counts``: the knob's prior of that, as this cluster measured it).
+        Only where the counters moved (``acceptance.moved``): a K change whose counters read
+        alike would rest on the step cost alone, which the law's prior, not the counters,
+        decides until many K changes are measured. ``None``: judged as any other change (the
+        counters did not move or read nothing, a coupled move, a knob the profile no longer
+        has)."""
         knob = e.knob
         if knob is None or knob not in self.profile.space.names or e.coupled_knob is not None:
             return None
-        shift = acceptance_shift([m.cells for m in measurements], [m.cells for m in champion])
-        # the knob's prior is a read of the ledger: only when the counters moved
-        if shift is None or not moved(shift):
+        # the counters said nothing (and the knob's prior is a read of the ledger): as before
+        if counters is None or not moved(counters):
             return None
+        spec = self.profile.space.spec(knob)
+        if spec.role == "draft_tokens":
+            if not (isinstance(held, int) and isinstance(e.value, int)):
+                return None
+            experiments = self.ledger.experiments(cluster=self.cluster)
+            changes = draft_changes(self.ledger, experiments, knob, MEASURING)
+            spike = law_null(counters, held, e.value, changes)
+            if spike is None:
+                return None
+            own = learned_prior(self.profile, self.ledger, knob) or base_prior(self.profile, knob)
+            prior = EffectPrior(
+                p_null=LAW_HOLDS,
+                effect_pct=own.effect_pct,
+                source=f"its counters less the step cost fitted to {len(changes)} K change(s)",
+            )
+            return Null(prior, spike, "draft law")
         prior = learned_prior(self.profile, self.ledger, knob, beyond=True) or base_prior(
             self.profile, knob
         )
-        return (prior, shift) if counts(shift, prior) else None
+        return Null(prior, counters, "counters") if counts(counters, prior) else None
 
     def siblings(self, e: ExperimentRecord) -> list[ExperimentRecord]:
         """The decided changes of ``e``'s knob alone, measured against the current champion (its

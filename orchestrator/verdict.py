@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from knobs.records import NONDETERMINISTIC, CellResultRecord
-from knobs.spec import EffectPrior
+from knobs.spec import EffectPrior, Value
 from knobs.vocabulary import Status, Undecided
 from orchestrator.noise import NoiseModel
 from orchestrator.posterior import Prior, posterior, predictive_keep
@@ -130,9 +130,16 @@ class Evidence:
     candidate_cells: Sequence[CellResultRecord]
     champion_cells: Sequence[CellResultRecord]
     min_matmul_rate: float = 0.9
-    #: what the acceptance counters alone say the change does (``acceptance_shift``): the log
-    #: ratio and its standard error; ``None`` where the cells report no acceptance
+    #: the null where the acceptance counters say what the change does (``champion.null``):
+    #: the log ratio and its standard error; ``None``: the null is "nothing"
     acceptance: tuple[float, float] | None = None
+    #: whence that null: ``counters`` (their shift) or ``draft law`` (less the step cost)
+    null_from: str = "counters"
+    #: what the counters alone say (``acceptance_shift``), recorded whether or not it is the
+    #: null (the step cost learns from it); ``None`` where the cells report no acceptance
+    counters: tuple[float, float] | None = None
+    #: the champion's value of the changed knob
+    held: Value | None = None
 
 
 #: Whose boot an undecided verdict wants next.
@@ -326,12 +333,19 @@ def _sequential(
         post_mean=post.mean,
         post_sd=post.sd,
     )
-    if ev.acceptance is not None:  # the null was the counters' shift, not 0
+    if ev.counters is not None:
+        stats.update(counters_shift=ev.counters[0], counters_se=ev.counters[1])
+    if ev.held is not None:
+        stats.update(from_value=ev.held)
+    if ev.acceptance is not None:  # the null was the counters' shift (less the step cost)
+        law = ev.null_from == "draft law"
         stats.update(
-            acceptance_shift=spike,
-            acceptance_se=spike_sd,
-            post_spike=post.spike,
-            post_spike_sd=post.spike_sd,
+            {
+                ("law_shift" if law else "acceptance_shift"): spike,
+                ("law_se" if law else "acceptance_se"): spike_sd,
+                "post_spike": post.spike,
+                "post_spike_sd": post.spike_sd,
+            }
         )
     where = (
         f"{stats['delta_pct']:+.2f}% over {len(ev.candidate)} boot(s) vs {len(ev.champion)}; "
@@ -340,9 +354,9 @@ def _sequential(
     if pooled is not None:
         where += f" with {pooled.values} other value(s) of the knob ({pooled.boots} boots)"
     if ev.acceptance is not None:
+        what = "counters less the step cost" if ev.null_from == "draft law" else "counters"
         where += (
-            f", its acceptance counters say {math.expm1(spike) * 100:+.1f}% "
-            f"(±{spike_sd * 100:.1f}%)"
+            f", its acceptance {what} say {math.expm1(spike) * 100:+.1f}% (±{spike_sd * 100:.1f}%)"
         )
     if p_gain >= spec.confidence:
         if ev.confirmations >= spec.confirm_boots:

@@ -1,0 +1,187 @@
+"""The draft length's verdict null: what its acceptance counters say, less the step cost that
+this cluster's K changes taught.
+
+Every change of K (``role: draft_tokens``) moves both halves of a cell's throughput: the tokens
+a verify step accepts, which its counters measure to a fraction of a percent (``acceptance``),
+and the step's time, which grows with every draft token: ``step(K) ∝ 1 + γ·K`` (DOMAIN, and
+``agents.draft_model``, which predicts from the same law before a boot). So a change from
+``K0`` to ``K`` does
+
+    δ = counters' shift − c(γ),      c(γ) = log((1 + γ·K) / (1 + γ·K0)),
+
+up to the model's error ``ε ~ N(0, σ²)`` (a prefill-bound cell does not follow its step; a
+stack's step may not be linear in K). Every decided K change on this cluster whose counters
+were read measured ``g − shift = −c(γ) + ε + e + u``, under whichever champion (the law needs
+only the two K's): ``e`` its own boots' error, ``u`` its champion's level error, which every
+change measured against that champion shares (a level read high after a keep makes them all
+read low: independent errors would put that on ``γ``). So the ledger gives ``(γ, σ)`` a
+posterior on a grid, each champion's changes a block of a multivariate normal: ``γ``
+from the draft model's prior (``GAMMA_PRIOR``, as wide as it is there), ``σ`` from a
+log-normal around ``MODEL_ERROR`` — what the law misses on a stack is the stack's, and the
+ledger's residuals move it. The change being judged then has the null "it does what its
+counters and the step cost say": the spike at ``shift − E c``, its error ``shift_se``, the
+spread of ``c`` over the posterior and ``E σ²`` together. The slab (the law broke: a wedge, a
+regime the law does not know) keeps the knob's own prior.
+
+Until a K change was measured with its counters the law's ``γ`` is the prior's, calibrated on
+one stack: no null is offered, the change is judged as any other. Nor where the counters did
+not move (``ChampionEvidence.null``): the law's prediction would then be the step cost alone,
+which the prior of ``γ`` decides until many K changes are measured (on a stack whose step does
+not grow with K, the prior's ``γ`` promised +3 to +5 % for every K change and got one kept).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from agents.draft_model import GAMMA_LOG_SD, GAMMA_PRIOR
+from knobs.vocabulary import INFRASTRUCTURE, MEASURED, State
+from ledger import ExperimentRecord, Ledger
+
+#: The law's error per change (one sd of the log effect) before the ledger's residuals say
+#: otherwise, and how far it may be off (one sd of its log): a step linear in K describes a
+#: decode-bound cell to a percent; prefill-bound cells and engines with other costs miss more.
+MODEL_ERROR = 0.01
+MODEL_ERROR_LOG_SD = 1.0
+#: The share of K changes the law describes to within its error (the spike's weight); the
+#: rest are judged by the knob's own prior (the slab).
+LAW_HOLDS = 0.8
+_GAMMAS = np.exp(np.linspace(math.log(0.0025), math.log(1.0), 240))
+_ERRORS = np.exp(np.linspace(math.log(0.001), math.log(0.3), 40))
+
+
+@dataclass(frozen=True)
+class DraftChange:
+    """One decided K change whose counters were read: from ``base`` to ``value``, the effect
+    beyond its counters ``residual = g − shift`` and that residual's error (both sides'
+    boots and the counters')."""
+
+    base: int
+    value: int
+    residual: float
+    se: float
+    #: the champion it was measured against, and the variance of that champion's level
+    #: (shared with every change measured against it; part of ``se²``)
+    champion: str = ""
+    shared: float = 0.0
+
+
+def step_cost(gamma: float | np.ndarray, base: int, value: int) -> float | np.ndarray:
+    """``c(γ)``: the log of the step's time at ``value`` over at ``base``."""
+    return np.log1p(gamma * value) - np.log1p(gamma * base)
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """The posterior of ``(γ, σ)`` on the grid, from the measured K changes."""
+
+    weights: np.ndarray  # (γ, σ) grid, summing to 1
+    changes: int
+
+    @property
+    def gamma(self) -> float:
+        """The posterior mean of ``γ``."""
+        return float((self.weights.sum(axis=1) * _GAMMAS).sum())
+
+    @property
+    def error(self) -> float:
+        """The root of ``E σ²``: the law's error per change."""
+        return math.sqrt(float((self.weights.sum(axis=0) * _ERRORS**2).sum()))
+
+    def cost(self, base: int, value: int) -> tuple[float, float]:
+        """``E c`` and ``Var c`` over the posterior of ``γ``."""
+        c = np.asarray(step_cost(_GAMMAS, base, value))
+        w = self.weights.sum(axis=1)
+        mean = float((w * c).sum())
+        return mean, float((w * (c - mean) ** 2).sum())
+
+
+def fit(changes: Sequence[DraftChange]) -> StepCost:
+    """The posterior of ``(γ, σ)`` given ``changes`` (see the module)."""
+    log_gamma = -0.5 * ((np.log(_GAMMAS / GAMMA_PRIOR)) / GAMMA_LOG_SD) ** 2
+    log_error = -0.5 * ((np.log(_ERRORS / MODEL_ERROR)) / MODEL_ERROR_LOG_SD) ** 2
+    log_post = log_gamma[:, None] + log_error[None, :]
+    groups: dict[str, list[DraftChange]] = {}
+    for ch in changes:
+        groups.setdefault(ch.champion, []).append(ch)
+    for group in groups.values():
+        log_post = log_post + _block(group)
+    w = np.exp(log_post - log_post.max())
+    return StepCost(w / w.sum(), len(changes))
+
+
+def _block(group: Sequence[DraftChange]) -> np.ndarray:
+    """The log likelihood on the grid of one champion's changes: residuals ``r_j = −c_j(γ) +
+    u + e_j``, ``u ~ N(0, s²)`` shared (the least of their champion level variances: later
+    changes saw more of its boots), ``e_j ~ N(0, v_j + σ²)`` their own. Covariance
+    ``D + s²·11ᵀ``: by the matrix determinant lemma and Sherman–Morrison,
+    ``−½[Σ d_j²/V_j − s²(Σ d_j/V_j)² / (1 + s²Σ 1/V_j) + Σ log V_j + log(1 + s²Σ 1/V_j)]``."""
+    shared = min(ch.shared for ch in group)
+    quad = np.zeros((len(_GAMMAS), len(_ERRORS)))
+    lin = np.zeros_like(quad)
+    precision = np.zeros(len(_ERRORS))
+    logdet = np.zeros(len(_ERRORS))
+    for ch in group:
+        d = (ch.residual + np.asarray(step_cost(_GAMMAS, ch.base, ch.value)))[:, None]
+        v = max(ch.se**2 - shared, 1e-8) + _ERRORS**2
+        quad += d**2 / v[None, :]
+        lin += d / v[None, :]
+        precision += 1 / v
+        logdet += np.log(v)
+    inflate = 1 + shared * precision
+    return -0.5 * (quad - shared * lin**2 / inflate[None, :] + (logdet + np.log(inflate))[None, :])
+
+
+def law_null(
+    counters: tuple[float, float], base: int, value: int, changes: Sequence[DraftChange]
+) -> tuple[float, float] | None:
+    """The null of a change from ``base`` to ``value`` draft tokens whose counters read
+    ``counters`` (shift, se): ``(spike, spike_sd)``; ``None`` while no K change was measured
+    with its counters (the law's ``γ`` would be the prior's)."""
+    if not changes or base == value:
+        return None
+    posterior = fit(changes)
+    mean, var = posterior.cost(base, value)
+    shift, shift_se = counters
+    return shift - mean, math.sqrt(shift_se**2 + var + posterior.error**2)
+
+
+def draft_changes(
+    ledger: Ledger, experiments: Sequence[ExperimentRecord], knob: str, rules: frozenset[str]
+) -> list[DraftChange]:
+    """The decided one-knob changes of ``knob`` among ``experiments`` whose verdict (a rule in
+    ``rules``: one that measured an effect) recorded the counters' shift and the K it changed
+    from (``counters_shift``, ``counters_se``, ``from_value``: verdicts of an older release
+    record none, and teach nothing here); its champion's share of its error from the boots'
+    scatter over the champion's boots (``boot_cv``, ``champion_boots``)."""
+    out: list[DraftChange] = []
+    for e in experiments:
+        if (
+            e.knob != knob
+            or e.state != State.DECIDED
+            or e.status not in MEASURED
+            or e.coupled_knob is not None
+            or e.failure_class in INFRASTRUCTURE
+            or not isinstance(e.value, int)
+            or isinstance(e.value, bool)
+        ):
+            continue
+        verdict = ledger.verdict(e.id)
+        if verdict is None or verdict.rule not in rules:
+            continue
+        s = verdict.stats
+        keys = ("g", "se", "counters_shift", "counters_se", "boot_cv", "champion_boots")
+        numbers = [s.get(k) for k in keys]
+        base = s.get("from_value")
+        if not all(isinstance(x, int | float) for x in numbers) or not isinstance(base, int):
+            continue
+        g, se, shift, shift_se, cv, m = (float(x) for x in numbers)  # type: ignore[arg-type]
+        if base != e.value and m >= 1:
+            residual, error = g - shift, math.hypot(se, shift_se)
+            shared = min(cv**2 / m, error**2)
+            out.append(DraftChange(base, e.value, residual, error, e.champion_key or "", shared))
+    return out
