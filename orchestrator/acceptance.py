@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from knobs.records import CellResultRecord
 from knobs.spec import EffectPrior
@@ -34,6 +35,10 @@ COUNTED_SIGMAS = 3.0
 COUNTED_NULL = 0.5
 
 
+#: Whence a verdict's null came: the counters' shift alone, or less the step cost (``step_cost``).
+NullSource = Literal["counters", "draft law"]
+
+
 @dataclass(frozen=True)
 class Null:
     """A verdict's null where the counters say what a change does: the prior it is judged with
@@ -42,7 +47,7 @@ class Null:
 
     prior: EffectPrior
     spike: tuple[float, float]
-    source: str
+    source: NullSource
 
 
 def moved(shift: tuple[float, float]) -> bool:

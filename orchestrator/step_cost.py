@@ -88,6 +88,12 @@ class StepCost:
         return float((self.weights.sum(axis=1) * _GAMMAS).sum())
 
     @property
+    def gamma_sd(self) -> float:
+        """The posterior sd of ``γ``."""
+        w = self.weights.sum(axis=1)
+        return math.sqrt(float((w * (_GAMMAS - self.gamma) ** 2).sum()))
+
+    @property
     def error(self) -> float:
         """The root of ``E σ²``: the law's error per change."""
         return math.sqrt(float((self.weights.sum(axis=0) * _ERRORS**2).sum()))
@@ -148,6 +154,15 @@ def law_null(
     mean, var = posterior.cost(base, value)
     shift, shift_se = counters
     return shift - mean, math.sqrt(shift_se**2 + var + posterior.error**2)
+
+
+def describe(posterior: StepCost) -> str:
+    """``γ 0.21 ± 0.03, the law's error 1.4 % per change, from 5 K change(s)``."""
+    return (
+        f"γ {posterior.gamma:.3f} ± {posterior.gamma_sd:.3f}, the law's error "
+        f"{posterior.error * 100:.1f}% per change, from {posterior.changes} K change(s) "
+        "measured with their counters"
+    )
 
 
 def draft_changes(

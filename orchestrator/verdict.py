@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Literal
 from knobs.records import NONDETERMINISTIC, CellResultRecord
 from knobs.spec import EffectPrior, Value
 from knobs.vocabulary import Status, Undecided
+from orchestrator.acceptance import NullSource
 from orchestrator.noise import NoiseModel
 from orchestrator.posterior import Prior, posterior, predictive_keep
 from orchestrator.profile import VerdictSpec
@@ -134,7 +135,7 @@ class Evidence:
     #: the log ratio and its standard error; ``None``: the null is "nothing"
     acceptance: tuple[float, float] | None = None
     #: whence that null: ``counters`` (their shift) or ``draft law`` (less the step cost)
-    null_from: str = "counters"
+    null_from: NullSource = "counters"
     #: what the counters alone say (``acceptance_shift``), recorded whether or not it is the
     #: null (the step cost learns from it); ``None`` where the cells report no acceptance
     counters: tuple[float, float] | None = None

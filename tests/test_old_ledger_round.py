@@ -53,6 +53,8 @@ def test_an_old_ledger_with_a_grown_profile_resumes_its_champion(tmp_path: Path)
     assert now["champion"]["experiment"] == old["champion"]["experiment"]
     # the old rounds' boots count as GPU-hours too (four twin nodes of one GPU each)
     assert now["gpu_hours"] > 0 and now["running_round"] is None
+    # its verdicts recorded no acceptance counters: no step cost is learned from them
+    assert now["step_cost"] is None
 
     done = orchestrate(tmp_path, "round", "--budget", "1", "--profile", str(profile), env=env)
     assert done.returncode == 0, done.stderr[-3000:]

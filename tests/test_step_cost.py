@@ -4,7 +4,9 @@ ledger, on constructed changes and a real SQLite ledger."""
 
 from __future__ import annotations
 
+import json
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -27,6 +29,8 @@ from orchestrator.step_cost import (
     step_cost,
 )
 from orchestrator.verdict import Evidence, assess
+from tests.fixtures.cli import orchestrate
+from tests.fixtures.profiles import twin_profile_data, write_profile
 from tests.test_verdict_acceptance import cell
 
 STACK_GAMMA = 0.25  # a stack whose draft tokens cost far more than the prior's 0.07
@@ -114,16 +118,15 @@ def test_a_k_change_the_law_explains_is_kept_where_its_throughput_alone_is_undec
     assert denied.status == Status.DISCARD, denied.reason
 
 
-def test_the_ledger_teaches_the_law_only_what_its_verdicts_recorded(tmp_path: Path) -> None:
-    """K changes decided with their counters and the K they changed from recorded teach the
-    law; a verdict of an older release (no counters recorded), an undecided one and a change
-    of another knob do not."""
+def _ledger_with_k_changes(path: Path, cluster: str) -> int:
+    """A SQLite ledger at ``path`` whose cluster ``cluster`` decided one K change with its
+    counters and the K it changed from recorded, one of an older release (none recorded), one
+    undecided, and a change of another knob with counters: the champion's K, returned."""
     space = KnobSpace(knobs=catalog("vllm-dflash2"))
-    knob = next(s.name for s in space.knobs if s.role == "draft_tokens")
-    ledger = Ledger(f"sqlite:///{tmp_path}/ledger.db")
+    ledger = Ledger(f"sqlite:///{path}")
     with ledger:
         rnd = ledger.create_round(
-            cluster="c",
+            cluster=cluster,
             profile_name="sim",
             profile_digest="d",
             budget=5,
@@ -132,19 +135,19 @@ def test_the_ledger_teaches_the_law_only_what_its_verdicts_recorded(tmp_path: Pa
             seed=0,
         )
         base = space.default_config()
-        held = base.as_dict()[knob]
+        held = base.as_dict()[KNOB]
         assert isinstance(held, int)
         recorded = {"g": 0.05, "se": 0.07, "counters_shift": -0.1, "counters_se": 0.004}
         recorded.update(boot_cv=0.05, champion_boots=2)
         cases: list[tuple[str, int, dict[str, object] | None]] = [
-            (knob, held - 2, {**recorded, "from_value": held}),
-            (knob, held - 1, {"g": 0.02, "se": 0.07}),  # an older release's verdict
-            (knob, held - 3, None),  # not decided yet
+            (KNOB, held - 2, {**recorded, "from_value": held}),
+            (KNOB, held - 1, {"g": 0.02, "se": 0.07}),  # an older release's verdict
+            (KNOB, held - 3, None),  # not decided yet
             ("max_num_batched_tokens", 4096, {**recorded, "from_value": 8192}),
         ]
         for name, value, stats in cases:
             e = ledger.add_experiment(
-                cluster="c",
+                cluster=cluster,
                 round_id=rnd.id,
                 kind=Kind.CANDIDATE,
                 config=base.apply(space.change(base, name, value)),
@@ -163,10 +166,43 @@ def test_the_ledger_teaches_the_law_only_what_its_verdicts_recorded(tmp_path: Pa
                     delta_pct=0.0,
                     accept_len=None,
                 )
-        changes = draft_changes(ledger, ledger.experiments(cluster="c"), knob, MEASURING)
+    return held
+
+
+KNOB = "num_speculative_tokens"
+
+
+def test_the_ledger_teaches_the_law_only_what_its_verdicts_recorded(tmp_path: Path) -> None:
+    """K changes decided with their counters and the K they changed from recorded teach the
+    law; a verdict of an older release (no counters recorded), an undecided one and a change
+    of another knob do not. ``orchestrate status`` shows the step cost in force."""
+    assert KnobSpace(knobs=catalog("vllm-dflash2")).spec(KNOB).role == "draft_tokens"
+    held = _ledger_with_k_changes(tmp_path / "ledger.db", "c")
+    with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
+        changes = draft_changes(ledger, ledger.experiments(cluster="c"), KNOB, MEASURING)
     assert [(c.base, c.value) for c in changes] == [(held, held - 2)]
     assert changes[0].residual == pytest.approx(0.15)
     assert changes[0].se == pytest.approx(math.hypot(0.07, 0.004))
+    assert changes[0].shared == pytest.approx(0.05**2 / 2)
+
+
+def test_status_shows_the_step_cost_in_force(tmp_path: Path) -> None:
+    """``orchestrate status`` on a ledger with one K change measured with its counters: the
+    step cost the verdict subtracts, fitted to it, in the JSON and on screen."""
+    data = twin_profile_data()
+    profile = write_profile(tmp_path, data)
+    _ledger_with_k_changes(tmp_path / "orchestrate.db", data["cluster"]["name"])
+    env = {**os.environ, "ORCHESTRATE_LEDGER": f"sqlite:///{tmp_path}/orchestrate.db"}
+    shown = orchestrate(tmp_path, "status", "--profile", str(profile), "--json", env=env)
+    assert shown.returncode == 0, shown.stderr
+    step = json.loads(shown.stdout)["step_cost"]
+    assert step["knob"] == KNOB and step["n"] == 1
+    assert step["gamma"] > 0 and step["gamma_sd"] > 0 and step["error"] > 0
+    plain = orchestrate(tmp_path, "status", "--profile", str(profile), env=env)
+    assert plain.returncode == 0, plain.stderr
+    said = " ".join(plain.stdout.split())
+    assert f"step cost of {KNOB} (its verdicts' null): γ {step['gamma']:.3f}" in said
+    assert "from 1 K change(s) measured with their counters" in said
 
 
 def test_a_round_judges_k_with_the_law_once_a_k_change_was_measured(tmp_path: Path) -> None:

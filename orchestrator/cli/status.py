@@ -13,8 +13,9 @@ from orchestrator.champion import ChampionEvidence
 from orchestrator.cli.common import JsonOpt, ProfileOpt, opened, out
 from orchestrator.evolution import fit_champion, knob_changes
 from orchestrator.gpu_hours import cluster_gpus, gpu_hours
-from orchestrator.priors import knob_priors, measured
+from orchestrator.priors import MEASURING, knob_priors, measured
 from orchestrator.profile import load_profile
+from orchestrator.step_cost import describe, draft_changes, fit
 
 
 def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
@@ -34,6 +35,9 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
         experiments = ledger.experiments(cluster=name)
         effects = measured(ledger, experiments)  # each knob's measured changes, for its prior
         set_aside = ChampionEvidence(prof, ledger).set_aside()  # its keep's boots, if they left
+        draft = next((k.name for k in prof.space.knobs if k.role == "draft_tokens"), None)
+        # the step cost a K change's verdict subtracts from its counters (``step_cost``)
+        law = None if draft is None else draft_changes(ledger, experiments, draft, MEASURING)
         used = {r.id: gpu_hours(ledger, r, prof) for r in rounds}
     data: dict[str, Any] = {
         "cluster": name,
@@ -78,6 +82,18 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
         }
         for knob, prior in knob_priors(prof, effects).items()
     }
+    step = fit(law) if law else None
+    data["step_cost"] = (
+        None
+        if step is None
+        else {
+            "knob": draft,
+            "gamma": step.gamma,
+            "gamma_sd": step.gamma_sd,
+            "error": step.error,
+            "n": step.changes,
+        }
+    )
     if as_json:
         typer.echo(json.dumps(data, indent=2))
         return
@@ -119,3 +135,5 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
             f"n={p['n']}: {p['source'] or 'the profile prior'}",
             markup=False,
         )
+    if step is not None:
+        console.print(f"step cost of {draft} (its verdicts' null): {describe(step)}", markup=False)
