@@ -173,9 +173,11 @@ class ChampionEvidence:
         prior) and, for an ordered knob, the other values of it measured against this champion
         (``pooling``; their changes then leave the prior, which would count them twice). A
         coupled move is judged with the prior of the knob whose value failed (``e.knob``), alone
-        (``siblings``). Where the acceptance counters say what the change does (``null``: with
-        the step cost for the draft length), that is the verdict's null, and the change is
-        judged alone: its counters measure it better than its neighbours' throughput."""
+        (``siblings``). Where the acceptance counters say what the change does (``null``),
+        that is the verdict's null, and the change is judged alone: its counters measure it
+        better than its neighbours' throughput. A K change's null (its counters less the step
+        cost, ``step_cost``) only where no other K was measured against this champion: the
+        neighbours' boots share this one's champion error, the law's fit does not know it."""
         champion = self.level()
         knob = e.knob
         in_space = knob is not None and knob in self.profile.space.names
@@ -184,9 +186,11 @@ class ChampionEvidence:
         null = self.null(e, counters, held)
         siblings = (
             self.siblings(e)
-            if in_space and self.profile.verdict.pool_values and null is None
+            if in_space and self.profile.verdict.pool_values and (null is None or null.law)
             else []
         )
+        if siblings:  # the law's K is judged with its neighbours where it has any (pooling)
+            null = None
         prior = (
             null.prior
             if null is not None

@@ -172,14 +172,14 @@ def test_a_trend_through_the_champion_still_carries_across_it() -> None:
     assert called >= 30 and right == called
 
 
-def profile(tmp: Path, name: str = "far-k") -> Profile:
-    landscape = load_landscape(name)
+def profile(tmp: Path) -> Profile:
+    landscape = load_landscape("far-k")
     return Profile.model_validate(
         {
-            "name": f"sim-{name}",
+            "name": "sim-far-k",
             "model": "sim",
             "cluster": {
-                "name": f"sim-{name}",
+                "name": "sim-far-k",
                 "nodes": [{"rank": 0, "host": "127.0.0.1", "workdir": str(tmp)}],
             },
             "launcher": {"argv": ["true"]},
@@ -191,25 +191,25 @@ def profile(tmp: Path, name: str = "far-k") -> Profile:
 
 
 def sweep_round(
-    tmp: Path, knob: str, values: tuple[int, ...], *, seed: int, landscape: str = "far-k"
+    tmp: Path, knob: str, values: tuple[int, ...], *, seed: int
 ) -> tuple[list[ExperimentRecord], list[VerdictRecord | None]]:
-    """A round on a simulated stack (``far-k`` unless named) that looks at ``values`` of
-    ``knob`` in turn: its candidates and their verdicts."""
-    return sweep_entries(tmp, [{knob: v} for v in values], seed=seed, landscape=landscape)
+    """A round on the simulated ``far-k`` stack that looks at ``values`` of ``knob`` in turn:
+    its candidates and their verdicts."""
+    return sweep_entries(tmp, [{knob: v} for v in values], seed=seed)
 
 
 def sweep_entries(
-    tmp: Path, entries: list[dict[str, int]], *, seed: int, landscape: str = "far-k"
+    tmp: Path, entries: list[dict[str, int]], *, seed: int
 ) -> tuple[list[ExperimentRecord], list[VerdictRecord | None]]:
-    """A round on a simulated stack (``far-k`` unless named) that walks ``entries`` (one-knob
-    changes of the champion of the moment), in the ledger ``tmp/ledger.db``: its candidates
-    and their verdicts."""
+    """A round on the simulated ``far-k`` stack that walks ``entries`` (one-knob changes of the
+    champion of the moment), in the ledger ``tmp/ledger.db``: its candidates and their
+    verdicts."""
     with Ledger(f"sqlite:///{tmp}/ledger.db") as ledger:
         runner = RoundRunner(
-            profile(tmp, landscape),
+            profile(tmp),
             ledger,
             NullSink(),
-            SimulatedTestbed(load_landscape(landscape), seed),
+            SimulatedTestbed(load_landscape("far-k"), seed),
             SweepProposer(entries),
             ApprovalGate(ledger, "auto"),
             RoundDisplay(Console(file=io.StringIO())),
@@ -220,24 +220,16 @@ def sweep_entries(
 
 
 def test_a_round_judges_a_value_with_the_values_measured_before_it(tmp_path: Path) -> None:
-    """MNBT 5632, 4608 and 4096 against the default champion (7168), in that order, on the
-    simulated stack where the cards' flat knobs matter: each later verdict names the values
-    before it, and the ledger's stats carry the candidate's own P(gain) beside the pooled one.
-    (Not K: a K change is judged alone, with its counters less the step cost as its null,
-    ``step_cost``, once one was measured.)"""
-    # seed 11: a draw where 5632 is discarded and 4608 kept
-    judged, verdicts = sweep_round(
-        tmp_path,
-        "max_num_batched_tokens",
-        (5632, 4608, 4096),
-        seed=11,
-        landscape="flat-knobs-matter",
-    )
-    assert [e.value for e in judged] == [5632, 4608, 4096]
+    """K 6, 5 and 4 against the default champion (K 7), in that order, on the simulated stack
+    whose best K is far from the card's: each later verdict names the values before it, and
+    the ledger's stats carry the candidate's own P(gain) beside the pooled one."""
+    # seed 19: a draw where K 6 is discarded and K 5 kept
+    judged, verdicts = sweep_round(tmp_path, "num_speculative_tokens", (6, 5, 4), seed=19)
+    assert [e.value for e in judged] == [6, 5, 4]
     first, second, third = verdicts
     assert first is not None and "pooled_values" not in first.stats
-    # 4608 is judged with 5632's boots (the same champion); it was kept, so 4096 is judged
-    # against 4608 alone: nothing of 4608's champion's values is pooled into it
+    # K 5 is judged with K 6's boots (the same champion); it was kept, so K 4 is judged
+    # against K 5 alone: nothing of K 5's champion's values is pooled into it
     assert second is not None
     assert second.stats["pooled_values"] == 1, second.stats
     assert "with 1 other value(s) of the knob" in second.reason

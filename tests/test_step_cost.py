@@ -205,21 +205,25 @@ def test_status_shows_the_step_cost_in_force(tmp_path: Path) -> None:
     assert "from 1 K change(s) measured with their counters" in said
 
 
-def test_a_round_judges_k_with_the_law_once_a_k_change_was_measured(tmp_path: Path) -> None:
-    """K 6, 5 and 4 against the default champion (K 7) on the simulated stack whose best K
-    is far from the card's: K 6, the first, is judged as any change and records its counters
-    and the K it changed from; K 5 and 4 are judged with the law fitted to what came before
-    (their null is their counters less the step cost, not their neighbours' throughput)."""
+def test_a_round_judges_k_with_the_law_where_it_has_no_neighbours(tmp_path: Path) -> None:
+    """K 6, 5 and 4 from the default champion (K 7) on the simulated stack whose best K is far
+    from the card's (seed 19: K 6 discarded, K 5 kept): K 6, the first, is judged as any change
+    and records its counters and the K it changed from; K 5 has K 6 beside it under the same
+    champion and is judged with it (pooling), not the law; K 4, the first K change under K 5,
+    has no neighbour and is judged with the law fitted to K 6 and 5: its null is its counters
+    less the step cost."""
     from tests.test_pooling import sweep_round
 
     judged, verdicts = sweep_round(tmp_path, "num_speculative_tokens", (6, 5, 4), seed=19)
     assert [e.value for e in judged] == [6, 5, 4]
-    first, *later = verdicts
+    assert [e.status for e in judged][:2] == [Status.DISCARD, Status.KEEP]
+    first, second, third = verdicts
     assert first is not None and "law_shift" not in first.stats, first
     assert first.stats["from_value"] == 7
     assert isinstance(first.stats["counters_shift"], float)
     assert first.stats["counters_shift"] < 0  # six draft tokens accept fewer than seven
-    for v in later:
-        assert v is not None and isinstance(v.stats["law_shift"], float), v
-        assert "pooled_values" not in v.stats
-        assert "counters less the step cost say" in v.reason
+    assert second is not None and second.stats["pooled_values"] == 1, second
+    assert "law_shift" not in second.stats
+    assert third is not None and isinstance(third.stats["law_shift"], float), third
+    assert third.stats["from_value"] == 5 and "pooled_values" not in third.stats
+    assert "counters less the step cost say" in third.reason
