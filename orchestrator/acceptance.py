@@ -49,11 +49,6 @@ class Null:
     spike: tuple[float, float]
     source: NullSource
 
-    @property
-    def law(self) -> bool:
-        """Whether the null is the draft law's (``step_cost``)."""
-        return self.source == "draft law"
-
 
 def moved(shift: tuple[float, float]) -> bool:
     """Whether the counters say the change moved acceptance (``COUNTED_SIGMAS``)."""

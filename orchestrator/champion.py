@@ -183,14 +183,10 @@ class ChampionEvidence:
         in_space = knob is not None and knob in self.profile.space.names
         held = self.current().config.as_dict().get(knob) if knob is not None else None
         counters = acceptance_shift([m.cells for m in measurements], [m.cells for m in champion])
-        null = self.null(e, counters, held)
-        siblings = (
-            self.siblings(e)
-            if in_space and self.profile.verdict.pool_values and (null is None or null.law)
-            else []
-        )
-        if siblings:  # the law's K is judged with its neighbours where it has any (pooling)
-            null = None
+        siblings = self.siblings(e) if in_space and self.profile.verdict.pool_values else []
+        null = self.null(e, counters, held, pooled=bool(siblings))
+        if null is not None:  # judged alone: the counters measure it better than its neighbours
+            siblings = []
         prior = (
             null.prior
             if null is not None
@@ -237,11 +233,18 @@ class ChampionEvidence:
         )
 
     def null(
-        self, e: ExperimentRecord, counters: tuple[float, float] | None, held: Value | None
+        self,
+        e: ExperimentRecord,
+        counters: tuple[float, float] | None,
+        held: Value | None,
+        *,
+        pooled: bool = False,
     ) -> Null | None:
         """The verdict's null where the acceptance counters say what ``e`` does: for the draft
         length, their shift less the step cost this cluster's K changes taught
-        (``step_cost``); for another knob, their shift, where its changes mostly do nothing
+        (``step_cost``), unless other K values measured against this champion judge it
+        (``pooled``: their boots share its champion's error, which pooling models and the
+        law's fit does not); for another knob, their shift, where its changes mostly do nothing
         more (``acceptance.counts``: the knob's prior of that, as this cluster measured it).
         Only where the counters moved (``acceptance.moved``): a K change whose counters read
         alike would rest on the step cost alone, which the law's prior, not the counters,
@@ -256,7 +259,7 @@ class ChampionEvidence:
             return None
         spec = self.profile.space.spec(knob)
         if spec.role == "draft_tokens":
-            if not (isinstance(held, int) and isinstance(e.value, int)):
+            if pooled or not (isinstance(held, int) and isinstance(e.value, int)):
                 return None
             experiments = self.ledger.experiments(cluster=self.cluster)
             changes = draft_changes(self.ledger, experiments, knob, MEASURING)
