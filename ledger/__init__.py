@@ -17,7 +17,7 @@ from ledger.records import (
     RoundRecord,
     VerdictRecord,
 )
-from ledger.store import LeaseHeld, Ledger, LedgerError
+from ledger.store import LeaseHeld, Ledger, LedgerError, LedgerNotReady
 
 __all__ = [
     "HEADER",
@@ -30,6 +30,7 @@ __all__ = [
     "LeaseRecord",
     "Ledger",
     "LedgerError",
+    "LedgerNotReady",
     "ProposalRecord",
     "RoundRecord",
     "VerdictRecord",

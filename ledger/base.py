@@ -1,11 +1,12 @@
-"""The ledger's connection: opening (and creating or upgrading) it, and one transaction per
-method: every method commits before it returns, so a process killed at any point leaves the
-ledger at the last completed state change."""
+"""The ledger's connection: opening (and creating or upgrading) it, or opening it only to read,
+and one transaction per method: every method commits before it returns, so a process killed at
+any point leaves the ledger at the last completed state change."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Self, TypeVar
 
 from sqlalchemy import Engine, create_engine, event
@@ -14,9 +15,11 @@ from sqlalchemy.exc import ArgumentError, IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from knobs.vocabulary import EventKind
-from ledger.errors import LedgerError
+from ledger.errors import LedgerError, LedgerNotReady
 from ledger.models import Base, EventRow
 from ledger.schema import NewerSchema, Upgrade
+from ledger.schema import current as current_revision
+from ledger.schema import head as schema_head
 from ledger.schema import prepare as prepare_schema
 
 T = TypeVar("T")
@@ -26,12 +29,15 @@ class LedgerBase:
     """The connection to the SQL ledger at ``url`` (SQLite or PostgreSQL), created on first use,
     and its one-transaction sessions; the tables' methods are in the mixins ``Ledger`` joins."""
 
-    def __init__(self, url: str) -> None:
-        """Open (and if needed create) the ledger.
+    def __init__(self, url: str, *, read_only: bool = False) -> None:
+        """Open (and if needed create or upgrade) the ledger; ``read_only``: open it as it is,
+        to read, creating and upgrading nothing (a command that promises to touch nothing).
 
         Raises:
             LedgerError: a malformed URL, an unreachable server, a schema written by a newer
                 orchestrate, or a SQLite file that could not be copied aside before an upgrade.
+            LedgerNotReady: ``read_only``, and there is no ledger there yet, or it is at an
+                older schema.
         """
         try:
             parsed = make_url(url)
@@ -41,8 +47,14 @@ class LedgerBase:
                 url=url,
             ) from e
         self.url = parsed.render_as_string(hide_password=True)
+        sqlite = parsed.get_backend_name() == "sqlite"
+        database = parsed.database
+        if read_only and sqlite and database not in (None, "", ":memory:"):
+            assert database is not None
+            if not Path(database).exists():  # connecting would create the file
+                raise LedgerNotReady(f"no ledger yet at {self.url}", url=self.url)
         try:
-            if parsed.get_backend_name() == "sqlite":
+            if sqlite:
                 # a person approving from another terminal writes while the round waits
                 self._engine: Engine = create_engine(url, connect_args={"timeout": 30})
                 event.listen(self._engine, "connect", _sqlite_pragmas)
@@ -52,7 +64,10 @@ class LedgerBase:
             raise LedgerError(f"cannot open ledger {self.url}: {e}", url=self.url) from e
         self._sessions = sessionmaker(self._engine, expire_on_commit=False)
         try:
-            self._create()
+            if read_only:
+                self._check()
+            else:
+                self._create()
         except BaseException:
             self._engine.dispose()
             raise
@@ -126,6 +141,27 @@ class LedgerBase:
                     )
                 )
         self.upgraded = upgrade
+
+    def _check(self) -> None:
+        """A ledger opened to read is at this orchestrate's schema (read, nothing written)."""
+        self.upgraded = None
+        with self._session() as s:
+            try:
+                found = current_revision(s.connection())
+            except NewerSchema as e:
+                raise LedgerError(
+                    f"ledger {self.url} is at {e.found}, newer than this orchestrate knows "
+                    f"(revision {e.head}): upgrade orchestrate, or use a new ledger URL",
+                    url=self.url,
+                ) from e
+        if found is None:
+            raise LedgerNotReady(f"no ledger yet at {self.url}", url=self.url)
+        if found != schema_head():
+            raise LedgerNotReady(
+                f"ledger {self.url} is at schema {found}, older than this orchestrate's "
+                f"{schema_head()}: the next command that writes to it upgrades it",
+                url=self.url,
+            )
 
     def _get(self, s: Session, cls: type[T], key: object, *, lock: bool = False) -> T:
         row = s.get(cls, key, with_for_update=lock)

@@ -16,6 +16,12 @@ class LedgerError(OrchestrateError):
         self.url = url
 
 
+class LedgerNotReady(LedgerError):
+    """A ledger opened only to read (``Ledger(url, read_only=True)``) is not there yet, or is at
+    an older schema that only a command that writes may upgrade; nothing was created or
+    changed."""
+
+
 class LeaseHeld(LedgerError):
     """Another orchestrator holds the cluster's lease; carries the holder. Exit 8, as a node
     claimed by another orchestrator (issue #17)."""

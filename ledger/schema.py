@@ -117,6 +117,15 @@ def prepare(conn: Connection) -> Upgrade | None:
     return Upgrade(from_revision=found, to_revision=newest, backup=backup)
 
 
+def current(conn: Connection) -> str | None:
+    """The database's revision, read without writing (None: no ledger in it yet).
+
+    Raises:
+        NewerSchema: a schema version this orchestrate does not know.
+    """
+    return _revision(conn)
+
+
 def _revision(conn: Connection) -> str | None:
     """The database's revision: ``alembic_version``'s, else 0001 for a ``schema_version``
     row of 1, else None (a new database).

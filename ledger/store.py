@@ -8,13 +8,13 @@ champion, boots, cells, drift and events), joined here.
 
 from __future__ import annotations
 
-from ledger.errors import LeaseHeld, LedgerError
+from ledger.errors import LeaseHeld, LedgerError, LedgerNotReady
 from ledger.experiments import Experiments
 from ledger.leases import Leases
 from ledger.measures import Measures
 from ledger.rounds import Rounds
 
-__all__ = ["LeaseHeld", "Ledger", "LedgerError"]
+__all__ = ["LeaseHeld", "Ledger", "LedgerError", "LedgerNotReady"]
 
 
 class Ledger(Leases, Rounds, Experiments, Measures):

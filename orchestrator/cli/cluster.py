@@ -9,12 +9,13 @@ import typer
 
 from cluster.launcher import render_node
 from knobs.config import Config
+from ledger import Ledger, LedgerError
 from orchestrator.cli.common import Opened, ProfileOpt, opened, out
 from orchestrator.errors import UsageError
 from orchestrator.evolution import fit_champion, knob_changes
 from orchestrator.lease import Ownership
 from orchestrator.profile import Profile, load_profile
-from orchestrator.settings import runtime_placeholders
+from orchestrator.settings import Settings, runtime_placeholders
 
 ForceOpt = Annotated[
     bool,
@@ -66,9 +67,10 @@ def cluster_up(
         bool,
         typer.Option(
             "--dry-run",
-            help="print each node's launcher script for the profile's starting champion (with any "
-            "--set), workers first, and touch "
-            "nothing: no node, no claim, no ledger",
+            help="print each node's launcher script for the config `cluster up` would deploy "
+            "(the ledger's champion, read without writing, else the profile's starting config; "
+            "with any --set), workers first, and touch nothing: no node, no claim, no ledger "
+            "write",
         ),
     ] = False,
 ) -> None:
@@ -81,7 +83,8 @@ def cluster_up(
     prof = load_profile(profile)
     console = out()
     if dry_run:
-        config = _with_sets(prof, prof.initial_champion(), set_)
+        base, whence = _would_deploy(prof)
+        config = _with_sets(prof, base, set_)
         for node in sorted(prof.cluster.nodes, key=lambda n: (n.rank == 0, -n.rank)):
             rendered = render_node(
                 prof.launcher, prof.space, config, prof.cluster, node, runtime_placeholders()
@@ -89,7 +92,8 @@ def cluster_up(
             console.print(f"# {node.name} ({node.host}):", markup=False)
             console.print(rendered.script, markup=False)
         console.print(
-            f"# config {config.key}: workers first, the head last; nothing was started",
+            f"# config {config.key} ({whence}{' with --set' if set_ else ''}): workers first, "
+            "the head last; nothing was started",
             markup=False,
         )
         return
@@ -118,6 +122,22 @@ def cluster_up(
     console.print(
         f"up in {attempt.result.boot_seconds:.1f}s at {prof.cluster.base_url} (config {config.key})"
     )
+
+
+def _would_deploy(prof: Profile) -> tuple[Config, str]:
+    """The config ``cluster up`` would deploy and whence: the ledger's champion fitted to this
+    profile, the ledger opened only to read (a dry run creates, upgrades and records nothing),
+    else the profile's starting config and why."""
+    url = Settings.resolve(prof).ledger_url
+    try:
+        with Ledger(url, read_only=True) as ledger:
+            champion = ledger.champion(prof.cluster.name)
+    except LedgerError as e:  # not there yet, an older schema, unreadable: nothing to deploy
+        return prof.initial_champion(), f"the profile's starting config: {e.message}"
+    if champion is None:
+        return prof.initial_champion(), "the profile's starting config: no champion yet"
+    fitted = fit_champion(prof.space, champion)
+    return fitted.config, f"the ledger's champion, experiment #{fitted.experiment_id}"
 
 
 def _with_sets(prof: Profile, config: Config, sets: list[str] | None) -> Config:

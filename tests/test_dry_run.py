@@ -1,0 +1,127 @@
+"""``orchestrate cluster up --dry-run`` renders what ``cluster up`` would deploy — the ledger's
+champion, fitted to the profile — and touches nothing: a missing ledger is not created, and a
+ledger of an older release is read as it is, neither upgraded nor copied aside."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from knobs.vocabulary import Kind, Status
+from ledger import Ledger, LedgerNotReady, VerdictRecord
+from orchestrator.profile import load_profile
+from tests.fixtures.cli import orchestrate
+from tests.fixtures.profiles import twin_profile_data, write_profile
+
+LEDGERS = Path(__file__).parent / "fixtures" / "ledgers"
+
+
+def _config_line(stdout: str) -> str:
+    return [line for line in stdout.splitlines() if line.startswith("# config ")][-1]
+
+
+def test_a_dry_run_renders_the_ledgers_champion_and_creates_no_ledger(tmp_path: Path) -> None:
+    """No ledger yet: the profile's starting config, and no ledger file afterwards. A ledger
+    whose champion moved K from the starting 7 to 4: that champion, K 4 in the head's
+    command, named by its experiment; with ``--set`` the change on top of it."""
+    data = twin_profile_data()
+    path = write_profile(tmp_path, data)
+    profile = load_profile(str(path))
+    db = tmp_path / "orchestrate.db"
+    env = {**os.environ, "ORCHESTRATE_LEDGER": f"sqlite:///{db}"}
+
+    first = orchestrate(tmp_path, "cluster", "up", "--dry-run", "--profile", str(path), env=env)
+    assert first.returncode == 0, first.stderr
+    start = profile.initial_champion()
+    assert start.as_dict()["num_speculative_tokens"] != 4
+    line = _config_line(first.stdout)
+    assert f"# config {start.key} (the profile's starting config: no ledger yet at" in line
+    assert not db.exists()
+
+    champion = start.apply(profile.space.change(start, "num_speculative_tokens", 4))
+    with Ledger(f"sqlite:///{db}") as ledger:
+        rnd = ledger.create_round(
+            cluster=data["cluster"]["name"],
+            profile_name=profile.name,
+            profile_digest="d",
+            budget=1,
+            proposer="sweep",
+            approve="auto",
+            seed=0,
+        )
+        e = ledger.add_experiment(
+            cluster=data["cluster"]["name"],
+            round_id=rnd.id,
+            kind=Kind.CANDIDATE,
+            config=champion,
+            champion_key=start.key,
+            champion_objective=100.0,
+            knob="num_speculative_tokens",
+            value=4,
+        )
+        ledger.decide(
+            e.id,
+            verdict=VerdictRecord(status=Status.KEEP, rule="posterior", reason="r", stats={}),
+            objective=110.0,
+            delta_pct=10.0,
+            accept_len=None,
+            promote=True,
+        )
+    before = hashlib.sha256(db.read_bytes()).hexdigest()
+    again = orchestrate(tmp_path, "cluster", "up", "--dry-run", "--profile", str(path), env=env)
+    assert again.returncode == 0, again.stderr
+    line = _config_line(again.stdout)
+    assert f"# config {champion.key} (the ledger's champion, experiment #{e.id})" in line
+    head = again.stdout[again.stdout.index("# node-0 ") :]
+    assert '"num_speculative_tokens":4,' in head  # the speculative config the head would run
+    assert hashlib.sha256(db.read_bytes()).hexdigest() == before
+
+    changed = orchestrate(
+        tmp_path,
+        "cluster",
+        "up",
+        "--dry-run",
+        "--set",
+        "cuda_graphs=true",
+        "--profile",
+        str(path),
+        env=env,
+    )
+    assert changed.returncode == 0, changed.stderr
+    with_set = champion.apply(profile.space.change(champion, "cuda_graphs", True))
+    assert (
+        f"# config {with_set.key} (the ledger's champion, experiment #{e.id} with --set)"
+        in _config_line(changed.stdout)
+    )
+
+
+def test_a_dry_run_reads_an_old_ledger_without_upgrading_it(tmp_path: Path) -> None:
+    """A ledger written by the first release: the dry run says it is older and that the next
+    command that writes upgrades it, renders the starting config, and leaves the file as it
+    was, with no copy aside; ``Ledger(read_only=True)`` refuses it the same way, and a missing
+    file is not created."""
+    db = tmp_path / "orchestrate.db"
+    shutil.copyfile(LEDGERS / "schema1.sqlite", db)
+    before = hashlib.sha256(db.read_bytes()).hexdigest()
+    data = twin_profile_data()
+    data["cluster"]["name"] = "twin-local"  # the cluster the old release recorded
+    path = write_profile(tmp_path, data)
+    env = {**os.environ, "ORCHESTRATE_LEDGER": f"sqlite:///{db}"}
+    done = orchestrate(tmp_path, "cluster", "up", "--dry-run", "--profile", str(path), env=env)
+    assert done.returncode == 0, done.stderr
+    line = " ".join(_config_line(done.stdout).split())
+    assert "the profile's starting config: ledger" in line
+    assert "is at schema 0001, older than this orchestrate's" in line
+    assert "the next command that writes to it upgrades it" in line
+    assert hashlib.sha256(db.read_bytes()).hexdigest() == before
+    assert not list(tmp_path.glob("orchestrate.db.*.bak"))
+    with pytest.raises(LedgerNotReady, match="older than this orchestrate"):
+        Ledger(f"sqlite:///{db}", read_only=True)
+    missing = tmp_path / "none.db"
+    with pytest.raises(LedgerNotReady, match="no ledger yet"):
+        Ledger(f"sqlite:///{missing}", read_only=True)
+    assert not missing.exists()
