@@ -48,11 +48,9 @@ class LedgerBase:
             ) from e
         self.url = parsed.render_as_string(hide_password=True)
         sqlite = parsed.get_backend_name() == "sqlite"
-        database = parsed.database
-        if read_only and sqlite and database not in (None, "", ":memory:"):
-            assert database is not None
-            if not Path(database).exists():  # connecting would create the file
-                raise LedgerNotReady(f"no ledger yet at {self.url}", url=self.url)
+        if read_only and sqlite and _file_missing(parsed.database):
+            # connecting would create it
+            raise LedgerNotReady(f"no ledger yet at {self.url}", url=self.url)
         try:
             if sqlite:
                 # a person approving from another terminal writes while the round waits
@@ -120,11 +118,7 @@ class LedgerBase:
             try:
                 upgrade = prepare_schema(s.connection())
             except NewerSchema as e:
-                raise LedgerError(
-                    f"ledger {self.url} is at {e.found}, newer than this orchestrate knows "
-                    f"(revision {e.head}): upgrade orchestrate, or use a new ledger URL",
-                    url=self.url,
-                ) from e
+                raise self._newer(e) from e
             except OSError as e:
                 raise LedgerError(
                     f"cannot copy ledger {self.url} aside before upgrading it: {e}", url=self.url
@@ -149,11 +143,7 @@ class LedgerBase:
             try:
                 found = current_revision(s.connection())
             except NewerSchema as e:
-                raise LedgerError(
-                    f"ledger {self.url} is at {e.found}, newer than this orchestrate knows "
-                    f"(revision {e.head}): upgrade orchestrate, or use a new ledger URL",
-                    url=self.url,
-                ) from e
+                raise self._newer(e) from e
         if found is None:
             raise LedgerNotReady(f"no ledger yet at {self.url}", url=self.url)
         if found != schema_head():
@@ -163,12 +153,24 @@ class LedgerBase:
                 url=self.url,
             )
 
+    def _newer(self, e: NewerSchema) -> LedgerError:
+        return LedgerError(
+            f"ledger {self.url} is at {e.found}, newer than this orchestrate knows "
+            f"(revision {e.head}): upgrade orchestrate, or use a new ledger URL",
+            url=self.url,
+        )
+
     def _get(self, s: Session, cls: type[T], key: object, *, lock: bool = False) -> T:
         row = s.get(cls, key, with_for_update=lock)
         if row is None:
             name = getattr(cls, "__tablename__", cls.__name__)
             raise LedgerError(f"no {name} {key} in ledger {self.url}", url=self.url)
         return row
+
+
+def _file_missing(database: str | None) -> bool:
+    """Whether a SQLite URL's database is a file that is not there (not in memory)."""
+    return bool(database) and database != ":memory:" and not Path(str(database)).exists()
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
