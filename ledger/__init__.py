@@ -17,7 +17,7 @@ from ledger.records import (
     RoundRecord,
     VerdictRecord,
 )
-from ledger.store import LeaseHeld, Ledger, LedgerError, LedgerNotReady
+from ledger.store import LeaseHeld, Ledger, LedgerError, LedgerNotReady, reading
 
 __all__ = [
     "HEADER",
@@ -34,5 +34,6 @@ __all__ = [
     "ProposalRecord",
     "RoundRecord",
     "VerdictRecord",
+    "reading",
     "tsv_text",
 ]

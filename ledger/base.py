@@ -151,6 +151,7 @@ class LedgerBase:
                 f"ledger {self.url} is at schema {found}, older than this orchestrate's "
                 f"{schema_head()}: the next command that writes to it upgrades it",
                 url=self.url,
+                found=found,
             )
 
     def _newer(self, e: NewerSchema) -> LedgerError:

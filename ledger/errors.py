@@ -19,7 +19,11 @@ class LedgerError(OrchestrateError):
 class LedgerNotReady(LedgerError):
     """A ledger opened only to read (``Ledger(url, read_only=True)``) is not there yet, or is at
     an older schema that only a command that writes may upgrade; nothing was created or
-    changed."""
+    changed. Carries the schema revision found (``None``: no ledger there)."""
+
+    def __init__(self, message: str, *, url: str, found: str | None = None) -> None:
+        super().__init__(message, url=url)
+        self.found = found
 
 
 class LeaseHeld(LedgerError):

@@ -8,14 +8,58 @@ champion, boots, cells, drift and events), joined here.
 
 from __future__ import annotations
 
+import sqlite3
+import tempfile
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
+from pathlib import Path
+
+from sqlalchemy.engine import make_url
+
 from ledger.errors import LeaseHeld, LedgerError, LedgerNotReady
 from ledger.experiments import Experiments
 from ledger.leases import Leases
 from ledger.measures import Measures
 from ledger.rounds import Rounds
 
-__all__ = ["LeaseHeld", "Ledger", "LedgerError", "LedgerNotReady"]
+__all__ = ["LeaseHeld", "Ledger", "LedgerError", "LedgerNotReady", "reading"]
 
 
 class Ledger(Leases, Rounds, Experiments, Measures):
     """The SQL ledger at ``url`` (SQLite or PostgreSQL), created on first use."""
+
+
+@contextmanager
+def reading(url: str) -> Iterator[Ledger]:
+    """The ledger at ``url``, to read, changing nothing: itself when it is at this
+    orchestrate's schema; a SQLite ledger of an older release through an upgraded copy in a
+    temporary directory (read from the file with SQLite's backup API, the file opened
+    read-only), so what it says is what the next command that writes would see.
+
+    Raises:
+        LedgerNotReady: no ledger there, or a PostgreSQL ledger at an older schema (it cannot
+            be copied aside; the next command that writes upgrades it).
+        LedgerError: as ``Ledger``: a malformed URL, an unreachable server, a newer schema.
+    """
+    try:
+        ledger = Ledger(url, read_only=True)
+    except LedgerNotReady as e:
+        parsed = make_url(url)
+        if e.found is None or parsed.get_backend_name() != "sqlite" or not parsed.database:
+            raise
+        with tempfile.TemporaryDirectory(prefix="orchestrate-ledger-") as tmp:
+            copy = Path(tmp) / "ledger.db"
+            source = Path(parsed.database).resolve().as_uri() + "?mode=ro"
+            try:
+                with (
+                    closing(sqlite3.connect(source, uri=True)) as old,
+                    closing(sqlite3.connect(copy)) as new,
+                ):
+                    old.backup(new)
+            except sqlite3.Error as err:
+                raise LedgerError(f"cannot read ledger {e.url}: {err}", url=e.url) from err
+            with Ledger(f"sqlite:///{copy}") as upgraded:
+                yield upgraded
+        return
+    with ledger:
+        yield ledger

@@ -1,10 +1,12 @@
 """``orchestrate cluster up --dry-run`` renders what ``cluster up`` would deploy — the ledger's
 champion, fitted to the profile — and touches nothing: a missing ledger is not created, and a
-ledger of an older release is read as it is, neither upgraded nor copied aside."""
+ledger of an older release is read through an upgraded copy elsewhere, the file neither upgraded
+nor copied aside."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 from pathlib import Path
@@ -100,10 +102,10 @@ def test_a_dry_run_renders_the_ledgers_champion_and_creates_no_ledger(tmp_path: 
 
 
 def test_a_dry_run_reads_an_old_ledger_without_upgrading_it(tmp_path: Path) -> None:
-    """A ledger written by the first release: the dry run says it is older and that the next
-    command that writes upgrades it, renders the starting config, and leaves the file as it
-    was, with no copy aside; ``Ledger(read_only=True)`` refuses it the same way, and a missing
-    file is not created."""
+    """A ledger written by the first release: the dry run reads its champion through an
+    upgraded copy elsewhere (what ``cluster up`` would deploy after upgrading it) and leaves
+    the file as it was, with no copy aside; ``Ledger(read_only=True)`` refuses it, saying the
+    next command that writes upgrades it, and a missing file is not created."""
     db = tmp_path / "orchestrate.db"
     shutil.copyfile(LEDGERS / "schema1.sqlite", db)
     before = hashlib.sha256(db.read_bytes()).hexdigest()
@@ -113,14 +115,15 @@ def test_a_dry_run_reads_an_old_ledger_without_upgrading_it(tmp_path: Path) -> N
     env = {**os.environ, "ORCHESTRATE_LEDGER": f"sqlite:///{db}"}
     done = orchestrate(tmp_path, "cluster", "up", "--dry-run", "--profile", str(path), env=env)
     assert done.returncode == 0, done.stderr
-    line = " ".join(_config_line(done.stdout).split())
-    assert "the profile's starting config: ledger" in line
-    assert "is at schema 0001, older than this orchestrate's" in line
-    assert "the next command that writes to it upgrades it" in line
+    old = json.loads((LEDGERS / "schema1.status.json").read_text())["champion"]
+    line = _config_line(done.stdout)
+    assert f"(the ledger's champion, experiment #{old['experiment']})" in line, line
     assert hashlib.sha256(db.read_bytes()).hexdigest() == before
-    assert not list(tmp_path.glob("orchestrate.db.*.bak"))
-    with pytest.raises(LedgerNotReady, match="older than this orchestrate"):
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["orchestrate.db", "profile.yaml"]
+    with pytest.raises(LedgerNotReady) as refused:
         Ledger(f"sqlite:///{db}", read_only=True)
+    assert "is at schema 0001, older than this orchestrate's" in refused.value.message
+    assert "the next command that writes to it upgrades it" in refused.value.message
     missing = tmp_path / "none.db"
     with pytest.raises(LedgerNotReady, match="no ledger yet"):
         Ledger(f"sqlite:///{missing}", read_only=True)

@@ -24,7 +24,7 @@ from sqlalchemy import Connection, create_engine, func, insert, inspect, select,
 
 from knobs.config import Config
 from knobs.vocabulary import EventKind, Kind, Status
-from ledger import Ledger, LedgerError, LedgerNotReady, VerdictRecord, tsv_text
+from ledger import Ledger, LedgerError, LedgerNotReady, VerdictRecord, reading, tsv_text
 from ledger.models import SCHEMA_VERSION, Base, SchemaRow
 from ledger.schema import head, scripts
 from tests.test_ledger import _race
@@ -355,7 +355,8 @@ def test_d_a_ledger_of_a_newer_orchestrate_is_refused_in_one_line(ledger_url: st
 def test_e_a_ledger_opened_to_read_is_neither_created_nor_upgraded(ledger_url: str) -> None:
     """``Ledger(url, read_only=True)`` (what ``cluster up --dry-run`` reads the champion with):
     an empty database is left empty, a schema-1 ledger is left at schema 1, both refused in one
-    line that says what would make them ready; a current ledger opens and reads."""
+    line that says what would make them ready; a current ledger opens and reads. ``reading``
+    reads an old SQLite ledger through an upgraded copy and leaves the file as it was."""
     with pytest.raises(LedgerNotReady, match="no ledger yet at"):
         Ledger(ledger_url, read_only=True)
     _create_schema1(ledger_url)
@@ -364,6 +365,18 @@ def test_e_a_ledger_opened_to_read_is_neither_created_nor_upgraded(ledger_url: s
     assert "is at schema 0001, older than this orchestrate's" in older.value.message
     assert "the next command that writes to it upgrades it" in older.value.message
     assert "\n" not in older.value.message
+    assert _version_rows(ledger_url) == (None, 1)
+    # ``reading``: an old SQLite ledger through an upgraded copy, the file left at schema 1; a
+    # PostgreSQL one cannot be copied aside, and says so
+    if ledger_url.startswith("sqlite"):
+        with reading(ledger_url) as copy:
+            assert copy.champion("any") is None and copy.url != ledger_url
+    else:
+        with (
+            pytest.raises(LedgerNotReady, match="older than this orchestrate"),
+            reading(ledger_url),
+        ):
+            pass
     assert _version_rows(ledger_url) == (None, 1)
     Ledger(ledger_url).close()
     with Ledger(ledger_url, read_only=True) as ledger:

@@ -9,7 +9,7 @@ import typer
 
 from cluster.launcher import render_node
 from knobs.config import Config
-from ledger import Ledger, LedgerError
+from ledger import LedgerError, reading
 from orchestrator.cli.common import Opened, ProfileOpt, opened, out
 from orchestrator.errors import UsageError
 from orchestrator.evolution import fit_champion, knob_changes
@@ -126,11 +126,12 @@ def cluster_up(
 
 def _would_deploy(prof: Profile) -> tuple[Config, str]:
     """The config ``cluster up`` would deploy and whence: the ledger's champion fitted to this
-    profile, the ledger opened only to read (a dry run creates, upgrades and records nothing),
-    else the profile's starting config and why."""
+    profile, the ledger only read (``ledger.reading``: a dry run creates, upgrades and records
+    nothing; an older SQLite ledger is read through an upgraded copy), else the profile's
+    starting config and why."""
     url = Settings.resolve(prof).ledger_url
     try:
-        with Ledger(url, read_only=True) as ledger:
+        with reading(url) as ledger:
             champion = ledger.champion(prof.cluster.name)
     except LedgerError as e:  # not there yet, an older schema, unreadable: nothing to deploy
         return prof.initial_champion(), f"the profile's starting config: {e.message}"
