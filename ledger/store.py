@@ -47,19 +47,23 @@ def reading(url: str) -> Iterator[Ledger]:
         parsed = make_url(url)
         if e.found is None or parsed.get_backend_name() != "sqlite" or not parsed.database:
             raise
-        with tempfile.TemporaryDirectory(prefix="orchestrate-ledger-") as tmp:
-            copy = Path(tmp) / "ledger.db"
-            source = Path(parsed.database).resolve().as_uri() + "?mode=ro"
-            try:
-                with (
-                    closing(sqlite3.connect(source, uri=True)) as old,
-                    closing(sqlite3.connect(copy)) as new,
-                ):
-                    old.backup(new)
-            except sqlite3.Error as err:
-                raise LedgerError(f"cannot read ledger {e.url}: {err}", url=e.url) from err
-            with Ledger(f"sqlite:///{copy}") as upgraded:
-                yield upgraded
+        older, database = e, parsed.database
+    else:
+        with ledger:
+            yield ledger
         return
-    with ledger:
-        yield ledger
+    # an older SQLite ledger: read through an upgraded copy (outside the handler, so that an
+    # error of the caller's is not reported as raised while handling the refusal)
+    with tempfile.TemporaryDirectory(prefix="orchestrate-ledger-") as tmp:
+        copy = Path(tmp) / "ledger.db"
+        source = Path(database).resolve().as_uri() + "?mode=ro"
+        try:
+            with (
+                closing(sqlite3.connect(source, uri=True)) as old,
+                closing(sqlite3.connect(copy)) as new,
+            ):
+                old.backup(new)
+        except sqlite3.Error as err:
+            raise LedgerError(f"cannot read ledger {older.url}: {err}", url=older.url) from err
+        with Ledger(f"sqlite:///{copy}") as upgraded:
+            yield upgraded
