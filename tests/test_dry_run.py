@@ -18,6 +18,7 @@ from ledger import Ledger, LedgerNotReady, VerdictRecord
 from orchestrator.profile import load_profile
 from tests.fixtures.cli import orchestrate
 from tests.fixtures.profiles import twin_profile_data, write_profile
+from tests.fixtures.rounds import a_round
 
 LEDGERS = Path(__file__).parent / "fixtures" / "ledgers"
 
@@ -46,15 +47,7 @@ def test_a_dry_run_renders_the_ledgers_champion_and_creates_no_ledger(tmp_path: 
 
     champion = start.apply(profile.space.change(start, "num_speculative_tokens", 4))
     with Ledger(f"sqlite:///{db}") as ledger:
-        rnd = ledger.create_round(
-            cluster=data["cluster"]["name"],
-            profile_name=profile.name,
-            profile_digest="d",
-            budget=1,
-            proposer="sweep",
-            approve="auto",
-            seed=0,
-        )
+        rnd = a_round(ledger, data["cluster"]["name"], profile=profile.name, proposer="sweep")
         e = ledger.add_experiment(
             cluster=data["cluster"]["name"],
             round_id=rnd.id,

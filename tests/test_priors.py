@@ -18,6 +18,7 @@ from ledger import Ledger, VerdictRecord
 from orchestrator.policy import overshot
 from orchestrator.priors import interacting, knob_priors, learn, learned_prior, measured
 from orchestrator.profile import Profile
+from tests.fixtures.rounds import a_round
 
 SPACE = KnobSpace(knobs=catalog("vllm-dflash2"))
 CATALOG_NULL = 0.7  # max_num_batched_tokens and the adapter rank: "rarely matter"
@@ -59,15 +60,7 @@ def test_a_knob_measured_null_many_times_keeps_a_high_p_null() -> None:
 
 def _ledger_with_changes(path: Path, counters: float | None = None) -> tuple[Ledger, int]:
     ledger = Ledger(f"sqlite:///{path}/ledger.db")
-    rnd = ledger.create_round(
-        cluster="c",
-        profile_name="sim",
-        profile_digest="d",
-        budget=5,
-        proposer="optuna",
-        approve="auto",
-        seed=0,
-    )
+    rnd = a_round(ledger, "c")
     base = SPACE.default_config()
     last = 0
     for i, value in enumerate((4096, 4608, 5120)):

@@ -31,6 +31,7 @@ from orchestrator.step_cost import (
 from orchestrator.verdict import Evidence, assess
 from tests.fixtures.cli import orchestrate
 from tests.fixtures.profiles import twin_profile_data, write_profile
+from tests.fixtures.rounds import a_round
 from tests.test_verdict_acceptance import cell
 
 STACK_GAMMA = 0.25  # a stack whose draft tokens cost far more than the prior's 0.07
@@ -125,15 +126,7 @@ def _ledger_with_k_changes(path: Path, cluster: str) -> int:
     space = KnobSpace(knobs=catalog("vllm-dflash2"))
     ledger = Ledger(f"sqlite:///{path}")
     with ledger:
-        rnd = ledger.create_round(
-            cluster=cluster,
-            profile_name="sim",
-            profile_digest="d",
-            budget=5,
-            proposer="optuna",
-            approve="auto",
-            seed=0,
-        )
+        rnd = a_round(ledger, cluster)
         base = space.default_config()
         held = base.as_dict()[KNOB]
         assert isinstance(held, int)
