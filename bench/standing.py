@@ -1,0 +1,173 @@
+"""Where orchestrate stands against the baselines, paired by seed, from ``research.py --json``
+files: one row per landscape, the mean final % of the optimum of each method (± its standard
+error over seeds), orchestrate's paired difference with each baseline (± its standard error;
+bold where it is more than two of them from zero), and #18's other counts for orchestrate.
+
+Runs may come from several files (seeds run in parts, methods run apart); a landscape is
+reported on the seeds every method has. A run given twice must agree, or the files are from
+different code and the table would mix them: that is refused. ``--strip OUT`` writes the rows
+read, without the per-verdict fields the table does not use, as one file to commit::
+
+    .venv/bin/python bench/standing.py bench/results/standing-30seeds.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+METHODS = ("orchestrate", "greedy-2%", "optuna-tpe", "grid")
+#: What the table reads from a run; ``--strip`` keeps these.
+FIELDS = (
+    "landscape",
+    "method",
+    "seed",
+    "final_pct",
+    "start_pct",
+    "pct_after",
+    "keeps",
+    "keep_effects",
+    "keeps_under_1pct",
+    "wrong_keeps",
+    "wrong_discards_ge5",
+    "true_gains_ge5_tried",
+    "invalid_promoted",
+    "decided",
+    "boots",
+    "boots_without_stuck_reboots",
+)
+Key = tuple[str, str, int]
+
+
+def landscape_name(text: str) -> str:
+    """``bench/landscapes/holdout-kv.yaml`` → ``holdout-kv``; a shipped name as it is."""
+    return Path(text).name.removesuffix(".yaml")
+
+
+def read(paths: Sequence[Path]) -> dict[Key, dict[str, Any]]:
+    """Every run of the four methods in ``paths`` by (landscape, method, seed).
+
+    Raises:
+        SystemExit: a run given twice with another final %.
+    """
+    runs: dict[Key, dict[str, Any]] = {}
+    for path in paths:
+        for row in json.loads(path.read_text()):
+            if row["method"] not in METHODS:
+                continue
+            key = (landscape_name(row["landscape"]), row["method"], int(row["seed"]))
+            seen = runs.get(key)
+            if seen is not None and not math.isclose(seen["final_pct"], row["final_pct"]):
+                raise SystemExit(
+                    f"{path}: {key} ends at {row['final_pct']:.3f} %, another file says "
+                    f"{seen['final_pct']:.3f} %: the files are from different code"
+                )
+            runs[key] = row
+    return runs
+
+
+def mean_se(values: Sequence[float]) -> tuple[float, float]:
+    """The mean and its standard error (0 for one value)."""
+    n = len(values)
+    mean = sum(values) / n
+    if n < 2:
+        return mean, 0.0
+    var = sum((v - mean) ** 2 for v in values) / (n - 1)
+    return mean, math.sqrt(var / n)
+
+
+def difference(mine: Sequence[float], theirs: Sequence[float]) -> str:
+    """The paired difference ± its standard error, bold beyond two of them."""
+    mean, se = mean_se([a - b for a, b in zip(mine, theirs, strict=True)])
+    text = f"{mean:+.2f} ± {se:.2f}".replace("-", "−")
+    return f"**{text}**" if abs(mean) > 2 * se and round(mean, 2) != 0 else text
+
+
+def row(runs: dict[Key, dict[str, Any]], landscape: str) -> str | None:
+    """The table's row for ``landscape`` on the seeds every method has (None: no such seed)."""
+    seeds = sorted(
+        s
+        for (name, method, s) in runs
+        if name == landscape
+        and method == "orchestrate"
+        and all((landscape, m, s) in runs for m in METHODS)
+    )
+    if not seeds:
+        return None
+    final = {m: [runs[(landscape, m, s)]["final_pct"] for s in seeds] for m in METHODS}
+    means = [f"{m:.1f} ± {se:.1f}" for m, se in (mean_se(final[m]) for m in METHODS)]
+    diffs = [difference(final["orchestrate"], final[m]) for m in METHODS[1:]]
+    ours = [runs[(landscape, "orchestrate", s)] for s in seeds]
+    tpe = mean_se(final["optuna-tpe"])[0]
+    budget = max(len(r["pct_after"]) - 1 for r in ours)
+    reach = [next((i for i, p in enumerate(r["pct_after"]) if p >= tpe), budget + 1) for r in ours]
+    there = sum(1 for i in reach if i <= budget)
+    decided = max(1, sum(r["decided"] for r in ours))
+    boots = sum(r["boots_without_stuck_reboots"] for r in ours) / decided
+    wrong = sum(r["wrong_keeps"] for r in ours)
+    under = sum(r["keeps_under_1pct"] for r in ours)
+    lost = sum(r["wrong_discards_ge5"] for r in ours)
+    tried = sum(r["true_gains_ge5_tried"] for r in ours)
+    cells = [
+        landscape,
+        str(len(seeds)),
+        *means,
+        *diffs,
+        f"{sum(reach) / len(reach):.1f} ({there}/{len(seeds)})",
+        f"{boots:.2f}",
+        f"{wrong}/{decided}",
+        str(under),
+        f"{lost}/{tried}",
+    ]
+    return "| " + " | ".join(cells) + " |"
+
+
+HEADER = (
+    "| landscape | seeds | orchestrate | greedy-2 % | TPE | grid | orchestrate − greedy-2 % "
+    "| − TPE | − grid | experiments to TPE's final | boots / decided w/o stuck | wrong keeps "
+    "| keeps < 1 % | true ≥ 5 % not kept / tried |"
+)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("files", nargs="+", type=Path, help="research.py --json files")
+    parser.add_argument("--strip", type=Path, help="write the runs read here, table fields only")
+    args = parser.parse_args(argv)
+    runs = read(args.files)
+    if args.strip is not None:
+        rows = [{k: r[k] for k in FIELDS if k in r} for _, r in sorted(runs.items())]
+        args.strip.write_text(json.dumps(rows, indent=1) + "\n")
+    print(HEADER)
+    print("|" + "---|" * HEADER.count(" | ") + "---|")
+    names = sorted({name for name, _, _ in runs}, key=_order)
+    for name in names:
+        line = row(runs, name)
+        if line is not None:
+            print(line)
+    return 0
+
+
+def _order(name: str) -> tuple[int, str]:
+    """The shipped landscapes first, in research.py's order, then the others by name."""
+    shipped = (
+        "vllm-dflash2-tp4",
+        "sm121-2node",
+        "exl3-tp4",
+        "far-k",
+        "flat",
+        "flat-knobs-matter",
+        "trap-elsewhere",
+    )
+    return (shipped.index(name), "") if name in shipped else (len(shipped), name)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
