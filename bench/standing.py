@@ -50,7 +50,8 @@ def landscape_name(text: str) -> str:
 
 
 def read(paths: Sequence[Path]) -> dict[Key, dict[str, Any]]:
-    """Every run of the four methods in ``paths`` by (landscape, method, seed).
+    """Every run of the four methods in ``paths`` by (landscape, method, seed), in the order
+    the files give them.
 
     Raises:
         SystemExit: a run given twice with another final %.
@@ -143,30 +144,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     runs = read(args.files)
     if args.strip is not None:
-        rows = [{k: r[k] for k in FIELDS if k in r} for _, r in sorted(runs.items())]
+        rows = [{k: r[k] for k in FIELDS if k in r} for r in runs.values()]
         args.strip.write_text(json.dumps(rows, indent=1) + "\n")
     print(HEADER)
     print("|" + "---|" * HEADER.count(" | ") + "---|")
-    names = sorted({name for name, _, _ in runs}, key=_order)
-    for name in names:
+    # the landscapes in the order the files first name them (research.py's, for its files)
+    for name in dict.fromkeys(name for name, _, _ in runs):
         line = row(runs, name)
         if line is not None:
             print(line)
     return 0
-
-
-def _order(name: str) -> tuple[int, str]:
-    """The shipped landscapes first, in research.py's order, then the others by name."""
-    shipped = (
-        "vllm-dflash2-tp4",
-        "sm121-2node",
-        "exl3-tp4",
-        "far-k",
-        "flat",
-        "flat-knobs-matter",
-        "trap-elsewhere",
-    )
-    return (shipped.index(name), "") if name in shipped else (len(shipped), name)
 
 
 if __name__ == "__main__":
