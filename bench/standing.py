@@ -41,6 +41,9 @@ FIELDS = (
     "boots",
     "boots_without_stuck_reboots",
 )
+#: What a run may lack (``--strip`` keeps it when there); the rest every run must carry.
+OPTIONAL = frozenset({"start_pct", "keeps", "keep_effects", "invalid_promoted", "boots"})
+REQUIRED = tuple(f for f in FIELDS if f not in OPTIONAL)
 Key = tuple[str, str, int]
 
 
@@ -54,11 +57,12 @@ def read(paths: Sequence[Path]) -> dict[Key, dict[str, Any]]:
     the files give them.
 
     Raises:
-        SystemExit: a run given twice with another final %.
+        SystemExit: a file that cannot be read as research.py's runs, or a run given twice with
+            another final %.
     """
     runs: dict[Key, dict[str, Any]] = {}
     for path in paths:
-        for row in json.loads(path.read_text()):
+        for row in _rows(path):
             if row["method"] not in METHODS:
                 continue
             key = (landscape_name(row["landscape"]), row["method"], int(row["seed"]))
@@ -70,6 +74,30 @@ def read(paths: Sequence[Path]) -> dict[Key, dict[str, Any]]:
                 )
             runs[key] = row
     return runs
+
+
+def _rows(path: Path) -> list[dict[str, Any]]:
+    """The runs of one ``research.py --json`` file, each with the fields the table reads.
+
+    Raises:
+        SystemExit: one line naming the file and what is wrong with it.
+    """
+    try:
+        rows = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise SystemExit(
+            f"{path}: cannot read it as JSON ({e}); give research.py --json files"
+        ) from None
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        raise SystemExit(f"{path}: not a list of runs; give research.py --json files")
+    for i, r in enumerate(rows):
+        missing = [k for k in REQUIRED if k not in r]
+        if missing:
+            raise SystemExit(
+                f"{path}: run {i} lacks {', '.join(missing)}; give research.py --json files "
+                "(or files written by --strip)"
+            )
+    return rows
 
 
 def mean_se(values: Sequence[float]) -> tuple[float, float]:

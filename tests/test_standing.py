@@ -80,3 +80,21 @@ def test_a_run_given_twice_with_another_result_is_refused(tmp_path: Path) -> Non
     assert len(read([one, same])) == 1
     with pytest.raises(SystemExit, match="different code"):
         read([one, other])
+
+
+def test_a_file_that_is_no_research_json_is_one_line_naming_it(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.json"
+    broken.write_text("{not json")
+    with pytest.raises(SystemExit, match=r"broken\.json: cannot read it as JSON"):
+        read([broken])
+    with pytest.raises(SystemExit, match=r"missing\.json: cannot read it as JSON"):
+        read([tmp_path / "missing.json"])
+    table = tmp_path / "table.json"
+    table.write_text(json.dumps({"far-k": 95.0}))
+    with pytest.raises(SystemExit, match=r"table\.json: not a list of runs"):
+        read([table])
+    run = _run("x", "orchestrate", 0, 95.0)
+    del run["pct_after"]
+    short = _write(tmp_path / "short.json", [run])
+    with pytest.raises(SystemExit, match=r"short\.json: run 0 lacks pct_after"):
+        read([short])
