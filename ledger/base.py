@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Self, TypeVar
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
@@ -29,9 +29,12 @@ class LedgerBase:
     """The connection to the SQL ledger at ``url`` (SQLite or PostgreSQL), created on first use,
     and its one-transaction sessions; the tables' methods are in the mixins ``Ledger`` joins."""
 
-    def __init__(self, url: str, *, read_only: bool = False) -> None:
+    def __init__(self, url: str, *, read_only: bool = False, rehearse: bool = False) -> None:
         """Open (and if needed create or upgrade) the ledger; ``read_only``: open it as it is,
-        to read, creating and upgrading nothing (a command that promises to touch nothing).
+        to read, creating and upgrading nothing (a command that promises to touch nothing);
+        ``rehearse``: upgrade it inside one transaction that ``close`` rolls back, every
+        session a savepoint of it (PostgreSQL's DDL is transactional: an older ledger read as
+        the next command that writes would see it, and left as it was).
 
         Raises:
             LedgerError: a malformed URL, an unreachable server, a schema written by a newer
@@ -61,18 +64,27 @@ class LedgerBase:
         except (SQLAlchemyError, ImportError) as e:
             raise LedgerError(f"cannot open ledger {self.url}: {e}", url=self.url) from e
         self._sessions = sessionmaker(self._engine, expire_on_commit=False)
+        self._held: Connection | None = None
         try:
-            if read_only:
+            if rehearse:
+                self._rehearse()
+            elif read_only:
                 self._check()
             else:
                 self._create()
         except BaseException:
-            self._engine.dispose()
+            self.close()
             raise
 
     def close(self) -> None:
-        """Release the connection pool."""
-        self._engine.dispose()
+        """Release the connection pool (a rehearsal's transaction rolled back first)."""
+        held, self._held = self._held, None
+        try:
+            if held is not None:
+                held.rollback()
+                held.close()
+        finally:
+            self._engine.dispose()
 
     def __enter__(self) -> Self:
         return self
@@ -135,6 +147,25 @@ class LedgerBase:
                     )
                 )
         self.upgraded = upgrade
+
+    def _rehearse(self) -> None:
+        """The upgrade, on one connection in a transaction left open for ``close`` to roll
+        back; every session joins it as a savepoint, so what they read is the upgraded ledger
+        and nothing they or the upgrade did is committed."""
+        self.upgraded = None
+        conn = self._engine.connect()
+        self._held = conn
+        conn.begin()
+        try:
+            prepare_schema(conn)
+        except NewerSchema as e:
+            raise self._newer(e) from e
+        except SQLAlchemyError as e:
+            detail = str(e).splitlines()[0]
+            raise LedgerError(f"ledger {self.url}: {detail}", url=self.url) from e
+        self._sessions = sessionmaker(
+            bind=conn, expire_on_commit=False, join_transaction_mode="create_savepoint"
+        )
 
     def _check(self) -> None:
         """A ledger opened to read is at this orchestrate's schema (read, nothing written)."""

@@ -34,26 +34,35 @@ def reading(url: str) -> Iterator[Ledger]:
     """The ledger at ``url``, to read, changing nothing: itself when it is at this
     orchestrate's schema; a SQLite ledger of an older release through an upgraded copy in a
     temporary directory (read from the file with SQLite's backup API, the file opened
-    read-only), so what it says is what the next command that writes would see.
+    read-only), a PostgreSQL one upgraded inside a transaction that is rolled back when the
+    reading ends (its schema lock and the locks of the tables the upgrade alters held until
+    then: another connection to those tables waits, so the reading should be short);
+    either way what it says is what the next command that writes would see.
 
     Raises:
-        LedgerNotReady: no ledger there, or a PostgreSQL ledger at an older schema (it cannot
-            be copied aside; the next command that writes upgrades it).
+        LedgerNotReady: no ledger there.
         LedgerError: as ``Ledger``: a malformed URL, an unreachable server, a newer schema.
     """
     try:
         ledger = Ledger(url, read_only=True)
     except LedgerNotReady as e:
         parsed = make_url(url)
-        if e.found is None or parsed.get_backend_name() != "sqlite" or not parsed.database:
+        sqlite = parsed.get_backend_name() == "sqlite"
+        if e.found is None or (sqlite and not parsed.database):
             raise
         older, database = e, parsed.database
     else:
         with ledger:
             yield ledger
         return
-    # an older SQLite ledger: read through an upgraded copy (outside the handler, so that an
-    # error of the caller's is not reported as raised while handling the refusal)
+    # outside the handler, so that an error of the caller's is not reported as raised while
+    # handling the refusal
+    if not sqlite:  # PostgreSQL's DDL is transactional: upgraded, then rolled back
+        with Ledger(url, rehearse=True) as rehearsed:
+            yield rehearsed
+        return
+    assert database is not None
+    # an older SQLite ledger: read through an upgraded copy
     with tempfile.TemporaryDirectory(prefix="orchestrate-ledger-") as tmp:
         copy = Path(tmp) / "ledger.db"
         source = Path(database).resolve().as_uri() + "?mode=ro"

@@ -1,7 +1,7 @@
 """``orchestrate cluster up --dry-run`` renders what ``cluster up`` would deploy — the ledger's
 champion, fitted to the profile — and touches nothing: a missing ledger is not created, and a
 ledger of an older release is read through an upgraded copy elsewhere, the file neither upgraded
-nor copied aside."""
+nor copied aside (a PostgreSQL one upgraded inside a transaction that is rolled back)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from orchestrator.profile import load_profile
 from tests.fixtures.cli import orchestrate
 from tests.fixtures.profiles import twin_profile_data, write_profile
 from tests.fixtures.rounds import a_round
+from tests.test_migrations import _copy_fixture_rows, _create_schema1, _version_rows
 
 LEDGERS = Path(__file__).parent / "fixtures" / "ledgers"
 
@@ -121,3 +122,23 @@ def test_a_dry_run_reads_an_old_ledger_without_upgrading_it(tmp_path: Path) -> N
     with pytest.raises(LedgerNotReady, match="no ledger yet"):
         Ledger(f"sqlite:///{missing}", read_only=True)
     assert not missing.exists()
+
+
+def test_a_dry_run_reads_an_old_postgres_ledger_as_upgraded_and_leaves_it(
+    tmp_path: Path, pg_url: str
+) -> None:
+    """The same on PostgreSQL, which cannot be copied aside: the ledger is upgraded inside a
+    transaction that is rolled back, the champion read in between, and the database is left at
+    the first release's schema."""
+    _create_schema1(pg_url)
+    _copy_fixture_rows(pg_url)
+    data = twin_profile_data()
+    data["cluster"]["name"] = "twin-local"
+    path = write_profile(tmp_path, data)
+    env = {**os.environ, "ORCHESTRATE_LEDGER": pg_url}
+    done = orchestrate(tmp_path, "cluster", "up", "--dry-run", "--profile", str(path), env=env)
+    assert done.returncode == 0, done.stderr
+    old = json.loads((LEDGERS / "schema1.status.json").read_text())["champion"]
+    line = _config_line(done.stdout)
+    assert f"(the ledger's champion, experiment #{old['experiment']})" in line, line
+    assert _version_rows(pg_url) == (None, 1)

@@ -318,6 +318,35 @@ def test_b_schema1_postgres_ledger_is_upgraded_in_place(pg_url: str) -> None:
         assert again.upgraded is None
 
 
+def test_b_schema1_postgres_ledger_is_read_as_upgraded_and_left_as_it_was(pg_url: str) -> None:
+    """``reading`` (what ``cluster up --dry-run`` reads the champion with) an older PostgreSQL
+    ledger: upgraded inside a transaction that is rolled back when the reading ends, so the
+    release's rows read as the next command that writes will see them, and the database is
+    left at schema 1 (no ``alembic_version``, no event, its rows as they were) for that command
+    to upgrade."""
+    _create_schema1(pg_url)
+    _copy_fixture_rows(pg_url)
+    with reading(pg_url) as ledger:
+        assert ledger.upgraded is None
+        # the ledger's view only: another connection would wait on the upgrade's table locks
+        assert tsv_text(ledger.experiments(cluster=CLUSTER)) == (
+            LEDGERS / "schema1.results.tsv"
+        ).read_text(encoding="utf-8")
+        status = json.loads((LEDGERS / "schema1.status.json").read_text(encoding="utf-8"))
+        champion = ledger.champion(CLUSTER)
+        assert champion is not None
+        assert champion.experiment_id == status["champion"]["experiment"]
+        assert [r.max_gpu_hours for r in ledger.rounds(CLUSTER)] == [None] * status["rounds"]
+    assert _version_rows(pg_url) == (None, 1)
+    assert _schema1_content(pg_url) == _schema1_content(SCHEMA1_URL)
+    with _connect(pg_url) as conn:
+        assert sorted(inspect(conn).get_table_names()) == sorted(_schema1_columns())
+    with Ledger(pg_url) as ledger:
+        assert ledger.upgraded is not None
+        _check_old_rows_kept(ledger, pg_url)
+        assert len(ledger.events("*", EventKind.LEDGER_UPGRADED)) == 1
+
+
 def test_processes_opening_an_old_postgres_ledger_at_once_upgrade_it_once(pg_url: str) -> None:
     _create_schema1(pg_url)
     assert _race([pg_url], processes=4) == []
@@ -356,7 +385,7 @@ def test_e_a_ledger_opened_to_read_is_neither_created_nor_upgraded(ledger_url: s
     """``Ledger(url, read_only=True)`` (what ``cluster up --dry-run`` reads the champion with):
     an empty database is left empty, a schema-1 ledger is left at schema 1, both refused in one
     line that says what would make them ready; a current ledger opens and reads. ``reading``
-    reads an old SQLite ledger through an upgraded copy and leaves the file as it was."""
+    reads an old ledger as upgraded and leaves it as it was."""
     with pytest.raises(LedgerNotReady, match="no ledger yet at"):
         Ledger(ledger_url, read_only=True)
     _create_schema1(ledger_url)
@@ -367,16 +396,10 @@ def test_e_a_ledger_opened_to_read_is_neither_created_nor_upgraded(ledger_url: s
     assert "\n" not in older.value.message
     assert _version_rows(ledger_url) == (None, 1)
     # ``reading``: an old SQLite ledger through an upgraded copy, the file left at schema 1; a
-    # PostgreSQL one cannot be copied aside, and says so
-    if ledger_url.startswith("sqlite"):
-        with reading(ledger_url) as copy:
-            assert copy.champion("any") is None and copy.url != ledger_url
-    else:
-        with (
-            pytest.raises(LedgerNotReady, match="older than this orchestrate"),
-            reading(ledger_url),
-        ):
-            pass
+    # PostgreSQL one upgraded in a transaction rolled back at the end
+    with reading(ledger_url) as upgraded:
+        assert upgraded.champion("any") is None
+        assert (upgraded.url != ledger_url) == ledger_url.startswith("sqlite")
     assert _version_rows(ledger_url) == (None, 1)
     Ledger(ledger_url).close()
     with Ledger(ledger_url, read_only=True) as ledger:

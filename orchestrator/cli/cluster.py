@@ -127,13 +127,14 @@ def cluster_up(
 def _would_deploy(prof: Profile) -> tuple[Config, str]:
     """The config ``cluster up`` would deploy and whence: the ledger's champion fitted to this
     profile, the ledger only read (``ledger.reading``: a dry run creates, upgrades and records
-    nothing; an older SQLite ledger is read through an upgraded copy), else the profile's
-    starting config and why."""
+    nothing; an older SQLite ledger is read through an upgraded copy, an older PostgreSQL one
+    upgraded inside a transaction that is rolled back), else the profile's starting config and
+    why."""
     url = Settings.resolve(prof).ledger_url
     try:
         with reading(url) as ledger:
             champion = ledger.champion(prof.cluster.name)
-    except LedgerError as e:  # not there yet, an older schema, unreadable: nothing to deploy
+    except LedgerError as e:  # not there yet, a newer schema, unreadable: nothing to deploy
         return prof.initial_champion(), f"the profile's starting config: {e.message}"
     if champion is None:
         return prof.initial_champion(), "the profile's starting config: no champion yet"
