@@ -36,8 +36,9 @@ second look (``second_look``, below): it competes with the first looks on what i
 from its posterior rather than a prior, and is never a first look again.
 
 Going back to the champion this one replaced is no look (that comparison was just decided);
-a knob whose changes failed to boot ``FIRST_LOOK_CRASHES`` times with one failure class gets
-no more (every K but 7 wedges one stack's boot); a draft-knob value the model predicts more
+a knob whose changes failed to boot ``FIRST_LOOK_CRASHES`` times with one failure class (the
+config's: a node unreachable says nothing about the knob) gets no more (every K but 7 wedges
+one stack's boot); a draft-knob value the model predicts more
 than ``DRAFT_LOOK_FLOOR`` % worse than the champion gets none (TPE may still try it).
 """
 
@@ -52,7 +53,7 @@ from agents.context import HistoryEntry, ProposalContext, same_value
 from agents.draft_model import DraftPrediction
 from knobs.config import Change, Config
 from knobs.spec import EffectPrior, KnobSpec, Value, as_text
-from knobs.vocabulary import Status
+from knobs.vocabulary import INFRASTRUCTURE, Status
 
 #: A knob whose prior in force says fewer than this share of its changes do nothing is swept
 #: under every champion (every value, when it has at most ``FIRST_LOOK_VALUES``).
@@ -114,8 +115,19 @@ def per_boot(
 
 def boots_per_decision(context: ProposalContext, knob: str) -> float:
     """The boots a decided change of ``knob`` costs when some of its changes fail to boot."""
-    crashes = sum(1 for e in context.history if e.knob == knob and e.status == Status.CRASH)
+    crashes = sum(1 for e in config_crashes(context) if e.knob == knob)
     return 1.0 / (1.0 - crashes / (context.tries(knob) + 1))
+
+
+def config_crashes(context: ProposalContext) -> list[HistoryEntry]:
+    """The changes that failed to boot for the config's reasons: not those a ledger of an older
+    release decided as a crash for the infrastructure's (a node unreachable, stuck clocks),
+    which say nothing about the knob."""
+    return [
+        e
+        for e in context.history
+        if e.status == Status.CRASH and e.knob and e.failure_class not in INFRASTRUCTURE
+    ]
 
 
 def _sweeps(context: ProposalContext, spec: KnobSpec) -> bool:
@@ -186,9 +198,7 @@ def _nearest(domain: Sequence[float], value: float) -> int:
 def eligible(context: ProposalContext) -> dict[str, bool]:
     """The knobs that get looks under this champion, each with whether every value does."""
     here = {e.knob for e in context.history if e.champion_key == context.champion.key}
-    crashes = Counter(
-        (e.knob, e.failure_class) for e in context.history if e.status == Status.CRASH and e.knob
-    )
+    crashes = Counter((e.knob, e.failure_class) for e in config_crashes(context))
     kept = _last_kept(context)
     moved = set() if kept is None else _interacting(context, kept)
     looked = _looked_at(context)

@@ -18,6 +18,7 @@ from agents import (
     Proposer,
     SweepProposer,
 )
+from agents.first_looks import boots_per_decision
 from knobs import Change, Config, ForbiddenCombination, KnobError, KnobSpace, catalog
 from knobs.spec import Value
 
@@ -347,17 +348,18 @@ def test_a_new_champion_gets_first_looks_again_but_not_back_where_it_came_from()
 def test_a_knob_whose_changes_keep_failing_to_boot_gets_no_more_first_looks() -> None:
     """Two boot failures of one class (K=6 and K=5 wedge the boot, as every K but 7 does on
     card 000's stack) end K's first looks; TPE may still try it. Two different classes do
-    not."""
+    not, nor two of the infrastructure's."""
 
-    def crashed(classes: tuple[str, ...]) -> Loop:
+    def crashed(classes: tuple[str, ...], *, bars: bool = True) -> Loop:
         loop = Loop(CATALOG, flat, seed=0)
         for k, failure in zip((6, 5), classes, strict=True):
             config = loop.champion.apply(Change(knob="num_speculative_tokens", old=7, new=k))
             loop._record(config, "num_speculative_tokens", k, "crash", None, None, failure)
-            loop.known_bad.append(
-                KnownBad(when={"num_speculative_tokens": k}, reason=failure, source="crash")
-            )
-            loop.decided.add(config.key)
+            if bars:
+                loop.known_bad.append(
+                    KnownBad(when={"num_speculative_tokens": k}, reason=failure, source="crash")
+                )
+                loop.decided.add(config.key)
         return loop
 
     def first_looks(loop: Loop) -> list[tuple[str, Value]]:
@@ -369,8 +371,19 @@ def test_a_knob_whose_changes_keep_failing_to_boot_gets_no_more_first_looks() ->
     wedged = first_looks(crashed(("boot_wedge", "boot_wedge")))
     assert wedged[0] == ("cuda_graphs", True)
     assert not any(knob == "num_speculative_tokens" for knob, _ in wedged), wedged
-    mixed = first_looks(crashed(("boot_wedge", "oom")))
+    mixed_classes = ("boot_wedge", "oom")
+    mixed = first_looks(crashed(mixed_classes))
     assert sum(knob == "num_speculative_tokens" for knob, _ in mixed) >= 2, mixed
+    assert boots_per_decision(crashed(mixed_classes).context(), "num_speculative_tokens") == (
+        pytest.approx(3.0)
+    )
+    # a node unreachable twice, decided as crashes (as a ledger of an older release may hold
+    # them; they bar nothing): the infrastructure's, no evidence about K, which keeps its cost
+    # and its looks
+    unreachable = crashed(("unreachable", "unreachable"), bars=False)
+    assert boots_per_decision(unreachable.context(), "num_speculative_tokens") == 1.0
+    looks = first_looks(unreachable)
+    assert sum(knob == "num_speculative_tokens" for knob, _ in looks) >= 2, looks
 
 
 # ---- exhaustion and fallback -----------------------------------------------------------------
