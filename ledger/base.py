@@ -5,7 +5,7 @@ any point leaves the ledger at the last completed state change."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, Self, TypeVar
 
@@ -81,7 +81,9 @@ class LedgerBase:
         held, self._held = self._held, None
         try:
             if held is not None:
-                held.rollback()
+                # a connection already lost took its transaction with it: nothing to undo
+                with suppress(SQLAlchemyError):
+                    held.rollback()
                 held.close()
         finally:
             self._engine.dispose()
@@ -153,10 +155,10 @@ class LedgerBase:
         back; every session joins it as a savepoint, so what they read is the upgraded ledger
         and nothing they or the upgrade did is committed."""
         self.upgraded = None
-        conn = self._engine.connect()
-        self._held = conn
-        conn.begin()
         try:
+            conn = self._engine.connect()
+            self._held = conn
+            conn.begin()
             prepare_schema(conn)
         except NewerSchema as e:
             raise self._newer(e) from e
