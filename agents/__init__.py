@@ -25,6 +25,7 @@ from agents.context import (
     KnownBadSource,
     ProposalContext,
     Refusal,
+    StepCostBelief,
 )
 from agents.coupled import COUPLED_NOTE, CoupledMove
 from agents.digest import digest
@@ -68,6 +69,7 @@ __all__ = [
     "Proposer",
     "Refusal",
     "Status",
+    "StepCostBelief",
     "SweepProposer",
     "change_tool",
     "digest",

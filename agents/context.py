@@ -7,6 +7,7 @@ kill with nothing to restore.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Literal
@@ -160,6 +161,44 @@ class ChampionCell(BaseModel):
     per_position_acceptance: tuple[float, ...] = ()
 
 
+class StepCostBelief(BaseModel):
+    """What this cluster's measured K changes say of ``γ``, one draft token's verify-step cost
+    as a share of the rest of a step: the verdict's posterior (``orchestrator.step_cost``, the
+    one place it is fitted), marginal over the law's error, on its grid. The draft-length model
+    (``agents.draft_model``) predicts with it, so a proposal and the verdict that judges it
+    price a draft token alike."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    gammas: tuple[float, ...]
+    #: The posterior weight of each of ``gammas``, summing to 1.
+    weights: tuple[float, ...]
+    #: How many K changes, measured with their counters, it rests on.
+    changes: int = Field(ge=1)
+
+    @model_validator(mode="after")
+    def _a_distribution(self) -> StepCostBelief:
+        if not self.gammas or len(self.gammas) != len(self.weights):
+            raise ValueError("a step cost needs one weight per value of gamma")
+        if any(g <= 0 for g in self.gammas) or any(w < 0 for w in self.weights):
+            raise ValueError("gamma must be positive and its weights not negative")
+        if abs(sum(self.weights) - 1.0) > 1e-6:
+            raise ValueError(f"the weights of gamma sum to {sum(self.weights)}, not 1")
+        return self
+
+    @property
+    def mean(self) -> float:
+        """The posterior mean of ``γ``."""
+        return sum(g * w for g, w in zip(self.gammas, self.weights, strict=True))
+
+    @property
+    def sd(self) -> float:
+        """The posterior sd of ``γ``."""
+        m = self.mean
+        var = sum(w * (g - m) ** 2 for g, w in zip(self.gammas, self.weights, strict=True))
+        return math.sqrt(var)
+
+
 class Refusal(BaseModel):
     """Why a change may not run: a short ``kind`` to count by and the full ``reason``."""
 
@@ -204,6 +243,9 @@ class ProposalContext(BaseModel):
     #: Knobs whose change to one value measured different effects under two champions (a
     #: learned interaction): looked at again when the champion moves.
     interacting: frozenset[str] = frozenset()
+    #: The step cost of a draft token as this cluster's K changes taught it (``None``: none
+    #: measured with its counters yet; the draft-length model then uses its prior).
+    step_cost: StepCostBelief | None = None
 
     @model_validator(mode="after")
     def _champion_fits(self) -> ProposalContext:

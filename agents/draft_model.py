@@ -13,14 +13,15 @@ so a cell's throughput at K is
     tok/s(K) = tok/s(K0) · T(K) / T(K0) · (1 + γ·K0) / (1 + γ·K)
 
 and the objective, the sum over cells, follows. ``γ``, one draft token's step cost as a share of
-the rest of a step, is fitted to the K changes already measured under this champion (least
-squares on the log of the measured ratio, each measurement with a boot's noise, and a prior
-``log γ ~ N(log GAMMA_PRIOR, GAMMA_LOG_SD²)``: a step's cost is the stack's, so the prior is
-wide and the ledger's measurements move it); K changes measured under earlier champions count
-too, at twice the noise (the model reads them with this champion's acceptance); until one is
-measured the prior alone. On the twin's
-``exl3-tp4`` the prior ranks K=2 and K=3 first from the default K=7, and the truth is K=2
-(K=3 is the CUDA-graphs trap there); one measured K change pins ``γ`` to ±0.02.
+the rest of a step, is the stack's, and this model does not fit it: the verdict does
+(``orchestrator.step_cost``, from every K change this cluster measured with its counters: the
+effect beyond what the counters said is the step cost), and hands its posterior to the proposer
+in the context (``ProposalContext.step_cost``). The prediction is the posterior's mean ratio,
+so the proposal and the verdict that judges it price a draft token alike, from one fit. Until a
+K change is measured, ``GAMMA_PRIOR``, calibrated on one stack: on the twin's ``exl3-tp4`` it
+ranks K=2 and K=3 first from the default K=7, and the truth is K=2 (K=3 is the CUDA-graphs trap
+there); one measured K change moves it to the stack's (``far-k``: a draft token a third of a
+step, five times the prior).
 
 Pure functions of a ``ProposalContext``: the proposer that uses them stays deterministic and
 resumes with nothing to restore.
@@ -28,12 +29,11 @@ resumes with nothing to restore.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from agents.context import ChampionCell, ProposalContext
-from knobs.config import Change, Config
+from agents.context import ChampionCell, ProposalContext, StepCostBelief
+from knobs.config import Change
 from knobs.spec import KnobSpec
 
 #: One draft token's verify-step cost as a share of the rest of the step, before any K change
@@ -41,13 +41,6 @@ from knobs.spec import KnobSpec
 #: verify of one more token per request (the twin's EXL3 TP4 stack: 0.07 at one request, 0.1
 #: at eight).
 GAMMA_PRIOR = 0.07
-#: How far ``GAMMA_PRIOR`` may be off (one sd of ``log γ``): calibrated on one stack, while a
-#: draft position costs a few percent of a step on one stack and a third on another.
-GAMMA_LOG_SD = 1.0
-#: The relative sd of one measured change's ratio (a boot's noise, DOMAIN: ±5 %).
-RATIO_SD = 0.05
-#: The grid the fit searches.
-_GAMMAS = tuple(i * 0.0025 for i in range(1, 401))  # 0.0025 … 1
 
 
 @dataclass(frozen=True)
@@ -59,8 +52,10 @@ class DraftPrediction:
     current: int
     #: value → predicted objective change, percent of the champion's.
     change_pct: Mapping[int, float]
+    #: ``γ``'s mean and sd (the prior: sd 0).
     gamma: float
-    #: How many K changes measured under this champion the fit rests on (0: the prior alone).
+    gamma_sd: float
+    #: How many K changes measured with their counters ``γ`` rests on (0: the prior alone).
     fitted_on: int
 
     def best(self) -> int:
@@ -73,9 +68,10 @@ class DraftPrediction:
         return max(changes, key=lambda c: (self.change_pct[int(c.new)], -changes.index(c)))
 
     def describe(self, value: int) -> str:
-        """``K=2 predicted +18.3 % (γ 0.09 from 1 measured K change)``."""
+        """``K=2 predicted +18.3 % … (γ 0.090 ± 0.020 from 1 K change(s) measured …)``."""
         how = (
-            f"γ {self.gamma:.3f} fitted to {self.fitted_on} measured K change(s)"
+            f"γ {self.gamma:.3f} ± {self.gamma_sd:.3f} from {self.fitted_on} K change(s) "
+            "measured with their counters"
             if self.fitted_on
             else f"γ {self.gamma:.3f}, the prior"
         )
@@ -106,36 +102,21 @@ def predict(context: ProposalContext) -> DraftPrediction | None:
     if not cells or sum(c.output_throughput for c in cells) <= 0:
         return None
     values = [v for v in spec.domain() if isinstance(v, int) and not isinstance(v, bool)]
-    changes = _measured(context, spec.name)
-    measured = [(k, r) for base, k, r in changes if base is None]
-    elsewhere = [(base, k, r) for base, k, r in changes if base is not None]
     if not any(v != current for v in values):
         return None  # nothing to predict: the knob has one value
-    gamma = fit_gamma(cells, current, measured, elsewhere)
-    change = {v: (ratio(cells, current, v, gamma) - 1.0) * 100.0 for v in values if v != current}
-    return DraftPrediction(spec.name, current, change, gamma, len(changes))
+    belief = context.step_cost
+    points = ((GAMMA_PRIOR, 1.0),) if belief is None else belief_points(belief)
+    change = {v: (ratio(cells, current, v, points) - 1.0) * 100.0 for v in values if v != current}
+    if belief is None:
+        return DraftPrediction(spec.name, current, change, GAMMA_PRIOR, 0.0, 0)
+    return DraftPrediction(spec.name, current, change, belief.mean, belief.sd, belief.changes)
 
 
-def _measured(context: ProposalContext, knob: str) -> list[tuple[int | None, int, float]]:
-    """The measured changes of the draft knob: ``(the champion's K, or None for this champion,
-    the K changed to, candidate / champion)``; a change under a champion whose config the
-    history does not hold is left out."""
-    ks: dict[str, int] = {}
-    for e in context.history:
-        k = e.config.get(knob)
-        if isinstance(k, int) and not isinstance(k, bool):
-            ks[Config(e.config).key] = k
-    out: list[tuple[int | None, int, float]] = []
-    for e in context.history:
-        if not (e.knob == knob and e.measured and isinstance(e.value, int)):
-            continue
-        if e.delta_pct is None or e.delta_pct <= -100.0:
-            continue
-        here = e.champion_key == context.champion.key
-        base = None if here else ks.get(e.champion_key)
-        if here or base is not None:
-            out.append((base, int(e.value), 1.0 + e.delta_pct / 100.0))
-    return out
+def belief_points(belief: StepCostBelief) -> tuple[tuple[float, float], ...]:
+    """``belief``'s values of ``γ`` with their weights, those under ``1e-6`` left out."""
+    kept = [(g, w) for g, w in zip(belief.gammas, belief.weights, strict=True) if w >= 1e-6]
+    total = sum(w for _, w in kept)
+    return tuple((g, w / total) for g, w in kept)
 
 
 def accepted(positions: Sequence[float], k: int) -> float:
@@ -157,35 +138,20 @@ def accepted(positions: Sequence[float], k: int) -> float:
     return total
 
 
-def ratio(cells: Sequence[ChampionCell], current: int, k: int, gamma: float) -> float:
-    """The objective at ``k`` over the champion's, by the model (see the module)."""
-    base = sum(c.output_throughput for c in cells)
-    cost = (1.0 + gamma * current) / (1.0 + gamma * k)
-    out = 0.0
-    for c in cells:
-        t0 = accepted(c.per_position_acceptance, current)
-        out += c.output_throughput * accepted(c.per_position_acceptance, k) / t0 * cost
-    return out / base
-
-
-def fit_gamma(
+def ratio(
     cells: Sequence[ChampionCell],
     current: int,
-    measured: Sequence[tuple[int, float]],
-    elsewhere: Sequence[tuple[int, int, float]] = (),
+    k: int,
+    gammas: Sequence[tuple[float, float]],
 ) -> float:
-    """``γ`` by least squares on the log ratios ``measured`` (value, candidate / champion) and
-    ``elsewhere`` (an earlier champion's K, value, ratio; at twice the noise), with the prior;
-    the prior alone when nothing is measured."""
-    usable = [(current, k, r, 1.0) for k, r in measured if k != current and r > 0]
-    usable += [(b, k, r, 2.0) for b, k, r in elsewhere if k != b and r > 0]
-    if not usable:
-        return GAMMA_PRIOR
-
-    def loss(g: float) -> float:
-        fit = sum(
-            ((math.log(r) - math.log(ratio(cells, b, k, g))) / w) ** 2 for b, k, r, w in usable
-        )
-        return fit / RATIO_SD**2 + (math.log(g / GAMMA_PRIOR) / GAMMA_LOG_SD) ** 2
-
-    return min(_GAMMAS, key=loss)
+    """The objective at ``k`` over the champion's, by the model (see the module), its mean over
+    ``gammas`` (``(γ, weight)``, weights summing to 1)."""
+    base = sum(c.output_throughput for c in cells)
+    tokens = sum(
+        c.output_throughput
+        * accepted(c.per_position_acceptance, k)
+        / accepted(c.per_position_acceptance, current)
+        for c in cells
+    )
+    cost = sum(w * (1.0 + g * current) / (1.0 + g * k) for g, w in gammas)
+    return tokens / base * cost

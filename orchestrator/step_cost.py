@@ -16,12 +16,14 @@ only the two K's): ``e`` its own boots' error, ``u`` its champion's level error,
 change measured against that champion shares (a level read high after a keep makes them all
 read low: independent errors would put that on ``γ``). So the ledger gives ``(γ, σ)`` a
 posterior on a grid, each champion's changes a block of a multivariate normal: ``γ``
-log-normal about the draft model's prior (``GAMMA_PRIOR``), twice as wide as it is there
-(``LAW_GAMMA_LOG_SD``), ``σ`` log-normal about ``MODEL_ERROR`` — what the law misses on a
-stack is the stack's, and the ledger's residuals move it. The change being judged then has
+log-normal about the draft model's prior (``GAMMA_PRIOR``, ``LAW_GAMMA_LOG_SD``), ``σ``
+log-normal about ``MODEL_ERROR`` — what the law misses on a stack is the stack's, and the
+ledger's residuals move it. The change being judged then has
 the null "it does what its counters and the step cost say": the spike at ``shift − E c``, its
 error ``shift_se``, the spread of ``c`` over the posterior and ``E σ²`` together. The slab
-(the law broke: a wedge, a regime the law does not know) keeps the knob's own prior.
+(the law broke: a wedge, a regime the law does not know) keeps the knob's own prior. The
+proposer's draft-length model predicts with the same posterior of ``γ`` (``StepCost.belief``,
+in ``ProposalContext.step_cost``): the one fit of the step cost.
 
 Where other K values were measured against the same champion, the change is judged with them
 instead (``pooling``, ``ChampionEvidence.judge``): their readings share the champion's level
@@ -44,6 +46,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from agents import StepCostBelief
 from agents.draft_model import GAMMA_PRIOR
 from knobs.vocabulary import INFRASTRUCTURE, MEASURED, State
 from ledger import ExperimentRecord, Ledger
@@ -56,9 +59,9 @@ MODEL_ERROR_LOG_SD = 1.0
 #: The share of K changes the law describes to within its error (the spike's weight); the
 #: rest are judged by the knob's own prior (the slab).
 LAW_HOLDS = 0.8
-#: One sd of ``log γ`` about the draft model's ``GAMMA_PRIOR`` (calibrated on one stack): wider
-#: than the draft model's, as the verdict decides with it: on a stack whose ``γ`` is five times
-#: the prior's, a few K changes must be able to say so.
+#: One sd of ``log γ`` about the draft model's ``GAMMA_PRIOR`` (calibrated on one stack): wide,
+#: as the verdict decides with it and the proposer predicts with it (``belief``): on a stack
+#: whose ``γ`` is five times the prior's, a few K changes must be able to say so.
 LAW_GAMMA_LOG_SD = 2.0
 _GAMMAS = np.exp(np.linspace(math.log(0.0025), math.log(1.0), 240))
 _ERRORS = np.exp(np.linspace(math.log(0.001), math.log(0.3), 40))
@@ -107,6 +110,16 @@ class StepCost:
     def error(self) -> float:
         """The root of ``E σ²``: the law's error per change."""
         return math.sqrt(float((self.weights.sum(axis=0) * _ERRORS**2).sum()))
+
+    def belief(self) -> StepCostBelief:
+        """``γ``'s marginal, for the proposer's draft-length model (``agents.draft_model``):
+        the one fit both sides price a draft token with."""
+        w = self.weights.sum(axis=1)
+        return StepCostBelief(
+            gammas=tuple(float(g) for g in _GAMMAS),
+            weights=tuple(float(x) for x in w / w.sum()),
+            changes=self.changes,
+        )
 
     def cost(self, base: int, value: int) -> tuple[float, float]:
         """``E c`` and ``Var c`` over the posterior of ``γ``."""

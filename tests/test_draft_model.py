@@ -1,18 +1,19 @@
 """The draft-length model: K's effect predicted from the champion's per-position acceptance,
-its step cost fitted to the K changes measured, and the Optuna proposer's K looks in its
+its step cost the verdict's fit of the K changes measured, and the Optuna proposer's K looks in its
 order. Contexts are built from the twin's noise-free truth; the round test runs the real loop
 on the simulated cluster."""
 
 from __future__ import annotations
 
 import io
+import math
 from pathlib import Path
 
 import pytest
 from rich.console import Console
 
 from agents import ChampionCell, HistoryEntry, OptunaProposer, ProposalContext, digest
-from agents.draft_model import GAMMA_PRIOR, accepted, draft_knob, fit_gamma, predict
+from agents.draft_model import GAMMA_PRIOR, accepted, draft_knob, predict
 from agents.optuna_proposer import DRAFT_LOOK_FLOOR, first_look
 from cluster.simulated import SimulatedTestbed
 from cluster.twin.landscape import Landscape, load_landscape
@@ -21,8 +22,10 @@ from knobs.spec import KnobSpec, Value
 from ledger import Ledger
 from orchestrator.approval import ApprovalGate
 from orchestrator.display import RoundDisplay
+from orchestrator.priors import MEASURING
 from orchestrator.profile import Profile
 from orchestrator.round import RoundOptions, RoundRunner
+from orchestrator.step_cost import DraftChange, draft_changes, fit
 from orchestrator.testbed import NullSink
 
 CARD_000 = (0.750, 0.555, 0.415, 0.316, 0.244, 0.193, 0.153)  # DOMAIN: ≈ 3.63 at K=7
@@ -144,28 +147,38 @@ def test_the_prior_ranks_the_true_best_K_first_on_the_exl3_stack(exl3: Landscape
     assert max(range(1, 7), key=lambda k: true_change(exl3, context, k)) == 2
 
 
-def test_the_step_cost_is_fitted_to_the_K_changes_measured_under_the_champion(
-    exl3: Landscape,
-) -> None:
+def test_the_step_cost_is_the_verdicts_fit_of_the_K_changes_measured(exl3: Landscape) -> None:
+    """The proposer prices a draft token with the verdict's posterior of ``γ``
+    (``orchestrator.step_cost``, handed over in the context): one K change measured with its
+    counters (K=2, the prior's best, one boot a side) moves every prediction nearer the truth;
+    the history's K readings alone move nothing (the fit is the verdict's, not the model's)."""
     blank = truth_context(exl3)
-    # the first look (K=2, the prior's best) measured: the rest follow from the fitted cost
-    measured = {2: 1.0 + true_change(exl3, blank, 2) / 100.0}
-    context = truth_context(exl3, measured=measured)
-    model = predict(context)
+    cells = blank.champion_cells
+    base = sum(c.output_throughput for c in cells)
+    # what the counters of K=2 say (the tokens a step accepts), and what it measured beyond them
+    tokens = sum(
+        c.output_throughput
+        * accepted(c.per_position_acceptance, 2)
+        / accepted(c.per_position_acceptance, 7)
+        for c in cells
+    )
+    shift = math.log(tokens / base)
+    residual = math.log(1.0 + true_change(exl3, blank, 2) / 100.0) - shift
+    belief = fit([DraftChange(7, 2, residual, 0.07)]).belief()
+    model = predict(blank.model_copy(update={"step_cost": belief}))
     prior = predict(blank)
     assert model is not None and prior is not None
-    assert model.fitted_on == 1 and model.gamma > GAMMA_PRIOR + 0.01
+    assert model.fitted_on == 1 and model.gamma > GAMMA_PRIOR + 0.01 and model.gamma_sd > 0
+    assert prior.fitted_on == 0 and prior.gamma == GAMMA_PRIOR
     assert model.best() == 2
     for k in (1, 3, 4):
         error = abs(model.change_pct[k] - true_change(exl3, blank, k))
         assert error < abs(prior.change_pct[k] - true_change(exl3, blank, k))
         assert error < 3.0, (k, model.change_pct[k])
-    # a K change measured under another champion says nothing of this one's step
-    other = context.history[-1].model_copy(update={"champion_key": "elsewhere"})
-    moved = context.model_copy(update={"history": (*context.history[:-1], other)})
-    assert predict(moved) == prior
-    # nothing measured: the prior
-    assert fit_gamma(context.champion_cells, 7, []) == GAMMA_PRIOR
+    assert "from 1 K change(s) measured with their counters" in model.describe(3)
+    # K readings in the history without the verdict's fit: the prior's prediction
+    measured = truth_context(exl3, measured={2: 1.0 + true_change(exl3, blank, 2) / 100.0})
+    assert predict(measured) == prior
 
 
 def test_no_prediction_without_a_draft_knob_or_per_position_counters(exl3: Landscape) -> None:
@@ -274,6 +287,9 @@ def test_the_round_gives_the_proposer_the_champions_cells(tmp_path: Path, exl3: 
         runner.run(RoundOptions(budget=2, proposer="optuna", approve="auto", seed=1))
         context = runner.context(ledger.rounds("sim")[-1])
         proposals = ledger.proposals()
+        law = draft_changes(
+            ledger, ledger.experiments(cluster="sim"), "num_speculative_tokens", MEASURING
+        )
     by_name = {c.cell: c for c in context.champion_cells}
     assert set(by_name) == {c.name for c in exl3.cells()}
     for cell in exl3.cells():
@@ -284,6 +300,10 @@ def test_the_round_gives_the_proposer_the_champions_cells(tmp_path: Path, exl3: 
     # a K look was proposed from the model (graphs or K come first; both get looks)
     k_looks = [p for p in proposals if p.knob == "num_speculative_tokens"]
     assert k_looks and all(p.notes.get("sampler") == "draft model" for p in k_looks)
+    # the K change measured with its counters reaches the proposer as the verdict's fit of γ
+    assert law and context.step_cost == fit(law).belief()
+    model = predict(context)
+    assert model is not None and model.fitted_on == len(law)
 
 
 def test_the_digest_shows_the_prediction_as_a_model_not_a_measurement(exl3: Landscape) -> None:
