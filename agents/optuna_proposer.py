@@ -8,15 +8,18 @@ How history becomes trials:
 
 - a measured entry (keep, discard or inconclusive, with an objective) is a COMPLETE trial with
   that objective; so is the champion's own measurement when no history entry carries it;
-- a crash, an invalid config and a veto are FAIL trials. TPE fits its densities on completed
-  trials only, so they teach it nothing, on purpose: a crash has no objective, and inventing one
-  (the worst seen, say) would put a fake point on the surface and drag the "bad" density
-  towards a region that may have crashed for a reason unrelated to the knobs (a wedged node);
-  an invalid config's objective is fast because it is wrong; a veto is a person's judgement,
-  not a measurement. Keeping them out of the model loses nothing, because the regions they mark
-  are enforced exactly through ``known_bad`` and ``decided_keys``. Keeping them in the study as
-  FAIL, rather than dropping them, keeps the study a full mirror of the decided history (one
-  trial per experiment, in order), which an RDB-backed study shared between clusters will want;
+- a config that failed on its own (a crash of the config's class, an invalid output) is an
+  infeasible trial: PRUNED, with a violated constraint and no objective. TPE puts infeasible
+  trials in its "bad" density (Optuna's constrained TPE), so it learns where configs fail
+  without a fake objective on the surface: the memory fraction that OOMed at 0.90 and 0.92
+  steers its draws away from 0.91 as well, where before it walked down one OOM at a time
+  (``sm121-2node``: 8.8 boot failures a run → 7.6, docs/benchmarks.md). The values themselves
+  are barred exactly through ``known_bad``; this only shapes where TPE looks next;
+- a crash of the infrastructure's (a node unreachable, stuck clocks: ``INFRASTRUCTURE``) and a
+  veto are FAIL trials, which TPE ignores: the first says nothing of the config, the second is a
+  person's judgement, not a measurement. Keeping them in the study as FAIL, rather than dropping
+  them, keeps the study a full mirror of the decided history (one trial per experiment, in
+  order), which an RDB-backed study shared between clusters will want;
 - an entry whose config no longer fits the space (the profile changed) is skipped and counted
   in the proposal's notes.
 """
@@ -46,12 +49,21 @@ from knobs.config import Change, Config
 from knobs.errors import KnobError
 from knobs.space import KnobSpace
 from knobs.spec import KnobSpec, Value, as_text
+from knobs.vocabulary import INFRASTRUCTURE, Status
 
 Direction = Literal["maximize", "minimize"]
 
 #: How many times ``study.ask`` is tried before the deterministic fallback. Each extra ask sees
 #: the earlier ones as running trials (TPE's constant liar), so it lands somewhere else.
 MAX_ASKS = 12
+
+
+def _infeasible(entry: HistoryEntry) -> bool:
+    """A config that failed for its own reasons: it crashed (not for the infrastructure's) or
+    its outputs were wrong."""
+    if entry.status == Status.CRASH:
+        return entry.failure_class not in INFRASTRUCTURE
+    return entry.status == Status.INVALID
 
 
 def distributions(space: KnobSpace) -> dict[str, BaseDistribution]:
@@ -248,6 +260,13 @@ class OptunaProposer:
             if entry.measured:
                 measured.add(Config(params).key)
                 trial = create_trial(params=params, distributions=dists, value=entry.objective)
+            elif _infeasible(entry):
+                trial = create_trial(
+                    state=TrialState.PRUNED,
+                    params=params,
+                    distributions=dists,
+                    constraints={"config_failed": 1.0},
+                )
             else:
                 trial = create_trial(state=TrialState.FAIL, params=params, distributions=dists)
             study.add_trial(trial)
@@ -325,6 +344,14 @@ class OptunaProposer:
             how = f"TPE kept suggesting decided or refused configs; {target} is least explored"
         elif notes["sampler"] == "tpe":
             how = f"TPE over {completed} completed trials puts {target} in the promising region"
+            failed = sum(
+                1
+                for e in context.history
+                if _infeasible(e) and _params(context.space, e.config) is not None
+            )
+            if failed:
+                notes["infeasible_trials"] = str(failed)
+                how += f" (away from the {failed} config(s) that failed on their own)"
         else:
             how = (
                 f"exploring: {completed} completed trial(s) of the {self.n_startup} TPE needs "

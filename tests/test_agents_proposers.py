@@ -61,6 +61,8 @@ class Loop:
     seed: int = 0
     #: configs at or above this gpu_memory_utilization crash (OOM) and become known-bad
     oom_at: float = 2.0
+    #: what those crashes are recorded as (an infrastructure class: the node's, not the config's)
+    failure: str = "oom"
     known_bad: list[KnownBad] = field(default_factory=list)
     history: list[HistoryEntry] = field(default_factory=list)
     proposals: list[tuple[ProposalContext, Proposal]] = field(default_factory=list)
@@ -93,7 +95,7 @@ class Loop:
             self.known_bad.append(
                 KnownBad(when={change.knob: change.new}, reason="OOM on the head", source="crash")
             )
-            self._record(candidate, change.knob, change.new, "crash", None, None, "oom")
+            self._record(candidate, change.knob, change.new, "crash", None, None, self.failure)
             self.decided.add(candidate.key)
             return proposal
         value = self.objective(candidate)
@@ -198,7 +200,7 @@ def test_every_proposal_is_one_allowed_knob_away(proposer: Proposer) -> None:
         assert proposal.source == proposer.name
 
 
-def test_optuna_learns_nothing_from_crashes_and_invalid_configs() -> None:
+def test_optuna_learns_no_objective_from_crashes_and_invalid_configs() -> None:
     loop = Loop(CATALOG, peaked, oom_at=0.89).run(OptunaProposer(), 3)
     fast_but_wrong = loop.history[-1].model_copy(
         update={"experiment": 4, "status": "invalid", "objective": 1e6, "delta_pct": 1e4}
@@ -209,6 +211,80 @@ def test_optuna_learns_nothing_from_crashes_and_invalid_configs() -> None:
     loop.history += [fast_but_wrong, crashed]
     proposal = OptunaProposer().propose(loop.context())
     assert proposal.notes["completed_trials"] == "4"  # baseline + 3 measured, not the 2 failures
+
+
+def _memory_context(failure: str) -> ProposalContext:
+    """One knob, the memory fraction: measured from 0.70 to 0.88, each step up better (TPE's
+    good density sits at the top), and three boots above that failed with ``failure``: the
+    config's OOM bars its value exactly (as the ledger's history does), the infrastructure's
+    bars nothing."""
+    space = KnobSpace(knobs=[CATALOG.spec("gpu_memory_utilization")])
+    champion = Config({"gpu_memory_utilization": 0.85})
+    measured = (0.85, 0.70, 0.74, 0.78, 0.80, 0.82, 0.86, 0.88)
+    history = [
+        HistoryEntry(
+            experiment=i,
+            config={"gpu_memory_utilization": v},
+            knob=None if i == 0 else "gpu_memory_utilization",
+            value=None if i == 0 else v,
+            status="keep" if i == 0 else "discard",
+            objective=100.0 + (v - 0.85) * 50,
+            delta_pct=(v - 0.85) * 50,
+            champion_key=champion.key,
+        )
+        for i, v in enumerate(measured)
+    ]
+    failed = (0.90, 0.92, 0.94)
+    history += [
+        HistoryEntry(
+            experiment=len(measured) + j,
+            config={"gpu_memory_utilization": v},
+            knob="gpu_memory_utilization",
+            value=v,
+            status="crash",
+            objective=None,
+            delta_pct=None,
+            champion_key=champion.key,
+            failure_class=failure,
+        )
+        for j, v in enumerate(failed)
+    ]
+    barred = (
+        [KnownBad(when={"gpu_memory_utilization": v}, reason="OOM", source="crash") for v in failed]
+        if failure == "oom"
+        else []
+    )
+    return ProposalContext(
+        space=space,
+        champion=champion,
+        champion_objective=100.0,
+        history=tuple(history),
+        known_bad=tuple(barred),
+        decided_keys=frozenset(Config({"gpu_memory_utilization": v}).key for v in measured),
+        budget_left=10,
+        seed=0,
+    )
+
+
+def test_tpe_learns_where_configs_fail_but_not_from_the_infrastructure() -> None:
+    """A config's OOMs at 0.90, 0.92 and 0.94 are infeasible trials in TPE's study: its draws
+    leave 0.89–0.95 for the measured side, where TPE alone (the measurements rise to the top)
+    would go on up, one OOM at a time. Failures of the infrastructure's teach it nothing: it
+    goes up there as if they had not happened."""
+    high: dict[str, int] = {}
+    for failure in ("oom", "unreachable"):
+        context = _memory_context(failure)
+        proposals = [
+            OptunaProposer(seed=s).propose(context.model_copy(update={"seed": s}))
+            for s in range(24)
+        ]
+        high[failure] = sum(float(p.change.new) >= 0.89 for p in proposals)
+        tpe = [p for p in proposals if p.notes["sampler"] == "tpe"]
+        assert tpe
+        infeasible = {p.notes.get("infeasible_trials") for p in tpe}
+        assert infeasible == ({"3"} if failure == "oom" else {None})
+    assert high["unreachable"] >= 20
+    assert high["oom"] <= 4
 
 
 def test_history_that_no_longer_fits_the_space_is_skipped_and_said() -> None:
