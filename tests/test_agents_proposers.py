@@ -213,6 +213,41 @@ def test_optuna_learns_no_objective_from_crashes_and_invalid_configs() -> None:
     assert proposal.notes["completed_trials"] == "4"  # baseline + 3 measured, not the 2 failures
 
 
+def test_a_failure_another_knob_explains_is_no_infeasible_trial() -> None:
+    """Infeasible in TPE's study: an OOM of the memory fraction's own change, a wedge of K's, an
+    invalid output. Not: ``kv_capacity`` of the KV dtype's change (the memory fraction declares
+    it, and cures it: TPE, which models each knob apart, would take it as the dtype failing
+    everywhere), nor a node that could not be reached."""
+    loop = Loop(CATALOG, peaked).run(OptunaProposer(first_looks=False), 6)
+    last = loop.history[-1]
+    failures = [
+        ("gpu_memory_utilization", 0.95, "crash", "oom"),
+        ("num_speculative_tokens", 2, "crash", "boot_wedge"),
+        ("cuda_graphs", True, "invalid", None),
+        ("kv_cache_dtype", "fp8_e5m2", "crash", "kv_capacity"),
+        ("max_num_batched_tokens", 4096, "crash", "unreachable"),
+    ]
+    for knob, value, status, failure in failures:
+        loop.history.append(
+            last.model_copy(
+                update={
+                    "experiment": len(loop.history),
+                    "config": loop.champion.as_dict() | {knob: value},
+                    "knob": knob,
+                    "value": value,
+                    "status": status,
+                    "objective": None,
+                    "delta_pct": None,
+                    "failure_class": failure,
+                }
+            )
+        )
+    proposal = OptunaProposer(first_looks=False).propose(loop.context())
+    assert proposal.notes["sampler"] == "tpe"
+    assert proposal.notes["infeasible_trials"] == "3"
+    assert "away from the 3 config(s) that failed on their own" in proposal.hypothesis
+
+
 def _memory_context(failure: str) -> ProposalContext:
     """One knob, the memory fraction: measured from 0.70 to 0.88, each step up better (TPE's
     good density sits at the top), and three boots above that failed with ``failure``: the
