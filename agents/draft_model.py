@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 from agents.context import ChampionCell, ProposalContext, StepCostBelief
 from knobs.config import Change
+from knobs.space import KnobSpace
 from knobs.spec import KnobSpec
 
 #: One draft token's verify-step cost as a share of the rest of the step, before any K change
@@ -81,18 +82,15 @@ class DraftPrediction:
         )
 
 
-def draft_knob(context: ProposalContext) -> KnobSpec | None:
+def draft_knob(space: KnobSpace) -> KnobSpec | None:
     """The knob the profile declares as the draft length (``role: draft_tokens``), if any."""
-    for spec in context.space.knobs:
-        if spec.role == "draft_tokens":
-            return spec
-    return None
+    return next((spec for spec in space.knobs if spec.role == "draft_tokens"), None)
 
 
 def predict(context: ProposalContext) -> DraftPrediction | None:
     """The prediction for every value of the draft knob, or ``None`` when the profile declares
     no draft knob or the champion's cells carry no per-position acceptance."""
-    spec = draft_knob(context)
+    spec = draft_knob(context.space)
     if spec is None:
         return None
     current = context.champion[spec.name]

@@ -20,9 +20,9 @@ from ledger import EventRecord, ExperimentRecord, Ledger, RoundRecord
 from orchestrator import policy
 from orchestrator.champion import ChampionEvidence
 from orchestrator.evolution import rekeyed
-from orchestrator.priors import MEASURING, interacting, knob_priors, measured
+from orchestrator.priors import interacting, knob_priors, measured
 from orchestrator.profile import Profile
-from orchestrator.step_cost import draft_changes, fit
+from orchestrator.step_cost import learned
 
 #: What a decided status bars, as a known-bad region's source.
 _BARS: dict[Status, KnownBadSource] = {
@@ -81,8 +81,7 @@ def proposal_context(
     changes = measured(ledger, experiments)  # the knobs' measured effects, for their priors
     # the step cost the verdict subtracts from a K change's counters: the draft-length model
     # predicts with the same (``step_cost``)
-    draft = next((k.name for k in profile.space.knobs if k.role == "draft_tokens"), None)
-    law = [] if draft is None else draft_changes(ledger, experiments, draft, MEASURING)
+    step = learned(ledger, profile.space, experiments)
     return ProposalContext(
         space=profile.space,
         champion=current.config,
@@ -97,7 +96,7 @@ def proposal_context(
         champion_cells=champion.cells(),
         knob_priors=knob_priors(profile, changes),
         interacting=interacting(changes),
-        step_cost=fit(law).belief() if law else None,
+        step_cost=None if step is None else step.belief(),
     )
 
 

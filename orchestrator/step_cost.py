@@ -47,9 +47,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from agents import StepCostBelief
-from agents.draft_model import GAMMA_PRIOR
+from agents.draft_model import GAMMA_PRIOR, draft_knob
+from knobs.space import KnobSpace
 from knobs.vocabulary import INFRASTRUCTURE, MEASURED, State
 from ledger import ExperimentRecord, Ledger
+from orchestrator.priors import MEASURING
 
 #: The law's error per change (one sd of the log effect) before the ledger's residuals say
 #: otherwise, and how far it may be off (one sd of its log): a step linear in K describes a
@@ -177,6 +179,18 @@ def law_null(
     mean, var = posterior.cost(base, value)
     shift, shift_se = counters
     return shift - mean, math.sqrt(shift_se**2 + var + posterior.error**2)
+
+
+def learned(
+    ledger: Ledger, space: KnobSpace, experiments: Sequence[ExperimentRecord]
+) -> StepCost | None:
+    """The step cost this cluster's K changes taught: the posterior from every decided change
+    of the draft knob among ``experiments`` whose verdict measured an effect with the counters
+    read; ``None`` without a draft knob or such a change (``GAMMA_PRIOR`` rules). What
+    ``orchestrate status`` shows and the proposer's draft-length model predicts with."""
+    spec = draft_knob(space)
+    changes = [] if spec is None else draft_changes(ledger, experiments, spec.name, MEASURING)
+    return fit(changes) if changes else None
 
 
 def describe(posterior: StepCost) -> str:

@@ -183,7 +183,7 @@ def test_the_step_cost_is_the_verdicts_fit_of_the_K_changes_measured(exl3: Lands
 
 def test_no_prediction_without_a_draft_knob_or_per_position_counters(exl3: Landscape) -> None:
     context = truth_context(exl3)
-    assert draft_knob(context) is not None
+    assert draft_knob(context.space) is not None
     bare = tuple(
         c.model_copy(update={"per_position_acceptance": ()}) for c in context.champion_cells
     )

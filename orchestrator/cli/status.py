@@ -7,15 +7,16 @@ from typing import Any
 
 import typer
 
+from agents.draft_model import draft_knob
 from knobs.spec import as_text
 from knobs.vocabulary import Kind, State, Status
 from orchestrator.champion import ChampionEvidence
 from orchestrator.cli.common import JsonOpt, ProfileOpt, opened, out
 from orchestrator.evolution import fit_champion, knob_changes
 from orchestrator.gpu_hours import cluster_gpus, gpu_hours
-from orchestrator.priors import MEASURING, knob_priors, measured
+from orchestrator.priors import knob_priors, measured
 from orchestrator.profile import load_profile
-from orchestrator.step_cost import describe, draft_changes, fit
+from orchestrator.step_cost import describe, learned
 
 
 def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
@@ -35,9 +36,9 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
         experiments = ledger.experiments(cluster=name)
         effects = measured(ledger, experiments)  # each knob's measured changes, for its prior
         set_aside = ChampionEvidence(prof, ledger).set_aside()  # its keep's boots, if they left
-        draft = next((k.name for k in prof.space.knobs if k.role == "draft_tokens"), None)
+        draft = None if (spec := draft_knob(prof.space)) is None else spec.name
         # the step cost a K change's verdict subtracts from its counters (``step_cost``)
-        law = None if draft is None else draft_changes(ledger, experiments, draft, MEASURING)
+        step = learned(ledger, prof.space, experiments)
         used = {r.id: gpu_hours(ledger, r, prof) for r in rounds}
     data: dict[str, Any] = {
         "cluster": name,
@@ -82,7 +83,6 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
         }
         for knob, prior in knob_priors(prof, effects).items()
     }
-    step = fit(law) if law else None
     data["step_cost"] = (
         None
         if step is None
