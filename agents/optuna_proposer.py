@@ -13,16 +13,16 @@ How history becomes trials:
   trials in its "bad" density (Optuna's constrained TPE), so it learns where configs fail
   without a fake objective on the surface: the memory fraction that OOMed at 0.90 and 0.92
   steers its draws away from 0.91 as well, where before it walked down one OOM at a time
-  (docs/benchmarks.md, "TPE learns where configs fail"). The values themselves are barred
+  (docs/benchmarks.md, "TPE learns where configs fail"). A crash another knob explains (the KV
+  dtype's ``kv_capacity``, which a larger memory fraction cures) is infeasible too: the pair's
+  way out is the coupled move (``agents.coupled``), not TPE, and keeping it out of TPE's model
+  cost a boot failure a run on ``sm121-2node`` (tried). The values themselves are barred
   exactly through ``known_bad``; this only shapes where TPE looks next;
-- a crash of the infrastructure's (a node unreachable, stuck clocks: ``INFRASTRUCTURE``), a
-  crash another knob explains (a failure class another knob declares monotone: the KV dtype's
-  ``kv_capacity``, which a larger memory fraction cures; TPE models each knob apart and would
-  take it as the value failing everywhere) and a veto are FAIL trials, which TPE ignores: the
-  first two say nothing of the value alone, the last is a person's judgement, not a
-  measurement. Keeping them in the study as FAIL, rather than dropping them, keeps the study a
-  full mirror of the decided history (one trial per experiment, in order), which an RDB-backed
-  study shared between clusters will want;
+- a crash of the infrastructure's (a node unreachable, stuck clocks: ``INFRASTRUCTURE``) and a
+  veto are FAIL trials, which TPE ignores: the first says nothing of the config, the second is a
+  person's judgement, not a measurement. Keeping them in the study as FAIL, rather than dropping
+  them, keeps the study a full mirror of the decided history (one trial per experiment, in
+  order), which an RDB-backed study shared between clusters will want;
 - an entry whose config no longer fits the space (the profile changed) is skipped and counted
   in the proposal's notes.
 """
@@ -61,19 +61,12 @@ Direction = Literal["maximize", "minimize"]
 MAX_ASKS = 12
 
 
-def _infeasible(space: KnobSpace, entry: HistoryEntry) -> bool:
+def _infeasible(entry: HistoryEntry) -> bool:
     """A config that failed for its own reasons: it crashed (not for the infrastructure's) or
-    its outputs were wrong. Not a crash another knob than the one changed explains (a failure
-    class it declares monotone: ``kv_capacity`` of ``kv_cache_dtype=auto``, which a larger
-    memory fraction cures, ``agents.coupled``): TPE models each knob apart, and would take it
-    as ``auto`` failing everywhere."""
-    if entry.status == Status.INVALID:
-        return True
-    if entry.status != Status.CRASH or entry.failure_class in INFRASTRUCTURE:
-        return False
-    return not any(
-        k.name != entry.knob and entry.failure_class in k.monotone_failures for k in space.knobs
-    )
+    its outputs were wrong."""
+    if entry.status == Status.CRASH:
+        return entry.failure_class not in INFRASTRUCTURE
+    return entry.status == Status.INVALID
 
 
 def distributions(space: KnobSpace) -> dict[str, BaseDistribution]:
@@ -270,7 +263,7 @@ class OptunaProposer:
             if entry.measured:
                 measured.add(Config(params).key)
                 trial = create_trial(params=params, distributions=dists, value=entry.objective)
-            elif _infeasible(context.space, entry):
+            elif _infeasible(entry):
                 trial = create_trial(
                     state=TrialState.PRUNED,
                     params=params,
@@ -357,7 +350,7 @@ class OptunaProposer:
             failed = sum(
                 1
                 for e in context.history
-                if _infeasible(context.space, e) and _params(context.space, e.config) is not None
+                if _infeasible(e) and _params(context.space, e.config) is not None
             )
             if failed:
                 notes["infeasible_trials"] = str(failed)

@@ -213,11 +213,10 @@ def test_optuna_learns_no_objective_from_crashes_and_invalid_configs() -> None:
     assert proposal.notes["completed_trials"] == "4"  # baseline + 3 measured, not the 2 failures
 
 
-def test_a_failure_another_knob_explains_is_no_infeasible_trial() -> None:
+def test_the_configs_failures_are_infeasible_trials_and_the_infrastructures_are_not() -> None:
     """Infeasible in TPE's study: an OOM of the memory fraction's own change, a wedge of K's, an
-    invalid output. Not: ``kv_capacity`` of the KV dtype's change (the memory fraction declares
-    it, and cures it: TPE, which models each knob apart, would take it as the dtype failing
-    everywhere), nor a node that could not be reached."""
+    invalid output, and ``kv_capacity`` of the KV dtype's change (the memory fraction explains
+    it; the coupled move, not TPE, takes the pair). Not a node that could not be reached."""
     loop = Loop(CATALOG, peaked).run(OptunaProposer(first_looks=False), 6)
     last = loop.history[-1]
     failures = [
@@ -244,8 +243,8 @@ def test_a_failure_another_knob_explains_is_no_infeasible_trial() -> None:
         )
     proposal = OptunaProposer(first_looks=False).propose(loop.context())
     assert proposal.notes["sampler"] == "tpe"
-    assert proposal.notes["infeasible_trials"] == "3"
-    assert "away from the 3 config(s) that failed on their own" in proposal.hypothesis
+    assert proposal.notes["infeasible_trials"] == "4"
+    assert "away from the 4 config(s) that failed on their own" in proposal.hypothesis
 
 
 def _memory_context(failure: str) -> ProposalContext:
