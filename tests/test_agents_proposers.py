@@ -61,8 +61,6 @@ class Loop:
     seed: int = 0
     #: configs at or above this gpu_memory_utilization crash (OOM) and become known-bad
     oom_at: float = 2.0
-    #: what those crashes are recorded as (an infrastructure class: the node's, not the config's)
-    failure: str = "oom"
     known_bad: list[KnownBad] = field(default_factory=list)
     history: list[HistoryEntry] = field(default_factory=list)
     proposals: list[tuple[ProposalContext, Proposal]] = field(default_factory=list)
@@ -95,7 +93,7 @@ class Loop:
             self.known_bad.append(
                 KnownBad(when={change.knob: change.new}, reason="OOM on the head", source="crash")
             )
-            self._record(candidate, change.knob, change.new, "crash", None, None, self.failure)
+            self._record(candidate, change.knob, change.new, "crash", None, None, "oom")
             self.decided.add(candidate.key)
             return proposal
         value = self.objective(candidate)

@@ -1,7 +1,7 @@
 """The draft-length model: K's effect predicted from the champion's per-position acceptance,
-its step cost the verdict's fit of the K changes measured, and the Optuna proposer's K looks in its
-order. Contexts are built from the twin's noise-free truth; the round test runs the real loop
-on the simulated cluster."""
+its step cost the verdict's fit of the K changes measured, and the Optuna proposer's K looks
+in its order. Contexts are built from the twin's noise-free truth; the round test runs the
+real loop on the simulated cluster."""
 
 from __future__ import annotations
 
@@ -22,10 +22,9 @@ from knobs.spec import KnobSpec, Value
 from ledger import Ledger
 from orchestrator.approval import ApprovalGate
 from orchestrator.display import RoundDisplay
-from orchestrator.priors import MEASURING
 from orchestrator.profile import Profile
 from orchestrator.round import RoundOptions, RoundRunner
-from orchestrator.step_cost import DraftChange, draft_changes, fit
+from orchestrator.step_cost import DraftChange, fit, learned
 from orchestrator.testbed import NullSink
 
 CARD_000 = (0.750, 0.555, 0.415, 0.316, 0.244, 0.193, 0.153)  # DOMAIN: ≈ 3.63 at K=7
@@ -287,9 +286,7 @@ def test_the_round_gives_the_proposer_the_champions_cells(tmp_path: Path, exl3: 
         runner.run(RoundOptions(budget=2, proposer="optuna", approve="auto", seed=1))
         context = runner.context(ledger.rounds("sim")[-1])
         proposals = ledger.proposals()
-        law = draft_changes(
-            ledger, ledger.experiments(cluster="sim"), "num_speculative_tokens", MEASURING
-        )
+        step = learned(ledger, profile.space, ledger.experiments(cluster="sim"))
     by_name = {c.cell: c for c in context.champion_cells}
     assert set(by_name) == {c.name for c in exl3.cells()}
     for cell in exl3.cells():
@@ -301,9 +298,9 @@ def test_the_round_gives_the_proposer_the_champions_cells(tmp_path: Path, exl3: 
     k_looks = [p for p in proposals if p.knob == "num_speculative_tokens"]
     assert k_looks and all(p.notes.get("sampler") == "draft model" for p in k_looks)
     # the K change measured with its counters reaches the proposer as the verdict's fit of γ
-    assert law and context.step_cost == fit(law).belief()
+    assert step is not None and context.step_cost == step.belief()
     model = predict(context)
-    assert model is not None and model.fitted_on == len(law)
+    assert model is not None and model.fitted_on == step.changes >= 1
 
 
 def test_the_digest_shows_the_prediction_as_a_model_not_a_measurement(exl3: Landscape) -> None:
