@@ -99,14 +99,13 @@ class StepCost:
 
     @property
     def gamma(self) -> float:
-        """The posterior mean of ``γ``."""
-        return float((self.weights.sum(axis=1) * _GAMMAS).sum())
+        """The posterior mean of ``γ`` (``belief``'s)."""
+        return self.belief().mean
 
     @property
     def gamma_sd(self) -> float:
-        """The posterior sd of ``γ``."""
-        w = self.weights.sum(axis=1)
-        return math.sqrt(float((w * (_GAMMAS - self.gamma) ** 2).sum()))
+        """The posterior sd of ``γ`` (``belief``'s)."""
+        return self.belief().sd
 
     @property
     def error(self) -> float:
