@@ -40,7 +40,13 @@ from orchestrator.approval import ApprovalGate
 from orchestrator.boot import Booter
 from orchestrator.champion import ChampionEvidence
 from orchestrator.crashpoints import crashpoint
-from orchestrator.display import RoundDisplay, describe, kept_on_resume, stopped_by_cap
+from orchestrator.display import (
+    RoundDisplay,
+    describe,
+    exhausted,
+    kept_on_resume,
+    stopped_by_cap,
+)
 from orchestrator.errors import OrchestrateError
 from orchestrator.faults import InfrastructureFaults
 from orchestrator.gpu_hours import gpu_hours
@@ -229,7 +235,9 @@ class RoundRunner:
             try:
                 experiment = self._next_experiment(rnd)
             except ProposalExhausted as e:
-                self.display.note(f"no allowed change is left: {e}")
+                done = self._candidates_done(rnd)
+                floor = self.profile.verdict.second_look_gain_pct
+                self.display.note(exhausted(rnd, done, str(e), e.left, e.refusals, floor))
                 stopped_by = "exhausted"
                 break
             if experiment is not None:

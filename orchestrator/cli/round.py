@@ -199,6 +199,11 @@ def _print_report(report: RoundReport, as_json: bool, page: Path | None) -> None
         console.print(
             experiments_table(report.experiments, report.champion, f"Round {report.round.id}")
         )
+    elif report.stopped_by == "exhausted":
+        console.print(
+            f"Round {report.round.id}: nothing was left to try (every one-knob change of the "
+            "champion is decided under it or barred)"
+        )
     else:
         console.print(f"Round {report.round.id}: no experiment decided yet ({report.stopped_by})")
     console.print(f"GPU-hours: {report.gpu_hours:.2f} (boots included)")

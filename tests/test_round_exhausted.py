@@ -1,0 +1,116 @@
+"""A round whose proposer has nothing left to try: every one-knob change of the champion is
+decided under it or barred. The round ends, says what would give the next one something to
+try, and the next one ends at once — until the profile says otherwise. The real loop, ledger,
+verdict and Optuna proposer run on a scripted testbed."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+from rich.console import Console
+
+from agents import OptunaProposer
+from knobs.config import Config
+from knobs.vocabulary import RoundStatus, Status
+from ledger import Ledger
+from orchestrator.approval import ApprovalGate
+from orchestrator.display import RoundDisplay
+from orchestrator.profile import Profile
+from orchestrator.round import RoundOptions, RoundReport, RoundRunner
+from orchestrator.testbed import NullSink
+from tests.test_round_policy import CELL, ScriptedTestbed
+
+#: Two knobs of a made-up engine: three one-knob changes from the champion (graphs on,
+#: depth 1, depth 3).
+KNOBS = [
+    {
+        "name": "graphs",
+        "type": "bool",
+        "default": False,
+        "render": {"kind": "switch", "when_false": ["--eager"]},
+    },
+    {
+        "name": "depth",
+        "type": "int",
+        "low": 1,
+        "high": 3,
+        "default": 2,
+        "render": {"kind": "flag", "flag": "--depth"},
+    },
+]
+
+
+def profile(**verdict: object) -> Profile:
+    return Profile.model_validate(
+        {
+            "name": "small",
+            "model": "m",
+            "cluster": {
+                "name": "small",
+                "nodes": [{"rank": 0, "host": "127.0.0.1", "workdir": "/tmp/x"}],
+            },
+            "launcher": {"argv": ["true"]},
+            "knobs": KNOBS,
+            "cells": [CELL.model_dump()],
+            "verdict": {"noise": {"boot_to_boot": 0.02, "run_to_run": 0.01}, **verdict},
+        }
+    )
+
+
+def speed(config: Config, boot: int) -> float | None:
+    """depth 3 does not boot, depth 1 is 10 % slower, graphs on reads 104 on every boot; the
+    champion's boots read 98 and 102 in turn."""
+    if config["depth"] == 3:
+        return None
+    wobble = 0.98 if boot % 2 else 1.02
+    if config["depth"] == 1:
+        return 90.0 * wobble
+    return 104.0 if config["graphs"] is True else 100.0 * wobble
+
+
+def a_round(ledger: Ledger, prof: Profile, budget: int) -> tuple[RoundReport, str]:
+    said = io.StringIO()
+    report = RoundRunner(
+        prof,
+        ledger,
+        NullSink(),
+        ScriptedTestbed(speed),
+        OptunaProposer(seed=0),
+        ApprovalGate(ledger, "auto"),
+        RoundDisplay(Console(file=said, width=400)),
+    ).run(RoundOptions(budget=budget, proposer="optuna", approve="auto"))
+    return report, said.getvalue()
+
+
+def test_a_round_with_nothing_left_to_try_ends_and_says_what_would_give_it_some(
+    tmp_path: Path,
+) -> None:
+    ledger = Ledger(f"sqlite:///{tmp_path}/ledger.db")
+    first, said = a_round(ledger, profile(), budget=10)
+    assert [(e.knob, e.value, e.status) for e in first.experiments[1:]] == [
+        ("graphs", True, Status.DISCARD),  # +4 % on one boot: a keep out of reach in three
+        ("depth", 3, Status.CRASH),
+        ("depth", 1, Status.DISCARD),
+    ]
+    assert first.stopped_by == "exhausted" and first.round.status == RoundStatus.DONE
+    assert (
+        "round 1 ended after 3 of 10 experiments, nothing left to try: optuna: no allowed "
+        "one-knob change is left among 3 neighbours (3 decided). Every one-knob change of the "
+        "champion is decided under it or barred; the next round has something to try only if "
+        "you give a knob more values, or add a knob, in the profile, or lower "
+        "verdict.second_look_gain_pct (now 2) to look again at the changes the verdict stopped "
+        "for want of boots, if any"
+    ) in " ".join(said.split())
+
+    again, said = a_round(ledger, profile(), budget=10)
+    assert again.stopped_by == "exhausted" and again.round.status == RoundStatus.DONE
+    assert not [e for e in again.experiments if e.round_id == again.round.id]
+    assert "round 2 ended after 0 of 10 experiments, nothing left to try" in said
+
+    # what the line says to do gives the next round something to try: the change the verdict
+    # stopped for want of boots, looked at again with its earlier boot counted
+    lower, said = a_round(ledger, profile(second_look_gain_pct=0.5), budget=1)
+    looked = [e for e in lower.experiments if e.round_id == lower.round.id]
+    assert [(e.knob, e.value) for e in looked] == [("graphs", True)], said
+    assert lower.stopped_by == "budget"
