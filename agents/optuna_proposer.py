@@ -192,12 +192,20 @@ class OptunaProposer:
             further_look(context, allowed, model) if self.first_looks and first is None else None
         )
         if later is not None:
+            untried = any(
+                context.champion.apply(c).key not in open_changes(context) for c in allowed
+            )
             notes = {
                 "sampler": "further look",
                 "completed_trials": str(completed),
                 "second_look": f"stopped for want of boots, it still promises "
-                f"{math.expm1(later[1]) * 100:+.1f}% (E[max(0, gain)]), more than any change "
-                "not yet looked at; its earlier boots count",
+                f"{math.expm1(later[1]) * 100:+.1f}% (E[max(0, gain)]), "
+                + (
+                    "more than any change not yet looked at"
+                    if untried
+                    else "and nothing is left untried under this champion"
+                )
+                + "; its earlier boots count",
             }
             return self._proposal(context, later[0], completed, notes, skipped)
         # a change open for another look is taken on what it promises (above), not TPE's

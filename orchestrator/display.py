@@ -65,14 +65,11 @@ def stopped_by_cap(rnd: RoundRecord, cap: str, done: int, gpu_hours: float) -> s
     )
 
 
-def exhausted(
-    rnd: RoundRecord, done: int, why: str, left: int, refusals: Mapping[str, int], floor: float
-) -> str:
+def exhausted(rnd: RoundRecord, done: int, why: str, left: int, refusals: Mapping[str, int]) -> str:
     """The line a round ends with when its proposer has no allowed change left (``why``: the
     proposer's account; ``left``: allowed one-knob changes outside its candidates, a finished
-    sweep list's; ``refusals``: its candidates' refusals by kind; ``floor``: the profile's
-    ``second_look_gain_pct``): what was done, and what would give the next round something to
-    try."""
+    sweep list's; ``refusals``: its candidates' refusals by kind): what was done, and what
+    would give the next round something to try."""
     ways = []
     if left:
         ways.append("run another proposer (--proposer optuna), which takes the others")
@@ -82,15 +79,11 @@ def exhausted(
             "clear a known-bad region you know was not the config's doing (orchestrate "
             "known-bad list, then clear ID --reason)"
         )
-    if refusals.get("decided"):
-        ways.append(
-            f"lower verdict.second_look_gain_pct (now {floor:g}) to look again at the changes "
-            "the verdict stopped for want of boots, if any"
-        )
     return (
         f"round {rnd.id} ended after {done} of {rnd.budget} experiments, nothing left to try: "
-        f"{why}. Every one-knob change of the champion is decided under it or barred; the next "
-        "round has something to try only if you " + ", or ".join(ways)
+        f"{why}. Every one-knob change of the champion is decided under it or barred (one the "
+        "verdict stopped for want of boots is looked at again while it promises a gain); the "
+        "next round has something to try only if you " + ", or ".join(ways)
     )
 
 

@@ -7,6 +7,9 @@ clocks, a node unreachable: ``INFRASTRUCTURE``) is never the config's: such an e
 nothing and may run again (a ledger from before such failures stopped the round has them).
 A region a person cleared (``orchestrate known-bad clear``, an event in the ledger) bars
 nothing either, and its config may run again; the verdict that barred it stays as it was.
+When every one-knob change of the champion is decided or barred, the changes the verdict
+stopped for want of boots that still promise a gain are open again (``policy.last_look``):
+the budget left goes to them before a round ends with nothing to try.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ def proposal_context(
     decided = {current.config.key}
     looks: dict[str, int] = {}  # experiments of each config under this champion
     reopened: dict[str, bool] = {}
+    lasts: dict[str, tuple[int, float | None]] = {}  # each config's latest look: its last look
     experiments = ledger.experiments(cluster=profile.cluster.name)
     # configs recorded under an earlier profile, fitted to this one, and the champion keys
     # they were decided against likewise (``evolution``): a change decided before a knob was
@@ -60,10 +64,10 @@ def proposal_context(
         here = champion_key == current.config.key and e.failure_class not in INFRASTRUCTURE
         if here:
             looks[fitted.config.key] = looks.get(fitted.config.key, 0) + 1
-        again, further, overshot = (
+        again, further, last, overshot = (
             _read_verdict(profile, ledger, e, looks.get(fitted.config.key, 0))
             if here
-            else (None, None, False)
+            else (None, None, None, False)
         )
         history.append(_entry(e, fitted, champion_key, again, overshot, further))
         if e.id in cleared:  # a person cleared its region: it bars nothing, and may run again
@@ -75,6 +79,7 @@ def proposal_context(
             decided.add(fitted.config.key)
             # the last look decides
             reopened[fitted.config.key] = again is not None or further is not None
+            lasts[fitted.config.key] = (len(history) - 1, last)
         region = _barred(profile, ledger, e.model_copy(update={"config": fitted.config}))
         if region is not None and holds(region, champion_key, current.config.key):
             known_bad.append(region)
@@ -82,7 +87,7 @@ def proposal_context(
     # the step cost the verdict subtracts from a K change's counters: the draft-length model
     # predicts with the same (``step_cost``)
     step = learned(ledger, profile.space, experiments)
-    return ProposalContext(
+    context = ProposalContext(
         space=profile.space,
         champion=current.config,
         champion_objective=current.objective,
@@ -98,27 +103,52 @@ def proposal_context(
         interacting=interacting(changes),
         step_cost=None if step is None else step.belief(),
     )
+    return _last_looks(context, lasts) if not context.candidates() else context
+
+
+def _last_looks(
+    context: ProposalContext, lasts: dict[str, tuple[int, float | None]]
+) -> ProposalContext:
+    """``context`` with nothing left untried under its champion: the decided changes whose
+    latest look still promises a gain (``policy.last_look``) open again, each as a further
+    look with that promise (the proposer takes the most promising); unchanged when there are
+    none, and the round ends."""
+    history = list(context.history)
+    opened: set[str] = set()
+    for key, (index, promise) in lasts.items():
+        entry = history[index]
+        # a coupled move gets one try under a champion (``agents.coupled``)
+        if promise is not None and key in context.decided_keys and entry.coupled_knob is None:
+            history[index] = entry.model_copy(update={"further_look": promise})
+            opened.add(key)
+    if not opened:
+        return context
+    return context.model_copy(
+        update={"history": tuple(history), "decided_keys": context.decided_keys - opened}
+    )
 
 
 def _read_verdict(
     profile: Profile, ledger: Ledger, e: ExperimentRecord, looks: int
-) -> tuple[float | None, float | None, bool]:
+) -> tuple[float | None, float | None, float | None, bool]:
     """What a discarded or inconclusive change's verdict in the ledger leaves the proposer:
-    ``policy.second_look``, else what a further look promises (``policy.look_promise``), and
+    ``policy.second_look``, else what a further look promises (``policy.look_promise``), what
+    a look promises once nothing is left untried (``policy.last_look``), and
     ``policy.overshot``."""
     if e.status not in (Status.DISCARD, Status.INCONCLUSIVE) or e.knob is None:
-        return None, None, False
+        return None, None, None, False
     verdict = ledger.verdict(e.id)
     if verdict is None:
-        return None, None, False
+        return None, None, None, False
     again = policy.second_look(profile.verdict, verdict.rule, verdict.stats, looks)
     further = (
         None
         if again is not None
         else policy.look_promise(profile.verdict, verdict.rule, verdict.stats)
     )
+    last = policy.last_look(profile.verdict, verdict.rule, verdict.stats)
     overshot = e.status == Status.DISCARD and policy.overshot(verdict.rule, verdict.stats)
-    return again, further, overshot
+    return again, further, last, overshot
 
 
 def _entry(

@@ -418,15 +418,17 @@ def infrastructure_retry(spec: VerdictSpec, failures: int) -> float | None:
 OUT_OF_BOOTS = frozenset({"futility", "max-boots"})
 
 
-def look_promise(spec: VerdictSpec, rule: str, stats: Mapping[str, object]) -> float | None:
+def look_promise(
+    spec: VerdictSpec, rule: str, stats: Mapping[str, object], floor_pct: float | None = None
+) -> float | None:
     """What one more look at a change still promises (``E[max(0, δ)]`` under its verdict's
     posterior, log scale), or None when it gets no other look: only a change the verdict
-    stopped for want of boots (``OUT_OF_BOOTS``) whose posterior still promises
-    ``second_look_gain_pct``, and not after its fair trial: ``value_boots`` (its boots over
-    its looks under this champion) at ``FAIR_TRIAL`` times the most the champion is balanced
-    to (``BALANCE_LOOKS`` × ``max_boots``), still undecided. A ledger whose verdicts predate
-    the posterior in their stats has none; one whose verdicts predate ``value_boots`` is judged
-    by the posterior alone."""
+    stopped for want of boots (``OUT_OF_BOOTS``) whose posterior still promises ``floor_pct``
+    (``second_look_gain_pct`` unless given; 0: any gain), and not after its fair trial:
+    ``value_boots`` (its boots over its looks under this champion) at ``FAIR_TRIAL`` times the
+    most the champion is balanced to (``BALANCE_LOOKS`` × ``max_boots``), still undecided. A
+    ledger whose verdicts predate the posterior in their stats has none; one whose verdicts
+    predate ``value_boots`` is judged by the posterior alone."""
     if rule not in OUT_OF_BOOTS:
         return None
     side = stats.get("value_boots")
@@ -444,7 +446,18 @@ def look_promise(spec: VerdictSpec, rule: str, stats: Mapping[str, object]) -> f
     )
     posterior = Posterior(p_effect=p_effect, mean=mean, sd=sd, spike=null[0], spike_sd=null[1])
     gain = posterior.expected_gain()
-    return gain if gain >= math.log1p(spec.second_look_gain_pct / 100) else None
+    floor = spec.second_look_gain_pct if floor_pct is None else floor_pct
+    return gain if gain > 0 and gain >= math.log1p(floor / 100) else None
+
+
+def last_look(spec: VerdictSpec, rule: str, stats: Mapping[str, object]) -> float | None:
+    """What one more look at a decided change promises once nothing is left untried under its
+    champion (``history``: the round would end with budget left), or None: a change the
+    verdict stopped for want of boots before its fair trial, whatever gain its posterior still
+    promises (``look_promise`` with no floor). The budget a person gave goes to the changes the
+    evidence has not settled, the most promising first; a change whose boots settle it (a
+    discard on the posterior, a keep, its fair trial spent) leaves them."""
+    return look_promise(spec, rule, stats, floor_pct=0.0)
 
 
 def second_look(

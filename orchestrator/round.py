@@ -236,8 +236,7 @@ class RoundRunner:
                 experiment = self._next_experiment(rnd)
             except ProposalExhausted as e:
                 done = self._candidates_done(rnd)
-                floor = self.profile.verdict.second_look_gain_pct
-                self.display.note(exhausted(rnd, done, str(e), e.left, e.refusals, floor))
+                self.display.note(exhausted(rnd, done, str(e), e.left, e.refusals))
                 stopped_by = "exhausted"
                 break
             if experiment is not None:
