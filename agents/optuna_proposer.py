@@ -195,17 +195,15 @@ class OptunaProposer:
             untried = any(
                 context.champion.apply(c).key not in open_changes(context) for c in allowed
             )
+            promise = f"{math.expm1(later[1]) * 100:+.1f}% (E[max(0, gain)])"
             notes = {
                 "sampler": "further look",
                 "completed_trials": str(completed),
-                "second_look": f"stopped for want of boots, it still promises "
-                f"{math.expm1(later[1]) * 100:+.1f}% (E[max(0, gain)]), "
-                + (
-                    "more than any change not yet looked at"
-                    if untried
-                    else "and nothing is left untried under this champion"
-                )
-                + "; its earlier boots count",
+                "second_look": f"stopped for want of boots, it still promises {promise}, more "
+                "than any change not yet looked at; its earlier boots count"
+                if untried
+                else "nothing is left untried under this champion, and its boots did not "
+                f"settle it: it still promises {promise}; its earlier boots count",
             }
             return self._proposal(context, later[0], completed, notes, skipped)
         # a change open for another look is taken on what it promises (above), not TPE's

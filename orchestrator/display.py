@@ -81,9 +81,9 @@ def exhausted(rnd: RoundRecord, done: int, why: str, left: int, refusals: Mappin
         )
     return (
         f"round {rnd.id} ended after {done} of {rnd.budget} experiments, nothing left to try: "
-        f"{why}. Every one-knob change of the champion is decided under it or barred (one the "
-        "verdict stopped for want of boots is looked at again while it promises a gain); the "
-        "next round has something to try only if you " + ", or ".join(ways)
+        f"{why}. Every one-knob change of the champion is decided under it or barred (one its "
+        "boots did not settle is looked at again while it promises a gain); the next round has "
+        "something to try only if you " + ", or ".join(ways)
     )
 
 

@@ -8,8 +8,8 @@ nothing and may run again (a ledger from before such failures stopped the round 
 A region a person cleared (``orchestrate known-bad clear``, an event in the ledger) bars
 nothing either, and its config may run again; the verdict that barred it stays as it was.
 When every one-knob change of the champion is decided or barred, the changes the verdict
-stopped for want of boots that still promise a gain are open again (``policy.last_look``):
-the budget left goes to them before a round ends with nothing to try.
+stopped for want of boots or found not worth a change that still promise a gain are open again
+(``policy.last_look``): the budget left goes to them before a round ends with nothing to try.
 """
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ def _read_verdict(
         if again is not None
         else policy.look_promise(profile.verdict, verdict.rule, verdict.stats)
     )
-    last = policy.last_look(profile.verdict, verdict.rule, verdict.stats)
+    last = policy.last_look(profile.verdict, verdict.rule, verdict.stats, looks)
     overshot = e.status == Status.DISCARD and policy.overshot(verdict.rule, verdict.stats)
     return again, further, last, overshot
 

@@ -418,22 +418,60 @@ def infrastructure_retry(spec: VerdictSpec, failures: int) -> float | None:
 OUT_OF_BOOTS = frozenset({"futility", "max-boots"})
 
 
-def look_promise(
-    spec: VerdictSpec, rule: str, stats: Mapping[str, object], floor_pct: float | None = None
-) -> float | None:
+def look_promise(spec: VerdictSpec, rule: str, stats: Mapping[str, object]) -> float | None:
     """What one more look at a change still promises (``E[max(0, δ)]`` under its verdict's
     posterior, log scale), or None when it gets no other look: only a change the verdict
-    stopped for want of boots (``OUT_OF_BOOTS``) whose posterior still promises ``floor_pct``
-    (``second_look_gain_pct`` unless given; 0: any gain), and not after its fair trial:
-    ``value_boots`` (its boots over its looks under this champion) at ``FAIR_TRIAL`` times the
-    most the champion is balanced to (``BALANCE_LOOKS`` × ``max_boots``), still undecided. A
-    ledger whose verdicts predate the posterior in their stats has none; one whose verdicts
-    predate ``value_boots`` is judged by the posterior alone."""
+    stopped for want of boots (``OUT_OF_BOOTS``) whose posterior still promises
+    ``second_look_gain_pct``, and not after its fair trial: ``value_boots`` (its boots over
+    its looks under this champion) at ``FAIR_TRIAL`` times the most the champion is balanced
+    to (``BALANCE_LOOKS`` × ``max_boots``), still undecided. A ledger whose verdicts predate
+    the posterior in their stats has none; one whose verdicts predate ``value_boots`` is judged
+    by the posterior alone."""
     if rule not in OUT_OF_BOOTS:
         return None
     side = stats.get("value_boots")
     if isinstance(side, int) and side >= FAIR_TRIAL * BALANCE_LOOKS * spec.max_boots:
         return None
+    gain = _posterior_gain(stats)
+    return (
+        gain if gain is not None and gain >= math.log1p(spec.second_look_gain_pct / 100) else None
+    )
+
+
+def last_look(
+    spec: VerdictSpec, rule: str, stats: Mapping[str, object], looks: int
+) -> float | None:
+    """What one more look at a decided change promises once nothing is left untried under its
+    champion (``history``: the round would end with budget left), or None. The budget a person
+    gave goes to the changes the evidence has not settled, the most promising first, whatever
+    gain their posteriors still promise: one the verdict stopped for want of boots before its
+    fair trial (as ``look_promise``, with no floor), and one it discarded as not worth a change
+    (the posterior's rule, not clearly worse: ``verdict.worse``) — at 5 % boot noise a single
+    boot closes most changes so, with the champion's level error in every one of them. A
+    change looked at more than ``FAIR_TRIAL`` × ``BALANCE_LOOKS`` times under the champion
+    (``looks``, this one included) has had its trial; a keep, a discard as worse, a crash or an
+    invalid output settles it."""
+    if looks > FAIR_TRIAL * BALANCE_LOOKS:
+        return None
+    if rule in OUT_OF_BOOTS:
+        side = stats.get("value_boots")
+        if isinstance(side, int) and side >= FAIR_TRIAL * BALANCE_LOOKS * spec.max_boots:
+            return None
+    elif rule == "posterior":
+        g, se = stats.get("g"), stats.get("se")
+        if not isinstance(g, int | float) or not isinstance(se, int | float):
+            return None
+        if worse(float(g), float(se)):
+            return None
+    else:
+        return None
+    gain = _posterior_gain(stats)
+    return gain if gain is not None and gain > 0 else None
+
+
+def _posterior_gain(stats: Mapping[str, object]) -> float | None:
+    """``E[max(0, δ)]`` under the posterior a verdict's stats carry (log scale), or None when
+    they predate it."""
     numbers = [stats.get(k) for k in ("post_p_effect", "post_mean", "post_sd")]
     if not all(isinstance(x, int | float) for x in numbers):
         return None
@@ -445,19 +483,7 @@ def look_promise(
         else (0.0, 0.0)
     )
     posterior = Posterior(p_effect=p_effect, mean=mean, sd=sd, spike=null[0], spike_sd=null[1])
-    gain = posterior.expected_gain()
-    floor = spec.second_look_gain_pct if floor_pct is None else floor_pct
-    return gain if gain > 0 and gain >= math.log1p(floor / 100) else None
-
-
-def last_look(spec: VerdictSpec, rule: str, stats: Mapping[str, object]) -> float | None:
-    """What one more look at a decided change promises once nothing is left untried under its
-    champion (``history``: the round would end with budget left), or None: a change the
-    verdict stopped for want of boots before its fair trial, whatever gain its posterior still
-    promises (``look_promise`` with no floor). The budget a person gave goes to the changes the
-    evidence has not settled, the most promising first; a change whose boots settle it (a
-    discard on the posterior, a keep, its fair trial spent) leaves them."""
-    return look_promise(spec, rule, stats, floor_pct=0.0)
+    return posterior.expected_gain()
 
 
 def second_look(
