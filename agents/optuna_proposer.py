@@ -192,9 +192,8 @@ class OptunaProposer:
             further_look(context, allowed, model) if self.first_looks and first is None else None
         )
         if later is not None:
-            untried = any(
-                context.champion.apply(c).key not in open_changes(context) for c in allowed
-            )
+            reopened_now = open_changes(context)
+            untried = any(context.champion.apply(c).key not in reopened_now for c in allowed)
             promise = f"{math.expm1(later[1]) * 100:+.1f}% (E[max(0, gain)])"
             notes = {
                 "sampler": "further look",

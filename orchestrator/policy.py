@@ -427,10 +427,7 @@ def look_promise(spec: VerdictSpec, rule: str, stats: Mapping[str, object]) -> f
     to (``BALANCE_LOOKS`` × ``max_boots``), still undecided. A ledger whose verdicts predate
     the posterior in their stats has none; one whose verdicts predate ``value_boots`` is judged
     by the posterior alone."""
-    if rule not in OUT_OF_BOOTS:
-        return None
-    side = stats.get("value_boots")
-    if isinstance(side, int) and side >= FAIR_TRIAL * BALANCE_LOOKS * spec.max_boots:
+    if rule not in OUT_OF_BOOTS or _trial_spent(spec, stats):
         return None
     gain = _posterior_gain(stats)
     return (
@@ -454,8 +451,7 @@ def last_look(
     if looks > FAIR_TRIAL * BALANCE_LOOKS:
         return None
     if rule in OUT_OF_BOOTS:
-        side = stats.get("value_boots")
-        if isinstance(side, int) and side >= FAIR_TRIAL * BALANCE_LOOKS * spec.max_boots:
+        if _trial_spent(spec, stats):
             return None
     elif rule == "posterior":
         g, se = stats.get("g"), stats.get("se")
@@ -467,6 +463,14 @@ def last_look(
         return None
     gain = _posterior_gain(stats)
     return gain if gain is not None and gain > 0 else None
+
+
+def _trial_spent(spec: VerdictSpec, stats: Mapping[str, object]) -> bool:
+    """Whether a value's fair trial is spent: ``value_boots`` (its boots over its looks under
+    the champion) at ``FAIR_TRIAL`` times the most the champion is balanced to; a verdict that
+    predates ``value_boots`` has not spent it."""
+    side = stats.get("value_boots")
+    return isinstance(side, int) and side >= FAIR_TRIAL * BALANCE_LOOKS * spec.max_boots
 
 
 def _posterior_gain(stats: Mapping[str, object]) -> float | None:
