@@ -24,7 +24,8 @@ from cluster.bench import run_cell, smoke, stalled
 from cluster.errors import BenchError
 from cluster.metrics import scrape_metrics
 from cluster.twin import noise, text
-from cluster.twin.landscape import load_landscape, window_tokens
+from cluster.twin.landscape import load_landscape
+from cluster.twin.physics import window_tokens
 from knobs.records import CellResultRecord, CellSpec, NodeClockRecord
 from tests.twin_fixtures import (
     HostWait,

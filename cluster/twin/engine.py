@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from cluster import prompts
 from cluster.stall import LATE_S
 from cluster.twin import noise, text
-from cluster.twin.landscape import EngineModel
+from cluster.twin.physics import EngineModel
 from knobs.records import Category
 
 #: A request arriving this soon (wall seconds) after a completion is timed from it. 0.1 s was

@@ -24,14 +24,9 @@ from types import FrameType
 from cluster.twin import args as serve_args
 from cluster.twin import node, noise
 from cluster.twin.engine import Engine
-from cluster.twin.landscape import (
-    DEFAULT_LANDSCAPE,
-    BootStatus,
-    Landscape,
-    Settings,
-    load_landscape,
-)
+from cluster.twin.landscape import DEFAULT_LANDSCAPE, Landscape, load_landscape
 from cluster.twin.log import EngineLog
+from cluster.twin.physics import BootStatus, Settings
 from cluster.twin.rendezvous import Head, RendezvousError, follow, join
 from cluster.twin.server import VLLM_VERSION, ServerState, start_server
 from knobs.errors import KnobError
