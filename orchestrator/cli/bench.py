@@ -6,13 +6,14 @@ import json
 
 import typer
 
-from cluster.bench import run_cell
 from orchestrator.cli.common import JsonOpt, ProfileOpt, opened
-from orchestrator.profile import load_profile
 
 
 def bench(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
     """Run the profile's cells against what is deployed now."""
+    from cluster.bench import run_cell
+    from orchestrator.profile import load_profile
+
     prof = load_profile(profile)
     with opened(prof) as o:
         deployer = o.deployer()

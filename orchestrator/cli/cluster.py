@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from cluster.launcher import render_node
-from knobs.config import Config
-from ledger import LedgerError, reading
 from orchestrator.cli.common import Opened, ProfileOpt, opened, out
 from orchestrator.errors import UsageError
-from orchestrator.evolution import fit_champion, knob_changes
-from orchestrator.lease import Ownership
-from orchestrator.profile import Profile, load_profile
-from orchestrator.settings import Settings, runtime_placeholders
+
+if TYPE_CHECKING:
+    from knobs.config import Config
+    from orchestrator.lease import Ownership
+    from orchestrator.profile import Profile
 
 ForceOpt = Annotated[
     bool,
@@ -33,6 +31,8 @@ cluster_app = typer.Typer(help="Drive the profile's cluster by hand.", no_args_i
 def cluster_check(profile: ProfileOpt = None) -> None:
     """Preflight every node: reachable (SSH: host key, auth), its address on the cluster
     interface, free memory settled, clocks healthy. Changes nothing."""
+    from orchestrator.profile import load_profile
+
     prof = load_profile(profile)
     with opened(prof) as o:
         deployer = o.deployer()
@@ -80,6 +80,11 @@ def cluster_up(
     and released after: the engines stay up, unclaimed. On failure every node is torn down
     and the command exits with the failure's code.
     """
+    from cluster.launcher import render_node
+    from orchestrator.evolution import fit_champion, knob_changes
+    from orchestrator.profile import load_profile
+    from orchestrator.settings import runtime_placeholders
+
     prof = load_profile(profile)
     console = out()
     if dry_run:
@@ -130,6 +135,10 @@ def _would_deploy(prof: Profile) -> tuple[Config, str]:
     nothing; an older SQLite ledger is read through an upgraded copy, an older PostgreSQL one
     upgraded inside a transaction that is rolled back), else the profile's starting config and
     why."""
+    from ledger import LedgerError, reading
+    from orchestrator.evolution import fit_champion
+    from orchestrator.settings import Settings
+
     url = Settings.resolve(prof).ledger_url
     try:
         with reading(url) as ledger:
@@ -157,6 +166,8 @@ def cluster_down(profile: ProfileOpt = None, force: ForceOpt = False) -> None:
     """Stop the engine on every node (head first), confirming each is gone; a node that
     cannot be reached is reported and the others are still stopped. Refused while another
     orchestrator (a running round) claims the nodes, unless --force."""
+    from orchestrator.profile import load_profile
+
     prof = load_profile(profile)
     with opened(prof) as o, _owned(o, "cluster down", force, typer.echo, lease=False):
         outcomes, errors = o.deployer().stop_each()
@@ -169,6 +180,8 @@ def cluster_down(profile: ProfileOpt = None, force: ForceOpt = False) -> None:
 @cluster_app.command("status")
 def cluster_status(profile: ProfileOpt = None) -> None:
     """Which nodes have an engine running (and which cannot be reached)."""
+    from orchestrator.profile import load_profile
+
     prof = load_profile(profile)
     with opened(prof) as o:
         deployer = o.deployer()
@@ -188,6 +201,8 @@ def _owned(
     """The ledger's lease (with ``lease``) and a claim on every node while a command drives
     them (issue #17); a node that cannot be reached is left unclaimed, as the command reports
     it. The ledger opens only if ``lease`` or a claim broken by ``force`` needs it."""
+    from orchestrator.lease import Ownership
+
     return Ownership(
         o.profile.cluster,
         what=what,

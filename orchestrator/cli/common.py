@@ -1,20 +1,25 @@
 """What every ``orchestrate`` command shares: its options, its console, and ``opened``, which
-opens the ledger and the deployer a command uses and closes them on every path."""
+opens the ledger and the deployer a command uses and closes them on every path.
+
+The command modules import typer, rich and this project's error root at their top, and the rest
+(the ledger, the profile, the proposers, SSH) inside the commands that use it: ``orchestrate
+--help`` and each TAB of shell completion build every command's signature, and would otherwise
+load SQLAlchemy, Optuna, MLflow and paramiko to print a page of help (tests/test_cli_startup.py).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 
-from cluster.deploy import Deployer, Progress
-from ledger import Ledger
-from orchestrator.profile import Profile, embedded_profiles
-from orchestrator.settings import Settings
-from orchestrator.testbed import deployer_for
+if TYPE_CHECKING:
+    from cluster.deploy import Deployer, Progress
+    from ledger import Ledger
+    from orchestrator.profile import Profile
 
 
 def completes(words: Callable[[], list[str]]) -> Callable[[str], list[str]]:
@@ -33,10 +38,16 @@ ProfileOpt = Annotated[
         "--profile",
         "-p",
         help="profile YAML path or embedded name (default: twin)",
-        autocompletion=completes(embedded_profiles),
+        autocompletion=completes(lambda: _embedded_profiles()),
     ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON for scripts")]
+
+
+def _embedded_profiles() -> list[str]:
+    from orchestrator.profile import embedded_profiles
+
+    return embedded_profiles()
 
 
 def out() -> Console:
@@ -49,6 +60,8 @@ class Opened:
     what it needs when it needs it, in the order it needs it) and closed by ``opened``."""
 
     def __init__(self, profile: Profile, stack: ExitStack) -> None:
+        from orchestrator.settings import Settings
+
         self.profile = profile
         self.settings = Settings.resolve(profile)
         self._stack = stack
@@ -57,6 +70,8 @@ class Opened:
     def ledger(self) -> Ledger:
         """The profile's ledger (``ORCHESTRATE_LEDGER`` first), opened on the first call."""
         if self._ledger is None:
+            from ledger import Ledger
+
             self._ledger = self._stack.enter_context(Ledger(self.settings.ledger_url))
             if self._ledger.upgraded is not None:
                 # said once, on stderr: a --json command's stdout stays JSON
@@ -65,6 +80,8 @@ class Opened:
 
     def deployer(self, *, progress: Progress | None = None) -> Deployer:
         """A deployer for the profile's cluster (its transports connect on first use)."""
+        from orchestrator.testbed import deployer_for
+
         deployer = deployer_for(self.profile, progress=progress)
         self._stack.callback(deployer.close)
         return deployer

@@ -5,16 +5,16 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from agents.study_export import StudyTrial, export_study
-from knobs.vocabulary import MEASURED, State
-from ledger import ExperimentRecord, tsv_text
 from orchestrator.cli.common import ProfileOpt, opened
 from orchestrator.errors import UsageError
-from orchestrator.profile import load_profile
+
+if TYPE_CHECKING:
+    from agents.study_export import StudyTrial
+    from ledger import ExperimentRecord
 
 
 def export(
@@ -39,6 +39,10 @@ def export(
 ) -> None:
     """Write results.tsv: one row per decided experiment, oldest first; or add them to an
     Optuna study (``--optuna-storage``): one trial each, a re-export adds the new ones."""
+    from agents.study_export import export_study
+    from ledger import tsv_text
+    from orchestrator.profile import load_profile
+
     prof = load_profile(profile)
     with opened(prof) as o:
         experiments = o.ledger().experiments(cluster=prof.cluster.name)
@@ -66,6 +70,9 @@ def export(
 
 def _trials(experiments: Iterable[ExperimentRecord]) -> Iterable[StudyTrial]:
     """The decided experiments as study trials (see ``agents.study_export``)."""
+    from agents.study_export import StudyTrial
+    from knobs.vocabulary import MEASURED, State
+
     for e in experiments:
         if e.state != State.DECIDED or e.status is None:
             continue

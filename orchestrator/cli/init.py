@@ -7,11 +7,8 @@ from typing import Annotated
 
 import typer
 
-from knobs.spec import as_text
-from orchestrator.adopt.build import adopt
 from orchestrator.cli.common import out
 from orchestrator.errors import UsageError
-from orchestrator.settings import runtime_placeholders
 
 
 def init(
@@ -55,6 +52,10 @@ def init(
     """Write a profile from a launcher: the catalog's knobs it sets become the champion, every
     other flag and the environment stay as written, per-node values become placeholders. The
     profile is rendered back for every node and must give the launcher's own command."""
+    from knobs.spec import as_text
+    from orchestrator.adopt.build import adopt
+    from orchestrator.settings import runtime_placeholders
+
     hosts = [h.strip() for h in nodes.split(",")] if nodes else None
     if hosts is not None and not all(hosts):
         raise UsageError(f"--nodes {nodes!r}: an empty address")

@@ -6,13 +6,14 @@ from __future__ import annotations
 import getpass
 import json
 import socket
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from orchestrator.cli.common import JsonOpt, ProfileOpt, opened
-from orchestrator.known_bad import BarredRegion, barred_regions, clear_region
-from orchestrator.profile import load_profile
+
+if TYPE_CHECKING:
+    from orchestrator.known_bad import BarredRegion
 
 known_bad_app = typer.Typer(
     help="Regions of the knob space the cluster's verdicts bar.", no_args_is_help=True
@@ -48,6 +49,9 @@ def known_bad_list(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None
     """Every known-bad region of the profile's cluster: the experiment that barred it (its ID),
     why, when and under which champion; cleared ones are marked so, with who cleared them and
     why."""
+    from orchestrator.known_bad import barred_regions
+    from orchestrator.profile import load_profile
+
     prof = load_profile(profile)
     with opened(prof) as o:
         regions = barred_regions(prof, o.ledger())
@@ -93,6 +97,9 @@ def known_bad_clear(
     """Clear a known-bad region: proposers may enter it again. The experiment and its verdict
     stay in the ledger and results.tsv as they were; the clearing is recorded with who and
     why."""
+    from orchestrator.known_bad import clear_region
+    from orchestrator.profile import load_profile
+
     prof = load_profile(profile)
     actor = f"{getpass.getuser()}@{socket.gethostname()}"
     with opened(prof) as o:

@@ -4,15 +4,14 @@ another terminal."""
 from __future__ import annotations
 
 import json
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from knobs.spec import as_text
-from knobs.vocabulary import ProposalStatus
-from ledger import ProposalRecord
 from orchestrator.cli.common import JsonOpt, ProfileOpt, opened
-from orchestrator.profile import load_profile
+
+if TYPE_CHECKING:
+    from ledger import ProposalRecord
 
 proposals_app = typer.Typer(
     help="Proposals waiting for a person (--approve queue).", no_args_is_help=True
@@ -28,6 +27,9 @@ def proposals_list(
     as_json: JsonOpt = False,
 ) -> None:
     """Proposals waiting for a decision (or all of them)."""
+    from knobs.vocabulary import ProposalStatus
+    from orchestrator.profile import load_profile
+
     prof = load_profile(profile)
     with opened(prof) as o:
         rows = o.ledger().proposals(status=None if all_ else ProposalStatus.PENDING)
@@ -46,6 +48,9 @@ def proposals_list(
 @proposals_app.command("approve")
 def proposals_approve(proposal_id: ProposalId, profile: ProfileOpt = None) -> None:
     """Approve a pending proposal; the waiting round deploys it."""
+    from knobs.vocabulary import ProposalStatus
+    from orchestrator.profile import load_profile
+
     prof = load_profile(profile)
     with opened(prof) as o:
         p = o.ledger().decide_proposal(proposal_id, status=ProposalStatus.APPROVED, by="person")
@@ -59,6 +64,9 @@ def proposals_veto(
     profile: ProfileOpt = None,
 ) -> None:
     """Veto a pending proposal; it is recorded and never proposed again."""
+    from knobs.vocabulary import ProposalStatus
+    from orchestrator.profile import load_profile
+
     prof = load_profile(profile)
     with opened(prof) as o:
         p = o.ledger().decide_proposal(
@@ -69,6 +77,8 @@ def proposals_veto(
 
 def _target(p: ProposalRecord) -> str:
     """``knob -> value``, and ``+ knob -> value`` for a coupled move's enabling knob."""
+    from knobs.spec import as_text
+
     text = f"{p.knob} -> {as_text(p.new_value)}"
     if p.coupled_knob is not None and p.coupled_new is not None:
         text += f" + {p.coupled_knob} -> {as_text(p.coupled_new)}"

@@ -8,8 +8,6 @@ from typing import Annotated
 import typer
 
 from orchestrator.cli.common import ProfileOpt, opened
-from orchestrator.profile import load_profile
-from orchestrator.report import write_report
 
 
 def report(
@@ -24,6 +22,9 @@ def report(
 ) -> None:
     """Write a round's report: progress, per-knob effects, where the boots and GPU-hours went,
     the champion's launcher diff; one self-contained HTML page and its PNGs."""
+    from orchestrator.profile import load_profile
+    from orchestrator.report import write_report
+
     prof = load_profile(profile)
     with opened(prof) as o:
         written = write_report(prof, o.ledger(), round_id, out)

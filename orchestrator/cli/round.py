@@ -7,28 +7,30 @@ import contextlib
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any, get_args
+from typing import TYPE_CHECKING, Annotated, Any, get_args
 
 import typer
 from rich.console import Console
 from rich.text import Text
 
-from agents import COUPLED_NOTE, Proposer, make_proposer
-from knobs.spec import as_text
-from ledger import ExperimentRecord, Ledger, ProposalRecord, tsv_text
-from ledger.mlflow_sink import MlflowSink, mlflow_experiment
-from orchestrator.approval import Answer, ApprovalGate, llm_summary
 from orchestrator.cli.common import JsonOpt, ProfileOpt, completes, opened, out
-from orchestrator.crashpoints import deploy_progress
-from orchestrator.display import RoundDisplay, experiments_table
 from orchestrator.errors import OrchestrateError, UsageError
-from orchestrator.gpu_hours import cluster_gpus
-from orchestrator.lease import Ownership
-from orchestrator.profile import ApproveMode, Profile, ProposerKind, default_brief, load_profile
-from orchestrator.report import write_report
-from orchestrator.report.data import launchers, summary
-from orchestrator.round import RoundOptions, RoundReport, RoundRunner
-from orchestrator.testbed import ClusterTestbed
+
+if TYPE_CHECKING:
+    from agents import Proposer
+    from ledger import ExperimentRecord, Ledger, ProposalRecord
+    from ledger.mlflow_sink import MlflowSink
+    from orchestrator.approval import Answer
+    from orchestrator.display import RoundDisplay
+    from orchestrator.profile import Profile
+    from orchestrator.round import RoundOptions, RoundReport
+
+
+def _kinds(what: str) -> list[str]:
+    """The values ``--proposer`` or ``--approve`` takes, for shell completion."""
+    from orchestrator.profile import ApproveMode, ProposerKind
+
+    return list(get_args(ProposerKind if what == "proposer" else ApproveMode))
 
 
 def round_(
@@ -41,14 +43,14 @@ def round_(
         str | None,
         typer.Option(
             help="optuna | sweep | claude | hybrid (default: the profile's)",
-            autocompletion=completes(lambda: list(get_args(ProposerKind))),
+            autocompletion=completes(lambda: _kinds("proposer")),
         ),
     ] = None,
     approve: Annotated[
         str | None,
         typer.Option(
             help="auto | ask | queue (default: the profile's)",
-            autocompletion=completes(lambda: list(get_args(ApproveMode))),
+            autocompletion=completes(lambda: _kinds("approve")),
         ),
     ] = None,
     max_hours: Annotated[
@@ -71,6 +73,16 @@ def round_(
 
     An interrupted round (killed, Ctrl-C) is resumed by running the command again.
     """
+    from ledger.mlflow_sink import MlflowSink, mlflow_experiment
+    from orchestrator.approval import ApprovalGate
+    from orchestrator.crashpoints import deploy_progress
+    from orchestrator.display import RoundDisplay
+    from orchestrator.gpu_hours import cluster_gpus
+    from orchestrator.lease import Ownership
+    from orchestrator.profile import load_profile
+    from orchestrator.round import RoundOptions, RoundRunner
+    from orchestrator.testbed import ClusterTestbed
+
     prof = load_profile(profile)
     if max_gpu_hours is not None and cluster_gpus(prof) == 0:
         raise UsageError(
@@ -138,6 +150,10 @@ def _write_report(
     """The round's report (``orchestrate report``), written at its end and logged to its
     MLflow parent run. A report that cannot be written is said in one line: the round's record
     is complete without it, and ``orchestrate report`` writes it again."""
+    from ledger import tsv_text
+    from orchestrator.report import write_report
+    from orchestrator.report.data import launchers, summary
+
     try:
         written = write_report(prof, ledger, report.round.id)
         run_id = report.round.mlflow_run_id
@@ -161,6 +177,9 @@ def _write_report(
 
 def _proposer(prof: Profile, options: RoundOptions) -> Proposer:
     """The proposer ``--proposer`` names (else the profile's), with the profile's settings."""
+    from agents import make_proposer
+    from orchestrator.profile import default_brief
+
     kind = options.proposer
     proposer_options: dict[str, object] = (
         {"changes": prof.proposer.sweep} if prof.proposer.sweep else {}
@@ -175,6 +194,9 @@ def _proposer(prof: Profile, options: RoundOptions) -> Proposer:
 def _print_report(report: RoundReport, as_json: bool, page: Path | None) -> None:
     """The round's experiments and champion: a table, or JSON for scripts; and where its
     report is."""
+    from knobs.spec import as_text
+    from orchestrator.display import experiments_table
+
     if as_json:
         payload = {
             "report": None if page is None else str(page),
@@ -248,6 +270,9 @@ def _ask_at_terminal(console: Console, display: RoundDisplay) -> Any:
 
 
 def _ask(console: Console, p: ProposalRecord, problem: str | None) -> Answer:
+    from agents import COUPLED_NOTE
+    from orchestrator.approval import Answer, llm_summary
+
     # proposal texts may come from an LLM: shown as data, never as console markup
     if problem:
         console.print(Text(problem, style="red"))

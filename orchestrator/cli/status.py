@@ -7,20 +7,21 @@ from typing import Any
 
 import typer
 
-from agents.draft_model import draft_knob
-from knobs.spec import as_text
-from knobs.vocabulary import Kind, State, Status
-from orchestrator.champion import ChampionEvidence
 from orchestrator.cli.common import JsonOpt, ProfileOpt, opened, out
-from orchestrator.evolution import fit_champion, knob_changes
-from orchestrator.gpu_hours import cluster_gpus, gpu_hours
-from orchestrator.priors import knob_priors, measured
-from orchestrator.profile import load_profile
-from orchestrator.step_cost import describe, learned
 
 
 def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
     """The champion, the running round, budget spent and who holds the cluster's lease."""
+    from agents.draft_model import draft_knob
+    from knobs.spec import as_text
+    from knobs.vocabulary import Kind, State, Status
+    from orchestrator.champion import ChampionEvidence
+    from orchestrator.evolution import fit_champion, knob_changes
+    from orchestrator.gpu_hours import cluster_gpus, gpu_hours
+    from orchestrator.priors import knob_priors, measured
+    from orchestrator.profile import load_profile
+    from orchestrator.step_cost import describe, learned
+
     prof = load_profile(profile)
     with opened(prof) as o:
         ledger = o.ledger()

@@ -7,9 +7,7 @@ from typing import Annotated
 
 import typer
 
-from cluster.twin import cli as twin_cli
 from orchestrator.cli.common import ProfileOpt
-from orchestrator.profile import load_profile
 
 twin_app = typer.Typer(help="The digital twin engine.", no_args_is_help=True)
 
@@ -21,6 +19,8 @@ twin_app = typer.Typer(help="The digital twin engine.", no_args_is_help=True)
 )
 def twin_serve(ctx: typer.Context) -> None:
     """Run the twin engine (takes `vllm serve` flags; what a twin launcher runs)."""
+    from cluster.twin import cli as twin_cli
+
     code = twin_cli.main(["serve", *ctx.args])
     if code:
         raise typer.Exit(code)
@@ -35,6 +35,9 @@ def twin_optimum(
     profile: ProfileOpt = None,
 ) -> None:
     """Print the ground truth of a landscape: best valid config and its noise-free objective."""
+    from cluster.twin import cli as twin_cli
+    from orchestrator.profile import load_profile
+
     name = landscape
     if name is None:
         name = load_profile(profile).twin_landscape or "vllm-dflash2-tp4"
