@@ -1,9 +1,11 @@
 """Deploy and teardown: stop everything → preflight → workers N-1…1 → head → /health →
-a greedy smoke generation → boot-log gates. Every failure is a typed ``DeployError``."""
+a greedy smoke generation → boot-log gates. Every failure is a typed ``DeployError``.
+
+The preflight gates are ``cluster.preflight``'s; which node and class a failed boot is blamed
+on is ``cluster.blame``'s."""
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -14,6 +16,7 @@ from typing import TypeVar
 import httpx
 from pydantic import BaseModel, ConfigDict
 
+from cluster.blame import Blame
 from cluster.claims import ensure_ports_free
 from cluster.errors import DeployError, NodeError, tail
 from cluster.gates import GateSpec
@@ -26,17 +29,16 @@ from cluster.launcher import (
     alive_command,
     fill,
     journaled,
-    memory_command,
     placeholders,
     render_node,
     start_command,
     stop_command,
 )
+from cluster.preflight import Preflight
 from cluster.transport import Transport, check
 from knobs.config import Config
 from knobs.records import NodeClockRecord
 from knobs.space import KnobSpace
-from knobs.vocabulary import FailureClass
 
 T = TypeVar("T")
 
@@ -101,6 +103,15 @@ class Deployer:
         self._progress = progress or (lambda _msg: None)
         # False runs every per-node step one node at a time (the baseline of bench/deploy.py)
         self.parallel = parallel
+        self._preflight = Preflight(
+            cluster,
+            gates,
+            self.transports,
+            self.runtime,
+            on_every=self._parallel,
+            progress=self._progress,
+        )
+        self._blame = Blame(cluster, gates, log_of=self.log_of, alive=self.alive)
 
     # ---- helpers ----------------------------------------------------------------------------
     def _t(self, node: NodeSpec) -> Transport:
@@ -230,138 +241,23 @@ class Deployer:
         """Whether the node's engine process group is alive."""
         return self._t(node).run(alive_command(node), timeout=30).returncode == 0
 
-    # ---- preflight --------------------------------------------------------------------------
+    # ---- preflight (``cluster.preflight``) ------------------------------------------------
     def clocks(self) -> list[NodeClockRecord]:
         """Every node's clocks, read in parallel (empty when the profile has no clocks query).
 
         Raises:
             NodeError: the query failed or printed something unreadable.
         """
-        if self.gates.clocks_command is None:
-            return []
-        return self._parallel(self.cluster.nodes, self._clock_of)
-
-    def _clock_of(self, node: NodeSpec) -> NodeClockRecord:
-        """One node's clocks query.
-
-        Raises:
-            NodeError: the query failed or printed something unreadable.
-        """
-        command = self.gates.clocks_command
-        assert command is not None
-        values = placeholders(self.cluster, node, self.runtime)
-        argv = [fill(t, values, f"clocks query of {node.name}") for t in command]
-        result = check(self._t(node).run(argv, timeout=60), node, "the clocks query")
-        try:
-            data = json.loads(result.stdout.strip().splitlines()[-1])
-            return NodeClockRecord(
-                rank=node.rank,
-                sm_clock_mhz=float(data["sm_clock_mhz"]),
-                matmul_rate=float(data["matmul_rate"]),
-            )
-        except (ValueError, KeyError, IndexError, TypeError) as e:
-            raise NodeError(
-                f"{node.name}: the clocks query printed {tail(result.stdout, 2)!r}, "
-                "expected JSON with sm_clock_mhz and matmul_rate",
-                failure_class="gate_failed",
-                rank=node.rank,
-                host=node.host,
-                command=result.command,
-            ) from e
+        return self._preflight.clocks()
 
     def preflight(self) -> list[NodeClockRecord]:
-        """Gates on every node at once: the node's address on the cluster interface, free
-        memory settled, clocks; a stuck node is power-cycled when the profile can.
+        """The preflight gates on every node at once (``Preflight.run``).
 
         Raises:
-            DeployError: gate_failed (interface, memory) or clocks_stuck (with the node and
-                its rate).
+            DeployError: gate_failed (interface, memory) or clocks_stuck.
             NodeError: a node could not be reached or a query failed.
         """
-        self._progress("preflight: interface, memory and clocks on every node")
-        nodes = sorted(self.cluster.nodes, key=lambda n: n.rank)
-
-        def gates(node: NodeSpec) -> NodeClockRecord | None:
-            self._node_gates(node)
-            return None if self.gates.clocks_command is None else self._clock_of(node)
-
-        # one pass per node, all nodes at once: no barrier between the gates of a node
-        clocks = [c for c in self._parallel(nodes, gates) if c is not None]
-        stuck = [c for c in clocks if c.matmul_rate < self.gates.min_matmul_rate]
-        if stuck and self.gates.recover_command is not None:
-            for record in stuck:
-                node = self.cluster.by_rank(record.rank)
-                self._progress(f"preflight: power-cycling {node.name} (clocks stuck)")
-                values = placeholders(self.cluster, node, self.runtime)
-                argv = [
-                    fill(t, values, f"recover of {node.name}") for t in self.gates.recover_command
-                ]
-                check(self._t(node).run(argv, timeout=600), node, "the power cycle")
-            clocks = self.clocks()
-            stuck = [c for c in clocks if c.matmul_rate < self.gates.min_matmul_rate]
-        if stuck:
-            first = stuck[0]
-            node = self.cluster.by_rank(first.rank)
-            raise DeployError(
-                f"{node.name}: clocks stuck (matmul rate {first.matmul_rate:.2f} < "
-                f"{self.gates.min_matmul_rate:.2f}, sm clock {first.sm_clock_mhz:.0f} MHz)",
-                failure_class="clocks_stuck",
-                rank=node.rank,
-                host=node.host,
-            )
-        return clocks
-
-    def _node_gates(self, node: NodeSpec) -> None:
-        """The interface and memory gates of one node (issue #4)."""
-        values = placeholders(self.cluster, node, self.runtime)
-        if self.gates.interface is not None:
-            iface = fill(self.gates.interface, values, f"interface of {node.name}")
-            result = self._t(node).run(["ip", "-o", "addr", "show", "dev", iface], timeout=30)
-            if result.returncode != 0:
-                raise DeployError(
-                    f"{node.name}: interface {iface} does not exist: {tail(result.stderr, 1)}",
-                    failure_class="gate_failed",
-                    rank=node.rank,
-                    host=node.host,
-                    command=result.command,
-                )
-            addresses = re.findall(r"\binet6? ([0-9A-Fa-f.:]+)/\d+", result.stdout)
-            if node.host not in addresses:
-                raise DeployError(
-                    f"{node.name}: {node.host} is not on {iface} (which has "
-                    f"{', '.join(addresses) or 'no address'}): wrong rank, or wrong interface?",
-                    failure_class="gate_failed",
-                    rank=node.rank,
-                    host=node.host,
-                    command=result.command,
-                )
-        if self.gates.memory_settle_s is not None:
-            argv = memory_command(
-                self.gates.memory_settle_s,
-                self.gates.memory_settle_mib,
-                self.gates.memory_settle_timeout_s,
-            )
-            result = self._t(node).run(argv, timeout=self.gates.memory_settle_timeout_s + 30)
-            words = result.stdout.split()
-            free_mib = int(words[-1]) / 1024 if words and words[-1].isdigit() else 0.0
-            if result.returncode != 0:
-                raise DeployError(
-                    f"{node.name}: free memory still changing by more than "
-                    f"{self.gates.memory_settle_mib:g} MiB per {self.gates.memory_settle_s:g}s "
-                    f"after {self.gates.memory_settle_timeout_s:g}s ({free_mib:.0f} MiB free)",
-                    failure_class="gate_failed",
-                    rank=node.rank,
-                    host=node.host,
-                    returncode=result.returncode,
-                )
-            if self.gates.min_free_mib is not None and free_mib < self.gates.min_free_mib:
-                raise DeployError(
-                    f"{node.name}: only {free_mib:.0f} MiB free after settling "
-                    f"(the gate wants {self.gates.min_free_mib:g})",
-                    failure_class="gate_failed",
-                    rank=node.rank,
-                    host=node.host,
-                )
+        return self._preflight.run()
 
     # ---- boot -------------------------------------------------------------------------------
     def deploy(self, config: Config) -> DeployResult:
@@ -427,35 +323,15 @@ class Deployer:
         deadline = time.monotonic() + START_CONFIRM_S
         while not self.alive(node):
             if time.monotonic() > deadline:
-                raise self._died(node, f"within {START_CONFIRM_S:g}s of its start")
+                raise self._blame.died(node, f"within {START_CONFIRM_S:g}s of its start")
             time.sleep(0.02)
-
-    def _died(self, node: NodeSpec, what: str, *, default: FailureClass = "start") -> DeployError:
-        log = self.log_of(node)
-        failure = self._classify(log) or default
-        message = f"{node.name}: engine exited {what}"
-        if failure == "port_in_use":
-            line = _first_line(log, self.gates.failure_patterns["port_in_use"])
-            # the port as the line names it (host:port, "port: N", uvicorn's ('host', N)),
-            # after a log prefix's time stamp and source ("… [api_server.py:1930]")
-            start = line.find("]") + 1
-            port = re.search(r"(?:[\w.\]]:|\bport:? |', )(\d{2,5})\b", line[start:])
-            taken = f"port {port.group(1)}" if port else "a port it binds"
-            message = f"{node.name}: {taken} on {node.host} is in use, engine exited {what}: {line}"
-        return DeployError(
-            message,
-            failure_class=failure,
-            rank=node.rank,
-            host=node.host,
-            log_tail=tail(log, 25),
-        )
 
     def _await_worker(self, node: NodeSpec) -> None:
         pattern = self.gates.worker_ready_line
         deadline = time.monotonic() + self.gates.worker_ready_timeout_s
         while True:
             if not self.alive(node):
-                raise self._died(node, "while starting")
+                raise self._blame.died(node, "while starting")
             if pattern is None or re.search(pattern, self.log_of(node, 200_000)):
                 return
             if time.monotonic() > deadline:
@@ -487,7 +363,7 @@ class Deployer:
                 polls += 1
                 for node in [head, *self.cluster.workers_desc] if polls % 4 == 1 else [head]:
                     if not self.alive(node):
-                        raise self._lost(node)
+                        raise self._blame.lost(node)
                 size = len(self.log_of(head, 2_000_000))
                 now = time.monotonic()
                 if size != last_size:
@@ -510,36 +386,6 @@ class Deployer:
                         log_tail=tail(self.log_of(head), 25),
                     )
                 time.sleep(self.gates.poll_s)
-
-    def _lost(self, found: NodeSpec) -> DeployError:
-        """Who failed, once an engine is found dead while the head boots (issue #4).
-
-        When one rank dies the others follow (a head whose worker left, workers whose head
-        left), so the first corpse found is not necessarily the culprit. In order: a head
-        whose log names its own failure (OOM, …); a worker whose log names one; a dead worker
-        that did not exit because the head went away (``worker_follows_head``); the head.
-        """
-        head = self.cluster.head
-        dead = [n for n in [head, *self.cluster.workers_desc] if n == found or not self.alive(n)]
-        logs = {n.rank: self.log_of(n) for n in dead}
-        what = "before /health was 200"
-        for node in dead:
-            if self._classify(logs[node.rank]) not in (None, "worker_missing"):
-                return self._died(node, what, default="start")
-        for node in dead:
-            follows = any(re.search(p, logs[node.rank]) for p in self.gates.worker_follows_head)
-            if node.rank != 0 and not follows:
-                return self._died(node, what, default="worker_missing")
-        if head in dead:
-            return self._died(head, what, default="start")
-        return self._died(found, what, default="worker_missing")
-
-    def _classify(self, log: str) -> FailureClass | None:
-        """The failure class a log's lines name, if any (the profile's failure patterns)."""
-        for cls, patterns in self.gates.failure_patterns.items():
-            if any(re.search(p, log, re.IGNORECASE) for p in patterns):
-                return cls
-        return None
 
     # ---- after a failure (issue #4) ---------------------------------------------------------
     def restore(self, config: Config) -> DeployResult:
@@ -642,14 +488,6 @@ class Deployer:
                     host=self.cluster.head.host,
                     log_tail=tail(head_log, 15),
                 )
-
-
-def _first_line(text: str, patterns: Sequence[str]) -> str:
-    """The first line of ``text`` any of ``patterns`` finds (case aside), stripped."""
-    for line in text.splitlines():
-        if any(re.search(p, line, re.IGNORECASE) for p in patterns):
-            return line.strip()
-    return ""
 
 
 def _line_of(text: str, index: int) -> str:

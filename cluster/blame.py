@@ -1,0 +1,92 @@
+"""Whose fault a failed boot is: the failure class a node's log names, and which node to blame
+when one rank's death takes the others with it (issue #4). ``Deployer`` asks it when an engine
+is found dead; the class it gives decides whether the round charges the configuration (an OOM,
+a KV-capacity refusal) or the infrastructure (a port in use, a worker that never joined).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+
+from cluster.errors import DeployError, tail
+from cluster.gates import GateSpec
+from cluster.inventory import ClusterSpec, NodeSpec
+from knobs.vocabulary import FailureClass
+
+
+class Blame:
+    """Reads the nodes' logs and liveness to name a failed boot's class and its node."""
+
+    def __init__(
+        self,
+        cluster: ClusterSpec,
+        gates: GateSpec,
+        *,
+        log_of: Callable[[NodeSpec], str],
+        alive: Callable[[NodeSpec], bool],
+    ) -> None:
+        self.cluster = cluster
+        self.gates = gates
+        self._log_of = log_of
+        self._alive = alive
+
+    def classify(self, log: str) -> FailureClass | None:
+        """The failure class a log's lines name, if any (the profile's failure patterns)."""
+        for cls, patterns in self.gates.failure_patterns.items():
+            if any(re.search(p, log, re.IGNORECASE) for p in patterns):
+                return cls
+        return None
+
+    def died(self, node: NodeSpec, what: str, *, default: FailureClass = "start") -> DeployError:
+        """``node``'s engine exited (``what``: when): the class its log names, else
+        ``default``, with the log's tail as evidence."""
+        log = self._log_of(node)
+        failure = self.classify(log) or default
+        message = f"{node.name}: engine exited {what}"
+        if failure == "port_in_use":
+            line = _first_line(log, self.gates.failure_patterns["port_in_use"])
+            # the port as the line names it (host:port, "port: N", uvicorn's ('host', N)),
+            # after a log prefix's time stamp and source ("… [api_server.py:1930]")
+            start = line.find("]") + 1
+            port = re.search(r"(?:[\w.\]]:|\bport:? |', )(\d{2,5})\b", line[start:])
+            taken = f"port {port.group(1)}" if port else "a port it binds"
+            message = f"{node.name}: {taken} on {node.host} is in use, engine exited {what}: {line}"
+        return DeployError(
+            message,
+            failure_class=failure,
+            rank=node.rank,
+            host=node.host,
+            log_tail=tail(log, 25),
+        )
+
+    def lost(self, found: NodeSpec) -> DeployError:
+        """Who failed, once an engine is found dead while the head boots.
+
+        When one rank dies the others follow (a head whose worker left, workers whose head
+        left), so the first corpse found is not necessarily the culprit. In order: a head
+        whose log names its own failure (OOM, …); a worker whose log names one; a dead worker
+        that did not exit because the head went away (``worker_follows_head``); the head.
+        """
+        head = self.cluster.head
+        dead = [n for n in [head, *self.cluster.workers_desc] if n == found or not self._alive(n)]
+        logs = {n.rank: self._log_of(n) for n in dead}
+        what = "before /health was 200"
+        for node in dead:
+            if self.classify(logs[node.rank]) not in (None, "worker_missing"):
+                return self.died(node, what, default="start")
+        for node in dead:
+            follows = any(re.search(p, logs[node.rank]) for p in self.gates.worker_follows_head)
+            if node.rank != 0 and not follows:
+                return self.died(node, what, default="worker_missing")
+        if head in dead:
+            return self.died(head, what, default="start")
+        return self.died(found, what, default="worker_missing")
+
+
+def _first_line(text: str, patterns: Sequence[str]) -> str:
+    """The first line of ``text`` any of ``patterns`` finds (case aside), stripped."""
+    for line in text.splitlines():
+        if any(re.search(p, line, re.IGNORECASE) for p in patterns):
+            return line.strip()
+    return ""
