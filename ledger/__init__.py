@@ -5,6 +5,7 @@ The only package that imports sqlalchemy and mlflow. Callers get frozen records,
 
 from __future__ import annotations
 
+from ledger.errors import MlflowSinkError
 from ledger.export import HEADER, tsv_text
 from ledger.records import (
     BootRecord,
@@ -31,6 +32,7 @@ __all__ = [
     "Ledger",
     "LedgerError",
     "LedgerNotReady",
+    "MlflowSinkError",
     "ProposalRecord",
     "RoundRecord",
     "VerdictRecord",

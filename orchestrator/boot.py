@@ -44,7 +44,7 @@ class Booter:
         self.guard = guard or (lambda: None)
 
     def measure(
-        self, e: ExperimentRecord, run_id: str, *, role: BootRole, measurement: int | None
+        self, e: ExperimentRecord, run_id: str | None, *, role: BootRole, measurement: int | None
     ) -> NodeError | None:
         """One boot of ``e``'s config: deploy, the cells its measurement still lacks, teardown.
         The failure, if the boot or the bench failed.

@@ -142,7 +142,7 @@ class ChampionRemeasure:
         return None
 
     def _boot(
-        self, e: ExperimentRecord, run_id: str, role: BootRole
+        self, e: ExperimentRecord, run_id: str | None, role: BootRole
     ) -> tuple[NodeError | None, Measurement | None]:
         """One measurement of the champion with every node's clocks right (taken again when
         they were off, ``policy.CHAMPION_CLOCK_TRIES`` in all): the failure if a boot failed,
@@ -198,7 +198,9 @@ class ChampionRemeasure:
         first = next((i for i, m in enumerate(ms) if m.role == BootRole.REMEASURE), len(ms))
         return ms[first:]
 
-    def _set_aside_keep_boots(self, e: ExperimentRecord, run_id: str, latest: Measurement) -> bool:
+    def _set_aside_keep_boots(
+        self, e: ExperimentRecord, run_id: str | None, latest: Measurement
+    ) -> bool:
         """If ``latest`` is a kept change's first trusted boot of its own as champion and reads
         too far below the boots that kept it (``policy.keep_boots_inflated``), set those boots
         aside: an event in the ledger, the level from ``latest`` on (it is then measured again
@@ -244,7 +246,7 @@ class ChampionRemeasure:
         )
         return True
 
-    def _measure_afresh(self, e: ExperimentRecord, run_id: str) -> NodeError | None:
+    def _measure_afresh(self, e: ExperimentRecord, run_id: str | None) -> NodeError | None:
         """Boot a champion whose keep's boots were just set aside until its level has
         ``champion_boots`` trusted boots, at once: every verdict until then would share a level
         of one boot. No drift test (the level is new); each boot is recorded like any
@@ -259,7 +261,7 @@ class ChampionRemeasure:
         return None
 
     def _record_remeasure(
-        self, experiment_id: int, run_id: str, latest: Measurement
+        self, experiment_id: int, run_id: str | None, latest: Measurement
     ) -> policy.Shift | None:
         """Record a re-measurement (never a re-base on its own); the suspected drift it flags."""
         ms, flagged = self._trusted_level()
@@ -271,7 +273,7 @@ class ChampionRemeasure:
         return flag
 
     def _record_confirmation(
-        self, experiment_id: int, run_id: str, flag: policy.Shift, confirmation: Measurement
+        self, experiment_id: int, run_id: str | None, flag: policy.Shift, confirmation: Measurement
     ) -> None:
         """Record the confirmation boot of a suspected drift; re-base the level on the boots
         from the flag on if it confirms the drift (a significant drift recorded at the first

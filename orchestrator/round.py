@@ -53,6 +53,7 @@ from orchestrator.gpu_hours import gpu_hours
 from orchestrator.history import monotone_classes, proposal_context
 from orchestrator.intake import Intake
 from orchestrator.measurements import Measurement
+from orchestrator.mirror import RETRY_S
 from orchestrator.profile import Profile
 from orchestrator.remeasure import ChampionRemeasure
 from orchestrator.runlog import RunLog
@@ -111,6 +112,7 @@ class RoundRunner:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
         guard: Callable[[], None] | None = None,
+        mlflow_retry_s: float = RETRY_S,
     ) -> None:
         self.profile = profile
         self.ledger = ledger
@@ -119,7 +121,7 @@ class RoundRunner:
         self.display = display
         self.cluster = profile.cluster.name
         self._clock = clock
-        self.runlog = RunLog(ledger, sink)
+        self.runlog = RunLog(ledger, sink, note=display.note, clock=clock, retry_s=mlflow_retry_s)
         # guard: the safe point before each boot (the lease and the node claims, issue #17)
         self.booter = Booter(profile, ledger, testbed, self.runlog, display, guard=guard)
         self.champion = ChampionEvidence(profile, ledger)
@@ -178,8 +180,7 @@ class RoundRunner:
         used = gpu_hours(self.ledger, rnd, self.profile)
         if stopped_by not in CAPS:
             # MLflow complete before the ledger closes the round: a kill in between resumes it
-            self.runlog.reconcile(rnd)
-            self.runlog.finish_round(rnd)
+            self.runlog.complete_round(rnd)
             crashpoint("round.finished")
             self.ledger.finish_round(rnd.id, RoundStatus.DONE)
         else:
@@ -410,7 +411,7 @@ class RoundRunner:
         self,
         rnd: RoundRecord,
         e: ExperimentRecord,
-        run_id: str,
+        run_id: str | None,
         crash: Assessment,
         err: NodeError | None,
     ) -> None:
@@ -445,7 +446,7 @@ class RoundRunner:
     def _decide(
         self,
         e: ExperimentRecord,
-        run_id: str,
+        run_id: str | None,
         assessment: Assessment,
         measurements: Sequence[Measurement],
     ) -> None:

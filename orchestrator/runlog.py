@@ -8,21 +8,34 @@ A kill can land between a ledger write and its mirror: ``reconcile`` completes, 
 ledger, what MLflow lacks (a decided experiment's run left open or never created, a champion's
 re-measurement not logged), and a run created just before a kill is found by its tags and
 adopted rather than created twice.
+
+MLflow that stops answering mid-round is never the night's end (``orchestrator.mirror``): the
+round goes on with the ledger as its record, and ``reconcile`` fills MLflow in when it answers
+again. A round closes only with its mirror complete (``complete_round``).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 
 from agents import COUPLED_NOTE, METRIC_NOTES, TAG_NOTES
 from cluster.errors import NodeError
 from knobs.records import CellResultRecord
 from knobs.spec import Value, as_text
 from knobs.vocabulary import Kind, State, Status
-from ledger import ExperimentRecord, Ledger, ProposalRecord, RoundRecord, VerdictRecord
+from ledger import (
+    ExperimentRecord,
+    Ledger,
+    MlflowSinkError,
+    ProposalRecord,
+    RoundRecord,
+    VerdictRecord,
+)
 from orchestrator.crashpoints import crashpoint
 from orchestrator.display import describe
+from orchestrator.mirror import RETRY_S, Mirror
 from orchestrator.profile import Profile
 from orchestrator.testbed import Sink
 
@@ -39,9 +52,39 @@ _ENDED = {Status.CRASH: "FAILED", Status.VETOED: "KILLED"}
 class RunLog:
     """Writes a round's experiments, boots and verdicts to MLflow."""
 
-    def __init__(self, ledger: Ledger, sink: Sink) -> None:
+    def __init__(
+        self,
+        ledger: Ledger,
+        sink: Sink,
+        *,
+        note: Callable[[str], None] = lambda _line: None,
+        clock: Callable[[], float] = time.monotonic,
+        retry_s: float = RETRY_S,
+    ) -> None:
         self.ledger = ledger
         self.sink = sink
+        self.mirror = Mirror(note=note, clock=clock, retry_s=retry_s)
+
+    def complete_round(self, rnd: RoundRecord) -> None:
+        """MLflow complete for round ``rnd`` (``reconcile``), then its parent run ended.
+
+        Raises:
+            MlflowSinkError: MLflow did not answer; the message says the round stays open and
+                the same command completes and closes it.
+        """
+        try:
+            self.reconcile(rnd)
+            with self.mirror.strictly():
+                self.finish_round(rnd)
+        except MlflowSinkError as e:
+            raise MlflowSinkError(
+                f"round {rnd.id}: every experiment is decided and in the ledger (results.tsv "
+                f"has them), but MLflow did not answer, so the round stays open; run the same "
+                f"command when MLflow answers and it fills MLflow in and closes the round "
+                f"({e.message})",
+                tracking_uri=e.tracking_uri,
+                operation=e.operation,
+            ) from e
 
     def round_run(self, rnd: RoundRecord, profile: Profile, cluster: str) -> RoundRecord:
         """The round with its parent run (started, and committed to the ledger, if new)."""
@@ -72,10 +115,16 @@ class RunLog:
 
     def finish_round(self, rnd: RoundRecord, status: str = "FINISHED") -> None:
         """The parent run ends with the round (``FAILED``: its baseline did not boot)."""
-        self.sink.finish(rnd.mlflow_run_id or "", status)
+        self.mirror.write(lambda: self.sink.finish(rnd.mlflow_run_id or "", status))
 
-    def experiment_run(self, rnd: RoundRecord, e: ExperimentRecord) -> str:
-        """The experiment's child run (started, with its config and proposal, if new)."""
+    def experiment_run(self, rnd: RoundRecord, e: ExperimentRecord) -> str | None:
+        """The experiment's child run (started, with its config and proposal, if new); None
+        while MLflow is behind and does not answer yet (``catch_up``)."""
+        if not self.mirror.catch_up(lambda: self.reconcile(rnd), rnd.id):
+            return None
+        return self.mirror.write(lambda: self._run_of(rnd, e))
+
+    def _run_of(self, rnd: RoundRecord, e: ExperimentRecord) -> str:
         if e.mlflow_run_id is not None:
             return e.mlflow_run_id
         return self._open(rnd, e)
@@ -136,26 +185,31 @@ class RunLog:
             self.sink.log_metrics(run_id, metrics)
         self.sink.set_tags(run_id, tags)
 
-    def launchers(self, run_id: str, launchers: Mapping[int, str]) -> None:
+    def launchers(self, run_id: str | None, launchers: Mapping[int, str]) -> None:
         """Every node's rendered launcher for a boot."""
-        self.sink.log_texts(
-            run_id, {f"launchers/node-{r}.sh": text for r, text in launchers.items()}
-        )
+        texts = {f"launchers/node-{r}.sh": text for r, text in launchers.items()}
+        if run_id is not None:
+            self.mirror.write(lambda: self.sink.log_texts(run_id, texts))
 
-    def boot_logs(self, run_id: str, boot_id: int, logs: Mapping[int, str]) -> None:
+    def boot_logs(self, run_id: str | None, boot_id: int, logs: Mapping[int, str]) -> None:
         """Every node's engine log of one boot."""
-        self.sink.log_texts(
-            run_id, {f"logs/boot-{boot_id}/node-{r}.log": t for r, t in logs.items()}
-        )
+        texts = {f"logs/boot-{boot_id}/node-{r}.log": t for r, t in logs.items()}
+        if run_id is not None:
+            self.mirror.write(lambda: self.sink.log_texts(run_id, texts))
 
-    def remeasured(self, run_id: str, objective: float, measurement: int) -> None:
+    def remeasured(self, run_id: str | None, objective: float, measurement: int) -> None:
         """A re-measurement of the champion, on the champion's run."""
-        self.sink.log_metrics(run_id, {_REMEASURE: objective}, step=measurement)
+        if run_id is not None:
+            self.mirror.write(
+                lambda: self.sink.log_metrics(run_id, {_REMEASURE: objective}, step=measurement)
+            )
 
-    def keep_boots_set_aside(self, run_id: str, measurement: int) -> None:
+    def keep_boots_set_aside(self, run_id: str | None, measurement: int) -> None:
         """The champion's level starts again at ``measurement``: the boots that kept it were
         set aside (``ChampionRemeasure``), tagged on the champion's run."""
-        self.sink.set_tags(run_id, {"keep_boots_set_aside_at": str(measurement)})
+        tags = {"keep_boots_set_aside_at": str(measurement)}
+        if run_id is not None:
+            self.mirror.write(lambda: self.sink.set_tags(run_id, tags))
 
     def _name(self, e: ExperimentRecord, status: str | None = None) -> str:
         p = self.ledger.proposal(e.proposal_id) if e.proposal_id else None
@@ -163,15 +217,20 @@ class RunLog:
             e, None if p is None else p.old_value, status, None if p is None else p.coupled_old
         )
 
-    def vetoed(self, run_id: str, e: ExperimentRecord, reason: str) -> None:
+    def vetoed(self, run_id: str | None, e: ExperimentRecord, reason: str) -> None:
         """A vetoed proposal's run: tagged and ended without a boot."""
+        if run_id is not None:
+            self.mirror.write(lambda: self._vetoed(run_id, e, reason))
+
+    def _vetoed(self, run_id: str, e: ExperimentRecord, reason: str) -> None:
         self.sink.set_tags(run_id, {"status": Status.VETOED, "veto_reason": reason})
         self.sink.rename(run_id, self._name(e, Status.VETOED))
         self.sink.finish(run_id, "KILLED")
 
-    def crashed(self, run_id: str, e: ExperimentRecord, err: NodeError) -> None:
+    def crashed(self, run_id: str | None, e: ExperimentRecord, err: NodeError) -> None:
         """A crashed experiment's run: the failure's evidence, tagged, ended as failed."""
-        self._crashed(run_id, e, err.failure_class, err.evidence())
+        if run_id is not None:
+            self.mirror.write(lambda: self._crashed(run_id, e, err.failure_class, err.evidence()))
 
     def _crashed(self, run_id: str, e: ExperimentRecord, failure_class: str, evidence: str) -> None:
         self.sink.log_texts(run_id, {"failure.txt": evidence})
@@ -181,7 +240,7 @@ class RunLog:
 
     def decided(
         self,
-        run_id: str,
+        run_id: str | None,
         decided: ExperimentRecord,
         verdict: VerdictRecord,
         level: tuple[float, float],
@@ -194,6 +253,24 @@ class RunLog:
         statistics, the first boot's cells, the cells and verdict as JSON, status and rule as
         tags; ended. ``present``: metrics the run has already (a repair), not logged twice:
         a metric's history keeps one value per verdict."""
+        if run_id is not None:
+            self.mirror.write(
+                lambda: self._decided(
+                    run_id, decided, verdict, level, first_cells, cells, boots, present
+                )
+            )
+
+    def _decided(
+        self,
+        run_id: str,
+        decided: ExperimentRecord,
+        verdict: VerdictRecord,
+        level: tuple[float, float],
+        first_cells: Sequence[CellResultRecord],
+        cells: Sequence[CellResultRecord],
+        boots: int,
+        present: frozenset[str],
+    ) -> None:
         stats = verdict.stats
         value, delta = level
         metrics: dict[str, float] = {"objective": value, "delta_pct": delta, "boots": boots}
@@ -235,12 +312,15 @@ class RunLog:
             MlflowSinkError: MLflow failed.
             LedgerError: the ledger failed.
         """
-        rnd = self.ledger.round(rnd.id)
+        with self.mirror.strictly():
+            return self._reconcile(self.ledger.round(rnd.id))
+
+    def _reconcile(self, rnd: RoundRecord) -> list[int]:
         repaired: list[int] = []
         for e in self.ledger.experiments(round_id=rnd.id):
             if e.state != State.DECIDED or e.status is None:
                 continue
-            run_id = self.experiment_run(rnd, e)
+            run_id = self._run_of(rnd, e)
             state = self.sink.run_state(run_id)
             if state is None:  # the ledger names a run MLflow no longer has
                 run_id = self._open(rnd, e.model_copy(update={"mlflow_run_id": None}))

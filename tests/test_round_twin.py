@@ -8,19 +8,16 @@ import os
 import re
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 from mlflow.tracking import MlflowClient
 
 from ledger import HEADER
 from tests.fixtures.cli import ORCHESTRATE, orchestrate
-from tests.fixtures.ports import free_port
+from tests.fixtures.mlflow_store import MlflowServer
 from tests.fixtures.profiles import twin_profile_data, write_profile
-from tests.fixtures.wait import wait_until
 
 
 def engines_alive(workdir: Path) -> list[int]:
@@ -253,45 +250,12 @@ def test_ctrl_c_mid_experiment_is_one_line_exit_130_and_resumes(workdir: Path) -
     assert json.loads(resumed.stdout)["resumed"] is True
 
 
-@pytest.fixture
-def mlflow_server(tmp_path: Path) -> Iterator[str]:
-    """A real ``mlflow server`` (sqlite store, artifacts served) on a free port; its URL."""
-    port = free_port()
-    server = subprocess.Popen(
-        [
-            *(sys.executable, "-m", "mlflow", "server"),
-            *("--backend-store-uri", f"sqlite:///{tmp_path}/server.db"),
-            *("--serve-artifacts", "--artifacts-destination", str(tmp_path / "served")),
-            *("--host", "127.0.0.1", "--port", str(port), "--workers", "1"),
-        ],
-        cwd=tmp_path,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-
-    def healthy() -> bool:
-        assert server.poll() is None, "mlflow server exited"
-        try:
-            return httpx.get(url + "/health", timeout=2, trust_env=False).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    try:
-        wait_until("mlflow server /health", healthy, timeout=120, interval=0.25)
-        yield url
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=30)
-
-
 def test_round_json_is_json_with_an_mlflow_tracking_server(
-    workdir: Path, mlflow_server: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    workdir: Path, mlflow_server: MlflowServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     # with a tracking server MLflow writes "View run … at …" to stdout: --json keeps stdout
     # for the report, the rest goes to stderr
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server.url)
     profile = write_profile(workdir, twin_profile_data())
     result = orchestrate(workdir, "round", "--budget", "1", "--profile", str(profile), "--json")
     assert result.returncode == 0, result.stderr
@@ -299,7 +263,7 @@ def test_round_json_is_json_with_an_mlflow_tracking_server(
     assert [e["kind"] for e in report["experiments"]][:1] == ["baseline"]
     assert "View run" in result.stderr
     # artifacts go through the server (--serve-artifacts), not to a path of this machine
-    client = MlflowClient(mlflow_server)
+    client = MlflowClient(mlflow_server.url)
     experiment = client.get_experiment_by_name("orchestrate/twin-local")
     assert experiment is not None
     [parent] = client.search_runs(

@@ -1,0 +1,130 @@
+"""MLflow that stops answering mid-round is the infrastructure's fault, never the night's end:
+the round goes on with the ledger as its record, says so once, and fills MLflow in from the
+ledger when it answers again; a round that ends while it is still away stays open, and the
+same command fills MLflow in and closes it. The tracking server is a real ``mlflow server``
+that the test pauses (SIGSTOP: its requests time out) and lets go on (SIGCONT); the testbed is
+scripted (the real loop, ledger, verdict and MLflow sink run unchanged)."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+from rich.console import Console
+
+from agents import SweepProposer
+from knobs.config import Config
+from knobs.vocabulary import RoundStatus, State
+from ledger import Ledger, MlflowSinkError
+from ledger.mlflow_sink import MlflowSink, mlflow_experiment
+from orchestrator.approval import ApprovalGate
+from orchestrator.display import RoundDisplay
+from orchestrator.round import RoundOptions, RoundReport, RoundRunner
+from tests.fixtures.mlflow_store import MlflowServer
+from tests.test_round_policy import ScriptedTestbed, profile
+
+CHANGES = [{"num_speculative_tokens": k} for k in (5, 6, 2, 3)]
+ENDED = {"crash": "FAILED", "vetoed": "KILLED"}
+
+
+class Outage(ScriptedTestbed):
+    """K=5 serves 130 tok/s, the rest 100; ``on_deploy(n)`` runs as deploy n begins."""
+
+    def __init__(self, on_deploy: Callable[[int], None]) -> None:
+        super().__init__(lambda c, n: 130.0 if c["num_speculative_tokens"] == 5 else 100.0)
+        self.on_deploy = on_deploy
+
+    def deploy(self, config: Config) -> dict[int, str]:
+        self.on_deploy(len(self.boots) + 1)
+        return super().deploy(config)
+
+
+@pytest.fixture
+def impatient(monkeypatch: pytest.MonkeyPatch) -> None:
+    """MLflow's HTTP client gives up on a silent server after 2 s, without retries."""
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
+
+
+def _round(ledger: Ledger, server: MlflowServer, testbed: Outage, said: io.StringIO) -> RoundReport:
+    prof = profile()
+    sink = MlflowSink(server.url, experiment_name=mlflow_experiment(prof.cluster.name))
+    return RoundRunner(
+        prof,
+        ledger,
+        sink,
+        testbed,
+        SweepProposer(CHANGES),
+        ApprovalGate(ledger, "auto"),
+        RoundDisplay(Console(file=said, width=400)),
+        mlflow_retry_s=0.0,  # try MLflow again at every experiment
+    ).run(RoundOptions(budget=len(CHANGES), proposer="sweep", approve="auto"))
+
+
+def _assert_mlflow_has_every_verdict(ledger: Ledger, server: MlflowServer) -> None:
+    client = MlflowClient(server.url)
+    experiments = ledger.experiments()
+    assert experiments and all(e.state == State.DECIDED for e in experiments)
+    for e in experiments:
+        assert e.mlflow_run_id is not None, f"experiment {e.id} has no MLflow run"
+        run = client.get_run(e.mlflow_run_id)
+        assert run.data.tags.get("status") == e.status, (e.id, run.data.tags)
+        assert run.info.status == ENDED.get(str(e.status), "FINISHED"), (e.id, run.info.status)
+        assert run.data.tags.get("experiment") == str(e.id)
+
+
+def test_mlflow_away_mid_round_is_filled_in_when_it_answers(
+    tmp_path: Path, mlflow_server: MlflowServer, impatient: None
+) -> None:
+    def outage(n: int) -> None:
+        if n == 3:  # the first candidate's second boot: MLflow goes away
+            mlflow_server.pause()
+        if n == 7:  # some boots later it is back
+            mlflow_server.resume()
+
+    testbed = Outage(outage)
+    said = io.StringIO()
+    with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
+        report = _round(ledger, mlflow_server, testbed, said)
+        assert len(testbed.boots) > 7, "the outage must end inside the round"
+        # the round went to its budget, every verdict the config's: none is a crash
+        assert report.stopped_by == "budget"
+        assert ledger.round(report.round.id).status == RoundStatus.DONE
+        assert len([e for e in report.experiments if e.kind == "candidate"]) == len(CHANGES)
+        assert not [e for e in report.experiments if e.status == "crash"]
+        assert "keep" in {e.status for e in report.experiments}
+        text = said.getvalue()
+        assert text.count("MLflow stopped answering") == 1, text
+        assert text.count("MLflow answers again") == 1, text
+        _assert_mlflow_has_every_verdict(ledger, mlflow_server)
+        parent = MlflowClient(mlflow_server.url).get_run(report.round.mlflow_run_id or "")
+        assert parent.info.status == "FINISHED"
+
+
+def test_a_round_that_ends_with_mlflow_away_stays_open_and_the_same_command_closes_it(
+    tmp_path: Path, mlflow_server: MlflowServer, impatient: None
+) -> None:
+    def outage(n: int) -> None:
+        if n == 3:  # away for the rest of the round
+            mlflow_server.pause()
+
+    said = io.StringIO()
+    with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
+        with pytest.raises(MlflowSinkError, match="the round stays open") as away:
+            _round(ledger, mlflow_server, Outage(outage), said)
+        assert "run the same command when MLflow answers" in away.value.message
+        # every experiment decided and recorded; the round open until MLflow has them too
+        [rnd] = ledger.rounds("scripted")
+        assert rnd.status == RoundStatus.RUNNING
+        assert len([e for e in ledger.experiments() if e.kind == "candidate"]) == len(CHANGES)
+        assert all(e.state == State.DECIDED for e in ledger.experiments())
+        mlflow_server.resume()
+        again = Outage(lambda n: None)
+        report = _round(ledger, mlflow_server, again, io.StringIO())
+        assert report.resumed and report.round.id == rnd.id
+        assert ledger.round(rnd.id).status == RoundStatus.DONE
+        assert again.boots == [], "closing the round boots nothing"
+        _assert_mlflow_has_every_verdict(ledger, mlflow_server)
