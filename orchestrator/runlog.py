@@ -253,24 +253,8 @@ class RunLog:
         statistics, the first boot's cells, the cells and verdict as JSON, status and rule as
         tags; ended. ``present``: metrics the run has already (a repair), not logged twice:
         a metric's history keeps one value per verdict."""
-        if run_id is not None:
-            self.mirror.write(
-                lambda: self._decided(
-                    run_id, decided, verdict, level, first_cells, cells, boots, present
-                )
-            )
-
-    def _decided(
-        self,
-        run_id: str,
-        decided: ExperimentRecord,
-        verdict: VerdictRecord,
-        level: tuple[float, float],
-        first_cells: Sequence[CellResultRecord],
-        cells: Sequence[CellResultRecord],
-        boots: int,
-        present: frozenset[str],
-    ) -> None:
+        if run_id is None:
+            return
         stats = verdict.stats
         value, delta = level
         metrics: dict[str, float] = {"objective": value, "delta_pct": delta, "boots": boots}
@@ -286,18 +270,20 @@ class RunLog:
         if decided.accept_len is not None:
             metrics["accept_len"] = decided.accept_len
         metrics = {k: v for k, v in metrics.items() if k not in present}
-        if metrics:
-            self.sink.log_metrics(run_id, metrics)
-        self.sink.log_texts(
-            run_id,
-            {
-                "cells.json": json.dumps([c.model_dump(mode="json") for c in cells], indent=2),
-                "verdict.json": json.dumps(verdict.model_dump(mode="json"), indent=2),
-            },
-        )
-        self.sink.set_tags(run_id, {"status": verdict.status, "rule": verdict.rule})
-        self.sink.rename(run_id, self._name(decided, verdict.status))
-        self.sink.finish(run_id, "FINISHED")
+        texts = {
+            "cells.json": json.dumps([c.model_dump(mode="json") for c in cells], indent=2),
+            "verdict.json": json.dumps(verdict.model_dump(mode="json"), indent=2),
+        }
+
+        def write() -> None:
+            if metrics:
+                self.sink.log_metrics(run_id, metrics)
+            self.sink.log_texts(run_id, texts)
+            self.sink.set_tags(run_id, {"status": verdict.status, "rule": verdict.rule})
+            self.sink.rename(run_id, self._name(decided, verdict.status))
+            self.sink.finish(run_id, "FINISHED")
+
+        self.mirror.write(write)
 
     # ---- what a kill left undone ------------------------------------------------------------
     def reconcile(self, rnd: RoundRecord) -> list[int]:
