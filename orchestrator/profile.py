@@ -24,9 +24,7 @@ from knobs.errors import KnobError, ProfileError
 from knobs.records import CellSpec
 from knobs.space import ForbiddenCombination, KnobSpace, overlay, render_clash
 from knobs.spec import KnobSpec, Value
-
-ProposerKind = Literal["optuna", "sweep", "claude", "hybrid"]
-ApproveMode = Literal["auto", "ask", "queue"]
+from orchestrator.profile_names import ApproveMode, ProposerKind, embedded_profiles
 
 
 class ObjectiveSpec(BaseModel):
@@ -373,12 +371,6 @@ def _merge_knob(knob: object, base: dict[str, KnobSpec], catalog_name: str) -> o
 def default_brief() -> Path:
     """The research brief shipped with orchestrate (what an LLM proposer reads by default)."""
     return Path(str(resources.files("orchestrator") / "profiles" / "brief.md"))
-
-
-def embedded_profiles() -> list[str]:
-    """Names of the profiles shipped inside the package."""
-    folder = resources.files("orchestrator") / "profiles"
-    return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml"))
 
 
 def profile_path(name_or_path: str | None) -> Path:

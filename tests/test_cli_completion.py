@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from orchestrator.profile import embedded_profiles
+from orchestrator.profile_names import embedded_profiles
 
 BIN = Path(sys.executable).parent
 BASH = shutil.which("bash")

@@ -65,13 +65,19 @@ def test_help_loads_no_ledger_proposer_or_ssh(argv: list[str]) -> None:
 
 @pytest.mark.parametrize(
     ("words", "offered"),
-    [("orchestrate ro", "round"), ("orchestrate round --bu", "--budget")],
+    [
+        ("orchestrate ro", "round"),
+        ("orchestrate round --bu", "--budget"),
+        ("orchestrate round --proposer ", "hybrid"),
+        ("orchestrate status --profile ", "twin"),
+    ],
 )
-def test_tab_on_a_command_or_option_loads_none_of_them(words: str, offered: str) -> None:
+def test_tab_loads_none_of_them(words: str, offered: str) -> None:
     env = {
         "_ORCHESTRATE_COMPLETE": "complete_bash",
         "COMP_WORDS": words,
-        "COMP_CWORD": str(len(words.split()) - 1),
+        # the word being completed: the last one, or a new one after a space
+        "COMP_CWORD": str(len(words.split()) - (0 if words.endswith(" ") else 1)),
     }
     loaded, printed = _loaded([], env)
     assert loaded == [], f"TAB after {words!r} loaded {loaded}"

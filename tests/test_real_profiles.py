@@ -25,7 +25,8 @@ from cluster.launcher import (
 )
 from cluster.ssh import SshTransport
 from knobs.errors import KnobError
-from orchestrator.profile import Profile, embedded_profiles, load_profile
+from orchestrator.profile import Profile, load_profile
+from orchestrator.profile_names import embedded_profiles
 from orchestrator.settings import runtime_placeholders
 
 REAL = ["vllm-dflash2-tp4", "sm121-2node", "exl3-tp4"]

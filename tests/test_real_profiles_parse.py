@@ -21,7 +21,8 @@ import pytest
 from cluster.launcher import render_node
 from orchestrator.adopt.build import adopt
 from orchestrator.engines import installed, layout
-from orchestrator.profile import Profile, embedded_profiles, load_profile
+from orchestrator.profile import Profile, load_profile
+from orchestrator.profile_names import embedded_profiles
 from orchestrator.settings import runtime_placeholders
 
 pytestmark = pytest.mark.real_engine

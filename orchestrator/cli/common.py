@@ -45,7 +45,7 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON for scripts")]
 
 
 def _embedded_profiles() -> list[str]:
-    from orchestrator.profile import embedded_profiles
+    from orchestrator.profile_names import embedded_profiles
 
     return embedded_profiles()
 

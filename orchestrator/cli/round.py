@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 def _kinds(what: str) -> list[str]:
     """The values ``--proposer`` or ``--approve`` takes, for shell completion."""
-    from orchestrator.profile import ApproveMode, ProposerKind
+    from orchestrator.profile_names import ApproveMode, ProposerKind
 
     return list(get_args(ProposerKind if what == "proposer" else ApproveMode))
 
