@@ -5,7 +5,7 @@ The only package that imports sqlalchemy and mlflow. Callers get frozen records,
 
 from __future__ import annotations
 
-from ledger.errors import MlflowSinkError
+from ledger.errors import LeaseLost, MlflowSinkError
 from ledger.export import HEADER, tsv_text
 from ledger.records import (
     BootRecord,
@@ -28,6 +28,7 @@ __all__ = [
     "EventRecord",
     "ExperimentRecord",
     "LeaseHeld",
+    "LeaseLost",
     "LeaseRecord",
     "Ledger",
     "LedgerError",

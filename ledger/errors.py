@@ -37,6 +37,12 @@ class LeaseHeld(LedgerError):
         self.lease = lease
 
 
+class LeaseLost(LedgerError):
+    """The cluster's lease is no longer this holder's: another orchestrator took it after it
+    expired, or it is gone. (A ledger that does not answer is a plain ``LedgerError``: the
+    lease is still the holder's until the ledger says otherwise.)"""
+
+
 class MlflowSinkError(OrchestrateError):
     """MLflow (or its database, or its artifact store) failed, or was configured wrongly.
 

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from datetime import timedelta
 
 from ledger.base import LedgerBase
-from ledger.errors import LeaseHeld, LedgerError
+from ledger.errors import LeaseHeld, LeaseLost
 from ledger.models import LeaseRow, utcnow
 from ledger.records import LeaseRecord
 from ledger.rows import lease_record
@@ -67,13 +67,14 @@ class Leases(LedgerBase):
         """Extend ``holder``'s lease.
 
         Raises:
-            LedgerError: the lease is no longer held by ``holder``.
+            LeaseLost: the lease is no longer held by ``holder``.
+            LedgerError: the ledger did not answer.
         """
         now = utcnow()
         with self._session() as s:
             row = s.get(LeaseRow, cluster, with_for_update=True)
             if row is None or row.holder != holder:
-                raise LedgerError(f"lease on cluster {cluster} was lost by {holder}", url=self.url)
+                raise LeaseLost(f"lease on cluster {cluster} was lost by {holder}", url=self.url)
             row.heartbeat_at = now
             row.expires_at = now + timedelta(seconds=ttl_s)
 

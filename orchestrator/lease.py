@@ -19,7 +19,7 @@ from cluster.connect import open_transport
 from cluster.errors import NodeError, NodeUnreachable, OwnershipLost
 from cluster.inventory import ClusterSpec, NodeSpec
 from knobs.vocabulary import EventKind
-from ledger import LeaseRecord, Ledger, LedgerError
+from ledger import LeaseLost, LeaseRecord, Ledger, LedgerError
 
 
 def _process_gone(lease: LeaseRecord) -> bool:
@@ -36,7 +36,15 @@ def _process_gone(lease: LeaseRecord) -> bool:
 
 
 class ClusterLease:
-    """Holds a cluster's lease while in a ``with`` block, renewing it in the background."""
+    """Holds a cluster's lease while in a ``with`` block, renewing it in the background.
+
+    The lease is lost only when the ledger says it is another's or gone (``LeaseLost``). A
+    ledger that does not answer for a while (a PostgreSQL restart at night) loses nothing: the
+    renewal is tried again, and the ledger decides when it answers, as a node's claim is
+    renewed when the node answers again (``cluster.claims``). Another orchestrator cannot
+    take over meanwhile: the lease's row is still this holder's until it expires, and the
+    claims on the nodes are renewed over SSH all along.
+    """
 
     def __init__(self, ledger: Ledger, cluster: str, *, ttl_s: float = 120.0) -> None:
         self.ledger = ledger
@@ -45,7 +53,7 @@ class ClusterLease:
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.lost: LedgerError | None = None
+        self.lost: LeaseLost | None = None
 
     def __enter__(self) -> ClusterLease:
         """Take the lease.
@@ -69,13 +77,10 @@ class ClusterLease:
         """Renew the lease now (a safe point of the round).
 
         Raises:
-            OwnershipLost: the lease was lost (another holder has it, or the ledger failed).
+            OwnershipLost: the ledger says the lease is another's, or gone.
         """
         if self.lost is None:
-            try:
-                self.ledger.renew_lease(self.cluster, holder=self.holder, ttl_s=self.ttl_s)
-            except LedgerError as e:
-                self.lost = e
+            self._renew_once()
         if self.lost is not None:
             raise OwnershipLost(
                 f"this orchestrator lost the ledger's lease on cluster {self.cluster}: "
@@ -84,11 +89,18 @@ class ClusterLease:
 
     def _renew(self) -> None:
         while not self._stop.wait(self.ttl_s / 3):
-            try:
-                self.ledger.renew_lease(self.cluster, holder=self.holder, ttl_s=self.ttl_s)
-            except LedgerError as e:
-                self.lost = e
+            self._renew_once()
+            if self.lost is not None:
                 return
+
+    def _renew_once(self) -> None:
+        """Renew the lease; ``lost`` when the ledger says it is another's or gone."""
+        try:
+            self.ledger.renew_lease(self.cluster, holder=self.holder, ttl_s=self.ttl_s)
+        except LeaseLost as e:
+            self.lost = e
+        except LedgerError:
+            pass  # the ledger did not answer: still this holder's, renewed when it answers
 
     def __exit__(
         self,
