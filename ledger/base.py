@@ -11,7 +11,13 @@ from typing import Any, Self, TypeVar
 
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, IntegrityError, SQLAlchemyError
+from sqlalchemy.exc import (
+    ArgumentError,
+    DBAPIError,
+    IntegrityError,
+    OperationalError,
+    SQLAlchemyError,
+)
 from sqlalchemy.orm import Session, sessionmaker
 
 from knobs.vocabulary import EventKind
@@ -101,14 +107,18 @@ class LedgerBase:
             yield session
             session.commit()
         except SQLAlchemyError as e:
-            session.rollback()
+            with suppress(SQLAlchemyError):  # a lost connection took its transaction with it
+                session.rollback()
             detail = str(e).splitlines()[0]
-            raise LedgerError(f"ledger {self.url}: {detail}", url=self.url) from e
+            raise LedgerError(
+                f"ledger {self.url}: {detail}", url=self.url, unreachable=_unreachable(e)
+            ) from e
         except BaseException:
             session.rollback()
             raise
         finally:
-            session.close()
+            with suppress(SQLAlchemyError):
+                session.close()
 
     def _create(self) -> None:
         # the schema lock (ledger/schema.py) keeps openers of this orchestrate from racing; an
@@ -211,3 +221,22 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor = dbapi_connection.cursor()
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.close()
+
+
+#: SQLite's words for a database it cannot reach for now (locked past the busy timeout by
+#: another writer, its file or disk unreadable); its other operational errors are refusals
+#: ("no such table").
+_SQLITE_AWAY = ("database is locked", "unable to open database file", "disk i/o error")
+
+
+def _unreachable(e: SQLAlchemyError) -> bool:
+    """Whether ``e`` says the database did not answer (waiting may cure it)."""
+    if not isinstance(e, DBAPIError):
+        return False
+    if e.connection_invalidated:
+        return True
+    if not isinstance(e, OperationalError):
+        return False
+    if type(e.orig).__module__.startswith("sqlite3"):
+        return any(words in str(e.orig).lower() for words in _SQLITE_AWAY)
+    return True  # a server's operational error: refused, terminated, timed out

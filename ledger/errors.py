@@ -7,13 +7,17 @@ from orchestrator.errors import OrchestrateError
 
 
 class LedgerError(OrchestrateError):
-    """The ledger cannot be opened, read or written; carries the URL (password hidden)."""
+    """The ledger cannot be opened, read or written; carries the URL (password hidden) and
+    whether the database did not answer (``unreachable``: a connection refused or lost, a
+    SQLite file locked or unreadable for a while), which waiting may cure, rather than refused
+    what it was asked."""
 
     exit_code = 4
 
-    def __init__(self, message: str, *, url: str) -> None:
+    def __init__(self, message: str, *, url: str, unreachable: bool = False) -> None:
         super().__init__(message)
         self.url = url
+        self.unreachable = unreachable
 
 
 class LedgerNotReady(LedgerError):

@@ -3,19 +3,27 @@ a node unreachable, auth, an upload, a worker missing from the rendezvous, stuck
 is never a verdict on the config. The boot is taken again after ``policy``'s backoff; when the
 retries are spent the round stops (exit 5), the experiment undecided and nothing barred, for
 the same command to resume once the node is back.
+
+A ledger that does not answer (a PostgreSQL restart at night) is waited out too
+(``through_ledger_outages``): the round is built afresh and resumes from its last committed
+step, as the same command would after a kill.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from cluster.errors import NodeError
 from knobs.vocabulary import INFRASTRUCTURE, BootStatus
-from ledger import ExperimentRecord, Ledger
+from ledger import ExperimentRecord, Ledger, LedgerError
 from orchestrator import policy
 from orchestrator.display import RoundDisplay
 from orchestrator.errors import OrchestrateError
 from orchestrator.profile import Profile
+
+T = TypeVar("T")
 
 
 class InfrastructureFault(OrchestrateError):
@@ -78,3 +86,32 @@ class InfrastructureFaults:
             f"booting again in {delay:g}s"
         )
         self.sleep(delay)
+
+
+def through_ledger_outages(
+    run: Callable[[], T],
+    *,
+    note: Callable[[str], None],
+    sleep: Callable[[float], None] = time.sleep,
+    waits: Sequence[float] = policy.LEDGER_WAITS,
+) -> T:
+    """``run()``, and again after a wait each time the ledger did not answer
+    (``LedgerError.unreachable``): ``run`` builds the round afresh and runs it, so it resumes
+    from the last step the ledger committed, as the same command would after a kill.
+
+    Raises:
+        LedgerError: the ledger refused what it was asked, or still did not answer after the
+            last wait (the round stays open for the same command to resume).
+    """
+    for wait in waits:
+        try:
+            return run()
+        except LedgerError as e:
+            if not e.unreachable:
+                raise
+            note(
+                f"the ledger did not answer ({e.message}); nothing it recorded is lost: "
+                f"the round waits {wait:g}s and resumes from it"
+            )
+            sleep(wait)
+    return run()

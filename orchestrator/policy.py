@@ -403,6 +403,11 @@ def _most_agree(level: Sequence[float], test: Shift) -> bool:
     return 2 * side > len(post)
 
 
+#: Seconds the round waits for a ledger that does not answer before it resumes, wait after
+#: wait (about half an hour in all; then it stops, exit 4, for the same command to resume).
+LEDGER_WAITS = (10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 600.0)
+
+
 def infrastructure_retry(spec: VerdictSpec, failures: int) -> float | None:
     """After a boot failed for the infrastructure's reasons (``INFRASTRUCTURE``): the seconds
     to wait before taking it again, or ``None`` when the retries are spent and the round stops

@@ -77,6 +77,7 @@ def round_(
     from orchestrator.approval import ApprovalGate
     from orchestrator.crashpoints import deploy_progress
     from orchestrator.display import RoundDisplay
+    from orchestrator.faults import through_ledger_outages
     from orchestrator.gpu_hours import cluster_gpus
     from orchestrator.lease import Ownership
     from orchestrator.profile import load_profile
@@ -99,7 +100,8 @@ def round_(
         max_gpu_hours=max_gpu_hours,
         seed=prof.proposer.seed if seed is None else seed,
     )
-    proposer_obj = _proposer(prof, options)
+    # built here, so that a proposer the profile cannot make fails before anything is opened
+    first: list[Proposer] = [_proposer(prof, options)]
     console = Console(stderr=True) if as_json else out()
     display = RoundDisplay(console)
     # --json keeps stdout for the report: ask only where a person can answer
@@ -136,10 +138,21 @@ def round_(
             note=display.note,
         )
         with owner:
-            runner = RoundRunner(
-                prof, ledger, sink, testbed, proposer_obj, gate, display, guard=owner.check
+            # a ledger that does not answer is waited out; each try builds the round afresh
+            # (its proposer too) and resumes it from the ledger, as the same command would
+            report = through_ledger_outages(
+                lambda: RoundRunner(
+                    prof,
+                    ledger,
+                    sink,
+                    testbed,
+                    first.pop() if first else _proposer(prof, options),
+                    gate,
+                    display,
+                    guard=owner.check,
+                ).run(options),
+                note=display.note,
             )
-            report = runner.run(options)
         page = _write_report(prof, ledger, sink, report, display)
     _print_report(report, as_json, page)
 

@@ -1,0 +1,188 @@
+"""A ledger that does not answer for a while (a PostgreSQL restart at night) is not the night's
+end. It loses no lease: the renewal fails, is tried again, and the ledger decides when it
+answers (as a node's claim is renewed when the node answers again); only a lease the ledger
+says is another's is lost. And a round whose step finds it away waits and resumes from the
+last committed step, as the same command would after a kill. The outage is real: the test's
+PostgreSQL database refuses connections (``ALLOW_CONNECTIONS false``) and the ledger's own are
+ended (``pg_terminate_backend``), then it takes them again; the testbed is scripted (the real
+loop, ledger and verdict run unchanged)."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import psycopg
+import pytest
+from psycopg import sql
+from rich.console import Console
+from sqlalchemy.engine import make_url
+
+from agents import SweepProposer
+from cluster.errors import OwnershipLost
+from knobs.config import Config
+from knobs.vocabulary import RoundStatus, State
+from ledger import Ledger, LedgerError
+from orchestrator.approval import ApprovalGate
+from orchestrator.display import RoundDisplay
+from orchestrator.faults import through_ledger_outages
+from orchestrator.lease import ClusterLease
+from orchestrator.round import RoundOptions, RoundReport, RoundRunner
+from orchestrator.testbed import NullSink
+from tests.test_round_policy import ScriptedTestbed, profile
+
+
+def _admin(url: str) -> psycopg.Connection[tuple[object, ...]]:
+    """A connection to the server's maintenance database as the test database's owner."""
+    u = make_url(url)
+    return psycopg.connect(
+        host=u.host,
+        port=u.port,
+        user=u.username,
+        password=u.password,
+        dbname="postgres",
+        autocommit=True,
+    )
+
+
+def take_away(url: str) -> None:
+    """The ledger's database refuses every connection, and its open ones are ended."""
+    name = make_url(url).database or ""
+    with _admin(url) as admin:
+        admin.execute(
+            sql.SQL("ALTER DATABASE {} WITH ALLOW_CONNECTIONS false").format(sql.Identifier(name))
+        )
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,)
+        )
+
+
+def bring_back(url: str) -> None:
+    """The ledger's database takes connections again."""
+    name = make_url(url).database or ""
+    with _admin(url) as admin:
+        admin.execute(
+            sql.SQL("ALTER DATABASE {} WITH ALLOW_CONNECTIONS true").format(sql.Identifier(name))
+        )
+
+
+@contextmanager
+def ledger_away(url: str) -> Iterator[None]:
+    take_away(url)
+    try:
+        yield
+    finally:
+        bring_back(url)
+
+
+def test_a_ledger_away_for_a_while_loses_no_lease(pg_url: str) -> None:
+    with Ledger(pg_url) as ledger, ClusterLease(ledger, "spark", ttl_s=120.0) as lease:
+        with ledger_away(pg_url):
+            # the ledger does not answer: the renewal fails, and the lease is not lost
+            with pytest.raises(LedgerError):
+                ledger.lease("spark")
+            lease.check()
+            assert lease.lost is None
+        # back: renewed, and still this holder's
+        before = ledger.lease("spark")
+        assert before is not None and before.holder == lease.holder
+        lease.check()
+        after = ledger.lease("spark")
+        assert after is not None and after.expires_at > before.expires_at
+
+
+def test_a_lease_the_ledger_gives_to_another_is_lost(pg_url: str) -> None:
+    with Ledger(pg_url) as ledger, ClusterLease(ledger, "spark", ttl_s=120.0) as lease:
+        # another orchestrator took it (as after an expiry): the ledger says so
+        libpq = make_url(pg_url).set(drivername="postgresql")
+        with psycopg.connect(libpq.render_as_string(hide_password=False)) as conn:
+            conn.execute("UPDATE lease SET holder = 'another:1:x' WHERE cluster = 'spark'")
+        with pytest.raises(OwnershipLost, match="lost the ledger's lease on cluster spark"):
+            lease.check()
+
+
+CHANGES = [{"num_speculative_tokens": k} for k in (5, 6, 2)]
+
+
+class AwayAt(ScriptedTestbed):
+    """K=5 serves 130 tok/s, the rest 100; the ledger goes away as boot ``at`` comes up."""
+
+    def __init__(self, url: str, at: int) -> None:
+        super().__init__(lambda c, n: 130.0 if c["num_speculative_tokens"] == 5 else 100.0)
+        self.url = url
+        self.at = at
+
+    def deploy(self, config: Config) -> dict[int, str]:
+        launchers = super().deploy(config)
+        if len(self.boots) == self.at:
+            take_away(self.url)  # the boot is up; recording it finds the ledger gone
+        return launchers
+
+
+def _round(ledger: Ledger, testbed: ScriptedTestbed, said: io.StringIO) -> RoundReport:
+    return RoundRunner(
+        profile(),
+        ledger,
+        NullSink(),
+        testbed,
+        SweepProposer(CHANGES),
+        ApprovalGate(ledger, "auto"),
+        RoundDisplay(Console(file=said, width=400)),
+        sleep=lambda _s: None,
+    ).run(RoundOptions(budget=len(CHANGES), proposer="sweep", approve="auto"))
+
+
+def test_a_round_waits_out_a_ledger_away_and_resumes_from_it(pg_url: str) -> None:
+    waits: list[float] = []
+
+    def wait(seconds: float) -> None:
+        waits.append(seconds)
+        if len(waits) == 2:  # away through the first wait and the first resume's start
+            bring_back(pg_url)
+
+    said = io.StringIO()
+    testbed = AwayAt(pg_url, at=4)
+    with Ledger(pg_url) as ledger:
+        try:
+            report = through_ledger_outages(
+                lambda: _round(ledger, testbed, said),
+                note=lambda line: print(line, file=said),
+                sleep=wait,
+            )
+        finally:
+            bring_back(pg_url)
+        assert waits == [10.0, 30.0]
+        assert said.getvalue().count("the ledger did not answer") == 2
+        # resumed to the budget: every experiment decided once, none a crash
+        assert report.resumed and report.stopped_by == "budget"
+        assert ledger.round(report.round.id).status == RoundStatus.DONE
+        experiments = ledger.experiments()
+        candidates = [e for e in experiments if e.kind == "candidate"]
+        assert [e.value for e in candidates] == [5, 6, 2]
+        assert all(e.state == State.DECIDED for e in experiments)
+        assert not [e for e in experiments if e.status == "crash"]
+        assert candidates[0].status == "keep"
+
+
+def test_a_ledger_away_past_the_last_wait_stops_the_round_for_the_same_command(
+    pg_url: str,
+) -> None:
+    waits: list[float] = []
+    said = io.StringIO()
+    with Ledger(pg_url) as ledger:
+        try:
+            with pytest.raises(LedgerError) as away:
+                through_ledger_outages(
+                    lambda: _round(ledger, AwayAt(pg_url, at=2), said),
+                    note=lambda line: print(line, file=said),
+                    sleep=waits.append,
+                    waits=(1.0, 2.0),
+                )
+        finally:
+            bring_back(pg_url)
+        assert away.value.unreachable
+        assert waits == [1.0, 2.0]
+        # the same command, later, resumes the round to its budget
+        report = _round(ledger, ScriptedTestbed(lambda c, n: 100.0), io.StringIO())
+        assert report.resumed and ledger.round(report.round.id).status == RoundStatus.DONE
