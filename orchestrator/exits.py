@@ -8,6 +8,13 @@ the separate ``click`` package, whose classes typer no longer raises.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from types import FrameType
+
 import typer
 
 # typer's own click (pinned in pyproject.toml): the one refusal that is not an error line
@@ -25,7 +32,8 @@ def run_app(app: typer.Typer, argv: list[str] | None, prog_name: str) -> int:
     """Run ``app`` on ``argv``; the exit code (a command's ``typer.Exit(n)`` included)."""
     try:
         # with standalone_mode off, click returns a `typer.Exit` code instead of raising it
-        code = app(args=argv, standalone_mode=False, prog_name=prog_name)
+        with _ended_like_ctrl_c():
+            code = app(args=argv, standalone_mode=False, prog_name=prog_name)
     except OrchestrateError as e:
         typer.echo(f"Error: {e.message}", err=True)
         return e.exit_code
@@ -54,3 +62,34 @@ def _refused(e: typer.TyperException) -> int:
     message = " ".join(e.format_message().split())
     typer.echo(f"Error: {message}{where}", err=True)
     return USAGE
+
+
+@contextlib.contextmanager
+def _ended_like_ctrl_c() -> Iterator[None]:
+    """SIGTERM (a service manager, ``kill``) and SIGHUP (the terminal or the SSH session to
+    this machine gone) end a command as Ctrl-C does: the boot in flight is torn down, the
+    claims and the lease released, and the same command resumes. Without this Python dies at
+    once and leaves the engines running on the nodes. After a SIGHUP nothing reads the
+    terminal: the rest of the output goes to /dev/null, so that writing it cannot stop the
+    teardown. A signal that was ignored when the command started (``nohup``) stays ignored."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, _frame: FrameType | None) -> None:
+        if signum == signal.SIGHUP:
+            quiet = os.open(os.devnull, os.O_WRONLY)
+            for fd in (1, 2):
+                os.dup2(quiet, fd)
+            os.close(quiet)
+        raise KeyboardInterrupt
+
+    # a signal set to be ignored stays so: `nohup orchestrate round …` asked to outlive its
+    # terminal, and it does
+    ours = [s for s in (signal.SIGTERM, signal.SIGHUP) if signal.getsignal(s) == signal.SIG_DFL]
+    previous = {s: signal.signal(s, interrupt) for s in ours}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)

@@ -160,6 +160,11 @@ def test_round_records_everything_and_a_second_round_continues(workdir: Path) ->
     assert len((workdir / "results.tsv").read_text().splitlines()) == len(lines) + 1
 
 
+def _signals_at_default() -> None:
+    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def round_until(
     workdir: Path, profile: Path, budget: int, cell: int, stdout: int | None
 ) -> tuple[subprocess.Popen[str], list[str]]:
@@ -172,8 +177,8 @@ def round_until(
         stderr=subprocess.PIPE,
         text=True,
         # Ctrl-C as at a terminal: a suite started in the background (`make test &`, nohup)
-        # hands its children SIGINT ignored, and the round would never see the signal
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        # hands its children SIGINT (and SIGHUP) ignored, and the round would never see them
+        preexec_fn=_signals_at_default,
     )
     seen: list[str] = []
     assert proc.stderr is not None
@@ -245,6 +250,36 @@ def test_ctrl_c_mid_experiment_is_one_line_exit_130_and_resumes(workdir: Path) -
     said = [line for line in err.splitlines() if line.startswith("Error:")]
     assert said == ["Error: interrupted; run the same command again to resume"], err
     assert "Traceback" not in err and out == ""
+    resumed = orchestrate(workdir, "round", "--budget", "1", "--profile", str(profile), "--json")
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stdout)["resumed"] is True
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_sigterm_or_sighup_mid_experiment_tears_down_as_ctrl_c_and_resumes(
+    workdir: Path, sig: signal.Signals
+) -> None:
+    profile = write_profile(workdir, twin_profile_data())
+    # a service manager stops the round, or the SSH session to this machine drops, while the
+    # first candidate is measured
+    proc, seen = round_until(workdir, profile, 1, 1, subprocess.PIPE)
+    try:
+        proc.send_signal(sig)
+        _out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, "".join(seen) + err
+    assert "Traceback" not in err
+    if sig == signal.SIGTERM:  # after a SIGHUP nothing reads the terminal: nothing is said
+        said = [line for line in err.splitlines() if line.startswith("Error:")]
+        assert said == ["Error: interrupted; run the same command again to resume"], err
+    # the boot in flight was torn down: no engine of the round runs on any node
+    status = orchestrate(workdir, "cluster", "status", "--profile", str(profile))
+    assert status.returncode == 0, status.stderr
+    nodes = len(twin_profile_data()["cluster"]["nodes"])
+    assert status.stdout.count(": stopped") == nodes, status.stdout
     resumed = orchestrate(workdir, "round", "--budget", "1", "--profile", str(profile), "--json")
     assert resumed.returncode == 0, resumed.stderr
     assert json.loads(resumed.stdout)["resumed"] is True
