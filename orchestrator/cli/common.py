@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.console import Console
 
+from orchestrator.profile_names import embedded_profiles
+
 if TYPE_CHECKING:
     from cluster.deploy import Deployer, Progress
     from ledger import Ledger
@@ -38,16 +40,10 @@ ProfileOpt = Annotated[
         "--profile",
         "-p",
         help="profile YAML path or embedded name (default: twin)",
-        autocompletion=completes(lambda: _embedded_profiles()),
+        autocompletion=completes(embedded_profiles),
     ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON for scripts")]
-
-
-def _embedded_profiles() -> list[str]:
-    from orchestrator.profile_names import embedded_profiles
-
-    return embedded_profiles()
 
 
 def out() -> Console:

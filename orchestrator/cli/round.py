@@ -15,6 +15,7 @@ from rich.text import Text
 
 from orchestrator.cli.common import JsonOpt, ProfileOpt, completes, opened, out
 from orchestrator.errors import OrchestrateError, UsageError
+from orchestrator.profile_names import ApproveMode, ProposerKind
 
 if TYPE_CHECKING:
     from agents import Proposer
@@ -24,13 +25,6 @@ if TYPE_CHECKING:
     from orchestrator.display import RoundDisplay
     from orchestrator.profile import Profile
     from orchestrator.round import RoundOptions, RoundReport
-
-
-def _kinds(what: str) -> list[str]:
-    """The values ``--proposer`` or ``--approve`` takes, for shell completion."""
-    from orchestrator.profile_names import ApproveMode, ProposerKind
-
-    return list(get_args(ProposerKind if what == "proposer" else ApproveMode))
 
 
 def round_(
@@ -43,14 +37,14 @@ def round_(
         str | None,
         typer.Option(
             help="optuna | sweep | claude | hybrid (default: the profile's)",
-            autocompletion=completes(lambda: _kinds("proposer")),
+            autocompletion=completes(lambda: list(get_args(ProposerKind))),
         ),
     ] = None,
     approve: Annotated[
         str | None,
         typer.Option(
             help="auto | ask | queue (default: the profile's)",
-            autocompletion=completes(lambda: _kinds("approve")),
+            autocompletion=completes(lambda: list(get_args(ApproveMode))),
         ),
     ] = None,
     max_hours: Annotated[
