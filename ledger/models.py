@@ -11,6 +11,7 @@ from sqlalchemy import (
     Float,
     ForeignKey,
     Integer,
+    LargeBinary,
     String,
     Text,
     UniqueConstraint,
@@ -20,7 +21,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 #: The schema's number: the newest Alembic revision of ``ledger/migrations`` as an int, bumped
 #: with each new revision. ``alembic_version`` is the truth; the ``schema_version`` row mirrors
 #: this, so that an orchestrate from before the revisions refuses a newer ledger.
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 
 def utcnow() -> datetime:
@@ -245,4 +246,18 @@ class EventRow(Base):
     detail: Mapped[dict[str, object]] = mapped_column(JSON, default=dict)
     reason: Mapped[str] = mapped_column(Text, default="")
     actor: Mapped[str] = mapped_column(String(256), default="")
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class HeldTextRow(Base):
+    """A text for an experiment's MLflow run (a boot's launchers, its engine logs) that MLflow
+    did not take when it was written (``orchestrator.mirror``): held here, redacted and
+    zlib-compressed, until MLflow takes it; then deleted."""
+
+    __tablename__ = "held_text"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    experiment_id: Mapped[int] = mapped_column(ForeignKey("experiment.id"), index=True)
+    path: Mapped[str] = mapped_column(String(512))
+    body: Mapped[bytes] = mapped_column(LargeBinary)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)

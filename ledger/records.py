@@ -195,3 +195,12 @@ class EventRecord(_Record):
     reason: str
     actor: str
     created_at: datetime
+
+
+class HeldText(_Record):
+    """A text held for an experiment's MLflow run until MLflow takes it (``HeldTextRow``)."""
+
+    id: int
+    experiment_id: int
+    path: str
+    text: str

@@ -3,7 +3,7 @@
 Every method is one transaction: it commits before it returns, so a process killed at any
 point leaves the ledger at the last completed state change. The connection is ``ledger.base``'s;
 each group of tables has its own module (leases, rounds and proposals, experiments and the
-champion, boots, cells, drift and events), joined here.
+champion, boots, cells, drift and events, texts held for MLflow), joined here.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from sqlalchemy.engine import make_url
 
 from ledger.errors import LeaseHeld, LedgerError, LedgerNotReady
 from ledger.experiments import Experiments
+from ledger.held import HeldTexts
 from ledger.leases import Leases
 from ledger.measures import Measures
 from ledger.rounds import Rounds
@@ -25,7 +26,7 @@ from ledger.rounds import Rounds
 __all__ = ["LeaseHeld", "Ledger", "LedgerError", "LedgerNotReady", "reading"]
 
 
-class Ledger(Leases, Rounds, Experiments, Measures):
+class Ledger(Leases, Rounds, Experiments, Measures, HeldTexts):
     """The SQL ledger at ``url`` (SQLite or PostgreSQL), created on first use."""
 
 

@@ -66,7 +66,7 @@ class Booter:
             launchers = self.testbed.deploy(config)
             self.ledger.end_boot(boot.id, status=BootStatus.UP)
             crashpoint("smoke.passed")
-            self.runlog.launchers(run_id, launchers)
+            self.runlog.launchers(e, run_id, launchers)
             if deciding:
                 self.ledger.set_state(e.id, State.BENCHING)
             self._bench(e.id, boot.id, boot.measurement)
@@ -74,7 +74,7 @@ class Booter:
             failure = err
         finally:
             # logs first (they are the evidence), then no engine may outlive the boot
-            self.runlog.boot_logs(run_id, boot.id, self.testbed.logs())
+            self.runlog.boot_logs(e, run_id, boot.id, self.testbed.logs())
             self.display.phase("tearing down")
             try:
                 self.testbed.stop_all()

@@ -5,9 +5,10 @@ MLflow that stops answering mid-round (a tracking server restarted, its database
 infrastructure's fault and never the night's end: the round goes on with the ledger as its
 record and says so once; MLflow is tried again at each experiment once ``retry_s`` has passed
 and, when it answers, filled in from the ledger (``RunLog.reconcile``). What MLflow missed
-meanwhile that the ledger does not hold (the launcher texts and engine logs of those boots) is
-not logged. The round's start and a resume still need MLflow (a person is watching then), and
-a round closes only with its mirror complete (``RunLog.complete_round``).
+meanwhile that only MLflow keeps (the launcher texts and engine logs of those boots) is held in
+the ledger until MLflow takes it (``Ledger.hold_texts``). The round's start and a resume still
+need MLflow (a person is watching then), and a round closes only with its mirror complete
+(``RunLog.complete_round``).
 """
 
 from __future__ import annotations
@@ -48,12 +49,19 @@ class Mirror:
         """``fn()``, a write to MLflow; while MLflow is behind, or when this write finds it
         gone, nothing (the ledger holds it; ``catch_up`` fills it in). Inside ``strictly``,
         MLflow's failure is raised."""
+        return self._try(fn)[1]
+
+    def took(self, fn: Callable[[], object]) -> bool:
+        """Whether MLflow took ``fn()``, a write to it (as ``write``)."""
+        return self._try(fn)[0]
+
+    def _try(self, fn: Callable[[], T]) -> tuple[bool, T | None]:
         if self._strict:
-            return fn()
+            return True, fn()
         if self.behind is not None:
-            return None
+            return False, None
         try:
-            return fn()
+            return True, fn()
         except MlflowSinkError as e:
             self.behind = e
             self._retry_at = self._clock() + self._retry_s
@@ -62,7 +70,7 @@ class Mirror:
                 f"its record, and MLflow is filled in from it once it answers (tried again "
                 f"every {self._retry_s / 60:g} min, and when the round closes)"
             )
-            return None
+            return False, None
 
     @contextmanager
     def strictly(self) -> Iterator[None]:

@@ -185,17 +185,23 @@ class RunLog:
             self.sink.log_metrics(run_id, metrics)
         self.sink.set_tags(run_id, tags)
 
-    def launchers(self, run_id: str | None, launchers: Mapping[int, str]) -> None:
-        """Every node's rendered launcher for a boot."""
-        texts = {f"launchers/node-{r}.sh": text for r, text in launchers.items()}
-        if run_id is not None:
-            self.mirror.write(lambda: self.sink.log_texts(run_id, texts))
+    def launchers(
+        self, e: ExperimentRecord, run_id: str | None, launchers: Mapping[int, str]
+    ) -> None:
+        """Every node's rendered launcher for a boot of ``e``'s config."""
+        self._texts(e, run_id, {f"launchers/node-{r}.sh": t for r, t in launchers.items()})
 
-    def boot_logs(self, run_id: str | None, boot_id: int, logs: Mapping[int, str]) -> None:
-        """Every node's engine log of one boot."""
-        texts = {f"logs/boot-{boot_id}/node-{r}.log": t for r, t in logs.items()}
-        if run_id is not None:
-            self.mirror.write(lambda: self.sink.log_texts(run_id, texts))
+    def boot_logs(
+        self, e: ExperimentRecord, run_id: str | None, boot_id: int, logs: Mapping[int, str]
+    ) -> None:
+        """Every node's engine log of one boot of ``e``'s config."""
+        self._texts(e, run_id, {f"logs/boot-{boot_id}/node-{r}.log": t for r, t in logs.items()})
+
+    def _texts(self, e: ExperimentRecord, run_id: str | None, texts: dict[str, str]) -> None:
+        """``texts`` on ``e``'s run; while MLflow is behind, held in the ledger until it takes
+        them (``_release``): the ledger keeps no other copy."""
+        if run_id is None or not self.mirror.took(lambda: self.sink.log_texts(run_id, texts)):
+            self.ledger.hold_texts(e.id, texts)
 
     def remeasured(self, run_id: str | None, objective: float, measurement: int) -> None:
         """A re-measurement of the champion, on the champion's run."""
@@ -317,6 +323,7 @@ class RunLog:
             self._complete(run_id, e, state.metrics if state is not None else frozenset())
             repaired.append(e.id)
         self._remeasures(rnd)
+        self._release(rnd.cluster)
         return repaired
 
     def _complete(self, run_id: str, e: ExperimentRecord, present: frozenset[str]) -> None:
@@ -349,6 +356,17 @@ class RunLog:
             len({m for m, _ in cells}),
             present,
         )
+
+    def _release(self, cluster: str) -> None:
+        """The texts the ledger held for MLflow, on their runs, then forgotten; an experiment
+        without a run in MLflow yet (in flight) keeps them until the next time."""
+        for experiment_id in self.ledger.holding(cluster):
+            run_id = self.ledger.experiment(experiment_id).mlflow_run_id
+            if run_id is None or self.sink.run_state(run_id) is None:
+                continue
+            held = self.ledger.held_texts(experiment_id)
+            self.sink.log_texts(run_id, {h.path: h.text for h in held})
+            self.ledger.release_texts([h.id for h in held])
 
     def _remeasures(self, rnd: RoundRecord) -> None:
         """Each re-measurement of the champion since the round started, on its run."""

@@ -2,8 +2,8 @@
 place on open, SQLite and PostgreSQL, and nothing is lost.
 
 ``fixtures/ledgers/schema1.sqlite`` was written by the release at c70919d, ``schema2.sqlite``
-by the one at 8ccca75 (their README says how); ``schemaN.results.tsv`` is that release's
-``orchestrate export`` of it.
+by the one at 8ccca75, ``schema3.sqlite`` by aaa0a6c and ``schema4.sqlite`` by 914026e (their
+README says how); ``schemaN.results.tsv`` is that release's ``orchestrate export`` of it.
 """
 
 from __future__ import annotations
@@ -153,10 +153,20 @@ def test_a_schema1_sqlite_ledger_is_copied_aside_then_upgraded_in_place(tmp_path
     assert list(tmp_path.glob("*.bak")) == [upgrade.backup]
 
 
-def test_a_schema2_sqlite_ledger_is_upgraded_and_keeps_its_rounds_caps(tmp_path: Path) -> None:
-    """Schema 2 (the release at 8ccca75: a round with --max-hours 5, an invalid verdict, a
-    crash) opens with schema 3, which adds the round's GPU-hours cap; nothing is lost."""
-    fixture = LEDGERS / "schema2.sqlite"
+# each release's fixture: its revision, cluster, and the statuses of its experiments
+RELEASES = {
+    "schema2": ("0002", CLUSTER, ["keep", "invalid", "crash"]),
+    "schema3": ("0003", CLUSTER, ["keep", "invalid", "crash"]),
+    "schema4": ("0004", "twin-2node", ["keep", "crash", "discard", "inconclusive"]),
+}
+
+
+def _upgraded_release(name: str, tmp_path: Path) -> tuple[str, str]:
+    """A copy of release ``name``'s ledger opened (upgraded) by today's: every row the release
+    wrote reads back as it was, its export byte-identical, its champion the same; the URLs of
+    the copy and of the fixture (read-only)."""
+    revision, cluster, statuses = RELEASES[name]
+    fixture = LEDGERS / f"{name}.sqlite"
     db = tmp_path / "orchestrate.db"
     shutil.copyfile(fixture, db)
     url = f"sqlite:///{db}"
@@ -172,24 +182,66 @@ def test_a_schema2_sqlite_ledger_is_upgraded_and_keeps_its_rounds_caps(tmp_path:
 
     with Ledger(url) as ledger:
         assert ledger.upgraded is not None
-        assert (ledger.upgraded.from_revision, ledger.upgraded.to_revision) == ("0002", head())
+        assert (ledger.upgraded.from_revision, ledger.upgraded.to_revision) == (revision, head())
         now, before = content(url), content(old_url)
         # the upgrade's own event comes after every event the release wrote
         added = now["event"][len(before["event"]) :]
         assert [row[2] for row in added] == [EventKind.LEDGER_UPGRADED]
         now["event"] = now["event"][: len(before["event"])]
         assert now == before
-        experiments = ledger.experiments(cluster=CLUSTER)
-        assert tsv_text(experiments) == (LEDGERS / "schema2.results.tsv").read_text()
-        assert [e.status for e in experiments] == ["keep", "invalid", "crash"]
-        status = json.loads((LEDGERS / "schema2.status.json").read_text())
-        champion = ledger.champion(CLUSTER)
+        experiments = ledger.experiments(cluster=cluster)
+        assert tsv_text(experiments) == (LEDGERS / f"{name}.results.tsv").read_text()
+        assert [e.status for e in experiments] == statuses
+        status = json.loads((LEDGERS / f"{name}.status.json").read_text())
+        champion = ledger.champion(cluster)
         assert champion is not None and champion.objective == status["champion"]["objective"]
+        assert len(ledger.rounds(cluster)) == status["rounds"]
+    assert _version_rows(url) == (head(), SCHEMA_VERSION)
+    return url, old_url
+
+
+def test_a_schema2_sqlite_ledger_is_upgraded_and_keeps_its_rounds_caps(tmp_path: Path) -> None:
+    """Schema 2 (the release at 8ccca75: a round with --max-hours 5, an invalid verdict, a
+    crash) opens with schema 3, which adds the round's GPU-hours cap; nothing is lost."""
+    url, _ = _upgraded_release("schema2", tmp_path)
+    with Ledger(url) as ledger:
         [rnd] = ledger.rounds(CLUSTER)
         assert (rnd.max_hours, rnd.max_gpu_hours) == (5.0, None)
         ledger.set_round_max_gpu_hours(rnd.id, 12.5)
         assert ledger.round(rnd.id).max_gpu_hours == 12.5
-    assert _version_rows(url) == (head(), SCHEMA_VERSION)
+
+
+def test_a_schema3_sqlite_ledger_is_upgraded_and_keeps_its_gpu_hours_cap(tmp_path: Path) -> None:
+    """Schema 3 (the release at aaa0a6c: a round with --max-gpu-hours 3) opens with today's
+    schema; its cap and every row are as it wrote them."""
+    url, _ = _upgraded_release("schema3", tmp_path)
+    with Ledger(url) as ledger:
+        [rnd] = ledger.rounds(CLUSTER)
+        assert (rnd.max_hours, rnd.max_gpu_hours) == (None, 3.0)
+
+
+def test_a_schema4_sqlite_ledger_keeps_its_coupled_move_and_holds_texts(tmp_path: Path) -> None:
+    """Schema 4 (the release at 914026e: a kv_capacity crash of the unquantised KV cache, then
+    the coupled move with the next memory fraction) opens with schema 5, which holds the texts
+    MLflow missed; the coupled move reads back with both knobs."""
+    url, _ = _upgraded_release("schema4", tmp_path)
+    with Ledger(url) as ledger:
+        coupled = [e for e in ledger.experiments(cluster="twin-2node") if e.coupled_knob]
+        assert [(e.knob, e.value, e.coupled_knob, e.coupled_value) for e in coupled] == [
+            ("kv_cache_dtype", "auto", "gpu_memory_utilization", 0.86)
+        ]
+        assert ledger.holding("twin-2node") == []
+        [e] = coupled
+        ledger.hold_texts(e.id, {"logs/boot-9/node-0.log": "a log", "launchers/node-0.sh": "x"})
+        ledger.hold_texts(e.id, {"logs/boot-9/node-0.log": "the log again"})
+        assert ledger.holding("twin-2node") == [e.id]
+        held = ledger.held_texts(e.id)
+        assert {h.path: h.text for h in held} == {
+            "launchers/node-0.sh": "x",
+            "logs/boot-9/node-0.log": "the log again",
+        }
+        ledger.release_texts([h.id for h in held])
+        assert ledger.holding("twin-2node") == [] and ledger.held_texts(e.id) == []
 
 
 def test_an_upgraded_ledger_reads_its_one_knob_rows_as_before_and_records_a_coupled_move(

@@ -28,10 +28,12 @@ from tests.test_round_policy import ScriptedTestbed, profile
 
 CHANGES = [{"num_speculative_tokens": k} for k in (5, 6, 2, 3)]
 ENDED = {"crash": "FAILED", "vetoed": "KILLED"}
+SECRET = "hf_NotForTheLedger42"  # in every engine log; the environment names it a secret
 
 
 class Outage(ScriptedTestbed):
-    """K=5 serves 130 tok/s, the rest 100; ``on_deploy(n)`` runs as deploy n begins."""
+    """K=5 serves 130 tok/s, the rest 100; ``on_deploy(n)`` runs as deploy n begins. Each
+    boot's launcher and engine log say which boot they are of."""
 
     def __init__(self, on_deploy: Callable[[int], None]) -> None:
         super().__init__(lambda c, n: 130.0 if c["num_speculative_tokens"] == 5 else 100.0)
@@ -39,14 +41,20 @@ class Outage(ScriptedTestbed):
 
     def deploy(self, config: Config) -> dict[int, str]:
         self.on_deploy(len(self.boots) + 1)
-        return super().deploy(config)
+        super().deploy(config)
+        return {0: f"#!/bin/sh\n# boot {len(self.boots)}\n"}
+
+    def logs(self) -> dict[int, str]:
+        return {0: f"engine log of boot {len(self.boots)}, token {SECRET}\n"}
 
 
 @pytest.fixture
 def impatient(monkeypatch: pytest.MonkeyPatch) -> None:
-    """MLflow's HTTP client gives up on a silent server after 2 s, without retries."""
+    """MLflow's HTTP client gives up on a silent server after 2 s, without retries; the
+    engine logs' token is a secret of the environment."""
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
+    monkeypatch.setenv("HF_TOKEN", SECRET)
 
 
 def _round(ledger: Ledger, server: MlflowServer, testbed: Outage, said: io.StringIO) -> RoundReport:
@@ -76,6 +84,26 @@ def _assert_mlflow_has_every_verdict(ledger: Ledger, server: MlflowServer) -> No
         assert run.data.tags.get("experiment") == str(e.id)
 
 
+def _assert_mlflow_has_every_boot_text(ledger: Ledger, server: MlflowServer, into: Path) -> None:
+    """Every boot's engine log on its experiment's run, redacted, and every booted
+    experiment's launcher; nothing left held in the ledger."""
+    client = MlflowClient(server.url)
+    boots = 0
+    for e in ledger.experiments():
+        assert e.mlflow_run_id is not None
+        run_id = e.mlflow_run_id
+        for b in ledger.boots(e.id):
+            boots += 1
+            path = f"logs/boot-{b.id}/node-0.log"
+            log = Path(client.download_artifacts(run_id, path, str(into))).read_text()
+            assert log.startswith("engine log of boot ") and SECRET not in log, (e.id, log)
+        if ledger.boots(e.id):
+            launcher = client.download_artifacts(run_id, "launchers/node-0.sh", str(into))
+            assert Path(launcher).read_text().startswith("#!/bin/sh\n# boot ")
+    assert boots > 0
+    assert ledger.holding("scripted") == []
+
+
 def test_mlflow_away_mid_round_is_filled_in_when_it_answers(
     tmp_path: Path, mlflow_server: MlflowServer, impatient: None
 ) -> None:
@@ -100,6 +128,9 @@ def test_mlflow_away_mid_round_is_filled_in_when_it_answers(
         assert text.count("MLflow stopped answering") == 1, text
         assert text.count("MLflow answers again") == 1, text
         _assert_mlflow_has_every_verdict(ledger, mlflow_server)
+        # the launchers and engine logs of the boots MLflow missed, held in the ledger and
+        # given to it when it answered
+        _assert_mlflow_has_every_boot_text(ledger, mlflow_server, tmp_path / "artifacts")
         parent = MlflowClient(mlflow_server.url).get_run(report.round.mlflow_run_id or "")
         assert parent.info.status == "FINISHED"
 
@@ -121,6 +152,10 @@ def test_a_round_that_ends_with_mlflow_away_stays_open_and_the_same_command_clos
         assert rnd.status == RoundStatus.RUNNING
         assert len([e for e in ledger.experiments() if e.kind == "candidate"]) == len(CHANGES)
         assert all(e.state == State.DECIDED for e in ledger.experiments())
+        # the boots' texts that only MLflow keeps are held in the ledger, without the secret
+        held = [h for i in ledger.holding("scripted") for h in ledger.held_texts(i)]
+        assert any(h.path.startswith("logs/boot-") for h in held), held
+        assert all(SECRET not in h.text for h in held)
         mlflow_server.resume()
         again = Outage(lambda n: None)
         report = _round(ledger, mlflow_server, again, io.StringIO())
@@ -128,3 +163,4 @@ def test_a_round_that_ends_with_mlflow_away_stays_open_and_the_same_command_clos
         assert ledger.round(rnd.id).status == RoundStatus.DONE
         assert again.boots == [], "closing the round boots nothing"
         _assert_mlflow_has_every_verdict(ledger, mlflow_server)
+        _assert_mlflow_has_every_boot_text(ledger, mlflow_server, tmp_path / "artifacts")
