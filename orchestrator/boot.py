@@ -73,13 +73,16 @@ class Booter:
         except NodeError as err:
             failure = err
         finally:
-            # logs first (they are the evidence), then no engine may outlive the boot
-            self.runlog.boot_logs(e, run_id, boot.id, self.testbed.logs())
-            self.display.phase("tearing down")
+            # logs first (they are the evidence), then no engine may outlive the boot, even
+            # when the logs could not be kept (MLflow and the ledger both away)
             try:
-                self.testbed.stop_all()
-            except NodeError as err:
-                failure = failure or err
+                self.runlog.boot_logs(e, run_id, boot.id, self.testbed.logs())
+            finally:
+                self.display.phase("tearing down")
+                try:
+                    self.testbed.stop_all()
+                except NodeError as err:
+                    failure = failure or err
         if failure is not None:
             self.ledger.end_boot(
                 boot.id,

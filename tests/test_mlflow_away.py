@@ -22,8 +22,10 @@ from ledger import Ledger, MlflowSinkError
 from ledger.mlflow_sink import MlflowSink, mlflow_experiment
 from orchestrator.approval import ApprovalGate
 from orchestrator.display import RoundDisplay
+from orchestrator.faults import through_ledger_outages
 from orchestrator.round import RoundOptions, RoundReport, RoundRunner
 from tests.fixtures.mlflow_store import MlflowServer
+from tests.test_ledger_outage import bring_back, take_away
 from tests.test_round_policy import ScriptedTestbed, profile
 
 CHANGES = [{"num_speculative_tokens": k} for k in (5, 6, 2, 3)]
@@ -164,3 +166,48 @@ def test_a_round_that_ends_with_mlflow_away_stays_open_and_the_same_command_clos
         assert again.boots == [], "closing the round boots nothing"
         _assert_mlflow_has_every_verdict(ledger, mlflow_server)
         _assert_mlflow_has_every_boot_text(ledger, mlflow_server, tmp_path / "artifacts")
+
+
+def test_a_boot_whose_logs_find_mlflow_and_the_ledger_away_is_torn_down_first(
+    tmp_path: Path, mlflow_server: MlflowServer, pg_url: str, impatient: None
+) -> None:
+    """Boot 3 comes up as MLflow and the ledger both go away: recording it fails, and so does
+    keeping its engine log (MLflow does not take it, the ledger cannot hold it). Its engines
+    are stopped before the round waits for the ledger (none runs through the wait), and the
+    round resumes to its budget when both are back."""
+    engines_up_in_waits: list[bool] = []
+
+    def away(n: int) -> None:
+        if n == 3:
+            mlflow_server.pause()
+
+    class BothAway(Outage):
+        def deploy(self, config: Config) -> dict[int, str]:
+            launchers = super().deploy(config)
+            if len(self.boots) == 3:
+                take_away(pg_url)  # the boot is up; recording it finds the ledger gone
+            return launchers
+
+    testbed = BothAway(away)
+
+    def wait(_seconds: float) -> None:
+        engines_up_in_waits.append(testbed._current is not None)
+        bring_back(pg_url)
+        mlflow_server.resume()
+
+    said = io.StringIO()
+    with Ledger(pg_url) as ledger:
+        try:
+            report = through_ledger_outages(
+                lambda: _round(ledger, mlflow_server, testbed, said),
+                note=lambda line: print(line, file=said),
+                sleep=wait,
+            )
+        finally:
+            bring_back(pg_url)
+            mlflow_server.resume()
+        assert engines_up_in_waits == [False], said.getvalue()
+        assert report.resumed and report.stopped_by == "budget"
+        assert ledger.round(report.round.id).status == RoundStatus.DONE
+        assert not [e for e in ledger.experiments() if e.status == "crash"]
+        _assert_mlflow_has_every_verdict(ledger, mlflow_server)
