@@ -13,10 +13,10 @@ How history becomes trials:
   trials in its "bad" density (Optuna's constrained TPE), so it learns where configs fail
   without a fake objective on the surface: the memory fraction that OOMed at 0.90 and 0.92
   steers its draws away from 0.91 as well, where before it walked down one OOM at a time
-  (docs/benchmarks.md, "TPE learns where configs fail"). A crash another knob explains (the KV
-  dtype's ``kv_capacity``, which a larger memory fraction cures) is infeasible too: the pair's
-  way out is the coupled move (``agents.coupled``), not TPE, and keeping it out of TPE's model
-  cost a boot failure a run on ``sm121-2node`` (tried). The values themselves are barred
+  (docs/benchmarks-history.md, "TPE learns where configs fail"). A crash another knob explains
+  (the KV dtype's ``kv_capacity``, which a larger memory fraction cures) is infeasible too: the
+  pair's way out is the coupled move (``agents.coupled``), not TPE, and keeping it out of TPE's
+  model cost a boot failure a run on ``sm121-2node`` (tried). The values themselves are barred
   exactly through ``known_bad``; this only shapes where TPE looks next;
 - a crash of the infrastructure's (a node unreachable, stuck clocks: ``INFRASTRUCTURE``) and a
   veto are FAIL trials, which TPE ignores: the first says nothing of the config, the second is a

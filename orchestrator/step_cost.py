@@ -28,7 +28,8 @@ in ``ProposalContext.step_cost``): the one fit of the step cost.
 Where other K values were measured against the same champion, the change is judged with them
 instead (``pooling``, ``ChampionEvidence.judge``): their readings share the champion's level
 error with this one, which pooling models and the law would count twice (on ``far-k``, the
-law in their place lost 0.8 to 1.4 points of the optimum over 20 seeds, docs/benchmarks.md).
+law in their place lost 0.8 to 1.4 points of the optimum over 20 seeds,
+docs/benchmarks-history.md).
 
 Until a K change was measured with its counters the law's ``γ`` is the prior's, calibrated on
 one stack: no null is offered, the change is judged as any other. Nor where the counters did

@@ -672,9 +672,9 @@ def test_a_one_knob_change_is_judged_with_its_knobs_prior(tmp_path: Path) -> Non
 
 
 def test_the_benchmark_records_every_decision_with_its_truth(tmp_path: Path) -> None:
-    """`bench/research.py`'s per-decision record (what docs/benchmarks.md's table of decisions
-    by true effect is read from) has every decided experiment, its keeps agree with the keep
-    log, and each took at least one boot and names its verdict's rule."""
+    """`bench/research.py`'s per-decision record (what docs/benchmarks-history.md's table of
+    decisions by true effect is read from) has every decided experiment, its keeps agree with
+    the keep log, and each took at least one boot and names its verdict's rule."""
     landscape = load_landscape("exl3-tp4")
     trace = run_loop(landscape, 0, 8, {}, "orchestrate")
     assert len(trace.decisions) == trace.decided > 0 and trace.keeps > 0
