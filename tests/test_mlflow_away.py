@@ -8,6 +8,9 @@ scripted (the real loop, ledger, verdict and MLflow sink run unchanged)."""
 from __future__ import annotations
 
 import io
+import json
+import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,6 +27,7 @@ from orchestrator.approval import ApprovalGate
 from orchestrator.display import RoundDisplay
 from orchestrator.faults import through_ledger_outages
 from orchestrator.round import RoundOptions, RoundReport, RoundRunner
+from tests.fixtures.cli import orchestrate
 from tests.fixtures.mlflow_store import MlflowServer
 from tests.test_ledger_outage import bring_back, take_away
 from tests.test_round_policy import ScriptedTestbed, profile
@@ -211,3 +215,25 @@ def test_a_boot_whose_logs_find_mlflow_and_the_ledger_away_is_torn_down_first(
         assert ledger.round(report.round.id).status == RoundStatus.DONE
         assert not [e for e in ledger.experiments() if e.status == "crash"]
         _assert_mlflow_has_every_verdict(ledger, mlflow_server)
+
+
+def test_status_says_which_experiments_mlflow_lacks_texts_of(tmp_path: Path) -> None:
+    """A ledger holding texts MLflow missed (a round that ended with MLflow away): ``orchestrate
+    status`` names the experiments, in the JSON and in one line, and what puts them on their
+    runs; a ledger holding none says nothing of it."""
+    ledgers = Path(__file__).parent / "fixtures" / "ledgers"
+    shutil.copyfile(ledgers / "schema4.sqlite", tmp_path / "orchestrate.db")
+    profile = str(ledgers / "schema4.profile.yaml")
+    env = {**os.environ, "ORCHESTRATE_LEDGER": f"sqlite:///{tmp_path}/orchestrate.db"}
+    quiet = orchestrate(tmp_path, "status", "--profile", profile, env=env)
+    assert quiet.returncode == 0, quiet.stderr
+    assert "MLflow lacks" not in quiet.stdout
+    with Ledger(env["ORCHESTRATE_LEDGER"]) as ledger:
+        ledger.hold_texts(3, {"logs/boot-5/node-0.log": "engine log"})
+    shown = orchestrate(tmp_path, "status", "--profile", profile, "--json", env=env)
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["held_for_mlflow"] == [3]
+    plain = orchestrate(tmp_path, "status", "--profile", profile, env=env)
+    said = " ".join(plain.stdout.split())
+    assert "MLflow lacks the launchers and engine logs of 1 experiment(s) (#3)" in said, said
+    assert "the next `orchestrate round` puts them on their runs" in said

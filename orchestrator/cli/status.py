@@ -1,4 +1,5 @@
-"""``orchestrate status``: the champion, the unfinished round and the lease."""
+"""``orchestrate status``: the champion, the unfinished round, what MLflow still lacks and
+the lease."""
 
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
         # the step cost a K change's verdict subtracts from its counters (``step_cost``)
         step = learned(ledger, prof.space, experiments)
         used = {r.id: gpu_hours(ledger, r, prof) for r in rounds}
+        held = ledger.holding(name)  # experiments whose boots' texts MLflow still lacks
     data: dict[str, Any] = {
         "cluster": name,
         "champion": None
@@ -71,6 +73,7 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
             "max_gpu_hours": running.max_gpu_hours,
         },
         "gpu_hours": round(sum(used.values()), 4),
+        "held_for_mlflow": held,
         "lease": None
         if lease is None
         else {"holder": lease.holder, "expires_at": lease.expires_at.isoformat()},
@@ -127,6 +130,12 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
         f"GPU-hours: {data['gpu_hours']:.2f} over {len(rounds)} round(s) "
         f"({cluster_gpus(prof)} GPU(s) per boot)"
     )
+    if held:
+        console.print(
+            f"MLflow lacks the launchers and engine logs of {len(held)} experiment(s) "
+            f"({', '.join(f'#{i}' for i in held)}), booted while it was away: the ledger holds "
+            "them, and the next `orchestrate round` puts them on their runs"
+        )
     if lease is not None:
         console.print(f"lease: {lease.holder} until {lease.expires_at:%H:%M:%S} UTC")
     console.print("effect priors in force (the verdict's and the proposer's):")
