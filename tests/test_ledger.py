@@ -215,6 +215,54 @@ def test_cell_results_round_trip_and_are_unique(
     assert ledger.boots(e.id)[0].failure_class == "oom"
 
 
+def test_texts_held_for_mlflow_round_trip_redacted_and_are_released(
+    ledger_url: str, open_ledger: Callable[[str], Ledger], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Texts held for an experiment's MLflow run (``ledger.held``): redacted before they are
+    stored, a text at the same path replaced, listed by cluster, released by id; a 2 MB log
+    goes in and comes back whole."""
+    monkeypatch.setenv("HF_TOKEN", "hf_HeldButNeverStored9")
+    ledger = open_ledger(ledger_url)
+    rnd = ledger.create_round(
+        cluster="c",
+        profile_name="p",
+        profile_digest="d",
+        budget=1,
+        proposer="optuna",
+        approve="auto",
+        seed=0,
+    )
+    first, other = (
+        ledger.add_experiment(
+            cluster=cluster,
+            round_id=rnd.id,
+            kind=Kind.BASELINE,
+            config=SPACE.default_config(),
+            champion_key=None,
+            champion_objective=None,
+        )
+        for cluster in ("c", "elsewhere")
+    )
+    big = "".join(f"line {i} of the engine log\n" for i in range(80_000))
+    assert len(big) > 2_000_000
+    ledger.hold_texts(first.id, {"logs/boot-1/node-0.log": "token hf_HeldButNeverStored9"})
+    ledger.hold_texts(first.id, {"logs/boot-1/node-0.log": big, "launchers/node-0.sh": "#!"})
+    ledger.hold_texts(other.id, {"launchers/node-0.sh": "elsewhere"})
+    assert ledger.holding("c") == [first.id]
+    held = ledger.held_texts(first.id)
+    assert {h.path: h.text for h in held} == {
+        "logs/boot-1/node-0.log": big,
+        "launchers/node-0.sh": "#!",
+    }
+    ledger.hold_texts(first.id, {"logs/boot-2/node-0.log": "token hf_HeldButNeverStored9"})
+    [secret] = [h for h in ledger.held_texts(first.id) if h.path.startswith("logs/boot-2")]
+    assert "hf_HeldButNeverStored9" not in secret.text and "***" in secret.text
+    ledger.release_texts([h.id for h in held])
+    assert [h.path for h in ledger.held_texts(first.id)] == ["logs/boot-2/node-0.log"]
+    ledger.release_texts([secret.id])
+    assert ledger.holding("c") == [] and ledger.holding("elsewhere") == [other.id]
+
+
 def test_lease_excludes_a_live_holder_and_replaces_a_dead_one(
     ledger_url: str, open_ledger: Callable[[str], Ledger]
 ) -> None:
