@@ -6,9 +6,9 @@ infrastructure's fault and never the night's end: the round goes on with the led
 record and says so once; MLflow is tried again at each experiment once ``retry_s`` has passed
 and, when it answers, filled in from the ledger (``RunLog.reconcile``). What MLflow missed
 meanwhile that only MLflow keeps (the launcher texts and engine logs of those boots) is held in
-the ledger until MLflow takes it (``Ledger.hold_texts``). The round's start and a resume still
-need MLflow (a person is watching then), and a round closes only with its mirror complete
-(``RunLog.complete_round``).
+the ledger until MLflow takes it (``Ledger.hold_texts``). The command's start still needs
+MLflow (a person is watching then); a resume inside it, after a ledger outage was waited out,
+does not; and a round closes only with its mirror complete (``RunLog.complete_round``).
 """
 
 from __future__ import annotations

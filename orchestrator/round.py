@@ -168,7 +168,10 @@ class RoundRunner:
             for line in kept_on_resume(existing, asked, self.profile.name, self.profile.digest):
                 self.display.note(line)
             rnd = self._caps_on_resume(rnd, options)
-            self.runlog.reconcile(rnd)  # what a kill left open in MLflow, from the ledger
+            # what a kill left open in MLflow, from the ledger; an MLflow that answered the
+            # command's start but not now (the same outage as the ledger's, which this resume
+            # waited out) is filled in later, as one that went away mid-round
+            self.runlog.mirror.write(lambda: self.runlog.reconcile(rnd))
             self.remeasures.settle()
         # the profile gained or lost a knob since the champion was recorded (``evolution``)
         for line in self.champion.record_knob_changes():

@@ -63,9 +63,21 @@ def impatient(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HF_TOKEN", SECRET)
 
 
-def _round(ledger: Ledger, server: MlflowServer, testbed: Outage, said: io.StringIO) -> RoundReport:
+def _sink(server: MlflowServer) -> MlflowSink:
+    return MlflowSink(server.url, experiment_name=mlflow_experiment(profile().cluster.name))
+
+
+def _round(
+    ledger: Ledger,
+    server: MlflowServer,
+    testbed: Outage,
+    said: io.StringIO,
+    sink: MlflowSink | None = None,
+) -> RoundReport:
+    """A round of ``CHANGES``; ``sink``: the command's, opened once at its start (as the CLI
+    does), else opened now."""
     prof = profile()
-    sink = MlflowSink(server.url, experiment_name=mlflow_experiment(prof.cluster.name))
+    sink = sink or _sink(server)
     return RoundRunner(
         prof,
         ledger,
@@ -200,10 +212,11 @@ def test_a_boot_whose_logs_find_mlflow_and_the_ledger_away_is_torn_down_first(
         mlflow_server.resume()
 
     said = io.StringIO()
+    sink = _sink(mlflow_server)
     with Ledger(pg_url) as ledger:
         try:
             report = through_ledger_outages(
-                lambda: _round(ledger, mlflow_server, testbed, said),
+                lambda: _round(ledger, mlflow_server, testbed, said, sink),
                 note=lambda line: print(line, file=said),
                 sleep=wait,
             )
@@ -215,6 +228,59 @@ def test_a_boot_whose_logs_find_mlflow_and_the_ledger_away_is_torn_down_first(
         assert ledger.round(report.round.id).status == RoundStatus.DONE
         assert not [e for e in ledger.experiments() if e.status == "crash"]
         _assert_mlflow_has_every_verdict(ledger, mlflow_server)
+
+
+def test_a_round_resumed_after_the_ledger_came_back_goes_on_while_mlflow_is_still_away(
+    tmp_path: Path, mlflow_server: MlflowServer, pg_url: str, impatient: None
+) -> None:
+    """One outage takes the ledger and MLflow away as boot 3 comes up; the ledger is back
+    after the first wait, MLflow only four boots later. The resume that follows the wait
+    goes on with MLflow behind (before, its fill-in of MLflow stopped the round), and MLflow
+    is filled in once it answers: every verdict and every boot's engine log."""
+
+    def away(n: int) -> None:
+        if n == 3:
+            mlflow_server.pause()
+        if n == 7:
+            mlflow_server.resume()
+
+    class BothAway(Outage):
+        def deploy(self, config: Config) -> dict[int, str]:
+            launchers = super().deploy(config)
+            if len(self.boots) == 3:
+                take_away(pg_url)
+            return launchers
+
+    testbed = BothAway(away)
+    said = io.StringIO()
+    sink = _sink(mlflow_server)  # the command's, as `orchestrate round` opens it
+    with Ledger(pg_url) as ledger:
+        try:
+            report = through_ledger_outages(
+                lambda: _round(ledger, mlflow_server, testbed, said, sink),
+                note=lambda line: print(line, file=said),
+                sleep=lambda _s: bring_back(pg_url),
+            )
+        finally:
+            bring_back(pg_url)
+            mlflow_server.resume()
+        assert len(testbed.boots) > 7, "MLflow must come back inside the round"
+        assert report.resumed and report.stopped_by == "budget", said.getvalue()
+        assert ledger.round(report.round.id).status == RoundStatus.DONE
+        assert not [e for e in ledger.experiments() if e.status == "crash"]
+        text = said.getvalue()
+        assert "MLflow answers again" in text, text
+        _assert_mlflow_has_every_verdict(ledger, mlflow_server)
+        boots = [b for e in ledger.experiments() for b in ledger.boots(e.id)]
+        client = MlflowClient(mlflow_server.url)
+        logged = {
+            d.path
+            for e in ledger.experiments()
+            for d in client.list_artifacts(e.mlflow_run_id or "", "logs")
+        }
+        # every boot's logs but those of the boot that met both away (lost)
+        assert len(logged) == len(boots) - 1, (logged, [b.id for b in boots])
+        assert ledger.holding("scripted") == []
 
 
 def test_status_says_which_experiments_mlflow_lacks_texts_of(tmp_path: Path) -> None:
