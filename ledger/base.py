@@ -111,7 +111,7 @@ class LedgerBase:
                 session.rollback()
             detail = str(e).splitlines()[0]
             raise LedgerError(
-                f"ledger {self.url}: {detail}", url=self.url, unreachable=_unreachable(e)
+                f"ledger {self.url}: {detail}", url=self.url, unreachable=did_not_answer(e)
             ) from e
         except BaseException:
             session.rollback()
@@ -229,7 +229,7 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
 _SQLITE_AWAY = ("database is locked", "unable to open database file", "disk i/o error")
 
 
-def _unreachable(e: SQLAlchemyError) -> bool:
+def did_not_answer(e: SQLAlchemyError) -> bool:
     """Whether ``e`` says the database did not answer (waiting may cure it)."""
     if not isinstance(e, DBAPIError):
         return False

@@ -50,12 +50,17 @@ class LeaseLost(LedgerError):
 class MlflowSinkError(OrchestrateError):
     """MLflow (or its database, or its artifact store) failed, or was configured wrongly.
 
-    Carries the tracking URI (with any password masked) and the operation that failed.
+    Carries the tracking URI (with any password masked), the operation that failed, and
+    whether MLflow did not answer (``unreachable``: a connection refused, reset or timed out, a
+    gateway's 502–504; waiting may cure it) rather than refused or was configured wrongly.
     """
 
     exit_code = 4
 
-    def __init__(self, message: str, *, tracking_uri: str, operation: str) -> None:
+    def __init__(
+        self, message: str, *, tracking_uri: str, operation: str, unreachable: bool = False
+    ) -> None:
         super().__init__(message)
         self.tracking_uri = tracking_uri
         self.operation = operation
+        self.unreachable = unreachable

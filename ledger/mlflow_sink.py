@@ -23,6 +23,7 @@ from pathlib import Path, PurePosixPath
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Final, TypeVar
 
+from ledger.base import did_not_answer
 from ledger.errors import MlflowSinkError
 from ledger.mlflow_uri import (
     DEFAULT_TRACKING_URI,
@@ -453,6 +454,33 @@ def _is_mlflow_exception(error: Exception) -> bool:
     return isinstance(error, MlflowException)
 
 
+#: What MLflow's HTTP client says when the tracking server did not answer (MLflow words the
+#: requests/urllib3 failure into its own exception) or a gateway in front of it had no server.
+_AWAY = (
+    "max retries exceeded",
+    "connection refused",
+    "connection reset",
+    "connection aborted",
+    "failed to establish a new connection",
+    "timed out",
+    "error code 502",
+    "error code 503",
+    "error code 504",
+)
+
+
+def _did_not_answer(error: BaseException) -> bool:
+    """Whether ``error`` says MLflow (its server or its database) did not answer."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    if isinstance(error, SQLAlchemyError):
+        return did_not_answer(error)
+    if isinstance(error, ConnectionError | TimeoutError):
+        return True
+    away = any(w in str(error).lower() for w in _AWAY)
+    return isinstance(error, Exception) and _is_mlflow_exception(error) and away
+
+
 def _sink_error(uri: str, operation: str, error: BaseException) -> MlflowSinkError:
     shown = display_uri(uri)
     first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
@@ -464,6 +492,7 @@ def _sink_error(uri: str, operation: str, error: BaseException) -> MlflowSinkErr
         f"MLflow could not {operation} at {shown}: {type(error).__name__}: {reason}{hint}",
         tracking_uri=shown,
         operation=operation,
+        unreachable=_did_not_answer(error),
     )
 
 

@@ -142,8 +142,9 @@ class RoundDisplay:
             self.console.print(f"    {text}", style="dim", highlight=False)
 
     def note(self, text: str) -> None:
-        """A line worth keeping above the live status."""
-        self.console.print(text, highlight=False)
+        """A line worth keeping above the live status, as it is (an error's ``[…]`` is text,
+        not markup)."""
+        self.console.print(text, highlight=False, markup=False)
 
     def decided(self, e: ExperimentRecord, reason: str) -> None:
         """An experiment was decided."""

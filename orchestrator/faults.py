@@ -6,7 +6,9 @@ the same command to resume once the node is back.
 
 A ledger that does not answer (a PostgreSQL restart at night) is waited out too
 (``through_ledger_outages``): the round is built afresh and resumes from its last committed
-step, as the same command would after a kill.
+step, as the same command would after a kill. So is an MLflow that does not answer when the
+round's command opens it (``waiting_for_mlflow``): a night a timer starts while the tracking
+server restarts is not lost. (Mid-round, MLflow away is ``orchestrator.mirror``'s.)
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import TypeVar
 
 from cluster.errors import NodeError
 from knobs.vocabulary import INFRASTRUCTURE, BootStatus
-from ledger import ExperimentRecord, Ledger, LedgerError
+from ledger import ExperimentRecord, Ledger, LedgerError, MlflowSinkError
 from orchestrator import policy
 from orchestrator.display import RoundDisplay
 from orchestrator.errors import OrchestrateError
@@ -115,3 +117,28 @@ def through_ledger_outages(
             )
             sleep(wait)
     return run()
+
+
+def waiting_for_mlflow(
+    open_: Callable[[], T],
+    *,
+    note: Callable[[str], None],
+    sleep: Callable[[float], None] = time.sleep,
+    waits: Sequence[float] = policy.LEDGER_WAITS,
+) -> T:
+    """``open_()`` (MLflow, opened as a command starts), and again after a wait each time
+    MLflow did not answer (``MlflowSinkError.unreachable``), on the ledger's schedule.
+
+    Raises:
+        MlflowSinkError: MLflow is configured wrongly or refused (at once), or still did not
+            answer after the last wait.
+    """
+    for wait in waits:
+        try:
+            return open_()
+        except MlflowSinkError as e:
+            if not e.unreachable:
+                raise
+            note(f"MLflow did not answer ({e.message}); waiting {wait:g}s before trying again")
+            sleep(wait)
+    return open_()

@@ -25,7 +25,7 @@ from ledger import Ledger, MlflowSinkError
 from ledger.mlflow_sink import MlflowSink, mlflow_experiment
 from orchestrator.approval import ApprovalGate
 from orchestrator.display import RoundDisplay
-from orchestrator.faults import through_ledger_outages
+from orchestrator.faults import through_ledger_outages, waiting_for_mlflow
 from orchestrator.round import RoundOptions, RoundReport, RoundRunner
 from tests.fixtures.cli import orchestrate
 from tests.fixtures.mlflow_store import MlflowServer
@@ -303,3 +303,36 @@ def test_status_says_which_experiments_mlflow_lacks_texts_of(tmp_path: Path) -> 
     said = " ".join(plain.stdout.split())
     assert "MLflow lacks the launchers and engine logs of 1 experiment(s) (#3)" in said, said
     assert "the next `orchestrate round` puts them on their runs" in said
+
+
+def test_a_round_command_waits_for_an_mlflow_that_does_not_answer_yet(
+    tmp_path: Path, mlflow_server: MlflowServer, impatient: None
+) -> None:
+    """MLflow that does not answer as the command opens it (a tracking server restarting as a
+    timer starts the night) is waited for on the ledger's schedule, and the round then runs;
+    one that is configured wrongly is refused at once, no wait."""
+    said: list[str] = []
+    waits: list[float] = []
+
+    def wait(seconds: float) -> None:
+        waits.append(seconds)
+        if len(waits) == 2:
+            mlflow_server.resume()
+
+    mlflow_server.pause()
+    try:
+        sink = waiting_for_mlflow(lambda: _sink(mlflow_server), note=said.append, sleep=wait)
+    finally:
+        mlflow_server.resume()
+    assert waits == [10.0, 30.0]
+    assert len(said) == 2 and all(line.startswith("MLflow did not answer") for line in said)
+    with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
+        report = _round(ledger, mlflow_server, Outage(lambda n: None), io.StringIO(), sink)
+        assert report.stopped_by == "budget"
+        _assert_mlflow_has_every_verdict(ledger, mlflow_server)
+    with pytest.raises(MlflowSinkError) as wrong:
+        waiting_for_mlflow(
+            lambda: MlflowSink(str(tmp_path / "mlruns")), note=said.append, sleep=wait
+        )
+    assert not wrong.value.unreachable
+    assert waits == [10.0, 30.0], "a wrong configuration is not waited for"
