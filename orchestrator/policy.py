@@ -404,7 +404,8 @@ def _most_agree(level: Sequence[float], test: Shift) -> bool:
 
 
 #: Seconds the round waits for a ledger that does not answer before it resumes, wait after
-#: wait (about half an hour in all; then it stops, exit 4, for the same command to resume).
+#: wait (about half an hour in all; then it stops, exit 4, for the same command to resume);
+#: the same schedule for an MLflow that does not answer as the round's command opens it.
 LEDGER_WAITS = (10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 600.0)
 
 
