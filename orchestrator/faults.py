@@ -105,18 +105,17 @@ def through_ledger_outages(
         LedgerError: the ledger refused what it was asked, or still did not answer after the
             last wait (the round stays open for the same command to resume).
     """
-    for wait in waits:
-        try:
-            return run()
-        except LedgerError as e:
-            if not e.unreachable:
-                raise
-            note(
-                f"the ledger did not answer ({e.message}); nothing it recorded is lost: "
-                f"the round waits {wait:g}s and resumes from it"
-            )
-            sleep(wait)
-    return run()
+    return _waited(
+        run,
+        LedgerError,
+        lambda message, wait: (
+            f"the ledger did not answer ({message}); nothing it recorded is "
+            f"lost: the round waits {wait:g}s and resumes from it"
+        ),
+        note,
+        sleep,
+        waits,
+    )
 
 
 def waiting_for_mlflow(
@@ -133,12 +132,34 @@ def waiting_for_mlflow(
         MlflowSinkError: MLflow is configured wrongly or refused (at once), or still did not
             answer after the last wait.
     """
+    return _waited(
+        open_,
+        MlflowSinkError,
+        lambda message, wait: (
+            f"MLflow did not answer ({message}); waiting {wait:g}s before trying again"
+        ),
+        note,
+        sleep,
+        waits,
+    )
+
+
+def _waited(
+    run: Callable[[], T],
+    away: type[LedgerError | MlflowSinkError],
+    said: Callable[[str, float], str],
+    note: Callable[[str], None],
+    sleep: Callable[[float], None],
+    waits: Sequence[float],
+) -> T:
+    """``run()``, again after each of ``waits`` while it raises ``away`` that did not answer
+    (``unreachable``), each wait ``said`` in one line; the last try's error raised."""
     for wait in waits:
         try:
-            return open_()
-        except MlflowSinkError as e:
+            return run()
+        except away as e:
             if not e.unreachable:
                 raise
-            note(f"MLflow did not answer ({e.message}); waiting {wait:g}s before trying again")
+            note(said(e.message, wait))
             sleep(wait)
-    return open_()
+    return run()
