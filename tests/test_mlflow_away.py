@@ -54,6 +54,21 @@ class Outage(ScriptedTestbed):
         return {0: f"engine log of boot {len(self.boots)}, token {SECRET}\n"}
 
 
+class BothAway(Outage):
+    """``Outage``, and the ledger at ``pg_url`` taken away as boot 3 comes up: the boot is up,
+    and recording it finds the ledger gone."""
+
+    def __init__(self, on_deploy: Callable[[int], None], pg_url: str) -> None:
+        super().__init__(on_deploy)
+        self.pg_url = pg_url
+
+    def deploy(self, config: Config) -> dict[int, str]:
+        launchers = super().deploy(config)
+        if len(self.boots) == 3:
+            take_away(self.pg_url)
+        return launchers
+
+
 @pytest.fixture
 def impatient(monkeypatch: pytest.MonkeyPatch) -> None:
     """MLflow's HTTP client gives up on a silent server after 2 s, without retries; the
@@ -197,14 +212,7 @@ def test_a_boot_whose_logs_find_mlflow_and_the_ledger_away_is_torn_down_first(
         if n == 3:
             mlflow_server.pause()
 
-    class BothAway(Outage):
-        def deploy(self, config: Config) -> dict[int, str]:
-            launchers = super().deploy(config)
-            if len(self.boots) == 3:
-                take_away(pg_url)  # the boot is up; recording it finds the ledger gone
-            return launchers
-
-    testbed = BothAway(away)
+    testbed = BothAway(away, pg_url)
 
     def wait(_seconds: float) -> None:
         engines_up_in_waits.append(testbed._current is not None)
@@ -244,14 +252,7 @@ def test_a_round_resumed_after_the_ledger_came_back_goes_on_while_mlflow_is_stil
         if n == 7:
             mlflow_server.resume()
 
-    class BothAway(Outage):
-        def deploy(self, config: Config) -> dict[int, str]:
-            launchers = super().deploy(config)
-            if len(self.boots) == 3:
-                take_away(pg_url)
-            return launchers
-
-    testbed = BothAway(away)
+    testbed = BothAway(away, pg_url)
     said = io.StringIO()
     sink = _sink(mlflow_server)  # the command's, as `orchestrate round` opens it
     with Ledger(pg_url) as ledger:
