@@ -121,17 +121,37 @@ def through_ledger_outages(
 def waiting_for_mlflow(
     open_: Callable[[], T],
     *,
+    reached_before: bool,
     note: Callable[[str], None],
     sleep: Callable[[float], None] = time.sleep,
     waits: Sequence[float] = policy.LEDGER_WAITS,
 ) -> T:
     """``open_()`` (MLflow, opened as a command starts), and again after a wait each time
-    MLflow did not answer (``MlflowSinkError.unreachable``), on the ledger's schedule.
+    MLflow did not answer (``MlflowSinkError.unreachable``), on the ledger's schedule — if the
+    ledger has ``reached_before`` (``mlflow_reached``): an MLflow that answered this ledger's
+    rounds and does not answer now is away for a while. One that never answered it is taken
+    for a tracking URI that names nothing (a wrong port, host or scheme) and refused at once,
+    while the person who typed it is still there to read why.
 
     Raises:
-        MlflowSinkError: MLflow is configured wrongly or refused (at once), or still did not
-            answer after the last wait.
+        MlflowSinkError: MLflow is configured wrongly or refused (at once), never answered
+            this ledger (at once), or still did not answer after the last wait.
     """
+    if not reached_before:
+        try:
+            return open_()
+        except MlflowSinkError as e:
+            if not e.unreachable:
+                raise
+            raise MlflowSinkError(
+                f"{e.message}; this ledger's rounds have never reached an MLflow, so it is "
+                "not waited for as an outage: check the tracking URI (MLFLOW_TRACKING_URI, "
+                "else the profile's mlflow_uri) and that its server is up, then run the "
+                "command again",
+                tracking_uri=e.tracking_uri,
+                operation=e.operation,
+                unreachable=True,
+            ) from None
     return _waited(
         open_,
         MlflowSinkError,
@@ -142,6 +162,12 @@ def waiting_for_mlflow(
         sleep,
         waits,
     )
+
+
+def mlflow_reached(ledger: Ledger, cluster: str) -> bool:
+    """Whether MLflow ever answered a round of ``cluster`` in this ledger (a round gets its
+    MLflow run as it starts): the evidence ``waiting_for_mlflow`` weighs a silent MLflow by."""
+    return any(r.mlflow_run_id for r in ledger.rounds(cluster))
 
 
 def _waited(

@@ -11,6 +11,8 @@ import io
 import json
 import os
 import shutil
+import socket
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,9 +27,9 @@ from ledger import Ledger, MlflowSinkError
 from ledger.mlflow_sink import MlflowSink, mlflow_experiment
 from orchestrator.approval import ApprovalGate
 from orchestrator.display import RoundDisplay
-from orchestrator.faults import through_ledger_outages, waiting_for_mlflow
+from orchestrator.faults import mlflow_reached, through_ledger_outages, waiting_for_mlflow
 from orchestrator.round import RoundOptions, RoundReport, RoundRunner
-from tests.fixtures.cli import orchestrate
+from tests.fixtures.cli import ORCHESTRATE, orchestrate
 from tests.fixtures.mlflow_store import MlflowServer
 from tests.test_ledger_outage import bring_back, take_away
 from tests.test_round_policy import ScriptedTestbed, profile
@@ -322,7 +324,9 @@ def test_a_round_command_waits_for_an_mlflow_that_does_not_answer_yet(
 
     mlflow_server.pause()
     try:
-        sink = waiting_for_mlflow(lambda: _sink(mlflow_server), note=said.append, sleep=wait)
+        sink = waiting_for_mlflow(
+            lambda: _sink(mlflow_server), reached_before=True, note=said.append, sleep=wait
+        )
     finally:
         mlflow_server.resume()
     assert waits == [10.0, 30.0]
@@ -333,7 +337,58 @@ def test_a_round_command_waits_for_an_mlflow_that_does_not_answer_yet(
         _assert_mlflow_has_every_verdict(ledger, mlflow_server)
     with pytest.raises(MlflowSinkError) as wrong:
         waiting_for_mlflow(
-            lambda: MlflowSink(str(tmp_path / "mlruns")), note=said.append, sleep=wait
+            lambda: MlflowSink(str(tmp_path / "mlruns")),
+            reached_before=True,
+            note=said.append,
+            sleep=wait,
         )
     assert not wrong.value.unreachable
     assert waits == [10.0, 30.0], "a wrong configuration is not waited for"
+
+
+def test_an_mlflow_that_never_answered_the_ledger_is_refused_at_once_one_that_did_is_waited_for(
+    tmp_path: Path, impatient: None
+) -> None:
+    """A tracking URI that names nothing (a wrong port) on a ledger whose rounds never reached
+    an MLflow is refused at the command's start in one line, no wait; the same URI on a ledger
+    whose rounds MLflow answered is an outage, and waited for."""
+    ledgers = Path(__file__).parent / "fixtures" / "ledgers"
+    profile = str(ledgers / "schema4.profile.yaml")
+    # bound, never listening: every connection to it is refused, and no other process can
+    # take the port while the test runs
+    with socket.socket() as nothing:
+        nothing.bind(("127.0.0.1", 0))
+        uri = f"http://127.0.0.1:{nothing.getsockname()[1]}"
+        env = {**os.environ, "MLFLOW_TRACKING_URI": uri}
+        fresh = {**env, "ORCHESTRATE_LEDGER": f"sqlite:///{tmp_path}/fresh.db"}
+        refused = orchestrate(tmp_path, "round", "--budget", "1", "--profile", profile, env=fresh)
+        assert refused.returncode == 4, refused.stderr
+        errors = [line for line in refused.stderr.splitlines() if line.startswith("Error:")]
+        assert len(errors) == 1, refused.stderr
+        assert uri in errors[0] and "never reached an MLflow" in errors[0], errors
+        assert "MLflow did not answer" not in refused.stdout + refused.stderr
+        with Ledger(fresh["ORCHESTRATE_LEDGER"]) as ledger:
+            assert not mlflow_reached(ledger, "twin-2node")
+            assert ledger.rounds("twin-2node") == [], "nothing was started"
+
+        shutil.copyfile(ledgers / "schema4.sqlite", tmp_path / "old.db")
+        old = {**env, "ORCHESTRATE_LEDGER": f"sqlite:///{tmp_path}/old.db"}
+        with subprocess.Popen(
+            [*ORCHESTRATE, "round", "--budget", "1", "--profile", profile],
+            cwd=tmp_path,
+            env=old,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        ) as waiting:
+            assert waiting.stdout is not None
+            said: list[str] = []
+            for line in waiting.stdout:
+                said.append(line)
+                if "MLflow did not answer" in line:
+                    break
+            waiting.terminate()
+            waiting.wait(timeout=60)
+        assert "waiting 10s before trying again" in " ".join(" ".join(said).split()), said
+        with Ledger(old["ORCHESTRATE_LEDGER"]) as ledger:
+            assert mlflow_reached(ledger, "twin-2node")

@@ -71,7 +71,7 @@ def round_(
     from orchestrator.approval import ApprovalGate
     from orchestrator.crashpoints import deploy_progress
     from orchestrator.display import RoundDisplay
-    from orchestrator.faults import through_ledger_outages, waiting_for_mlflow
+    from orchestrator.faults import mlflow_reached, through_ledger_outages, waiting_for_mlflow
     from orchestrator.gpu_hours import cluster_gpus
     from orchestrator.lease import Ownership
     from orchestrator.profile import load_profile
@@ -116,13 +116,14 @@ def round_(
         )
         # one MLflow experiment per cluster: its rounds side by side, no other cluster's; a
         # tracking server that does not answer yet (restarting as a timer starts the night)
-        # is waited for
+        # is waited for, if it ever answered this ledger (else the URI is taken for wrong)
         sink = waiting_for_mlflow(
             lambda: MlflowSink(
                 o.settings.mlflow_uri,
                 experiment_name=mlflow_experiment(prof.cluster.name),
                 artifact_root=o.settings.artifact_root,
             ),
+            reached_before=mlflow_reached(ledger, prof.cluster.name),
             note=display.note,
         )
         # each node's start and /health are crash points of the kill suite (``crashpoints``)
