@@ -24,7 +24,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.research import Trace, landscape_for, run_loop
+from bench.ceilings import landscape_for
+from bench.research import Trace, run_loop
 from cluster.simulated import StepDrift
 
 RULES = {"flag-only": {"confirm_drift": False}, "confirmed": {"confirm_drift": True}}

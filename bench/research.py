@@ -39,7 +39,6 @@ which it was p% or more). Run:
 from __future__ import annotations
 
 import argparse
-import heapq
 import io
 import itertools
 import json
@@ -60,14 +59,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agents import OptunaProposer
 from agents.optuna_proposer import distributions
+from bench.ceilings import landscape_for, report_ceilings, truth
+from bench.tables import report
 from cluster.simulated import SimulatedTestbed, StepDrift
-from cluster.twin.landscape import Landscape, load_landscape
+from cluster.twin.landscape import Landscape
 from knobs.catalog import catalog
-from knobs.config import Change, Config
-from knobs.errors import KnobError
+from knobs.config import Config
 from ledger import Ledger
 from orchestrator.approval import ApprovalGate
 from orchestrator.display import RoundDisplay
+from orchestrator.errors import OrchestrateError
 from orchestrator.profile import Profile, VerdictSpec
 from orchestrator.round import RoundOptions, RoundRunner
 from orchestrator.testbed import NullSink
@@ -182,16 +183,6 @@ def tally(
         )
     elif discarded and gain:
         trace.wrong_discards += 1
-
-
-def truth(landscape: Landscape, config: dict[str, Any]) -> float:
-    """The noise-free objective of a config; 0 if it does not boot or is invalid."""
-    value = landscape.objective(config)
-    if value is None:
-        return 0.0
-    if any(landscape.truth(config, c).invalid for c in landscape.cells()):
-        return 0.0
-    return value
 
 
 def profile_for(
@@ -510,169 +501,6 @@ def summarise(landscape: Landscape, trace: Trace, optimum: float) -> dict[str, A
     }
 
 
-def experiments_to(row: dict[str, Any], pct: float, budget: int) -> int:
-    """The first experiment after which ``row``'s champion was at ``pct`` % of the optimum or
-    more (0: the default already was; a run that never got there counts ``budget`` + 1)."""
-    return next((i for i, p in enumerate(row["pct_after"]) if p >= pct), budget + 1)
-
-
-def steps(landscape: Landscape, config: Config, coupled: bool) -> list[Change]:
-    """The moves the loop may make from ``config``: every one-knob neighbour and, with
-    ``coupled``, the coupled moves (``agents.coupled``): a neighbour that does not boot for a
-    failure class another knob declares monotone, with that knob's next value in the
-    direction that cures it (one try, as the loop makes)."""
-    space = landscape.knob_space()
-    out = space.neighbours(config)
-    if not coupled:
-        return out
-    for change in list(out):
-        status, _ = landscape.boot_status(landscape.settings(config.apply(change).as_dict()))
-        if status not in ("oom", "kv_capacity"):
-            continue
-        for spec in space.knobs:
-            side = spec.monotone_failures.get(status)
-            held = config[spec.name]
-            if side is None or spec.name == change.knob or isinstance(held, bool | str):
-                continue
-            cure = [v for v in spec.domain() if isinstance(v, int | float) and v > held]
-            if side == "above":
-                cure = sorted(
-                    (v for v in spec.domain() if isinstance(v, int | float) and v < held),
-                    reverse=True,
-                )
-            if not cure:
-                continue
-            try:
-                out.append(
-                    space.coupled_change(config, change.knob, change.new, spec.name, cure[0])
-                )
-            except KnobError:
-                continue
-    return out
-
-
-def ceiling(landscape: Landscape, margin_pct: float, coupled: bool = False) -> float:
-    """The best true objective a one-knob hill climb can reach from the default config when
-    every step it keeps is a true gain of at least ``margin_pct``: a loop that keeps only real
-    gains can do no better. Exhaustive over improving chains, memoised on the config.
-    ``coupled``: coupled moves are steps too (``steps``)."""
-    best: dict[str, float] = {}
-
-    def climb(config: Config) -> float:
-        if config.key not in best:
-            here = truth(landscape, config.as_dict())
-            top = here
-            for change in steps(landscape, config, coupled):
-                nxt = config.apply(change)
-                if here > 0 and truth(landscape, nxt.as_dict()) >= here * (1 + margin_pct / 100):
-                    top = max(top, climb(nxt))
-            best[config.key] = top
-        return best[config.key]
-
-    return climb(landscape.knob_space().default_config())
-
-
-def widest_path(
-    landscape: Landscape, target: float, limit: int = 5000, coupled: bool = False
-) -> list[tuple[str, float]] | None:
-    """The one-knob path from the default config to a config whose true objective is at least
-    ``target`` whose smallest step is as large as possible (steps never lose: a kept loss is a
-    wrong keep), as ``(change, true gain %)``; ``None`` if none is found within ``limit``
-    expanded configs. Best-first on (smallest step so far, fewest steps, objective)."""
-    space = landscape.knob_space()
-    start = space.default_config()
-    queue: list[tuple[float, int, float, int, Config, list[tuple[str, float]]]] = []
-    counter = itertools.count()
-    heapq.heappush(queue, (-math.inf, 0, -truth(landscape, start.as_dict()), 0, start, []))
-    seen: set[str] = set()
-    while queue and len(seen) < limit:
-        neg_width, _, neg_value, _, config, path = heapq.heappop(queue)
-        if config.key in seen:
-            continue
-        seen.add(config.key)
-        here = -neg_value
-        if here >= target:
-            return path
-        for change in steps(landscape, config, coupled):
-            nxt = config.apply(change)
-            value = truth(landscape, nxt.as_dict())
-            if here <= 0 or value < here or nxt.key in seen:
-                continue
-            gain = 100 * (value / here - 1)
-            width = min(-neg_width, gain)
-            step = (change.describe(), gain)
-            heapq.heappush(
-                queue, (-width, len(path) + 1, -value, next(counter), nxt, [*path, step])
-            )
-    return None
-
-
-def boots_to_tell(gain_pct: float, boot_cv: float, z: float = 1.645) -> float:
-    """Boots per side for a one-sided test at ``z`` to tell a true ``gain_pct`` from nothing
-    with even odds, when each boot's objective scatters ``boot_cv`` (relative sd)."""
-    if gain_pct <= 0:
-        return math.inf
-    return 2 * (z * boot_cv / math.log1p(gain_pct / 100)) ** 2
-
-
-def landscape_for(name: str, boot_noise: float | None) -> Landscape:
-    """A shipped landscape, with its boot-to-boot noise replaced when ``boot_noise`` is set."""
-    landscape = load_landscape(name)
-    if boot_noise is None:
-        return landscape
-    noise = landscape.noise.model_copy(update={"boot_to_boot": boot_noise})
-    return landscape.model_copy(update={"noise": noise})
-
-
-def report_ceilings(names: list[str], boot_noise: float | None = None) -> None:
-    """What the landscapes allow an honest one-knob loop, and what the last steps cost; then
-    the same with coupled moves as steps (where they change anything)."""
-    print("\n## What a one-knob loop can reach\n")
-    print(
-        "ceiling: the best true objective (% of the optimum) reachable from the default config "
-        "by one-knob steps that are each a true gain of at least 0.1% / 2% (the equivalence "
-        "margin). Path to 99%: the one-knob path to 99% of the optimum whose smallest step is "
-        "largest (no step a true loss), and the boots per side a one-sided 95% test needs to "
-        "tell that smallest step from nothing at the landscape's boot-to-boot noise.\n"
-    )
-    header = (
-        "| landscape | ceiling, steps ≥ 0.1% | ceiling, steps ≥ 2% | path to 99% "
-        "| smallest step | boots/side |\n|---|---|---|---|---|---|"
-    )
-    print(header)
-    rows = {name: _ceiling_row(name, boot_noise, coupled=False) for name in names}
-    for row in rows.values():
-        print(row)
-    with_coupled = {name: _ceiling_row(name, boot_noise, coupled=True) for name in names}
-    changed = [row for name, row in with_coupled.items() if row != rows[name]]
-    print("\n### With coupled moves\n")
-    print(
-        "The same, where a step may also be a coupled move (a value that does not boot for a "
-        "failure another knob declares monotone, with that knob's next value); landscapes "
-        "where it changes nothing are left out.\n"
-    )
-    if changed:
-        print(header)
-        for row in changed:
-            print(row)
-    else:
-        print("(it changes nothing on these landscapes)")
-
-
-def _ceiling_row(name: str, boot_noise: float | None, *, coupled: bool) -> str:
-    landscape = landscape_for(name, boot_noise)
-    optimum = float(landscape.optimum()["objective"])
-    tops = [100 * ceiling(landscape, m, coupled) / optimum for m in (0.1, 2.0)]
-    path = widest_path(landscape, 0.99 * optimum, coupled=coupled)
-    if path is None:
-        shown, smallest = "not found", math.nan
-    else:
-        shown = ", ".join(f"{what} ({gain:+.1f}%)" for what, gain in path)
-        smallest = min((gain for _, gain in path), default=math.nan)
-    need = boots_to_tell(smallest, landscape.boot_to_boot)
-    return f"| {name} | {tops[0]:.1f}% | {tops[1]:.1f}% | {shown} | {smallest:+.1f}% | {need:.0f} |"
-
-
 def verdict_settings(text: str) -> dict[str, Any]:
     """``--policy``: a JSON object of ``VerdictSpec`` fields, checked before any run starts."""
     try:
@@ -761,6 +589,11 @@ def main() -> int:
         args.landscapes = list(LANDSCAPES)
     elif args.new_landscapes:
         args.landscapes = list(NEW_LANDSCAPES)
+    for name in args.landscapes:  # every landscape read before the first run: one line if not
+        try:
+            landscape_for(name, args.boot_noise)
+        except OrchestrateError as e:
+            parser.error(e.message)
     if args.ceilings_only:
         report_ceilings(args.landscapes, args.boot_noise)
         return 0
@@ -828,190 +661,6 @@ def main() -> int:
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return 0
-
-
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values) if values else math.nan
-
-
-COLUMNS = (
-    "landscape",
-    "method",
-    "reached 99%",
-    "experiments to 99%",
-    "boots to 99%",
-    "final % of optimum",
-    "experiments to TPE's final %",
-    "wrong keeps (% of decided)",
-    "keeps (true < 1%)",
-    "wrong discards ≥5%",
-    "true ≥5% discarded / tried",
-    "invalid promoted",
-    "boots/decided",
-    "boots/decided w/o stuck",
-    "boot failures/run",
-    "champion re-measures/run",
-    "sentinel: re-measures / flags / re-bases",
-    "false alarms/re-measure",
-    "stuck-clock boots/run",
-)
-
-
-def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
-    """Print a table per landscape and the ratios as Markdown."""
-    noise = "" if args.boot_noise is None else f", boot-to-boot noise {args.boot_noise:g}"
-    if args.policy:
-        noise += f", orchestrate's verdict settings {json.dumps(args.policy)}"
-    print(
-        f"# research efficiency: {args.seeds} seeds, budget {args.budget} experiments a run"
-        f"{noise}\n"
-    )
-    print(
-        "experiments to TPE's final %: the first experiment after which the champion was at "
-        "optuna-tpe's mean final % of the optimum on that landscape (0: the default already "
-        "was; never: budget + 1), and in how many runs; keeps (true < 1%): keeps, and of them "
-        "those whose true effect was under +1 % or invalid; true ≥5% discarded / tried: changes "
-        "with a true effect of +5 % or more that were not kept / that were tried; w/o stuck: "
-        "boots set aside for a node's stuck clocks (and taken again) not counted"
-    )
-    summary: dict[tuple[str, str], dict[str, float]] = {}
-    for name in args.landscapes:
-        mine = [r for r in rows if r["landscape"] == name]
-        tpe = [r["final_pct"] for r in mine if r["method"] == "optuna-tpe"]
-        target = _mean(tpe) if tpe else None
-        start = _mean([r["start_pct"] for r in mine])
-        print(f"\n## {name}\n")
-        print(
-            f"default config at {start:.1f}% of the optimum"
-            + ("" if target is None else f"; optuna-tpe's mean final {target:.1f}%")
-            + "\n"
-        )
-        print("| " + " | ".join(COLUMNS) + " |")
-        print("|" + "---|" * len(COLUMNS))
-        for method in args.methods:
-            runs = [r for r in mine if r["method"] == method]
-            cells, summary[(name, method)] = table_row(runs, name, method, target, args.budget)
-            print("| " + " | ".join(cells) + " |")
-    if "orchestrate" in args.methods:
-        report_ratios(summary, args)
-        report_decisions([r for r in rows if r["method"] == "orchestrate"], args.landscapes)
-
-
-#: true-effect buckets of ``report_decisions`` (lower edges, %)
-EFFECT_BUCKETS = ((20.0, "≥ 20 %"), (10.0, "10–20 %"), (5.0, "5–10 %"), (1.0, "1–5 %"))
-
-
-def report_decisions(runs: list[dict[str, Any]], names: list[str]) -> None:
-    """orchestrate's decided experiments by their true effect: tried / kept / boots each, and
-    the verdict rules of the ≥ 5 % changes it did not keep."""
-    print("\n## orchestrate's decisions by true effect\n")
-    print("tried / kept / boots each (measure, repeat and confirm boots of the experiment)\n")
-    heads = [label for _, label in EFFECT_BUCKETS]
-    print("| landscape | " + " | ".join(heads) + " | < 1 % | ≥ 5 % not kept, by rule |")
-    print("|---|" + "---|" * (len(heads) + 2))
-    for name in names:
-        tried: dict[str, list[tuple[str, int]]] = {}
-        rules: dict[str, int] = {}
-        for run in (r for r in runs if r["landscape"] == name):
-            for effect, status, rule, took in run.get("decisions", []):
-                if effect is None:
-                    continue
-                label = next((lab for low, lab in EFFECT_BUCKETS if effect >= low), "< 1 %")
-                tried.setdefault(label, []).append((status, took))
-                if effect >= 5.0 and status != "keep":
-                    rules[f"{status}/{rule}"] = rules.get(f"{status}/{rule}", 0) + 1
-        why = ", ".join(f"{k} {v}" for k, v in sorted(rules.items(), key=lambda kv: -kv[1]))
-        cells = [_decided_cell(tried.get(h, [])) for h in [*heads, "< 1 %"]]
-        print(f"| {name} | " + " | ".join(cells) + f" | {why} |")
-
-
-def _decided_cell(got: list[tuple[str, int]]) -> str:
-    """``tried / kept / boots each`` of one bucket's (status, boots) decisions."""
-    if not got:
-        return "-"
-    kept = sum(1 for status, _ in got if status == "keep")
-    return f"{len(got)} / {kept} / {sum(t for _, t in got) / len(got):.2f}"
-
-
-def table_row(
-    runs: list[dict[str, Any]], name: str, method: str, target: float | None, budget: int
-) -> tuple[list[str], dict[str, float]]:
-    """One landscape × method row of the table, and what the ratios need."""
-    reached = [r for r in runs if r["experiments_to_99"] is not None]
-    # a run that never reached 99% counts as budget + 1 experiments
-    exp = _mean([r["experiments_to_99"] or budget + 1 for r in runs])
-    boots = _mean([r["boots_to_99"] or r["boots"] + 1 for r in runs])
-    decided = max(1, sum(r["decided"] for r in runs))
-    wrong = sum(r["wrong_keeps"] for r in runs)
-    final = _mean([r["final_pct"] for r in runs])
-    if target is None:
-        to_tpe = "n/a"
-    else:
-        got = [experiments_to(r, target, budget) for r in runs]
-        there = sum(1 for g in got if g <= budget)
-        to_tpe = f"{_mean([float(g) for g in got]):.1f} ({there}/{len(runs)})"
-    discarded = sum(r["wrong_discards_ge5"] for r in runs)
-    tried = sum(r["true_gains_ge5_tried"] for r in runs)
-    cells = [
-        name,
-        method,
-        f"{len(reached)}/{len(runs)}",
-        f"{exp:.1f}",
-        f"{boots:.1f}",
-        f"{final:.1f}",
-        to_tpe,
-        f"{wrong} ({100 * wrong / decided:.1f}%)",
-        f"{sum(r['keeps'] for r in runs)} ({sum(r['keeps_under_1pct'] for r in runs)})",
-        str(discarded),
-        f"{discarded}/{tried}" + (f" ({100 * discarded / tried:.0f}%)" if tried else ""),
-        str(sum(r["invalid_promoted"] for r in runs)),
-        f"{sum(r['boots'] for r in runs) / decided:.2f}",
-        f"{sum(r['boots_without_stuck_reboots'] for r in runs) / decided:.2f}",
-        f"{_mean([r['boot_failures'] for r in runs]):.1f}",
-        f"{_mean([r['remeasures'] for r in runs]):.1f}",
-        sentinel_cells(runs),
-        false_alarms(runs),
-        f"{_mean([r['stuck_boots'] for r in runs]):.1f}",
-    ]
-    return cells, {"exp": exp, "final": final}
-
-
-def sentinel_cells(runs: list[dict[str, Any]]) -> str:
-    """The drift sentinel's re-measures, flags and re-bases, summed over runs (``-`` for a
-    method without a sentinel)."""
-    tests = sum(r.get("sentinel_tests", 0) for r in runs)
-    if not tests:
-        return "-"
-    flags = sum(r["drift_flags"] for r in runs)
-    return f"{tests} / {flags} / {sum(r['drift_rebases'] for r in runs)}"
-
-
-def false_alarms(runs: list[dict[str, Any]]) -> str:
-    """Re-bases ÷ re-measures tested: on a cluster without drift, every re-base is false."""
-    tests = sum(r.get("sentinel_tests", 0) for r in runs)
-    if not tests:
-        return "-"
-    return f"{100 * sum(r['drift_rebases'] for r in runs) / tests:.1f}%"
-
-
-def report_ratios(
-    summary: dict[tuple[str, str], dict[str, float]], args: argparse.Namespace
-) -> None:
-    """orchestrate against every other method, per landscape."""
-    print("\n## orchestrate / baseline\n")
-    print("experiments to 99% (a run that never got there counts budget + 1; lower is better),")
-    print("final champion's true objective (higher is better)\n")
-    for name in args.landscapes:
-        ours = summary[(name, "orchestrate")]
-        for method in args.methods:
-            if method == "orchestrate":
-                continue
-            theirs = summary[(name, method)]
-            ratio = "n/a" if theirs["final"] == 0 else f"×{ours['final'] / theirs['final']:.3f}"
-            print(
-                f"- {name} vs {method}: experiments to 99% ×{ours['exp'] / theirs['exp']:.2f}, "
-                f"final {ours['final']:.1f}% vs {theirs['final']:.1f}% ({ratio})"
-            )
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from agents import (
 )
 from agents.coupled import COUPLED_NOTE, open_moves
 from agents.sweep import SweepProposer
-from bench.research import ceiling, widest_path
+from bench.ceilings import ceiling, widest_path
 from cluster.simulated import SimulatedTestbed
 from cluster.twin.landscape import landscape_path, load_landscape
 from knobs import KnobSpace, catalog
