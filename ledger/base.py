@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from knobs.vocabulary import EventKind
 from ledger.errors import LedgerError, LedgerNotReady
 from ledger.models import Base, EventRow
+from ledger.records import VerdictRecord
 from ledger.schema import NewerSchema, Upgrade
 from ledger.schema import current as current_revision
 from ledger.schema import head as schema_head
@@ -71,6 +72,9 @@ class LedgerBase:
             raise LedgerError(f"cannot open ledger {self.url}: {e}", url=self.url) from e
         self._sessions = sessionmaker(self._engine, expire_on_commit=False)
         self._held: Connection | None = None
+        # a verdict is written once, with its experiment's decision, and never changed: read
+        # once (a loop reads every verdict of the cluster at each step, night after night)
+        self._verdicts: dict[int, VerdictRecord] = {}
         try:
             if rehearse:
                 self._rehearse()

@@ -162,16 +162,22 @@ class Experiments(LedgerBase):
             return experiment_record(row)
 
     def verdict(self, experiment_id: int) -> VerdictRecord | None:
-        """The verdict of an experiment, if decided."""
+        """The verdict of an experiment, if decided (read from the database once: a verdict
+        never changes)."""
+        known = self._verdicts.get(experiment_id)
+        if known is not None:
+            return known
         with self._session() as s:
             row = s.scalars(
                 select(VerdictRow).where(VerdictRow.experiment_id == experiment_id)
             ).first()
             if row is None:
                 return None
-            return VerdictRecord(
+            verdict = VerdictRecord(
                 status=row.status, rule=row.rule, reason=row.reason, stats=row.stats
             )
+        self._verdicts[experiment_id] = verdict
+        return verdict
 
     # ---- champion -------------------------------------------------------------------------
     def champion(self, cluster: str) -> ChampionRecord | None:

@@ -8,7 +8,7 @@ from knobs.config import Config
 from knobs.records import CellResultRecord
 from knobs.vocabulary import BootRole, BootStatus, EventKind, FailureClass
 from ledger.base import LedgerBase
-from ledger.models import BootRow, CellResultRow, DriftRow, EventRow, utcnow
+from ledger.models import BootRow, CellResultRow, DriftRow, EventRow, ExperimentRow, utcnow
 from ledger.records import BootRecord, DriftRecord, EventRecord
 from ledger.rows import boot_record, current_champion, drift_record, event_record
 
@@ -76,6 +76,21 @@ class Measures(LedgerBase):
             )
             return [boot_record(r) for r in rows]
 
+    def cluster_boots(self, cluster: str) -> dict[int, list[BootRecord]]:
+        """The boots of every experiment of ``cluster``, by experiment, each oldest first (one
+        query: ``boots`` of each)."""
+        out: dict[int, list[BootRecord]] = {}
+        with self._session() as s:
+            rows = s.scalars(
+                select(BootRow)
+                .join(ExperimentRow, ExperimentRow.id == BootRow.experiment_id)
+                .where(ExperimentRow.cluster == cluster)
+                .order_by(BootRow.id)
+            )
+            for r in rows:
+                out.setdefault(r.experiment_id, []).append(boot_record(r))
+        return out
+
     def open_boots(self) -> list[BootRecord]:
         """Boots never marked down or failed: servers that may still run."""
         with self._session() as s:
@@ -118,6 +133,23 @@ class Measures(LedgerBase):
                 .order_by(CellResultRow.id)
             )
             return [(r.boot_id, r.repeat, CellResultRecord.model_validate(r.record)) for r in rows]
+
+    def cluster_cell_results(
+        self, cluster: str
+    ) -> dict[int, list[tuple[int, int, CellResultRecord]]]:
+        """``cell_results`` of every experiment of ``cluster``, by experiment (one query)."""
+        out: dict[int, list[tuple[int, int, CellResultRecord]]] = {}
+        with self._session() as s:
+            rows = s.scalars(
+                select(CellResultRow)
+                .join(ExperimentRow, ExperimentRow.id == CellResultRow.experiment_id)
+                .where(ExperimentRow.cluster == cluster)
+                .order_by(CellResultRow.id)
+            )
+            for r in rows:
+                record = CellResultRecord.model_validate(r.record)
+                out.setdefault(r.experiment_id, []).append((r.boot_id, r.repeat, record))
+        return out
 
     def set_champion_objective(self, cluster: str, objective: float) -> None:
         """The champion's best estimate changed (a re-measurement)."""

@@ -22,7 +22,7 @@ from knobs.vocabulary import BootRole, BootStatus, EventKind, Kind, State, Statu
 from ledger import ChampionRecord, ExperimentRecord, Ledger
 from orchestrator.acceptance import Null, acceptance_shift, counts, moved
 from orchestrator.evolution import fit_champion, knob_changes
-from orchestrator.measurements import Measurement, read_measurements
+from orchestrator.measurements import Measurement, read_cluster_measurements, read_measurements
 from orchestrator.noise import NoiseModel, learn
 from orchestrator.pooling import ValueBoots, pool
 from orchestrator.priors import MEASURING, base_prior, learned_prior
@@ -145,12 +145,15 @@ class ChampionEvidence:
         spec = self.profile.verdict.noise
         cuts = self.cuts()
         groups: list[list[float]] = []
+        measured = read_cluster_measurements(
+            self.ledger, self.cluster, [c.name for c in self.profile.cells]
+        )
         for e in self.ledger.experiments(cluster=self.cluster):
             if e.status in (Status.CRASH, Status.VETOED, Status.INVALID):
                 continue
             # a cut splits a config's boots: the level moved (or was chosen), not the noise
             segments: dict[int, list[float]] = {}
-            for m in self.measurements(e.id):
+            for m in measured.get(e.id, []):
                 if self.trusted(m):
                     segment = sum(1 for c in cuts.get(e.id, []) if m.index >= c)
                     segments.setdefault(segment, []).append(objective(m.cells))

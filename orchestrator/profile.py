@@ -219,6 +219,12 @@ DOMAIN_FIELDS = frozenset({"low", "high", "step", "choices", "default"})
 TYPO_CUTOFF = 0.85
 
 
+#: Each profile's knob space, built once (``Profile.space``), by the profile's id; the profile
+#: is held with it, so that the id is not another's. The oldest goes past this many.
+_SPACES: dict[int, tuple[Profile, KnobSpace]] = {}
+_SPACES_HELD = 16
+
+
 class Profile(BaseModel):
     """A whole profile, validated."""
 
@@ -312,8 +318,18 @@ class Profile(BaseModel):
 
     @property
     def space(self) -> KnobSpace:
-        """The knob space: the catalog (less ``untuned``) overlaid with the profile's knobs."""
-        return KnobSpace(knobs=overlay(self._catalog_knobs(), self.knobs), forbidden=self.forbidden)
+        """The knob space: the catalog (less ``untuned``) overlaid with the profile's knobs;
+        built once a profile (it is frozen; a loop asks for it thousands of times an
+        experiment, and a copy of the profile is another profile)."""
+        held = _SPACES.get(id(self))
+        if held is None or held[0] is not self:
+            space = KnobSpace(
+                knobs=overlay(self._catalog_knobs(), self.knobs), forbidden=self.forbidden
+            )
+            if len(_SPACES) >= _SPACES_HELD:
+                del _SPACES[next(iter(_SPACES))]
+            held = _SPACES[id(self)] = (self, space)
+        return held[1]
 
     def initial_champion(self) -> Config:
         """The starting champion config.

@@ -215,6 +215,55 @@ def test_cell_results_round_trip_and_are_unique(
     assert ledger.boots(e.id)[0].failure_class == "oom"
 
 
+def test_a_clusters_boots_and_cells_read_at_once_are_each_experiments_and_verdicts_stay_fresh(
+    ledger_url: str, open_ledger: Callable[[str], Ledger]
+) -> None:
+    """``cluster_boots`` and ``cluster_cell_results`` (the noise model reads every experiment's
+    at each step, in two queries) are ``boots`` and ``cell_results`` of each experiment of the
+    cluster, no other cluster's; a verdict another connection writes after this one found
+    none is read (only a verdict found is kept: a verdict never changes)."""
+    ledger = open_ledger(ledger_url)
+    other = open_ledger(ledger_url)
+    experiments = []
+    for cluster, count in (("c", 3), ("elsewhere", 1)):
+        rnd = ledger.create_round(
+            cluster=cluster,
+            profile_name="p",
+            profile_digest="d",
+            budget=count,
+            proposer="optuna",
+            approve="auto",
+            seed=0,
+        )
+        for i in range(count):
+            e = ledger.add_experiment(
+                cluster=cluster,
+                round_id=rnd.id,
+                kind=Kind.BASELINE if i == 0 else Kind.CANDIDATE,
+                config=SPACE.default_config(),
+                champion_key=None,
+                champion_objective=None,
+            )
+            experiments.append(e)
+    # boots interleaved across experiments and clusters: experiment i has i + 1 of them
+    for b in range(3):
+        for i, e in enumerate(experiments):
+            if b <= i % 3:
+                boot = ledger.start_boot(e.id, e.config, measurement=b)
+                ledger.add_cell_result(e.id, boot.id, _cell("code-c1", 40.0 + i + b))
+                ledger.add_cell_result(e.id, boot.id, _cell("chat-c1", 50.0 + i + b))
+    mine = [e for e in experiments if e.cluster == "c"]
+    assert ledger.cluster_boots("c") == {e.id: ledger.boots(e.id) for e in mine}
+    assert ledger.cluster_cell_results("c") == {e.id: ledger.cell_results(e.id) for e in mine}
+    assert set(ledger.cluster_boots("elsewhere")) == {experiments[-1].id}
+    assert ledger.cluster_boots("none") == {} and ledger.cluster_cell_results("none") == {}
+
+    first = mine[0]
+    assert ledger.verdict(first.id) is None
+    other.decide(first.id, verdict=_keep(), objective=1.0, delta_pct=0.0, accept_len=None)
+    assert ledger.verdict(first.id) == _keep()
+
+
 def test_texts_held_for_mlflow_round_trip_redacted_and_are_released(
     ledger_url: str, open_ledger: Callable[[str], Ledger], monkeypatch: pytest.MonkeyPatch
 ) -> None:

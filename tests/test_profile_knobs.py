@@ -11,6 +11,7 @@ import yaml
 
 from knobs.catalog import catalog
 from knobs.errors import KnobError, ProfileError
+from knobs.spec import KnobSpec
 from orchestrator.profile import Profile, load_profile
 
 CATALOG = {k.name: k for k in catalog("vllm-dflash2")}
@@ -50,6 +51,31 @@ def test_a_narrower_domain_keeps_the_catalogs_type_step_and_meaning() -> None:
     # narrowed past the catalog's default without a default of its own: said, with the value
     with pytest.raises(KnobError, match="7 is not an integer from 1 to 4"):
         Profile.model_validate(profile({"name": "num_speculative_tokens", "high": 4}))
+
+
+def test_a_profiles_space_is_built_once_and_a_copy_with_other_knobs_has_its_own() -> None:
+    """``Profile.space`` is built once a profile (a loop asks for it hundreds of times an
+    experiment); a copy of the profile with other knobs, or with a knob left untuned, is
+    another profile and has its own space, never the first's."""
+    first = Profile.model_validate(profile({"name": "num_speculative_tokens", "default": 3}))
+    assert first.space is first.space
+    narrowed = KnobSpec.model_validate(
+        {**CATALOG["num_speculative_tokens"].model_dump(), "high": 4, "default": 2}
+    )
+    other = first.model_copy(update={"knobs": (narrowed,)})
+    assert other.space.spec("num_speculative_tokens").default == 2
+    assert first.space.spec("num_speculative_tokens").default == 3
+    untuned = first.model_copy(update={"untuned": ("max_num_batched_tokens",)})
+    assert "max_num_batched_tokens" not in {k.name for k in untuned.space.knobs}
+    assert "max_num_batched_tokens" in {k.name for k in first.space.knobs}
+    # many profiles later, the first still has its own
+    for default in range(1, 40):
+        knob = {"name": "num_speculative_tokens", "default": 1 + default % 7}
+        assert (
+            Profile.model_validate(profile(knob)).space.spec("num_speculative_tokens").default
+            == 1 + default % 7
+        )
+    assert first.space.spec("num_speculative_tokens").default == 3
 
 
 def test_a_choice_replaces_the_catalogs_range_and_a_null_prior_drops_the_catalogs() -> None:
