@@ -6,9 +6,10 @@ the same command to resume once the node is back.
 
 A ledger that does not answer (a PostgreSQL restart at night) is waited out too
 (``through_ledger_outages``): the round is built afresh and resumes from its last committed
-step, as the same command would after a kill. So is an MLflow that does not answer when the
-round's command opens it (``waiting_for_mlflow``): a night a timer starts while the tracking
-server restarts is not lost. (Mid-round, MLflow away is ``orchestrator.mirror``'s.)
+step, as the same command would after a kill. So are a ledger server and an MLflow that do not
+answer when the round's command opens them (``waiting_for_ledger``, ``waiting_for_mlflow``): a
+night a timer starts while PostgreSQL or the tracking server restarts is not lost. (Mid-round,
+MLflow away is ``orchestrator.mirror``'s.)
 """
 
 from __future__ import annotations
@@ -111,6 +112,39 @@ def through_ledger_outages(
         lambda message, wait: (
             f"the ledger did not answer ({message}); nothing it recorded is "
             f"lost: the round waits {wait:g}s and resumes from it"
+        ),
+        note,
+        sleep,
+        waits,
+    )
+
+
+def waiting_for_ledger(
+    open_: Callable[[], T],
+    *,
+    url: str,
+    note: Callable[[str], None],
+    sleep: Callable[[float], None] = time.sleep,
+    waits: Sequence[float] = policy.LEDGER_WAITS,
+) -> T:
+    """``open_()`` (the ledger at ``url``, opened as a round's command starts), and again after
+    a wait each time a ledger server did not answer (``LedgerError.unreachable``), on the
+    schedule of a ledger away mid-round: a night a timer starts while PostgreSQL restarts is
+    not lost. A SQLite ledger is a local file: one that cannot be opened is refused at once
+    (a wrong path is far likelier than a disk that comes back).
+
+    Raises:
+        LedgerError: the ledger refused (a newer schema, a bad URL), is a SQLite file that
+            could not be opened, or still did not answer after the last wait.
+    """
+    if url.startswith("sqlite"):
+        return open_()
+    return _waited(
+        open_,
+        LedgerError,
+        lambda message, wait: (
+            f"the ledger did not answer ({message}); waiting {wait:g}s before trying again "
+            "(Ctrl-C stops; the same command starts the round later)"
         ),
         note,
         sleep,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -26,7 +27,7 @@ from knobs.vocabulary import RoundStatus, State
 from ledger import Ledger, LedgerError
 from orchestrator.approval import ApprovalGate
 from orchestrator.display import RoundDisplay
-from orchestrator.faults import through_ledger_outages
+from orchestrator.faults import through_ledger_outages, waiting_for_ledger
 from orchestrator.lease import ClusterLease
 from orchestrator.round import RoundOptions, RoundReport, RoundRunner
 from orchestrator.testbed import NullSink
@@ -186,3 +187,41 @@ def test_a_ledger_away_past_the_last_wait_stops_the_round_for_the_same_command(
         # the same command, later, resumes the round to its budget
         report = _round(ledger, ScriptedTestbed(lambda c, n: 100.0), io.StringIO())
         assert report.resumed and ledger.round(report.round.id).status == RoundStatus.DONE
+
+
+def test_a_round_command_waits_for_a_ledger_server_that_does_not_answer_yet(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """A ledger server that does not answer as a round's command opens it (PostgreSQL
+    restarting as a timer starts the night) is waited for on the ledger's schedule, and the
+    ledger then opens; a SQLite file that cannot be opened (a wrong path) is refused at once,
+    as is a ledger that refuses (not an outage)."""
+    said: list[str] = []
+    waits: list[float] = []
+
+    def wait(seconds: float) -> None:
+        waits.append(seconds)
+        if len(waits) == 2:
+            bring_back(pg_url)
+
+    take_away(pg_url)
+    try:
+        opened = waiting_for_ledger(
+            lambda: Ledger(pg_url), url=pg_url, note=said.append, sleep=wait
+        )
+    finally:
+        bring_back(pg_url)
+    with opened as ledger:
+        assert ledger.rounds("c") == []
+    assert waits == [10.0, 30.0]
+    assert len(said) == 2 and all(line.startswith("the ledger did not answer") for line in said)
+
+    nowhere = f"sqlite:///{tmp_path}/no-such-folder/orchestrate.db"
+    with pytest.raises(LedgerError) as wrong_path:
+        waiting_for_ledger(lambda: Ledger(nowhere), url=nowhere, note=said.append, sleep=wait)
+    assert wrong_path.value.unreachable, "SQLite's own word for it is an outage's"
+    refusing = pg_url.replace("postgresql+psycopg", "postgresql+nosuchdriver")
+    with pytest.raises(LedgerError) as refused:
+        waiting_for_ledger(lambda: Ledger(refusing), url=refusing, note=said.append, sleep=wait)
+    assert not refused.value.unreachable
+    assert waits == [10.0, 30.0], "neither is waited for"

@@ -71,7 +71,12 @@ def round_(
     from orchestrator.approval import ApprovalGate
     from orchestrator.crashpoints import deploy_progress
     from orchestrator.display import RoundDisplay
-    from orchestrator.faults import mlflow_reached, through_ledger_outages, waiting_for_mlflow
+    from orchestrator.faults import (
+        mlflow_reached,
+        through_ledger_outages,
+        waiting_for_ledger,
+        waiting_for_mlflow,
+    )
     from orchestrator.gpu_hours import cluster_gpus
     from orchestrator.lease import Ownership
     from orchestrator.profile import load_profile
@@ -105,7 +110,9 @@ def round_(
     # (MLflow's "View run … at …" with a tracking server): that goes to stderr
     quiet = contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext()
     with opened(prof) as o, quiet:
-        ledger = o.ledger()
+        # a ledger server that does not answer yet (restarting as a timer starts the night)
+        # is waited for, as one that goes away mid-round is
+        ledger = waiting_for_ledger(o.ledger, url=o.settings.ledger_url, note=display.note)
         gate = ApprovalGate(
             ledger,
             mode,
