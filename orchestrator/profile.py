@@ -319,7 +319,7 @@ class Profile(BaseModel):
     @property
     def space(self) -> KnobSpace:
         """The knob space: the catalog (less ``untuned``) overlaid with the profile's knobs;
-        built once a profile (it is frozen; a loop asks for it thousands of times an
+        built once a profile (it is frozen; a loop asks for it hundreds of times an
         experiment, and a copy of the profile is another profile)."""
         held = _SPACES.get(id(self))
         if held is None or held[0] is not self:
