@@ -150,7 +150,7 @@ class RoundRunner:
             max_hours=options.max_hours,
             max_gpu_hours=options.max_gpu_hours,
         )
-        rnd = self.runlog.round_run(rnd, self.profile, self.cluster)
+        rnd = self.runlog.round_run(rnd)
         crashpoint("round.started")
         verb = "resuming" if existing is not None else "starting"
         self.display.start(

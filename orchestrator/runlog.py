@@ -36,7 +36,6 @@ from ledger import (
 from orchestrator.crashpoints import crashpoint
 from orchestrator.display import describe
 from orchestrator.mirror import RETRY_S, Mirror
-from orchestrator.profile import Profile
 from orchestrator.testbed import Sink
 
 #: The tag that finds a round's parent run again: the ledger's round and when it started (no
@@ -86,36 +85,40 @@ class RunLog:
                 operation=e.operation,
             ) from e
 
-    def round_run(self, rnd: RoundRecord, profile: Profile, cluster: str) -> RoundRecord:
+    def round_run(self, rnd: RoundRecord) -> RoundRecord:
         """The round with its parent run (started, and committed to the ledger, if new)."""
         if rnd.mlflow_run_id is not None:
             return rnd
-        key = f"{cluster}/{rnd.id}/{rnd.started_at.isoformat()}"
+        return self._new_round_run(rnd)
+
+    def _new_round_run(self, rnd: RoundRecord) -> RoundRecord:
+        """A parent run for ``rnd`` (or the one a kill left before its id reached the ledger),
+        its id committed to the ledger; its params are the round's, as the ledger has them."""
+        key = f"{rnd.cluster}/{rnd.id}/{rnd.started_at.isoformat()}"
         run_id = self.sink.find_run({TAG_ROUND_STARTED: key})
         if run_id is None:
-            run_id = self._start_round(rnd, profile, cluster, key)
+            run_id = self.sink.start_round(
+                round_id=rnd.id,
+                cluster=rnd.cluster,
+                params={
+                    "profile": rnd.profile_name,
+                    "profile_digest": rnd.profile_digest,
+                    "budget": str(rnd.budget),
+                    "proposer": rnd.proposer,
+                    "approve": rnd.approve,
+                    "seed": str(rnd.seed),
+                },
+                tags={TAG_ROUND_STARTED: key},
+            )
             crashpoint("mlflow.round.created")
         self.ledger.set_round_mlflow(rnd.id, run_id)
         return self.ledger.round(rnd.id)
 
-    def _start_round(self, rnd: RoundRecord, profile: Profile, cluster: str, key: str) -> str:
-        return self.sink.start_round(
-            round_id=rnd.id,
-            cluster=cluster,
-            params={
-                "profile": profile.name,
-                "profile_digest": profile.digest,
-                "budget": str(rnd.budget),
-                "proposer": rnd.proposer,
-                "approve": rnd.approve,
-                "seed": str(rnd.seed),
-            },
-            tags={TAG_ROUND_STARTED: key},
-        )
-
     def finish_round(self, rnd: RoundRecord, status: str = "FINISHED") -> None:
         """The parent run ends with the round (``FAILED``: its baseline did not boot)."""
-        self.mirror.write(lambda: self.sink.finish(rnd.mlflow_run_id or "", status))
+        # the ledger's: a fill-in may have given the round a new one since ``rnd`` was read
+        run_id = self.ledger.round(rnd.id).mlflow_run_id or ""
+        self.mirror.write(lambda: self.sink.finish(run_id, status))
 
     def experiment_run(self, rnd: RoundRecord, e: ExperimentRecord) -> str | None:
         """The experiment's child run (started, with its config and proposal, if new); None
@@ -132,7 +135,8 @@ class RunLog:
     def _open(self, rnd: RoundRecord, e: ExperimentRecord) -> str:
         """A new run for ``e`` (or the one a kill left before its id reached the ledger), with
         its proposal, its id committed to the ledger."""
-        parent = rnd.mlflow_run_id or ""
+        # the ledger's: a fill-in may have given the round a new one since ``rnd`` was read
+        parent = self.ledger.round(rnd.id).mlflow_run_id or ""
         run_id = self.sink.find_run({_PARENT: parent, _EXPERIMENT: str(e.id)})
         present: frozenset[str] = frozenset()
         if run_id is None:
@@ -308,6 +312,10 @@ class RunLog:
             return self._reconcile(self.ledger.round(rnd.id))
 
     def _reconcile(self, rnd: RoundRecord) -> list[int]:
+        if rnd.mlflow_run_id is not None and self.sink.run_state(rnd.mlflow_run_id) is None:
+            # MLflow no longer has the round's run (a new tracking server or store, the run
+            # deleted by hand): a new one, and each experiment's run opened again under it
+            rnd = self._new_round_run(rnd)
         repaired: list[int] = []
         for e in self.ledger.experiments(round_id=rnd.id):
             if e.state != State.DECIDED or e.status is None:

@@ -2,13 +2,15 @@
 place on open, SQLite and PostgreSQL, and nothing is lost.
 
 ``fixtures/ledgers/schema1.sqlite`` was written by the release at c70919d, ``schema2.sqlite``
-by the one at 8ccca75, ``schema3.sqlite`` by aaa0a6c and ``schema4.sqlite`` by 914026e (their
-README says how); ``schemaN.results.tsv`` is that release's ``orchestrate export`` of it.
+by the one at 8ccca75, ``schema3.sqlite`` by aaa0a6c, ``schema4.sqlite`` by 914026e and
+``schema5.sqlite`` by 0093711 (their README says how); ``schemaN.results.tsv`` is that
+release's ``orchestrate export`` of it.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,6 +22,7 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.operations import Operations
 from alembic.runtime.migration import MigrationContext
+from mlflow.tracking import MlflowClient
 from sqlalchemy import Connection, create_engine, func, insert, inspect, select, text, update
 
 from knobs.config import Config
@@ -27,6 +30,7 @@ from knobs.vocabulary import EventKind, Kind, Status
 from ledger import Ledger, LedgerError, LedgerNotReady, VerdictRecord, reading, tsv_text
 from ledger.models import SCHEMA_VERSION, Base, SchemaRow
 from ledger.schema import head, scripts
+from tests.fixtures.cli import orchestrate
 from tests.test_ledger import _race
 
 LEDGERS = Path(__file__).parent / "fixtures" / "ledgers"
@@ -158,6 +162,7 @@ RELEASES = {
     "schema2": ("0002", CLUSTER, ["keep", "invalid", "crash"]),
     "schema3": ("0003", CLUSTER, ["keep", "invalid", "crash"]),
     "schema4": ("0004", "twin-2node", ["keep", "crash", "discard", "inconclusive"]),
+    "schema5": ("0005", CLUSTER, ["keep", "invalid", "crash"]),
 }
 
 
@@ -181,12 +186,18 @@ def _upgraded_release(name: str, tmp_path: Path) -> tuple[str, str]:
             return {t: _rows(conn, t, c) for t, c in columns.items()}
 
     with Ledger(url) as ledger:
-        assert ledger.upgraded is not None
-        assert (ledger.upgraded.from_revision, ledger.upgraded.to_revision) == (revision, head())
         now, before = content(url), content(old_url)
-        # the upgrade's own event comes after every event the release wrote
         added = now["event"][len(before["event"]) :]
-        assert [row[2] for row in added] == [EventKind.LEDGER_UPGRADED]
+        if revision == head():  # a ledger of today's schema opens as it is
+            assert ledger.upgraded is None and added == []
+        else:
+            assert ledger.upgraded is not None
+            assert (ledger.upgraded.from_revision, ledger.upgraded.to_revision) == (
+                revision,
+                head(),
+            )
+            # the upgrade's own event comes after every event the release wrote
+            assert [row[2] for row in added] == [EventKind.LEDGER_UPGRADED]
         now["event"] = now["event"][: len(before["event"])]
         assert now == before
         experiments = ledger.experiments(cluster=cluster)
@@ -242,6 +253,45 @@ def test_a_schema4_sqlite_ledger_keeps_its_coupled_move_and_holds_texts(tmp_path
         }
         ledger.release_texts([h.id for h in held])
         assert ledger.holding("twin-2node") == [] and ledger.held_texts(e.id) == []
+
+
+def test_a_schema5_ledger_whose_mlflow_is_gone_gives_its_held_texts_to_the_next_mlflow(
+    tmp_path: Path,
+) -> None:
+    """Schema 5 (the release at 0093711: a round left open because its MLflow stopped
+    answering, 20 launcher texts and engine logs held in the ledger) opens as it is, and the
+    same command, run against another MLflow (the old server is gone: a new one, or its store
+    lost), boots nothing, gives the round and each experiment a run there, puts every held
+    text on its experiment's run at its path, forgets it, and closes the round. Before, the
+    round's run that MLflow no longer had was taken for MLflow not answering, and the round
+    could never close."""
+    url, _ = _upgraded_release("schema5", tmp_path)
+    with Ledger(url) as ledger:
+        [rnd] = ledger.rounds(CLUSTER)
+        assert rnd.status == "running" and rnd.mlflow_run_id is not None
+        assert ledger.holding(CLUSTER) == [1, 2, 3]
+        held = {e: {h.path: h.text for h in ledger.held_texts(e)} for e in (1, 2, 3)}
+    assert sum(map(len, held.values())) == 20
+    assert held[3]["logs/boot-5/node-0.log"], "the crash's engine log is the one a user reads"
+    mlflow_uri = f"sqlite:///{tmp_path}/mlflow.db"
+    env = {**os.environ, "ORCHESTRATE_LEDGER": url, "MLFLOW_TRACKING_URI": mlflow_uri}
+    env["ORCHESTRATE_ARTIFACTS"] = str(tmp_path / "mlartifacts")
+    done = orchestrate(tmp_path, "round", "--budget", "2", env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "starting node" not in done.stdout + done.stderr, "nothing is booted again"
+    with Ledger(url) as ledger:
+        [rnd] = ledger.rounds(CLUSTER)
+        assert rnd.status == "done" and ledger.holding(CLUSTER) == []
+        runs = {e.id: e.mlflow_run_id for e in ledger.experiments(cluster=CLUSTER)}
+    client = MlflowClient(mlflow_uri)
+    assert client.get_run(rnd.mlflow_run_id or "").info.status == "FINISHED"
+    for experiment, texts in held.items():
+        run_id = runs[experiment]
+        assert run_id is not None
+        assert client.get_run(run_id).data.tags["mlflow.parentRunId"] == rnd.mlflow_run_id
+        for path, body in texts.items():
+            got = Path(client.download_artifacts(run_id, path, str(tmp_path / "got")))
+            assert got.read_text() == body, (experiment, path)
 
 
 def test_an_upgraded_ledger_reads_its_one_knob_rows_as_before_and_records_a_coupled_move(
