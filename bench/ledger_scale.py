@@ -55,11 +55,17 @@ from orchestrator.testbed import NullSink
 
 
 class Statements:
-    """Counts the SQL statements every engine of this process sends."""
+    """Counts the SQL statements every engine of this process sends while it is open."""
 
     def __init__(self) -> None:
         self.count = 0
+
+    def __enter__(self) -> Statements:
         event.listen(Engine, "before_cursor_execute", self._one)
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        event.remove(Engine, "before_cursor_execute", self._one)
 
     def _one(self, *_: Any) -> None:
         self.count += 1
@@ -69,9 +75,8 @@ def grow(url: str, landscape_name: str, rounds: int, budget: int) -> list[dict[s
     """``rounds`` rounds of ``budget`` on one ledger at ``url``; one row per round."""
     landscape = load_landscape(landscape_name)
     profile = profile_for(landscape, {})
-    statements = Statements()
     rows: list[dict[str, Any]] = []
-    with Ledger(url) as ledger:
+    with Statements() as statements, Ledger(url) as ledger:
         testbed = SimulatedTestbed(landscape, 0, None)
         for r in range(rounds):
             runner = RoundRunner(
