@@ -14,7 +14,9 @@ round's next step, as a typed action the round only carries out:
 - ``Crash``: the config failed for its own reasons, and the failure counts (it reproduced, or
   its class is one the change's knob declares monotone): a ``crash`` verdict, the value barred.
   A first configuration failure that is not monotone is booted once more instead
-  (``config_failure``): a flaky start does not bar a value for good.
+  (``config_failure``): a flaky start does not bar a value for good. One that reproduced waits
+  for the champion to boot first (``BootChampion`` with ``checks``): if the champion fails too,
+  the cluster broke, not the change (``champion_check_failed``: inconclusive, nothing barred).
 
 The champion's own schedule is here too: when a re-measurement is due (``remeasure_due``: too
 few trusted boots, the drift sentinel's count or age), whether a re-measurement flags a drift
@@ -55,6 +57,10 @@ DRIFT_SIGMAS = 2.0
 #: before them (about 0.3 % two-sided), in the flag's direction.
 CONFIRM_SIGMAS = 3.0
 
+CHAMPION_CHECK = (
+    "the champion first: a failure that reproduced bars its value only if the cluster still "
+    "boots the champion"
+)
 SLOW_CLOCK_NOTE = (
     "  a node's clocks were off during this boot: it is set aside and the config booted once more"
 )
@@ -77,10 +83,12 @@ class BootCandidate:
 @dataclass(frozen=True)
 class BootChampion:
     """Re-measure the champion before the verdict goes on; ``measurements``: what the verdict
-    rests on so far (what it is decided on if the champion's boot fails)."""
+    rests on so far (what it is decided on if the champion's boot fails); ``checks``: the
+    crash it stands between (``None``: a re-measurement for the comparison)."""
 
     phase: str
     measurements: Sequence[Measurement]
+    checks: Assessment | None = None
 
 
 @dataclass(frozen=True)
@@ -140,6 +148,11 @@ def next_action(
     ms = list(progress.measurements)
     if progress.last_failed:
         crashed = config_failure(progress.failed_boots, progress.monotone)
+        if crashed is not None and _champion_unchecked(progress):
+            # a failure that reproduced bars a value only if the cluster still boots what
+            # booted before: a node gone bad (a full disk, a wedged GPU) fails every config
+            measured = [m for m in ms if m.complete]
+            return BootChampion(phase=CHAMPION_CHECK, measurements=measured, checks=crashed)
         if crashed is not None:
             return Crash(crashed)
     unfinished = next((m for m in ms if not m.complete), None)
@@ -214,6 +227,32 @@ def config_failure(failed: Sequence[BootFailure], monotone: Collection[str]) -> 
     verdict = crash(last.failure_class, f"failed {times}: {classes}; {last.message}")
     return Assessment(
         verdict.status, verdict.rule, verdict.reason, {**verdict.stats, "failed_boots": len(failed)}
+    )
+
+
+def _champion_unchecked(progress: Progress) -> bool:
+    """Whether a configuration failure that reproduced must wait for the champion to boot
+    first: a candidate's (not the baseline's, which has no champion), of a class its knob does
+    not declare monotone (that one is the knob's at once), with no champion boot come up since
+    the candidate's last boot."""
+    last = progress.failed_boots[-1].failure_class
+    return (
+        not progress.baseline
+        and last not in progress.monotone
+        and not progress.champion_measured_after
+    )
+
+
+def champion_check_failed(crashed: Assessment, failure_class: str, message: str) -> Assessment:
+    """The verdict when a change's failure reproduced and the champion, which booted before,
+    then failed too (``failure_class``): the cluster's doing as much as the change's, so
+    nothing is barred; the change stays eligible."""
+    return Assessment(
+        Status.INCONCLUSIVE,
+        "champion-check",
+        f"{crashed.reason}; but the champion, which booted before, then failed too "
+        f"({failure_class}: {message}): the cluster, not this change, so nothing is barred",
+        {"failed_boots": crashed.stats.get("failed_boots", 0), "champion_failure": failure_class},
     )
 
 

@@ -363,8 +363,12 @@ class RoundRunner:
                     champion = self.ledger.experiment(self.champion.current().experiment_id)
                     self.faults.wait_or_stop(e, failure, booted=champion)  # or stop: exit 5
                 elif failure is not None:
-                    verdict = policy.champion_remeasure_failed(
-                        failure.failure_class, failure.message
+                    verdict = (
+                        policy.champion_remeasure_failed(failure.failure_class, failure.message)
+                        if action.checks is None
+                        else policy.champion_check_failed(
+                            action.checks, failure.failure_class, failure.message
+                        )
                     )
                     self._decide(e, run_id, verdict, action.measurements)
                     return
@@ -455,7 +459,8 @@ class RoundRunner:
     ) -> None:
         per_boot = [objective(m.cells) for m in measurements]
         cells = [c for m in measurements for c in m.cells]
-        value = objective_of(per_boot)
+        # nothing measured: a change that failed and a champion check that failed too
+        value = objective_of(per_boot) if per_boot else None
         delta = float(assessment.stats.get("delta_pct", 0.0))  # type: ignore[arg-type]
         verdict = VerdictRecord(
             status=assessment.status,
@@ -475,8 +480,9 @@ class RoundRunner:
         crashpoint("verdict.committed")
         if verdict.status == Status.KEEP:
             crashpoint("champion.promoted")
+        first = measurements[0].cells if measurements else []
         self.runlog.decided(
-            run_id, decided, verdict, (value, delta), measurements[0].cells, cells, len(per_boot)
+            run_id, decided, verdict, (value or 0.0, delta), first, cells, len(per_boot)
         )
         crashpoint("mlflow.verdict")
         self.display.decided(decided, verdict.reason)

@@ -26,7 +26,7 @@ from orchestrator import policy
 from orchestrator.approval import ApprovalGate
 from orchestrator.display import RoundDisplay
 from orchestrator.faults import InfrastructureFault
-from orchestrator.policy import BootCandidate, BootFailure, Crash, Progress
+from orchestrator.policy import BootCandidate, BootChampion, BootFailure, Crash, Progress
 from orchestrator.profile import VerdictSpec, load_profile
 from orchestrator.round import BaselineFailed, RoundOptions, RoundRunner
 from orchestrator.testbed import NullSink, deployer_for
@@ -126,7 +126,17 @@ def test_the_policy_boots_a_first_failure_again_and_crashes_a_second() -> None:
         failed_boots=[failed, failed],
         last_failed=True,
     )
-    assert isinstance(policy.next_action(VerdictSpec(), twice, never), Crash)
+    # the champion first: it must still boot for the failure to be the change's
+    check = policy.next_action(VerdictSpec(), twice, never)
+    assert isinstance(check, BootChampion) and check.checks is not None
+    assert check.checks.status == Status.CRASH and check.phase == policy.CHAMPION_CHECK
+    booted = Progress(**{**twice.__dict__, "champion_measured_after": True})
+    assert isinstance(policy.next_action(VerdictSpec(), booted, never), Crash)
+    # the baseline has no champion to boot; a class the knob declares monotone is its own
+    baseline = Progress(**{**twice.__dict__, "baseline": True})
+    assert isinstance(policy.next_action(VerdictSpec(), baseline, never), Crash)
+    monotone = Progress(**{**twice.__dict__, "monotone": {"start"}})
+    assert isinstance(policy.next_action(VerdictSpec(), monotone, never), Crash)
 
 
 # ---- the rule, in a round -----------------------------------------------------------------
@@ -165,6 +175,46 @@ def test_a_start_failure_that_reproduces_is_a_crash_and_bars_the_value(tmp_path:
     verdict = loop.ledger.verdict(candidate.id)
     assert verdict is not None and verdict.reason.startswith("failed twice: start, start; node-0")
     assert regions(loop) == {"num_speculative_tokens=5"}
+    loop.ledger.close()
+
+
+def test_a_failure_that_reproduces_bars_its_value_once_the_champion_still_boots(
+    tmp_path: Path,
+) -> None:
+    """The champion is booted between the change's second failure and its crash verdict: it
+    comes up, so the failure is the change's."""
+    testbed = Failing(lambda n, c: "start" if c["num_speculative_tokens"] == 5 else None)
+    loop = runner(tmp_path, testbed)
+    report = loop.run(RoundOptions(budget=1, proposer="sweep", approve="auto"))
+    baseline, candidate = report.experiments
+    assert candidate.status == Status.CRASH
+    # deploys: the baseline's two, the change's two (failed), then the champion's check
+    assert [c["num_speculative_tokens"] for c in testbed.boots[2:]] == [7]
+    assert testbed.attempts == 5
+    champion = loop.ledger.boots(baseline.id)
+    assert champion[-1].status == BootStatus.DOWN
+    assert champion[-1].started_at > loop.ledger.boots(candidate.id)[-1].started_at
+    assert regions(loop) == {"num_speculative_tokens=5"}
+    loop.ledger.close()
+
+
+def test_a_cluster_that_breaks_after_the_baseline_bars_nothing(tmp_path: Path) -> None:
+    """Every boot after the baseline's fails for what looks like the config's reason (a node's
+    disk full, its GPU wedged: the engine exits at start), the champion's too: the change
+    failed twice, but the champion that booted before fails now, so the verdict is
+    inconclusive (``champion-check``) and nothing is barred."""
+    said = io.StringIO()
+    loop = runner(tmp_path, Failing(lambda n, c: "start" if n > 2 else None), said)
+    report = loop.run(RoundOptions(budget=1, proposer="sweep", approve="auto"))
+    candidate = report.experiments[1]
+    assert candidate.status == Status.INCONCLUSIVE
+    verdict = loop.ledger.verdict(candidate.id)
+    assert verdict is not None and verdict.rule == "champion-check"
+    assert verdict.reason.startswith("failed twice: start, start; node-0")
+    assert "the champion, which booted before, then failed too (start" in verdict.reason
+    assert verdict.stats == {"failed_boots": 2, "champion_failure": "start"}
+    assert regions(loop) == set()
+    assert policy.CHAMPION_CHECK in " ".join(said.getvalue().split())
     loop.ledger.close()
 
 
