@@ -99,19 +99,28 @@ def test_with_nothing_left_untried_a_change_stopped_for_want_of_boots_is_looked_
     looked = [(e.knob, e.value, e.status) for e in first.experiments[1:]]
     assert looked == [
         ("graphs", True, Status.DISCARD),  # +4 % on one boot: a keep out of reach in three
-        ("depth", 3, Status.CRASH),  # barred
+        # barred, once the champion booted after its second failure (the cluster still boots)
+        ("depth", 3, Status.CRASH),
         ("depth", 1, Status.DISCARD),  # worse: settled by its boot
         # nothing is left untried: the change stopped for want of boots, again, its earlier
         # boots counted, until its boots settle it
-        ("graphs", True, Status.DISCARD),
-        ("graphs", True, Status.DISCARD),
+        ("graphs", True, Status.INCONCLUSIVE),
         ("graphs", True, Status.KEEP),
         # under the new champion: the one value left of depth, and graphs back off
         ("depth", 1, Status.DISCARD),
         ("graphs", False, Status.DISCARD),
     ]
+    # the champion's boot between the crash's second failure and its verdict
+    crashed = ledger.experiment(first.experiments[2].id)
+    failed = ledger.boots(crashed.id)[-1].started_at
+    assert crashed.decided_at is not None
+    assert [
+        b.role
+        for b in ledger.boots(first.experiments[0].id)
+        if failed < b.started_at <= crashed.decided_at
+    ] == ["remeasure"]
     notes = [p.notes for p in ledger.proposals(round_id=first.round.id)]
-    assert [n["sampler"] for n in notes[3:6]] == ["further look"] * 3
+    assert [n["sampler"] for n in notes[3:5]] == ["further look", "second look"]
     assert notes[3]["second_look"].startswith(
         "nothing is left untried under this champion, and its boots did not settle it: it "
         "still promises "
@@ -120,7 +129,7 @@ def test_with_nothing_left_untried_a_change_stopped_for_want_of_boots_is_looked_
     # give the next round something to try
     assert first.stopped_by == "exhausted" and first.round.status == RoundStatus.DONE
     assert (
-        "round 1 ended after 8 of 10 experiments, nothing left to try: optuna: no allowed "
+        "round 1 ended after 7 of 10 experiments, nothing left to try: optuna: no allowed "
         "one-knob change is left among 3 neighbours (2 decided, 1 known-bad). Every one-knob "
         "change of the champion is decided under it or barred (one its boots did not settle "
         "is looked at again while it promises a gain); the next round has something to try "
