@@ -50,6 +50,7 @@ from cluster.twin.landscape import load_landscape
 from ledger import Ledger
 from orchestrator.approval import ApprovalGate
 from orchestrator.display import RoundDisplay
+from orchestrator.errors import OrchestrateError
 from orchestrator.round import RoundOptions, RoundRunner
 from orchestrator.testbed import NullSink
 
@@ -130,6 +131,12 @@ def main() -> int:
     parser.add_argument("--tree", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args()
+    try:
+        load_landscape(args.landscape)  # read before any round: one line if it is not one
+    except OrchestrateError as e:
+        parser.error(e.message)
+    if args.against is not None and args.ledger:
+        parser.error("--against runs on temporary SQLite ledgers only (no --ledger)")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     with tempfile.TemporaryDirectory() as tmp:
         theirs = None if args.against is None else _against(args, Path(tmp))
@@ -167,8 +174,6 @@ def _against(args: argparse.Namespace, tmp: Path) -> list[dict[str, Any]]:
     command = [sys.executable, __file__, "--tree", str(args.against.resolve()), "--json", str(out)]
     command += ["--landscape", args.landscape, "--rounds", str(args.rounds)]
     command += ["--budget", str(args.budget)]
-    if args.ledger:
-        raise SystemExit("--against runs on temporary SQLite ledgers only (no --ledger)")
     subprocess.run(command, check=True)
     rows: list[dict[str, Any]] = json.loads(out.read_text())
     return rows

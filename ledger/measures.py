@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
 from sqlalchemy import select
 
 from knobs.config import Config
@@ -11,6 +14,9 @@ from ledger.base import LedgerBase
 from ledger.models import BootRow, CellResultRow, DriftRow, EventRow, ExperimentRow, utcnow
 from ledger.records import BootRecord, DriftRecord, EventRecord
 from ledger.rows import boot_record, current_champion, drift_record, event_record
+
+T = TypeVar("T")
+_Row = TypeVar("_Row", BootRow, CellResultRow)
 
 
 class Measures(LedgerBase):
@@ -79,17 +85,7 @@ class Measures(LedgerBase):
     def cluster_boots(self, cluster: str) -> dict[int, list[BootRecord]]:
         """The boots of every experiment of ``cluster``, by experiment, each oldest first (one
         query: ``boots`` of each)."""
-        out: dict[int, list[BootRecord]] = {}
-        with self._session() as s:
-            rows = s.scalars(
-                select(BootRow)
-                .join(ExperimentRow, ExperimentRow.id == BootRow.experiment_id)
-                .where(ExperimentRow.cluster == cluster)
-                .order_by(BootRow.id)
-            )
-            for r in rows:
-                out.setdefault(r.experiment_id, []).append(boot_record(r))
-        return out
+        return self._by_experiment(BootRow, cluster, boot_record)
 
     def open_boots(self) -> list[BootRecord]:
         """Boots never marked down or failed: servers that may still run."""
@@ -138,17 +134,27 @@ class Measures(LedgerBase):
         self, cluster: str
     ) -> dict[int, list[tuple[int, int, CellResultRecord]]]:
         """``cell_results`` of every experiment of ``cluster``, by experiment (one query)."""
-        out: dict[int, list[tuple[int, int, CellResultRecord]]] = {}
+        return self._by_experiment(
+            CellResultRow,
+            cluster,
+            lambda r: (r.boot_id, r.repeat, CellResultRecord.model_validate(r.record)),
+        )
+
+    def _by_experiment(
+        self, table: type[_Row], cluster: str, record: Callable[[_Row], T]
+    ) -> dict[int, list[T]]:
+        """Every row of ``table`` whose experiment is ``cluster``'s, as ``record``, by
+        experiment, in the order they were written."""
+        out: dict[int, list[T]] = {}
         with self._session() as s:
             rows = s.scalars(
-                select(CellResultRow)
-                .join(ExperimentRow, ExperimentRow.id == CellResultRow.experiment_id)
+                select(table)
+                .join(ExperimentRow, ExperimentRow.id == table.experiment_id)
                 .where(ExperimentRow.cluster == cluster)
-                .order_by(CellResultRow.id)
+                .order_by(table.id)
             )
             for r in rows:
-                record = CellResultRecord.model_validate(r.record)
-                out.setdefault(r.experiment_id, []).append((r.boot_id, r.repeat, record))
+                out.setdefault(r.experiment_id, []).append(record(r))
         return out
 
     def set_champion_objective(self, cluster: str, objective: float) -> None:

@@ -15,7 +15,7 @@ import pytest
 from knobs import KnobSpace, catalog
 from knobs.records import CellResultRecord
 from knobs.vocabulary import BootStatus, Kind, ProposalStatus, State
-from ledger import HEADER, LeaseHeld, Ledger, LedgerError, VerdictRecord, tsv_text
+from ledger import HEADER, LeaseHeld, Ledger, LedgerError, RoundRecord, VerdictRecord, tsv_text
 
 SPACE = KnobSpace(knobs=catalog("vllm-dflash2"))
 
@@ -100,6 +100,21 @@ def test_processes_creating_a_new_postgres_ledger_at_once_all_succeed(pg_url: st
     assert _race([pg_url], processes=6) == []
 
 
+def _new_round(
+    ledger: Ledger, cluster: str = "c", *, budget: int = 1, proposer: str = "optuna", seed: int = 0
+) -> RoundRecord:
+    """A round of profile ``p`` on ``cluster``, approved automatically."""
+    return ledger.create_round(
+        cluster=cluster,
+        profile_name="p",
+        profile_digest="d",
+        budget=budget,
+        proposer=proposer,
+        approve="auto",
+        seed=seed,
+    )
+
+
 def _keep(reason: str = "r") -> VerdictRecord:
     return VerdictRecord(status="keep", rule="test", reason=reason, stats={"x": 1.5})
 
@@ -108,15 +123,7 @@ def test_round_experiment_champion_lifecycle(
     ledger_url: str, open_ledger: Callable[[str], Ledger]
 ) -> None:
     ledger = open_ledger(ledger_url)
-    rnd = ledger.create_round(
-        cluster="c",
-        profile_name="p",
-        profile_digest="d",
-        budget=2,
-        proposer="sweep",
-        approve="auto",
-        seed=3,
-    )
+    rnd = _new_round(ledger, budget=2, proposer="sweep", seed=3)
     assert ledger.unfinished_round("c") == rnd
     assert ledger.champion("c") is None
     base = SPACE.default_config()
@@ -183,15 +190,7 @@ def test_cell_results_round_trip_and_are_unique(
     ledger_url: str, open_ledger: Callable[[str], Ledger]
 ) -> None:
     ledger = open_ledger(ledger_url)
-    rnd = ledger.create_round(
-        cluster="c",
-        profile_name="p",
-        profile_digest="d",
-        budget=1,
-        proposer="optuna",
-        approve="auto",
-        seed=0,
-    )
+    rnd = _new_round(ledger)
     e = ledger.add_experiment(
         cluster="c",
         round_id=rnd.id,
@@ -226,15 +225,7 @@ def test_a_clusters_boots_and_cells_read_at_once_are_each_experiments_and_verdic
     other = open_ledger(ledger_url)
     experiments = []
     for cluster, count in (("c", 3), ("elsewhere", 1)):
-        rnd = ledger.create_round(
-            cluster=cluster,
-            profile_name="p",
-            profile_digest="d",
-            budget=count,
-            proposer="optuna",
-            approve="auto",
-            seed=0,
-        )
+        rnd = _new_round(ledger, cluster=cluster, budget=count)
         for i in range(count):
             e = ledger.add_experiment(
                 cluster=cluster,
@@ -272,15 +263,7 @@ def test_texts_held_for_mlflow_round_trip_redacted_and_are_released(
     goes in and comes back whole."""
     monkeypatch.setenv("HF_TOKEN", "hf_HeldButNeverStored9")
     ledger = open_ledger(ledger_url)
-    rnd = ledger.create_round(
-        cluster="c",
-        profile_name="p",
-        profile_digest="d",
-        budget=1,
-        proposer="optuna",
-        approve="auto",
-        seed=0,
-    )
+    rnd = _new_round(ledger)
     first, other = (
         ledger.add_experiment(
             cluster=cluster,
@@ -341,15 +324,7 @@ def test_export_is_stable_and_has_the_design_header(
     ledger_url: str, open_ledger: Callable[[str], Ledger]
 ) -> None:
     ledger = open_ledger(ledger_url)
-    rnd = ledger.create_round(
-        cluster="c",
-        profile_name="p",
-        profile_digest="d",
-        budget=3,
-        proposer="sweep",
-        approve="auto",
-        seed=0,
-    )
+    rnd = _new_round(ledger, budget=3, proposer="sweep")
     base = SPACE.default_config()
     e0 = ledger.add_experiment(
         cluster="c",
