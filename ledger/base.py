@@ -114,6 +114,11 @@ class LedgerBase:
             with suppress(SQLAlchemyError):  # a lost connection took its transaction with it
                 session.rollback()
             detail = str(e).splitlines()[0]
+            if refused_connection(e):
+                detail += (
+                    "; the server answered and refused this connection: check the user, "
+                    "password and database the ledger URL names"
+                )
             raise LedgerError(
                 f"ledger {self.url}: {detail}", url=self.url, unreachable=did_not_answer(e)
             ) from e
@@ -233,9 +238,31 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
 _SQLITE_AWAY = ("database is locked", "unable to open database file", "disk i/o error")
 
 
+#: A PostgreSQL server's words (and libpq's) as it answers a new connection and refuses it: a
+#: user, password or database the URL names wrongly, which waiting never cures. Its other
+#: refusals at connect (starting up, shutting down, too many clients) are waited out, as is
+#: this text from a server that speaks another language: a wait is the lesser mistake.
+_PG_REFUSED = (
+    "does not exist",
+    "password authentication failed",
+    "no pg_hba.conf entry",
+)
+
+
+def refused_connection(e: SQLAlchemyError) -> bool:
+    """Whether ``e`` says a database server answered a new connection and refused it for good
+    (a wrong user, password or database)."""
+    if not isinstance(e, OperationalError) or type(e.orig).__module__.startswith("sqlite3"):
+        return False
+    text = str(e.orig)
+    if "fe_sendauth" in text:  # libpq's own: the server asked for a password, the URL has none
+        return True
+    return "FATAL" in text and any(words in text for words in _PG_REFUSED)
+
+
 def did_not_answer(e: SQLAlchemyError) -> bool:
     """Whether ``e`` says the database did not answer (waiting may cure it)."""
-    if not isinstance(e, DBAPIError):
+    if not isinstance(e, DBAPIError) or refused_connection(e):
         return False
     if e.connection_invalidated:
         return True

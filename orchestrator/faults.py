@@ -134,8 +134,9 @@ def waiting_for_ledger(
     (a wrong path is far likelier than a disk that comes back).
 
     Raises:
-        LedgerError: the ledger refused (a newer schema, a bad URL), is a SQLite file that
-            could not be opened, or still did not answer after the last wait.
+        LedgerError: the ledger refused (a newer schema, a bad URL, a user, password or
+            database its server does not know), is a SQLite file that could not be opened, or
+            still did not answer after the last wait.
     """
     if url.startswith("sqlite"):
         return open_()

@@ -225,3 +225,28 @@ def test_a_round_command_waits_for_a_ledger_server_that_does_not_answer_yet(
         waiting_for_ledger(lambda: Ledger(refusing), url=refusing, note=said.append, sleep=wait)
     assert not refused.value.unreachable
     assert waits == [10.0, 30.0], "neither is waited for"
+
+
+@pytest.mark.parametrize("wrong", ["database", "username"])
+def test_a_ledger_server_that_refuses_the_urls_user_or_database_is_refused_at_once(
+    pg_url: str, wrong: str
+) -> None:
+    """A server that answers and refuses the URL's database or user (a typo in the ledger
+    URL) is not an outage: the command ends at once, in one line saying what to check, where
+    it would otherwise wait half an hour and lose the night."""
+    right = make_url(pg_url)
+    named = (
+        right.set(database="no_such_name")
+        if wrong == "database"
+        else right.set(username="no_such_name")
+    )
+    url = named.render_as_string(hide_password=False)
+    said: list[str] = []
+    waits: list[float] = []
+    with pytest.raises(LedgerError) as refused:
+        waiting_for_ledger(lambda: Ledger(url), url=url, note=said.append, sleep=waits.append)
+    assert not refused.value.unreachable
+    assert waits == [] and said == []
+    message = refused.value.message
+    assert "no_such_name" in message and "\n" not in message
+    assert message.endswith("check the user, password and database the ledger URL names")
