@@ -254,7 +254,7 @@ class Deployer:
         """The preflight gates on every node at once (``Preflight.run``).
 
         Raises:
-            DeployError: gate_failed (interface, memory) or clocks_stuck.
+            DeployError: preflight_failed (interface, memory) or clocks_stuck.
             NodeError: a node could not be reached or a query failed.
         """
         return self._preflight.run()
@@ -353,7 +353,9 @@ class Deployer:
         last_growth = time.monotonic()
         polls = 0
         self._progress("waiting for /health")
-        with httpx.Client(timeout=5.0) as client:
+        # the head is polled directly, as the bench client talks to it: never through a proxy
+        # the controller's environment names for the rest of its traffic
+        with httpx.Client(timeout=5.0, trust_env=False) as client:
             while True:
                 try:
                     if client.get(url).status_code == 200:

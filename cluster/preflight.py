@@ -2,8 +2,9 @@
 on the cluster interface, free memory settled, clocks healthy; a node with stuck clocks is
 power-cycled when the profile can. ``Deployer.preflight`` runs it before every boot.
 
-A gate that fails is a ``DeployError`` naming the node (``gate_failed``, ``clocks_stuck``): the
-infrastructure's fault, found before the configuration under test has run.
+A gate that fails is a ``DeployError`` naming the node (``preflight_failed``, ``clocks_stuck``):
+the infrastructure's fault, found before the configuration under test has run (a class of
+``INFRASTRUCTURE``: retried, then the round stops; it bars nothing).
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ class Preflight:
         memory settled, clocks; a stuck node is power-cycled when the profile can.
 
         Raises:
-            DeployError: gate_failed (interface, memory) or clocks_stuck (with the node and
+            DeployError: preflight_failed (interface, memory) or clocks_stuck (with the node and
                 its rate).
             NodeError: a node could not be reached or a query failed.
         """
@@ -124,7 +125,7 @@ class Preflight:
             raise NodeError(
                 f"{node.name}: the clocks query printed {tail(result.stdout, 2)!r}, "
                 "expected JSON with sm_clock_mhz and matmul_rate",
-                failure_class="gate_failed",
+                failure_class="preflight_failed",
                 rank=node.rank,
                 host=node.host,
                 command=result.command,
@@ -147,7 +148,7 @@ class Preflight:
         if result.returncode != 0:
             raise DeployError(
                 f"{node.name}: interface {iface} does not exist: {tail(result.stderr, 1)}",
-                failure_class="gate_failed",
+                failure_class="preflight_failed",
                 rank=node.rank,
                 host=node.host,
                 command=result.command,
@@ -157,7 +158,7 @@ class Preflight:
             raise DeployError(
                 f"{node.name}: {node.host} is not on {iface} (which has "
                 f"{', '.join(addresses) or 'no address'}): wrong rank, or wrong interface?",
-                failure_class="gate_failed",
+                failure_class="preflight_failed",
                 rank=node.rank,
                 host=node.host,
                 command=result.command,
@@ -176,7 +177,7 @@ class Preflight:
                 f"{node.name}: free memory still changing by more than "
                 f"{g.memory_settle_mib:g} MiB per {settle_s:g}s "
                 f"after {g.memory_settle_timeout_s:g}s ({free_mib:.0f} MiB free)",
-                failure_class="gate_failed",
+                failure_class="preflight_failed",
                 rank=node.rank,
                 host=node.host,
                 returncode=result.returncode,
@@ -185,7 +186,7 @@ class Preflight:
             raise DeployError(
                 f"{node.name}: only {free_mib:.0f} MiB free after settling "
                 f"(the gate wants {g.min_free_mib:g})",
-                failure_class="gate_failed",
+                failure_class="preflight_failed",
                 rank=node.rank,
                 host=node.host,
             )

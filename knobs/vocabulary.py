@@ -117,6 +117,7 @@ FailureClass = Literal[
     "oom",
     "kv_capacity",
     "gate_failed",
+    "preflight_failed",
     "smoke_failed",
     "clocks_stuck",
     "bench_failed",
@@ -131,10 +132,45 @@ NODE_ACCESS: frozenset[FailureClass] = frozenset({"unreachable", "auth", "host_k
 #: Failure classes that are the infrastructure's, never the config's: a boot that failed so is
 #: taken again, then stops the round (exit 5) with its experiment undecided; it bars no value.
 #: Stuck clocks are the node's too: a boot measured with them is set aside and taken again; a
-#: port another process holds (``port_in_use``) is the host's, where ``start`` is a bad flag.
+#: port another process holds (``port_in_use``) is the host's, where ``start`` is a bad flag;
+#: a node that fails a preflight gate (``preflight_failed``: its interface, its memory not
+#: settled or not free, a clocks query that printed nonsense) failed before the config ran.
 INFRASTRUCTURE: frozenset[FailureClass] = frozenset(
-    {*NODE_ACCESS, "upload", "worker_missing", "remote_failed", "clocks_stuck", "port_in_use"}
+    {
+        *NODE_ACCESS,
+        "upload",
+        "worker_missing",
+        "remote_failed",
+        "clocks_stuck",
+        "port_in_use",
+        "preflight_failed",
+    }
 )
+
+#: A preflight gate's failure before it had a class of its own (``gate_failed``, a configuration
+#: class, until the thirty-seventh session) is told by its message's words, which no boot-log
+#: gate's message ("boot log has a forbidden line", "… lacks a required line") has.
+_PREFLIGHT_WORDS = (
+    "is not on ",
+    ": interface ",
+    "free memory still changing",
+    "MiB free after settling",
+    "the clocks query printed",
+)
+
+
+def read_failure_class(stored: str | None, detail: str | None) -> str | None:
+    """A stored failure class as this release names it: a ledger written before
+    ``preflight_failed`` holds a preflight gate's failure as ``gate_failed``, which is read as
+    the infrastructure's class it was (so it bars nothing now); every other class as stored."""
+    old_preflight = (
+        stored == "gate_failed"
+        and detail is not None
+        and "boot log" not in detail
+        and any(words in detail for words in _PREFLIGHT_WORDS)
+    )
+    return "preflight_failed" if old_preflight else stored
+
 
 #: The verdict rules that discard a change for what it broke (failed requests, time to first
 #: token), whatever its objective. A knob may declare one monotone in its values

@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 
 from knobs.config import Config
 from knobs.spec import Value
+from knobs.vocabulary import read_failure_class
 from ledger.models import (
     BootRow,
     ChampionRow,
@@ -157,7 +158,7 @@ def experiment_record(row: ExperimentRow) -> ExperimentRecord:
         objective=row.objective,
         delta_pct=row.delta_pct,
         accept_len=row.accept_len,
-        failure_class=row.failure_class,
+        failure_class=read_failure_class(row.failure_class, row.failure_detail),
         failure_detail=row.failure_detail,
         created_at=aware(row.created_at) or row.created_at,
         decided_at=aware(row.decided_at),
@@ -173,7 +174,7 @@ def boot_record(row: BootRow) -> BootRecord:
         role=row.role,
         measurement=row.measurement,
         status=row.status,
-        failure_class=row.failure_class,
+        failure_class=read_failure_class(row.failure_class, row.failure_detail),
         failure_detail=row.failure_detail,
         started_at=aware(row.started_at) or row.started_at,
         healthy_at=aware(row.healthy_at),

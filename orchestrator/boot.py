@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from cluster.errors import NodeError
 from knobs.config import Config
-from knobs.vocabulary import BootRole, BootStatus, State
+from knobs.vocabulary import INFRASTRUCTURE, BootRole, BootStatus, State
 from ledger import ExperimentRecord, Ledger
 from orchestrator.crashpoints import crashpoint
 from orchestrator.display import RoundDisplay
@@ -82,7 +82,7 @@ class Booter:
                 try:
                     self.testbed.stop_all()
                 except NodeError as err:
-                    failure = failure or err
+                    failure = _blamed(failure, err)
         if failure is not None:
             self.ledger.end_boot(
                 boot.id,
@@ -138,3 +138,13 @@ class Booter:
             self.ledger.end_boot(
                 boot.id, status=BootStatus.DOWN, failure_class=None, failure_detail="interrupted"
             )
+
+
+def _blamed(failure: NodeError | None, teardown: NodeError) -> NodeError:
+    """The failure a boot is recorded with when its teardown failed too: a node lost by then
+    (the infrastructure's) explains a boot or a bench that failed on it, whatever class that
+    failure was given; otherwise the first failure stands."""
+    if failure is None:
+        return teardown
+    infrastructure = teardown.failure_class in INFRASTRUCTURE
+    return teardown if infrastructure and failure.failure_class not in INFRASTRUCTURE else failure

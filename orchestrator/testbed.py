@@ -210,10 +210,14 @@ class ClusterTestbed:
         """One cell, with every node's clocks read around it.
 
         Raises:
-            NodeError: class bench_failed, with the bench client's evidence.
+            NodeError: class bench_failed, with the bench client's evidence; or a node's own
+                failure as it was (a clocks query that found the node unreachable is the
+                infrastructure's, not the config's).
         """
         try:
             return run_cell(self.base_url, self.model, cell, clocks=self.deployer.clocks)
+        except NodeError:
+            raise
         except OrchestrateError as err:
             raise NodeError(
                 f"bench cell {cell.name} failed: {err}",

@@ -13,9 +13,10 @@ import pytest
 from rich.console import Console
 
 from agents import SweepProposer
-from cluster.errors import DeployError
+from cluster.errors import DeployError, NodeError
 from knobs.config import Config
-from knobs.vocabulary import BootStatus, Kind, State, Status
+from knobs.records import CellResultRecord, CellSpec
+from knobs.vocabulary import BootStatus, FailureClass, Kind, State, Status
 from ledger import Ledger, VerdictRecord
 from orchestrator import policy
 from orchestrator.approval import ApprovalGate
@@ -91,6 +92,44 @@ def test_a_node_back_after_a_retry_costs_no_verdict(tmp_path: Path) -> None:
     loop.ledger.close()
 
 
+class LostWhileBenched(FlakyNode):
+    """On the deploys ``lost`` names, the head stops answering once it is up: its cell fails
+    (the bench client's ``bench_failed``, a configuration class) and its teardown finds it
+    unreachable."""
+
+    def __init__(self, lost: Callable[[int], bool]) -> None:
+        super().__init__(lambda attempt: False)
+        self.lost = lost
+
+    def bench(self, cell: CellSpec) -> CellResultRecord:
+        if self.lost(self.attempts):
+            raise NodeError("bench cell c failed: ReadError", failure_class="bench_failed")
+        return super().bench(cell)
+
+    def stop_all(self) -> None:
+        super().stop_all()
+        if self.lost(self.attempts):
+            raise DeployError("node-0: no SSH banner", failure_class="unreachable", rank=0)
+
+
+def test_a_bench_failure_on_a_node_lost_by_its_teardown_is_the_nodes(tmp_path: Path) -> None:
+    """A cell that failed on a head that its teardown then found unreachable failed because
+    the node was lost, not for the config: the boot is recorded as ``unreachable`` and taken
+    again; the change is decided on the boot after it, with nothing barred."""
+    testbed = LostWhileBenched(lambda attempt: attempt == 3)
+    waits: list[float] = []
+    loop = runner(tmp_path, testbed, waits)
+    report = loop.run(RoundOptions(budget=1, proposer="sweep", approve="auto"))
+    assert waits == [10.0]
+    first = report.experiments[1]
+    assert first.status == Status.DISCARD
+    assert [(b.status, b.failure_class) for b in loop.ledger.boots(first.id)] == [
+        (BootStatus.FAILED, "unreachable"),
+        (BootStatus.DOWN, None),
+    ]
+    loop.ledger.close()
+
+
 def test_a_node_that_stays_away_stops_the_round_undecided_and_the_same_command_resumes(
     tmp_path: Path,
 ) -> None:
@@ -122,9 +161,35 @@ def test_a_node_that_stays_away_stops_the_round_undecided_and_the_same_command_r
     again.ledger.close()
 
 
-def test_an_old_ledgers_infrastructure_crash_bars_nothing(tmp_path: Path) -> None:
+#: Crash verdicts as older releases wrote them: the class and detail stored, whether the value
+#: is barred as this release reads them.
+OLD_CRASHES = [
+    ("unreachable", "node-2: ssh: connection refused", False),
+    # a preflight gate's, before it had a class of its own (``preflight_failed``)
+    (
+        "gate_failed",
+        "failed twice: gate_failed, gate_failed; node-0: only 23323 MiB free after settling "
+        "(the gate wants 104000)",
+        False,
+    ),
+    ("gate_failed", "node-1: 10.0.0.2 is not on enP7s7 (which has 10.0.0.3): wrong rank?", False),
+    # a boot-log gate's: the config's, barred as it was
+    (
+        "gate_failed",
+        "failed twice: gate_failed, gate_failed; node-0: boot log has a forbidden line: "
+        "'falling back to eager mode: MiB free after settling'",
+        True,
+    ),
+]
+
+
+@pytest.mark.parametrize(("failure_class", "detail", "barred"), OLD_CRASHES)
+def test_an_old_ledgers_infrastructure_crash_bars_nothing(
+    tmp_path: Path, failure_class: FailureClass, detail: str, barred: bool
+) -> None:
     """A ledger written before such failures stopped the round has them as crash verdicts:
-    they bar no value and do not count as decided."""
+    they bar no value and do not count as decided. So has one written before a preflight
+    gate's failure was the infrastructure's: it is read as such (``read_failure_class``)."""
     testbed = FlakyNode(lambda attempt: False)
     loop = runner(tmp_path, testbed, [])
     loop.run(RoundOptions(budget=1, proposer="sweep", approve="auto"))
@@ -143,7 +208,7 @@ def test_an_old_ledgers_infrastructure_crash_bars_nothing(tmp_path: Path) -> Non
         knob="num_speculative_tokens",
         value=4,
     )
-    crash = policy.crash("unreachable", "node-2: ssh: connection refused")
+    crash = policy.crash(failure_class, detail)
     ledger.decide(
         e.id,
         verdict=VerdictRecord(
@@ -152,11 +217,14 @@ def test_an_old_ledgers_infrastructure_crash_bars_nothing(tmp_path: Path) -> Non
         objective=None,
         delta_pct=None,
         accept_len=None,
-        failure_class="unreachable",
+        failure_class=failure_class,
+        failure_detail=detail,
     )
     context = loop.context(rnd)
-    assert context.known_bad == ()
-    assert champion.config.apply(change).key not in context.decided_keys
+    assert [bad.when for bad in context.known_bad] == (
+        [{"num_speculative_tokens": 4}] if barred else []
+    )
+    assert (champion.config.apply(change).key in context.decided_keys) == barred
     ledger.close()
 
 

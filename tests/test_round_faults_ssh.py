@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from cluster.launcher import EVENTS
-from knobs.vocabulary import Kind, State, Status
+from knobs.vocabulary import INFRASTRUCTURE, Kind, State, Status
 from ledger import ExperimentRecord, Ledger
 from tests.fixtures.profiles import write_profile
 from tests.fixtures.sshd import SshCluster, SshHost
@@ -218,6 +218,57 @@ def test_a_node_lost_while_the_candidate_boots_stops_the_round_and_it_resumes(
     assert undecided.kind == Kind.CANDIDATE
     assert engines_on_reachable(ssh_cluster, rank) == {}
     assert_resumes_and_finishes(ssh_cluster, tmp_path, profile, undecided)
+
+
+def test_a_node_lost_while_the_candidate_is_benched_is_not_the_configs_failure(
+    ssh_cluster: SshCluster, tmp_path: Path
+) -> None:
+    """A node whose sshd stops answering during the candidate's cells (the twin's profile
+    reads every node's clocks over SSH around each cell) fails that boot as ``unreachable``,
+    the infrastructure's: before, the bench client's wrapper recast it as ``bench_failed``, a
+    configuration failure that a second boot could make a crash."""
+    profile = fault_profile(ssh_cluster, tmp_path)
+    rnd = start_round(tmp_path, profile, "first")
+
+    def benching() -> bool:
+        rnd.alive()
+        return any(
+            e.kind == Kind.CANDIDATE and e.state == State.BENCHING for e in experiments(tmp_path)
+        )
+
+    wait_until("the candidate's cells started", benching, timeout=240, interval=0.05)
+    ssh_cluster.node(1).freeze_sshd()
+    rc, err = rnd.wait()
+    assert_stopped_by(rc, err, 1, "unreachable")
+    undecided = assert_undecided_and_nothing_barred(tmp_path)
+    with Ledger(f"sqlite:///{tmp_path}/orchestrate.db") as ledger:
+        boots = ledger.boots(undecided.id)
+    assert boots and all(b.failure_class in INFRASTRUCTURE for b in boots), boots
+    assert_resumes_and_finishes(ssh_cluster, tmp_path, profile, undecided)
+
+
+def test_a_node_that_fails_a_preflight_gate_is_not_the_configs_failure(
+    ssh_cluster: SshCluster, tmp_path: Path
+) -> None:
+    """Every node short of the free memory the profile's preflight asks for (an engine of
+    another job still holding it): the boot fails before any engine starts, as the
+    infrastructure's (``preflight_failed``), is taken again, and the round stops with exit 5,
+    nothing barred; with the memory free again the same command runs the round. Before, the
+    gate's failure was a configuration failure: the baseline itself became a crash."""
+    data = yaml.safe_load(fault_profile(ssh_cluster, tmp_path).read_text())
+    data["gates"]["min_free_mib"] = 1 << 40  # more than any test machine has free
+    short = write_profile(tmp_path, data, "short.yaml")
+    rc, err = start_round(tmp_path, short, "first").wait()
+    assert_stopped_by(rc, err, 0, "preflight_failed")
+    assert "MiB free" in err
+    undecided = assert_undecided_and_nothing_barred(tmp_path)
+    with Ledger(f"sqlite:///{tmp_path}/orchestrate.db") as ledger:
+        boots = ledger.boots(undecided.id)
+    assert [b.failure_class for b in boots] == ["preflight_failed", "preflight_failed"]
+    assert ssh_cluster.engines() == {} and all(starts(h) == 0 for h in ssh_cluster.hosts)
+    assert_resumes_and_finishes(
+        ssh_cluster, tmp_path, fault_profile(ssh_cluster, tmp_path), undecided
+    )
 
 
 def test_a_port_taken_on_the_head_is_not_the_configs_failure(

@@ -291,7 +291,7 @@ def test_a_wrong_rank_address_fails_the_interface_gate(
     deployers.append(d)
     attempt = d.attempt(profile.initial_champion())
     assert attempt.failure is not None
-    assert attempt.failure.failure_class == "gate_failed"
+    assert attempt.failure.failure_class == "preflight_failed"
     assert "wrong rank" in attempt.failure.message
     assert attempt.restored is None
     assert ssh_cluster.engines() == {}
