@@ -128,6 +128,9 @@ class _Cell:
     extended_s: float = 0.0
     #: requests sent again after no answer on a kept-alive connection (not failures)
     retried: int = 0
+    #: failures that were the connection's (reset, cut mid-stream, refused, timed out), with
+    #: no error the engine answered: a network's blip or an engine gone, not a bad answer
+    lost: int = 0
 
     def failed(self, why: str) -> None:
         self.errors.append(why)
@@ -190,6 +193,8 @@ async def _one(client: httpx.AsyncClient, state: _Cell, *, probe: bool = False) 
                 # the request never reached the engine, and is sent once more
                 state.retried += 1
                 continue
+            if isinstance(e, httpx.TransportError):
+                state.lost += 1
             state.failed(describe(e))
             req.end = loop.time()
             return
@@ -259,9 +264,10 @@ async def _greedy_probe(
     if any(r.finished and r.prompt_id == first for r in state.requests):
         return
     say(f"{cell.name}: greedy probe ({first}, {cell.max_tokens} tokens)")
-    errors = len(state.errors)
+    errors, lost = len(state.errors), state.lost
     await _one(client, state, probe=True)
     del state.errors[errors:]
+    state.lost = lost
 
 
 def cold_start_limit_s(cell: CellSpec) -> float:
@@ -496,6 +502,8 @@ def _summarise(
         evidence["warmup_extended_s"] = round(state.extended_s, 3)
     if state.retried:
         evidence["retried"] = state.retried
+    if state.lost:
+        evidence["connection_lost"] = state.lost
     return record, evidence
 
 
@@ -530,8 +538,9 @@ def run_cell(
 
     A measurement whose client or engine was stalled (``cluster.stall``: its host kept it off
     the CPU) for more than a small part of the window is taken again, up to ``stall.ATTEMPTS``
-    in all; the record keeps the least stalled one, how long each host stalled it and how many
-    measurements were dropped.
+    in all, as is, once, one whose every failed request lost its connection (a network's
+    blip); the record keeps the one with the fewest failed requests, then the least stalled,
+    how long each host stalled it and how many measurements were dropped.
     ``clocks`` is called before and after the cell; the record keeps each rank's worse
     reading. Runs its own event loop (call it from synchronous code).
 
@@ -551,13 +560,33 @@ def _measured_undisturbed(
     base_url: str, model: str, cell: CellSpec, on_progress: Callable[[str], None] | None
 ) -> CellResultRecord:
     """The cell measured until a window is not disturbed by a stall of its client's or its
-    engine's host (``cluster.stall``), at most ``stall.ATTEMPTS`` times; the least stalled."""
+    engine's host (``cluster.stall``), at most ``stall.ATTEMPTS`` times; the one with the
+    fewest failed requests, then the least stalled.
+
+    A window whose every failure was the connection's (``_Cell.lost``: reset, cut mid-stream,
+    timed out; none an error the engine answered) is measured once more: a blip of the network
+    between the controller and the head is not the config's. An engine gone fails the next
+    window outright (``BenchError``); one that drops connections for its config drops them
+    again, and that window's failures stand."""
     say = on_progress or (lambda _m: None)
     kept: CellResultRecord | None = None
+    reconnected = False
     for attempt in range(1, stall.ATTEMPTS + 1):
-        record, _ = asyncio.run(run_cell_async(base_url, model, cell, on_progress=on_progress))
-        if kept is None or stalled(record) < stalled(kept):
+        record, evidence = asyncio.run(
+            run_cell_async(base_url, model, cell, on_progress=on_progress)
+        )
+        if kept is None or (record.errors, stalled(record)) < (kept.errors, stalled(kept)):
             kept = record
+        lost = int(evidence.get("connection_lost", 0))
+        if record.errors and lost == record.errors and not reconnected:
+            reconnected = True
+            if attempt < stall.ATTEMPTS:
+                say(
+                    f"{cell.name}: {lost} request(s) lost their connection "
+                    f"({record.error_samples[0] if record.error_samples else 'no answer'}): "
+                    f"measuring again ({attempt + 1}/{stall.ATTEMPTS})"
+                )
+                continue
         if not stall.disturbed(stalled(record), record.duration):
             break
         again = attempt < stall.ATTEMPTS

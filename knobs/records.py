@@ -90,7 +90,8 @@ class CellResultRecord(BaseModel):
     )
     measured_again: int = Field(
         default=0,
-        description="measurements of this cell dropped because the client or the engine stalled",
+        description="measurements of this cell dropped because the client or the engine stalled"
+        " or, once, because every failed request of the window lost its connection",
     )
 
 

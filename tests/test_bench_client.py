@@ -8,12 +8,13 @@ import json
 import math
 import os
 import signal
+import socket
 import statistics
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import ClassVar
 
@@ -423,3 +424,97 @@ def test_a_request_the_server_closed_on_unanswered_is_sent_again_not_failed() ->
     assert _ClosingEngine.dropped, "the server closed no connection: the test tested nothing"
     assert got.errors == 0 and got.error_samples == (), got.error_samples
     assert got.completed > 0 and got.total_output_tokens > 0
+
+
+class _CuttingEngine(http.server.BaseHTTPRequestHandler):
+    """An OpenAI-style completions server that answers the completions ``fails`` names (by
+    their number, from 1, over the server's life) with a failure: ``"cut"`` starts the stream
+    and cuts its connection mid-body (a network's blip, an engine's process gone), ``"500"``
+    answers an HTTP error (the engine's own word)."""
+
+    protocol_version = "HTTP/1.1"
+    lock = threading.Lock()
+    fails: ClassVar[Callable[[int], str | None]] = staticmethod(lambda n: None)
+    posts = 0
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        with self.lock:
+            type(self).posts += 1
+            fail = type(self).fails(type(self).posts)
+        if fail == "500":
+            body = b'{"error": "internal"}'
+            self.send_response(500)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        events = [
+            {"choices": [{"text": "x", "finish_reason": None}], "usage": {"completion_tokens": i}}
+            for i in (1, 2, 3)
+        ]
+        last = {"text": "", "finish_reason": "length"}
+        events.append({"choices": [last], "usage": {"completion_tokens": 3}})
+        body = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events)
+        body += b"data: [DONE]\n\n"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if fail == "cut":
+            self.wfile.write(body[: len(body) // 2])
+            self.wfile.flush()
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+            return
+        self.wfile.write(body)
+
+
+def _cell_against(fails: Callable[[int], str | None]) -> tuple[CellResultRecord, list[str]]:
+    _CuttingEngine.fails = staticmethod(fails)
+    _CuttingEngine.posts = 0
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _CuttingEngine)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    said: list[str] = []
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        cell = CellSpec(
+            name="cut", category="code", concurrency=2, max_tokens=3, warmup_s=0.1, duration_s=0.5
+        )
+        return run_cell(url, "glm53", cell, on_progress=said.append), said
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize(
+    ("fails", "errors", "measured_again"),
+    [
+        # a blip: two streams cut early in the first window, none after
+        (lambda n: "cut" if n in (3, 4) else None, 0, 1),
+        # a connection that fails all night long: measured once more, its failures stand
+        (lambda n: "cut" if n % 5 == 0 else None, None, 1),
+        # the engine's own error is the config's evidence: not measured again
+        (lambda n: "500" if n == 3 else None, 1, 0),
+    ],
+    ids=["blip", "every-fifth", "engine-error"],
+)
+def test_a_window_whose_failures_all_lost_their_connection_is_measured_once_more(
+    fails: Callable[[int], str | None], errors: int | None, measured_again: int
+) -> None:
+    """A network's blip between the controller and the head cuts a few streams: before, their
+    failures stood and the errors guardrail discarded the change on its first boot. Now a
+    window whose every failure was the connection's is measured once more, and the window
+    with fewer failures kept; failures that recur, or that the engine answered, stand."""
+    got, said = _cell_against(fails)
+    assert got.measured_again == measured_again, said
+    assert got.completed > 0
+    if errors is None:
+        assert got.errors > 0 and "RemoteProtocolError" in got.error_samples[0]
+    else:
+        assert got.errors == errors, got.error_samples
+    assert any("lost their connection" in line for line in said) == (measured_again == 1)
