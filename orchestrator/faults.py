@@ -2,7 +2,9 @@
 a node unreachable, auth, an upload, a worker missing from the rendezvous, stuck clocks): it
 is never a verdict on the config. The boot is taken again after ``policy``'s backoff; when the
 retries are spent the round stops (exit 5), the experiment undecided and nothing barred, for
-the same command to resume once the node is back.
+the same command to resume once the node is back. A champion that booted before and now
+fails its boots in a row for what would be a configuration's reasons stops the round the same
+way (``champion_failed``): its config did not change, the cluster did.
 
 A ledger that does not answer (a PostgreSQL restart at night) is waited out too
 (``through_ledger_outages``): the round is built afresh and resumes from its last committed
@@ -40,6 +42,12 @@ class InfrastructureFault(OrchestrateError):
         super().__init__(message)
         self.failure = failure
         self.experiment = experiment
+
+
+class ChampionFailing(InfrastructureFault):
+    """The champion, which booted before, failed its boots in a row for what would be a
+    configuration's reasons: its config did not change, the cluster did. The round stops as
+    for a node away (exit 5), the change it was booted for undecided and nothing barred."""
 
 
 class InfrastructureFaults:
@@ -89,6 +97,38 @@ class InfrastructureFaults:
             f"booting again in {delay:g}s"
         )
         self.sleep(delay)
+
+    def champion_failed(
+        self, e: ExperimentRecord, err: NodeError, *, champion: ExperimentRecord
+    ) -> None:
+        """The champion (``champion``), booted for ``e``'s verdict, failed for a
+        configuration's class (``err``): boot it once more, or, when it failed so in a row
+        (``policy.champion_failure``), stop the round with ``e`` undecided.
+
+        Raises:
+            ChampionFailing: the champion's failure reproduced.
+        """
+        failed: list[str] = []
+        for boot in reversed(self.ledger.boots(champion.id)):
+            if boot.status != BootStatus.FAILED:
+                break
+            if boot.failure_class not in INFRASTRUCTURE:
+                failed.append(str(boot.failure_class))
+        if not policy.champion_failure(len(failed)):
+            self.display.note(
+                f"  the champion (experiment #{champion.id}), which booted before, failed "
+                f"({err.failure_class}: {err.message}): booting it once more"
+            )
+            return
+        raise ChampionFailing(
+            f"the champion (experiment #{champion.id}), which booted before, failed "
+            f"{len(failed)} times in a row ({', '.join(reversed(failed))}; {err.message}): the "
+            f"cluster is failing, not the changes tried on it; experiment #{e.id} is left "
+            "undecided and nothing was barred: run the same command once the cluster boots its "
+            "champion again",
+            failure=err,
+            experiment=e.id,
+        )
 
 
 def through_ledger_outages(

@@ -16,7 +16,9 @@ round's next step, as a typed action the round only carries out:
   A first configuration failure that is not monotone is booted once more instead
   (``config_failure``): a flaky start does not bar a value for good. One that reproduced waits
   for the champion to boot first (``BootChampion`` with ``checks``): if the champion fails too,
-  the cluster broke, not the change (``champion_check_failed``: inconclusive, nothing barred).
+  the cluster broke, not the change (``champion_failure``: the champion is booted once more,
+  then the round stops, the change undecided and nothing barred; the change's failures before
+  the champion's count no more, ``counted_failures``).
 
 The champion's own schedule is here too: when a re-measurement is due (``remeasure_due``: too
 few trusted boots, the drift sentinel's count or age), whether a re-measurement flags a drift
@@ -243,17 +245,27 @@ def _champion_unchecked(progress: Progress) -> bool:
     )
 
 
-def champion_check_failed(crashed: Assessment, failure_class: str, message: str) -> Assessment:
-    """The verdict when a change's failure reproduced and the champion, which booted before,
-    then failed too (``failure_class``): the cluster's doing as much as the change's, so
-    nothing is barred; the change stays eligible."""
-    return Assessment(
-        Status.INCONCLUSIVE,
-        "champion-check",
-        f"{crashed.reason}; but the champion, which booted before, then failed too "
-        f"({failure_class}: {message}): the cluster, not this change, so nothing is barred",
-        {"failed_boots": crashed.stats.get("failed_boots", 0), "champion_failure": failure_class},
-    )
+def champion_failure(in_a_row: int) -> bool:
+    """Whether the round stops after the champion, which booted before, failed ``in_a_row``
+    boots for what would be a configuration's reasons: its config did not change, so the
+    cluster did (a full disk, a wedged GPU, a driver that lost its device). Once is booted
+    again (a flaky start); when it reproduced, no change's boot would mean anything until the
+    cluster is mended."""
+    return in_a_row >= REPRODUCED
+
+
+def counted_failures(
+    failed: Sequence[int], champion_failed: Sequence[int], champion_up: Sequence[int]
+) -> list[int]:
+    """Which of a change's configuration failures (its failed boots' ids) count towards its
+    crash: those after the last configuration failure of the champion's (``champion_failed``,
+    boot ids) that a boot of the champion's that came up (``champion_up``) followed. A change
+    that failed on a cluster that then failed its champion too failed on a broken cluster:
+    once the champion boots again, those failures are the cluster's, and the change is booted
+    afresh. Until then they count, and the champion is what is booted next."""
+    mended = [f for f in champion_failed if any(up > f for up in champion_up)]
+    since = max(mended, default=0)
+    return [b for b in failed if b > since]
 
 
 def _retry_note(failure: BootFailure) -> str:
@@ -275,16 +287,6 @@ def _noted(assessment: Assessment, failed: Sequence[BootFailure]) -> Assessment:
         f"{assessment.reason}; {len(failed)} failed boot(s) before ({classes}), not reproduced",
         {**assessment.stats, "failed_boots": len(failed)},
         assessment.next_boot,
-    )
-
-
-def champion_remeasure_failed(failure_class: str, message: str) -> Assessment:
-    """The verdict when the champion's re-measurement for it failed: nothing to compare."""
-    return Assessment(
-        Status.INCONCLUSIVE,
-        "champion-remeasure",
-        f"the champion's re-measurement failed ({failure_class}): {message}",
-        {},
     )
 
 

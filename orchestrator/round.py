@@ -29,6 +29,7 @@ from knobs.vocabulary import (
     Status,
 )
 from ledger import (
+    BootRecord,
     ChampionRecord,
     ExperimentRecord,
     Ledger,
@@ -359,19 +360,12 @@ class RoundRunner:
                 return
             if isinstance(action, policy.BootChampion):
                 failure = self.remeasures.remeasure(rnd)
-                if failure is not None and failure.failure_class in INFRASTRUCTURE:
+                if failure is not None:
                     champion = self.ledger.experiment(self.champion.current().experiment_id)
-                    self.faults.wait_or_stop(e, failure, booted=champion)  # or stop: exit 5
-                elif failure is not None:
-                    verdict = (
-                        policy.champion_remeasure_failed(failure.failure_class, failure.message)
-                        if action.checks is None
-                        else policy.champion_check_failed(
-                            action.checks, failure.failure_class, failure.message
-                        )
-                    )
-                    self._decide(e, run_id, verdict, action.measurements)
-                    return
+                    if failure.failure_class in INFRASTRUCTURE:
+                        self.faults.wait_or_stop(e, failure, booted=champion)  # or exit 5
+                    else:  # booted once more, or the round stops: exit 5
+                        self.faults.champion_failed(e, failure, champion=champion)
                 continue
             if action.note is not None:
                 self.display.note(action.note)
@@ -403,14 +397,23 @@ class RoundRunner:
         )
 
     def _config_failures(self, e: ExperimentRecord) -> tuple[list[policy.BootFailure], bool]:
-        """``e``'s boots that failed for the config's reasons, from the ledger (a resume counts
-        those before the kill), and whether its last boot is one of them."""
+        """``e``'s boots that failed for the config's reasons and count
+        (``policy.counted_failures``: not those before the champion failed too), from the
+        ledger (a resume counts those before the kill), and whether its last boot is one."""
         boots = self.ledger.boots(e.id)
-        config = [
-            b
-            for b in boots
-            if b.status == BootStatus.FAILED and b.failure_class not in INFRASTRUCTURE
-        ]
+        theirs = (
+            self.ledger.boots(self.champion.current().experiment_id)
+            if e.kind == Kind.CANDIDATE
+            else []
+        )
+        counted = set(
+            policy.counted_failures(
+                [b.id for b in boots if _config_failed(b)],
+                [b.id for b in theirs if _config_failed(b)],
+                [b.id for b in theirs if b.status != BootStatus.FAILED],
+            )
+        )
+        config = [b for b in boots if b.id in counted]
         failed = [policy.BootFailure(str(b.failure_class), b.failure_detail or "") for b in config]
         return failed, bool(config) and config[-1] is boots[-1]
 
@@ -486,3 +489,8 @@ class RoundRunner:
         )
         crashpoint("mlflow.verdict")
         self.display.decided(decided, verdict.reason)
+
+
+def _config_failed(boot: BootRecord) -> bool:
+    """Whether ``boot`` failed for what would be its config's reasons."""
+    return boot.status == BootStatus.FAILED and boot.failure_class not in INFRASTRUCTURE

@@ -20,12 +20,12 @@ from agents import SweepProposer
 from cluster.errors import DeployError
 from cluster.gates import GateSpec
 from knobs.config import Config
-from knobs.vocabulary import INFRASTRUCTURE, BootStatus, FailureClass, Kind, Status
+from knobs.vocabulary import INFRASTRUCTURE, BootStatus, FailureClass, Kind, State, Status
 from ledger import Ledger
 from orchestrator import policy
 from orchestrator.approval import ApprovalGate
 from orchestrator.display import RoundDisplay
-from orchestrator.faults import InfrastructureFault
+from orchestrator.faults import ChampionFailing, InfrastructureFault
 from orchestrator.policy import BootCandidate, BootChampion, BootFailure, Crash, Progress
 from orchestrator.profile import VerdictSpec, load_profile
 from orchestrator.round import BaselineFailed, RoundOptions, RoundRunner
@@ -51,9 +51,12 @@ class Failing(ScriptedTestbed):
         self.fails = fails
         self.interrupt = interrupt
         self.attempts = 0
+        #: every config a deploy was asked for, failed or not (``boots``: those that came up)
+        self.tried: list[Config] = []
 
     def deploy(self, config: Config) -> dict[int, str]:
         self.attempts += 1
+        self.tried.append(config)
         if self.interrupt(self.attempts):
             raise KeyboardInterrupt
         cls = self.fails(self.attempts, config)
@@ -198,23 +201,74 @@ def test_a_failure_that_reproduces_bars_its_value_once_the_champion_still_boots(
     loop.ledger.close()
 
 
-def test_a_cluster_that_breaks_after_the_baseline_bars_nothing(tmp_path: Path) -> None:
+def test_a_cluster_that_breaks_after_the_baseline_stops_the_round_and_bars_nothing(
+    tmp_path: Path,
+) -> None:
     """Every boot after the baseline's fails for what looks like the config's reason (a node's
     disk full, its GPU wedged: the engine exits at start), the champion's too: the change
-    failed twice, but the champion that booted before fails now, so the verdict is
-    inconclusive (``champion-check``) and nothing is barred."""
+    failed twice, then the champion that booted before fails twice in a row, so the round
+    stops (exit 5) with the change undecided and nothing barred, where before each change of
+    the night was booted three times and decided inconclusive. Mended, the same command boots
+    the champion, then the change afresh (its failures were the cluster's), and decides it."""
     said = io.StringIO()
-    loop = runner(tmp_path, Failing(lambda n, c: "start" if n > 2 else None), said)
+    cluster = {"broken": True}
+    testbed = Failing(lambda n, c: "start" if n > 2 and cluster["broken"] else None)
+    loop = runner(tmp_path, testbed, said)
+    with pytest.raises(ChampionFailing) as stopped:
+        loop.run(RoundOptions(budget=1, proposer="sweep", approve="auto"))
+    assert stopped.value.exit_code == 5
+    message = stopped.value.message
+    assert message.startswith("the champion (experiment #1), which booted before, failed 2 ")
+    assert "(start, start; node-0: engine exited" in message
+    assert "experiment #2 is left undecided and nothing was barred" in message
+    _, candidate = loop.ledger.experiments()
+    assert candidate.state != State.DECIDED and candidate.status is None
+    # deploys: the baseline's two, the change's two, the champion's two (the second the
+    # first's reproduction), then the stop
+    assert [c["num_speculative_tokens"] for c in testbed.tried] == [7, 7, 5, 5, 7, 7]
+    assert regions(loop) == set()
+    text = " ".join(said.getvalue().split())
+    assert policy.CHAMPION_CHECK in text
+    assert "the champion (experiment #1), which booted before, failed (start" in text
+    assert "booting it once more" in text
+    loop.ledger.close()
+
+    cluster["broken"] = False
+    again = runner(tmp_path, testbed)
+    report = again.run(RoundOptions(budget=1, proposer="sweep", approve="auto"))
+    assert report.resumed
+    decided = again.ledger.experiment(candidate.id)
+    assert decided.status == Status.DISCARD and decided.failure_class is None
+    # the champion first (its check), then the change afresh
+    assert [c["num_speculative_tokens"] for c in testbed.tried[6:8]] == [7, 5]
+    assert regions(again) == set()
+    again.ledger.close()
+
+
+def test_a_champion_that_fails_once_is_booted_again_and_the_change_afresh(
+    tmp_path: Path,
+) -> None:
+    """The change failed twice; the champion's check boot fails, its next comes up: the
+    cluster had a bad moment, so the change's two failures, made before it, do not bar its
+    value: it is booted afresh, and fails twice again, and its crash then stands on a cluster
+    that boots its champion."""
+    champion_boots = {"n": 0}
+
+    def fails(n: int, c: Config) -> FailureClass | None:
+        if c["num_speculative_tokens"] == 5:
+            return "start"
+        if n > 2:
+            champion_boots["n"] += 1
+            return "start" if champion_boots["n"] == 1 else None
+        return None
+
+    testbed = Failing(fails)
+    loop = runner(tmp_path, testbed)
     report = loop.run(RoundOptions(budget=1, proposer="sweep", approve="auto"))
     candidate = report.experiments[1]
-    assert candidate.status == Status.INCONCLUSIVE
-    verdict = loop.ledger.verdict(candidate.id)
-    assert verdict is not None and verdict.rule == "champion-check"
-    assert verdict.reason.startswith("failed twice: start, start; node-0")
-    assert "the champion, which booted before, then failed too (start" in verdict.reason
-    assert verdict.stats == {"failed_boots": 2, "champion_failure": "start"}
-    assert regions(loop) == set()
-    assert policy.CHAMPION_CHECK in " ".join(said.getvalue().split())
+    assert candidate.status == Status.CRASH
+    assert [c["num_speculative_tokens"] for c in testbed.tried] == [7, 7, 5, 5, 7, 7, 5, 5, 7]
+    assert regions(loop) == {"num_speculative_tokens=5"}
     loop.ledger.close()
 
 

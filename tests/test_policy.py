@@ -131,8 +131,18 @@ def test_a_failed_boot_is_a_crash_ruled_by_where_it_failed() -> None:
         Status.CRASH, "boot", "out of memory", {"failure_class": "oom"}
     )
     assert policy.crash("bench_failed", "timeout").rule == "bench"
-    failed = policy.champion_remeasure_failed("unreachable", "node-2 is gone")
-    assert failed.status == Status.INCONCLUSIVE and "node-2 is gone" in failed.reason
+
+
+def test_a_failing_champion_stops_the_round_and_once_mended_clears_the_change() -> None:
+    """The champion, which booted before, failing once is booted again; failing twice in a row
+    stops the round. A change's failures before a champion failure that a good champion boot
+    then followed were the cluster's: they count no more; while the champion has not come up
+    since its failure, they still count (the champion is what is booted next)."""
+    assert not policy.champion_failure(1) and policy.champion_failure(2)
+    assert policy.counted_failures([3, 4], [5], [1]) == [3, 4]  # not mended yet
+    assert policy.counted_failures([3, 4], [5, 6], [1, 7]) == []  # mended after both
+    assert policy.counted_failures([3, 4, 8], [5], [1, 6]) == [8]  # a failure since counts
+    assert policy.counted_failures([3, 4], [], [1, 5]) == [3, 4]  # the champion never failed
 
 
 @pytest.mark.parametrize(
