@@ -100,6 +100,9 @@ class EventKind(StrEnum):
     #: a kept change's boots left its level as champion: its first boot of its own read too far
     #: below them (subject: the champion's experiment id; detail: from which measurement)
     KEEP_BOOTS_SET_ASIDE = "keep-boots-set-aside"
+    #: a round stopped short of its end, open for the same command to resume (subject: the
+    #: round's id; reason: the line the command ended with; detail: the error and exit code)
+    ROUND_STOPPED = "round-stopped"
 
 
 #: How a boot or a bench failed (``NodeError.failure_class``, the ledger's ``failure_class``).

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 
 from agents import ProposalContext, ProposalExhausted, Proposer
@@ -22,6 +23,7 @@ from cluster.errors import NodeError
 from knobs.vocabulary import (
     INFRASTRUCTURE,
     BootStatus,
+    EventKind,
     Kind,
     ProposalStatus,
     RoundStatus,
@@ -33,9 +35,11 @@ from ledger import (
     ChampionRecord,
     ExperimentRecord,
     Ledger,
+    LedgerError,
     RoundRecord,
     VerdictRecord,
 )
+from ledger.redact import Redactor
 from orchestrator import policy
 from orchestrator.approval import ApprovalGate
 from orchestrator.boot import Booter
@@ -179,6 +183,9 @@ class RoundRunner:
             self.display.note(line)
         try:
             stopped_by = self._loop(rnd, started)
+        except OrchestrateError as err:
+            self._stopped(rnd, err)
+            raise
         finally:
             self.display.stop()
         used = gpu_hours(self.ledger, rnd, self.profile)
@@ -197,6 +204,22 @@ class RoundRunner:
             stopped_by=stopped_by,
             gpu_hours=used,
         )
+
+    def _stopped(self, rnd: RoundRecord, err: OrchestrateError) -> None:
+        """What stopped the round short of its end (a node away, a champion that stopped
+        booting, the lease lost), recorded for the morning: the line the command ended with
+        went to a terminal or a timer's log, and ``orchestrate status`` shows it from here.
+        A ledger that is itself what failed records nothing."""
+        if isinstance(err, LedgerError):
+            return
+        with suppress(LedgerError):
+            self.ledger.add_event(
+                self.cluster,
+                EventKind.ROUND_STOPPED,
+                subject=str(rnd.id),
+                detail={"error": type(err).__name__, "exit_code": err.exit_code},
+                reason=Redactor.from_environment().text(err.message),
+            )
 
     def _caps_on_resume(self, rnd: RoundRecord, options: RoundOptions) -> RoundRecord:
         """A resume keeps the round's caps unless this command gives one, each said in one

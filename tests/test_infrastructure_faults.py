@@ -16,10 +16,11 @@ from agents import SweepProposer
 from cluster.errors import DeployError, NodeError
 from knobs.config import Config
 from knobs.records import CellResultRecord, CellSpec
-from knobs.vocabulary import BootStatus, FailureClass, Kind, State, Status
+from knobs.vocabulary import BootStatus, EventKind, FailureClass, Kind, State, Status
 from ledger import Ledger, VerdictRecord
 from orchestrator import policy
 from orchestrator.approval import ApprovalGate
+from orchestrator.cli.status import last_stop
 from orchestrator.display import RoundDisplay
 from orchestrator.faults import InfrastructureFault
 from orchestrator.profile import VerdictSpec
@@ -148,6 +149,12 @@ def test_a_node_that_stays_away_stops_the_round_undecided_and_the_same_command_r
     assert stopped.value.experiment == candidate.id
     assert loop.context(ledger.rounds("scripted")[-1]).known_bad == ()  # nothing barred
     assert ledger.unfinished_round("scripted") is not None
+    # recorded for the morning's ``status``: the line the command ended with
+    (stop,) = ledger.events("scripted", EventKind.ROUND_STOPPED)
+    assert stop.subject == str(ledger.rounds("scripted")[-1].id)
+    assert stop.reason == stopped.value.message
+    assert stop.detail == {"error": "InfrastructureFault", "exit_code": 5}
+    assert last_stop(ledger, int(stop.subject), "scripted") == stop
     ledger.close()
 
     # the node is back: the same command resumes the experiment and finishes the budget
@@ -155,6 +162,7 @@ def test_a_node_that_stays_away_stops_the_round_undecided_and_the_same_command_r
     again = runner(tmp_path, testbed, waits)
     resumed = again.run(RoundOptions(budget=2, proposer="sweep", approve="auto"))
     assert resumed.resumed and resumed.stopped_by == "budget"
+    assert last_stop(again.ledger, resumed.round.id, "scripted") is None  # old news
     decided = [e for e in resumed.experiments if e.kind == Kind.CANDIDATE]
     assert [e.status for e in decided] == [Status.DISCARD, Status.DISCARD]
     assert decided[0].id == candidate.id

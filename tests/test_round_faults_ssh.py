@@ -266,6 +266,20 @@ def test_a_node_that_fails_a_preflight_gate_is_not_the_configs_failure(
         boots = ledger.boots(undecided.id)
     assert [b.failure_class for b in boots] == ["preflight_failed", "preflight_failed"]
     assert ssh_cluster.engines() == {} and all(starts(h) == 0 for h in ssh_cluster.hosts)
+    # the morning: ``status`` says why the round stopped (the timer's log is elsewhere)
+    env = {**os.environ, "ORCHESTRATE_LEDGER": f"sqlite:///{tmp_path}/orchestrate.db"}
+    shown = subprocess.run(
+        [*ORCHESTRATE, "status", "--profile", str(short)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert shown.returncode == 0, shown.stderr
+    said = " ".join(shown.stdout.split())
+    error = " ".join(next(line for line in err.splitlines() if line.startswith("Error:")).split())
+    assert f"(exit 5): {error.removeprefix('Error: ')}" in said, said
     assert_resumes_and_finishes(
         ssh_cluster, tmp_path, fault_profile(ssh_cluster, tmp_path), undecided
     )
