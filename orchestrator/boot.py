@@ -146,5 +146,16 @@ def _blamed(failure: NodeError | None, teardown: NodeError) -> NodeError:
     failure was given; otherwise the first failure stands."""
     if failure is None:
         return teardown
-    infrastructure = teardown.failure_class in INFRASTRUCTURE
-    return teardown if infrastructure and failure.failure_class not in INFRASTRUCTURE else failure
+    if teardown.failure_class not in INFRASTRUCTURE or failure.failure_class in INFRASTRUCTURE:
+        return failure
+    return NodeError(  # the first failure stays in the evidence
+        f"{teardown.message}; before it, the boot had failed: {failure.failure_class}: "
+        f"{failure.message}",
+        failure_class=teardown.failure_class,
+        rank=teardown.rank,
+        host=teardown.host,
+        command=teardown.command,
+        returncode=teardown.returncode,
+        stderr_tail=teardown.stderr_tail,
+        log_tail=failure.log_tail or teardown.log_tail,
+    )

@@ -485,7 +485,7 @@ class RoundRunner:
     ) -> None:
         per_boot = [objective(m.cells) for m in measurements]
         cells = [c for m in measurements for c in m.cells]
-        # nothing measured: a change that failed and a champion check that failed too
+        # nothing measured (a verdict reached without a boot of its own that came up)
         value = objective_of(per_boot) if per_boot else None
         delta = float(assessment.stats.get("delta_pct", 0.0))  # type: ignore[arg-type]
         verdict = VerdictRecord(

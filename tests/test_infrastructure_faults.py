@@ -124,10 +124,15 @@ def test_a_bench_failure_on_a_node_lost_by_its_teardown_is_the_nodes(tmp_path: P
     assert waits == [10.0]
     first = report.experiments[1]
     assert first.status == Status.DISCARD
-    assert [(b.status, b.failure_class) for b in loop.ledger.boots(first.id)] == [
+    boots = loop.ledger.boots(first.id)
+    assert [(b.status, b.failure_class) for b in boots] == [
         (BootStatus.FAILED, "unreachable"),
         (BootStatus.DOWN, None),
     ]
+    assert boots[0].failure_detail == (
+        "node-0: no SSH banner; before it, the boot had failed: bench_failed: bench cell c "
+        "failed: ReadError"
+    )
     loop.ledger.close()
 
 
