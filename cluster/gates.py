@@ -17,6 +17,14 @@ DEFAULT_FAILURE_PATTERNS: dict[FailureClass, tuple[str, ...]] = {
         r"EADDRINUSE",
         r"couldn't bind HTTP server socket",
     ),
+    # a node's disk full (a compile cache, downloaded weights, a log): the node's, not the
+    # config's (errno 28; a quota's errno 122)
+    "disk_full": (
+        r"No space left on device",
+        r"\[Errno 28\]",
+        r"\bENOSPC\b",
+        r"Disk quota exceeded",
+    ),
     "oom": (r"out of memory", r"OutOfMemoryError", r"CUDA error: out of memory"),
     # vLLM, when the memory fraction leaves too little for the KV cache of one request
     "kv_capacity": (

@@ -114,6 +114,7 @@ FailureClass = Literal[
     "upload",
     "start",
     "port_in_use",
+    "disk_full",
     "worker_missing",
     "boot_timeout",
     "boot_wedge",
@@ -137,7 +138,9 @@ NODE_ACCESS: frozenset[FailureClass] = frozenset({"unreachable", "auth", "host_k
 #: Stuck clocks are the node's too: a boot measured with them is set aside and taken again; a
 #: port another process holds (``port_in_use``) is the host's, where ``start`` is a bad flag;
 #: a node that fails a preflight gate (``preflight_failed``: its interface, its memory not
-#: settled or not free, a clocks query that printed nonsense) failed before the config ran.
+#: settled or not free, a clocks query that printed nonsense) failed before the config ran; a
+#: full disk (``disk_full``: an engine that could not write its cache or its files) is the
+#: node's, however the config got there.
 INFRASTRUCTURE: frozenset[FailureClass] = frozenset(
     {
         *NODE_ACCESS,
@@ -147,6 +150,7 @@ INFRASTRUCTURE: frozenset[FailureClass] = frozenset(
         "clocks_stuck",
         "port_in_use",
         "preflight_failed",
+        "disk_full",
     }
 )
 

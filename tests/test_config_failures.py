@@ -400,6 +400,23 @@ def test_a_deploy_onto_a_taken_port_is_port_in_use_naming_the_node_and_port(
     assert "Address already in use" in err.message
 
 
+def test_an_engine_that_meets_a_full_disk_is_the_nodes_failure(tmp_path: Path) -> None:
+    """An engine that cannot write (its compile cache, its weights: here ``/dev/full``, whose
+    writes fail as a full disk's do) exits with Python's own ``[Errno 28] No space left on
+    device``: ``disk_full``, the node's (retried, then the round stops), not ``start``."""
+    data = twin_profile_data()
+    data["launcher"]["argv"] = [
+        "{python}",
+        "-c",
+        "import sys; f = open('/dev/full', 'w'); f.write('x' * 65536); f.flush()",
+    ]
+    data["launcher"]["head_argv"] = []
+    data["launcher"]["worker_argv"] = []
+    err = deploy_failure(tmp_path, data, hold=False)
+    assert err.failure_class == "disk_full" and err.failure_class in INFRASTRUCTURE
+    assert "No space left on device" in err.log_tail
+
+
 def test_a_bad_flag_stays_a_start_failure(tmp_path: Path) -> None:
     data = twin_profile_data()
     data["launcher"]["argv"] = [*data["launcher"]["argv"], "--no-such-flag"]
