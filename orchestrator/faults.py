@@ -34,11 +34,12 @@ T = TypeVar("T")
 class InfrastructureFault(OrchestrateError):
     """A node kept failing for the infrastructure's reasons (unreachable, auth, an upload, a
     worker missing from the rendezvous, stuck clocks): the round stops, the experiment is left
-    undecided, and the same command resumes it once the node is back."""
+    undecided (``experiment``; ``None``: none was under way), and the same command resumes it
+    once the node is back."""
 
     exit_code = 5
 
-    def __init__(self, message: str, *, failure: NodeError, experiment: int) -> None:
+    def __init__(self, message: str, *, failure: NodeError, experiment: int | None) -> None:
         super().__init__(message)
         self.failure = failure
         self.experiment = experiment
@@ -99,11 +100,12 @@ class InfrastructureFaults:
         self.sleep(delay)
 
     def champion_failed(
-        self, e: ExperimentRecord, err: NodeError, *, champion: ExperimentRecord
+        self, e: ExperimentRecord | None, err: NodeError, *, champion: ExperimentRecord
     ) -> None:
-        """The champion (``champion``), booted for ``e``'s verdict, failed for a
-        configuration's class (``err``): boot it once more, or, when it failed so in a row
-        (``policy.champion_failure``), stop the round with ``e`` undecided.
+        """The champion (``champion``), booted for ``e``'s verdict (``None``: re-measured on
+        its schedule, for no change), failed for a configuration's class (``err``): boot it
+        once more, or, when it failed so in a row (``policy.champion_failure``), stop the
+        round with ``e`` undecided.
 
         Raises:
             ChampionFailing: the champion's failure reproduced.
@@ -120,14 +122,14 @@ class InfrastructureFaults:
                 f"({err.failure_class}: {err.message}): booting it once more"
             )
             return
+        left = "no change" if e is None else f"experiment #{e.id}"
         raise ChampionFailing(
             f"the champion (experiment #{champion.id}), which booted before, failed "
             f"{len(failed)} times in a row ({', '.join(reversed(failed))}; {err.message}): the "
-            f"cluster is failing, not the changes tried on it; experiment #{e.id} is left "
-            "undecided and nothing was barred: run the same command once the cluster boots its "
-            "champion again",
+            f"cluster is failing, not the changes tried on it; {left} is left undecided and "
+            "nothing was barred: run the same command once the cluster boots its champion again",
             failure=err,
-            experiment=e.id,
+            experiment=None if e is None else e.id,
         )
 
 

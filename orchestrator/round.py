@@ -259,7 +259,11 @@ class RoundRunner:
             if capped is not None:
                 return capped
             if self.remeasures.due():
-                self.remeasures.remeasure(rnd)
+                failure = self.remeasures.remeasure(rnd)
+                if failure is not None and failure.failure_class not in INFRASTRUCTURE:
+                    champion = self.ledger.experiment(self.champion.current().experiment_id)
+                    self.faults.champion_failed(None, failure, champion=champion)
+                    continue  # booted once more while due, before any change boots on it
             try:
                 experiment = self._next_experiment(rnd)
             except ProposalExhausted as e:

@@ -245,6 +245,40 @@ def test_a_cluster_that_breaks_after_the_baseline_stops_the_round_and_bars_nothi
     again.ledger.close()
 
 
+def test_a_night_that_starts_on_a_broken_cluster_stops_before_any_change_boots(
+    tmp_path: Path,
+) -> None:
+    """The next night's round re-measures the champion first (it is due); the cluster broke
+    in between, so the champion fails, is booted once more, fails again, and the round stops
+    (exit 5) before any change is proposed or booted on it. Mended, the same command runs the
+    round to its budget."""
+    cluster = {"broken": False}
+    two: list[dict[str, object]] = [{"num_speculative_tokens": 5}, {"num_speculative_tokens": 6}]
+    testbed = Failing(lambda n, c: "start" if cluster["broken"] else None)
+    first = runner(tmp_path, testbed, changes=two)
+    first.run(RoundOptions(budget=1, proposer="sweep", approve="auto"))
+    first.ledger.close()
+    booted = len(testbed.tried)
+
+    cluster["broken"] = True
+    night = runner(tmp_path, testbed, changes=two)
+    with pytest.raises(ChampionFailing) as stopped:
+        night.run(RoundOptions(budget=1, proposer="sweep", approve="auto"))
+    assert stopped.value.experiment is None
+    assert "failed 2 times in a row (start, start;" in stopped.value.message
+    assert "no change is left undecided and nothing was barred" in stopped.value.message
+    assert [c["num_speculative_tokens"] for c in testbed.tried[booted:]] == [7, 7]
+    rnd = night.ledger.unfinished_round("scripted")
+    assert rnd is not None and night.ledger.experiments(round_id=rnd.id) == []
+    night.ledger.close()
+
+    cluster["broken"] = False
+    mended = runner(tmp_path, testbed, changes=two)
+    report = mended.run(RoundOptions(budget=1, proposer="sweep", approve="auto"))
+    assert report.resumed and report.stopped_by == "budget"
+    mended.ledger.close()
+
+
 def test_a_champion_that_fails_once_is_booted_again_and_the_change_afresh(
     tmp_path: Path,
 ) -> None:
