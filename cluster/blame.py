@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from cluster.errors import DeployError, tail
 from cluster.gates import GateSpec
 from cluster.inventory import ClusterSpec, NodeSpec
-from knobs.vocabulary import FailureClass
+from knobs.vocabulary import INFRASTRUCTURE, FailureClass
 
 
 class Blame:
@@ -58,6 +58,31 @@ class Blame:
             rank=node.rank,
             host=node.host,
             log_tail=tail(log, 25),
+        )
+
+    def hung(self, node: NodeSpec, message: str, failure: FailureClass) -> DeployError:
+        """A boot that timed out on ``node`` (``message``: its ready line or the head's /health
+        never came, or its log stopped; ``failure``: the class a timeout is): the
+        infrastructure's class a node's log names instead, if one does (an engine that logged
+        a full disk, a port clash or a worker gone and hung there), on that node."""
+        for other in [node, *(n for n in self.cluster.nodes if n != node)]:
+            log = self._log_of(other)
+            named = self.classify(log)
+            if named in INFRASTRUCTURE:
+                line = _first_line(log, self.gates.failure_patterns[named])
+                return DeployError(
+                    f"{message}; {other.name}'s log says: {line}",
+                    failure_class=named,
+                    rank=other.rank,
+                    host=other.host,
+                    log_tail=tail(log, 25),
+                )
+        return DeployError(
+            message,
+            failure_class=failure,
+            rank=node.rank,
+            host=node.host,
+            log_tail=tail(self._log_of(node), 25),
         )
 
     def lost(self, found: NodeSpec) -> DeployError:

@@ -335,13 +335,11 @@ class Deployer:
             if pattern is None or re.search(pattern, self.log_of(node, 200_000)):
                 return
             if time.monotonic() > deadline:
-                raise DeployError(
+                raise self._blame.hung(
+                    node,
                     f"{node.name}: no ready line /{pattern}/ within "
                     f"{self.gates.worker_ready_timeout_s:g}s",
-                    failure_class="start",
-                    rank=node.rank,
-                    host=node.host,
-                    log_tail=tail(self.log_of(node), 25),
+                    "start",
                 )
             time.sleep(self.gates.poll_s)
 
@@ -371,21 +369,17 @@ class Deployer:
                 if size != last_size:
                     last_size, last_growth = size, now
                 elif self.gates.stall_s is not None and now - last_growth > self.gates.stall_s:
-                    raise DeployError(
+                    raise self._blame.hung(
+                        head,
                         f"{head.name}: boot wedged: no progress in the log for "
                         f"{self.gates.stall_s:g}s and /health never 200 (config {config.key})",
-                        failure_class="boot_wedge",
-                        rank=0,
-                        host=head.host,
-                        log_tail=tail(self.log_of(head), 25),
+                        "boot_wedge",
                     )
                 if now > deadline:
-                    raise DeployError(
+                    raise self._blame.hung(
+                        head,
                         f"{head.name}: /health not 200 within {self.gates.boot_timeout_s:g}s",
-                        failure_class="boot_timeout",
-                        rank=0,
-                        host=head.host,
-                        log_tail=tail(self.log_of(head), 25),
+                        "boot_timeout",
                     )
                 time.sleep(self.gates.poll_s)
 

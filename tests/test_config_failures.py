@@ -451,6 +451,34 @@ def test_an_engine_that_meets_a_full_disk_is_the_nodes_failure(tmp_path: Path) -
     assert "No space left on device" in err.log_tail
 
 
+def test_an_engine_that_logs_a_full_disk_and_hangs_is_the_nodes_failure(tmp_path: Path) -> None:
+    """An engine that met a full disk, logged it and hung there (its health never comes, its
+    log stops) is the node's (``disk_full``), not a boot that timed out or wedged on the
+    config's account; one that hangs with nothing in its log stays ``boot_wedge``."""
+    # dd's own line for a write the disk refused, then a hang
+    hang = (
+        "import subprocess, time; "
+        "subprocess.run(['dd', 'if=/dev/zero', 'of=/dev/full', 'bs=1k', 'count=1']); "
+        "time.sleep(600)"
+    )
+    data = twin_profile_data(nodes=1)
+    data["launcher"]["argv"] = ["{python}", "-c", hang]
+    data["launcher"]["head_argv"] = []
+    data["launcher"]["worker_argv"] = []
+    data["gates"]["stall_s"] = 1.0
+    err = deploy_failure(tmp_path, data, hold=False)
+    assert err.failure_class == "disk_full", err.message
+    assert err.message.startswith("node-0: boot wedged")
+    assert "node-0's log says: dd: error writing '/dev/full': No space left on device" in (
+        err.message
+    )
+
+    (tmp_path / "quiet").mkdir()
+    data["launcher"]["argv"] = ["{python}", "-c", "import time; time.sleep(600)"]
+    quiet = deploy_failure(tmp_path / "quiet", data, hold=False)
+    assert quiet.failure_class == "boot_wedge", quiet.message
+
+
 def test_a_bad_flag_stays_a_start_failure(tmp_path: Path) -> None:
     data = twin_profile_data()
     data["launcher"]["argv"] = [*data["launcher"]["argv"], "--no-such-flag"]
