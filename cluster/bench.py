@@ -539,8 +539,8 @@ def run_cell(
     A measurement whose client or engine was stalled (``cluster.stall``: its host kept it off
     the CPU) for more than a small part of the window is taken again, up to ``stall.ATTEMPTS``
     in all, as is, once, one whose every failed request lost its connection (a network's
-    blip); the record keeps the one with the fewest failed requests, then the least stalled,
-    how long each host stalled it and how many measurements were dropped.
+    blip); the record keeps the one with the fewest requests that lost their connection, then
+    the least stalled, how long each host stalled it and how many measurements were dropped.
     ``clocks`` is called before and after the cell; the record keeps each rank's worse
     reading. Runs its own event loop (call it from synchronous code).
 
@@ -561,7 +561,7 @@ def _measured_undisturbed(
 ) -> CellResultRecord:
     """The cell measured until a window is not disturbed by a stall of its client's or its
     engine's host (``cluster.stall``), at most ``stall.ATTEMPTS`` times; the one with the
-    fewest failed requests, then the least stalled.
+    fewest requests that lost their connection, then the least stalled.
 
     A window whose every failure was the connection's (``_Cell.lost``: reset, cut mid-stream,
     timed out; none an error the engine answered) is measured once more: a blip of the network
@@ -570,14 +570,18 @@ def _measured_undisturbed(
     again, and that window's failures stand."""
     say = on_progress or (lambda _m: None)
     kept: CellResultRecord | None = None
+    kept_key = (0, 0.0)
     reconnected = False
     for attempt in range(1, stall.ATTEMPTS + 1):
         record, evidence = asyncio.run(
             run_cell_async(base_url, model, cell, on_progress=on_progress)
         )
-        if kept is None or (record.errors, stalled(record)) < (kept.errors, stalled(kept)):
-            kept = record
         lost = int(evidence.get("connection_lost", 0))
+        # the fewest requests lost with their connection, then the least stalled: an error
+        # the engine answered is the config's evidence, and never what a window is kept for
+        key = (lost, stalled(record))
+        if kept is None or key < kept_key:
+            kept, kept_key = record, key
         if record.errors and lost == record.errors and not reconnected:
             reconnected = True
             if attempt < stall.ATTEMPTS:
