@@ -5,24 +5,23 @@ committed to the ledger before the next begins. Running the same command after a
 up the unfinished round where the ledger says it stopped: a cell already recorded is not
 measured again, no engine is left running unrecorded, and the round's budget is honoured.
 
-The loop only dispatches. What a proposer sees is ``history``'s; one boot is ``boot``'s;
-the champion's evidence and noise estimate are ``champion``'s, its re-measurements
-``remeasure``'s; what is booted next and when an experiment is decided is ``policy``'s (on
-``verdict``'s statistics); MLflow is ``runlog``'s.
+The loop only dispatches. What a proposer sees is ``history``'s; one experiment taken to its
+verdict is ``experiment``'s, one boot ``boot``'s; the champion's evidence and noise estimate
+are ``champion``'s, its re-measurements ``remeasure``'s; what is booted next and when an
+experiment is decided is ``policy``'s (on ``verdict``'s statistics); a failure of the
+infrastructure's is ``faults``'s; MLflow is ``runlog``'s.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass
 
 from agents import ProposalContext, ProposalExhausted, Proposer
-from cluster.errors import NodeError
 from knobs.vocabulary import (
     INFRASTRUCTURE,
-    BootStatus,
     EventKind,
     Kind,
     ProposalStatus,
@@ -31,45 +30,34 @@ from knobs.vocabulary import (
     Status,
 )
 from ledger import (
-    BootRecord,
     ChampionRecord,
     ExperimentRecord,
     Ledger,
     LedgerError,
     RoundRecord,
-    VerdictRecord,
 )
 from ledger.redact import Redactor
-from orchestrator import policy
 from orchestrator.approval import ApprovalGate
 from orchestrator.boot import Booter
 from orchestrator.champion import ChampionEvidence
 from orchestrator.crashpoints import crashpoint
 from orchestrator.display import (
     RoundDisplay,
-    describe,
     exhausted,
     kept_on_resume,
     stopped_by_cap,
 )
 from orchestrator.errors import OrchestrateError
+from orchestrator.experiment import ExperimentRunner
 from orchestrator.faults import InfrastructureFaults
 from orchestrator.gpu_hours import gpu_hours
-from orchestrator.history import monotone_classes, proposal_context
+from orchestrator.history import proposal_context
 from orchestrator.intake import Intake
-from orchestrator.measurements import Measurement
 from orchestrator.mirror import RETRY_S
 from orchestrator.profile import Profile
 from orchestrator.remeasure import ChampionRemeasure
 from orchestrator.runlog import RunLog
 from orchestrator.testbed import Sink, Testbed
-from orchestrator.verdict import Assessment, accept_len, objective, objective_of
-
-
-class BaselineFailed(OrchestrateError):
-    """The champion as configured does not boot or measure: nothing to compare against."""
-
-    exit_code = 6
 
 
 @dataclass(frozen=True)
@@ -133,6 +121,16 @@ class RoundRunner:
         self.remeasures = ChampionRemeasure(self.champion, self.booter, self.runlog, display)
         self.intake = Intake(profile, ledger, self.champion, self.runlog, display)
         self.faults = InfrastructureFaults(profile, ledger, display, sleep)
+        self.experiments = ExperimentRunner(
+            profile,
+            ledger,
+            self.champion,
+            self.booter,
+            self.remeasures,
+            self.faults,
+            self.runlog,
+            display,
+        )
 
     # ---- the loop ---------------------------------------------------------------------------
     def run(self, options: RoundOptions) -> RoundReport:
@@ -140,6 +138,8 @@ class RoundRunner:
 
         Raises:
             BaselineFailed: no champion exists and the configured one crashed.
+            InfrastructureFault: a node stayed away, or the champion stopped booting (the
+                round stays open for the same command; why is recorded, ``round-stopped``).
             LedgerError, MlflowSinkError: the ledger or MLflow failed.
         """
         started = self._clock()
@@ -365,159 +365,6 @@ class RoundRunner:
         self._run_experiment(rnd, e)
 
     def _run_experiment(self, rnd: RoundRecord, e: ExperimentRecord) -> None:
-        """Boot and measure until the verdict is final, doing what ``policy`` asks next;
-        every boot and cell is committed."""
-        candidate = e.kind == Kind.CANDIDATE
-        index = self._candidates_done(rnd) + 1 if candidate else 0
-        self.display.experiment(index, rnd.budget, describe(e))
-        run_id = self.runlog.experiment_run(rnd, e)
-        failure: NodeError | None = None
-        while True:
-            e = self.ledger.experiment(e.id)
-            if e.state == State.DECIDED:
-                return
-            action = self._next_action(e)
-            if action.phase is not None:
-                self.display.phase(action.phase)
-            if isinstance(action, policy.Decide):
-                self._decide(e, run_id, action.assessment, action.measurements)
-                return
-            if isinstance(action, policy.Crash):
-                self._crash(rnd, e, run_id, action.assessment, failure)
-                return
-            if isinstance(action, policy.BootChampion):
-                failure = self.remeasures.remeasure(rnd)
-                if failure is not None:
-                    champion = self.ledger.experiment(self.champion.current().experiment_id)
-                    if failure.failure_class in INFRASTRUCTURE:
-                        self.faults.wait_or_stop(e, failure, booted=champion)  # or exit 5
-                    else:  # booted once more, or the round stops: exit 5
-                        self.faults.champion_failed(e, failure, champion=champion)
-                continue
-            if action.note is not None:
-                self.display.note(action.note)
-            failure = self.booter.measure(
-                e, run_id, role=action.role, measurement=action.measurement
-            )
-            if failure is not None and failure.failure_class in INFRASTRUCTURE:
-                self.faults.wait_or_stop(e, failure)  # or stop the round: exit 5
-            # a failure of the config's: the policy says whether it counts (a crash) or the
-            # config is booted once more
-
-    def _next_action(self, e: ExperimentRecord) -> policy.Action:
-        """``policy``'s next step for ``e``, from the ledger's evidence."""
-        measurements = self.champion.measurements(e.id)
-        baseline = e.kind == Kind.BASELINE
-        failed, last_failed = self._config_failures(e)
-        progress = policy.Progress(
-            baseline=baseline,
-            measurements=measurements,
-            min_matmul_rate=self.profile.gates.min_matmul_rate,
-            champion_boots_during=0 if baseline else self.champion.boots_during(e.id),
-            champion_measured_after=baseline or self.champion.measured_after(e.id),
-            failed_boots=failed,
-            last_failed=last_failed,
-            monotone=monotone_classes(self.profile, e),
-        )
-        return policy.next_action(
-            self.profile.verdict, progress, lambda ms: self.champion.judge(e, ms)
-        )
-
-    def _config_failures(self, e: ExperimentRecord) -> tuple[list[policy.BootFailure], bool]:
-        """``e``'s boots that failed for the config's reasons and count
-        (``policy.counted_failures``: not those before the champion failed too), from the
-        ledger (a resume counts those before the kill), and whether its last boot is one."""
-        boots = self.ledger.boots(e.id)
-        theirs = (
-            self.ledger.boots(self.champion.current().experiment_id)
-            if e.kind == Kind.CANDIDATE
-            else []
-        )
-        counted = set(
-            policy.counted_failures(
-                [b.id for b in boots if _config_failed(b)],
-                [b.id for b in theirs if _config_failed(b)],
-                [b.id for b in theirs if b.status != BootStatus.FAILED],
-            )
-        )
-        config = [b for b in boots if b.id in counted]
-        failed = [policy.BootFailure(str(b.failure_class), b.failure_detail or "") for b in config]
-        return failed, bool(config) and config[-1] is boots[-1]
-
-    def _crash(
-        self,
-        rnd: RoundRecord,
-        e: ExperimentRecord,
-        run_id: str | None,
-        crash: Assessment,
-        err: NodeError | None,
-    ) -> None:
-        if err is None:  # resumed: the failure as the ledger has it
-            boot = self.ledger.boots(e.id)[-1]
-            err = NodeError(boot.failure_detail or "", failure_class=boot.failure_class or "start")
-        verdict = VerdictRecord(
-            status=crash.status, rule=crash.rule, reason=crash.reason, stats=crash.stats
-        )
-        decided = self.ledger.decide(
-            e.id,
-            verdict=verdict,
-            objective=None,
-            delta_pct=None,
-            accept_len=None,
-            failure_class=err.failure_class,
-            failure_detail=err.evidence(),
-        )
-        crashpoint("verdict.committed")
-        self.runlog.crashed(run_id, decided, err)
-        crashpoint("mlflow.verdict")
-        self.display.decided(decided, f"{err.failure_class}: {crash.reason}")
-        if e.kind == Kind.CANDIDATE:
-            self.booter.restore(self.champion.config())
-        if e.kind == Kind.BASELINE:
-            self.runlog.finish_round(rnd, "FAILED")
-            self.ledger.finish_round(rnd.id, RoundStatus.FAILED)
-            raise BaselineFailed(
-                f"the configured champion did not boot ({err.failure_class}): {crash.reason}"
-            )
-
-    def _decide(
-        self,
-        e: ExperimentRecord,
-        run_id: str | None,
-        assessment: Assessment,
-        measurements: Sequence[Measurement],
-    ) -> None:
-        per_boot = [objective(m.cells) for m in measurements]
-        cells = [c for m in measurements for c in m.cells]
-        # nothing measured (a verdict reached without a boot of its own that came up)
-        value = objective_of(per_boot) if per_boot else None
-        delta = float(assessment.stats.get("delta_pct", 0.0))  # type: ignore[arg-type]
-        verdict = VerdictRecord(
-            status=assessment.status,
-            rule=assessment.rule,
-            reason=assessment.reason,
-            stats=dict(assessment.stats),
-        )
-        decided = self.ledger.decide(
-            e.id,
-            verdict=verdict,
-            objective=value,
-            delta_pct=delta,
-            accept_len=accept_len(cells),
-            promote=verdict.status == Status.KEEP,
-            failure_class="clocks_stuck" if verdict.rule == "clocks" else None,
-        )
-        crashpoint("verdict.committed")
-        if verdict.status == Status.KEEP:
-            crashpoint("champion.promoted")
-        first = measurements[0].cells if measurements else []
-        self.runlog.decided(
-            run_id, decided, verdict, (value or 0.0, delta), first, cells, len(per_boot)
-        )
-        crashpoint("mlflow.verdict")
-        self.display.decided(decided, verdict.reason)
-
-
-def _config_failed(boot: BootRecord) -> bool:
-    """Whether ``boot`` failed for what would be its config's reasons."""
-    return boot.status == BootStatus.FAILED and boot.failure_class not in INFRASTRUCTURE
+        """``e`` to its verdict (``ExperimentRunner.run``)."""
+        index = self._candidates_done(rnd) + 1 if e.kind == Kind.CANDIDATE else 0
+        self.experiments.run(rnd, e, index)

@@ -25,10 +25,11 @@ from ledger import Ledger
 from orchestrator import policy
 from orchestrator.approval import ApprovalGate
 from orchestrator.display import RoundDisplay
+from orchestrator.experiment import BaselineFailed
 from orchestrator.faults import ChampionFailing, InfrastructureFault
 from orchestrator.policy import BootCandidate, BootChampion, BootFailure, Crash, Progress
 from orchestrator.profile import VerdictSpec, load_profile
-from orchestrator.round import BaselineFailed, RoundOptions, RoundRunner
+from orchestrator.round import RoundOptions, RoundRunner
 from orchestrator.testbed import NullSink, deployer_for
 from tests.fixtures.profiles import twin_profile_data, write_profile
 from tests.test_policy import measured, never
