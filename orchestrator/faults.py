@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from contextlib import suppress
 from typing import TypeVar
 
 from cluster.errors import NodeError
-from knobs.vocabulary import INFRASTRUCTURE, BootStatus
-from ledger import ExperimentRecord, Ledger, LedgerError, MlflowSinkError
+from knobs.vocabulary import INFRASTRUCTURE, BootStatus, EventKind
+from ledger import EventRecord, ExperimentRecord, Ledger, LedgerError, MlflowSinkError
+from ledger.redact import Redactor
 from orchestrator import policy
 from orchestrator.display import RoundDisplay
 from orchestrator.errors import OrchestrateError
@@ -266,3 +268,43 @@ def _waited(
             note(said(e.message, wait))
             sleep(wait)
     return run()
+
+
+def record_stop(ledger: Ledger, cluster: str, round_id: int, err: OrchestrateError) -> None:
+    """What stopped round ``round_id`` short of its end (a node away, a champion that stopped
+    booting, the lease lost), recorded for the morning (``round-stopped``): the line the
+    command ended with went to a terminal or a timer's log; ``orchestrate status`` and the
+    resume show it from here. A ledger that is itself what failed records nothing."""
+    if isinstance(err, LedgerError):
+        return
+    with suppress(LedgerError):
+        ledger.add_event(
+            cluster,
+            EventKind.ROUND_STOPPED,
+            subject=str(round_id),
+            detail={"error": type(err).__name__, "exit_code": err.exit_code},
+            reason=Redactor.from_environment().text(err.message),
+        )
+
+
+def last_stop(ledger: Ledger, cluster: str, round_id: int) -> EventRecord | None:
+    """The last time round ``round_id`` stopped short of its end (``record_stop``), if
+    nothing has booted for it since (a resume under way, or one that went on, makes it old
+    news)."""
+    stops = [
+        ev for ev in ledger.events(cluster, EventKind.ROUND_STOPPED) if ev.subject == str(round_id)
+    ]
+    if not stops:
+        return None
+    booted = [
+        b.started_at for e in ledger.experiments(round_id=round_id) for b in ledger.boots(e.id)
+    ]
+    return None if any(t > stops[-1].created_at for t in booted) else stops[-1]
+
+
+def said_stop(stop: EventRecord) -> str:
+    """A stop (``last_stop``) in words: ``stopped at … UTC (exit N): the line``."""
+    return (
+        f"stopped at {stop.created_at:%Y-%m-%d %H:%M} UTC "
+        f"(exit {stop.detail.get('exit_code')}): {stop.reason}"
+    )

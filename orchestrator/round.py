@@ -16,13 +16,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from contextlib import suppress
 from dataclasses import dataclass
 
 from agents import ProposalContext, ProposalExhausted, Proposer
 from knobs.vocabulary import (
     INFRASTRUCTURE,
-    EventKind,
     Kind,
     ProposalStatus,
     RoundStatus,
@@ -33,10 +31,8 @@ from ledger import (
     ChampionRecord,
     ExperimentRecord,
     Ledger,
-    LedgerError,
     RoundRecord,
 )
-from ledger.redact import Redactor
 from orchestrator.approval import ApprovalGate
 from orchestrator.boot import Booter
 from orchestrator.champion import ChampionEvidence
@@ -49,7 +45,7 @@ from orchestrator.display import (
 )
 from orchestrator.errors import OrchestrateError
 from orchestrator.experiment import ExperimentRunner
-from orchestrator.faults import InfrastructureFaults
+from orchestrator.faults import InfrastructureFaults, last_stop, record_stop, said_stop
 from orchestrator.gpu_hours import gpu_hours
 from orchestrator.history import proposal_context
 from orchestrator.intake import Intake
@@ -170,6 +166,9 @@ class RoundRunner:
                 "approval": options.approve,
                 "seed": str(options.seed),
             }
+            stop = last_stop(self.ledger, self.cluster, rnd.id)
+            if stop is not None:
+                self.display.note(f"  it {said_stop(stop)}")
             for line in kept_on_resume(existing, asked, self.profile.name, self.profile.digest):
                 self.display.note(line)
             rnd = self._caps_on_resume(rnd, options)
@@ -184,7 +183,7 @@ class RoundRunner:
         try:
             stopped_by = self._loop(rnd, started)
         except OrchestrateError as err:
-            self._stopped(rnd, err)
+            record_stop(self.ledger, self.cluster, rnd.id, err)
             raise
         finally:
             self.display.stop()
@@ -204,22 +203,6 @@ class RoundRunner:
             stopped_by=stopped_by,
             gpu_hours=used,
         )
-
-    def _stopped(self, rnd: RoundRecord, err: OrchestrateError) -> None:
-        """What stopped the round short of its end (a node away, a champion that stopped
-        booting, the lease lost), recorded for the morning: the line the command ended with
-        went to a terminal or a timer's log, and ``orchestrate status`` shows it from here.
-        A ledger that is itself what failed records nothing."""
-        if isinstance(err, LedgerError):
-            return
-        with suppress(LedgerError):
-            self.ledger.add_event(
-                self.cluster,
-                EventKind.ROUND_STOPPED,
-                subject=str(rnd.id),
-                detail={"error": type(err).__name__, "exit_code": err.exit_code},
-                reason=Redactor.from_environment().text(err.message),
-            )
 
     def _caps_on_resume(self, rnd: RoundRecord, options: RoundOptions) -> RoundRecord:
         """A resume keeps the round's caps unless this command gives one, each said in one

@@ -20,9 +20,8 @@ from knobs.vocabulary import BootStatus, EventKind, FailureClass, Kind, State, S
 from ledger import Ledger, VerdictRecord
 from orchestrator import policy
 from orchestrator.approval import ApprovalGate
-from orchestrator.cli.status import last_stop
 from orchestrator.display import RoundDisplay
-from orchestrator.faults import InfrastructureFault
+from orchestrator.faults import InfrastructureFault, last_stop
 from orchestrator.profile import VerdictSpec
 from orchestrator.round import RoundOptions, RoundRunner
 from orchestrator.testbed import NullSink
@@ -159,15 +158,18 @@ def test_a_node_that_stays_away_stops_the_round_undecided_and_the_same_command_r
     assert stop.subject == str(ledger.rounds("scripted")[-1].id)
     assert stop.reason == stopped.value.message
     assert stop.detail == {"error": "InfrastructureFault", "exit_code": 5}
-    assert last_stop(ledger, int(stop.subject), "scripted") == stop
+    assert last_stop(ledger, "scripted", int(stop.subject)) == stop
     ledger.close()
 
     # the node is back: the same command resumes the experiment and finishes the budget
     node["back"] = True
-    again = runner(tmp_path, testbed, waits)
+    said = io.StringIO()
+    again = runner(tmp_path, testbed, waits, said)
     resumed = again.run(RoundOptions(budget=2, proposer="sweep", approve="auto"))
     assert resumed.resumed and resumed.stopped_by == "budget"
-    assert last_stop(again.ledger, resumed.round.id, "scripted") is None  # old news
+    # the resume says why the round had stopped; once it booted, that is old news
+    assert f"(exit 5): {stopped.value.message}" in " ".join(said.getvalue().split())
+    assert last_stop(again.ledger, "scripted", resumed.round.id) is None
     decided = [e for e in resumed.experiments if e.kind == Kind.CANDIDATE]
     assert [e.status for e in decided] == [Status.DISCARD, Status.DISCARD]
     assert decided[0].id == candidate.id

@@ -4,14 +4,11 @@ did), what MLflow still lacks and the lease."""
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import typer
 
 from orchestrator.cli.common import JsonOpt, ProfileOpt, opened, out
-
-if TYPE_CHECKING:  # the command's imports load when it runs (``bench/cli_startup.py``)
-    from ledger import EventRecord, Ledger
 
 
 def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
@@ -21,6 +18,7 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
     from knobs.vocabulary import Kind, State, Status
     from orchestrator.champion import ChampionEvidence
     from orchestrator.evolution import fit_champion, knob_changes
+    from orchestrator.faults import last_stop, said_stop
     from orchestrator.gpu_hours import cluster_gpus, gpu_hours
     from orchestrator.priors import knob_priors, measured
     from orchestrator.profile import load_profile
@@ -46,7 +44,7 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
         step = learned(ledger, prof.space, experiments)
         used = {r.id: gpu_hours(ledger, r, prof) for r in rounds}
         held = ledger.holding(name)  # experiments whose boots' texts MLflow still lacks
-        stopped = None if running is None else last_stop(ledger, running.id, name)
+        stopped = None if running is None else last_stop(ledger, name, running.id)
     data: dict[str, Any] = {
         "cluster": name,
         "champion": None
@@ -140,11 +138,7 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
             f"{r['gpu_hours']:.2f}{cap} GPU-hours (run `orchestrate round` to resume)"
         )
         if stopped is not None:
-            console.print(
-                f"  it stopped at {stopped.created_at:%Y-%m-%d %H:%M} UTC "
-                f"(exit {stopped.detail.get('exit_code')}): {stopped.reason}",
-                markup=False,
-            )
+            console.print(f"  it {said_stop(stopped)}", markup=False)
     console.print(
         f"GPU-hours: {data['gpu_hours']:.2f} over {len(rounds)} round(s) "
         f"({cluster_gpus(prof)} GPU(s) per boot)"
@@ -166,21 +160,3 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
         )
     if step is not None:
         console.print(f"step cost of {draft} (its verdicts' null): {describe(step)}", markup=False)
-
-
-def last_stop(ledger: Ledger, round_id: int, cluster: str) -> EventRecord | None:
-    """The last time round ``round_id`` stopped short of its end (``round-stopped``), if
-    nothing has booted for it since (a resume under way, or one that went on, makes it old
-    news)."""
-    from knobs.vocabulary import EventKind
-
-    stops = [
-        ev for ev in ledger.events(cluster, EventKind.ROUND_STOPPED) if ev.subject == str(round_id)
-    ]
-    if not stops:
-        return None
-    last = stops[-1]
-    booted = [
-        b.started_at for e in ledger.experiments(round_id=round_id) for b in ledger.boots(e.id)
-    ]
-    return None if any(t > last.created_at for t in booted) else last
