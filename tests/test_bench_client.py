@@ -349,6 +349,18 @@ def test_failures_are_bench_errors_with_evidence(nodes: TwinNodes) -> None:
     assert "HTTP 404" in str(every.value)
 
 
+def _completion_stream() -> bytes:
+    """A streamed completion of three tokens, as an OpenAI-style server sends it."""
+    events = [
+        {"choices": [{"text": "x", "finish_reason": None}], "usage": {"completion_tokens": i}}
+        for i in (1, 2, 3)
+    ]
+    last = {"text": "", "finish_reason": "length"}
+    events.append({"choices": [last], "usage": {"completion_tokens": 3}})
+    body = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events)
+    return body + b"data: [DONE]\n\n"
+
+
 class _ClosingEngine(http.server.BaseHTTPRequestHandler):
     """An OpenAI-style completions server that closes a kept-alive connection instead of
     answering its second completion, the first time it sees that request (what a server's
@@ -385,14 +397,7 @@ class _ClosingEngine(http.server.BaseHTTPRequestHandler):
         if drop:
             self.close_connection = True  # no status line, no headers: the socket closes
             return
-        events = [
-            {"choices": [{"text": "x", "finish_reason": None}], "usage": {"completion_tokens": i}}
-            for i in (1, 2, 3)
-        ]
-        last = {"text": "", "finish_reason": "length"}
-        events.append({"choices": [last], "usage": {"completion_tokens": 3}})
-        body = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events)
-        body += b"data: [DONE]\n\n"
+        body = _completion_stream()
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Content-Length", str(len(body)))
@@ -452,14 +457,7 @@ class _CuttingEngine(http.server.BaseHTTPRequestHandler):
             self.end_headers()
             self.wfile.write(body)
             return
-        events = [
-            {"choices": [{"text": "x", "finish_reason": None}], "usage": {"completion_tokens": i}}
-            for i in (1, 2, 3)
-        ]
-        last = {"text": "", "finish_reason": "length"}
-        events.append({"choices": [last], "usage": {"completion_tokens": 3}})
-        body = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events)
-        body += b"data: [DONE]\n\n"
+        body = _completion_stream()
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Content-Length", str(len(body)))
