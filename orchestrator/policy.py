@@ -450,6 +450,13 @@ def _most_agree(level: Sequence[float], test: Shift) -> bool:
 LEDGER_WAITS = (10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 600.0)
 
 
+#: The longest wait between two tries of a boot that failed for the infrastructure's reasons:
+#: the doubling backoff stops here, so the default retries (``VerdictSpec.infra_retries``)
+#: wait 30 s, 1, 2, 4, 8 and 10 min — a node's reboot, a switch's, a network's maintenance
+#: window — before the round stops and the night with it.
+INFRA_BACKOFF_MAX_S = 600.0
+
+
 def infrastructure_retry(spec: VerdictSpec, failures: int) -> float | None:
     """After a boot failed for the infrastructure's reasons (``INFRASTRUCTURE``): the seconds
     to wait before taking it again, or ``None`` when the retries are spent and the round stops
@@ -458,7 +465,7 @@ def infrastructure_retry(spec: VerdictSpec, failures: int) -> float | None:
     verdict on the config."""
     if failures > spec.infra_retries:
         return None
-    return spec.infra_backoff_s * 2.0 ** (failures - 1)
+    return min(INFRA_BACKOFF_MAX_S, spec.infra_backoff_s * 2.0 ** (failures - 1))
 
 
 #: The verdict rules that stop a change for want of boots, not for what it measured.

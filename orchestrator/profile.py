@@ -167,18 +167,20 @@ class VerdictSpec(BaseModel):
         "leave its level (recorded as an event) and it is measured afresh (null: they stay)",
     )
     infra_retries: int = Field(
-        default=2,
+        default=6,
         ge=0,
         le=10,
         description="a boot that failed for the infrastructure's reasons (a node unreachable, "
         "auth, an upload, a worker missing from the rendezvous) is taken again this many times "
-        "before the round stops with exit 5, the experiment left undecided",
+        "before the round stops with exit 5, the experiment left undecided (the default rides "
+        "out a node's reboot: about 25 minutes of waits)",
     )
     infra_backoff_s: float = Field(
         default=30.0,
         ge=0,
         le=3600,
-        description="the wait before the first such retry; it doubles for each next one",
+        description="the wait before the first such retry; it doubles for each next one, up "
+        "to 10 minutes a wait",
     )
 
 

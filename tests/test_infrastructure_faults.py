@@ -74,6 +74,9 @@ def test_the_backoff_doubles_and_the_retries_end() -> None:
     spec = VerdictSpec(infra_retries=2, infra_backoff_s=10)
     assert [policy.infrastructure_retry(spec, n) for n in (1, 2, 3)] == [10.0, 20.0, None]
     assert policy.infrastructure_retry(VerdictSpec(infra_retries=0), 1) is None
+    # the defaults ride out a node's reboot (about 25 minutes), each wait at most 10 minutes
+    default = [policy.infrastructure_retry(VerdictSpec(), n) for n in range(1, 8)]
+    assert default == [30.0, 60.0, 120.0, 240.0, 480.0, 600.0, None]
 
 
 def test_a_node_back_after_a_retry_costs_no_verdict(tmp_path: Path) -> None:
