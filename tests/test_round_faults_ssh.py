@@ -12,6 +12,7 @@ started, the node's engine started), never after a guessed delay.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -268,18 +269,25 @@ def test_a_node_that_fails_a_preflight_gate_is_not_the_configs_failure(
     assert ssh_cluster.engines() == {} and all(starts(h) == 0 for h in ssh_cluster.hosts)
     # the morning: ``status`` says why the round stopped (the timer's log is elsewhere)
     env = {**os.environ, "ORCHESTRATE_LEDGER": f"sqlite:///{tmp_path}/orchestrate.db"}
-    shown = subprocess.run(
-        [*ORCHESTRATE, "status", "--profile", str(short)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    shown, as_json = (
+        subprocess.run(
+            [*ORCHESTRATE, "status", "--profile", str(short), *extra],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        for extra in ([], ["--json"])
     )
-    assert shown.returncode == 0, shown.stderr
+    assert shown.returncode == 0 and as_json.returncode == 0, shown.stderr + as_json.stderr
     said = " ".join(shown.stdout.split())
-    error = " ".join(next(line for line in err.splitlines() if line.startswith("Error:")).split())
-    assert f"(exit 5): {error.removeprefix('Error: ')}" in said, said
+    error = next(line for line in err.splitlines() if line.startswith("Error:"))
+    line = error.removeprefix("Error: ")
+    assert f"(exit 5): {' '.join(line.split())}" in said, said
+    stopped = json.loads(as_json.stdout)["running_round"]["stopped"]
+    assert (stopped["exit_code"], stopped["error"]) == (5, "InfrastructureFault")
+    assert stopped["reason"] == line
     assert_resumes_and_finishes(
         ssh_cluster, tmp_path, fault_profile(ssh_cluster, tmp_path), undecided
     )
