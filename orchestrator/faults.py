@@ -270,20 +270,31 @@ def _waited(
     return run()
 
 
-def record_stop(ledger: Ledger, cluster: str, round_id: int, err: OrchestrateError) -> None:
+#: How an interrupted round's stop is said: the exit code and line the command ends with.
+INTERRUPTED = (
+    130,
+    "interrupted (Ctrl-C, or SIGTERM or SIGHUP: a service manager, a closed "
+    "terminal); run the same command again to resume",
+)
+
+
+def record_stop(
+    ledger: Ledger, cluster: str, round_id: int, err: OrchestrateError | KeyboardInterrupt
+) -> None:
     """What stopped round ``round_id`` short of its end (a node away, a champion that stopped
-    booting, the lease lost), recorded for the morning (``round-stopped``): the line the
-    command ended with went to a terminal or a timer's log; ``orchestrate status`` and the
-    resume show it from here. A ledger that is itself what failed records nothing."""
+    booting, the lease lost, an interrupt), recorded for the morning (``round-stopped``): the
+    line the command ended with went to a terminal or a timer's log; ``orchestrate status``
+    and the resume show it from here. A ledger that is itself what failed records nothing."""
     if isinstance(err, LedgerError):
         return
+    code, line = INTERRUPTED if isinstance(err, KeyboardInterrupt) else (err.exit_code, err.message)
     with suppress(LedgerError):
         ledger.add_event(
             cluster,
             EventKind.ROUND_STOPPED,
             subject=str(round_id),
-            detail={"error": type(err).__name__, "exit_code": err.exit_code},
-            reason=Redactor.from_environment().text(err.message),
+            detail={"error": type(err).__name__, "exit_code": code},
+            reason=Redactor.from_environment().text(line),
         )
 
 

@@ -182,7 +182,7 @@ class RoundRunner:
             self.display.note(line)
         try:
             stopped_by = self._loop(rnd, started)
-        except OrchestrateError as err:
+        except (OrchestrateError, KeyboardInterrupt) as err:
             record_stop(self.ledger, self.cluster, rnd.id, err)
             raise
         finally:

@@ -20,7 +20,15 @@ from agents import SweepProposer
 from cluster.errors import DeployError
 from cluster.gates import GateSpec
 from knobs.config import Config
-from knobs.vocabulary import INFRASTRUCTURE, BootStatus, FailureClass, Kind, State, Status
+from knobs.vocabulary import (
+    INFRASTRUCTURE,
+    BootStatus,
+    EventKind,
+    FailureClass,
+    Kind,
+    State,
+    Status,
+)
 from ledger import Ledger
 from orchestrator import policy
 from orchestrator.approval import ApprovalGate
@@ -325,8 +333,14 @@ def test_a_kill_during_the_second_boot_resumes_counting_the_first_failure(
     # deploys 1 and 2 are the baseline's; deploy 3 fails (start), deploy 4 (its second boot)
     # is killed, deploy 5 fails again
     testbed = Failing(lambda n, c: "start" if n in (3, 5) else None, interrupt=lambda n: n == 4)
+    first = runner(tmp_path, testbed)
     with pytest.raises(KeyboardInterrupt):
-        runner(tmp_path, testbed).run(RoundOptions(budget=1, proposer="sweep", approve="auto"))
+        first.run(RoundOptions(budget=1, proposer="sweep", approve="auto"))
+    # an interrupt (Ctrl-C, a service manager's SIGTERM) is recorded as the round's stop too
+    (stop,) = first.ledger.events("scripted", EventKind.ROUND_STOPPED)
+    assert stop.detail == {"error": "KeyboardInterrupt", "exit_code": 130}
+    assert stop.reason.startswith("interrupted (Ctrl-C, or SIGTERM or SIGHUP")
+    first.ledger.close()
     again = runner(tmp_path, testbed)
     report = again.run(RoundOptions(budget=1, proposer="sweep", approve="auto"))
     assert report.resumed

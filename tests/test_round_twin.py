@@ -280,6 +280,10 @@ def test_sigterm_or_sighup_mid_experiment_tears_down_as_ctrl_c_and_resumes(
     assert status.returncode == 0, status.stderr
     nodes = len(twin_profile_data()["cluster"]["nodes"])
     assert status.stdout.count(": stopped") == nodes, status.stdout
+    # the morning's `status` says why the round stopped (a service manager's log is elsewhere)
+    why = orchestrate(workdir, "status", "--profile", str(profile))
+    assert why.returncode == 0, why.stderr
+    assert "(exit 130): interrupted (Ctrl-C, or SIGTERM or SIGHUP" in " ".join(why.stdout.split())
     resumed = orchestrate(workdir, "round", "--budget", "1", "--profile", str(profile), "--json")
     assert resumed.returncode == 0, resumed.stderr
     assert json.loads(resumed.stdout)["resumed"] is True
