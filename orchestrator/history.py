@@ -202,13 +202,19 @@ def region_of(profile: Profile, ledger: Ledger, e: ExperimentRecord) -> KnownBad
 
 
 def monotone_classes(profile: Profile, e: ExperimentRecord) -> frozenset[str]:
-    """The failure classes that would bar ``e``'s change on a whole side at its first failure
-    (``crash_region``: its knob, or another knob of the config, declares the class monotone);
-    any other configuration failure bars only once it reproduced (``policy.config_failure``).
-    Empty for the baseline: it changes no knob."""
+    """The failure classes that bar ``e``'s change on a whole side at its first failure: those
+    the knobs it moves (its knob, a coupled move's enabling knob) declare monotone
+    (``crash_region``: an OOM above the memory fraction it set). Any other configuration
+    failure — one that another knob of the config declares monotone included (a K change out of
+    memory at the config's memory fraction: memory another process still holds reads the
+    same) — bars only once it reproduced and the champion still boots
+    (``policy.config_failure``). Empty for the baseline: it changes no knob."""
     if e.knob is None or e.value is None:
         return frozenset()
-    declared = {c for spec in profile.space.knobs for c in spec.monotone_failures}
+    moved = {e.knob, *([e.coupled_knob] if e.coupled_knob is not None else [])}
+    declared = {
+        c for spec in profile.space.knobs if spec.name in moved for c in spec.monotone_failures
+    }
     return frozenset(
         c
         for c in declared

@@ -315,6 +315,37 @@ def test_a_champion_that_fails_once_is_booted_again_and_the_change_afresh(
     loop.ledger.close()
 
 
+def test_an_oom_another_knob_declares_monotone_bars_only_once_it_reproduced(
+    tmp_path: Path,
+) -> None:
+    """K 7 → 5 runs out of memory once (memory a leftover process still held: what a profile
+    without a memory gate cannot tell from the config): the memory fraction declares OOM
+    monotone, but K, the knob moved, does not, so the change is booted again, comes up and is
+    judged; nothing is barred. Before, the first OOM barred K 5 at that memory fraction and
+    above at once. When the OOM reproduces (and the champion still boots), it is barred so."""
+    once = Failing(lambda n, c: "oom" if n == 3 else None)
+    loop = runner(tmp_path, once)
+    report = loop.run(RoundOptions(budget=1, proposer="sweep", approve="auto"))
+    candidate = report.experiments[1]
+    assert candidate.status == Status.DISCARD
+    assert [(b.status, b.failure_class) for b in loop.ledger.boots(candidate.id)][:2] == [
+        (BootStatus.FAILED, "oom"),
+        (BootStatus.DOWN, None),
+    ]
+    assert regions(loop) == set()
+    loop.ledger.close()
+
+    (tmp_path / "always").mkdir()
+    always = Failing(lambda n, c: "oom" if c["num_speculative_tokens"] == 5 else None)
+    again = runner(tmp_path / "always", always)
+    report = again.run(RoundOptions(budget=1, proposer="sweep", approve="auto"))
+    assert report.experiments[1].status == Status.CRASH
+    # the change twice, then the champion's check boot
+    assert [c["num_speculative_tokens"] for c in always.tried[2:]] == [5, 5, 7]
+    assert regions(again) == {"num_speculative_tokens=5, gpu_memory_utilization>=0.85"}
+    again.ledger.close()
+
+
 def test_a_monotone_oom_bars_its_side_at_once(tmp_path: Path) -> None:
     # the catalog's gpu_memory_utilization declares oom monotone upwards
     testbed = Failing(lambda n, c: "oom" if c["gpu_memory_utilization"] == 0.9 else None)
