@@ -12,6 +12,10 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+#: The exit code of an interrupted command (128 + SIGINT, as a shell reports it): Ctrl-C, or a
+#: SIGTERM or SIGHUP taken as one (``orchestrator.exits``).
+INTERRUPTED = 130
+
 
 class OrchestrateError(Exception):
     """Root of every error orchestrate raises on purpose.

@@ -20,12 +20,10 @@ import typer
 # typer's own click (pinned in pyproject.toml): the one refusal that is not an error line
 from typer._click.exceptions import NoArgsIsHelpError
 
-from orchestrator.errors import OrchestrateError
+from orchestrator.errors import INTERRUPTED, OrchestrateError
 
 #: The exit code of a command line that cannot be run as written (click's, and the README's).
 USAGE = 2
-#: The exit code of an interrupted command (128 + SIGINT, as a shell reports it).
-INTERRUPTED = 130
 
 
 def run_app(app: typer.Typer, argv: list[str] | None, prog_name: str) -> int:

@@ -27,7 +27,7 @@ from ledger import EventRecord, ExperimentRecord, Ledger, LedgerError, MlflowSin
 from ledger.redact import Redactor
 from orchestrator import policy
 from orchestrator.display import RoundDisplay
-from orchestrator.errors import OrchestrateError
+from orchestrator.errors import INTERRUPTED, OrchestrateError
 from orchestrator.profile import Profile
 
 T = TypeVar("T")
@@ -270,11 +270,10 @@ def _waited(
     return run()
 
 
-#: How an interrupted round's stop is said: the exit code and line the command ends with.
-INTERRUPTED = (
-    130,
-    "interrupted (Ctrl-C, or SIGTERM or SIGHUP: a service manager, a closed "
-    "terminal); run the same command again to resume",
+#: The line an interrupted round's stop is recorded with.
+INTERRUPTED_LINE = (
+    "interrupted (Ctrl-C, or SIGTERM or SIGHUP: a service manager, a closed terminal); run the "
+    "same command again to resume"
 )
 
 
@@ -287,7 +286,11 @@ def record_stop(
     and the resume show it from here. A ledger that is itself what failed records nothing."""
     if isinstance(err, LedgerError):
         return
-    code, line = INTERRUPTED if isinstance(err, KeyboardInterrupt) else (err.exit_code, err.message)
+    code, line = (
+        (INTERRUPTED, INTERRUPTED_LINE)
+        if isinstance(err, KeyboardInterrupt)
+        else (err.exit_code, err.message)
+    )
     with suppress(LedgerError):
         ledger.add_event(
             cluster,

@@ -349,6 +349,17 @@ def test_failures_are_bench_errors_with_evidence(nodes: TwinNodes) -> None:
     assert "HTTP 404" in str(every.value)
 
 
+def _stream_headers(handler: http.server.BaseHTTPRequestHandler) -> bytes:
+    """The status line and headers of a 200 streamed completion sent on ``handler``; its
+    body (``_completion_stream``), for the handler to write whole or cut."""
+    body = _completion_stream()
+    handler.send_response(200)
+    handler.send_header("Content-Type", "text/event-stream")
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    return body
+
+
 def _completion_stream() -> bytes:
     """A streamed completion of three tokens, as an OpenAI-style server sends it."""
     events = [
@@ -397,12 +408,7 @@ class _ClosingEngine(http.server.BaseHTTPRequestHandler):
         if drop:
             self.close_connection = True  # no status line, no headers: the socket closes
             return
-        body = _completion_stream()
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        self.wfile.write(_stream_headers(self))
 
 
 def test_a_request_the_server_closed_on_unanswered_is_sent_again_not_failed() -> None:
@@ -457,11 +463,7 @@ class _CuttingEngine(http.server.BaseHTTPRequestHandler):
             self.end_headers()
             self.wfile.write(body)
             return
-        body = _completion_stream()
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
+        body = _stream_headers(self)
         if fail == "cut":
             self.wfile.write(body[: len(body) // 2])
             self.wfile.flush()
