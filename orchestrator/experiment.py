@@ -61,7 +61,8 @@ class ExperimentRunner:
 
         Raises:
             BaselineFailed: ``e`` is the baseline, and it crashed.
-            InfrastructureFault: a node stayed away, or the champion stopped booting.
+            InfrastructureFault: a node stayed away, its clocks stayed off, or the champion
+                stopped booting.
         """
         self.display.experiment(index, rnd.budget, describe(e))
         run_id = self.runlog.experiment_run(rnd, e)
@@ -81,7 +82,9 @@ class ExperimentRunner:
                 return
             if isinstance(action, policy.BootChampion):
                 failure = self.remeasures.remeasure(rnd)
-                if failure is not None:
+                if failure is None:
+                    self.faults.clocks_checked(rnd, e)  # or stop the round: exit 5
+                else:
                     champion = self.ledger.experiment(self.champion.current().experiment_id)
                     if failure.failure_class in INFRASTRUCTURE:
                         self.faults.wait_or_stop(e, failure, booted=champion)  # or exit 5
@@ -93,7 +96,9 @@ class ExperimentRunner:
             failure = self.booter.measure(
                 e, run_id, role=action.role, measurement=action.measurement
             )
-            if failure is not None and failure.failure_class in INFRASTRUCTURE:
+            if failure is None:
+                self.faults.clocks_checked(rnd, e)  # or stop the round: exit 5
+            elif failure.failure_class in INFRASTRUCTURE:
                 self.faults.wait_or_stop(e, failure)  # or stop the round: exit 5
             # a failure of the config's: the policy says whether it counts (a crash) or the
             # config is booted once more

@@ -4,7 +4,9 @@ is never a verdict on the config. The boot is taken again after ``policy``'s bac
 retries are spent the round stops (exit 5), the experiment undecided and nothing barred, for
 the same command to resume once the node is back. A champion that booted before and now
 fails its boots in a row for what would be a configuration's reasons stops the round the same
-way (``champion_failed``): its config did not change, the cluster did.
+way (``champion_failed``): its config did not change, the cluster did. So does a node whose
+clocks stay off through the boots' power cycles (``clocks_checked``): each boot with clocks off
+is set aside and taken again (``policy``), and a run of them measures the node, not a config.
 
 A ledger that does not answer (a PostgreSQL restart at night) is waited out too
 (``through_ledger_outages``): the round is built afresh and resumes from its last committed
@@ -23,11 +25,19 @@ from typing import TypeVar
 
 from cluster.errors import NodeError
 from knobs.vocabulary import INFRASTRUCTURE, BootStatus, EventKind
-from ledger import EventRecord, ExperimentRecord, Ledger, LedgerError, MlflowSinkError
+from ledger import (
+    EventRecord,
+    ExperimentRecord,
+    Ledger,
+    LedgerError,
+    MlflowSinkError,
+    RoundRecord,
+)
 from ledger.redact import Redactor
 from orchestrator import policy
 from orchestrator.display import RoundDisplay
 from orchestrator.errors import INTERRUPTED, OrchestrateError
+from orchestrator.measurements import clocks_off_in_a_row
 from orchestrator.profile import Profile
 
 T = TypeVar("T")
@@ -51,6 +61,13 @@ class ChampionFailing(InfrastructureFault):
     """The champion, which booted before, failed its boots in a row for what would be a
     configuration's reasons: its config did not change, the cluster did. The round stops as
     for a node away (exit 5), the change it was booted for undecided and nothing barred."""
+
+
+class ClocksOff(InfrastructureFault):
+    """A node's clocks were off in the cluster's measurements in a row
+    (``policy.clocks_off_stop``), the power cycle before each boot notwithstanding: every boot after
+    would measure the node, not a config. The round stops (exit 5), the change under way
+    undecided and nothing barred."""
 
 
 class InfrastructureFaults:
@@ -100,6 +117,43 @@ class InfrastructureFaults:
             f"booting again in {delay:g}s"
         )
         self.sleep(delay)
+
+    def clocks_checked(self, rnd: RoundRecord, e: ExperimentRecord) -> None:
+        """After a boot for ``e``'s verdict measured (``e``'s or the champion's): stop the round
+        if the clocks were off in the cluster's last measurements of this round
+        (``measurements.clocks_off_in_a_row``) as ``policy.clocks_off_stop`` says stops it.
+
+        Raises:
+            ClocksOff: they were.
+        """
+        gates = self.profile.gates
+        off = clocks_off_in_a_row(
+            self.ledger,
+            self.profile.cluster.name,
+            rnd.started_at,
+            [c.name for c in self.profile.cells],
+            gates.min_matmul_rate,
+        )
+        stop = policy.clocks_off_stop([nodes for _, nodes in off])
+        if stop is None:
+            return
+        ranks, run = stop
+        names = {n.rank: n.name for n in self.profile.cluster.nodes}
+        nodes = ", ".join(names.get(r, f"node {r}") for r in ranks)
+        experiments = ", ".join(f"#{x}" for x in sorted({x for x, _ in off[:run]}))
+        message = (
+            f"clocks off on {nodes} in the last {run} measurements in a row "
+            f"(experiments {experiments}; matmul rate under {gates.min_matmul_rate:g}), "
+            "though each boot's preflight power-cycles a node whose clocks are stuck when the "
+            "profile has a recover_command"
+        )
+        raise ClocksOff(
+            f"{message}: every boot would measure the node, not a config; experiment #{e.id} "
+            "is left undecided and nothing was barred: run the same command once the node's "
+            "clocks hold (a power cycle, its cooling)",
+            failure=NodeError(message, failure_class="clocks_stuck", rank=ranks[0]),
+            experiment=e.id,
+        )
 
     def champion_failed(
         self, e: ExperimentRecord | None, err: NodeError, *, champion: ExperimentRecord

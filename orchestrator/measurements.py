@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
 from knobs.records import CellResultRecord
 from ledger import BootRecord, Ledger
@@ -50,6 +51,36 @@ def read_cluster_measurements(
         e: _assembled(boots, cells.get(e, []), wanted)
         for e, boots in ledger.cluster_boots(cluster).items()
     }
+
+
+def clocks_off_in_a_row(
+    ledger: Ledger,
+    cluster: str,
+    since: datetime,
+    wanted: Collection[str],
+    min_matmul_rate: float,
+) -> list[tuple[int, list[int]]]:
+    """The cluster's latest complete measurements since ``since`` (whatever experiment they
+    measured) that ran with a node's clocks off, newest first, back to the latest one whose
+    clocks were right: ``(experiment, the nodes off)`` each. A failed boot or an unfinished
+    measurement neither counts nor ends the run. Reads only the experiments it walks back
+    through."""
+    last_boot: dict[tuple[int, int], int] = {}
+    for boot in ledger.boots_since(cluster, since):
+        last_boot[(boot.experiment_id, boot.measurement)] = boot.id
+    read: dict[int, dict[int, Measurement]] = {}
+    out: list[tuple[int, list[int]]] = []
+    for experiment, index in sorted(last_boot, key=last_boot.__getitem__, reverse=True):
+        if experiment not in read:
+            read[experiment] = {m.index: m for m in read_measurements(ledger, experiment, wanted)}
+        m = read[experiment].get(index)
+        if m is None or not m.complete:
+            continue
+        slow = slow_ranks(m.cells, min_matmul_rate)
+        if not slow:
+            break
+        out.append((experiment, slow))
+    return out
 
 
 def _assembled(

@@ -6,7 +6,7 @@ round's next step, as a typed action the round only carries out:
 
 - ``BootCandidate``: boot the experiment's config (its first measurement, the rest of an
   interrupted one, another boot while undecided, a confirmation boot, or once more after a
-  boot with a node's clocks off — the slow-clock reboot);
+  boot with a node's clocks off — the slow-clock reboot, never a verdict);
 - ``BootChampion``: re-measure the champion (the confirmation rule wants it measured after the
   candidate's last boot; an undecided verdict wants its fewer boots balanced), capped at
   ``CHAMPION_BOOTS_PER_BOOT`` × ``max_boots`` per verdict;
@@ -50,6 +50,17 @@ CHAMPION_BOOTS_PER_BOOT = 2
 FAIR_TRIAL = 2
 #: A champion re-measurement with a node's clocks off is taken this many times in all.
 CHAMPION_CLOCK_TRIES = 2
+#: The cluster's measurements in a row (whatever config they measured) with one node's clocks
+#: off in each that stop the round: the power cycles before each boot did not bring the node
+#: back (DOMAIN: only a power cycle fixes stuck clocks), and every boot after would measure the
+#: node, not a config. A node whose clocks stick at 2 % of its boots by chance (the twin's
+#: landscapes) does it four times in a row once in 6 million boots (a cluster of four such
+#: nodes: once in 1.5 million); a boot of that cluster has some node off about once in 13, so
+#: three in a row of any node would stop about three rounds of sixty boots in a hundred.
+CLOCKS_OFF_IN_A_ROW = 4
+#: The cluster's measurements in a row with some node's clocks off, whichever, that stop the
+#: round (nodes taking turns: no measurement left to judge a config on).
+CLOCKS_OFF_ANY_IN_A_ROW = 8
 #: A re-measurement this many standard errors off the champion's level is a suspected drift
 #: (about 5 % of re-measurements on a cluster that did not drift): the champion is booted once
 #: more to confirm it, never re-based on the one boot.
@@ -171,14 +182,12 @@ def next_action(
         )
         return Decide(_noted(baseline, progress.failed_boots), ms)
     # a boot with a node's clocks off measured the node, not the config: it is set aside and
-    # the boot taken once more; off twice, the verdict rules it invalid
-    slow = [m for m in ms if not m.trusted(progress.min_matmul_rate)]
-    if not spec.reboot_slow_clocks:
-        slow = []
-    if len(slow) == 1 and slow[0] is ms[-1]:
-        return BootCandidate(BootRole(slow[0].role), note=SLOW_CLOCK_NOTE)
-    if len(slow) == 1:
-        ms = [m for m in ms if m is not slow[0]]
+    # the boot taken once more, as often as it comes (a node whose clocks stay off stops the
+    # round: ``CLOCKS_OFF_IN_A_ROW``); without the reboot, the verdict rules it invalid
+    if spec.reboot_slow_clocks:
+        if not ms[-1].trusted(progress.min_matmul_rate):
+            return BootCandidate(BootRole(ms[-1].role), note=SLOW_CLOCK_NOTE)
+        ms = [m for m in ms if m.trusted(progress.min_matmul_rate)]
     assessment = judge(ms)
     if assessment.final:
         return Decide(_noted(assessment, progress.failed_boots), ms)
@@ -455,6 +464,26 @@ LEDGER_WAITS = (10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 600.0)
 #: wait 30 s, 1, 2, 4, 8 and 10 min — a node's reboot, a switch's, a network's maintenance
 #: window — before the round stops and the night with it.
 INFRA_BACKOFF_MAX_S = 600.0
+
+
+def clocks_off_stop(off: Sequence[Collection[int]]) -> tuple[list[int], int] | None:
+    """Whether clocks off stop the round, and if so the nodes to name and how many
+    measurements in a row: ``off``, the nodes off in each of the cluster's latest measurements
+    that ran with clocks off, newest first (``measurements.clocks_off_in_a_row``). One node off
+    in each of ``CLOCKS_OFF_IN_A_ROW`` stops it, as do ``CLOCKS_OFF_ANY_IN_A_ROW`` with any
+    node off; fewer are chance, each boot set aside and taken again."""
+    common = set(off[0]) if off else set()
+    run = 0
+    for nodes in off:
+        if not common & set(nodes):
+            break
+        common &= set(nodes)
+        run += 1
+    if run >= CLOCKS_OFF_IN_A_ROW:
+        return sorted(common), run
+    if len(off) >= CLOCKS_OFF_ANY_IN_A_ROW:
+        return sorted({r for nodes in off for r in nodes}), len(off)
+    return None
 
 
 def infrastructure_retry(spec: VerdictSpec, failures: int) -> float | None:

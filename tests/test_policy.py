@@ -294,3 +294,17 @@ def test_the_threshold_policy_never_tests_a_keeps_boots() -> None:
     assert not policy.tests_keep_boots(spec)
     assert not policy.remeasure_due(spec, trusted_boots=1, decided_since=0, age_s=0.0, own_boots=0)
     assert policy.keep_boots_inflated(spec, [130.0, 130.0], 100.0, 0.05) is None
+
+
+def test_clocks_off_stop_the_round_when_one_node_stays_off_or_every_boot_has_one() -> None:
+    """One node off in each of four measurements in a row stops the round, naming it; three
+    are chance (each boot set aside and taken again). Nodes taking turns stop it at eight in a
+    row, every node named: no measurement is left to judge a config on."""
+    assert policy.CLOCKS_OFF_IN_A_ROW == 4 and policy.CLOCKS_OFF_ANY_IN_A_ROW == 8
+    assert policy.clocks_off_stop([]) is None
+    assert policy.clocks_off_stop([[1]] * 3) is None
+    assert policy.clocks_off_stop([[1], [1, 2], [1], [1]]) == ([1], 4)
+    assert policy.clocks_off_stop([[2], [1, 2], [1], [1], [1]]) is None  # node 1's run is older
+    turns = [[1], [2]] * 3
+    assert policy.clocks_off_stop(turns) is None
+    assert policy.clocks_off_stop([*turns, [1], [3]]) == ([1, 2, 3], 8)

@@ -25,6 +25,7 @@ from knobs.vocabulary import EventKind, FailureClass
 from ledger import Ledger
 from orchestrator.approval import ApprovalGate
 from orchestrator.display import RoundDisplay
+from orchestrator.faults import ClocksOff, last_stop
 from orchestrator.profile import Profile
 from orchestrator.round import RoundOptions, RoundRunner
 from orchestrator.testbed import NullSink
@@ -549,9 +550,10 @@ def test_a_candidate_boot_with_clocks_off_is_set_aside_and_booted_again(tmp_path
     """Boot 3, the candidate's first (the baseline's second came before the first proposal),
     has a node at 75 % clocks: it measured the node, not the
     config, so the candidate is booted once more and judged on its clean boots (a clear +30 %:
-    kept, its objective the clean level). Stuck on both boots, it is invalid for its clocks,
-    and the config is not barred: it may run again under the same champion. With
-    ``reboot_slow_clocks`` off, one such boot makes it invalid at once."""
+    kept, its objective the clean level). Stuck on three boots in a row, it is booted a fourth
+    time and judged on that one: a boot with clocks off is never a verdict. With
+    ``reboot_slow_clocks`` off, one such boot makes it invalid at once, and the config is not
+    barred: it may run again under the same champion."""
 
     def speed(config: Config, n: int) -> float:
         gain = 1.3 if config["num_speculative_tokens"] == 5 else 1.0
@@ -568,16 +570,14 @@ def test_a_candidate_boot_with_clocks_off_is_set_aside_and_booted_again(tmp_path
         assert roles == ["measure", "measure", "confirm", "remeasure"]
         assert round(candidate.objective or 0) == 130
 
-    stuck = {3, 4}
+    stuck = {3, 4, 5}
     testbed = ScriptedTestbed(speed, stuck=lambda n: n in stuck)
-    (tmp_path / "twice").mkdir()
-    with run(tmp_path / "twice", testbed, [{"num_speculative_tokens": 5}], budget=1) as ledger:
+    (tmp_path / "thrice").mkdir()
+    with run(tmp_path / "thrice", testbed, [{"num_speculative_tokens": 5}], budget=1) as ledger:
         candidate = ledger.experiments()[1]
-        assert candidate.status == "invalid" and candidate.failure_class == "clocks_stuck"
-        assert len(ledger.boots(candidate.id)) == 2
-        context = proposal_context(ledger, testbed)
-        assert candidate.config.key not in context.decided_keys
-        assert context.known_bad == ()
+        assert candidate.status == "keep" and round(candidate.objective or 0) == 130
+        roles = [b.role for b in ledger.boots(candidate.id)]
+        assert roles == ["measure"] * 4 + ["confirm", "remeasure"]
 
     stuck = {3}
     testbed = ScriptedTestbed(speed, stuck=lambda n: n in stuck)
@@ -585,7 +585,58 @@ def test_a_candidate_boot_with_clocks_off_is_set_aside_and_booted_again(tmp_path
     changes: list[dict[str, object]] = [{"num_speculative_tokens": 5}]
     with run(tmp_path / "off", testbed, changes, budget=1, reboot_slow_clocks=False) as ledger:
         candidate = ledger.experiments()[1]
-        assert candidate.status == "invalid" and len(ledger.boots(candidate.id)) == 1
+        assert candidate.status == "invalid" and candidate.failure_class == "clocks_stuck"
+        assert len(ledger.boots(candidate.id)) == 1
+        context = proposal_context(ledger, testbed)
+        assert candidate.config.key not in context.decided_keys
+        assert context.known_bad == ()
+
+
+def test_a_node_whose_clocks_stay_off_stops_the_round_and_bars_nothing(tmp_path: Path) -> None:
+    """From boot 3 on, node 1's clocks are off in every boot (a node the power cycles do not
+    bring back): the candidate's four boots in a row measured the node, so the round stops
+    (exit 5, ``ClocksOff``) with the change undecided, nothing barred and why recorded for the
+    morning. Mended, the same command takes the change to its verdict. Three in a row, the
+    previous test, do not stop it."""
+
+    def speed(config: Config, n: int) -> float:
+        return 130.0 if config["num_speculative_tokens"] == 5 else 100.0
+
+    sick = True
+    testbed = ScriptedTestbed(speed, stuck=lambda n: sick and n >= 3)
+    changes: list[dict[str, object]] = [{"num_speculative_tokens": 5}]
+    out = io.StringIO()
+
+    def runner(ledger: Ledger) -> RoundRunner:
+        return RoundRunner(
+            profile(),
+            ledger,
+            NullSink(),
+            testbed,
+            SweepProposer(changes),  # type: ignore[arg-type]
+            ApprovalGate(ledger, "auto"),
+            RoundDisplay(Console(file=out)),
+        )
+
+    options = RoundOptions(budget=1, proposer="sweep", approve="auto")
+    with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
+        with pytest.raises(ClocksOff) as stopped:
+            runner(ledger).run(options)
+        candidate = ledger.experiments()[1]
+        assert stopped.value.exit_code == 5 and stopped.value.experiment == candidate.id
+        assert stopped.value.failure.failure_class == "clocks_stuck"
+        assert "clocks off on node 1 in the last 4 measurements in a row" in str(stopped.value)
+        assert candidate.state != "decided" and len(ledger.boots(candidate.id)) == 4
+        assert out.getvalue().count("clocks were off during this boot") == 3
+        context = proposal_context(ledger, testbed)
+        assert context.known_bad == () and candidate.config.key not in context.decided_keys
+        stop = last_stop(ledger, "scripted", candidate.round_id)
+        assert stop is not None and "clocks off on node 1" in stop.reason
+        sick = False
+        report = runner(ledger).run(options)
+        assert report.resumed
+        candidate = ledger.experiment(candidate.id)
+        assert candidate.status == "keep" and round(candidate.objective or 0) == 130
 
 
 def test_an_undecided_candidate_boots_the_champion_when_it_has_fewer_boots(
@@ -619,12 +670,13 @@ def test_an_undecided_candidate_boots_the_champion_when_it_has_fewer_boots(
     assert len(testbed.boots) == 2
 
 
-def test_a_champion_whose_boots_never_count_ends_the_verdict_inconclusive(
-    tmp_path: Path,
-) -> None:
+def test_a_champion_whose_boots_never_count_stops_the_round(tmp_path: Path) -> None:
     """The verdict asks for the champion's next boot, and every re-measurement comes up with a
-    node's clocks off (none counts): after twice ``max_boots`` such boots the experiment is
-    decided inconclusive, not booted for ever."""
+    node's clocks off (none counts): each re-measurement is taken twice
+    (``CHAMPION_CLOCK_TRIES``), then asked for again, and the clocks off in the cluster's
+    measurements in a row stop the round (exit 5), the change undecided, rather than booting
+    the champion until the verdict's cap ends the change ``inconclusive`` for the node's
+    sake."""
 
     def speed(config: Config, n: int) -> float:
         return 106.0 if config["kv_cache_dtype"] == "auto" else 100.0
@@ -634,12 +686,13 @@ def test_a_champion_whose_boots_never_count_ends_the_verdict_inconclusive(
 
     testbed = ScriptedTestbed(speed, stuck=stuck)
     changes: list[dict[str, object]] = [{"kv_cache_dtype": "auto"}]
-    with run(tmp_path, testbed, changes, budget=1, champion_boots=1) as ledger:
+    with pytest.raises(ClocksOff, match="in the last 4 measurements in a row"):
+        run(tmp_path, testbed, changes, budget=1, champion_boots=1)
+    with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
         candidate = ledger.experiments()[1]
-        assert candidate.status == "inconclusive"
-        assert ledger.verdict(candidate.id).rule == "champion-remeasure"  # type: ignore[union-attr]
+        assert candidate.state != "decided" and candidate.status is None
     order = "".join("c" if c["kv_cache_dtype"] == "auto" else "B" for c in testbed.boots)
-    assert order == "Bcc" + "B" * 6
+    assert order == "Bcc" + "B" * 4
 
 
 def test_a_one_knob_change_is_judged_with_its_knobs_prior(tmp_path: Path) -> None:

@@ -82,12 +82,9 @@ def test_round_over_ssh_completes_with_verdicts_and_records_a_crash(
     verdicts = {e["knob"]: e for e in experiments[1:]}
     for knob in ("max_num_batched_tokens", "num_speculative_tokens"):
         # a node may come up with stuck clocks (the landscape's 2 % per boot): that boot is set
-        # aside and taken again; stuck twice, the run is invalid by the clocks rule, a verdict
-        # too, and the node's fault, not the knob's
+        # aside and taken again, as often as it comes; never a verdict
         verdict = verdicts[knob]
-        assert verdict["status"] in {"keep", "discard", "inconclusive"} or (
-            verdict["status"] == "invalid" and verdict["failure_class"] == "clocks_stuck"
-        ), verdict
+        assert verdict["status"] in {"keep", "discard", "inconclusive"}, verdict
     crash = verdicts["gpu_memory_utilization"]
     assert (crash["status"], crash["failure_class"]) == ("crash", "oom")
     # every boot the ledger holds started all four nodes over SSH, the champion was booted
