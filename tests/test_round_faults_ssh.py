@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 from dataclasses import dataclass
+from html import escape
 from pathlib import Path
 from typing import Any
 
@@ -291,6 +292,10 @@ def test_a_node_that_fails_a_preflight_gate_is_not_the_configs_failure(
     assert_resumes_and_finishes(
         ssh_cluster, tmp_path, fault_profile(ssh_cluster, tmp_path), undecided
     )
+    # the round's report, written as it ended, tells the night's stop and the boots it cost
+    page = " ".join((tmp_path / "reports" / "round-1" / "report.html").read_text().split())
+    assert f"(exit 5): {escape(' '.join(line.split()))}; went on at" in page, page[-3000:]
+    assert "2 boot(s) were the infrastructure's, not a config's" in page
 
 
 def test_a_port_taken_on_the_head_is_not_the_configs_failure(

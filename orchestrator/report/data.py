@@ -1,7 +1,8 @@
 """What a round report shows, read from the ledger (no drawing here): every experiment with its
 verdict's evidence, the champion's path, per knob and value the measured effects, where the
-boots and GPU-hours went, the LLM spend, and the champion's launcher against the one the round
-started from."""
+boots and GPU-hours went (the infrastructure's share apart: boots that failed for a node's
+reasons, boots set aside for a node's clocks), what stopped the round short and when it went on,
+the LLM spend, and the champion's launcher against the one the round started from."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from knobs.config import Config
 from knobs.errors import KnobError, ProfileError
 from knobs.records import LlmUsage
 from knobs.spec import EffectPrior, Value, as_text
-from knobs.vocabulary import BootRole, BootStatus, Kind, State, Status
+from knobs.vocabulary import INFRASTRUCTURE, BootRole, BootStatus, EventKind, Kind, State, Status
 from ledger import BootRecord, ExperimentRecord, Ledger, RoundRecord
 from orchestrator.display import describe
 from orchestrator.errors import OrchestrateError
@@ -24,9 +25,22 @@ from orchestrator.gpu_hours import cluster_gpus
 from orchestrator.priors import knob_priors, measured
 from orchestrator.profile import Profile
 from orchestrator.settings import runtime_placeholders
+from orchestrator.verdict import slow_ranks
 
-#: Where a boot's time went (the report's categories), in the order the plot stacks them.
-USES = ("baseline", "candidate", "confirmation", "champion re-measure", "failed boot")
+#: Where a boot's time went (the report's categories), in the order the plot stacks them: the
+#: config's uses, then the boots the cluster cost (a boot that failed for the config's reasons,
+#: one that failed for the infrastructure's, one measured with a node's clocks off: set aside).
+USES = (
+    "baseline",
+    "candidate",
+    "confirmation",
+    "champion re-measure",
+    "failed: the config's",
+    "failed: the infrastructure's",
+    "clocks off: set aside",
+)
+#: The uses that are the infrastructure's, never the config's.
+INFRASTRUCTURE_USES = ("failed: the infrastructure's", "clocks off: set aside")
 #: A two-sided 95 % interval, in standard errors.
 Z95 = 1.96
 
@@ -73,6 +87,17 @@ class KnobRow:
     prior: EffectPrior | None
 
 
+@dataclass(frozen=True)
+class Stop:
+    """The round stopped short (``round-stopped``): when, its exit code and line, and when it
+    went on (its cluster's next boot; ``None``: not yet)."""
+
+    at: datetime
+    exit_code: object
+    line: str
+    resumed_at: datetime | None
+
+
 @dataclass
 class ReportData:
     """Everything the report draws and lists."""
@@ -93,6 +118,8 @@ class ReportData:
     launcher_diff: str
     start_config: Config | None
     champion_config: Config | None
+    #: what stopped the round short, oldest first
+    stops: list[Stop]
 
     @property
     def gpu_hours(self) -> float:
@@ -140,10 +167,11 @@ def collect(profile: Profile, ledger: Ledger, round_id: int | None = None) -> Re
         launcher_diff="",
         start_config=start,
         champion_config=end,
+        stops=_stops(ledger, rnd),
     )
     data.champion_after = _champion_path(ledger, cluster, rnd, experiments)
     data.knobs = _knob_rows(profile, ledger, data.points)
-    _boots(ledger, rnd, experiments, data)
+    _boots(ledger, rnd, experiments, data, profile.gates.min_matmul_rate)
     for p in ledger.proposals(round_id=rnd.id):
         usage = LlmUsage.from_notes(p.notes)
         if usage is not None:
@@ -242,9 +270,12 @@ def _knob_rows(profile: Profile, ledger: Ledger, points: list[Point]) -> list[Kn
     return rows
 
 
-def _use(boot: BootRecord, e: ExperimentRecord | None) -> str:
+def _use(boot: BootRecord, e: ExperimentRecord | None, slow: set[int]) -> str:
     if boot.status == BootStatus.FAILED:
-        return "failed boot"
+        infrastructure = boot.failure_class in INFRASTRUCTURE
+        return "failed: the infrastructure's" if infrastructure else "failed: the config's"
+    if boot.id in slow:
+        return "clocks off: set aside"
     if boot.role == BootRole.REMEASURE:
         return "champion re-measure"
     if boot.role == BootRole.CONFIRM:
@@ -253,11 +284,21 @@ def _use(boot: BootRecord, e: ExperimentRecord | None) -> str:
 
 
 def _boots(
-    ledger: Ledger, rnd: RoundRecord, experiments: list[ExperimentRecord], data: ReportData
+    ledger: Ledger,
+    rnd: RoundRecord,
+    experiments: list[ExperimentRecord],
+    data: ReportData,
+    min_matmul_rate: float,
 ) -> None:
     """Every boot of the round by use, in hours, charged to the experiment it served (a
     champion's re-measurement to the experiment that was running when it was booted)."""
     end_of_round = rnd.finished_at or datetime.now(UTC)
+    slow = {
+        boot_id
+        for cells in ledger.cluster_cell_results(rnd.cluster).values()
+        for boot_id, _, cell in cells
+        if slow_ranks([cell], min_matmul_rate)
+    }
     mine = {e.id: e for e in experiments}
     order = sorted(experiments, key=lambda e: e.created_at)
     for boot in ledger.boots_since(rnd.cluster, rnd.started_at):
@@ -268,11 +309,29 @@ def _boots(
         if owner is None or boot.role == BootRole.REMEASURE:
             running = [e for e in order if e.created_at <= boot.started_at]
             owner = running[-1] if running else (order[0] if order else None)
-        use = _use(boot, mine.get(boot.experiment_id))
+        use = _use(boot, mine.get(boot.experiment_id), slow)
         data.boots_by_use[use] += 1
         if owner is not None:
             spent = data.boot_hours.setdefault(owner.id, {})
             spent[use] = spent.get(use, 0.0) + hours
+
+
+def _stops(ledger: Ledger, rnd: RoundRecord) -> list[Stop]:
+    """What stopped the round short (``faults.record_stop``), each with when it went on."""
+    out = []
+    for event in ledger.events(rnd.cluster, EventKind.ROUND_STOPPED):
+        if event.subject != str(rnd.id):
+            continue
+        after = ledger.boots_since(rnd.cluster, event.created_at)
+        out.append(
+            Stop(
+                at=event.created_at,
+                exit_code=event.detail.get("exit_code"),
+                line=event.reason,
+                resumed_at=after[0].started_at if after else None,
+            )
+        )
+    return out
 
 
 def _launcher_diff(profile: Profile, start: Config | None, end: Config | None) -> str:
@@ -308,7 +367,8 @@ def _text(value: Value | None) -> str:
 
 def summary(data: ReportData) -> dict[str, float]:
     """The round in numbers, for its MLflow parent run: the champion's objective at the start
-    and the end, the gain, keeps, boots, GPU-hours and LLM spend."""
+    and the end, the gain, keeps, boots (failed ones, and the infrastructure's: failed for a
+    node's reasons or set aside for its clocks), the stops short, GPU-hours and LLM spend."""
     path = [c for c in data.champion_after if c is not None]
     out: dict[str, float] = {
         "experiments": float(sum(1 for p in data.points if p.kind == Kind.CANDIDATE)),
@@ -316,7 +376,11 @@ def summary(data: ReportData) -> dict[str, float]:
             sum(1 for p in data.points if p.kind == Kind.CANDIDATE and p.status == Status.KEEP)
         ),
         "boots": float(sum(data.boots_by_use.values())),
-        "failed_boots": float(data.boots_by_use.get("failed boot", 0)),
+        "failed_boots": float(
+            sum(n for use, n in data.boots_by_use.items() if use.startswith("failed"))
+        ),
+        "infrastructure_boots": float(sum(data.boots_by_use[u] for u in INFRASTRUCTURE_USES)),
+        "stops": float(len(data.stops)),
         "gpu_hours": data.gpu_hours,
         "llm_spend_usd": data.llm_usd,
     }

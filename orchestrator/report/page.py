@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from html import escape
 
 from knobs.spec import as_text
-from orchestrator.report.data import USES, ReportData
+from orchestrator.report.data import INFRASTRUCTURE_USES, USES, ReportData
 
 CSS = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
@@ -105,6 +105,33 @@ def _spend(data: ReportData) -> str:
     )
 
 
+def _infrastructure(data: ReportData) -> str:
+    """The boots the cluster cost, not the configs, and what stopped the round short."""
+    hours = sum(h.get(u, 0.0) for h in data.boot_hours.values() for u in INFRASTRUCTURE_USES)
+    scale, unit = (data.gpus, "GPU-hours") if data.gpus else (1, "boot hours")
+    cost = sum(data.boots_by_use.get(u, 0) for u in INFRASTRUCTURE_USES)
+    lines = [
+        f"<p>{cost} boot(s) were the infrastructure's, not a config's ({hours * scale:.2f} "
+        f"{unit}): none of them is a verdict.</p>"
+    ]
+    if not data.stops:
+        lines.append("<p>Nothing stopped the round short.</p>")
+        return "".join(lines)
+    items = []
+    for stop in data.stops:
+        went_on = (
+            f"went on at {stop.resumed_at:%Y-%m-%d %H:%M} UTC"
+            if stop.resumed_at is not None
+            else "not gone on since: the same command resumes it"
+        )
+        items.append(
+            f"<li>stopped at {stop.at:%Y-%m-%d %H:%M} UTC (exit {escape(str(stop.exit_code))}): "
+            f"{escape(stop.line)}; {went_on}</li>"
+        )
+    lines.append(f"<ul>{''.join(items)}</ul>")
+    return "".join(lines)
+
+
 def _champion(data: ReportData) -> str:
     if data.champion_config is None:
         return "<p>No champion.</p>"
@@ -149,6 +176,8 @@ def page(data: ReportData, pictures: Mapping[str, bytes]) -> str:
 <h2>Where the boots and GPU-hours went</h2>
 {_img("boots", pictures["boots.png"], "boots and GPU-hours by use")}
 {_spend(data)}
+<h2>The infrastructure's share, and what stopped the round short</h2>
+{_infrastructure(data)}
 <h2>The champion's launcher against the starting one</h2>
 {_champion(data)}
 </body></html>

@@ -19,7 +19,7 @@ STYLE: dict[str, tuple[str, str]] = {
     Status.CRASH: ("X", "#d62728"),
     Status.VETOED: ("v", "#9467bd"),
 }
-USE_COLOURS = ("#8c564b", "#1f77b4", "#2ca02c", "#bcbd22", "#d62728")
+USE_COLOURS = ("#8c564b", "#1f77b4", "#2ca02c", "#bcbd22", "#d62728", "#7f7f7f", "#c7c7c7")
 DPI = 110
 
 
