@@ -114,6 +114,28 @@ def profile(**verdict: object) -> Profile:
     )
 
 
+def round_runner(
+    ledger: Ledger,
+    testbed: ScriptedTestbed,
+    changes: Sequence[Mapping[str, object]] = (),
+    *,
+    prof: Profile | None = None,
+    out: io.StringIO | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> RoundRunner:
+    """The real round loop on ``testbed``, proposing ``changes`` in turn, approved at once."""
+    return RoundRunner(
+        prof or profile(),
+        ledger,
+        NullSink(),
+        testbed,
+        SweepProposer(changes),  # type: ignore[arg-type]
+        ApprovalGate(ledger, "auto"),
+        RoundDisplay(Console(file=out if out is not None else io.StringIO(), width=200)),
+        clock=clock,
+    )
+
+
 def run(
     tmp_path: Path,
     testbed: ScriptedTestbed,
@@ -122,15 +144,7 @@ def run(
     **verdict: object,
 ) -> Ledger:
     ledger = Ledger(f"sqlite:///{tmp_path}/ledger.db")
-    runner = RoundRunner(
-        profile(**verdict),
-        ledger,
-        NullSink(),
-        testbed,
-        SweepProposer(changes),  # type: ignore[arg-type]
-        ApprovalGate(ledger, "auto"),
-        RoundDisplay(Console(file=io.StringIO())),
-    )
+    runner = round_runner(ledger, testbed, changes, prof=profile(**verdict))
     runner.run(RoundOptions(budget=budget, proposer="sweep", approve="auto"))
     return ledger
 
@@ -398,16 +412,7 @@ def test_a_round_past_its_hours_leaves_its_last_keeps_test_to_the_next(tmp_path:
     testbed = _keep_then_own(122.0)
 
     def runner(changes: Sequence[Mapping[str, object]], clock: Callable[[], float]) -> RoundRunner:
-        return RoundRunner(
-            profile(),
-            ledger,
-            NullSink(),
-            testbed,
-            SweepProposer(changes),  # type: ignore[arg-type]
-            ApprovalGate(ledger, "auto"),
-            RoundDisplay(Console(file=out, width=200)),
-            clock=clock,
-        )
+        return round_runner(ledger, testbed, changes, out=out, clock=clock)
 
     with ledger:
         first = runner([{"num_speculative_tokens": 5}], lambda: float(next(ticks)))
@@ -441,16 +446,7 @@ def test_a_threshold_round_that_ends_on_a_keep_boots_nothing_more(tmp_path: Path
 
 def proposal_context(ledger: Ledger, testbed: ScriptedTestbed) -> ProposalContext:
     """What a proposer would see next in the ledger's last round."""
-    runner = RoundRunner(
-        profile(),
-        ledger,
-        NullSink(),
-        testbed,
-        SweepProposer(),
-        ApprovalGate(ledger, "auto"),
-        RoundDisplay(Console(file=io.StringIO())),
-    )
-    return runner.context(ledger.rounds("scripted")[-1])
+    return round_runner(ledger, testbed).context(ledger.rounds("scripted")[-1])
 
 
 def test_a_boot_failure_becomes_a_known_bad_region(tmp_path: Path) -> None:
@@ -608,15 +604,7 @@ def test_a_node_whose_clocks_stay_off_stops_the_round_and_bars_nothing(tmp_path:
     out = io.StringIO()
 
     def runner(ledger: Ledger) -> RoundRunner:
-        return RoundRunner(
-            profile(),
-            ledger,
-            NullSink(),
-            testbed,
-            SweepProposer(changes),  # type: ignore[arg-type]
-            ApprovalGate(ledger, "auto"),
-            RoundDisplay(Console(file=out)),
-        )
+        return round_runner(ledger, testbed, changes, out=out)
 
     options = RoundOptions(budget=1, proposer="sweep", approve="auto")
     with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
