@@ -69,6 +69,7 @@ from ledger import Ledger
 from orchestrator.approval import ApprovalGate
 from orchestrator.display import RoundDisplay
 from orchestrator.errors import OrchestrateError
+from orchestrator.faults import ClocksOff
 from orchestrator.profile import Profile, VerdictSpec
 from orchestrator.round import RoundOptions, RoundRunner
 from orchestrator.testbed import NullSink
@@ -110,6 +111,9 @@ class Trace:
     stuck_boots: int = 0  # boots with a node's clocks stuck
     # boots set aside for a node's stuck clocks and taken again (only a loop that reads clocks)
     stuck_reboots: int = 0
+    # rounds a run of clocks off stopped (``faults.ClocksOff``), each resumed by the same
+    # command as a person would once the node is back
+    clock_stops: int = 0
     # the drift sentinel: the champion's re-measurements it tested, those it flagged (each
     # followed by a confirmation boot), the re-bases (confirmed drifts), and the boot number
     # of each test with whether it led to a re-base (``sentinel_log``)
@@ -226,6 +230,10 @@ def profile_for(
     )
 
 
+#: Stops for clocks off one simulated round may resume from before the benchmark gives up.
+MAX_CLOCK_STOPS = 3
+
+
 def run_loop(
     landscape: Landscape,
     seed: int,
@@ -254,7 +262,17 @@ def run_loop(
             ApprovalGate(ledger, "auto"),
             RoundDisplay(Console(file=io.StringIO())),
         )
-        runner.run(RoundOptions(budget=budget, proposer="optuna", approve="auto", seed=seed))
+        options = RoundOptions(budget=budget, proposer="optuna", approve="auto", seed=seed)
+        while True:
+            try:
+                runner.run(options)
+                break
+            except ClocksOff:
+                # chance the rule calls a stuck node (the simulated nodes draw each boot
+                # afresh): the same command goes on, and the stop is counted
+                trace.clock_stops += 1
+                if trace.clock_stops > MAX_CLOCK_STOPS:
+                    raise
         experiments = ledger.experiments()
         boots_by_time = sorted(
             (b.started_at, b.id) for e in experiments for b in ledger.boots(e.id)
@@ -475,6 +493,7 @@ def summarise(landscape: Landscape, trace: Trace, optimum: float) -> dict[str, A
         "remeasures": trace.remeasures,
         "stuck_boots": trace.stuck_boots,
         "stuck_reboots": trace.stuck_reboots,
+        "clock_stops": trace.clock_stops,
         "boots": boots,
         "boots_without_stuck_reboots": boots - trace.stuck_reboots,
         # the drift sentinel (the simulated cluster has no drift unless one is injected: every

@@ -37,7 +37,7 @@ from ledger.redact import Redactor
 from orchestrator import policy
 from orchestrator.display import RoundDisplay
 from orchestrator.errors import INTERRUPTED, OrchestrateError
-from orchestrator.measurements import clocks_off_in_a_row
+from orchestrator.measurements import clocks_off_counts, clocks_off_in_a_row
 from orchestrator.profile import Profile
 
 T = TypeVar("T")
@@ -121,20 +121,31 @@ class InfrastructureFaults:
     def clocks_checked(self, rnd: RoundRecord, e: ExperimentRecord) -> None:
         """After a boot for ``e``'s verdict measured (``e``'s or the champion's): stop the round
         if the clocks were off in the cluster's last measurements of this round
-        (``measurements.clocks_off_in_a_row``) as ``policy.clocks_off_stop`` says stops it.
+        (``measurements.clocks_off_in_a_row``) in a run that the rate its clocks were off
+        before would make by chance too rarely (``policy.clocks_off_stop``).
 
         Raises:
             ClocksOff: they were.
         """
         gates = self.profile.gates
+        wanted = [c.name for c in self.profile.cells]
+        cluster = self.profile.cluster.name
         off = clocks_off_in_a_row(
-            self.ledger,
-            self.profile.cluster.name,
-            rnd.started_at,
-            [c.name for c in self.profile.cells],
-            gates.min_matmul_rate,
+            self.ledger, cluster, rnd.started_at, wanted, gates.min_matmul_rate
         )
-        stop = policy.clocks_off_stop([nodes for _, nodes in off])
+        if len(off) < policy.CLOCKS_OFF_IN_A_ROW:
+            return
+        # the run is weighed against the cluster's measurements before it
+        total, counts = clocks_off_counts(self.ledger, cluster, wanted, gates.min_matmul_rate)
+        for _, slow in off:
+            for rank in slow:
+                counts[rank] = max(0, counts.get(rank, 0) - 1)
+        history = policy.ClocksHistory(
+            measurements=max(0, total - len(off)),
+            off=counts,
+            nodes=[n.rank for n in self.profile.cluster.nodes],
+        )
+        stop = policy.clocks_off_stop([slow for _, slow in off], history)
         if stop is None:
             return
         ranks, run = stop

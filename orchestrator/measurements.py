@@ -83,6 +83,20 @@ def clocks_off_in_a_row(
     return out
 
 
+def clocks_off_counts(
+    ledger: Ledger, cluster: str, wanted: Collection[str], min_matmul_rate: float
+) -> tuple[int, dict[int, int]]:
+    """The cluster's complete measurements, and how many of them ran with each node's clocks
+    off (by rank)."""
+    every = read_cluster_measurements(ledger, cluster, wanted).values()
+    complete = [m for ms in every for m in ms if m.complete]
+    off: dict[int, int] = {}
+    for m in complete:
+        for rank in slow_ranks(m.cells, min_matmul_rate):
+            off[rank] = off.get(rank, 0) + 1
+    return len(complete), off
+
+
 def _assembled(
     boots: Sequence[BootRecord],
     cells: Sequence[tuple[int, int, CellResultRecord]],

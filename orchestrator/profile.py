@@ -123,7 +123,8 @@ class VerdictSpec(BaseModel):
         default=True,
         description="a boot with a node's clocks off measured the node, not the config: set it "
         "aside and boot the config again (off: the verdict rules it invalid at once); either "
-        "way, one node's clocks off in four measurements in a row stop the round",
+        "way, a run of clocks off that chance at the cluster's rate does not explain (four in a "
+        "row or more) stops the round",
     )
     noise: NoiseSpec = NoiseSpec()
     max_error_rate: float = Field(default=0.0, ge=0, le=1)

@@ -7,7 +7,9 @@ is waited for (``LEDGER_WAITS``).
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+import math
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
 
 from orchestrator.profile import VerdictSpec
 
@@ -22,25 +24,51 @@ LEDGER_WAITS = (10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 600.0)
 #: wait 30 s, 1, 2, 4, 8 and 10 min — a node's reboot, a switch's, a network's maintenance
 #: window — before the round stops and the night with it.
 INFRA_BACKOFF_MAX_S = 600.0
-#: The cluster's measurements in a row (whatever config they measured) with one node's clocks
-#: off in each that stop the round: the power cycles before each boot did not bring the node
-#: back (DOMAIN: only a power cycle fixes stuck clocks), and every boot after would measure the
-#: node, not a config. A node whose clocks stick at 2 % of its boots by chance (the twin's
-#: landscapes) does it four times in a row once in 6 million boots (a cluster of four such
-#: nodes: once in 1.5 million); a boot of that cluster has some node off about once in 13, so
-#: three in a row of any node would stop about three rounds of sixty boots in a hundred.
+#: What a node's clocks are taken to stick at before this cluster's measurements say: 2 % of
+#: its boots (the twin's landscapes), worth ``CLOCKS_OFF_PRIOR_WEIGHT`` measurements; the
+#: ledger's own count takes over as it grows (``clocks_off_rate``).
+CLOCKS_OFF_PRIOR = 0.02
+CLOCKS_OFF_PRIOR_WEIGHT = 50
+#: Measurements in a row with clocks off stop the round when the rate this cluster's clocks
+#: stuck at before them would make such a run by chance less often than this: the power
+#: cycles before each boot did not bring the node back (DOMAIN: only a power cycle fixes stuck
+#: clocks), and every boot after would measure the node, not a config. A round of sixty boots
+#: stops for nothing about once in 17,000 rounds.
+CLOCKS_OFF_CHANCE = 1e-6
+#: ... and never before this many in a row: one node at 2 % four times (1.6 in 10 million);
+#: any of four such nodes (about one boot in 13) takes six.
 CLOCKS_OFF_IN_A_ROW = 4
-#: The cluster's measurements in a row with some node's clocks off, whichever, that stop the
-#: round (nodes taking turns: no measurement left to judge a config on).
-CLOCKS_OFF_ANY_IN_A_ROW = 8
 
 
-def clocks_off_stop(off: Sequence[Collection[int]]) -> tuple[list[int], int] | None:
+@dataclass(frozen=True)
+class ClocksHistory:
+    """The cluster's complete measurements before a run of clocks off (``measurements``), how
+    many of them had each node's clocks off (``off``, by rank), and its nodes' ranks."""
+
+    measurements: int
+    off: Mapping[int, int]
+    nodes: Collection[int]
+
+
+def clocks_off_rate(history: ClocksHistory, rank: int) -> float:
+    """How often node ``rank``'s clocks are off in a measurement, as far as the cluster's
+    measurements say: its count over theirs, with ``CLOCKS_OFF_PRIOR`` as
+    ``CLOCKS_OFF_PRIOR_WEIGHT`` measurements more."""
+    prior = CLOCKS_OFF_PRIOR * CLOCKS_OFF_PRIOR_WEIGHT
+    return (history.off.get(rank, 0) + prior) / (history.measurements + CLOCKS_OFF_PRIOR_WEIGHT)
+
+
+def clocks_off_stop(
+    off: Sequence[Collection[int]], history: ClocksHistory
+) -> tuple[list[int], int] | None:
     """Whether clocks off stop the round, and if so the nodes to name and how many
     measurements in a row: ``off``, the nodes off in each of the cluster's latest measurements
-    that ran with clocks off, newest first (``measurements.clocks_off_in_a_row``). One node off
-    in each of ``CLOCKS_OFF_IN_A_ROW`` stops it, as do ``CLOCKS_OFF_ANY_IN_A_ROW`` with any
-    node off; fewer are chance, each boot set aside and taken again."""
+    that ran with clocks off, newest first (``measurements.clocks_off_in_a_row``); ``history``,
+    the cluster's measurements before them. One node off in each of the run's newest ``n``
+    stops it when its rate (``clocks_off_rate``) to the ``n`` is under ``CLOCKS_OFF_CHANCE``;
+    so does a run of any nodes off, at the chance that some node is off in a measurement. Never
+    fewer than ``CLOCKS_OFF_IN_A_ROW``; shorter or likelier runs are chance, each boot set
+    aside and taken again."""
     common = set(off[0]) if off else set()
     run = 0
     for nodes in off:
@@ -48,10 +76,13 @@ def clocks_off_stop(off: Sequence[Collection[int]]) -> tuple[list[int], int] | N
             break
         common &= set(nodes)
         run += 1
-    if run >= CLOCKS_OFF_IN_A_ROW:
+    chance = max((clocks_off_rate(history, r) for r in common), default=1.0) ** run
+    if run >= CLOCKS_OFF_IN_A_ROW and chance < CLOCKS_OFF_CHANCE:
         return sorted(common), run
-    if len(off) >= CLOCKS_OFF_ANY_IN_A_ROW:
-        return sorted({r for nodes in off for r in nodes}), len(off)
+    seen = {r for nodes in off for r in nodes}
+    healthy = math.prod(1.0 - clocks_off_rate(history, r) for r in {*history.nodes, *seen})
+    if len(off) >= CLOCKS_OFF_IN_A_ROW and (1.0 - healthy) ** len(off) < CLOCKS_OFF_CHANCE:
+        return sorted(seen), len(off)
     return None
 
 
