@@ -224,6 +224,7 @@ class ChampionEvidence:
                 confirmations=sum(1 for m in measurements if m.role == BootRole.CONFIRM),
                 candidate_cells=[c for m in measurements for c in m.cells],
                 champion_cells=champion[-1].cells,
+                champion_texts=[c for m in champion for c in m.cells],
                 min_matmul_rate=self.profile.gates.min_matmul_rate,
                 acceptance=None if null is None else null.spike,
                 null_from="counters" if null is None else null.source,

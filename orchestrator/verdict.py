@@ -72,19 +72,33 @@ def accept_len(cells: Sequence[CellResultRecord]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+def _reproduced(champion: Sequence[CellResultRecord]) -> dict[tuple[str, str], str]:
+    """The champion's greedy text of each prompt, by cell, where the champion reproduced it:
+    the same digest in every request and every boot given. A prompt the champion's own runs
+    did not repeat (``NONDETERMINISTIC`` within a boot, or another text in another boot: batch
+    neighbours, a kernel's autotuning) says nothing about a candidate and is left out."""
+    seen: dict[tuple[str, str], set[str]] = {}
+    for cell in champion:
+        for key, digest in cell.fingerprints.items():
+            prompt = key.removesuffix(NONDETERMINISTIC)
+            seen.setdefault((cell.cell, prompt), set()).add(digest)
+            if key != prompt:  # the champion's repeat differed from its first text
+                seen[(cell.cell, prompt)].add(key)
+    return {k: next(iter(v)) for k, v in seen.items() if len(v) == 1}
+
+
 def fingerprint_mismatch(
     candidate: Sequence[CellResultRecord], champion: Sequence[CellResultRecord]
 ) -> list[str]:
-    """Prompt ids whose greedy text differs between candidate and champion in the same cell.
+    """Prompt ids whose greedy text differs between candidate and champion in the same cell,
+    among those the champion reproduced (``_reproduced``; ``champion``: the cells of its
+    boots that the verdict weighs).
 
     Texts are compared cell by cell: the same prompt under another concurrency runs in
     other batch shapes, and on some engines (vLLM's CPU build in bf16, issue #7) that alone
     changes a greedy text, in every config alike.
     """
-    theirs: dict[tuple[str, str], str] = {}
-    for cell in champion:
-        for prompt, digest in cell.fingerprints.items():
-            theirs[(cell.cell, prompt)] = digest
+    theirs = _reproduced(champion)
     out = {
         prompt
         for cell in candidate
@@ -97,20 +111,17 @@ def fingerprint_mismatch(
 def unchecked_cells(
     candidate: Sequence[CellResultRecord], champion: Sequence[CellResultRecord]
 ) -> list[str]:
-    """Cells of the candidate in which no prompt has a greedy fingerprint on both sides: a
-    greedy check there compares nothing, and finding no mismatch would prove nothing."""
-
-    def prompts(cells: Sequence[CellResultRecord]) -> dict[str, set[str]]:
-        out: dict[str, set[str]] = {}
-        for cell in cells:
-            kept = {p for p in cell.fingerprints if not p.endswith(NONDETERMINISTIC)}
-            out.setdefault(cell.cell, set()).update(kept)
-        return out
-
-    theirs = prompts(champion)
-    return sorted(
-        name for name, mine in prompts(candidate).items() if not mine & theirs.get(name, set())
-    )
+    """Cells of the candidate in which no prompt has a greedy fingerprint on both sides (on the
+    champion's, one it reproduced): a greedy check there compares nothing, and finding no
+    mismatch would prove nothing."""
+    theirs: dict[str, set[str]] = {}
+    for name, prompt in _reproduced(champion):
+        theirs.setdefault(name, set()).add(prompt)
+    mine: dict[str, set[str]] = {}
+    for cell in candidate:
+        kept = {p for p in cell.fingerprints if not p.endswith(NONDETERMINISTIC)}
+        mine.setdefault(cell.cell, set()).update(kept)
+    return sorted(name for name, prompts in mine.items() if not prompts & theirs.get(name, set()))
 
 
 def slow_ranks(cells: Sequence[CellResultRecord], min_matmul_rate: float) -> list[int]:
@@ -141,6 +152,9 @@ class Evidence:
     counters: tuple[float, float] | None = None
     #: the champion's value of the changed knob
     held: Value | None = None
+    #: the cells of every champion boot the verdict weighs, for the greedy check (a prompt
+    #: whose text the champion did not reproduce judges nothing); empty: ``champion_cells``
+    champion_texts: Sequence[CellResultRecord] = ()
 
 
 #: Whose boot an undecided verdict wants next.
@@ -169,9 +183,8 @@ def _mean_log(values: Sequence[float]) -> float:
 
 
 def _validity(spec: VerdictSpec, ev: Evidence, stats: dict[str, object]) -> Assessment | None:
-    mismatch = (
-        fingerprint_mismatch(ev.candidate_cells, ev.champion_cells) if spec.check_greedy else []
-    )
+    texts = ev.champion_texts or ev.champion_cells
+    mismatch = fingerprint_mismatch(ev.candidate_cells, texts) if spec.check_greedy else []
     if mismatch:
         return Assessment(
             Status.INVALID,
@@ -188,13 +201,14 @@ def _validity(spec: VerdictSpec, ev: Evidence, stats: dict[str, object]) -> Asse
             "clocks were off during the measurement on node(s) " + ", ".join(map(str, slow)),
             {**stats, "slow_ranks": slow},
         )
-    unchecked = unchecked_cells(ev.candidate_cells, ev.champion_cells) if spec.check_greedy else []
+    unchecked = unchecked_cells(ev.candidate_cells, texts) if spec.check_greedy else []
     if unchecked:
         return Assessment(
             Status.INCONCLUSIVE,
             "greedy-unchecked",
             f"greedy outputs could not be compared on {len(unchecked)} cell(s), no prompt "
-            "finished on both sides: " + ", ".join(unchecked[:5]),
+            "finished on both sides with a text the champion reproduced: "
+            + ", ".join(unchecked[:5]),
             {**stats, "unchecked_cells": unchecked},
         )
     return None

@@ -43,10 +43,12 @@ class ScriptedTestbed:
         speed: Callable[[Config, int], float | None],
         failure: Callable[[Config], FailureClass] = lambda config: "oom",
         stuck: Callable[[int], bool] = lambda n: False,
+        text: Callable[[Config, int], str] = lambda config, n: "same",
     ) -> None:
         self.speed = speed
         self.failure = failure
         self.stuck = stuck  # boot n comes up with node 1's clocks at 75 %
+        self.text = text  # boot n's greedy text of prompt code-0
         self.boots: list[Config] = []
         self._current: float | None = None
 
@@ -84,7 +86,7 @@ class ScriptedTestbed:
                 NodeClockRecord(rank=0, sm_clock_mhz=2000.0, matmul_rate=1.0),
                 NodeClockRecord(rank=1, sm_clock_mhz=2000.0 * rate, matmul_rate=rate),
             ),
-            fingerprints={"code-0": "same"},
+            fingerprints={"code-0": self.text(self.boots[-1], len(self.boots))},
         )
 
     def logs(self) -> dict[int, str]:
@@ -656,6 +658,43 @@ def test_an_undecided_candidate_boots_the_champion_when_it_has_fewer_boots(
         assert candidate.status == "discard"
         assert ledger.verdict(candidate.id).rule == "futility"  # type: ignore[union-attr]
     assert len(testbed.boots) == 2
+
+
+def test_a_text_the_champion_did_not_reproduce_makes_no_candidate_invalid(
+    tmp_path: Path,
+) -> None:
+    """The champion's greedy text of the one prompt changes from boot to boot (the engine's,
+    not a config's): a +30 % candidate that gives the first boot's text is not `invalid`
+    against the second, its value not barred; with nothing the champion reproduced left to
+    compare, the verdict is `greedy-unchecked`, inconclusive. A champion that repeats its text
+    still catches a candidate that does not."""
+
+    def speed(config: Config, n: int) -> float:
+        return 130.0 if config["num_speculative_tokens"] == 5 else 100.0
+
+    def unsteady(config: Config, n: int) -> str:
+        return "a" if config["num_speculative_tokens"] == 5 else "ab"[n % 2]
+
+    changes: list[dict[str, object]] = [{"num_speculative_tokens": 5}]
+    (tmp_path / "unsteady").mkdir()
+    testbed = ScriptedTestbed(speed, text=unsteady)
+    with run(tmp_path / "unsteady", testbed, changes, budget=1) as ledger:
+        candidate = ledger.experiments()[1]
+        verdict = ledger.verdict(candidate.id)
+        assert candidate.status == "inconclusive" and verdict is not None
+        assert verdict.rule == "greedy-unchecked"
+        assert proposal_context(ledger, testbed).known_bad == ()
+
+    def wrong(config: Config, n: int) -> str:
+        return "c" if config["num_speculative_tokens"] == 5 else "a"
+
+    (tmp_path / "steady").mkdir()
+    testbed = ScriptedTestbed(speed, text=wrong)
+    with run(tmp_path / "steady", testbed, changes, budget=1) as ledger:
+        candidate = ledger.experiments()[1]
+        verdict = ledger.verdict(candidate.id)
+        assert candidate.status == "invalid" and verdict is not None
+        assert verdict.rule == "greedy-mismatch"
 
 
 def test_a_champion_whose_boots_never_count_stops_the_round(tmp_path: Path) -> None:

@@ -7,12 +7,12 @@ import random
 
 import pytest
 
-from knobs.records import CellResultRecord, NodeClockRecord
+from knobs.records import NONDETERMINISTIC, CellResultRecord, NodeClockRecord
 from knobs.spec import EffectPrior
 from orchestrator.noise import NoiseModel, learn, pooled
 from orchestrator.posterior import Prior, posterior, predictive_keep
 from orchestrator.profile import VerdictSpec
-from orchestrator.verdict import Evidence, assess, objective
+from orchestrator.verdict import Assessment, Evidence, assess, objective
 
 SPEC = VerdictSpec()
 NOISE = NoiseModel(boot_cv=0.03, run_cv=0.02, boot_dof=0, run_dof=0)
@@ -251,6 +251,46 @@ def test_greedy_texts_are_compared_within_the_same_cell() -> None:
     )  # fmt: skip
     result = assess(SPEC, ev, NOISE)
     assert result.status == "invalid" and result.stats["mismatched_prompts"] == ["code-0"]
+
+
+def test_a_prompt_the_champion_did_not_reproduce_judges_no_candidate() -> None:
+    """A greedy text the champion's own runs did not repeat (another text in another of its
+    boots: batch neighbours, a kernel autotuned otherwise; or a repeat within a boot that
+    differed, ``NONDETERMINISTIC``) says nothing about a candidate: a candidate whose text of
+    that prompt differs is not invalid for it, while a prompt the champion reproduced still
+    catches a wrong one. With no reproduced prompt left in a cell, the check compared
+    nothing there: inconclusive, never a keep resting on it."""
+
+    def texts(name: str, **by_prompt: str) -> CellResultRecord:
+        return cell(100.0, name=name).model_copy(update={"fingerprints": by_prompt})
+
+    boots = [  # the champion's two boots: code-0's text changed between them, code-1's did not
+        texts("code-c1", **{"code-0": "a", "code-1": "x"}),
+        texts("code-c1", **{"code-0": "b", "code-1": "x"}),
+    ]
+
+    def judged(candidate: CellResultRecord, champion: list[CellResultRecord]) -> Assessment:
+        ev = Evidence(
+            candidate=[130.0, 130.0], champion=[100.0, 100.0], confirmations=1,
+            candidate_cells=[candidate], champion_cells=champion[-1:], champion_texts=champion,
+        )  # fmt: skip
+        return assess(SPEC, ev, NOISE)
+
+    assert judged(texts("code-c1", **{"code-0": "c", "code-1": "x"}), boots).status == "keep"
+    wrong = judged(texts("code-c1", **{"code-0": "a", "code-1": "y"}), boots)
+    assert (wrong.status, wrong.stats["mismatched_prompts"]) == ("invalid", ["code-1"])
+    # judged on the champion's last boot alone (before), code-0 was a mismatch
+    last = Evidence(
+        candidate=[130.0, 130.0], champion=[100.0, 100.0], confirmations=1,
+        candidate_cells=[texts("code-c1", **{"code-0": "a", "code-1": "x"})],
+        champion_cells=boots[-1:],
+    )  # fmt: skip
+    assert assess(SPEC, last, NOISE).stats["mismatched_prompts"] == ["code-0"]
+    # a repeat within the champion's boot that differed rules its prompt out the same way
+    unsteady = [texts("code-c1", **{"code-0": "a", f"code-0{NONDETERMINISTIC}": "b"})]
+    only = judged(texts("code-c1", **{"code-0": "c"}), unsteady)
+    assert (only.status, only.rule) == ("inconclusive", "greedy-unchecked")
+    assert "a text the champion reproduced" in only.reason
 
 
 def test_a_greedy_check_with_nothing_to_compare_is_never_a_valid_verdict() -> None:
