@@ -113,15 +113,26 @@ def unchecked_cells(
 ) -> list[str]:
     """Cells of the candidate in which no prompt has a greedy fingerprint on both sides (on the
     champion's, one it reproduced): a greedy check there compares nothing, and finding no
-    mismatch would prove nothing."""
+    mismatch would prove nothing. A cell in which the champion reproduced none of its own
+    texts is one no config can be checked in (the engine's texts there depend on more than
+    the config: batch neighbours): it is left out while another cell is checked; with none
+    checked, every cell is unchecked."""
     theirs: dict[str, set[str]] = {}
     for name, prompt in _reproduced(champion):
         theirs.setdefault(name, set()).add(prompt)
+    texted = {cell.cell for cell in champion if cell.fingerprints}
     mine: dict[str, set[str]] = {}
     for cell in candidate:
         kept = {p for p in cell.fingerprints if not p.endswith(NONDETERMINISTIC)}
         mine.setdefault(cell.cell, set()).update(kept)
-    return sorted(name for name, prompts in mine.items() if not prompts & theirs.get(name, set()))
+    uncheckable = {name for name in mine if name in texted and name not in theirs}
+    unchecked = sorted(
+        name
+        for name, prompts in mine.items()
+        if name not in uncheckable and not prompts & theirs.get(name, set())
+    )
+    checked = set(mine) - uncheckable - set(unchecked)
+    return unchecked if checked else sorted(mine)
 
 
 def slow_ranks(cells: Sequence[CellResultRecord], min_matmul_rate: float) -> list[int]:
@@ -208,7 +219,14 @@ def _validity(spec: VerdictSpec, ev: Evidence, stats: dict[str, object]) -> Asse
             "greedy-unchecked",
             f"greedy outputs could not be compared on {len(unchecked)} cell(s), no prompt "
             "finished on both sides with a text the champion reproduced: "
-            + ", ".join(unchecked[:5]),
+            + ", ".join(unchecked[:5])
+            + (
+                " (the champion's own greedy texts differ between its runs in every cell: "
+                "verdict.check_greedy: false, if this engine's texts depend on more than the "
+                "config)"
+                if not _reproduced(texts)
+                else ""
+            ),
             {**stats, "unchecked_cells": unchecked},
         )
     return None

@@ -286,11 +286,34 @@ def test_a_prompt_the_champion_did_not_reproduce_judges_no_candidate() -> None:
         champion_cells=boots[-1:],
     )  # fmt: skip
     assert assess(SPEC, last, NOISE).stats["mismatched_prompts"] == ["code-0"]
-    # a repeat within the champion's boot that differed rules its prompt out the same way
-    unsteady = [texts("code-c1", **{"code-0": "a", f"code-0{NONDETERMINISTIC}": "b"})]
-    only = judged(texts("code-c1", **{"code-0": "c"}), unsteady)
+    # a repeat within the champion's boot that differed rules its prompt out the same way;
+    # a cell where the champion reproduced none of its texts is one no config can be checked
+    # in, left out while another cell is checked (at concurrency 1: one request at a time)
+    unsteady = texts("code-c4", **{"code-0": "a", f"code-0{NONDETERMINISTIC}": "b"})
+    steady = texts("code-c1", **{"code-0": "a"})
+
+    def judged_on(*cells: CellResultRecord, champion: list[CellResultRecord]) -> Assessment:
+        ev = Evidence(
+            candidate=[130.0, 130.0], champion=[100.0, 100.0], confirmations=1,
+            candidate_cells=list(cells), champion_cells=champion, champion_texts=champion,
+        )  # fmt: skip
+        return assess(SPEC, ev, NOISE)
+
+    both = [steady, unsteady]
+    candidate_c4 = texts("code-c4", **{"code-0": "c"})
+    assert judged_on(texts("code-c1", **{"code-0": "a"}), candidate_c4, champion=both).status == (
+        "keep"
+    )
+    caught = judged_on(texts("code-c1", **{"code-0": "z"}), candidate_c4, champion=both)
+    assert (caught.status, caught.stats["mismatched_prompts"]) == ("invalid", ["code-0"])
+    # with no cell checked anywhere, nothing was compared: inconclusive, and the line says why
+    only = judged_on(candidate_c4, champion=[unsteady])
     assert (only.status, only.rule) == ("inconclusive", "greedy-unchecked")
     assert "a text the champion reproduced" in only.reason
+    assert "verdict.check_greedy: false" in only.reason
+    # a cell the candidate finished no reproduced prompt in is unchecked, as before
+    elsewhere = texts("code-c1", **{"code-9": "a"})
+    assert judged_on(elsewhere, candidate_c4, champion=both).rule == "greedy-unchecked"
 
 
 def test_a_greedy_check_with_nothing_to_compare_is_never_a_valid_verdict() -> None:
