@@ -675,26 +675,23 @@ def test_a_text_the_champion_did_not_reproduce_makes_no_candidate_invalid(
     def unsteady(config: Config, n: int) -> str:
         return "a" if config["num_speculative_tokens"] == 5 else "ab"[n % 2]
 
-    changes: list[dict[str, object]] = [{"num_speculative_tokens": 5}]
-    (tmp_path / "unsteady").mkdir()
-    testbed = ScriptedTestbed(speed, text=unsteady)
-    with run(tmp_path / "unsteady", testbed, changes, budget=1) as ledger:
-        candidate = ledger.experiments()[1]
-        verdict = ledger.verdict(candidate.id)
-        assert candidate.status == "inconclusive" and verdict is not None
-        assert verdict.rule == "greedy-unchecked"
-        assert proposal_context(ledger, testbed).known_bad == ()
-
     def wrong(config: Config, n: int) -> str:
         return "c" if config["num_speculative_tokens"] == 5 else "a"
 
-    (tmp_path / "steady").mkdir()
-    testbed = ScriptedTestbed(speed, text=wrong)
-    with run(tmp_path / "steady", testbed, changes, budget=1) as ledger:
-        candidate = ledger.experiments()[1]
-        verdict = ledger.verdict(candidate.id)
-        assert candidate.status == "invalid" and verdict is not None
-        assert verdict.rule == "greedy-mismatch"
+    def judged(text: Callable[[Config, int], str]) -> tuple[str | None, str | None, int]:
+        """The candidate's status and rule, and how many regions the ledger then bars."""
+        where = tmp_path / text.__name__
+        where.mkdir()
+        testbed = ScriptedTestbed(speed, text=text)
+        changes: list[dict[str, object]] = [{"num_speculative_tokens": 5}]
+        with run(where, testbed, changes, budget=1) as ledger:
+            candidate = ledger.experiments()[1]
+            verdict = ledger.verdict(candidate.id)
+            barred = len(proposal_context(ledger, testbed).known_bad)
+            return candidate.status, None if verdict is None else verdict.rule, barred
+
+    assert judged(unsteady) == ("inconclusive", "greedy-unchecked", 0)
+    assert judged(wrong) == ("invalid", "greedy-mismatch", 1)
 
 
 def test_a_champion_whose_boots_never_count_stops_the_round(tmp_path: Path) -> None:

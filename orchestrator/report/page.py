@@ -112,7 +112,7 @@ def _infrastructure(data: ReportData) -> str:
     cost = sum(data.boots_by_use.get(u, 0) for u in INFRASTRUCTURE_USES)
     lines = [
         f"<p>{cost} boot(s) were the infrastructure's, not a config's ({hours * scale:.2f} "
-        f"{unit}): none of them is a verdict.</p>"
+        f"{unit}): failed for a node's reasons, or set aside for a node's clocks.</p>"
     ]
     if not data.stops:
         lines.append("<p>Nothing stopped the round short.</p>")
