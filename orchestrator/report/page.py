@@ -113,6 +113,9 @@ def _infrastructure(data: ReportData) -> str:
     lines = [
         f"<p>{cost} boot(s) were the infrastructure's, not a config's ({hours * scale:.2f} "
         f"{unit}): failed for a node's reasons, or set aside for a node's clocks.</p>"
+        if cost
+        else "<p>No boot was the infrastructure's: none failed for a node's reasons or was set "
+        "aside for a node's clocks.</p>"
     ]
     if not data.stops:
         lines.append("<p>Nothing stopped the round short.</p>")
