@@ -32,6 +32,7 @@ from orchestrator.verdict import (
     Assessment,
     Evidence,
     assess,
+    irreproducible,
     objective,
 )
 
@@ -320,6 +321,13 @@ class ChampionEvidence:
             for m in self.measurements(experiment_id)
             if self.trusted(m)
         )
+
+    def irreproducible_texts(self) -> tuple[list[tuple[str, str]], int]:
+        """The champion's greedy texts, as (cell, prompt) pairs, when its measurements at its
+        level reproduced none of them (``verdict.irreproducible``; else none), and how many
+        measurements those are."""
+        level = self.level()
+        return irreproducible([c for m in level for c in m.cells]), len(level)
 
     def boots_during(self, experiment_id: int) -> int:
         """The champion's boots since the experiment's first boot (its re-measurements for

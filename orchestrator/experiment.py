@@ -31,6 +31,19 @@ class BaselineFailed(OrchestrateError):
     exit_code = 6
 
 
+class GreedyUncheckable(OrchestrateError):
+    """``verdict.check_greedy`` is on, and the champion reproduced none of its own greedy
+    texts: no change can be checked, and every verdict would be ``greedy-unchecked``. The
+    experiment waits undecided, its boots kept, for the profile to say otherwise."""
+
+    exit_code = 3
+
+    def __init__(self, message: str, texts: list[tuple[str, str]], measurements: int) -> None:
+        super().__init__(message)
+        self.texts = texts
+        self.measurements = measurements
+
+
 class ExperimentRunner:
     """Takes one experiment to its verdict (``run``), from whatever the ledger holds of it."""
 
@@ -61,6 +74,8 @@ class ExperimentRunner:
 
         Raises:
             BaselineFailed: ``e`` is the baseline, and it crashed.
+            GreedyUncheckable: ``e`` is a change, the greedy check is on and the champion's
+                own texts differ between its runs in every cell.
             InfrastructureFault: a node stayed away, its clocks stayed off, or the champion
                 stopped booting.
         """
@@ -71,6 +86,8 @@ class ExperimentRunner:
             e = self.ledger.experiment(e.id)
             if e.state == State.DECIDED:
                 return
+            if e.kind == Kind.CANDIDATE:
+                self._greedy_checkable(e)  # or stop the round: exit 3
             action = self._next_action(e)
             if action.phase is not None:
                 self.display.phase(action.phase)
@@ -102,6 +119,29 @@ class ExperimentRunner:
                 self.faults.wait_or_stop(e, failure)  # or stop the round: exit 5
             # a failure of the config's: the policy says whether it counts (a crash) or the
             # config is booted once more
+
+    def _greedy_checkable(self, e: ExperimentRecord) -> None:
+        """Stop the round before change ``e`` boots or is judged when the greedy check could
+        check nothing: the champion's own texts differ between its runs in every cell (an
+        engine whose texts depend on the batch, docs/real-gpu.md). Every verdict would be
+        ``greedy-unchecked``, a night of boots decided nothing; the person says whether the
+        check goes (``verdict.check_greedy: false``) and the same command resumes ``e``."""
+        if not self.profile.verdict.check_greedy:
+            return
+        texts, measurements = self.champion.irreproducible_texts()
+        if not texts:
+            return
+        cell, prompt = texts[0]
+        raise GreedyUncheckable(
+            f"the champion's own greedy texts differ between its runs in every cell "
+            f"({len(texts)} prompt(s) over {measurements} measurement(s), e.g. {prompt} in "
+            f"cell {cell}): this engine's texts depend on more than the config, so the greedy "
+            "check can check no change and every verdict would be inconclusive; set "
+            f"verdict.check_greedy: false in profile {self.profile.name} (or make the engine "
+            f"deterministic) and run the same command again to resume experiment #{e.id}",
+            texts,
+            measurements,
+        )
 
     def _next_action(self, e: ExperimentRecord) -> policy.Action:
         """``policy``'s next step for ``e``, from the ledger's evidence."""

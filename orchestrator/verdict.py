@@ -87,6 +87,18 @@ def _reproduced(champion: Sequence[CellResultRecord]) -> dict[tuple[str, str], s
     return {k: next(iter(v)) for k, v in seen.items() if len(v) == 1}
 
 
+def irreproducible(champion: Sequence[CellResultRecord]) -> list[tuple[str, str]]:
+    """The (cell, prompt) pairs of the champion's greedy texts, sorted, when it reproduced
+    none of them in any cell (``_reproduced``): no change can be checked against such texts,
+    and with ``check_greedy`` every verdict would be ``greedy-unchecked``. Empty while some
+    text was reproduced, or none was recorded."""
+    if _reproduced(champion):
+        return []
+    return sorted(
+        {(c.cell, key.removesuffix(NONDETERMINISTIC)) for c in champion for key in c.fingerprints}
+    )
+
+
 def fingerprint_mismatch(
     candidate: Sequence[CellResultRecord], champion: Sequence[CellResultRecord]
 ) -> list[str]:
@@ -224,7 +236,7 @@ def _validity(spec: VerdictSpec, ev: Evidence, stats: dict[str, object]) -> Asse
                 " (the champion's own greedy texts differ between its runs in every cell: "
                 "verdict.check_greedy: false, if this engine's texts depend on more than the "
                 "config)"
-                if not _reproduced(texts)
+                if irreproducible(texts)
                 else ""
             ),
             {**stats, "unchecked_cells": unchecked},

@@ -325,3 +325,23 @@ def test_clocks_off_stop_the_round_when_chance_at_the_clusters_rate_explains_the
     steady = policy.ClocksHistory(measurements=1000, off={}, nodes=nodes)
     assert policy.clocks_off_stop([[1]] * 3, steady) is None
     assert policy.clocks_off_stop([[1]] * 4, steady) == ([1], 4)
+
+
+def test_a_node_is_flaky_when_its_clocks_are_off_more_often_than_the_others_explain() -> None:
+    """``flaky_nodes``: node 1 off in 60 of 200 measurements, the others in 2 of 600 between
+    them, is named (its chance at their rate is astronomically small); so is one off in 5 of
+    11 on a fresh cluster. Off at the others' rate, or in fewer than three measurements, is
+    not; a cluster where every node is off a third of the time names none (its habit, not a
+    node's); a cluster of one node is weighed against the 2 % prior. Thousands of
+    measurements sum without overflow."""
+    nodes = (0, 1, 2, 3)
+    sick = policy.flaky_nodes(policy.ClocksHistory(200, {1: 60, 2: 2}, nodes))
+    assert list(sick) == [1] and sick[1] < 1e-30
+    assert list(policy.flaky_nodes(policy.ClocksHistory(11, {1: 5}, nodes))) == [1]
+    assert not policy.flaky_nodes(policy.ClocksHistory(200, {1: 4, 2: 3, 3: 5}, nodes))
+    assert not policy.flaky_nodes(policy.ClocksHistory(2, {1: 2}, nodes))
+    assert not policy.flaky_nodes(policy.ClocksHistory(300, {r: 100 for r in nodes}, nodes))
+    assert list(policy.flaky_nodes(policy.ClocksHistory(20, {0: 6}, (0,)))) == [0]
+    assert not policy.flaky_nodes(policy.ClocksHistory(200, {0: 5}, (0,)))
+    big = policy.flaky_nodes(policy.ClocksHistory(5000, {1: 900, 2: 40}, nodes))
+    assert list(big) == [1] and 0.0 <= big[1] < policy.FLAKY_CHANCE

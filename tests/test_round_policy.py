@@ -25,6 +25,7 @@ from knobs.vocabulary import EventKind, FailureClass
 from ledger import Ledger
 from orchestrator.approval import ApprovalGate
 from orchestrator.display import RoundDisplay
+from orchestrator.experiment import GreedyUncheckable
 from orchestrator.faults import ClocksOff, last_stop
 from orchestrator.profile import Profile
 from orchestrator.round import RoundOptions, RoundRunner
@@ -356,10 +357,12 @@ def test_status_says_when_the_champions_keep_boots_were_set_aside(tmp_path: Path
         (event,) = ledger.events("scripted", EventKind.KEEP_BOOTS_SET_ASIDE)
     data = twin_profile_data(nodes=1)
     data["cluster"]["name"] = "scripted"
+    data["cells"] = [CELL.model_dump()]  # the cells the round measured
     profile_file = write_profile(tmp_path, data)
     env = {**os.environ, "ORCHESTRATE_LEDGER": f"sqlite:///{tmp_path}/ledger.db"}
     shown = orchestrate(tmp_path, "status", "--profile", str(profile_file), "--json", env=env)
     assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["nodes"][0]["measurements"] > 5
     champion = json.loads(shown.stdout)["champion"]
     assert champion["objective"] == pytest.approx(122)
     assert champion["keep_boots_set_aside"] == event.detail
@@ -367,6 +370,37 @@ def test_status_says_when_the_champions_keep_boots_were_set_aside(tmp_path: Path
     said = " ".join(text.stdout.split())
     at = event.detail["measurement"]
     assert f"its level is its own boots from measurement {at} on" in said
+    assert "clocks off in" not in said  # no node's clocks were off
+    assert not any(n["flaky"] or n["clocks_off"] for n in json.loads(shown.stdout)["nodes"])
+
+
+def test_status_names_a_node_whose_clocks_are_off_more_often_than_chance(tmp_path: Path) -> None:
+    """Node 1's clocks are off on every other boot: never long enough in a row to stop the
+    round, each such boot set aside and booted again. In the morning ``orchestrate status``
+    names the node, with its count, among measurements where node 0's clocks never were."""
+    changes: list[dict[str, object]] = [
+        {"num_speculative_tokens": 5},
+        {"drafter_adapter_rank": 0},
+        {"kv_cache_dtype": "auto"},
+    ]
+    testbed = ScriptedTestbed(lambda c, n: 100.0, stuck=lambda n: n % 2 == 0)
+    with run(tmp_path, testbed, changes, budget=3) as ledger:
+        assert all(e.state == "decided" for e in ledger.experiments())
+    data = twin_profile_data(nodes=2)
+    data["cluster"]["name"] = "scripted"
+    data["cells"] = [CELL.model_dump()]  # the cells the round measured
+    profile_file = write_profile(tmp_path, data)
+    env = {**os.environ, "ORCHESTRATE_LEDGER": f"sqlite:///{tmp_path}/ledger.db"}
+    shown = orchestrate(tmp_path, "status", "--profile", str(profile_file), "--json", env=env)
+    assert shown.returncode == 0, shown.stderr
+    nodes = {n["rank"]: n for n in json.loads(shown.stdout)["nodes"]}
+    assert not nodes[0]["flaky"] and nodes[0]["clocks_off"] == 0
+    off, measured = nodes[1]["clocks_off"], nodes[1]["measurements"]
+    assert nodes[1]["flaky"] and off >= 3 and measured >= 2 * off - 1
+    text = orchestrate(tmp_path, "status", "--profile", str(profile_file), env=env)
+    said = " ".join(text.stdout.split())
+    assert f"node-1 ({nodes[1]['host']}): clocks off in {off} of {measured} measurements" in said
+    assert "node-0 (" not in said
 
 
 def test_a_keep_whose_own_boot_agrees_keeps_its_boots_in_the_level(tmp_path: Path) -> None:
@@ -664,10 +698,11 @@ def test_a_text_the_champion_did_not_reproduce_makes_no_candidate_invalid(
     tmp_path: Path,
 ) -> None:
     """The champion's greedy text of the one prompt changes from boot to boot (the engine's,
-    not a config's): a +30 % candidate that gives the first boot's text is not `invalid`
-    against the second, its value not barred; with nothing the champion reproduced left to
-    compare, the verdict is `greedy-unchecked`, inconclusive. A champion that repeats its text
-    still catches a candidate that does not."""
+    not a config's): no change can be checked against it, and every verdict would be
+    `greedy-unchecked`. The round stops before the first change boots (exit 3, one line naming
+    the switch), the change undecided and nothing barred; with the check off, the same command
+    resumes it and keeps the +30 %. A champion that repeats its text still catches a candidate
+    that does not."""
 
     def speed(config: Config, n: int) -> float:
         return 130.0 if config["num_speculative_tokens"] == 5 else 100.0
@@ -678,20 +713,29 @@ def test_a_text_the_champion_did_not_reproduce_makes_no_candidate_invalid(
     def wrong(config: Config, n: int) -> str:
         return "c" if config["num_speculative_tokens"] == 5 else "a"
 
-    def judged(text: Callable[[Config, int], str]) -> tuple[str | None, str | None, int]:
-        """The candidate's status and rule, and how many regions the ledger then bars."""
-        where = tmp_path / text.__name__
-        where.mkdir()
-        testbed = ScriptedTestbed(speed, text=text)
-        changes: list[dict[str, object]] = [{"num_speculative_tokens": 5}]
-        with run(where, testbed, changes, budget=1) as ledger:
-            candidate = ledger.experiments()[1]
-            verdict = ledger.verdict(candidate.id)
-            barred = len(proposal_context(ledger, testbed).known_bad)
-            return candidate.status, None if verdict is None else verdict.rule, barred
+    changes: list[dict[str, object]] = [{"num_speculative_tokens": 5}]
+    testbed = ScriptedTestbed(speed, text=unsteady)
+    with pytest.raises(
+        GreedyUncheckable, match=r"verdict\.check_greedy: false in profile scripted"
+    ):
+        run(tmp_path, testbed, changes, budget=1)
+    assert [c["num_speculative_tokens"] for c in testbed.boots] == [7, 7]  # the baseline's
+    with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
+        candidate = ledger.experiments()[1]
+        assert candidate.state != "decided" and not ledger.boots(candidate.id)
+        assert not proposal_context(ledger, testbed).known_bad
+        stop = last_stop(ledger, "scripted", candidate.round_id)
+        assert stop is not None and stop.detail["exit_code"] == 3
+    with run(tmp_path, testbed, changes, budget=1, check_greedy=False) as ledger:
+        assert ledger.experiments()[1].status == "keep"
 
-    assert judged(unsteady) == ("inconclusive", "greedy-unchecked", 0)
-    assert judged(wrong) == ("invalid", "greedy-mismatch", 1)
+    where = tmp_path / "steady"
+    where.mkdir()
+    with run(where, ScriptedTestbed(speed, text=wrong), changes, budget=1) as ledger:
+        candidate = ledger.experiments()[1]
+        assert candidate.status == "invalid"
+        assert ledger.verdict(candidate.id).rule == "greedy-mismatch"  # type: ignore[union-attr]
+        assert len(proposal_context(ledger, testbed).known_bad) == 1
 
 
 def test_a_champion_whose_boots_never_count_stops_the_round(tmp_path: Path) -> None:

@@ -1,5 +1,6 @@
 """``orchestrate status``: the champion, the unfinished round (and why it stopped short, if it
-did), what MLflow still lacks and the lease."""
+did), what MLflow still lacks, a node whose clocks are off more often than chance explains,
+and the lease."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
     from orchestrator.evolution import fit_champion, knob_changes
     from orchestrator.faults import last_stop, said_stop
     from orchestrator.gpu_hours import cluster_gpus, gpu_hours
+    from orchestrator.measurements import clocks_off_counts
+    from orchestrator.policy import ClocksHistory, clocks_off_rate, flaky_nodes
     from orchestrator.priors import knob_priors, measured
     from orchestrator.profile import load_profile
     from orchestrator.step_cost import describe, learned
@@ -45,6 +48,12 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
         used = {r.id: gpu_hours(ledger, r, prof) for r in rounds}
         held = ledger.holding(name)  # experiments whose boots' texts MLflow still lacks
         stopped = None if running is None else last_stop(ledger, name, running.id)
+        # each node's clocks over the cluster's measurements (``policy.flaky_nodes``)
+        counted, off = clocks_off_counts(
+            ledger, name, [c.name for c in prof.cells], prof.gates.min_matmul_rate
+        )
+    history = ClocksHistory(counted, off, [n.rank for n in prof.cluster.nodes])
+    flaky = flaky_nodes(history)
     data: dict[str, Any] = {
         "cluster": name,
         "champion": None
@@ -89,6 +98,18 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
         if lease is None
         else {"holder": lease.holder, "expires_at": lease.expires_at.isoformat()},
     }
+    data["nodes"] = [
+        {
+            "rank": n.rank,
+            "name": n.name,
+            "host": n.host,
+            "measurements": counted,
+            "clocks_off": off.get(n.rank, 0),
+            "clocks_off_rate": round(clocks_off_rate(history, n.rank), 4),
+            "flaky": n.rank in flaky,
+        }
+        for n in prof.cluster.nodes
+    ]
     data["knob_priors"] = {
         knob: {
             "p_null": prior.p_null,
@@ -149,6 +170,15 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
             f"({', '.join(f'#{i}' for i in held)}), booted while it was away: the ledger holds "
             "them, and the next `orchestrate round` puts them on their runs"
         )
+    others = "the cluster's other nodes'" if len(data["nodes"]) > 1 else "a node's usual"
+    for node in data["nodes"]:
+        if node["flaky"]:
+            console.print(
+                f"{node['name']} ({node['host']}): clocks off in {node['clocks_off']} of "
+                f"{counted} measurements, more often than {others} rate explains; each such "
+                "boot was set aside and booted again (power-cycle or service the node)",
+                markup=False,
+            )
     if lease is not None:
         console.print(f"lease: {lease.holder} until {lease.expires_at:%H:%M:%S} UTC")
     console.print("effect priors in force (the verdict's and the proposer's):")

@@ -9,7 +9,7 @@ asks, and does what it is told.
 - ``looks``: further looks at a decided change (``second_look``, ``last_look``,
   ``overshot``);
 - ``infrastructure``: the infrastructure's failures, never a verdict (``infrastructure_retry``,
-  ``clocks_off_stop``, ``LEDGER_WAITS``).
+  ``clocks_off_stop``, ``flaky_nodes``, ``LEDGER_WAITS``).
 
 Their names are this package's too (``policy.next_action``).
 """
@@ -37,11 +37,14 @@ from orchestrator.policy.infrastructure import (
     CLOCKS_OFF_IN_A_ROW,
     CLOCKS_OFF_PRIOR,
     CLOCKS_OFF_PRIOR_WEIGHT,
+    FLAKY_CHANCE,
+    FLAKY_MIN_OFF,
     INFRA_BACKOFF_MAX_S,
     LEDGER_WAITS,
     ClocksHistory,
     clocks_off_rate,
     clocks_off_stop,
+    flaky_nodes,
     infrastructure_retry,
 )
 from orchestrator.policy.looks import (
@@ -78,6 +81,8 @@ __all__ = [
     "CONFIRM_SIGMAS",
     "DRIFT_SIGMAS",
     "FAIR_TRIAL",
+    "FLAKY_CHANCE",
+    "FLAKY_MIN_OFF",
     "INFRA_BACKOFF_MAX_S",
     "LEDGER_WAITS",
     "OUT_OF_BOOTS",
@@ -100,6 +105,7 @@ __all__ = [
     "crash",
     "drift",
     "drift_confirmed",
+    "flaky_nodes",
     "infrastructure_retry",
     "keep_boots_inflated",
     "keep_test_due",

@@ -1,8 +1,9 @@
 """What the round does about the infrastructure's failures, never a verdict on a config: the
 wait before a boot that failed for the infrastructure's reasons is taken again, and when the
 round stops instead (``infrastructure_retry``); when a node's clocks, off measurement after
-measurement, stop it (``clocks_off_stop``); how long a ledger or an MLflow that does not answer
-is waited for (``LEDGER_WAITS``).
+measurement, stop it (``clocks_off_stop``); which nodes' clocks are off more often than
+chance explains, for ``status`` to name (``flaky_nodes``); how long a ledger or an MLflow
+that does not answer is waited for (``LEDGER_WAITS``).
 """
 
 from __future__ import annotations
@@ -84,6 +85,57 @@ def clocks_off_stop(
     if len(off) >= CLOCKS_OFF_IN_A_ROW and (1.0 - healthy) ** len(off) < CLOCKS_OFF_CHANCE:
         return sorted(seen), len(off)
     return None
+
+
+#: A node is named as one whose clocks are off more often than the cluster's other nodes'
+#: (``flaky_nodes``) when its count would come at their rate less often than this...
+FLAKY_CHANCE = 1e-3
+#: ... and never on fewer measurements with its clocks off than this.
+FLAKY_MIN_OFF = 3
+
+
+def flaky_nodes(history: ClocksHistory) -> dict[int, float]:
+    """The nodes whose clocks were off in more of the cluster's measurements
+    (``history``) than chance explains at the rate of its other nodes (pooled, with
+    ``CLOCKS_OFF_PRIOR`` as ``CLOCKS_OFF_PRIOR_WEIGHT`` measurements more; on a cluster of one
+    node, that prior alone): by rank, the chance of so many at that rate. Each of their
+    measurements with clocks off was set aside and booted again: the node, not a config,
+    costs those boots, and a power cycle or a service of the node is the remedy."""
+    n = history.measurements
+    prior = CLOCKS_OFF_PRIOR * CLOCKS_OFF_PRIOR_WEIGHT
+    out: dict[int, float] = {}
+    for rank in sorted({*history.nodes, *history.off}):
+        k = history.off.get(rank, 0)
+        if k < FLAKY_MIN_OFF:
+            continue
+        others = [r for r in {*history.nodes, *history.off} if r != rank]
+        rate = (sum(history.off.get(r, 0) for r in others) + prior) / (
+            n * len(others) + CLOCKS_OFF_PRIOR_WEIGHT
+        )
+        chance = _at_least(k, n, rate)
+        if chance < FLAKY_CHANCE:
+            out[rank] = chance
+    return out
+
+
+def _at_least(k: int, n: int, p: float) -> float:
+    """P(X ≥ k) for X ~ Binomial(n, p), summed in logs (no overflow at thousands)."""
+    if k <= 0:
+        return 1.0
+    if p <= 0.0:
+        return 0.0
+    if p >= 1.0:
+        return 1.0
+    logs = [
+        math.lgamma(n + 1)
+        - math.lgamma(i + 1)
+        - math.lgamma(n - i + 1)
+        + i * math.log(p)
+        + (n - i) * math.log1p(-p)
+        for i in range(k, n + 1)
+    ]
+    top = max(logs)
+    return min(1.0, math.exp(top) * sum(math.exp(v - top) for v in logs))
 
 
 def infrastructure_retry(spec: VerdictSpec, failures: int) -> float | None:
