@@ -7,7 +7,7 @@ a KV-capacity refusal) or the infrastructure (a port in use, a worker that never
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 from cluster.errors import DeployError, tail
 from cluster.gates import GateSpec
@@ -52,6 +52,10 @@ class Blame:
             port = re.search(r"(?:[\w.\]]:|\bport:? |', )(\d{2,5})\b", line[start:])
             taken = f"port {port.group(1)}" if port else "a port it binds"
             message = f"{node.name}: {taken} on {node.host} is in use, engine exited {what}: {line}"
+        elif failure in INFRASTRUCTURE:
+            # the node's own failure (its GPU, its disk): the line that names it, for the stop
+            line = _first_line(log, self.gates.failure_patterns.get(failure, ()))
+            message = f"{message}: {line}" if line else message
         return DeployError(
             message,
             failure_class=failure,
@@ -65,18 +69,9 @@ class Blame:
         never came, or its log stopped; ``failure``: the class a timeout is): the
         infrastructure's class a node's log names instead, if one does (an engine that logged
         a full disk, a port clash or a worker gone and hung there), on that node."""
-        for other in [node, *(n for n in self.cluster.nodes if n != node)]:
-            log = self._log_of(other)
-            named = self.classify(log)
-            if named in INFRASTRUCTURE:
-                line = _first_line(log, self.gates.failure_patterns[named])
-                return DeployError(
-                    f"{message}; {other.name}'s log says: {line}",
-                    failure_class=named,
-                    rank=other.rank,
-                    host=other.host,
-                    log_tail=tail(log, 25),
-                )
+        named = self.named(message, node, INFRASTRUCTURE)
+        if named is not None:
+            return named
         return DeployError(
             message,
             failure_class=failure,
@@ -84,6 +79,26 @@ class Blame:
             host=node.host,
             log_tail=tail(self._log_of(node), 25),
         )
+
+    def named(
+        self, message: str, first: NodeSpec, classes: Collection[FailureClass]
+    ) -> DeployError | None:
+        """The first of ``classes`` a node's log names (``first``'s log read first, then the
+        others' in rank order), as that node's failure: ``message`` and the line that names
+        it; ``None`` when no log names one."""
+        for other in [first, *(n for n in self.cluster.nodes if n != first)]:
+            log = self._log_of(other)
+            cls = self.classify(log)
+            if cls is not None and cls in classes:
+                line = _first_line(log, self.gates.failure_patterns[cls])
+                return DeployError(
+                    f"{message}; {other.name}'s log says: {line}",
+                    failure_class=cls,
+                    rank=other.rank,
+                    host=other.host,
+                    log_tail=tail(log, 25),
+                )
+        return None
 
     def lost(self, found: NodeSpec) -> DeployError:
         """Who failed, once an engine is found dead while the head boots.

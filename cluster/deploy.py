@@ -39,6 +39,7 @@ from cluster.transport import Transport, check
 from knobs.config import Config
 from knobs.records import NodeClockRecord
 from knobs.space import KnobSpace
+from knobs.vocabulary import INFRASTRUCTURE
 
 T = TypeVar("T")
 
@@ -240,6 +241,13 @@ class Deployer:
     def alive(self, node: NodeSpec) -> bool:
         """Whether the node's engine process group is alive."""
         return self._t(node).run(alive_command(node), timeout=30).returncode == 0
+
+    def logged_fault(self, message: str) -> DeployError | None:
+        """After a bench cell failed (``message``): the node's own failure a log names, if one
+        does (a GPU or its driver, a full disk: ``INFRASTRUCTURE``), the head's log read first.
+        Not a worker gone (``worker_missing``): a head logs that too when a worker died of the
+        config's own failure."""
+        return self._blame.named(message, self.cluster.head, INFRASTRUCTURE - {"worker_missing"})
 
     # ---- preflight (``cluster.preflight``) ------------------------------------------------
     def clocks(self) -> list[NodeClockRecord]:

@@ -25,6 +25,20 @@ DEFAULT_FAILURE_PATTERNS: dict[FailureClass, tuple[str, ...]] = {
         r"\bENOSPC\b",
         r"Disk quota exceeded",
     ),
+    # a node's GPU or its driver, not the config: memory that failed its ECC, a GPU gone
+    # from the bus, a driver upgraded under a running system (NVML's library no longer the
+    # kernel module's until a reboot), no device, or every device held by another process
+    "gpu_fault": (
+        r"uncorrectable ECC error",
+        r"fallen off the bus",
+        r"NVRM: Xid",
+        r"Driver/library version mismatch",
+        r"NVML/RM version mismatch",
+        r"unsupported display driver / cuda driver combination",
+        r"CUDA driver version is insufficient",
+        r"no CUDA-capable device is detected",
+        r"CUDA-capable devices are busy or unavailable",
+    ),
     "oom": (r"out of memory", r"OutOfMemoryError", r"CUDA error: out of memory"),
     # vLLM, when the memory fraction leaves too little for the KV cache of one request
     "kv_capacity": (

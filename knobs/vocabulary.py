@@ -115,6 +115,7 @@ FailureClass = Literal[
     "start",
     "port_in_use",
     "disk_full",
+    "gpu_fault",
     "worker_missing",
     "boot_timeout",
     "boot_wedge",
@@ -140,7 +141,8 @@ NODE_ACCESS: frozenset[FailureClass] = frozenset({"unreachable", "auth", "host_k
 #: a node that fails a preflight gate (``preflight_failed``: its interface, its memory not
 #: settled or not free, a clocks query that printed nonsense) failed before the config ran; a
 #: full disk (``disk_full``: an engine that could not write its cache or its files) is the
-#: node's, however the config got there.
+#: node's, however the config got there; so is a GPU or driver that failed (``gpu_fault``:
+#: an ECC error, a GPU off the bus, a driver upgraded under the running system).
 INFRASTRUCTURE: frozenset[FailureClass] = frozenset(
     {
         *NODE_ACCESS,
@@ -151,6 +153,7 @@ INFRASTRUCTURE: frozenset[FailureClass] = frozenset(
         "port_in_use",
         "preflight_failed",
         "disk_full",
+        "gpu_fault",
     }
 )
 

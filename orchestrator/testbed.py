@@ -212,15 +212,21 @@ class ClusterTestbed:
         Raises:
             NodeError: class bench_failed, with the bench client's evidence; or a node's own
                 failure as it was (a clocks query that found the node unreachable is the
-                infrastructure's, not the config's).
+                infrastructure's, not the config's), or as a node's log names it
+                (``Deployer.logged_fault``: an engine that died of its GPU or a full disk).
         """
         try:
             return run_cell(self.base_url, self.model, cell, clocks=self.deployer.clocks)
         except NodeError:
             raise
         except OrchestrateError as err:
+            message = f"bench cell {cell.name} failed: {err}"
+            # an engine that died of its node (an ECC error, a full disk) mid-cell: the node's
+            fault = self.deployer.logged_fault(message)
+            if fault is not None:
+                raise fault from err
             raise NodeError(
-                f"bench cell {cell.name} failed: {err}",
+                message,
                 failure_class="bench_failed",
                 rank=0,
                 host=self.deployer.cluster.head.host,

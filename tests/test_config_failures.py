@@ -8,7 +8,9 @@ the port clash also on real twin engines."""
 from __future__ import annotations
 
 import io
+import os
 import re
+import signal
 import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,8 +19,9 @@ import pytest
 from rich.console import Console
 
 from agents import SweepProposer
-from cluster.errors import DeployError
+from cluster.errors import DeployError, NodeError
 from cluster.gates import GateSpec
+from cluster.launcher import LOG, PIDFILE
 from knobs.config import Config
 from knobs.vocabulary import (
     INFRASTRUCTURE,
@@ -38,7 +41,7 @@ from orchestrator.faults import ChampionFailing, InfrastructureFault
 from orchestrator.policy import BootCandidate, BootChampion, BootFailure, Crash, Progress
 from orchestrator.profile import VerdictSpec, load_profile
 from orchestrator.round import RoundOptions, RoundRunner
-from orchestrator.testbed import NullSink, deployer_for
+from orchestrator.testbed import ClusterTestbed, NullSink, deployer_for
 from tests.fixtures.profiles import twin_profile_data, write_profile
 from tests.test_policy import measured, never
 from tests.test_round_policy import ScriptedTestbed, profile
@@ -523,6 +526,67 @@ def test_an_engine_that_logs_a_full_disk_and_hangs_is_the_nodes_failure(tmp_path
     data["launcher"]["argv"] = ["{python}", "-c", "import time; time.sleep(600)"]
     quiet = deploy_failure(tmp_path / "quiet", data, hold=False)
     assert quiet.failure_class == "boot_wedge", quiet.message
+
+
+def test_an_engine_that_logs_its_gpus_fault_as_it_exits_is_the_nodes_failure(
+    tmp_path: Path,
+) -> None:
+    """An engine whose GPU or driver failed as it started (CUDA's uncorrectable ECC error,
+    NVML's driver and library out of step after a driver upgrade without a reboot) is the
+    node's (``gpu_fault``: retried, then the round stops), not the config's ``start``; the
+    failure names the line, for the line the round stops with."""
+    for said in (
+        "RuntimeError: CUDA error: uncorrectable ECC error encountered",
+        "Failed to initialize NVML: Driver/library version mismatch",
+    ):
+        where = tmp_path / str(len(said))
+        where.mkdir()
+        data = twin_profile_data(nodes=1)
+        data["launcher"]["argv"] = [
+            "{python}",
+            "-c",
+            f"import sys; print({said!r}, file=sys.stderr); sys.exit(1)",
+        ]
+        data["launcher"]["head_argv"] = []
+        data["launcher"]["worker_argv"] = []
+        err = deploy_failure(where, data, hold=False)
+        assert err.failure_class == "gpu_fault" and err.failure_class in INFRASTRUCTURE
+        assert err.message.endswith(f"engine exited before /health was 200: {said}"), err.message
+
+
+def test_an_engine_that_dies_of_its_gpu_in_a_cell_is_the_nodes_failure(tmp_path: Path) -> None:
+    """An engine that came up, then died in a bench cell with its GPU's error in its log (the
+    line written to the log and the engine's process group killed, as a GPU fallen off the bus
+    ends it) fails the cell as ``gpu_fault``, the node's, naming the line: never a
+    ``bench_failed`` that, reproduced, would bar the config. Killed without such a line, the
+    cell's failure stays ``bench_failed``."""
+    prof = load_profile(str(write_profile(tmp_path, twin_profile_data())), base_dir=tmp_path)
+    deployer = deployer_for(prof)
+    testbed = ClusterTestbed(deployer, prof.cluster.base_url, prof.model)
+    workdir = Path(prof.cluster.head.workdir)
+
+    def died(line: str | None) -> NodeError:
+        testbed.deploy(prof.initial_champion())
+        pid = int((workdir / PIDFILE).read_text())
+        if line is not None:
+            with (workdir / LOG).open("a") as log:
+                log.write(line + "\n")
+        os.killpg(pid, signal.SIGKILL)
+        with pytest.raises(NodeError) as failed:
+            testbed.bench(prof.cells[0])
+        testbed.stop_all()
+        return failed.value
+
+    gone = "NVRM: GPU 0000:01:00.0: GPU has fallen off the bus."
+    try:
+        fault = died(gone)
+        assert fault.failure_class == "gpu_fault" and fault.failure_class in INFRASTRUCTURE
+        assert fault.message.startswith(f"bench cell {prof.cells[0].name} failed: ")
+        assert fault.message.endswith(f"node-0's log says: {gone}"), fault.message
+        assert died(None).failure_class == "bench_failed"
+    finally:
+        deployer.teardown()
+        deployer.close()
 
 
 def test_a_bad_flag_stays_a_start_failure(tmp_path: Path) -> None:
