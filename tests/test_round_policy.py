@@ -377,7 +377,8 @@ def test_status_says_when_the_champions_keep_boots_were_set_aside(tmp_path: Path
 def test_status_names_a_node_whose_clocks_are_off_more_often_than_chance(tmp_path: Path) -> None:
     """Node 1's clocks are off on every other boot: never long enough in a row to stop the
     round, each such boot set aside and booted again. In the morning ``orchestrate status``
-    names the node, with its count, among measurements where node 0's clocks never were."""
+    names the node, with its count, among measurements where node 0's clocks never were; the
+    round's report counts the set-aside boots by node."""
     changes: list[dict[str, object]] = [
         {"num_speculative_tokens": 5},
         {"drafter_adapter_rank": 0},
@@ -401,6 +402,13 @@ def test_status_names_a_node_whose_clocks_are_off_more_often_than_chance(tmp_pat
     said = " ".join(text.stdout.split())
     assert f"node-1 ({nodes[1]['host']}): clocks off in {off} of {measured} measurements" in said
     assert "node-0 (" not in said
+    # the round's report says which node's clocks cost its set-aside boots
+    report = orchestrate(
+        tmp_path, "report", "--out", "out", "--profile", str(profile_file), env=env, timeout=300
+    )
+    assert report.returncode == 0, report.stderr
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert f"Clocks off, by node: node-1 in {off} boot(s)." in html
 
 
 def test_a_keep_whose_own_boot_agrees_keeps_its_boots_in_the_level(tmp_path: Path) -> None:

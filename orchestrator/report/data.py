@@ -9,7 +9,8 @@ from __future__ import annotations
 import difflib
 import math
 from collections import Counter, defaultdict
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from cluster.launcher import render_node
@@ -120,6 +121,8 @@ class ReportData:
     champion_config: Config | None
     #: what stopped the round short, oldest first
     stops: list[Stop]
+    #: by node rank, the round's boots set aside with that node's clocks off
+    clocks_off_by_node: Counter[int] = field(default_factory=Counter)
 
     @property
     def gpu_hours(self) -> float:
@@ -270,7 +273,7 @@ def _knob_rows(profile: Profile, ledger: Ledger, points: list[Point]) -> list[Kn
     return rows
 
 
-def _use(boot: BootRecord, e: ExperimentRecord | None, slow: set[int]) -> str:
+def _use(boot: BootRecord, e: ExperimentRecord | None, slow: Mapping[int, set[int]]) -> str:
     if boot.status == BootStatus.FAILED:
         infrastructure = boot.failure_class in INFRASTRUCTURE
         return "failed: the infrastructure's" if infrastructure else "failed: the config's"
@@ -293,12 +296,12 @@ def _boots(
     """Every boot of the round by use, in hours, charged to the experiment it served (a
     champion's re-measurement to the experiment that was running when it was booted)."""
     end_of_round = rnd.finished_at or datetime.now(UTC)
-    slow = {
-        boot_id
-        for cells in ledger.cluster_cell_results(rnd.cluster).values()
-        for boot_id, _, cell in cells
-        if slow_ranks([cell], min_matmul_rate)
-    }
+    slow: dict[int, set[int]] = {}  # boot → the nodes whose clocks were off in its cells
+    for cells in ledger.cluster_cell_results(rnd.cluster).values():
+        for boot_id, _, cell in cells:
+            ranks = slow_ranks([cell], min_matmul_rate)
+            if ranks:
+                slow.setdefault(boot_id, set()).update(ranks)
     mine = {e.id: e for e in experiments}
     order = sorted(experiments, key=lambda e: e.created_at)
     for boot in ledger.boots_since(rnd.cluster, rnd.started_at):
@@ -311,6 +314,8 @@ def _boots(
             owner = running[-1] if running else (order[0] if order else None)
         use = _use(boot, mine.get(boot.experiment_id), slow)
         data.boots_by_use[use] += 1
+        if use == "clocks off: set aside":
+            data.clocks_off_by_node.update(slow[boot.id])
         if owner is not None:
             spent = data.boot_hours.setdefault(owner.id, {})
             spent[use] = spent.get(use, 0.0) + hours

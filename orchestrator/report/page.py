@@ -117,6 +117,11 @@ def _infrastructure(data: ReportData) -> str:
         else "<p>No boot was the infrastructure's: none failed for a node's reasons or was set "
         "aside for a node's clocks.</p>"
     ]
+    if data.clocks_off_by_node:
+        by_node = ", ".join(
+            f"node-{rank} in {n} boot(s)" for rank, n in sorted(data.clocks_off_by_node.items())
+        )
+        lines.append(f"<p>Clocks off, by node: {escape(by_node)}.</p>")
     if not data.stops:
         lines.append("<p>Nothing stopped the round short.</p>")
         return "".join(lines)
