@@ -12,30 +12,28 @@ comes from the ``timings`` (``draft_n``, ``draft_n_accepted``) that llama-server
 last chunk of each request. Requests still in flight when the window closes are cancelled.
 
 Every failure is a ``BenchError`` (``cluster.errors``) carrying the URL and the evidence; no
-httpx exception escapes.
+httpx exception escapes. What the window measured is summed into the cell's record by
+``cluster.window``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
 from cluster import metrics, prompts, stall
 from cluster.errors import BenchError, describe
-from knobs.records import NONDETERMINISTIC, CellResultRecord, CellSpec, NodeClockRecord
+from cluster.window import CellState, Request, Scrapes, summarise
+from knobs.records import CellResultRecord, CellSpec, NodeClockRecord
 
 DEFAULT_SMOKE_PROMPT = "The capital of France is"
 
-#: How many failed requests' words a cell's record keeps (its ``error_samples``).
-ERROR_SAMPLES = 3
 #: the least a cell waits past its warm-up for a cold engine's first token (seconds)
 COLD_START_MIN_S = 60.0
 
@@ -95,66 +93,14 @@ def smoke(
 
 
 # ---- the cell -----------------------------------------------------------------------------------
-@dataclass
-class _Request:
-    prompt_id: str
-    start: float
-    first: float | None = None
-    end: float | None = None
-    chunks: list[tuple[float, int]] = field(default_factory=list)
-    text: list[str] = field(default_factory=list)
-    finished: bool = False
-    tokens: int = 0
-    drafted: int | None = None  # llama-server's timings.draft_n
-    accepted: int | None = None  # … and timings.draft_n_accepted
-
-
-@dataclass
-class _Cell:
-    cell: CellSpec
-    url: str
-    model: str
-    t0: float
-    w0: float
-    w1: float
-    requests: list[_Request] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
-    counter: int = 0
-    #: the greedy probe, run to completion after the window (its text only is evidence)
-    probes: list[_Request] = field(default_factory=list)
-    #: set at every token and every failure: what a cold or quiet engine's wait waits on
-    news: asyncio.Event = field(default_factory=asyncio.Event)
-    #: how much later than its warm-up the window opened (a cold or quiet engine's token)
-    extended_s: float = 0.0
-    #: requests sent again after no answer on a kept-alive connection (not failures)
-    retried: int = 0
-    #: failures that were the connection's (reset, cut mid-stream, refused, timed out), with
-    #: no error the engine answered: a network's blip or an engine gone, not a bad answer
-    lost: int = 0
-
-    def failed(self, why: str) -> None:
-        self.errors.append(why)
-        self.news.set()
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """The ``q``-th percentile (0–100) with linear interpolation; 0.0 for no values."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q / 100.0
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
-
-
-async def _one(client: httpx.AsyncClient, state: _Cell, *, probe: bool = False) -> None:
+async def _one(client: httpx.AsyncClient, state: CellState, *, probe: bool = False) -> None:
     """One streamed greedy request of the cell's next prompt (``probe``: of its first prompt,
     recorded apart from the measurement)."""
     cell = state.cell
     index = 0 if probe else state.counter
     prompt = prompts.build_prompt(cell.category, cell.context_tokens, index)
     loop = asyncio.get_running_loop()
-    req = _Request(prompt_id=prompt.id, start=loop.time())
+    req = Request(prompt_id=prompt.id, start=loop.time())
     if probe:
         state.probes.append(req)
     else:
@@ -200,7 +146,7 @@ async def _one(client: httpx.AsyncClient, state: _Cell, *, probe: bool = False) 
             return
 
 
-async def _read_stream(response: httpx.Response, state: _Cell, req: _Request) -> None:
+async def _read_stream(response: httpx.Response, state: CellState, req: Request) -> None:
     """A 200 response's server-sent events into ``req``: tokens per chunk and when."""
     loop = asyncio.get_running_loop()
     async for line in response.aiter_lines():
@@ -242,7 +188,7 @@ async def _read_stream(response: httpx.Response, state: _Cell, req: _Request) ->
             req.finished = True
 
 
-async def _stream_forever(client: httpx.AsyncClient, state: _Cell) -> None:
+async def _stream_forever(client: httpx.AsyncClient, state: CellState) -> None:
     loop = asyncio.get_running_loop()
     while loop.time() < state.w1:
         errors = len(state.errors)
@@ -252,7 +198,7 @@ async def _stream_forever(client: httpx.AsyncClient, state: _Cell) -> None:
 
 
 async def _greedy_probe(
-    client: httpx.AsyncClient, state: _Cell, say: Callable[[str], None]
+    client: httpx.AsyncClient, state: CellState, say: Callable[[str], None]
 ) -> None:
     """The cell's first prompt run to completion after the window, when no request for it
     finished inside: every cell then carries that prompt's greedy fingerprint, on every config
@@ -275,7 +221,7 @@ def cold_start_limit_s(cell: CellSpec) -> float:
     return max(COLD_START_MIN_S, 5.0 * (cell.warmup_s + cell.duration_s))
 
 
-async def _cold_start(state: _Cell, deadline: float, say: Callable[[str], None]) -> None:
+async def _cold_start(state: CellState, deadline: float, say: Callable[[str], None]) -> None:
     """The window opens at the warm-up's end, or, on an engine that has sent neither a token
     nor a failure by then, at its first token: a backend that compiles on first use answers
     its first request late, and a window spent waiting for it would measure the compile, not
@@ -285,7 +231,7 @@ async def _cold_start(state: _Cell, deadline: float, say: Callable[[str], None])
         await _reopen_at_token(state, deadline, say, "no token after the warm-up", "first")
 
 
-def _went_quiet(state: _Cell) -> bool:
+def _went_quiet(state: CellState) -> bool:
     """The window closed with no token in it and no failure anywhere: an engine that is
     alive and silent (a decode path compiled on first use after the first token, a host that
     kept it off the CPU), not a measurement of the config and not a failed one."""
@@ -294,7 +240,7 @@ def _went_quiet(state: _Cell) -> bool:
     return not any(state.w0 <= t < state.w1 for r in state.requests for t, _ in r.chunks)
 
 
-async def _after_quiet(state: _Cell, deadline: float, say: Callable[[str], None]) -> bool:
+async def _after_quiet(state: CellState, deadline: float, say: Callable[[str], None]) -> bool:
     """A quiet window (``_went_quiet``) waits, up to the ``deadline``, for the engine's next
     token, and re-opens at it (True); on a failure or at the deadline the window stays the
     quiet one (False), and the cell measured nothing."""
@@ -305,7 +251,7 @@ async def _after_quiet(state: _Cell, deadline: float, say: Callable[[str], None]
 
 
 async def _reopen_at_token(
-    state: _Cell, deadline: float, say: Callable[[str], None], why: str, which: str
+    state: CellState, deadline: float, say: Callable[[str], None], why: str, which: str
 ) -> bool:
     """Waits, with the streams going on, for a token or a failure until the ``deadline``; at a
     token the window opens there, for the cell's duration (True); at a failure or the deadline
@@ -345,7 +291,7 @@ async def run_cell_async(
     watch = stall.StallWatch()
     with watch:
         state, scrapes = await _measure(base_url, model, cell, say)
-    record, evidence = _summarise(state, *scrapes)
+    record, evidence = summarise(state, *scrapes)
     if record.total_output_tokens == 0:
         first = state.errors[0] if state.errors else "no token arrived in the window"
         raise BenchError(
@@ -368,7 +314,7 @@ async def run_cell_async(
 
 async def _measure(
     base_url: str, model: str, cell: CellSpec, say: Callable[[str], None]
-) -> tuple[_Cell, tuple[Scrapes, Scrapes]]:
+) -> tuple[CellState, tuple[Scrapes, Scrapes]]:
     """The cell's requests, and its counters at the window's edges and at the cell's."""
     url = base_url.rstrip("/") + "/v1/completions"
     metrics_url = base_url.rstrip("/") + "/metrics"
@@ -386,7 +332,7 @@ async def _measure(
         # the whole cell's counters too: a slow engine may publish no draft inside the window
         opening = await metrics.scrape(client, metrics_url)
         t0 = loop.time()
-        state = _Cell(
+        state = CellState(
             cell=cell,
             url=url,
             model=model,
@@ -424,95 +370,6 @@ async def _measure(
         await metrics.drain(client, metrics_url)
         closing = await metrics.scrape(client, metrics_url)
     return state, ((before, after), (opening, closing))
-
-
-Scrapes = tuple[dict[str, float] | None, dict[str, float] | None]
-
-
-def _summarise(
-    state: _Cell, window: Scrapes, whole: Scrapes
-) -> tuple[CellResultRecord, dict[str, Any]]:
-    """The cell's record from its requests; acceptance from the spec-decode counters over the
-    window, else (a slow engine that published no draft inside it) over the whole cell,
-    warm-up and greedy probe included: acceptance is the config's, not the window's."""
-    cell, w0, w1 = state.cell, state.w0, state.w1
-    duration = w1 - w0
-    tokens = sum(n for r in state.requests for t, n in r.chunks if w0 <= t < w1)
-    started_in = [r for r in state.requests if w0 <= r.start < w1 and r.first is not None]
-    ttft_pool = started_in or [
-        r for r in state.requests if r.first is not None and w0 <= r.first < w1
-    ]
-    ttft_pool = ttft_pool or [r for r in state.requests if r.first is not None]
-    ttfts = [((r.first or r.start) - r.start) * 1000.0 for r in ttft_pool]
-    itls: list[float] = []
-    for r in state.requests:
-        for (a, _), (b, _) in zip(r.chunks, r.chunks[1:], strict=False):
-            if w0 <= b < w1:
-                itls.append((b - a) * 1000.0)
-    done_in = [r for r in state.requests if r.finished and r.end is not None and w0 <= r.end < w1]
-    decoding = [r for r in (done_in or state.requests) if len(r.chunks) >= 2]
-    rates = [
-        (r.tokens - r.chunks[0][1]) / (r.chunks[-1][0] - r.chunks[0][0])
-        for r in decoding
-        if r.chunks[-1][0] > r.chunks[0][0]
-    ]
-    busy = 0.0
-    for r in state.requests:
-        end = r.end if r.end is not None else w1
-        busy += max(0.0, min(end, w1) - max(r.start, w0))
-    fingerprints: dict[str, str] = {}
-    for r in [*state.requests, *state.probes]:
-        if not r.finished:
-            continue
-        digest = hashlib.sha256("".join(r.text).encode()).hexdigest()
-        seen = fingerprints.setdefault(r.prompt_id, digest)
-        if seen != digest:
-            # greedy decoding must repeat itself; keep the evidence that it did not
-            fingerprints[f"{r.prompt_id}{NONDETERMINISTIC}"] = digest
-    accepted, rate, positions = metrics.spec_acceptance(*window)
-    if accepted is None:
-        accepted, rate, positions = metrics.spec_acceptance(*whole)
-    if rate is None:
-        rate = timings_acceptance(done_in)
-    record = CellResultRecord(
-        cell=cell.name,
-        category=cell.category,
-        concurrency=cell.concurrency,
-        context_tokens=cell.context_tokens,
-        duration=duration,
-        completed=len(done_in),
-        errors=len(state.errors),
-        error_samples=tuple(e[:300] for e in state.errors[:ERROR_SAMPLES]),
-        total_output_tokens=tokens,
-        output_throughput=tokens / duration if duration > 0 else 0.0,
-        per_request_throughput=sum(rates) / len(rates) if rates else 0.0,
-        mean_ttft_ms=sum(ttfts) / len(ttfts) if ttfts else 0.0,
-        median_ttft_ms=percentile(ttfts, 50),
-        p90_ttft_ms=percentile(ttfts, 90),
-        p99_ttft_ms=percentile(ttfts, 99),
-        median_itl_ms=percentile(itls, 50),
-        effective_concurrency=busy / duration if duration > 0 else 0.0,
-        accepted_per_step=accepted,
-        acceptance_rate=rate,
-        per_position_acceptance=positions,
-        fingerprints=fingerprints,
-    )
-    evidence: dict[str, Any] = {"errors": state.errors[:20], "requests": len(state.requests)}
-    if state.extended_s > 0:
-        evidence["warmup_extended_s"] = round(state.extended_s, 3)
-    if state.retried:
-        evidence["retried"] = state.retried
-    if state.lost:
-        evidence["connection_lost"] = state.lost
-    return record, evidence
-
-
-def timings_acceptance(requests: Sequence[_Request]) -> float | None:
-    """Accepted / drafted tokens summed over the ``timings`` of ``requests`` (llama-server's
-    ``draft_n`` and ``draft_n_accepted``), or None where none of them drafted."""
-    drafted = sum(r.drafted or 0 for r in requests)
-    accepted = sum(r.accepted or 0 for r in requests)
-    return accepted / drafted if drafted > 0 else None
 
 
 def _worse(
@@ -563,7 +420,7 @@ def _measured_undisturbed(
     engine's host (``cluster.stall``), at most ``stall.ATTEMPTS`` times; the one with the
     fewest requests that lost their connection, then the least stalled.
 
-    A window whose every failure was the connection's (``_Cell.lost``: reset, cut mid-stream,
+    A window whose every failure was the connection's (``CellState.lost``: reset, cut mid-stream,
     timed out; none an error the engine answered) is measured once more: a blip of the network
     between the controller and the head is not the config's. An engine gone fails the next
     window outright (``BenchError``); one that drops connections for its config drops them

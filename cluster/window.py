@@ -1,0 +1,168 @@
+"""What a bench cell's window measured (``cluster.bench`` runs the cell): its requests as they
+streamed (``Request``), the cell's state while it runs (``CellState``), and the record summed
+from them (``summarise``): tokens inside the window, time to first token and between tokens,
+each prompt's greedy fingerprint, and acceptance from the spec-decode counters at the window's
+edges, else over the whole cell, else from llama-server's ``timings``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from cluster import metrics
+from knobs.records import NONDETERMINISTIC, CellResultRecord, CellSpec
+
+#: How many failed requests' words a cell's record keeps (its ``error_samples``).
+ERROR_SAMPLES = 3
+
+
+@dataclass
+class Request:
+    """One streaming request of a cell: when it started, its chunks' times and token counts,
+    its text, and llama-server's draft counts."""
+
+    prompt_id: str
+    start: float
+    first: float | None = None
+    end: float | None = None
+    chunks: list[tuple[float, int]] = field(default_factory=list)
+    text: list[str] = field(default_factory=list)
+    finished: bool = False
+    tokens: int = 0
+    drafted: int | None = None  # llama-server's timings.draft_n
+    accepted: int | None = None  # … and timings.draft_n_accepted
+
+
+@dataclass
+class CellState:
+    """A cell while it runs: its window's edges, its requests and failures, and what a
+    cold or quiet engine's wait waits on."""
+
+    cell: CellSpec
+    url: str
+    model: str
+    t0: float
+    w0: float
+    w1: float
+    requests: list[Request] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    counter: int = 0
+    #: the greedy probe, run to completion after the window (its text only is evidence)
+    probes: list[Request] = field(default_factory=list)
+    #: set at every token and every failure: what a cold or quiet engine's wait waits on
+    news: asyncio.Event = field(default_factory=asyncio.Event)
+    #: how much later than its warm-up the window opened (a cold or quiet engine's token)
+    extended_s: float = 0.0
+    #: requests sent again after no answer on a kept-alive connection (not failures)
+    retried: int = 0
+    #: failures that were the connection's (reset, cut mid-stream, refused, timed out), with
+    #: no error the engine answered: a network's blip or an engine gone, not a bad answer
+    lost: int = 0
+
+    def failed(self, why: str) -> None:
+        self.errors.append(why)
+        self.news.set()
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0–100) with linear interpolation; 0.0 for no values."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100.0
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+Scrapes = tuple[dict[str, float] | None, dict[str, float] | None]
+
+
+def summarise(
+    state: CellState, window: Scrapes, whole: Scrapes
+) -> tuple[CellResultRecord, dict[str, Any]]:
+    """The cell's record from its requests; acceptance from the spec-decode counters over the
+    window, else (a slow engine that published no draft inside it) over the whole cell,
+    warm-up and greedy probe included: acceptance is the config's, not the window's."""
+    cell, w0, w1 = state.cell, state.w0, state.w1
+    duration = w1 - w0
+    tokens = sum(n for r in state.requests for t, n in r.chunks if w0 <= t < w1)
+    started_in = [r for r in state.requests if w0 <= r.start < w1 and r.first is not None]
+    ttft_pool = started_in or [
+        r for r in state.requests if r.first is not None and w0 <= r.first < w1
+    ]
+    ttft_pool = ttft_pool or [r for r in state.requests if r.first is not None]
+    ttfts = [((r.first or r.start) - r.start) * 1000.0 for r in ttft_pool]
+    itls: list[float] = []
+    for r in state.requests:
+        for (a, _), (b, _) in zip(r.chunks, r.chunks[1:], strict=False):
+            if w0 <= b < w1:
+                itls.append((b - a) * 1000.0)
+    done_in = [r for r in state.requests if r.finished and r.end is not None and w0 <= r.end < w1]
+    decoding = [r for r in (done_in or state.requests) if len(r.chunks) >= 2]
+    rates = [
+        (r.tokens - r.chunks[0][1]) / (r.chunks[-1][0] - r.chunks[0][0])
+        for r in decoding
+        if r.chunks[-1][0] > r.chunks[0][0]
+    ]
+    busy = 0.0
+    for r in state.requests:
+        end = r.end if r.end is not None else w1
+        busy += max(0.0, min(end, w1) - max(r.start, w0))
+    fingerprints: dict[str, str] = {}
+    for r in [*state.requests, *state.probes]:
+        if not r.finished:
+            continue
+        digest = hashlib.sha256("".join(r.text).encode()).hexdigest()
+        seen = fingerprints.setdefault(r.prompt_id, digest)
+        if seen != digest:
+            # greedy decoding must repeat itself; keep the evidence that it did not
+            fingerprints[f"{r.prompt_id}{NONDETERMINISTIC}"] = digest
+    accepted, rate, positions = metrics.spec_acceptance(*window)
+    if accepted is None:
+        accepted, rate, positions = metrics.spec_acceptance(*whole)
+    if rate is None:
+        rate = timings_acceptance(done_in)
+    record = CellResultRecord(
+        cell=cell.name,
+        category=cell.category,
+        concurrency=cell.concurrency,
+        context_tokens=cell.context_tokens,
+        duration=duration,
+        completed=len(done_in),
+        errors=len(state.errors),
+        error_samples=tuple(e[:300] for e in state.errors[:ERROR_SAMPLES]),
+        total_output_tokens=tokens,
+        output_throughput=tokens / duration if duration > 0 else 0.0,
+        per_request_throughput=sum(rates) / len(rates) if rates else 0.0,
+        mean_ttft_ms=sum(ttfts) / len(ttfts) if ttfts else 0.0,
+        median_ttft_ms=percentile(ttfts, 50),
+        p90_ttft_ms=percentile(ttfts, 90),
+        p99_ttft_ms=percentile(ttfts, 99),
+        median_itl_ms=percentile(itls, 50),
+        effective_concurrency=busy / duration if duration > 0 else 0.0,
+        accepted_per_step=accepted,
+        acceptance_rate=rate,
+        per_position_acceptance=positions,
+        fingerprints=fingerprints,
+    )
+    evidence: dict[str, Any] = {"errors": state.errors[:20], "requests": len(state.requests)}
+    if state.extended_s > 0:
+        evidence["warmup_extended_s"] = round(state.extended_s, 3)
+    if state.retried:
+        evidence["retried"] = state.retried
+    if state.lost:
+        evidence["connection_lost"] = state.lost
+    return record, evidence
+
+
+def timings_acceptance(requests: Sequence[Request]) -> float | None:
+    """Accepted / drafted tokens summed over the ``timings`` of ``requests`` (llama-server's
+    ``draft_n`` and ``draft_n_accepted``), or None where none of them drafted."""
+    drafted = sum(r.drafted or 0 for r in requests)
+    accepted = sum(r.accepted or 0 for r in requests)
+    return accepted / drafted if drafted > 0 else None
