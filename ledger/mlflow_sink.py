@@ -11,15 +11,12 @@ Secrets never reach MLflow: params, tags and texts are redacted before they are 
 
 from __future__ import annotations
 
-import enum
-import json
-import re
 import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Final, TypeVar
 
@@ -32,17 +29,25 @@ from ledger.mlflow_uri import (
     probe_database,
     resolve_tracking_uri,
 )
+from ledger.mlflow_values import (
+    MAX_RUN_NAME,
+    artifact_path,
+    chunks,
+    clean_keys,
+    param_entries,
+    sanitize_key,
+    stringify,
+    tag_entries,
+    truncate,
+)
 from ledger.redact import Redactor, redacted_copy
 
 if TYPE_CHECKING:
-    from mlflow.entities import Param
     from mlflow.tracking import MlflowClient
 
 _T = TypeVar("_T")
 
 __all__ = ["DEFAULT_TRACKING_URI", "MlflowSink", "MlflowSinkError", "RunState"]
-
-TRUNCATION_MARK: Final = "...[truncated]"
 
 TAG_ROUND: Final = "orchestrate.round"
 TAG_CLUSTER: Final = "orchestrate.cluster"
@@ -53,16 +58,11 @@ _PARENT_TAG: Final = "mlflow.parentRunId"
 _STATUSES: Final = frozenset({"FINISHED", "FAILED", "KILLED"})
 _EMPTY: Final[Mapping[str, str]] = MappingProxyType({})
 
-# MLflow's own limits (mlflow.utils.validation), restated so that importing this module does
-# not import mlflow; tests/test_mlflow_sink.py checks they still match the installed mlflow.
-MAX_PARAM_VALUE: Final = 6000
 #: The experiment tag MLflow 3's UI reads to choose its view, and the value for runs tables.
 EXPERIMENT_KIND_TAG: Final = "mlflow.experimentKind"
 EXPERIMENT_KIND: Final = "custom_model_development"
-#: MLflow's limit on a run's name (characters).
-MAX_RUN_NAME: Final = 250
-MAX_TAG_VALUE: Final = 8000
-MAX_KEY: Final = 250
+# MLflow's own batch limits (mlflow.utils.validation), restated so that importing this module
+# does not import mlflow; tests/test_mlflow_sink.py checks they still match the installed one.
 _MAX_PARAMS_TAGS_PER_BATCH: Final = 100
 _MAX_METRICS_PER_BATCH: Final = 1000
 
@@ -183,7 +183,7 @@ class MlflowSink:
                 experiment_id=parent.info.experiment_id,
                 run_name=f"exp-{number}",
                 tags={**tags, **system},
-                params={key: _stringify(value) for key, value in params.items()},
+                params={key: stringify(value) for key, value in params.items()},
             )
 
     def log_metrics(
@@ -196,7 +196,7 @@ class MlflowSink:
             ValueError: two names become the same name once sanitised.
             MlflowSinkError: MLflow failed (unknown run id included).
         """
-        named = _clean_keys(metrics, "metric")
+        named = clean_keys(metrics, "metric")
         with self._translate("log metrics"):
             from mlflow.entities import Metric
 
@@ -205,7 +205,7 @@ class MlflowSink:
                 Metric(key=key, value=float(value), timestamp=now, step=step or 0)
                 for key, value in named.items()
             ]
-            for chunk in _chunks(entries, _MAX_METRICS_PER_BATCH):
+            for chunk in chunks(entries, _MAX_METRICS_PER_BATCH):
                 self._client.log_batch(run_id, metrics=chunk, synchronous=True)
 
     def log_texts(self, run_id: str, texts: Mapping[str, str]) -> None:
@@ -216,7 +216,7 @@ class MlflowSink:
             ValueError: a path is absolute, empty, or climbs out with ``..``.
             MlflowSinkError: MLflow or the artifact store failed.
         """
-        paths = {key: _artifact_path(key, allow_root=False) for key in texts}
+        paths = {key: artifact_path(key, allow_root=False) for key in texts}
         if not texts:
             return
         redactor = Redactor.from_environment()
@@ -239,7 +239,7 @@ class MlflowSink:
             ValueError: a directory is absolute or climbs out with ``..``.
             MlflowSinkError: a file cannot be read, or MLflow or the artifact store failed.
         """
-        dirs = {key: _artifact_path(key, allow_root=True) for key in files}
+        dirs = {key: artifact_path(key, allow_root=True) for key in files}
         if not files:
             return
         redactor = Redactor.from_environment()
@@ -257,7 +257,7 @@ class MlflowSink:
             ValueError: two tag names become the same name once sanitised.
             MlflowSinkError: MLflow failed (unknown run id included).
         """
-        entries = _tag_entries(tags, Redactor.from_environment())
+        entries = tag_entries(tags, Redactor.from_environment())
         with self._translate("set tags"):
             self._log_tags(run_id, entries)
 
@@ -267,7 +267,7 @@ class MlflowSink:
         Raises:
             MlflowSinkError: MLflow failed (unknown run id included).
         """
-        text = _truncate(Redactor.from_environment().text(name), MAX_RUN_NAME)
+        text = truncate(Redactor.from_environment().text(name), MAX_RUN_NAME)
         with self._translate("rename run"):
             self._client.update_run(run_id, name=text)
 
@@ -334,7 +334,7 @@ class MlflowSink:
             MlflowSinkError: MLflow failed (unknown run id included).
         """
         with self._translate("read metric history"):
-            return {m.step for m in self._client.get_metric_history(run_id, _sanitize_key(key))}
+            return {m.step for m in self._client.get_metric_history(run_id, sanitize_key(key))}
 
     def runs_of_round(self, parent_run_id: str) -> list[str]:
         """The child run ids of a round's run, in experiment-number order.
@@ -375,13 +375,13 @@ class MlflowSink:
         params: Mapping[str, str],
     ) -> str:
         redactor = Redactor.from_environment()
-        tag_entries = _tag_entries(tags, redactor)
-        param_entries = _param_entries(params, redactor)
+        tagged = tag_entries(tags, redactor)
+        given = param_entries(params, redactor)
         # The tags go in with the run: a child is never seen without its parent tag.
-        run = self._client.create_run(experiment_id, tags=dict(tag_entries), run_name=run_name)
+        run = self._client.create_run(experiment_id, tags=dict(tagged), run_name=run_name)
         run_id: str = run.info.run_id
         try:
-            for chunk in _chunks(param_entries, _MAX_PARAMS_TAGS_PER_BATCH):
+            for chunk in chunks(given, _MAX_PARAMS_TAGS_PER_BATCH):
                 self._client.log_batch(run_id, params=chunk, synchronous=True)
         except BaseException:
             # Not left RUNNING for ever in the UI; the original error is what matters.
@@ -394,7 +394,7 @@ class MlflowSink:
         from mlflow.entities import RunTag
 
         tags = [RunTag(key, value) for key, value in entries]
-        for chunk in _chunks(tags, _MAX_PARAMS_TAGS_PER_BATCH):
+        for chunk in chunks(tags, _MAX_PARAMS_TAGS_PER_BATCH):
             self._client.log_batch(run_id, tags=chunk, synchronous=True)
 
     def _find_or_create_experiment(self) -> str:
@@ -494,91 +494,3 @@ def _sink_error(uri: str, operation: str, error: BaseException) -> MlflowSinkErr
         operation=operation,
         unreachable=_did_not_answer(error),
     )
-
-
-# -- keys, values, paths ------------------------------------------------------------------------
-
-
-def _sanitize_key(key: str) -> str:
-    """A name MLflow accepts on every platform: ASCII letters, digits, ``_ - . /`` and space,
-    no empty, ``.`` or ``..`` path segment, at most 250 characters."""
-    cleaned = re.sub(r"[^A-Za-z0-9_\-. /]", "_", key)
-    parts = [part for part in cleaned.split("/") if part not in ("", ".", "..")]
-    joined = "/".join(parts)[:MAX_KEY].rstrip("/")
-    return joined or "_"
-
-
-def _clean_keys(mapping: Mapping[str, _T], what: str) -> dict[str, _T]:
-    """Sanitised key → value.
-
-    Raises:
-        ValueError: two keys sanitise to the same key.
-    """
-    cleaned: dict[str, _T] = {}
-    origin: dict[str, str] = {}
-    for key, value in mapping.items():
-        clean = _sanitize_key(key)
-        if clean in origin:
-            raise ValueError(
-                f"{what} names {origin[clean]!r} and {key!r} both become {clean!r} in MLflow"
-            )
-        origin[clean] = key
-        cleaned[clean] = value
-    return cleaned
-
-
-def _truncate(value: str, limit: int) -> str:
-    if len(value) <= limit:
-        return value
-    return value[: limit - len(TRUNCATION_MARK)] + TRUNCATION_MARK
-
-
-def _param_entries(params: Mapping[str, str], redactor: Redactor) -> list[Param]:
-    from mlflow.entities import Param
-
-    return [
-        Param(key, _truncate(redactor.value(key, str(value)), MAX_PARAM_VALUE))
-        for key, value in _clean_keys(params, "param").items()
-    ]
-
-
-def _tag_entries(tags: Mapping[str, str], redactor: Redactor) -> list[tuple[str, str]]:
-    return [
-        (key, _truncate(redactor.value(key, str(value)), MAX_TAG_VALUE))
-        for key, value in _clean_keys(tags, "tag").items()
-    ]
-
-
-def _stringify(value: object) -> str:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, enum.Enum):
-        return _stringify(value.value)
-    if value is None or isinstance(value, bool | int | float):
-        return json.dumps(value)
-    if isinstance(value, Mapping | list | tuple):
-        return json.dumps(value, sort_keys=True, default=str)
-    return str(value)
-
-
-def _artifact_path(key: str, *, allow_root: bool) -> PurePosixPath:
-    """A run-relative artifact path that stays inside the run.
-
-    Raises:
-        ValueError: absolute, empty (unless ``allow_root``), a backslash, or a ``..`` segment.
-    """
-    # "logs/" is the directory "logs"; "/" and "" are the run's root
-    path = PurePosixPath(key.rstrip("/") if allow_root else key)
-    if (
-        "\\" in key
-        or path.is_absolute()
-        or ".." in path.parts
-        or (not allow_root and not path.parts)
-    ):
-        raise ValueError(f"artifact path {key!r} must be relative and stay inside the run")
-    return path
-
-
-def _chunks(items: Sequence[_T], size: int) -> Iterator[Sequence[_T]]:
-    for start in range(0, len(items), size):
-        yield items[start : start + size]

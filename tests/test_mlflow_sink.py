@@ -18,7 +18,7 @@ from mlflow.tracking import MlflowClient
 from mlflow.utils import validation
 from sqlalchemy.exc import OperationalError
 
-from ledger import mlflow_sink
+from ledger import mlflow_sink, mlflow_values
 from ledger.mlflow_sink import MlflowSink, MlflowSinkError
 from orchestrator.errors import OrchestrateError
 from tests.fixtures.mlflow_store import MlflowStore
@@ -273,9 +273,9 @@ def test_redaction_is_linear_on_pathological_texts(
 
 
 def test_limits_match_the_installed_mlflow() -> None:
-    assert mlflow_sink.MAX_PARAM_VALUE == validation.MAX_PARAM_VAL_LENGTH
-    assert mlflow_sink.MAX_TAG_VALUE == validation.MAX_TAG_VAL_LENGTH
-    assert mlflow_sink.MAX_KEY == validation.MAX_ENTITY_KEY_LENGTH
+    assert mlflow_values.MAX_PARAM_VALUE == validation.MAX_PARAM_VAL_LENGTH
+    assert mlflow_values.MAX_TAG_VALUE == validation.MAX_TAG_VAL_LENGTH
+    assert mlflow_values.MAX_KEY == validation.MAX_ENTITY_KEY_LENGTH
     assert mlflow_sink._MAX_PARAMS_TAGS_PER_BATCH == validation.MAX_PARAMS_TAGS_PER_BATCH
     assert mlflow_sink._MAX_METRICS_PER_BATCH == validation.MAX_METRICS_PER_BATCH
 
