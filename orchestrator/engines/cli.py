@@ -13,14 +13,8 @@ from typing import Annotated
 
 import typer
 
-from orchestrator.engines.installer import (
-    RECIPES,
-    engines_root,
-    install,
-    installed,
-    layout,
-    read_stamp,
-)
+from orchestrator.engines.installer import install
+from orchestrator.engines.layout import RECIPES, engines_root, installed, layout, read_stamp
 from orchestrator.exits import run_app
 
 engines_app = typer.Typer(
