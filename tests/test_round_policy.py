@@ -348,6 +348,16 @@ def test_a_keep_whose_boots_read_high_leaves_them_out_of_the_level(tmp_path: Pat
         assert not any(d.significant for d in ledger.drifts("scripted"))
 
 
+def scripted_cli(tmp_path: Path, nodes: int) -> tuple[Path, dict[str, str]]:
+    """A profile file of the scripted cluster (``nodes`` nodes, the cells its rounds measured)
+    and the environment that points ``orchestrate`` at the ledger ``run`` wrote."""
+    data = twin_profile_data(nodes=nodes)
+    data["cluster"]["name"] = "scripted"
+    data["cells"] = [CELL.model_dump()]
+    env = {**os.environ, "ORCHESTRATE_LEDGER": f"sqlite:///{tmp_path}/ledger.db"}
+    return write_profile(tmp_path, data), env
+
+
 def test_status_says_when_the_champions_keep_boots_were_set_aside(tmp_path: Path) -> None:
     """What a user finds in the morning: ``orchestrate status`` says that the champion's level
     is its own boots, and from which measurement (the text, and the JSON's evidence)."""
@@ -355,11 +365,7 @@ def test_status_says_when_the_champions_keep_boots_were_set_aside(tmp_path: Path
     with run(tmp_path, _keep_then_own(122.0), changes, budget=2) as ledger:
         assert [e.status for e in ledger.experiments()] == ["keep", "keep", "discard"]
         (event,) = ledger.events("scripted", EventKind.KEEP_BOOTS_SET_ASIDE)
-    data = twin_profile_data(nodes=1)
-    data["cluster"]["name"] = "scripted"
-    data["cells"] = [CELL.model_dump()]  # the cells the round measured
-    profile_file = write_profile(tmp_path, data)
-    env = {**os.environ, "ORCHESTRATE_LEDGER": f"sqlite:///{tmp_path}/ledger.db"}
+    profile_file, env = scripted_cli(tmp_path, nodes=1)
     shown = orchestrate(tmp_path, "status", "--profile", str(profile_file), "--json", env=env)
     assert shown.returncode == 0, shown.stderr
     assert json.loads(shown.stdout)["nodes"][0]["measurements"] > 5
@@ -387,11 +393,7 @@ def test_status_names_a_node_whose_clocks_are_off_more_often_than_chance(tmp_pat
     testbed = ScriptedTestbed(lambda c, n: 100.0, stuck=lambda n: n % 2 == 0)
     with run(tmp_path, testbed, changes, budget=3) as ledger:
         assert all(e.state == "decided" for e in ledger.experiments())
-    data = twin_profile_data(nodes=2)
-    data["cluster"]["name"] = "scripted"
-    data["cells"] = [CELL.model_dump()]  # the cells the round measured
-    profile_file = write_profile(tmp_path, data)
-    env = {**os.environ, "ORCHESTRATE_LEDGER": f"sqlite:///{tmp_path}/ledger.db"}
+    profile_file, env = scripted_cli(tmp_path, nodes=2)
     shown = orchestrate(tmp_path, "status", "--profile", str(profile_file), "--json", env=env)
     assert shown.returncode == 0, shown.stderr
     nodes = {n["rank"]: n for n in json.loads(shown.stdout)["nodes"]}
