@@ -244,6 +244,16 @@ def _validity(spec: VerdictSpec, ev: Evidence, stats: dict[str, object]) -> Asse
     return None
 
 
+def _pooled_words(pooled: Pooled) -> str:
+    """What a verdict pooled, in words: the value's own earlier looks (a second look) apart from
+    the knob's other values."""
+    others = pooled.values - (1 if pooled.same else 0)
+    words = [f"its earlier look(s) at this value ({pooled.same} boot(s))"] if pooled.same else []
+    if others:
+        words.append(f"{others} other value(s) of the knob ({pooled.boots - pooled.same} boots)")
+    return " and ".join(words)
+
+
 def worse(g: float, se: float) -> bool:
     """The posterior's "worse": the change measured more than a standard error below the
     champion (``g``: log ratio of the objectives, ``se`` its standard error)."""
@@ -397,7 +407,7 @@ def _sequential(
         f"P(gain)={p_gain:.2f}, P(gain>{spec.equivalence_pct:g}%)={p_worth:.2f}"
     )
     if pooled is not None:
-        where += f" with {pooled.values} other value(s) of the knob ({pooled.boots} boots)"
+        where += " with " + _pooled_words(pooled)
     if ev.acceptance is not None:
         what = "counters less the step cost" if ev.null_from == "draft law" else "counters"
         where += (

@@ -528,6 +528,11 @@ def test_a_value_looked_at_again_boots_the_champion_before_it_is_given_up() -> N
     again = judged(champion_boots=6, earlier_looks=8)
     assert again.status == "more" and again.next_boot == "champion", again.reason
     assert "over 9 boots of this value, the champion measured again" in again.reason
+    # the value's own earlier looks are named apart from the knob's other values
+    assert (
+        "with its earlier look(s) at this value (8 boot(s)) and 2 other value(s) of the knob "
+        "(6 boots)" in again.reason
+    ), again.reason
     # the champion as well measured as the value's side allows (BALANCE_LOOKS × max_boots)
     enough = judged(champion_boots=BALANCE_LOOKS * spec.max_boots, earlier_looks=8)
     assert enough.next_boot != "champion", enough.reason
