@@ -39,10 +39,11 @@ class Blame:
         return None
 
     def died(self, node: NodeSpec, what: str, *, default: FailureClass = "start") -> DeployError:
-        """``node``'s engine exited (``what``: when): the class its log names, else
-        ``default``, with the log's tail as evidence."""
+        """``node``'s engine exited (``what``: when): the class its log names and the line
+        that names it, else ``default``, with the log's tail as evidence."""
         log = self._log_of(node)
-        failure = self.classify(log) or default
+        named = self.classify(log)
+        failure = named or default
         message = f"{node.name}: engine exited {what}"
         if failure == "port_in_use":
             line = _first_line(log, self.gates.failure_patterns["port_in_use"])
@@ -52,9 +53,10 @@ class Blame:
             port = re.search(r"(?:[\w.\]]:|\bport:? |', )(\d{2,5})\b", line[start:])
             taken = f"port {port.group(1)}" if port else "a port it binds"
             message = f"{node.name}: {taken} on {node.host} is in use, engine exited {what}: {line}"
-        elif failure in INFRASTRUCTURE:
-            # the node's own failure (its GPU, its disk): the line that names it, for the stop
-            line = _first_line(log, self.gates.failure_patterns.get(failure, ()))
+        elif named is not None:
+            # the line that names it (a GPU's fault, an OOM, a KV cache too small): the stop's
+            # line, the verdict's reason and results.tsv say what the log said
+            line = _first_line(log, self.gates.failure_patterns[named])[:300]
             message = f"{message}: {line}" if line else message
         return DeployError(
             message,

@@ -591,6 +591,18 @@ def test_an_engine_that_dies_of_its_gpu_in_a_cell_is_the_nodes_failure(tmp_path:
         deployer.close()
 
 
+def test_a_config_failure_names_the_line_its_log_named_it_by(tmp_path: Path) -> None:
+    """The twin's vLLM at a memory fraction of 0.71 exits at start, its KV cache short of one
+    request: ``kv_capacity``, the config's, and the failure (the verdict's reason, results.tsv)
+    says what the log said, not only that the engine exited."""
+    data = twin_profile_data()
+    data["champion"]["gpu_memory_utilization"] = 0.71
+    err = deploy_failure(tmp_path, data, hold=False)
+    assert err.failure_class == "kv_capacity" and err.failure_class not in INFRASTRUCTURE
+    assert err.message.startswith("node-0: engine exited "), err.message
+    assert "more KV cache memory is needed than the available" in err.message, err.message
+
+
 def test_a_bad_flag_stays_a_start_failure(tmp_path: Path) -> None:
     data = twin_profile_data()
     data["launcher"]["argv"] = [*data["launcher"]["argv"], "--no-such-flag"]
