@@ -55,7 +55,7 @@ class Blame:
             message = f"{node.name}: {taken} on {node.host} is in use, engine exited {what}: {line}"
         elif named is not None:
             # the line that names it (a GPU's fault, an OOM, a KV cache too small): the stop's
-            # line, the verdict's reason and results.tsv say what the log said
+            # line and the verdict's reason say what the log said
             line = _first_line(log, self.gates.failure_patterns[named])[:300]
             message = f"{message}: {line}" if line else message
         return DeployError(

@@ -593,7 +593,7 @@ def test_an_engine_that_dies_of_its_gpu_in_a_cell_is_the_nodes_failure(tmp_path:
 
 def test_a_config_failure_names_the_line_its_log_named_it_by(tmp_path: Path) -> None:
     """The twin's vLLM at a memory fraction of 0.71 exits at start, its KV cache short of one
-    request: ``kv_capacity``, the config's, and the failure (the verdict's reason, results.tsv)
+    request: ``kv_capacity``, the config's, and the failure (the verdict's reason, the crash)
     says what the log said, not only that the engine exited."""
     data = twin_profile_data()
     data["champion"]["gpu_memory_utilization"] = 0.71
