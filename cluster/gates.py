@@ -39,6 +39,16 @@ DEFAULT_FAILURE_PATTERNS: dict[FailureClass, tuple[str, ...]] = {
         r"no CUDA-capable device is detected",
         r"CUDA-capable devices are busy or unavailable",
     ),
+    # a node that could not reach the network its engine downloads from (a model or adapter
+    # not yet in its cache, the hub or the DNS away for the night): the node's, never the
+    # value's; the hub that answers "not found" is the config's and named by none of these
+    "network": (
+        r"We couldn't connect to '?https?://",
+        r"Max retries exceeded with url",
+        r"Temporary failure in name resolution",
+        r"Failed to establish a new connection",
+        r"Network is unreachable",
+    ),
     "oom": (r"out of memory", r"OutOfMemoryError", r"CUDA error: out of memory"),
     # vLLM, when the memory fraction leaves too little for the KV cache of one request
     "kv_capacity": (

@@ -116,6 +116,7 @@ FailureClass = Literal[
     "port_in_use",
     "disk_full",
     "gpu_fault",
+    "network",
     "worker_missing",
     "boot_timeout",
     "boot_wedge",
@@ -142,7 +143,8 @@ NODE_ACCESS: frozenset[FailureClass] = frozenset({"unreachable", "auth", "host_k
 #: settled or not free, a clocks query that printed nonsense) failed before the config ran; a
 #: full disk (``disk_full``: an engine that could not write its cache or its files) is the
 #: node's, however the config got there; so is a GPU or driver that failed (``gpu_fault``:
-#: an ECC error, a GPU off the bus, a driver upgraded under the running system).
+#: an ECC error, a GPU off the bus, a driver upgraded under the running system), and a node
+#: that could not reach the network its engine downloads from (``network``).
 INFRASTRUCTURE: frozenset[FailureClass] = frozenset(
     {
         *NODE_ACCESS,
@@ -154,6 +156,7 @@ INFRASTRUCTURE: frozenset[FailureClass] = frozenset(
         "preflight_failed",
         "disk_full",
         "gpu_fault",
+        "network",
     }
 )
 

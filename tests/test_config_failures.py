@@ -528,16 +528,25 @@ def test_an_engine_that_logs_a_full_disk_and_hangs_is_the_nodes_failure(tmp_path
     assert quiet.failure_class == "boot_wedge", quiet.message
 
 
-def test_an_engine_that_logs_its_gpus_fault_as_it_exits_is_the_nodes_failure(
+def test_an_engine_that_logs_its_gpus_or_networks_fault_as_it_exits_is_the_nodes_failure(
     tmp_path: Path,
 ) -> None:
     """An engine whose GPU or driver failed as it started (CUDA's uncorrectable ECC error,
     NVML's driver and library out of step after a driver upgrade without a reboot) is the
-    node's (``gpu_fault``: retried, then the round stops), not the config's ``start``; the
-    failure names the line, for the line the round stops with."""
-    for said in (
-        "RuntimeError: CUDA error: uncorrectable ECC error encountered",
-        "Failed to initialize NVML: Driver/library version mismatch",
+    node's (``gpu_fault``: retried, then the round stops), not the config's ``start``; so is
+    one that could not reach the hub it downloads a model from (``network``: a value whose
+    weights the node has not cached, the night the hub or the DNS is away). The failure names
+    the line, for the line the round stops with."""
+    for said, cls in (
+        ("RuntimeError: CUDA error: uncorrectable ECC error encountered", "gpu_fault"),
+        ("Failed to initialize NVML: Driver/library version mismatch", "gpu_fault"),
+        (
+            "requests.exceptions.ConnectionError: HTTPSConnectionPool(host='huggingface.co', "
+            "port=443): Max retries exceeded with url: /api/models/m/revision/main (Caused by "
+            "NameResolutionError(\"Failed to resolve 'huggingface.co' ([Errno -3] Temporary "
+            'failure in name resolution)"))',
+            "network",
+        ),
     ):
         where = tmp_path / str(len(said))
         where.mkdir()
@@ -550,7 +559,7 @@ def test_an_engine_that_logs_its_gpus_fault_as_it_exits_is_the_nodes_failure(
         data["launcher"]["head_argv"] = []
         data["launcher"]["worker_argv"] = []
         err = deploy_failure(where, data, hold=False)
-        assert err.failure_class == "gpu_fault" and err.failure_class in INFRASTRUCTURE
+        assert err.failure_class == cls and err.failure_class in INFRASTRUCTURE
         # "within 5s of its start" or "before /health was 200": whichever watch saw it first
         assert err.message.startswith("node-0: engine exited "), err.message
         assert err.message.endswith(f": {said}"), err.message
