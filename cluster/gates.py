@@ -25,9 +25,17 @@ DEFAULT_FAILURE_PATTERNS: dict[FailureClass, tuple[str, ...]] = {
         r"\bENOSPC\b",
         r"Disk quota exceeded",
     ),
+    "oom": (r"out of memory", r"OutOfMemoryError", r"CUDA error: out of memory"),
+    # vLLM, when the memory fraction leaves too little for the KV cache of one request
+    "kv_capacity": (
+        r"more KV cache memory is needed than the available",
+        r"No available memory for the cache blocks",
+        r"larger than the available KV cache memory",
+    ),
     # a node's GPU or its driver, not the config: memory that failed its ECC, a GPU gone
     # from the bus, a driver upgraded under a running system (NVML's library no longer the
-    # kernel module's until a reboot), no device, or every device held by another process
+    # kernel module's until a reboot), or every device held by another process. After the
+    # config's own classes: a log that names an OOM as well failed of the OOM
     "gpu_fault": (
         r"uncorrectable ECC error",
         r"fallen off the bus",
@@ -36,25 +44,19 @@ DEFAULT_FAILURE_PATTERNS: dict[FailureClass, tuple[str, ...]] = {
         r"NVML/RM version mismatch",
         r"unsupported display driver / cuda driver combination",
         r"CUDA driver version is insufficient",
-        r"no CUDA-capable device is detected",
         r"CUDA-capable devices are busy or unavailable",
     ),
     # a node that could not reach the network its engine downloads from (a model or adapter
     # not yet in its cache, the hub or the DNS away for the night): the node's, never the
-    # value's; the hub that answers "not found" is the config's and named by none of these
+    # value's; the hub that answers "not found" is the config's and named by none of these.
+    # After the config's own classes: an engine that got as far as an OOM had its weights, and
+    # an air-gapped node's warnings about the hub must not pass a config's failure off
     "network": (
         r"We couldn't connect to '?https?://",
         r"Max retries exceeded with url",
         r"Temporary failure in name resolution",
         r"Failed to establish a new connection",
         r"Network is unreachable",
-    ),
-    "oom": (r"out of memory", r"OutOfMemoryError", r"CUDA error: out of memory"),
-    # vLLM, when the memory fraction leaves too little for the KV cache of one request
-    "kv_capacity": (
-        r"more KV cache memory is needed than the available",
-        r"No available memory for the cache blocks",
-        r"larger than the available KV cache memory",
     ),
     "worker_missing": (
         r"timed out waiting for .*worker",

@@ -536,17 +536,20 @@ def test_an_engine_that_logs_its_gpus_or_networks_fault_as_it_exits_is_the_nodes
     node's (``gpu_fault``: retried, then the round stops), not the config's ``start``; so is
     one that could not reach the hub it downloads a model from (``network``: a value whose
     weights the node has not cached, the night the hub or the DNS is away). The failure names
-    the line, for the line the round stops with."""
+    the line, for the line the round stops with. An air-gapped node's warning about the hub
+    before the config's own OOM leaves the failure the config's ``oom``."""
+    hub = (
+        "requests.exceptions.ConnectionError: HTTPSConnectionPool(host='huggingface.co', "
+        "port=443): Max retries exceeded with url: /api/models/m/revision/main (Caused by "
+        "NameResolutionError(\"Failed to resolve 'huggingface.co' ([Errno -3] Temporary "
+        'failure in name resolution)"))'
+    )
+    oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
     for said, cls in (
         ("RuntimeError: CUDA error: uncorrectable ECC error encountered", "gpu_fault"),
         ("Failed to initialize NVML: Driver/library version mismatch", "gpu_fault"),
-        (
-            "requests.exceptions.ConnectionError: HTTPSConnectionPool(host='huggingface.co', "
-            "port=443): Max retries exceeded with url: /api/models/m/revision/main (Caused by "
-            "NameResolutionError(\"Failed to resolve 'huggingface.co' ([Errno -3] Temporary "
-            'failure in name resolution)"))',
-            "network",
-        ),
+        (hub, "network"),
+        (f"WARNING {hub}\n{oom}", "oom"),
     ):
         where = tmp_path / str(len(said))
         where.mkdir()
@@ -559,10 +562,11 @@ def test_an_engine_that_logs_its_gpus_or_networks_fault_as_it_exits_is_the_nodes
         data["launcher"]["head_argv"] = []
         data["launcher"]["worker_argv"] = []
         err = deploy_failure(where, data, hold=False)
-        assert err.failure_class == cls and err.failure_class in INFRASTRUCTURE
+        assert err.failure_class == cls
+        assert (cls in INFRASTRUCTURE) == (cls != "oom")
         # "within 5s of its start" or "before /health was 200": whichever watch saw it first
         assert err.message.startswith("node-0: engine exited "), err.message
-        assert err.message.endswith(f": {said}"), err.message
+        assert err.message.endswith(f": {said.splitlines()[-1]}"), err.message
 
 
 def test_an_engine_that_dies_of_its_gpu_in_a_cell_is_the_nodes_failure(tmp_path: Path) -> None:
