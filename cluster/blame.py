@@ -83,13 +83,20 @@ class Blame:
         )
 
     def named(
-        self, message: str, first: NodeSpec, classes: Collection[FailureClass]
+        self,
+        message: str,
+        first: NodeSpec,
+        classes: Collection[FailureClass],
+        *,
+        log_of: Callable[[NodeSpec], str] | None = None,
     ) -> DeployError | None:
         """The first of ``classes`` a node's log names (``first``'s log read first, then the
-        others' in rank order), as that node's failure: ``message`` and the line that names
-        it; ``None`` when no log names one."""
+        others' in rank order; ``log_of``: what of a node's log to read, else all of it), as
+        that node's failure: ``message`` and the line that names it; ``None`` when no log names
+        one."""
+        read = log_of or self._log_of
         for other in [first, *(n for n in self.cluster.nodes if n != first)]:
-            log = self._log_of(other)
+            log = read(other)
             cls = self.classify(log)
             if cls is not None and cls in classes:
                 line = _first_line(log, self.gates.failure_patterns[cls])

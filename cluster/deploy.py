@@ -45,6 +45,9 @@ T = TypeVar("T")
 
 #: How long a started engine may take to be seen alive (issue #4; see ``Deployer._start``).
 START_CONFIRM_S = 5.0
+#: How much of each node's log, as the boot came up, marks where a failure in the cells is
+#: read from (``Deployer.logged_fault``).
+UP_MARK_BYTES = 4096
 
 
 class DeployResult(BaseModel):
@@ -113,6 +116,8 @@ class Deployer:
             progress=self._progress,
         )
         self._blame = Blame(cluster, gates, log_of=self.log_of, alive=self.alive)
+        #: by rank, the end of each node's log as the last boot came up (``_log_gates``)
+        self._up_marks: dict[int, str] = {}
 
     # ---- helpers ----------------------------------------------------------------------------
     def _t(self, node: NodeSpec) -> Transport:
@@ -243,11 +248,23 @@ class Deployer:
         return self._t(node).run(alive_command(node), timeout=30).returncode == 0
 
     def logged_fault(self, message: str) -> DeployError | None:
-        """After a bench cell failed (``message``): the node's own failure a log names, if one
-        does (a GPU or its driver, a full disk: ``INFRASTRUCTURE``), the head's log read first.
-        Not a worker gone (``worker_missing``): a head logs that too when a worker died of the
-        config's own failure."""
-        return self._blame.named(message, self.cluster.head, INFRASTRUCTURE - {"worker_missing"})
+        """After a bench cell failed (``message``): the node's own failure a log names since the
+        boot came up, if one does (a GPU or its driver, a full disk: ``INFRASTRUCTURE``), the
+        head's log read first. What a node logged while it booted (a warning about the hub on
+        an air-gapped node, a cache it could not write) and a worker gone (``worker_missing``:
+        a head logs that too when a worker died of the config's own failure) are not read."""
+        marks = self._up_marks
+
+        def since_up(node: NodeSpec) -> str:
+            log = self.log_of(node)
+            mark = marks.get(node.rank, "")
+            at = log.rfind(mark) if mark else -1
+            # a mark gone from the log's tail: all of the tail came after it
+            return log[at + len(mark) :] if at >= 0 else log
+
+        return self._blame.named(
+            message, self.cluster.head, INFRASTRUCTURE - {"worker_missing"}, log_of=since_up
+        )
 
     # ---- preflight (``cluster.preflight``) ------------------------------------------------
     def clocks(self) -> list[NodeClockRecord]:
@@ -470,6 +487,9 @@ class Deployer:
                 strict=True,
             )
         )
+        # each log's last lines as the boot came up: what a node logs after them is what a
+        # failure in the cells is read by (``logged_fault``), never the boot's own warnings
+        self._up_marks = {rank: log[-UP_MARK_BYTES:] for rank, log in logs.items()}
         for node in self.cluster.nodes:
             log = logs[node.rank]
             for pattern in self.gates.must_not_log:

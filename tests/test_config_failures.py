@@ -14,6 +14,7 @@ import signal
 import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from rich.console import Console
@@ -569,39 +570,64 @@ def test_an_engine_that_logs_its_gpus_or_networks_fault_as_it_exits_is_the_nodes
         assert err.message.endswith(f": {said.splitlines()[-1]}"), err.message
 
 
+def cell_failures(tmp_path: Path, data: dict[str, Any], lines: list[str | None]) -> list[NodeError]:
+    """Boot the twin profile ``data`` once per line, append the line (if any) to the head's log
+    once the boot is up, kill the head's engine and run a bench cell: each cell's failure."""
+    prof = load_profile(str(write_profile(tmp_path, data)), base_dir=tmp_path)
+    deployer = deployer_for(prof)
+    testbed = ClusterTestbed(deployer, prof.cluster.base_url, prof.model)
+    workdir = Path(prof.cluster.head.workdir)
+    failures: list[NodeError] = []
+    try:
+        for line in lines:
+            testbed.deploy(prof.initial_champion())
+            pid = int((workdir / PIDFILE).read_text())
+            if line is not None:
+                with (workdir / LOG).open("a") as log:
+                    log.write(line + "\n")
+            os.killpg(pid, signal.SIGKILL)
+            with pytest.raises(NodeError) as failed:
+                testbed.bench(prof.cells[0])
+            testbed.stop_all()
+            failures.append(failed.value)
+    finally:
+        deployer.teardown()
+        deployer.close()
+    return failures
+
+
 def test_an_engine_that_dies_of_its_gpu_in_a_cell_is_the_nodes_failure(tmp_path: Path) -> None:
     """An engine that came up, then died in a bench cell with its GPU's error in its log (the
     line written to the log and the engine's process group killed, as a GPU fallen off the bus
     ends it) fails the cell as ``gpu_fault``, the node's, naming the line: never a
     ``bench_failed`` that, reproduced, would bar the config. Killed without such a line, the
     cell's failure stays ``bench_failed``."""
-    prof = load_profile(str(write_profile(tmp_path, twin_profile_data())), base_dir=tmp_path)
-    deployer = deployer_for(prof)
-    testbed = ClusterTestbed(deployer, prof.cluster.base_url, prof.model)
-    workdir = Path(prof.cluster.head.workdir)
-
-    def died(line: str | None) -> NodeError:
-        testbed.deploy(prof.initial_champion())
-        pid = int((workdir / PIDFILE).read_text())
-        if line is not None:
-            with (workdir / LOG).open("a") as log:
-                log.write(line + "\n")
-        os.killpg(pid, signal.SIGKILL)
-        with pytest.raises(NodeError) as failed:
-            testbed.bench(prof.cells[0])
-        testbed.stop_all()
-        return failed.value
-
     gone = "NVRM: GPU 0000:01:00.0: GPU has fallen off the bus."
-    try:
-        fault = died(gone)
-        assert fault.failure_class == "gpu_fault" and fault.failure_class in INFRASTRUCTURE
-        assert fault.message.startswith(f"bench cell {prof.cells[0].name} failed: ")
-        assert fault.message.endswith(f"node-0's log says: {gone}"), fault.message
-        assert died(None).failure_class == "bench_failed"
-    finally:
-        deployer.teardown()
-        deployer.close()
+    fault, plain = cell_failures(tmp_path, twin_profile_data(), [gone, None])
+    assert fault.failure_class == "gpu_fault" and fault.failure_class in INFRASTRUCTURE
+    assert fault.message.startswith("bench cell ")
+    assert fault.message.endswith(f"node-0's log says: {gone}"), fault.message
+    assert plain.failure_class == "bench_failed"
+
+
+def test_a_cell_failure_is_not_read_by_what_the_node_logged_as_it_booted(tmp_path: Path) -> None:
+    """An air-gapped head warns that it could not reach the hub as it boots, then serves (its
+    weights were cached). An engine that dies in a cell with no line of its own fails it as
+    ``bench_failed``, the config's evidence: the boot's warning is not read as the node's
+    network failing (only what a node logged after the boot came up is)."""
+    hub = "WARNING: Max retries exceeded with url: /api/models/m (huggingface.co unreachable)"
+    data = twin_profile_data()
+    data["launcher"]["argv"] = [
+        "sh",
+        "-c",
+        'echo "$0" >&2; exec "$@"',
+        hub,
+        *data["launcher"]["argv"],
+    ]
+    (failure,) = cell_failures(tmp_path, data, [None])
+    log = (tmp_path / "nodes" / "node-0" / LOG).read_text()
+    assert hub in log  # the head did log the warning as it booted
+    assert failure.failure_class == "bench_failed", failure.message
 
 
 def test_a_config_failure_names_the_line_its_log_named_it_by(tmp_path: Path) -> None:
