@@ -52,11 +52,13 @@ DEFAULT_FAILURE_PATTERNS: dict[FailureClass, tuple[str, ...]] = {
     # After the config's own classes: an engine that got as far as an OOM had its weights, and
     # an air-gapped node's warnings about the hub must not pass a config's failure off
     "network": (
-        r"We couldn't connect to '?https?://",
-        r"Max retries exceeded with url",
-        r"Temporary failure in name resolution",
-        r"Failed to establish a new connection",
-        r"Network is unreachable",
+        # transformers and huggingface_hub, once a file is neither reachable nor cached; not
+        # their connection errors themselves, which a node that serves from its cache logs as
+        # warnings on its way up
+        r"We couldn't connect to '?https?://[^ ]* to load",
+        r"LocalEntryNotFoundError",
+        r"cannot find the requested files in the local cache",
+        r"check your (?:internet )?connection and try again",
     ),
     "worker_missing": (
         r"timed out waiting for .*worker",

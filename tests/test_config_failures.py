@@ -540,17 +540,21 @@ def test_an_engine_that_logs_its_gpus_or_networks_fault_as_it_exits_is_the_nodes
     the line, for the line the round stops with. An air-gapped node's warning about the hub
     before the config's own OOM leaves the failure the config's ``oom``."""
     hub = (
-        "requests.exceptions.ConnectionError: HTTPSConnectionPool(host='huggingface.co', "
-        "port=443): Max retries exceeded with url: /api/models/m/revision/main (Caused by "
-        "NameResolutionError(\"Failed to resolve 'huggingface.co' ([Errno -3] Temporary "
-        'failure in name resolution)"))'
+        "OSError: We couldn't connect to 'https://huggingface.co' to load this file, couldn't "
+        "find it in the cached files and it looks like org/adapter-r128 is not the path to a "
+        "directory containing a file named config.json."
+    )
+    warned = (
+        "WARNING [config.py] Error retrieving file list: HTTPSConnectionPool(host="
+        "'huggingface.co', port=443): Max retries exceeded with url: /api/models/m (Caused by "
+        "NameResolutionError: Temporary failure in name resolution)"
     )
     oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
     for said, cls in (
         ("RuntimeError: CUDA error: uncorrectable ECC error encountered", "gpu_fault"),
         ("Failed to initialize NVML: Driver/library version mismatch", "gpu_fault"),
         (hub, "network"),
-        (f"WARNING {hub}\n{oom}", "oom"),
+        (f"{warned}\n{oom}", "oom"),
     ):
         where = tmp_path / str(len(said))
         where.mkdir()
@@ -611,22 +615,22 @@ def test_an_engine_that_dies_of_its_gpu_in_a_cell_is_the_nodes_failure(tmp_path:
 
 
 def test_a_cell_failure_is_not_read_by_what_the_node_logged_as_it_booted(tmp_path: Path) -> None:
-    """An air-gapped head warns that it could not reach the hub as it boots, then serves (its
-    weights were cached). An engine that dies in a cell with no line of its own fails it as
-    ``bench_failed``, the config's evidence: the boot's warning is not read as the node's
-    network failing (only what a node logged after the boot came up is)."""
-    hub = "WARNING: Max retries exceeded with url: /api/models/m (huggingface.co unreachable)"
+    """A head warns as it boots that it could not write its compile cache (a full disk), then
+    serves. An engine that dies in a cell with no line of its own fails it as ``bench_failed``,
+    the config's evidence: the boot's warning is not read as the node's disk failing (only
+    what a node logged after the boot came up is)."""
+    warned = "WARNING: compile cache not written: [Errno 28] No space left on device"
     data = twin_profile_data()
     data["launcher"]["argv"] = [
         "sh",
         "-c",
         'echo "$0" >&2; exec "$@"',
-        hub,
+        warned,
         *data["launcher"]["argv"],
     ]
     (failure,) = cell_failures(tmp_path, data, [None])
     log = (tmp_path / "nodes" / "node-0" / LOG).read_text()
-    assert hub in log  # the head did log the warning as it booted
+    assert warned in log  # the head did log the warning as it booted
     assert failure.failure_class == "bench_failed", failure.message
 
 
