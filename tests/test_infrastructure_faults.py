@@ -23,6 +23,7 @@ from orchestrator.approval import ApprovalGate
 from orchestrator.display import RoundDisplay
 from orchestrator.faults import InfrastructureFault, last_stop
 from orchestrator.profile import VerdictSpec
+from orchestrator.report import write_report
 from orchestrator.round import RoundOptions, RoundRunner
 from orchestrator.testbed import NullSink
 from tests.test_round_policy import ScriptedTestbed, profile
@@ -92,6 +93,10 @@ def test_a_node_back_after_a_retry_costs_no_verdict(tmp_path: Path) -> None:
         (BootStatus.FAILED, "unreachable"),
         (BootStatus.DOWN, None),
     ]
+    # the morning's page names the failure, its node and how often
+    written = write_report(loop.profile, loop.ledger, out=tmp_path / "report")
+    html = written.page.read_text()
+    assert "<li>unreachable: node-2: ssh: connection refused (×1)</li>" in html
     loop.ledger.close()
 
 

@@ -123,6 +123,9 @@ class ReportData:
     stops: list[Stop]
     #: by node rank, the round's boots set aside with that node's clocks off
     clocks_off_by_node: Counter[int] = field(default_factory=Counter)
+    #: the round's boots that failed for the infrastructure's reasons, by their class and
+    #: their message's first line (which names the node)
+    infrastructure_failures: Counter[tuple[str, str]] = field(default_factory=Counter)
 
     @property
     def gpu_hours(self) -> float:
@@ -316,6 +319,10 @@ def _boots(
         data.boots_by_use[use] += 1
         if use == "clocks off: set aside":
             data.clocks_off_by_node.update(slow[boot.id])
+        elif use == "failed: the infrastructure's":
+            said = (boot.failure_detail or "").strip().splitlines()
+            detail = said[0][:240] if said else ""
+            data.infrastructure_failures[(str(boot.failure_class), detail)] += 1
         if owner is not None:
             spent = data.boot_hours.setdefault(owner.id, {})
             spent[use] = spent.get(use, 0.0) + hours

@@ -117,6 +117,14 @@ def _infrastructure(data: ReportData) -> str:
         else "<p>No boot was the infrastructure's: none failed for a node's reasons or was set "
         "aside for a node's clocks.</p>"
     ]
+    if data.infrastructure_failures:
+        failed = "".join(
+            f"<li>{escape(cls)}: {escape(detail)} (×{n})</li>"
+            for (cls, detail), n in sorted(
+                data.infrastructure_failures.items(), key=lambda item: (-item[1], item[0])
+            )
+        )
+        lines.append(f"<p>Failed for the infrastructure's reasons:</p><ul>{failed}</ul>")
     if data.clocks_off_by_node:
         by_node = ", ".join(
             f"node-{rank} in {n} boot(s)" for rank, n in sorted(data.clocks_off_by_node.items())
