@@ -471,7 +471,8 @@ def _more_or_stop(
         return Assessment(
             Status.DISCARD,
             "futility",
-            f"{where}: P(a keep within {spec.max_boots} boots)={reach:.2f}, not worth a boot",
+            f"{where}: P(a keep within {spec.max_boots} boots)={reach:.2f}, not worth another "
+            "boot in this look",
             stats,
         )
     if spec.balance_boots and m < min(n, spec.max_boots):

@@ -132,6 +132,8 @@ def test_a_keep_out_of_reach_is_discarded_for_futility_not_booted_again() -> Non
     hopeless = assess(SPEC, evidence([105.0], champion), NOISE)
     assert hopeless.status == "discard" and hopeless.rule == "futility"
     assert 0.02 < hopeless.stats["p_reach"] < SPEC.predictive_futility  # type: ignore[operator]
+    # it ends this look, not the value: a second look may still take it up
+    assert hopeless.reason.endswith("not worth another boot in this look"), hopeless.reason
     patient = assess(VerdictSpec(max_boots=10), evidence([105.0], champion), NOISE)
     assert patient.status == "more"
     promising = assess(SPEC, evidence([108.0], champion), NOISE)
