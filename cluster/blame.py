@@ -45,19 +45,18 @@ class Blame:
         named = self.classify(log)
         failure = named or default
         message = f"{node.name}: engine exited {what}"
+        line = "" if named is None else self._line(log, named)
         if failure == "port_in_use":
-            line = _first_line(log, self.gates.failure_patterns["port_in_use"])
             # the port as the line names it (host:port, "port: N", uvicorn's ('host', N)),
             # after a log prefix's time stamp and source ("… [api_server.py:1930]")
             start = line.find("]") + 1
             port = re.search(r"(?:[\w.\]]:|\bport:? |', )(\d{2,5})\b", line[start:])
             taken = f"port {port.group(1)}" if port else "a port it binds"
             message = f"{node.name}: {taken} on {node.host} is in use, engine exited {what}: {line}"
-        elif named is not None:
+        elif line:
             # the line that names it (a GPU's fault, an OOM, a KV cache too small): the stop's
             # line and the verdict's reason say what the log said
-            line = _first_line(log, self.gates.failure_patterns[named])[:300]
-            message = f"{message}: {line}" if line else message
+            message = f"{message}: {line}"
         return DeployError(
             message,
             failure_class=failure,
@@ -99,15 +98,19 @@ class Blame:
             log = read(other)
             cls = self.classify(log)
             if cls is not None and cls in classes:
-                line = _first_line(log, self.gates.failure_patterns[cls])
                 return DeployError(
-                    f"{message}; {other.name}'s log says: {line}",
+                    f"{message}; {other.name}'s log says: {self._line(log, cls)}",
                     failure_class=cls,
                     rank=other.rank,
                     host=other.host,
                     log_tail=tail(log, 25),
                 )
         return None
+
+    def _line(self, log: str, cls: FailureClass) -> str:
+        """The first line of ``log`` that names ``cls`` (its failure patterns), cut to 300
+        characters: the words a failure's message quotes."""
+        return _first_line(log, self.gates.failure_patterns.get(cls, ()))[:300]
 
     def lost(self, found: NodeSpec) -> DeployError:
         """Who failed, once an engine is found dead while the head boots.
