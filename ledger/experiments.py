@@ -108,9 +108,11 @@ class Experiments(LedgerBase):
         failure_class: FailureClass | None = None,
         failure_detail: str | None = None,
         promote: bool = False,
+        description: str | None = None,
     ) -> ExperimentRecord:
         """Decide an experiment; with ``promote`` its config becomes the cluster's champion
-        in the same transaction.
+        in the same transaction; ``description``: what results.tsv says of it from then on
+        (a person's veto of an experiment under way adds their words).
 
         Raises:
             LedgerError: no such experiment, or already decided.
@@ -128,6 +130,8 @@ class Experiments(LedgerBase):
             row.failure_class = failure_class
             row.failure_detail = failure_detail
             row.decided_at = now
+            if description is not None:
+                row.description = description
             s.add(
                 VerdictRow(
                     experiment_id=experiment_id,

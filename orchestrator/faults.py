@@ -24,7 +24,7 @@ from contextlib import suppress
 from typing import TypeVar
 
 from cluster.errors import NodeError
-from knobs.vocabulary import INFRASTRUCTURE, BootStatus, EventKind
+from knobs.vocabulary import INFRASTRUCTURE, BootStatus, EventKind, Kind
 from ledger import (
     EventRecord,
     ExperimentRecord,
@@ -105,10 +105,18 @@ class InfrastructureFaults:
         if err.host:
             where += f" ({err.host})"
         if delay is None:
+            # a change of its own that only fails this way (weights no node can fetch) can be
+            # set aside by a person; the champion's boots, or the baseline's, cannot
+            aside = (
+                f", or `orchestrate experiments veto {e.id} --reason …` to set the change aside "
+                "and go on with the next"
+                if e.kind == Kind.CANDIDATE and booted is None
+                else ""
+            )
             raise InfrastructureFault(
                 f"{where}: {err.failure_class} {failures} times in a row ({err.message}); "
                 f"experiment #{e.id} is left undecided and nothing was barred: run the same "
-                "command to resume once the node is back",
+                f"command to resume once the node is back{aside}",
                 failure=err,
                 experiment=e.id,
             )

@@ -250,9 +250,11 @@ def _barred(profile: Profile, ledger: Ledger, e: ExperimentRecord) -> KnownBad |
     if coupled is not None and e.status != Status.INVALID:
         when[coupled[0]] = coupled[1]  # a coupled move bars the pair, never its first knob alone
     reason = e.failure_class or (e.failure_detail or e.status)[:200]
-    if e.status == Status.VETOED and e.proposal_id is not None:
-        # the person's words, so every proposer learns why
-        reason = ledger.proposal(e.proposal_id).reason or "vetoed"
+    if e.status == Status.VETOED:
+        # the person's words, so every proposer learns why (the verdict's: a proposal's veto
+        # or, for a change a stopped round left undecided, the experiment's)
+        verdict = ledger.verdict(e.id)
+        reason = "vetoed" if verdict is None else verdict.reason
     region = (
         crash_region(profile, e.knob, e.value, e.config, e.failure_class, coupled)
         if e.status == Status.CRASH

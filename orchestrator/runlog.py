@@ -337,8 +337,9 @@ class RunLog:
     def _complete(self, run_id: str, e: ExperimentRecord, present: frozenset[str]) -> None:
         """``e``'s verdict written to its run as the round writes it, from the ledger."""
         if e.status == Status.VETOED:
-            reason = self.ledger.proposal(e.proposal_id).reason if e.proposal_id else None
-            self.vetoed(run_id, e, reason or "")
+            # the person's words: a proposal's veto, or an undecided experiment's
+            vetoed = self.ledger.verdict(e.id)
+            self.vetoed(run_id, e, "" if vetoed is None else vetoed.reason)
             return
         if e.status == Status.CRASH:
             self._crashed(run_id, e, e.failure_class or "unknown", e.failure_detail or "")

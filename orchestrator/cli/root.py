@@ -9,6 +9,7 @@ import typer
 
 from orchestrator.cli.bench import bench
 from orchestrator.cli.cluster import cluster_app
+from orchestrator.cli.experiments import experiments_app
 from orchestrator.cli.export import export
 from orchestrator.cli.init import init
 from orchestrator.cli.known_bad import known_bad_app
@@ -31,6 +32,7 @@ app = typer.Typer(
 app.add_typer(proposals_app, name="proposals")
 app.add_typer(cluster_app, name="cluster")
 app.add_typer(known_bad_app, name="known-bad")
+app.add_typer(experiments_app, name="experiments")
 app.add_typer(twin_app, name="twin")
 app.add_typer(engines_app, name="engines")
 app.command("round")(round_)

@@ -1,0 +1,44 @@
+"""``orchestrate experiments``: an experiment a stopped round left undecided, vetoed by a
+person so that the round's resume goes on with the next change."""
+
+from __future__ import annotations
+
+import getpass
+import socket
+from typing import Annotated
+
+import typer
+
+from orchestrator.cli.common import ProfileOpt, opened
+
+experiments_app = typer.Typer(
+    help="Experiments a stopped round left undecided.", no_args_is_help=True
+)
+
+
+@experiments_app.command("veto")
+def experiments_veto(
+    experiment_id: Annotated[int, typer.Argument(help="the undecided experiment's ID")],
+    reason: Annotated[str, typer.Option("--reason", help="why (shown to every proposer)")],
+    profile: ProfileOpt = None,
+) -> None:
+    """Veto a change a stopped round left undecided (its weights cannot be fetched, it fails
+    only on this stack's nodes): decided as vetoed with your reason, its boots kept, and barred
+    as a vetoed proposal is (`orchestrate known-bad clear` lifts it). The same `orchestrate
+    round` command then resumes the round with the next change. Refused while a round runs."""
+    from orchestrator.history import region_of
+    from orchestrator.profile import load_profile
+    from orchestrator.undecided import veto_undecided
+
+    prof = load_profile(profile)
+    actor = f"{getpass.getuser()}@{socket.gethostname()}"
+    with opened(prof) as o:
+        ledger = o.ledger()
+        e = veto_undecided(prof, ledger, experiment_id, reason=reason, actor=actor)
+        region = region_of(prof, ledger, e)
+    barred = "nothing" if region is None else region.region()
+    typer.echo(
+        f"vetoed experiment #{e.id} by {actor}: it bars {barred} (`orchestrate known-bad clear "
+        f"{e.id} --reason …` lifts it); the same `orchestrate round` command resumes the round "
+        "with the next change"
+    )

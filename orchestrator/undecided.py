@@ -1,0 +1,101 @@
+"""An experiment a stopped round left undecided, set aside by a person
+(``orchestrate experiments veto``).
+
+A round that stops on an experiment (a node away, weights that one value needs and no node can
+fetch) leaves it undecided, and the same command resumes it: the round goes on only through
+it. When a person judges that the change itself cannot be run on this stack for now, they veto
+it as they would veto its proposal: decided ``vetoed`` with their words, its boots kept as they
+were, and a known-bad region that every proposer sees (``orchestrate known-bad clear`` lifts
+it). The resume then goes on with the next change. Never while a round holds the cluster: the
+veto takes the cluster's lease for its one transaction.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from knobs.vocabulary import BootStatus, Kind, State, Status
+from ledger import ExperimentRecord, Ledger, VerdictRecord
+from orchestrator.errors import OrchestrateError, UsageError
+from orchestrator.lease import ClusterLease
+from orchestrator.profile import Profile
+
+
+class NotUndecided(OrchestrateError):
+    """The experiment named is not one a person can veto now: no such experiment on this
+    cluster, decided already, or the baseline (it measures the profile's own champion)."""
+
+    exit_code = 3
+
+    def __init__(self, message: str, *, experiment: int) -> None:
+        super().__init__(message)
+        self.experiment = experiment
+
+
+def veto_undecided(
+    profile: Profile, ledger: Ledger, experiment_id: int, *, reason: str, actor: str
+) -> ExperimentRecord:
+    """Decide undecided experiment ``experiment_id`` as vetoed by ``actor`` for ``reason``:
+    the verdict's reason is the person's words (what every proposer is shown), its statistics
+    the boots it had and how they failed, and results.tsv's description says who vetoed it and
+    why. The decided experiment.
+
+    Raises:
+        UsageError: ``reason`` is empty.
+        NotUndecided: the experiment is not an undecided change on this profile's cluster.
+        LeaseHeld: a round holds the cluster (it may be booting this very experiment).
+    """
+    why = " ".join(reason.split())
+    if not why:
+        raise UsageError("--reason must say why the experiment is vetoed (every proposer sees it)")
+    cluster = profile.cluster.name
+    with ClusterLease(ledger, cluster):
+        e = _undecided(ledger, cluster, experiment_id)
+        boots = ledger.boots(e.id)
+        failed = Counter(
+            b.failure_class or "unknown" for b in boots if b.status == BootStatus.FAILED
+        )
+        verdict = VerdictRecord(
+            status=Status.VETOED,
+            rule="veto",
+            reason=why,
+            stats={"by": actor, "undecided": True, "boots": len(boots), "failed": dict(failed)},
+        )
+        return ledger.decide(
+            e.id,
+            verdict=verdict,
+            objective=None,
+            delta_pct=None,
+            accept_len=None,
+            description=f"{e.description}; vetoed by {actor} while undecided: {why}",
+        )
+
+
+def _undecided(ledger: Ledger, cluster: str, experiment_id: int) -> ExperimentRecord:
+    """Experiment ``experiment_id`` of ``cluster``, a change not decided yet.
+
+    Raises:
+        NotUndecided: it is none, or the baseline, or decided.
+    """
+    e = next((x for x in ledger.experiments(cluster=cluster) if x.id == experiment_id), None)
+    if e is None:
+        raise NotUndecided(
+            f"cluster {cluster} has no experiment #{experiment_id}: `orchestrate status` names "
+            "the one a stopped round left undecided",
+            experiment=experiment_id,
+        )
+    if e.kind != Kind.CANDIDATE:
+        raise NotUndecided(
+            f"experiment #{e.id} is the baseline: it measures the profile's own champion, "
+            "which nothing can set aside; resume the round once its nodes boot, or give the "
+            "profile another starting config",
+            experiment=e.id,
+        )
+    if e.state == State.DECIDED:
+        raise NotUndecided(
+            f"experiment #{e.id} ({e.description}) is decided already ({e.status}): only one "
+            "a stopped round left undecided can be vetoed; `orchestrate known-bad` lists and "
+            "clears what a decision bars",
+            experiment=e.id,
+        )
+    return e
