@@ -62,8 +62,11 @@ class Measures(LedgerBase):
         status: BootStatus,
         failure_class: FailureClass | None = None,
         failure_detail: str | None = None,
+        rank: int | None = None,
+        host: str | None = None,
     ) -> None:
-        """Mark a boot ``up`` (healthy), ``failed`` or ``down`` (torn down after use)."""
+        """Mark a boot ``up`` (healthy), ``failed`` or ``down`` (torn down after use); a
+        failed one with the node its error named (``rank``, ``host``), if it named one."""
         with self._session() as s:
             row = self._get(s, BootRow, boot_id)
             row.status = str(status)
@@ -73,6 +76,8 @@ class Measures(LedgerBase):
                 row.ended_at = utcnow()
             row.failure_class = failure_class or row.failure_class
             row.failure_detail = failure_detail or row.failure_detail
+            row.failed_rank = rank if rank is not None else row.failed_rank
+            row.failed_host = host or row.failed_host
 
     def boots(self, experiment_id: int) -> list[BootRecord]:
         """The boots of an experiment, oldest first."""

@@ -21,7 +21,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 #: The schema's number: the newest Alembic revision of ``ledger/migrations`` as an int, bumped
 #: with each new revision. ``alembic_version`` is the truth; the ``schema_version`` row mirrors
 #: this, so that an orchestrate from before the revisions refuses a newer ledger.
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 
 def utcnow() -> datetime:
@@ -159,6 +159,10 @@ class BootRow(Base):
     status: Mapped[str] = mapped_column(String(16), default="booting")  # booting|up|failed|down
     failure_class: Mapped[str | None] = mapped_column(String(32))
     failure_detail: Mapped[str | None] = mapped_column(Text)
+    # the node a failed boot failed on, as its error named it (schema 6; NULL before, or when
+    # no node was named)
+    failed_rank: Mapped[int | None] = mapped_column(Integer)
+    failed_host: Mapped[str | None] = mapped_column(String(255))
     started_at: Mapped[datetime] = mapped_column(default=utcnow)
     healthy_at: Mapped[datetime | None]
     ended_at: Mapped[datetime | None]

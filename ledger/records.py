@@ -149,6 +149,10 @@ class BootRecord(_Record):
     started_at: datetime
     healthy_at: datetime | None
     ended_at: datetime | None
+    #: the node a failed boot failed on, as its error named it (None: not named, or a boot
+    #: recorded before schema 6)
+    failed_rank: int | None = None
+    failed_host: str | None = None
 
 
 class ChampionRecord(_Record):

@@ -179,6 +179,8 @@ def boot_record(row: BootRow) -> BootRecord:
         started_at=aware(row.started_at) or row.started_at,
         healthy_at=aware(row.healthy_at),
         ended_at=aware(row.ended_at),
+        failed_rank=row.failed_rank,
+        failed_host=row.failed_host,
     )
 
 

@@ -89,6 +89,8 @@ class Booter:
                 status=BootStatus.FAILED,
                 failure_class=failure.failure_class,
                 failure_detail=failure.message,
+                rank=failure.rank,
+                host=failure.host,
             )
             return failure
         self.ledger.end_boot(boot.id, status=BootStatus.DOWN)

@@ -6,6 +6,7 @@ scripted (the real loop, ledger and verdict code run unchanged)."""
 from __future__ import annotations
 
 import io
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -26,7 +27,8 @@ from orchestrator.profile import VerdictSpec
 from orchestrator.report import write_report
 from orchestrator.round import RoundOptions, RoundRunner
 from orchestrator.testbed import NullSink
-from tests.test_round_policy import ScriptedTestbed, profile
+from tests.fixtures.cli import orchestrate
+from tests.test_round_policy import ScriptedTestbed, profile, scripted_cli
 
 CHANGES = [{"num_speculative_tokens": 5}, {"num_speculative_tokens": 6}]
 
@@ -93,11 +95,26 @@ def test_a_node_back_after_a_retry_costs_no_verdict(tmp_path: Path) -> None:
         (BootStatus.FAILED, "unreachable"),
         (BootStatus.DOWN, None),
     ]
+    # the ledger records the node it failed on, whatever its message says
+    assert (first_boots := loop.ledger.boots(first.id))[0].failed_rank == 2
+    assert first_boots[0].failed_host == "n2" and first_boots[1].failed_rank is None
     # the morning's page names the failure, its node and how often
     written = write_report(loop.profile, loop.ledger, out=tmp_path / "report")
     html = written.page.read_text()
     assert "<li>unreachable: node-2: ssh: connection refused (×1)</li>" in html
     loop.ledger.close()
+    # and ``orchestrate status`` counts each node's failures, as it counts its clocks
+    profile_file, env = scripted_cli(tmp_path, nodes=3)
+    shown = orchestrate(tmp_path, "status", "--profile", str(profile_file), "--json", env=env)
+    assert shown.returncode == 0, shown.stderr
+    data = json.loads(shown.stdout)
+    assert [n["infrastructure_failures"] for n in data["nodes"]] == [{}, {}, {"unreachable": 1}]
+    assert data["infrastructure_failures_without_node"] == 0
+    text = orchestrate(tmp_path, "status", "--profile", str(profile_file), env=env)
+    said = " ".join(text.stdout.split())
+    host = data["nodes"][2]["host"]
+    assert f"node-2 ({host}): 1 boot(s) failed for the node's reasons, not a config's: " in said
+    assert "unreachable ×1" in said and "node-0 (" not in said
 
 
 class LostWhileBenched(FlakyNode):

@@ -26,7 +26,7 @@ from mlflow.tracking import MlflowClient
 from sqlalchemy import Connection, create_engine, func, insert, inspect, select, text, update
 
 from knobs.config import Config
-from knobs.vocabulary import EventKind, Kind, Status
+from knobs.vocabulary import BootRole, BootStatus, EventKind, Kind, Status
 from ledger import Ledger, LedgerError, LedgerNotReady, VerdictRecord, reading, tsv_text
 from ledger.models import SCHEMA_VERSION, Base, SchemaRow
 from ledger.schema import head, scripts
@@ -259,7 +259,7 @@ def test_a_schema5_ledger_whose_mlflow_is_gone_gives_its_held_texts_to_the_next_
     tmp_path: Path,
 ) -> None:
     """Schema 5 (the release at 0093711: a round left open because its MLflow stopped
-    answering, 20 launcher texts and engine logs held in the ledger) opens as it is, and the
+    answering, 20 launcher texts and engine logs held in the ledger) opens with schema 6, and the
     same command, run against another MLflow (the old server is gone: a new one, or its store
     lost), boots nothing, gives the round and each experiment a run there, puts every held
     text on its experiment's run at its path, forgets it, and closes the round. Before, the
@@ -292,6 +292,34 @@ def test_a_schema5_ledger_whose_mlflow_is_gone_gives_its_held_texts_to_the_next_
         for path, body in texts.items():
             got = Path(client.download_artifacts(run_id, path, str(tmp_path / "got")))
             assert got.read_text() == body, (experiment, path)
+
+
+def test_a_schema5_ledgers_failed_boots_name_no_node_and_a_new_one_does(tmp_path: Path) -> None:
+    """Schema 6 records the node a failed boot failed on. The boots schema 5 wrote keep no node
+    (their message names it, and a message is not parsed into a column after the fact); a boot
+    that fails after the upgrade keeps its node's rank and host."""
+    url, _ = _upgraded_release("schema5", tmp_path)
+    with Ledger(url) as ledger:
+        boots = [b for bs in ledger.cluster_boots(CLUSTER).values() for b in bs]
+        failed = [b for b in boots if b.status == BootStatus.FAILED]
+        assert failed, "the release's crash failed its boots"
+        assert all((b.failed_rank, b.failed_host) == (None, None) for b in failed)
+        e = ledger.experiments(cluster=CLUSTER)[-1]
+        boot = ledger.start_boot(e.id, e.config, role=BootRole.REPEAT, measurement=9)
+        ledger.end_boot(
+            boot.id,
+            status=BootStatus.FAILED,
+            failure_class="unreachable",
+            failure_detail="node-1: ssh: connection refused",
+            rank=1,
+            host="10.0.0.2",
+        )
+        [new] = [b for b in ledger.boots(e.id) if b.id == boot.id]
+        assert (new.failure_class, new.failed_rank, new.failed_host) == (
+            "unreachable",
+            1,
+            "10.0.0.2",
+        )
 
 
 def test_an_upgraded_ledger_reads_its_one_knob_rows_as_before_and_records_a_coupled_move(

@@ -1,15 +1,19 @@
 """``orchestrate status``: the champion, the unfinished round (and why it stopped short, if it
 did), what MLflow still lacks, a node whose clocks are off more often than chance explains,
-and the lease."""
+the boots each node failed for the infrastructure's reasons, and the lease."""
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections import Counter
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from orchestrator.cli.common import JsonOpt, ProfileOpt, opened, out
+
+if TYPE_CHECKING:
+    from ledger import Ledger
 
 
 def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
@@ -52,6 +56,7 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
         counted, off = clocks_off_counts(
             ledger, name, [c.name for c in prof.cells], prof.gates.min_matmul_rate
         )
+        failed = failed_by_node(ledger, name)
     history = ClocksHistory(counted, off, [n.rank for n in prof.cluster.nodes])
     flaky = flaky_nodes(history)
     data: dict[str, Any] = {
@@ -107,9 +112,13 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
             "clocks_off": off.get(n.rank, 0),
             "clocks_off_rate": round(clocks_off_rate(history, n.rank), 4),
             "flaky": n.rank in flaky,
+            # the boots that failed on it for the infrastructure's reasons, by class
+            "infrastructure_failures": dict(failed.get(n.rank, {})),
         }
         for n in prof.cluster.nodes
     ]
+    # such failures the ledger names no node for (recorded before schema 6, or none named)
+    data["infrastructure_failures_without_node"] = sum(failed.get(None, {}).values())
     data["knob_priors"] = {
         knob: {
             "p_null": prior.p_null,
@@ -179,6 +188,14 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
                 "boot was set aside and booted again (power-cycle or service the node)",
                 markup=False,
             )
+        if node["infrastructure_failures"]:
+            classes = node["infrastructure_failures"]
+            console.print(
+                f"{node['name']} ({node['host']}): {sum(classes.values())} boot(s) failed for "
+                "the node's reasons, not a config's: "
+                + ", ".join(f"{cls} ×{n}" for cls, n in sorted(classes.items())),
+                markup=False,
+            )
     if lease is not None:
         console.print(f"lease: {lease.holder} until {lease.expires_at:%H:%M:%S} UTC")
     console.print("effect priors in force (the verdict's and the proposer's):")
@@ -190,3 +207,16 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
         )
     if step is not None:
         console.print(f"step cost of {draft} (its verdicts' null): {describe(step)}", markup=False)
+
+
+def failed_by_node(ledger: Ledger, cluster: str) -> dict[int | None, Counter[str]]:
+    """The boots of ``cluster`` that failed for the infrastructure's reasons, by the node they
+    failed on (``None``: the ledger names none) and class."""
+    from knobs.vocabulary import INFRASTRUCTURE, BootStatus
+
+    failed: dict[int | None, Counter[str]] = {}
+    for boots in ledger.cluster_boots(cluster).values():
+        for b in boots:
+            if b.status == BootStatus.FAILED and b.failure_class in INFRASTRUCTURE:
+                failed.setdefault(b.failed_rank, Counter())[b.failure_class] += 1
+    return failed
