@@ -15,19 +15,21 @@ from typing import Any
 
 import pytest
 import yaml
+from mlflow.tracking import MlflowClient
 from rich.console import Console
 
 from agents import SweepProposer
 from knobs.vocabulary import BootStatus, Kind, State, Status
 from ledger import Ledger
+from ledger.mlflow_sink import MlflowSink
 from orchestrator.approval import ApprovalGate
 from orchestrator.display import RoundDisplay
 from orchestrator.faults import InfrastructureFault
 from orchestrator.lease import ClusterLease
 from orchestrator.profile import load_profile
 from orchestrator.round import RoundOptions, RoundReport, RoundRunner
-from orchestrator.testbed import NullSink
 from tests.fixtures.cli import orchestrate
+from tests.fixtures.mlflow_store import MlflowStore
 from tests.test_config_failures import Failing
 from tests.test_known_bad_cli import PROFILE, listed, write_scripted_profile
 
@@ -47,12 +49,13 @@ def no_retries(directory: Path) -> None:
 
 
 def a_round(directory: Path, testbed: Failing) -> RoundReport:
-    """A budget-2 round (or its resume) on the CLI's ledger, walking ``CHANGES``."""
+    """A budget-2 round (or its resume) on the CLI's ledger and the test's MLflow, walking
+    ``CHANGES``."""
     ledger = Ledger(os.environ["ORCHESTRATE_LEDGER"])
     loop = RoundRunner(
         load_profile(str(directory / PROFILE)),
         ledger,
-        NullSink(),
+        MlflowSink(),
         testbed,
         SweepProposer(CHANGES),
         ApprovalGate(ledger, "auto"),
@@ -71,7 +74,7 @@ def veto(directory: Path, experiment: int, reason: str) -> Any:
 
 
 def test_a_change_that_only_the_infrastructure_fails_is_vetoed_and_the_round_goes_on(
-    cli_workdir: Path,
+    cli_workdir: Path, mlflow_db: MlflowStore
 ) -> None:
     write_scripted_profile(cli_workdir)
     no_retries(cli_workdir)
@@ -145,3 +148,8 @@ def test_a_change_that_only_the_infrastructure_fails_is_vetoed_and_the_round_goe
         ("num_speculative_tokens", 6, False),
         ("max_num_batched_tokens", 4096, False),
     ]
+    # MLflow, filled in from the ledger by the resume: the run is a veto with the words
+    assert candidates[0].mlflow_run_id is not None
+    run = MlflowClient(mlflow_db.tracking_uri).get_run(candidates[0].mlflow_run_id)
+    assert (run.info.status, run.data.tags["status"]) == ("KILLED", "vetoed")
+    assert run.data.tags["veto_reason"] == why
