@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import getpass
 import io
+import json
 import os
 import socket
 from pathlib import Path
@@ -92,6 +93,15 @@ def test_a_change_that_only_the_infrastructure_fails_is_vetoed_and_the_round_goe
         a_round(cli_workdir, testbed)
     assert [c["num_speculative_tokens"] for c in testbed.tried[-2:]] == [5, 5]
 
+    # the morning's ``status`` names the change under way, its boots and how they failed
+    shown = orchestrate(cli_workdir, "status", "--json", "-p", PROFILE)
+    assert shown.returncode == 0, shown.stderr
+    [under] = json.loads(shown.stdout)["running_round"]["undecided"]
+    assert (under["experiment"], under["boots"], under["failed"]) == (k5.id, 2, {"network": 2})
+    said = " ".join(orchestrate(cli_workdir, "status", "-p", PROFILE).stdout.split())
+    assert f"under way: experiment #{k5.id} ({k5.description}), 2 boot(s), failed: network ×2" in (
+        said
+    )
     why = "K=5's drafter is not on the nodes' disks and the hub is away this week"
     # not while a round holds the cluster: it may be booting this very change
     with ClusterLease(ledger, "scripted"):
@@ -133,6 +143,8 @@ def test_a_change_that_only_the_infrastructure_fails_is_vetoed_and_the_round_goe
         why,
     )
     export = orchestrate(cli_workdir, "export", "-", "--profile", PROFILE).stdout
+    shown = orchestrate(cli_workdir, "status", "--json", "-p", PROFILE)
+    assert json.loads(shown.stdout)["running_round"]["undecided"] == []
     assert f"vetoed by {actor} while undecided: {why}" in export
     ledger.close()
 

@@ -13,7 +13,7 @@ import typer
 from orchestrator.cli.common import JsonOpt, ProfileOpt, opened, out
 
 if TYPE_CHECKING:
-    from ledger import Ledger
+    from ledger import BootRecord, ExperimentRecord, Ledger
 
 
 def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
@@ -57,6 +57,12 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
             ledger, name, [c.name for c in prof.cells], prof.gates.min_matmul_rate
         )
         failed = failed_by_node(ledger, name)
+        # what the unfinished round has under way: the change a resume takes up first
+        undecided = [
+            under_way(e, ledger.boots(e.id))
+            for e in experiments
+            if running is not None and e.round_id == running.id and e.state != State.DECIDED
+        ]
     history = ClocksHistory(counted, off, [n.rank for n in prof.cluster.nodes])
     flaky = flaky_nodes(history)
     data: dict[str, Any] = {
@@ -96,6 +102,7 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
                 "error": stopped.detail.get("error"),
                 "reason": stopped.reason,
             },
+            "undecided": undecided,
         },
         "gpu_hours": round(sum(used.values()), 4),
         "held_for_mlflow": held,
@@ -169,6 +176,13 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
         )
         if stopped is not None:
             console.print(f"  it {said_stop(stopped)}", markup=False)
+        for u in undecided:
+            failures = ", ".join(f"{cls} ×{n}" for cls, n in sorted(u["failed"].items()))
+            console.print(
+                f"  under way: experiment #{u['experiment']} ({u['change']}), {u['boots']} "
+                f"boot(s)" + (f", failed: {failures}" if failures else ""),
+                markup=False,
+            )
     console.print(
         f"GPU-hours: {data['gpu_hours']:.2f} over {len(rounds)} round(s) "
         f"({cluster_gpus(prof)} GPU(s) per boot)"
@@ -220,3 +234,18 @@ def failed_by_node(ledger: Ledger, cluster: str) -> dict[int | None, Counter[str
             if b.status == BootStatus.FAILED and b.failure_class in INFRASTRUCTURE:
                 failed.setdefault(b.failed_rank, Counter())[b.failure_class] += 1
     return failed
+
+
+def under_way(e: ExperimentRecord, boots: list[BootRecord]) -> dict[str, Any]:
+    """An experiment the unfinished round has not decided: what it changes, its boots, and how
+    those that failed failed (a stop's, or a kill's; ``orchestrate experiments veto`` takes it)."""
+    from knobs.vocabulary import BootStatus
+
+    failed = Counter(b.failure_class or "unknown" for b in boots if b.status == BootStatus.FAILED)
+    return {
+        "experiment": e.id,
+        "change": e.description,
+        "state": str(e.state),
+        "boots": len(boots),
+        "failed": dict(failed),
+    }
