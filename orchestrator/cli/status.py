@@ -177,10 +177,10 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
         if stopped is not None:
             console.print(f"  it {said_stop(stopped)}", markup=False)
         for u in undecided:
-            failures = ", ".join(f"{cls} ×{n}" for cls, n in sorted(u["failed"].items()))
+            failures = f", failed: {_counted(u['failed'])}" if u["failed"] else ""
             console.print(
                 f"  under way: experiment #{u['experiment']} ({u['change']}), {u['boots']} "
-                f"boot(s)" + (f", failed: {failures}" if failures else ""),
+                f"boot(s){failures}",
                 markup=False,
             )
     console.print(
@@ -206,8 +206,7 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
             classes = node["infrastructure_failures"]
             console.print(
                 f"{node['name']} ({node['host']}): {sum(classes.values())} boot(s) failed for "
-                "the node's reasons, not a config's: "
-                + ", ".join(f"{cls} ×{n}" for cls, n in sorted(classes.items())),
+                f"the node's reasons, not a config's: {_counted(classes)}",
                 markup=False,
             )
     if lease is not None:
@@ -249,3 +248,8 @@ def under_way(e: ExperimentRecord, boots: list[BootRecord]) -> dict[str, Any]:
         "boots": len(boots),
         "failed": dict(failed),
     }
+
+
+def _counted(classes: dict[str, int]) -> str:
+    """``disk_full ×1, unreachable ×2``: failure classes and their counts, by name."""
+    return ", ".join(f"{cls} ×{n}" for cls, n in sorted(classes.items()))
