@@ -152,14 +152,27 @@ def row(runs: dict[Key, dict[str, Any]], landscape: str) -> str | None:
         f"{wrong}/{decided}",
         str(under),
         f"{lost}/{tried}",
+        _kept_nothing(runs, landscape, seeds),
     ]
     return "| " + " | ".join(cells) + " |"
+
+
+def _kept_nothing(runs: dict[Key, dict[str, Any]], landscape: str, seeds: Sequence[int]) -> str:
+    """How many of the paired runs ended with no keep at all, orchestrate's / TPE's / grid's
+    (``-`` where a run does not say how many it kept)."""
+    counts = []
+    for method in ("orchestrate", "optuna-tpe", "grid"):
+        keeps = [runs[(landscape, method, s)].get("keeps") for s in seeds]
+        if any(k is None for k in keeps):
+            return "-"
+        counts.append(str(sum(1 for k in keeps if k == 0)))
+    return " / ".join(counts)
 
 
 HEADER = (
     "| landscape | seeds | orchestrate | greedy-2 % | TPE | grid | orchestrate − greedy-2 % "
     "| − TPE | − grid | experiments to TPE's final | boots / decided w/o stuck | wrong keeps "
-    "| keeps < 1 % | true ≥ 5 % not kept / tried |"
+    "| keeps < 1 % | true ≥ 5 % not kept / tried | runs keeping nothing (ours / TPE / grid) |"
 )
 
 

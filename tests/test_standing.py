@@ -24,6 +24,7 @@ def _run(landscape: str, method: str, seed: int, final: float) -> dict[str, Any]
         "keeps_under_1pct": 0,
         "wrong_discards_ge5": 1,
         "true_gains_ge5_tried": 2,
+        "keeps": 0 if final < 95.5 else 1,
         "first_reached": [0] * 101,  # a field the table does not read
     }
 
@@ -63,7 +64,9 @@ def test_runs_from_several_files_are_paired_on_the_seeds_every_method_has(
     assert cells[8] == "**+3.00 ± 1.15**"
     # TPE's 96 % reached after one experiment in two runs; the third counts budget + 1
     assert cells[9] == "1.3 (2/3)"
-    assert cells[-1] == "3/6"
+    assert cells[-2] == "3/6"
+    # no keep: orchestrate's seed 0 (95 %), none of TPE's (96 %), all of grid's (94, 93, 92 %)
+    assert cells[-1] == "1 / 0 / 3"
     stripped = tmp_path / "stripped.json"
     assert main([str(ours), str(theirs), "--strip", str(stripped)]) == 0
     table = capsys.readouterr().out
