@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import Counter
 
 from knobs.vocabulary import BootStatus, Kind, State, Status
-from ledger import ExperimentRecord, Ledger, VerdictRecord
+from ledger import BootRecord, ExperimentRecord, Ledger, VerdictRecord
 from orchestrator.errors import OrchestrateError, UsageError
 from orchestrator.lease import ClusterLease
 from orchestrator.profile import Profile
@@ -52,14 +52,11 @@ def veto_undecided(
     with ClusterLease(ledger, cluster):
         e = _undecided(ledger, cluster, experiment_id)
         boots = ledger.boots(e.id)
-        failed = Counter(
-            b.failure_class or "unknown" for b in boots if b.status == BootStatus.FAILED
-        )
         verdict = VerdictRecord(
             status=Status.VETOED,
             rule="veto",
             reason=why,
-            stats={"by": actor, "undecided": True, "boots": len(boots), "failed": dict(failed)},
+            stats={"by": actor, "undecided": True, "boots": len(boots), "failed": failed(boots)},
         )
         return ledger.decide(
             e.id,
@@ -99,3 +96,10 @@ def _undecided(ledger: Ledger, cluster: str, experiment_id: int) -> ExperimentRe
             experiment=e.id,
         )
     return e
+
+
+def failed(boots: list[BootRecord]) -> dict[str, int]:
+    """How ``boots`` failed: each failure class and how many of them failed with it."""
+    return dict(
+        Counter(b.failure_class or "unknown" for b in boots if b.status == BootStatus.FAILED)
+    )

@@ -238,15 +238,14 @@ def failed_by_node(ledger: Ledger, cluster: str) -> dict[int | None, Counter[str
 def under_way(e: ExperimentRecord, boots: list[BootRecord]) -> dict[str, Any]:
     """An experiment the unfinished round has not decided: what it changes, its boots, and how
     those that failed failed (a stop's, or a kill's; ``orchestrate experiments veto`` takes it)."""
-    from knobs.vocabulary import BootStatus
+    from orchestrator.undecided import failed
 
-    failed = Counter(b.failure_class or "unknown" for b in boots if b.status == BootStatus.FAILED)
     return {
         "experiment": e.id,
         "change": e.description,
         "state": str(e.state),
         "boots": len(boots),
-        "failed": dict(failed),
+        "failed": failed(boots),
     }
 
 
