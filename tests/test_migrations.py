@@ -2,9 +2,9 @@
 place on open, SQLite and PostgreSQL, and nothing is lost.
 
 ``fixtures/ledgers/schema1.sqlite`` was written by the release at c70919d, ``schema2.sqlite``
-by the one at 8ccca75, ``schema3.sqlite`` by aaa0a6c, ``schema4.sqlite`` by 914026e and
-``schema5.sqlite`` by 0093711 (their README says how); ``schemaN.results.tsv`` is that
-release's ``orchestrate export`` of it.
+by the one at 8ccca75, ``schema3.sqlite`` by aaa0a6c, ``schema4.sqlite`` by 914026e,
+``schema5.sqlite`` by 0093711 and ``schema6.sqlite`` by ec2db7a (their README says how);
+``schemaN.results.tsv`` is that release's ``orchestrate export`` of it.
 """
 
 from __future__ import annotations
@@ -163,6 +163,7 @@ RELEASES = {
     "schema3": ("0003", CLUSTER, ["keep", "invalid", "crash"]),
     "schema4": ("0004", "twin-2node", ["keep", "crash", "discard", "inconclusive"]),
     "schema5": ("0005", CLUSTER, ["keep", "invalid", "crash"]),
+    "schema6": ("0006", CLUSTER, ["keep", "invalid", "vetoed", "discard", "discard"]),
 }
 
 
@@ -320,6 +321,48 @@ def test_a_schema5_ledgers_failed_boots_name_no_node_and_a_new_one_does(tmp_path
             1,
             "10.0.0.2",
         )
+
+
+def test_a_schema6_ledger_keeps_the_nodes_its_boots_failed_on_and_a_person_s_veto(
+    tmp_path: Path,
+) -> None:
+    """Schema 6 (the release at ec2db7a: node-1's clocks stuck failed a champion re-measure and
+    a change, which a person then vetoed while it was undecided; node-2's clocks stuck failed
+    the resume's next boot) opens with today's code: each failed boot keeps the node it failed
+    on, ``status`` counts them per node as the release did, and the veto keeps the person's
+    words, the boots' failures and its barred value."""
+    url, _ = _upgraded_release("schema6", tmp_path)
+    with Ledger(url) as ledger:
+        boots = [b for bs in ledger.cluster_boots(CLUSTER).values() for b in bs]
+        failed = sorted(
+            (b.experiment_id, b.failure_class, b.failed_rank, b.failed_host)
+            for b in boots
+            if b.status == BootStatus.FAILED
+        )
+        assert failed == [
+            (1, "clocks_stuck", 1, "127.0.0.1"),
+            (3, "clocks_stuck", 1, "127.0.0.1"),
+            (4, "clocks_stuck", 2, "127.0.0.1"),
+        ]
+        verdict = ledger.verdict(3)
+        assert verdict is not None and verdict.rule == "veto"
+        assert verdict.reason == "fixture: node-1's clocks are stuck tonight; set the change aside"
+        assert verdict.stats["undecided"] is True
+        assert verdict.stats["failed"] == {"clocks_stuck": 1}
+    shutil.copyfile(LEDGERS / "schema6.profile.yaml", tmp_path / "profile.yaml")
+    env = {**os.environ, "ORCHESTRATE_LEDGER": url}
+    done = orchestrate(tmp_path, "status", "--json", "-p", "profile.yaml", env=env)
+    assert done.returncode == 0, done.stderr
+    now, then = json.loads(done.stdout), json.loads((LEDGERS / "schema6.status.json").read_text())
+    counted = {n["name"]: n["infrastructure_failures"] for n in now["nodes"]}
+    assert counted == {n["name"]: n["infrastructure_failures"] for n in then["nodes"]}
+    assert counted["node-1"] == {"clocks_stuck": 2} and counted["node-2"] == {"clocks_stuck": 1}
+    assert now["infrastructure_failures_without_node"] == 0
+    done = orchestrate(tmp_path, "known-bad", "list", "--json", "-p", "profile.yaml", env=env)
+    assert done.returncode == 0, done.stderr
+    [veto] = [r for r in json.loads(done.stdout) if r["source"] == "veto"]
+    assert (veto["id"], veto["region"]) == (3, "gpu_memory_utilization=0.71")
+    assert veto["reason"] == "fixture: node-1's clocks are stuck tonight; set the change aside"
 
 
 def test_an_upgraded_ledger_reads_its_one_knob_rows_as_before_and_records_a_coupled_move(
