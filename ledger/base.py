@@ -61,6 +61,14 @@ class LedgerBase:
         if read_only and sqlite and _file_missing(parsed.database):
             # connecting would create it
             raise LedgerNotReady(f"no ledger yet at {self.url}", url=self.url)
+        folder = _folder_missing(parsed.database) if sqlite else None
+        if folder is not None:
+            # SQLite says only "unable to open database file"
+            raise LedgerError(
+                f"ledger {self.url}: the folder {folder} does not exist; create it, or set "
+                "ORCHESTRATE_LEDGER (or the profile's ledger_url) to a file in one that does",
+                url=self.url,
+            )
         try:
             if sqlite:
                 # a person approving from another terminal writes while the round waits
@@ -224,6 +232,15 @@ class LedgerBase:
 def _file_missing(database: str | None) -> bool:
     """Whether a SQLite URL's database is a file that is not there (not in memory)."""
     return bool(database) and database != ":memory:" and not Path(str(database)).exists()
+
+
+def _folder_missing(database: str | None) -> Path | None:
+    """The folder a SQLite URL's database file would be in, when that folder is not there
+    (``None`` for a database in memory or named by a ``file:`` URI)."""
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return None
+    folder = Path(database).parent
+    return None if folder.is_dir() else folder
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:

@@ -397,3 +397,6 @@ def test_bad_urls_are_one_clear_error(tmp_path: object) -> None:
         Ledger("not a url at all")
     with pytest.raises(LedgerError, match=r"cannot open ledger|ledger postgresql"):
         Ledger("postgresql+psycopg://nobody@127.0.0.1:1/nothing")
+    # SQLite says only "unable to open database file"; the line says which folder is missing
+    with pytest.raises(LedgerError, match=r"the folder .*/no/such/folder does not exist; create"):
+        Ledger(f"sqlite:///{tmp_path}/no/such/folder/orchestrate.db")
