@@ -68,6 +68,8 @@ class LedgerBase:
                 f"ledger {self.url}: the folder {folder} does not exist; create it, or set "
                 "ORCHESTRATE_LEDGER (or the profile's ledger_url) to a file in one that does",
                 url=self.url,
+                # as SQLite's own "unable to open database file" is (a mount that went away)
+                unreachable=True,
             )
         try:
             if sqlite:
