@@ -1,19 +1,50 @@
-"""``orchestrate experiments``: an experiment a stopped round left undecided, vetoed by a
-person so that the round's resume goes on with the next change."""
+"""``orchestrate experiments``: one experiment as the ledger holds it (``show``), and an
+experiment a stopped round left undecided, vetoed by a person so that the round's resume goes
+on with the next change (``veto``)."""
 
 from __future__ import annotations
 
 import getpass
+import json
 import socket
 from typing import Annotated
 
 import typer
 
-from orchestrator.cli.common import ProfileOpt, opened
+from orchestrator.cli.common import JsonOpt, ProfileOpt, opened, out
 
 experiments_app = typer.Typer(
-    help="Experiments a stopped round left undecided.", no_args_is_help=True
+    help="One experiment's record, and a change a stopped round left undecided.",
+    no_args_is_help=True,
 )
+
+
+@experiments_app.command("show")
+def experiments_show(
+    experiment_id: Annotated[int, typer.Argument(help="the experiment's ID (results.tsv's)")],
+    profile: ProfileOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """One experiment as the ledger holds it: the change and its decision, the verdict's rule,
+    reason and statistics, and each boot (its role, how it ended, the node a failed one failed
+    on) with the cells it measured. Writes nothing."""
+    from orchestrator.experiment_view import experiment_view, view_lines
+    from orchestrator.profile import load_profile
+
+    prof = load_profile(profile)
+    with opened(prof) as o:
+        view = experiment_view(
+            o.ledger(),
+            prof.cluster.name,
+            experiment_id,
+            min_matmul_rate=prof.gates.min_matmul_rate,
+        )
+    if as_json:
+        typer.echo(json.dumps(view, indent=2))
+        return
+    console = out()
+    for line in view_lines(view):
+        console.print(line, markup=False)
 
 
 @experiments_app.command("veto")

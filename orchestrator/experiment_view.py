@@ -1,0 +1,148 @@
+"""One experiment as the ledger holds it, for a person reading a night back in a terminal
+(``orchestrate experiments show``): the change and its decision, the verdict's rule, reason and
+statistics, and each boot with its role, how it ended, the node a failed one failed on
+(schema 6; a boot recorded before names its node only in its message), the nodes whose clocks
+were off while it measured (its cells then measure the node, and no verdict counts them), and
+the cells it measured. Read only: nothing is written.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+from knobs.records import CellResultRecord
+from ledger import BootRecord, ExperimentRecord, Ledger
+from orchestrator.errors import OrchestrateError
+from orchestrator.verdict import slow_ranks
+
+
+class NoSuchExperiment(OrchestrateError):
+    """The cluster's ledger has no experiment of that ID."""
+
+    exit_code = 3
+
+    def __init__(self, message: str, *, experiment: int) -> None:
+        super().__init__(message)
+        self.experiment = experiment
+
+
+def experiment_view(
+    ledger: Ledger, cluster: str, experiment_id: int, *, min_matmul_rate: float
+) -> dict[str, Any]:
+    """Experiment ``experiment_id`` of ``cluster`` as JSON-ready data (see the module; a node
+    whose matmul rate read below ``min_matmul_rate`` had its clocks off).
+
+    Raises:
+        NoSuchExperiment: ``cluster`` has none of that ID.
+    """
+    e = next((x for x in ledger.experiments(cluster=cluster) if x.id == experiment_id), None)
+    if e is None:
+        raise NoSuchExperiment(
+            f"cluster {cluster} has no experiment #{experiment_id}: `orchestrate export` lists "
+            "its experiments (results.tsv)",
+            experiment=experiment_id,
+        )
+    verdict = ledger.verdict(e.id)
+    cells: dict[int, list[tuple[int, CellResultRecord]]] = {}
+    for boot_id, repeat, cell in ledger.cell_results(e.id):
+        cells.setdefault(boot_id, []).append((repeat, cell))
+    return {
+        **_experiment(e),
+        "verdict": None if verdict is None else verdict.model_dump(mode="json"),
+        "boots": [_boot(b, cells.get(b.id, []), min_matmul_rate) for b in ledger.boots(e.id)],
+    }
+
+
+def _experiment(e: ExperimentRecord) -> dict[str, Any]:
+    return {
+        "id": e.id,
+        "cluster": e.cluster,
+        "round": e.round_id,
+        "kind": str(e.kind),
+        "description": e.description,
+        "knob": e.label,
+        "value": e.value,
+        "coupled_value": e.coupled_value,
+        "state": str(e.state),
+        "status": None if e.status is None else str(e.status),
+        "objective": e.objective,
+        "delta_pct": e.delta_pct,
+        "accept_len": e.accept_len,
+        "failure_class": e.failure_class,
+        "failure_detail": e.failure_detail,
+        "created_at": _when(e.created_at),
+        "decided_at": _when(e.decided_at),
+        "mlflow_run_id": e.mlflow_run_id,
+        "config": dict(e.config),
+    }
+
+
+def _boot(
+    b: BootRecord, cells: list[tuple[int, CellResultRecord]], min_matmul_rate: float
+) -> dict[str, Any]:
+    node = None if b.failed_rank is None else {"rank": b.failed_rank, "host": b.failed_host}
+    return {
+        "id": b.id,
+        "role": str(b.role),
+        "measurement": b.measurement,
+        "status": str(b.status),
+        "failure_class": b.failure_class,
+        "failure_detail": b.failure_detail,
+        "failed_on": node,
+        "started_at": _when(b.started_at),
+        "healthy_at": _when(b.healthy_at),
+        "ended_at": _when(b.ended_at),
+        "clocks_off": slow_ranks([c for _, c in cells], min_matmul_rate),
+        "cells": [
+            {
+                "cell": c.cell,
+                "repeat": repeat,
+                "output_throughput": c.output_throughput,
+                "accepted_per_step": c.accepted_per_step,
+                "errors": c.errors,
+            }
+            for repeat, c in cells
+        ],
+    }
+
+
+def _when(at: datetime | None) -> str | None:
+    return None if at is None else at.isoformat()
+
+
+def view_lines(view: dict[str, Any]) -> list[str]:
+    """``experiment_view``'s data as the lines ``orchestrate experiments show`` prints."""
+    status = view["status"] or f"{view['state']} (not decided)"
+    lines = [f"experiment #{view['id']} of cluster {view['cluster']}, round {view['round']}"]
+    lines.append(f"  {view['description']}")
+    measured = ""
+    if view["objective"] is not None:
+        measured = f": objective {view['objective']:.1f}"
+        if view["delta_pct"] is not None:
+            measured += f" ({view['delta_pct']:+.2f}% vs its champion)"
+    lines.append(f"  {status}{measured}, decided {view['decided_at'] or '-'}")
+    verdict = view["verdict"]
+    if verdict is not None:
+        lines.append(f"  verdict ({verdict['rule']}): {verdict['reason']}")
+        lines.append(f"  statistics: {json.dumps(verdict['stats'], sort_keys=True)}")
+    lines.append(f"  boots: {len(view['boots'])}")
+    for b in view["boots"]:
+        head = f"    boot {b['id']} ({b['role']}, measurement {b['measurement']}): {b['status']}"
+        if b["failure_class"] is not None:
+            on = b["failed_on"]
+            where = "" if on is None else f" on node {on['rank']} ({on['host']})"
+            head += f", {b['failure_class']}{where}: {b['failure_detail'] or ''}".rstrip(": ")
+        if b["clocks_off"]:
+            nodes = ", ".join(str(r) for r in b["clocks_off"])
+            head += (
+                f"; clocks off on node(s) {nodes}: it measured the node, and no verdict counts it"
+            )
+        lines.append(head)
+        for c in b["cells"]:
+            lines.append(
+                f"      {c['cell']}: {c['output_throughput']:.1f} tok/s"
+                + ("" if not c["errors"] else f", {c['errors']} error(s)")
+            )
+    return lines

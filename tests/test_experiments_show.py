@@ -1,0 +1,109 @@
+"""``orchestrate experiments show`` as a real process on ledgers released orchestrates wrote
+(``fixtures/ledgers``): one experiment's change, verdict and boots, the node each failed boot
+failed on, the boot whose clocks were off (which no verdict counts), and its cells; an unknown
+ID is one line; nothing is written."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from tests.fixtures.cli import orchestrate
+
+LEDGERS = Path(__file__).parent / "fixtures" / "ledgers"
+REASON = "fixture: node-1's clocks are stuck tonight; set the change aside"
+
+
+def _ledger(tmp_path: Path, name: str) -> dict[str, str]:
+    """A copy of release ``name``'s ledger and its profile in ``tmp_path``; the environment
+    that points the CLI at it."""
+    shutil.copyfile(LEDGERS / f"{name}.sqlite", tmp_path / "orchestrate.db")
+    return {**os.environ, "ORCHESTRATE_LEDGER": f"sqlite:///{tmp_path}/orchestrate.db"}
+
+
+def _show(tmp_path: Path, env: dict[str, str], *args: str) -> Any:
+    return orchestrate(tmp_path, "experiments", "show", *args, env=env)
+
+
+def test_an_experiment_shows_its_verdict_its_boots_their_nodes_and_its_cells(
+    tmp_path: Path,
+) -> None:
+    env = _ledger(tmp_path, "schema6")
+    shutil.copyfile(LEDGERS / "schema6.profile.yaml", tmp_path / "profile.yaml")
+    before = hashlib.sha256((tmp_path / "orchestrate.db").read_bytes()).hexdigest()
+
+    # the change a person vetoed while node-1's clocks were stuck: its one boot failed there
+    done = _show(tmp_path, env, "3", "--json", "-p", "profile.yaml")
+    assert done.returncode == 0, done.stderr
+    vetoed = json.loads(done.stdout)
+    assert (vetoed["id"], vetoed["status"], vetoed["knob"], vetoed["value"]) == (
+        3,
+        "vetoed",
+        "gpu_memory_utilization",
+        0.71,
+    )
+    assert vetoed["verdict"]["rule"] == "veto" and vetoed["verdict"]["reason"] == REASON
+    [boot] = vetoed["boots"]
+    assert (boot["status"], boot["failure_class"], boot["failed_on"]) == (
+        "failed",
+        "clocks_stuck",
+        {"rank": 1, "host": "127.0.0.1"},
+    )
+    assert boot["cells"] == [] and boot["clocks_off"] == []
+
+    # the next change: a boot whose node-2 clocks went off while it measured, a boot that
+    # failed on node-2, and the boot its verdict counted
+    done = _show(tmp_path, env, "4", "--json", "-p", "profile.yaml")
+    assert done.returncode == 0, done.stderr
+    discarded = json.loads(done.stdout)
+    assert discarded["status"] == "discard" and discarded["verdict"]["rule"] == "posterior"
+    assert discarded["verdict"]["stats"]["candidate_boots"] == 1
+    off, failed, counted = discarded["boots"]
+    assert off["clocks_off"] == [2] and len(off["cells"]) == 4
+    assert failed["failed_on"] == {"rank": 2, "host": "127.0.0.1"} and failed["cells"] == []
+    assert counted["clocks_off"] == [] and {c["cell"] for c in counted["cells"]} == {
+        "code-c1",
+        "prose-c8",
+        "structured-c4",
+        "agentic-c4-8k",
+    }
+    assert all(c["output_throughput"] > 0 for c in counted["cells"])
+
+    text = _show(tmp_path, env, "4", "-p", "profile.yaml")
+    assert text.returncode == 0, text.stderr
+    assert "discard: objective 10551.0 (+3.41% vs its champion)" in text.stdout
+    assert "verdict (posterior): +3.41% over 1 boot(s) vs 3" in text.stdout
+    assert (
+        f"boot {off['id']} (measure, measurement 0): down; clocks off on node(s) 2" in text.stdout
+    )
+    assert f"boot {failed['id']} (measure, measurement 1): failed, clocks_stuck on node 2" in (
+        text.stdout
+    )
+
+    unknown = _show(tmp_path, env, "44", "-p", "profile.yaml")
+    assert unknown.returncode == 3
+    assert unknown.stderr.strip().splitlines() == [
+        "Error: cluster twin-local has no experiment #44: `orchestrate export` lists its "
+        "experiments (results.tsv)"
+    ]
+    after = hashlib.sha256((tmp_path / "orchestrate.db").read_bytes()).hexdigest()
+    assert after == before, "showing writes nothing"
+
+
+def test_a_boot_recorded_before_schema_6_names_no_node_and_keeps_its_message(
+    tmp_path: Path,
+) -> None:
+    """The schema-5 release's kv_capacity crash: its failed boot shows its class and message,
+    and no node (the columns came with schema 6)."""
+    env = _ledger(tmp_path, "schema5")
+    done = _show(tmp_path, env, "3", "--json")
+    assert done.returncode == 0, done.stderr
+    crash = json.loads(done.stdout)
+    assert crash["status"] == "crash" and crash["failure_class"] == "kv_capacity"
+    [failed] = [b for b in crash["boots"] if b["status"] == "failed"]
+    assert (failed["failure_class"], failed["failed_on"]) == ("kv_capacity", None)
+    assert failed["failure_detail"] == "node-0: engine exited before /health was 200"
