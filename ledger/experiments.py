@@ -66,6 +66,13 @@ class Experiments(LedgerBase):
         with self._session() as s:
             return experiment_record(self._get(s, ExperimentRow, experiment_id))
 
+    def find_experiment(self, cluster: str, experiment_id: int) -> ExperimentRecord | None:
+        """Experiment ``experiment_id`` if it is ``cluster``'s (an ID a person typed), else
+        ``None``."""
+        with self._session() as s:
+            row = s.get(ExperimentRow, experiment_id)
+            return None if row is None or row.cluster != cluster else experiment_record(row)
+
     def experiments(
         self, *, cluster: str | None = None, round_id: int | None = None
     ) -> list[ExperimentRecord]:

@@ -37,7 +37,7 @@ def experiment_view(
     Raises:
         NoSuchExperiment: ``cluster`` has none of that ID.
     """
-    e = next((x for x in ledger.experiments(cluster=cluster) if x.id == experiment_id), None)
+    e = ledger.find_experiment(cluster, experiment_id)
     if e is None:
         raise NoSuchExperiment(
             f"cluster {cluster} has no experiment #{experiment_id}: `orchestrate export` lists "

@@ -74,7 +74,7 @@ def _undecided(ledger: Ledger, cluster: str, experiment_id: int) -> ExperimentRe
     Raises:
         NotUndecided: it is none, or the baseline, or decided.
     """
-    e = next((x for x in ledger.experiments(cluster=cluster) if x.id == experiment_id), None)
+    e = ledger.find_experiment(cluster, experiment_id)
     if e is None:
         raise NotUndecided(
             f"cluster {cluster} has no experiment #{experiment_id}: `orchestrate status` names "
