@@ -132,8 +132,9 @@ def view_lines(view: dict[str, Any]) -> list[str]:
         head = f"    boot {b['id']} ({b['role']}, measurement {b['measurement']}): {b['status']}"
         if b["failure_class"] is not None:
             on = b["failed_on"]
-            where = "" if on is None else f" on node {on['rank']} ({on['host']})"
-            head += f", {b['failure_class']}{where}: {b['failure_detail'] or ''}".rstrip(": ")
+            head += f", {b['failure_class']}"
+            head += "" if on is None else f" on node {on['rank']} ({on['host']})"
+            head += "" if not b["failure_detail"] else f": {b['failure_detail']}"
         if b["clocks_off"]:
             nodes = ", ".join(str(r) for r in b["clocks_off"])
             head += (

@@ -92,6 +92,12 @@ def test_an_experiment_shows_its_verdict_its_boots_their_nodes_and_its_cells(
     ]
     after = hashlib.sha256((tmp_path / "orchestrate.db").read_bytes()).hexdigest()
     assert after == before, "showing writes nothing"
+    nowhere = {**env, "ORCHESTRATE_LEDGER": f"sqlite:///{tmp_path}/none.db"}
+    missing = _show(tmp_path, nowhere, "1", "-p", "profile.yaml")
+    assert missing.returncode == 4 and not (tmp_path / "none.db").exists()
+    assert missing.stderr.strip().splitlines() == [
+        f"Error: no ledger yet at sqlite:///{tmp_path}/none.db"
+    ]
 
 
 def test_a_boot_recorded_before_schema_6_names_no_node_and_keeps_its_message(
@@ -101,6 +107,9 @@ def test_a_boot_recorded_before_schema_6_names_no_node_and_keeps_its_message(
     and no node (the columns came with schema 6)."""
     env = _ledger(tmp_path, "schema5")
     done = _show(tmp_path, env, "3", "--json")
+    # read as upgraded, and left as the release wrote it: no upgrade, no copy aside
+    assert (tmp_path / "orchestrate.db").read_bytes() == (LEDGERS / "schema5.sqlite").read_bytes()
+    assert [p.name for p in tmp_path.glob("orchestrate.db*")] == ["orchestrate.db"]
     assert done.returncode == 0, done.stderr
     crash = json.loads(done.stdout)
     assert crash["status"] == "crash" and crash["failure_class"] == "kv_capacity"

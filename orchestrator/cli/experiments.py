@@ -27,17 +27,17 @@ def experiments_show(
 ) -> None:
     """One experiment as the ledger holds it: the change and its decision, the verdict's rule,
     reason and statistics, and each boot (its role, how it ended, the node a failed one failed
-    on) with the cells it measured. Writes nothing."""
+    on) with the cells it measured. Writes nothing, to an older ledger either."""
+    from ledger import reading
     from orchestrator.experiment_view import experiment_view, view_lines
     from orchestrator.profile import load_profile
+    from orchestrator.settings import Settings
 
     prof = load_profile(profile)
-    with opened(prof) as o:
+    # read only: an older ledger is read as upgraded and left as it was (``ledger.reading``)
+    with reading(Settings.resolve(prof).ledger_url) as ledger:
         view = experiment_view(
-            o.ledger(),
-            prof.cluster.name,
-            experiment_id,
-            min_matmul_rate=prof.gates.min_matmul_rate,
+            ledger, prof.cluster.name, experiment_id, min_matmul_rate=prof.gates.min_matmul_rate
         )
     if as_json:
         typer.echo(json.dumps(view, indent=2))
