@@ -28,6 +28,23 @@ class NoSuchExperiment(OrchestrateError):
         self.experiment = experiment
 
 
+def named_experiment(
+    ledger: Ledger, cluster: str, experiment_id: int, *, hint: str
+) -> ExperimentRecord:
+    """Experiment ``experiment_id`` of ``cluster``, an ID a person typed.
+
+    Raises:
+        NoSuchExperiment: ``cluster`` has none of that ID (``hint``: where to find one).
+    """
+    e = ledger.find_experiment(cluster, experiment_id)
+    if e is None:
+        raise NoSuchExperiment(
+            f"cluster {cluster} has no experiment #{experiment_id}: {hint}",
+            experiment=experiment_id,
+        )
+    return e
+
+
 def experiment_view(
     ledger: Ledger, cluster: str, experiment_id: int, *, min_matmul_rate: float
 ) -> dict[str, Any]:
@@ -37,13 +54,12 @@ def experiment_view(
     Raises:
         NoSuchExperiment: ``cluster`` has none of that ID.
     """
-    e = ledger.find_experiment(cluster, experiment_id)
-    if e is None:
-        raise NoSuchExperiment(
-            f"cluster {cluster} has no experiment #{experiment_id}: `orchestrate export` lists "
-            "its experiments (results.tsv)",
-            experiment=experiment_id,
-        )
+    e = named_experiment(
+        ledger,
+        cluster,
+        experiment_id,
+        hint="`orchestrate export` lists its experiments (results.tsv)",
+    )
     verdict = ledger.verdict(e.id)
     cells: dict[int, list[tuple[int, CellResultRecord]]] = {}
     for boot_id, repeat, cell in ledger.cell_results(e.id):

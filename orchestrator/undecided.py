@@ -17,13 +17,15 @@ from collections import Counter
 from knobs.vocabulary import BootStatus, Kind, State, Status
 from ledger import BootRecord, ExperimentRecord, Ledger, VerdictRecord
 from orchestrator.errors import OrchestrateError, UsageError
+from orchestrator.experiment_view import named_experiment
 from orchestrator.lease import ClusterLease
 from orchestrator.profile import Profile
 
 
 class NotUndecided(OrchestrateError):
-    """The experiment named is not one a person can veto now: no such experiment on this
-    cluster, decided already, or the baseline (it measures the profile's own champion)."""
+    """The experiment named is not one a person can veto now: decided already, or the
+    baseline (it measures the profile's own champion). One the cluster does not have is
+    ``experiment_view.NoSuchExperiment``."""
 
     exit_code = 3
 
@@ -42,7 +44,8 @@ def veto_undecided(
 
     Raises:
         UsageError: ``reason`` is empty.
-        NotUndecided: the experiment is not an undecided change on this profile's cluster.
+        NoSuchExperiment: the profile's cluster has no such experiment.
+        NotUndecided: the experiment is not an undecided change.
         LeaseHeld: a round holds the cluster (it may be booting this very experiment).
     """
     why = " ".join(reason.split())
@@ -72,15 +75,15 @@ def _undecided(ledger: Ledger, cluster: str, experiment_id: int) -> ExperimentRe
     """Experiment ``experiment_id`` of ``cluster``, a change not decided yet.
 
     Raises:
-        NotUndecided: it is none, or the baseline, or decided.
+        NoSuchExperiment: it is none.
+        NotUndecided: it is the baseline, or decided.
     """
-    e = ledger.find_experiment(cluster, experiment_id)
-    if e is None:
-        raise NotUndecided(
-            f"cluster {cluster} has no experiment #{experiment_id}: `orchestrate status` names "
-            "the one a stopped round left undecided",
-            experiment=experiment_id,
-        )
+    e = named_experiment(
+        ledger,
+        cluster,
+        experiment_id,
+        hint="`orchestrate status` names the one a stopped round left undecided",
+    )
     if e.kind != Kind.CANDIDATE:
         raise NotUndecided(
             f"experiment #{e.id} is the baseline: it measures the profile's own champion, "
