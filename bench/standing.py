@@ -9,6 +9,13 @@ different code and the table would mix them: that is refused. ``--strip OUT`` wr
 read, without the per-verdict fields the table does not use, as one file to commit::
 
     .venv/bin/python bench/standing.py bench/results/standing-30seeds.json
+
+``--before FILE`` prints instead orchestrate's runs in the files against its runs of the same
+landscape and seed in FILE (code before a change, or a change tried against the code): one row
+per landscape, the paired difference of the final % and what moved with it::
+
+    .venv/bin/python bench/standing.py --before bench/results/standing-30seeds-s32.json \
+        bench/results/standing-30seeds-s41.json
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ import argparse
 import json
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -176,14 +183,86 @@ HEADER = (
 )
 
 
+PAIRED_HEADER = (
+    "| landscape | seeds | final %, before → after | paired diff ± se "
+    "| boots / decided w/o stuck | keeps | wrong keeps | keeps < 1 % | runs keeping nothing "
+    "| runs alike (final %, boots) |"
+)
+
+
+def paired_row(
+    before: dict[Key, dict[str, Any]], after: dict[Key, dict[str, Any]], landscape: str
+) -> str | None:
+    """Orchestrate's runs of ``landscape`` in ``after`` against those of the same seeds in
+    ``before``: the mean final % of each, their paired difference, and the boots per decided
+    experiment, keeps, wrong keeps, keeps under 1 % and runs keeping nothing of each (before →
+    after), and how many runs ended alike (final % and boots); ``None`` when no seed is in
+    both."""
+    seeds = sorted(
+        s
+        for name, method, s in after
+        if name == landscape and method == "orchestrate" and (name, method, s) in before
+    )
+    if not seeds:
+        return None
+    pairs = [
+        (before[(landscape, "orchestrate", s)], after[(landscape, "orchestrate", s)]) for s in seeds
+    ]
+    olds, news = [p[0] for p in pairs], [p[1] for p in pairs]
+
+    def per_decided(runs: list[dict[str, Any]]) -> float:
+        return sum(r["boots_without_stuck_reboots"] for r in runs) / max(
+            1, sum(r["decided"] for r in runs)
+        )
+
+    def moved(count: Callable[[dict[str, Any]], int]) -> str:
+        return f"{sum(map(count, olds))} → {sum(map(count, news))}"
+
+    final = [mean_se([r["final_pct"] for r in runs])[0] for runs in (olds, news)]
+    alike = sum(
+        1 for o, n in pairs if o["final_pct"] == n["final_pct"] and o.get("boots") == n.get("boots")
+    )
+    cells = [
+        landscape,
+        str(len(seeds)),
+        f"{final[0]:.1f} → {final[1]:.1f}",
+        difference([r["final_pct"] for r in news], [r["final_pct"] for r in olds]),
+        f"{per_decided(olds):.2f} → {per_decided(news):.2f}",
+        moved(_keeps),
+        moved(lambda r: int(r["wrong_keeps"])),
+        moved(lambda r: int(r["keeps_under_1pct"])),
+        moved(lambda r: int(_keeps(r) == 0)),
+        str(alike),
+    ]
+    return "| " + " | ".join(cells) + " |"
+
+
+def _keeps(run: dict[str, Any]) -> int:
+    """How many changes a run kept (its keep effects counted where it does not say)."""
+    keeps = run.get("keeps")
+    return int(keeps) if keeps is not None else len(run.get("keep_effects") or [])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("files", nargs="+", type=Path, help="research.py --json files")
     parser.add_argument("--strip", type=Path, help="write the runs read here, table fields only")
+    parser.add_argument(
+        "--before", type=Path, help="orchestrate's runs in the files paired against this file's"
+    )
     args = parser.parse_args(argv)
     runs = read(args.files)
+    if args.before is not None:
+        before = read([args.before])
+        print(PAIRED_HEADER)
+        print("|" + "---|" * PAIRED_HEADER.count(" | ") + "---|")
+        for name in dict.fromkeys(name for name, _, _ in runs):
+            line = paired_row(before, runs, name)
+            if line is not None:
+                print(line)
+        return 0
     if args.strip is not None:
         rows = [{k: r[k] for k in FIELDS if k in r} for r in runs.values()]
         args.strip.write_text(json.dumps(rows, indent=1) + "\n")

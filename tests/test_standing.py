@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from bench.standing import main, read, row
+from bench.standing import main, paired_row, read, row
 
 
 def _run(landscape: str, method: str, seed: int, final: float) -> dict[str, Any]:
@@ -74,6 +74,39 @@ def test_runs_from_several_files_are_paired_on_the_seeds_every_method_has(
     assert len(kept) == 13 and all("first_reached" not in r for r in kept)
     assert main([str(stripped)]) == 0
     assert capsys.readouterr().out == table  # the stripped file gives the same table
+
+
+def test_orchestrates_runs_are_paired_by_seed_against_another_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--before``: orchestrate's runs against those of the same seeds in another file (a
+    seed only one file has is left out, and so are the other methods)."""
+    before = _write(
+        tmp_path / "before.json",
+        [_run("x", "orchestrate", s, final) for s, final in enumerate((95.0, 94.0, 96.0, 90.0))]
+        + [_run("x", "grid", 0, 80.0)],
+    )
+    after = _write(
+        tmp_path / "after.json",
+        [
+            _run("bench/landscapes/x.yaml", "orchestrate", s, f)
+            for s, f in enumerate((95.0, 96.0, 97.0))
+        ]
+        + [_run("x", "grid", 0, 99.0), _run("y", "orchestrate", 0, 90.0)],
+    )
+    line = paired_row(read([before]), read([after]), "x")
+    assert line is not None
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    # seeds 0–2: 95 → 95, 94 → 96, 96 → 97; seed 3 is before's only, grid's runs are not read
+    assert cells[:4] == ["x", "3", "95.0 → 96.0", "+1.00 ± 0.58"]
+    assert cells[4] == "1.50 → 1.50"  # 3 boots over 2 decided, each side
+    # keeps: 94 % (under 95.5) keeps nothing in this fixture; 96 and 97 keep one each
+    assert cells[5:] == ["1 → 2", "0 → 0", "0 → 0", "2 → 1", "1"]
+    assert paired_row(read([before]), read([after]), "y") is None  # no seed in both
+    assert main(["--before", str(before), str(after)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("| landscape | seeds | final %, before → after |")
+    assert out[2] == line and len(out) == 3
 
 
 def test_a_run_given_twice_with_another_result_is_refused(tmp_path: Path) -> None:
