@@ -211,9 +211,8 @@ def paired_row(
     olds, news = [p[0] for p in pairs], [p[1] for p in pairs]
 
     def per_decided(runs: list[dict[str, Any]]) -> float:
-        return sum(r["boots_without_stuck_reboots"] for r in runs) / max(
-            1, sum(r["decided"] for r in runs)
-        )
+        boots = sum(float(r["boots_without_stuck_reboots"]) for r in runs)
+        return boots / max(1, sum(int(r["decided"]) for r in runs))
 
     def moved(count: Callable[[dict[str, Any]], int]) -> str:
         return f"{sum(map(count, olds))} → {sum(map(count, news))}"
