@@ -108,7 +108,8 @@ def _parse(model: type[_Options], kind: str, options: Mapping[str, object]) -> _
         return model.model_validate(own)
     except ValidationError as e:
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or 'options'}: {err['msg']}"
+            f"{'.'.join(str(p) for p in err['loc']) or 'options'}: "
+            f"{err['msg'].removeprefix('Value error, ')}"
             for err in e.errors()
         )
         raise UsageError(f"{kind} proposer options: {problems}") from e

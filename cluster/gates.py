@@ -4,6 +4,8 @@ the boot log's gates and failure classes, clocks, and the preflight gates of iss
 
 from __future__ import annotations
 
+import re
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from knobs.vocabulary import FailureClass
@@ -90,11 +92,18 @@ class GateSpec(BaseModel):
     )
     worker_ready_timeout_s: float = Field(default=30.0, gt=0)
     stop_grace_s: float = Field(default=10.0, gt=0)
-    health_path: str = "/health"
+    health_path: str = Field(
+        default="/health",
+        description="the path the head answers 200 on once it is ready (a leading /, e.g. /health)",
+    )
     smoke_prompt: str = "The capital of France is"
     smoke_max_tokens: int = Field(default=8, ge=1, le=256)
-    must_log: tuple[str, ...] = ()
-    must_not_log: tuple[str, ...] = ()
+    must_log: tuple[str, ...] = Field(
+        default=(), description="regexes the head's (node-0's) boot log must have, each"
+    )
+    must_not_log: tuple[str, ...] = Field(
+        default=(), description="regexes no node's boot log may have"
+    )
     failure_patterns: dict[FailureClass, tuple[str, ...]] = Field(
         default_factory=lambda: dict(DEFAULT_FAILURE_PATTERNS)
     )
@@ -135,6 +144,34 @@ class GateSpec(BaseModel):
         "the process-group stop that follows confirms the engine is gone",
     )
 
+    @field_validator("health_path")
+    @classmethod
+    def _a_path(cls, given: str) -> str:
+        """The readiness path is a URL path on the head's port, checked before any boot."""
+        if not re.fullmatch(r"/[A-Za-z0-9_./~%=&?+-]*", given):
+            raise ValueError(
+                f"{given!r} is not a URL path on the head's port: start it with / (e.g. "
+                "/health), without spaces or a host"
+            )
+        return given
+
+    @field_validator("worker_ready_line")
+    @classmethod
+    def _one_regex(cls, given: str | None) -> str | None:
+        """A worker's ready line compiles when the profile loads, not after a boot."""
+        if given is not None:
+            _compiled(given)
+        return given
+
+    @field_validator("must_log", "must_not_log", "worker_follows_head")
+    @classmethod
+    def _regexes(cls, given: tuple[str, ...]) -> tuple[str, ...]:
+        """Every log gate compiles when the profile loads: a pattern that does not is found
+        before the first boot of the night, not after it."""
+        for pattern in given:
+            _compiled(pattern)
+        return given
+
     @field_validator("failure_patterns")
     @classmethod
     def _defaults_kept(
@@ -142,5 +179,19 @@ class GateSpec(BaseModel):
     ) -> dict[FailureClass, tuple[str, ...]]:
         """A profile's patterns replace the defaults class by class, never all of them: one
         that names its own OOM lines still tells a port clash (which must never bar a value)
-        and a missing worker."""
+        and a missing worker. Each pattern compiles when the profile loads."""
+        for patterns in given.values():
+            for pattern in patterns:
+                _compiled(pattern)
         return {**DEFAULT_FAILURE_PATTERNS, **given}
+
+
+def _compiled(pattern: str) -> re.Pattern[str]:
+    """``pattern`` compiled, or a ValueError that shows it and says what is wrong."""
+    try:
+        return re.compile(pattern)
+    except re.error as e:
+        raise ValueError(
+            f"{pattern!r} is not a regular expression ({e}); "
+            "escape a literal ( [ . * + ? with a backslash"
+        ) from None

@@ -101,8 +101,17 @@ class NodeSpec(BaseModel):
         if not SAFE_TOKEN.match(self.workdir):
             raise ValueError(f"node rank {self.rank}: workdir {self.workdir!r} is not a safe path")
         for name, value in self.vars.items():
-            if not re.match(r"^[a-z_][a-z0-9_]{0,31}$", name) or not SAFE_TOKEN.match(value):
-                raise ValueError(f"node rank {self.rank}: var {name}={value!r} is not safe")
+            if not re.match(r"^[a-z_][a-z0-9_]{0,31}$", name):
+                raise ValueError(
+                    f"node rank {self.rank}: var name {name!r} is not a placeholder name "
+                    "(lower case letters, digits and _, at most 32)"
+                )
+            if not SAFE_TOKEN.match(value):
+                raise ValueError(
+                    f"node rank {self.rank}: var {name}={value!r} is not a safe token (letters, "
+                    "digits and _.:/+=@,%{}-, no spaces or quotes); a path with spaces "
+                    "belongs in a symlink without them"
+                )
         return self
 
     @property

@@ -18,7 +18,7 @@ from cluster.inventory import ClusterSpec, NodeSpec
 from knobs.config import Config
 from knobs.errors import ProfileError
 from knobs.space import KnobSpace
-from knobs.spec import SAFE_TOKEN, Value
+from knobs.spec import SAFE_TOKEN, KnobSpec, Value
 
 _PLACEHOLDER = re.compile(r"\{([a-z_][a-z0-9_]*)\}")
 _ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]{0,127}$")
@@ -119,6 +119,45 @@ def fill(text: str, values: Mapping[str, str], where: str) -> str:
 
 def _fill_value(value: Value, values: Mapping[str, str], where: str) -> Value:
     return fill(value, values, where) if isinstance(value, str) else value
+
+
+def static_clash(spec: LauncherSpec, knobs: Sequence[KnobSpec]) -> str | None:
+    """A knob that renders what the launcher already sets for every config (a flag of its
+    argv, a JSON flag it fills, an environment variable of its env): the engine would get it
+    twice and one of the two would silently win, so a change of the knob might deploy
+    nothing. In words, saying what to do; else None."""
+    fixed = [t for t in (*spec.argv, *spec.head_argv, *spec.worker_argv) if t.startswith("-")]
+
+    def in_argv(flag: str) -> bool:
+        return any(t == flag or t.startswith(flag + "=") for t in fixed)
+
+    for knob in knobs:
+        how = knob.render
+        flags = {
+            "flag": [str(how.flag)],
+            "json_field": [str(how.flag)],
+            "switch": [t.split("=")[0] for t in (*how.when_true, *how.when_false)],
+            "env": [],
+        }[how.kind]
+        for flag in flags:
+            if flag.startswith("-") and in_argv(flag):
+                return (
+                    f"knob {knob.name} renders {flag}, which launcher.argv sets for every "
+                    "config too: take it out of the argv (the knob's value is what deploys)"
+                )
+        if how.kind == "flag" and how.flag in spec.json_flags:
+            return (
+                f"knob {knob.name} renders {how.flag}, which launcher.json_flags fills as "
+                "JSON: make the knob a json_field of it, or drop the JSON flag"
+            )
+        names = [how.env] if how.kind == "env" else [*how.env_when_true, *how.env_when_false]
+        for name in names:
+            if name in spec.env:
+                return (
+                    f"knob {knob.name} sets ${name}, which launcher.env sets for every config "
+                    "too: take it out of launcher.env (the knob's value is what deploys)"
+                )
+    return None
 
 
 def render_node(

@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from knobs.errors import KnobError
-from knobs.vocabulary import GuardrailRule
+from knobs.vocabulary import FAILURE_CLASSES, INFRASTRUCTURE, GuardrailRule
 
 #: A knob's value. Every domain is finite, so every value can be listed and compared.
 Value = bool | int | float | str
@@ -100,6 +100,11 @@ class EffectPrior(BaseModel):
     source: str = ""
 
 
+#: The failure classes a boot may fail of on the config's account, which a knob may declare
+#: monotone (``KnobSpec.monotone_failures``); the others are the infrastructure's.
+CONFIG_FAILURES: tuple[str, ...] = tuple(c for c in FAILURE_CLASSES if c not in INFRASTRUCTURE)
+
+
 class KnobSpec(BaseModel):
     """One tunable setting of a serving stack, with a finite, validated domain."""
 
@@ -173,8 +178,18 @@ class KnobSpec(BaseModel):
                 "choices that are all numbers)"
             )
         for failure in self.monotone_failures:
-            if not re.match(r"^[a-z][a-z_]{0,31}$", failure):
-                raise ValueError(f"knob {self.name}: {failure!r} is not a failure class name")
+            if failure in INFRASTRUCTURE:
+                raise ValueError(
+                    f"knob {self.name}: monotone_failures: {failure} is the infrastructure's, "
+                    "never a value's, and bars nothing; name a config's failure class ("
+                    + ", ".join(CONFIG_FAILURES)
+                    + ")"
+                )
+            if failure not in FAILURE_CLASSES:
+                raise ValueError(
+                    f"knob {self.name}: monotone_failures: {failure!r} is not a failure class; "
+                    "known for a config: " + ", ".join(CONFIG_FAILURES)
+                )
         if self.role == "draft_tokens" and not self._counts():
             raise ValueError(
                 f"knob {self.name}: role draft_tokens needs a count of draft tokens (an int "

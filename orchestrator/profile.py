@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from agents import ClaudeOptions
 from cluster.gates import GateSpec
 from cluster.inventory import ClusterSpec, NodeSpec
-from cluster.launcher import LauncherSpec
+from cluster.launcher import LauncherSpec, static_clash
 from cluster.ports import resolve_auto_ports
 from knobs.catalog import catalog
 from knobs.config import Config
@@ -295,8 +295,8 @@ class Profile(BaseModel):
             raise ValueError("cell names must be unique")
         if self.knob_catalog is None and not self.knobs:
             raise ValueError("a profile needs knob_catalog or knobs")
-        base = self._catalog_knobs()
-        clash = render_clash(overlay(base, self.knobs))
+        knobs = overlay(self._catalog_knobs(), self.knobs)
+        clash = render_clash(knobs) or static_clash(self.launcher, knobs)
         if clash is not None:
             raise KnobError(clash)
         return self
@@ -424,7 +424,7 @@ def first_error(e: ValidationError) -> str:
     err = e.errors()[0]
     where = ".".join(str(p) for p in err["loc"]) or "(top level)"
     more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
-    return f"{where}: {err['msg']}{more}"
+    return f"{where}: {err['msg'].removeprefix('Value error, ')}{more}"
 
 
 def load_profile(name_or_path: str | None = None, *, base_dir: Path | None = None) -> Profile:
@@ -441,7 +441,7 @@ def load_profile(name_or_path: str | None = None, *, base_dir: Path | None = Non
     try:
         data = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as e:
-        detail = str(e).splitlines()[0]
+        detail = _yaml_problem(e)
         raise ProfileError(f"profile {path}: cannot read YAML: {detail}", path=str(path)) from e
     if not isinstance(data, dict):
         raise ProfileError(f"profile {path}: expected a mapping at the top", path=str(path))
@@ -462,6 +462,15 @@ def load_profile(name_or_path: str | None = None, *, base_dir: Path | None = Non
     except KnobError as e:
         raise ProfileError(f"profile {path}: {e}", path=str(path)) from e
     return profile
+
+
+def _yaml_problem(e: OSError | yaml.YAMLError) -> str:
+    """What is wrong with a profile's YAML, in one line, with the line and column YAML names."""
+    if isinstance(e, yaml.MarkedYAMLError) and e.problem_mark is not None:
+        mark = e.problem_mark
+        context = f" ({e.context})" if e.context else ""
+        return f"{e.problem}{context} at line {mark.line + 1}, column {mark.column + 1}"
+    return str(e).splitlines()[0]
 
 
 def _resolve_brief(profile: Profile, path: Path) -> Profile:

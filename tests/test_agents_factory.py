@@ -111,7 +111,7 @@ def test_options_of_another_kind_are_ignored() -> None:
         (
             "claude",
             {"model": "gpt-x"},
-            "claude proposer options: options: Value error, no list price known for model "
+            "claude proposer options: options: no list price known for model "
             "'gpt-x': set input_usd_per_mtok and output_usd_per_mtok (known: claude-haiku-4-5, "
             "claude-opus-4-1, claude-opus-4-5, claude-opus-4-6, claude-sonnet-4-5, "
             "claude-sonnet-4-6)",

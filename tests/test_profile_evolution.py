@@ -6,6 +6,7 @@ records it once as an event, a round carries on without proposing again what was
 from __future__ import annotations
 
 import io
+import re
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +95,53 @@ def test_two_knobs_that_render_the_same_field_are_refused() -> None:
     )
     with pytest.raises(ValueError, match="both render"):
         KnobSpace(knobs=(rank, twin))
+
+
+@pytest.mark.parametrize(
+    ("launcher", "knobs", "message"),
+    [
+        (
+            {"argv": ["vllm", "serve", "--max-num-batched-tokens=4096"]},
+            [],
+            "knob max_num_batched_tokens renders --max-num-batched-tokens, which launcher.argv "
+            "sets for every config too: take it out of the argv",
+        ),
+        (
+            {"argv": ["vllm"], "head_argv": ["--enforce-eager"]},
+            [],
+            "knob cuda_graphs renders --enforce-eager, which launcher.argv sets",
+        ),
+        (
+            {"argv": ["vllm", "--speculative-config", "{}"]},
+            [],
+            "knob num_speculative_tokens renders --speculative-config, which launcher.argv",
+        ),
+        (
+            {"argv": ["vllm"], "json_flags": {"--moe-backend": {"a": 1}}},
+            [MOE],
+            "knob moe_backend renders --moe-backend, which launcher.json_flags fills as JSON",
+        ),
+        (
+            {"argv": ["vllm"], "env": {"MOE_BACKEND": "triton"}},
+            [{**MOE, "render": {"kind": "env", "env": "MOE_BACKEND"}}],
+            "knob moe_backend sets $MOE_BACKEND, which launcher.env sets for every config too",
+        ),
+    ],
+)
+def test_a_knob_that_renders_what_the_launcher_fixes_is_refused(
+    tmp_path: Path, launcher: dict[str, Any], knobs: list[dict[str, Any]], message: str
+) -> None:
+    """The engine would get the flag (or variable) twice, one of them silently winning: a
+    change of the knob might deploy nothing all night. Refused when the profile loads."""
+    path = write_profile(tmp_path, {**profile_data(*knobs), "launcher": launcher})
+    with pytest.raises(ProfileError, match="^profile .*: " + re.escape(message)):
+        load_profile(str(path), base_dir=tmp_path)
+    # a flag that only begins like a knob's is the launcher's own
+    fine = {"argv": ["vllm", "--max-num-batched-tokens-per-step", "1", "--moe"]}
+    assert load_profile(
+        str(write_profile(tmp_path, {**profile_data(*knobs), "launcher": fine})),
+        base_dir=tmp_path,
+    )
 
 
 # ---- the typo rule ------------------------------------------------------------------------

@@ -207,6 +207,38 @@ def round_until(
         ),
         (lambda d: d.pop("cells"), "cells: Field required"),
         (lambda d: d["cluster"]["nodes"][1].update(workdir="x; rm -rf /"), "not a safe path"),
+        (
+            lambda d: d["cluster"]["nodes"][0].update(vars={"target": "/m/x; rm -rf ~"}),
+            "var target='/m/x; rm -rf ~' is not a safe token (letters, digits and _.:/+=@,%{}-",
+        ),
+        # a log gate that would compile only after a whole boot is refused before the first
+        (
+            lambda d: d.setdefault("gates", {}).update(must_log=["fired up (and"]),
+            "gates.must_log: 'fired up (and' is not a regular expression (missing ), "
+            "unterminated subpattern at position 9)",
+        ),
+        (
+            lambda d: d.setdefault("gates", {}).update(worker_ready_line="[ready"),
+            "gates.worker_ready_line: '[ready' is not a regular expression",
+        ),
+        (
+            lambda d: d.setdefault("gates", {}).update(failure_patterns={"oom": ["OOM ("]}),
+            "gates.failure_patterns: 'OOM (' is not a regular expression",
+        ),
+        # a misspelt failure class would never fire; an infrastructure one must bar nothing
+        (
+            lambda d: d["knobs"][0].update(monotone_failures={"out_of_memory": "above"}),
+            "monotone_failures: 'out_of_memory' is not a failure class; known for a config: "
+            "start, boot_timeout, boot_wedge, oom, kv_capacity",
+        ),
+        (
+            lambda d: d["knobs"][0].update(monotone_failures={"port_in_use": "above"}),
+            "monotone_failures: port_in_use is the infrastructure's, never a value's",
+        ),
+        (
+            lambda d: d.setdefault("gates", {}).update(health_path="get_model_info"),
+            "gates.health_path: 'get_model_info' is not a URL path on the head's port",
+        ),
     ],
 )
 def test_bad_profiles_give_one_line_exit_3_and_write_nothing(
@@ -231,6 +263,7 @@ def test_malformed_yaml_is_one_line(workdir: Path) -> None:
     result = orchestrate(workdir, "round", "--profile", str(workdir / "broken.yaml"))
     assert result.returncode == 3
     assert result.stderr.startswith("Error: profile ") and "cannot read YAML" in result.stderr
+    assert result.stderr.rstrip().endswith("at line 2, column 8"), result.stderr
     assert result.stderr.count("\n") == 1
     assert not (workdir / "orchestrate.db").exists()
 
