@@ -6,6 +6,7 @@ on is ``cluster.blame``'s."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -40,6 +41,7 @@ from knobs.config import Config
 from knobs.records import NodeClockRecord
 from knobs.space import KnobSpace
 from knobs.vocabulary import INFRASTRUCTURE
+from orchestrator.errors import OrchestrateError
 
 T = TypeVar("T")
 
@@ -104,7 +106,7 @@ class Deployer:
         self.model = model
         self.runtime = dict(runtime)
         self._smoke = smoke
-        self._progress = progress or (lambda _msg: None)
+        self._progress = progress or _silent
         # False runs every per-node step one node at a time (the baseline of bench/deploy.py)
         self.parallel = parallel
         self._preflight = Preflight(
@@ -452,6 +454,19 @@ class Deployer:
             return Attempt(
                 config=config, failure=failure, logs=logs, teardown=stopped, restored=restored
             )
+        except OrchestrateError:
+            raise  # a config that does not render: nothing was touched
+        except Exception:
+            # not the boot's failure but one of orchestrate's own (a progress line that cannot
+            # be written, a bug) with engines perhaps started: nothing is left half up for it.
+            # Quietly: the progress may be what failed
+            progress, self._progress = self._progress, _silent
+            try:
+                with contextlib.suppress(Exception):
+                    self.teardown()
+            finally:
+                self._progress = progress
+            raise
 
     def _smoke_check(self) -> str:
         head = self.cluster.head
@@ -512,6 +527,10 @@ class Deployer:
                     host=self.cluster.head.host,
                     log_tail=tail(head_log, 15),
                 )
+
+
+def _silent(message: str) -> None:
+    """A progress that shows nothing."""
 
 
 def _line_of(text: str, index: int) -> str:

@@ -484,6 +484,31 @@ def test_a_deploy_onto_a_taken_port_is_port_in_use_naming_the_node_and_port(
     assert "Address already in use" in err.message
 
 
+def test_an_error_of_orchestrates_own_mid_boot_leaves_no_engine_up(tmp_path: Path) -> None:
+    """A deploy stopped by an error that is no boot's failure (here the progress line a
+    terminal piped to ``head`` can no longer take, once the engines are up) tears every node
+    down before the error goes on: nothing is left half up, and the progress that failed is
+    not asked again on the way out."""
+    prof = load_profile(str(write_profile(tmp_path, twin_profile_data())), base_dir=tmp_path)
+    shown: list[str] = []
+
+    def progress(message: str) -> None:
+        shown.append(message)
+        if message == "smoke generation":
+            raise BrokenPipeError(32, "Broken pipe")
+
+    deployer = deployer_for(prof, progress=progress)
+    try:
+        with pytest.raises(BrokenPipeError):
+            deployer.attempt(prof.initial_champion())
+        assert shown[-1] == "smoke generation"  # nothing more was shown
+        assert [n.rank for n in prof.cluster.nodes if deployer.alive(n)] == []
+        assert all(not (Path(n.workdir) / PIDFILE).exists() for n in prof.cluster.nodes)
+    finally:
+        deployer.teardown()
+        deployer.close()
+
+
 def test_an_engine_that_meets_a_full_disk_is_the_nodes_failure(tmp_path: Path) -> None:
     """An engine that cannot write (its compile cache, its weights: here ``/dev/full``, whose
     writes fail as a full disk's do) exits with Python's own ``[Errno 28] No space left on
