@@ -142,3 +142,40 @@ def test_a_dry_run_reads_an_old_postgres_ledger_as_upgraded_and_leaves_it(
     line = _config_line(done.stdout)
     assert f"(the ledger's champion, experiment #{old['experiment']})" in line, line
     assert _version_rows(pg_url) == (None, 1)
+
+
+def test_set_applies_its_changes_together_before_the_forbidden_combinations(
+    tmp_path: Path,
+) -> None:
+    """Knobs an engine links (SGLang's draft tokens follow its steps) are declared as
+    forbidden combinations: K 5 at MNBT 7168 is one, so K cannot move alone, and ``--set``
+    moves both at once, checked on the result. One knob set twice is refused."""
+    data = twin_profile_data()
+    data["forbidden"] = [
+        {
+            "when": {"num_speculative_tokens": 5, "max_num_batched_tokens": 7168},
+            "reason": "K 5 needs a larger batch",
+        }
+    ]
+    path = write_profile(tmp_path, data)
+    env = {**os.environ, "ORCHESTRATE_LEDGER": f"sqlite:///{tmp_path / 'orchestrate.db'}"}
+
+    def dry(*sets: str) -> tuple[int, str, str]:
+        args = [a for s in sets for a in ("--set", s)]
+        done = orchestrate(
+            tmp_path, "cluster", "up", "--dry-run", *args, "--profile", str(path), env=env
+        )
+        return done.returncode, done.stdout, done.stderr
+
+    rc, _, err = dry("num_speculative_tokens=5")
+    assert rc == 3 and err.strip().splitlines() == [
+        "Error: forbidden combination num_speculative_tokens=5, max_num_batched_tokens=7168: "
+        "K 5 needs a larger batch"
+    ], err
+    rc, out, err = dry("num_speculative_tokens=5", "max_num_batched_tokens=8192")
+    assert rc == 0, err
+    head = out[out.index("# node-0 ") :]
+    assert '"num_speculative_tokens":5' in head and "8192" in head
+    rc, _, err = dry("num_speculative_tokens=5", "num_speculative_tokens=6")
+    assert rc == 2 and "--set num_speculative_tokens is given twice" in err, err
+    assert not (tmp_path / "orchestrate.db").exists()

@@ -58,8 +58,9 @@ def cluster_up(
         typer.Option(
             "--set",
             metavar="KNOB=VALUE",
-            help="deploy the champion with this change (repeatable); if it fails, the champion "
-            "is restored when the profile says restore_champion",
+            help="deploy the champion with this change (repeatable, applied together: the "
+            "profile's forbidden combinations are checked on the result); if it fails, the "
+            "champion is restored when the profile says restore_champion",
         ),
     ] = None,
     force: ForceOpt = False,
@@ -152,13 +153,28 @@ def _would_deploy(prof: Profile) -> tuple[Config, str]:
 
 
 def _with_sets(prof: Profile, config: Config, sets: list[str] | None) -> Config:
-    """``config`` with each ``KNOB=VALUE`` of ``--set`` applied."""
-    for item in sets or []:
+    """``config`` with every ``KNOB=VALUE`` of ``--set`` applied together: the profile's
+    forbidden combinations are checked on the result, so knobs that may only move together
+    (an engine's linked parameters) can be set together.
+
+    Raises:
+        UsageError: an item that is no ``KNOB=VALUE``, or one knob set twice.
+        KnobError: an unknown knob, a value out of its domain, a forbidden result.
+    """
+    if not sets:
+        return config
+    values = config.as_dict()
+    given: set[str] = set()
+    for item in sets:
         knob, sep, value = item.partition("=")
         if not sep:
             raise UsageError(f"--set {item!r}: expected KNOB=VALUE")
-        config = config.apply(prof.space.change(config, knob, value))
-    return config
+        spec = prof.space.spec(knob)
+        if spec.name in given:
+            raise UsageError(f"--set {spec.name} is given twice: set each knob once")
+        given.add(spec.name)
+        values[spec.name] = spec.parse(value)
+    return prof.space.config(values)
 
 
 @cluster_app.command("down")
