@@ -5,8 +5,11 @@ A cell keeps ``concurrency`` greedy streaming requests in flight (a new one star
 one finishes) for a warm-up and then a measurement window. Throughput counts the tokens that
 arrive inside the window (a request straddling an edge contributes only its tokens inside);
 per-chunk token counts come from vLLM's ``continuous_usage_stats`` (llama-server streams one
-chunk per token). Accepted tokens per step come from the deltas of the spec-decode counters
-scraped at both window edges (``cluster.metrics``; llama-server adds a request's counts when
+chunk per token); a server that sends usage only at a request's end (a chunk of a speculative
+step may hold several tokens) has its total spread over the request's chunks, and requests the
+window cut before their end scaled by the cell's tokens per chunk (``cluster.window``).
+Accepted tokens per step come from the deltas of the spec-decode counters scraped at both
+window edges (``cluster.metrics``; llama-server adds a request's counts when
 the request finishes). Where a server has no such counters, the acceptance rate
 comes from the ``timings`` (``draft_n``, ``draft_n_accepted``) that llama-server puts in the
 last chunk of each request. Requests still in flight when the window closes are cancelled.
@@ -29,7 +32,7 @@ import httpx
 
 from cluster import metrics, prompts, stall
 from cluster.errors import BenchError, describe
-from cluster.window import CellState, Request, Scrapes, summarise
+from cluster.window import CellState, Request, Scrapes, spread_final_usage, summarise
 from knobs.records import CellResultRecord, CellSpec, NodeClockRecord
 
 DEFAULT_SMOKE_PROMPT = "The capital of France is"
@@ -165,24 +168,31 @@ async def _read_stream(response: httpx.Response, state: CellState, req: Request)
         usage = chunk.get("usage")
         if not choices:
             if usage:
-                req.tokens = max(req.tokens, int(usage.get("completion_tokens", 0)))
+                total = int(usage.get("completion_tokens", 0))
+                spread_final_usage(req, total)
+                req.tokens = max(req.tokens, total)
             continue
         choice = choices[0]
         piece = choice.get("text")
         if piece is None:
             piece = (choice.get("delta") or {}).get("content") or ""
-        if usage and "completion_tokens" in usage:
+        running = usage is not None and "completion_tokens" in usage
+        if running and not req.estimated:
             total = int(usage["completion_tokens"])
             count = total - req.tokens
-        else:
+        else:  # no running usage: one token a chunk until the final usage says more
             count = 1 if piece else 0
             total = req.tokens + count
+            req.estimated = req.estimated or count > 0
         req.tokens = total
         if count > 0:
             if req.first is None:
                 req.first = now
             req.chunks.append((now, count))
             state.news.set()
+        if running and req.estimated:  # usage on the last chunk only: spread it
+            spread_final_usage(req, int(usage["completion_tokens"]))
+            req.tokens = max(req.tokens, int(usage["completion_tokens"]))
         req.text.append(piece)
         if choice.get("finish_reason"):
             req.finished = True

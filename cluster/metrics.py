@@ -1,7 +1,9 @@
 """An engine's ``/metrics``: Prometheus text parsed, scraped, and read for what a bench cell
 needs: the spec-decode counters' deltas (vLLM's ``vllm:spec_decode_*`` or llama-server's
 ``llamacpp:spec_decode_*``, the same names under another prefix) and the gauges of requests
-still in flight (a cell drains them before the next starts)."""
+still in flight (vLLM's, llama-server's, SGLang's: a cell drains them before the next starts).
+SGLang publishes its acceptance as a gauge of mean accept length, not counters: a cell on it
+has no acceptance of its own."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ SPEC_PREFIXES = ("vllm:", "llamacpp:")
 BUSY_GAUGES = (
     ("vllm:num_requests_running", "vllm:num_requests_waiting"),
     ("llamacpp:requests_processing", "llamacpp:requests_deferred"),
+    ("sglang:num_running_reqs", "sglang:num_queue_reqs"),
 )
 
 _SERIES = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)(\s+\S+)?$")
@@ -78,7 +81,8 @@ def _per_position(metrics: dict[str, float], name: str) -> dict[int, float]:
 
 def busy_requests(metrics: dict[str, float]) -> float | None:
     """Requests the engine is running or holding back (vLLM's running + waiting gauges,
-    llama-server's processing + deferred), or None for a server with neither."""
+    llama-server's processing + deferred, SGLang's running + queued), or None for a server with
+    none of them."""
     for running, waiting in BUSY_GAUGES:
         if running in metrics:
             return metrics[running] + metrics.get(waiting, 0.0)

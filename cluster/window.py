@@ -34,6 +34,13 @@ class Request:
     text: list[str] = field(default_factory=list)
     finished: bool = False
     tokens: int = 0
+    #: the chunks' token counts are one per chunk, the stream carrying no running usage (an
+    #: engine without vLLM's ``continuous_usage_stats``: a chunk of a speculative step holds
+    #: several tokens); the request's final usage, when it comes, spreads its total over them
+    #: (``spread_final_usage``), else the cell's tokens per chunk scale them (``summarise``)
+    estimated: bool = False
+    #: the final usage spread its total over one-per-chunk counts
+    spread: bool = False
     drafted: int | None = None  # llama-server's timings.draft_n
     accepted: int | None = None  # … and timings.draft_n_accepted
 
@@ -82,6 +89,32 @@ def percentile(values: Sequence[float], q: float) -> float:
 Scrapes = tuple[dict[str, float] | None, dict[str, float] | None]
 
 
+def spread_final_usage(req: Request, total: int) -> None:
+    """A request whose stream counted one token per chunk, given its final usage ``total``:
+    the total spread over its chunks in order (each a whole number, summing to it), so the
+    window counts the tokens each chunk carried, not one per chunk."""
+    if not req.estimated or not req.chunks or total <= sum(n for _, n in req.chunks):
+        return
+    size = len(req.chunks)
+    req.chunks = [
+        (t, (i + 1) * total // size - i * total // size) for i, (t, _) in enumerate(req.chunks)
+    ]
+    req.tokens = total
+    req.estimated, req.spread = False, True
+
+
+def _window_tokens(requests: Sequence[Request], w0: float, w1: float) -> int:
+    """The tokens that arrived inside the window. A request still counted one token per chunk
+    (cut at the window's edge before its final usage came) is scaled by the tokens per chunk
+    of the cell's requests whose final usage was spread (none: one per chunk)."""
+    inside = [(r, sum(n for t, n in r.chunks if w0 <= t < w1)) for r in requests]
+    spread = [r for r in requests if r.spread]
+    per_chunk = sum(r.tokens for r in spread) / max(1, sum(len(r.chunks) for r in spread))
+    exact = sum(n for r, n in inside if not r.estimated)
+    guessed = sum(n for r, n in inside if r.estimated)
+    return exact + round(guessed * (per_chunk if spread else 1.0))
+
+
 def summarise(
     state: CellState, window: Scrapes, whole: Scrapes
 ) -> tuple[CellResultRecord, dict[str, Any]]:
@@ -90,7 +123,7 @@ def summarise(
     warm-up and greedy probe included: acceptance is the config's, not the window's."""
     cell, w0, w1 = state.cell, state.w0, state.w1
     duration = w1 - w0
-    tokens = sum(n for r in state.requests for t, n in r.chunks if w0 <= t < w1)
+    tokens = _window_tokens(state.requests, w0, w1)
     started_in = [r for r in state.requests if w0 <= r.start < w1 and r.first is not None]
     ttft_pool = started_in or [
         r for r in state.requests if r.first is not None and w0 <= r.first < w1
@@ -157,6 +190,9 @@ def summarise(
         evidence["retried"] = state.retried
     if state.lost:
         evidence["connection_lost"] = state.lost
+    if any(r.spread or r.estimated for r in state.requests):
+        # no running usage in the stream: the tokens per chunk came from final usages
+        evidence["tokens_from_final_usage"] = sum(r.spread for r in state.requests)
     return record, evidence
 
 

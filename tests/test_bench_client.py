@@ -3,6 +3,7 @@ noise spreads as the landscape says, failures are ``BenchError``s with their evi
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import math
@@ -518,3 +519,75 @@ def test_a_window_whose_failures_all_lost_their_connection_is_measured_once_more
     else:
         assert got.errors == errors, got.error_samples
     assert any("lost their connection" in line for line in said) == (measured_again == 1)
+
+
+class _SteppingEngine(http.server.BaseHTTPRequestHandler):
+    """An OpenAI-style completions server that streams a speculative engine's steps: each
+    chunk carries ``PER_CHUNK`` tokens, paced ``STEP_S`` apart, ``CHUNKS`` of them. With
+    ``running`` every chunk has the running usage (vLLM's ``continuous_usage_stats``); without
+    it only the last, usage-only event has the total (an engine that does not honour it)."""
+
+    CHUNKS, PER_CHUNK, STEP_S = 10, 4, 0.01
+    running: ClassVar[bool] = True
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        self.close_connection = True  # the body ends with the connection
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the window closed
+            self._steps()
+
+    def _steps(self) -> None:
+        total = 0
+        for i in range(self.CHUNKS):
+            total += self.PER_CHUNK
+            reason = "length" if i == self.CHUNKS - 1 else None
+            event: dict[str, object] = {
+                "choices": [{"text": " ab" * self.PER_CHUNK, "finish_reason": reason}]
+            }
+            if type(self).running:
+                event["usage"] = {"completion_tokens": total}
+            self.wfile.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+            self.wfile.flush()
+            time.sleep(self.STEP_S)  # the engine's pace, not a synchronisation
+        final = {"choices": [], "usage": {"completion_tokens": total}}
+        self.wfile.write(b"data: " + json.dumps(final).encode() + b"\n\ndata: [DONE]\n\n")
+
+
+def _stepping_cell(running: bool) -> CellResultRecord:
+    _SteppingEngine.running = running
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _SteppingEngine)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        cell = CellSpec(
+            name="steps",
+            category="code",
+            concurrency=2,
+            max_tokens=40,
+            warmup_s=0.1,
+            duration_s=1.0,
+        )
+        return run_cell(url, "glm53", cell)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_an_engine_without_running_usage_is_counted_by_its_final_usage() -> None:
+    """A speculative engine's chunk holds several tokens. Where the stream carries no running
+    usage, counting one token a chunk measured a quarter of the throughput here (and every
+    verdict would have held speculation against itself); the final usage's total, spread over
+    the request's chunks, measures what the running usage does."""
+    with_running = _stepping_cell(running=True)
+    final_only = _stepping_cell(running=False)
+    assert with_running.completed > 0 and final_only.completed > 0
+    # one token a chunk would be a quarter
+    ratio = final_only.output_throughput / with_running.output_throughput
+    assert 0.75 < ratio < 1.33, (final_only, with_running)

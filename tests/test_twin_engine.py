@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from cluster.bench import smoke
-from cluster.metrics import parse_metrics, scrape_metrics
+from cluster.metrics import busy_requests, parse_metrics, scrape_metrics
 from cluster.prompts import build_prompt
 from cluster.twin import MASK_EMBEDDING_LINE, models_dir, node
 from cluster.twin.landscape import load_landscape
@@ -384,6 +384,19 @@ def test_metrics_parser_reads_vllm_exposition() -> None:
         == 3
     )
     assert metrics["process_start_time_seconds"] == 1.7e9
+
+
+def test_sglangs_request_gauges_are_what_a_cell_drains() -> None:
+    """SGLang's gauges of running and queued requests (labelled by model) count as busy, as
+    vLLM's and llama-server's do: a cell waits for them to drain before the next starts."""
+    text = (
+        "# TYPE sglang:num_running_reqs gauge\n"
+        'sglang:num_running_reqs{model_name="llama70b"} 3.0\n'
+        "# TYPE sglang:num_queue_reqs gauge\n"
+        'sglang:num_queue_reqs{model_name="llama70b"} 2.0\n'
+    )
+    assert busy_requests(parse_metrics(text)) == 5.0
+    assert busy_requests(parse_metrics("sglang:token_usage 0.2\n")) is None
 
 
 def test_a_rank_with_another_command_line_fails_the_group(nodes: TwinNodes) -> None:
