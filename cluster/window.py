@@ -35,11 +35,13 @@ class Request:
     finished: bool = False
     tokens: int = 0
     #: the chunks' token counts are one per chunk, the stream carrying no running usage (an
-    #: engine without vLLM's ``continuous_usage_stats``: a chunk of a speculative step holds
-    #: several tokens); the request's final usage, when it comes, spreads its total over them
+    #: engine without vLLM's ``continuous_usage_stats``: a chunk of a speculative step may
+    #: hold several tokens); the request's final usage, when it comes, settles them
     #: (``spread_final_usage``), else the cell's tokens per chunk scale them (``summarise``)
     estimated: bool = False
-    #: the final usage spread its total over one-per-chunk counts
+    #: the final usage settled one-per-chunk counts: ``spread`` when it said more tokens than
+    #: chunks (its total spread over them), else they were right
+    settled: bool = False
     spread: bool = False
     drafted: int | None = None  # llama-server's timings.draft_n
     accepted: int | None = None  # … and timings.draft_n_accepted
@@ -92,27 +94,30 @@ Scrapes = tuple[dict[str, float] | None, dict[str, float] | None]
 def spread_final_usage(req: Request, total: int) -> None:
     """A request whose stream counted one token per chunk, given its final usage ``total``:
     the total spread over its chunks in order (each a whole number, summing to it), so the
-    window counts the tokens each chunk carried, not one per chunk."""
-    if not req.estimated or not req.chunks or total <= sum(n for _, n in req.chunks):
+    window counts the tokens each chunk carried, not one per chunk (a total no larger than the
+    chunks leaves them: one token a chunk, as llama-server streams)."""
+    if not req.estimated or not req.chunks:
         return
     size = len(req.chunks)
-    req.chunks = [
-        (t, (i + 1) * total // size - i * total // size) for i, (t, _) in enumerate(req.chunks)
-    ]
-    req.tokens = total
-    req.estimated, req.spread = False, True
+    if total > sum(n for _, n in req.chunks):
+        req.chunks = [
+            (t, (i + 1) * total // size - i * total // size) for i, (t, _) in enumerate(req.chunks)
+        ]
+        req.tokens, req.spread = total, True
+    req.estimated, req.settled = False, True
 
 
 def _window_tokens(requests: Sequence[Request], w0: float, w1: float) -> int:
     """The tokens that arrived inside the window. A request still counted one token per chunk
     (cut at the window's edge before its final usage came) is scaled by the tokens per chunk
-    of the cell's requests whose final usage was spread (none: one per chunk)."""
+    of the cell's requests that final usages settled (none: one per chunk)."""
     inside = [(r, sum(n for t, n in r.chunks if w0 <= t < w1)) for r in requests]
-    spread = [r for r in requests if r.spread]
-    per_chunk = sum(r.tokens for r in spread) / max(1, sum(len(r.chunks) for r in spread))
+    settled = [r for r in requests if r.settled]
+    chunks = sum(len(r.chunks) for r in settled)
+    per_chunk = sum(n for r in settled for _, n in r.chunks) / chunks if chunks else 1.0
     exact = sum(n for r, n in inside if not r.estimated)
     guessed = sum(n for r, n in inside if r.estimated)
-    return exact + round(guessed * (per_chunk if spread else 1.0))
+    return exact + round(guessed * per_chunk)
 
 
 def summarise(
@@ -190,8 +195,8 @@ def summarise(
         evidence["retried"] = state.retried
     if state.lost:
         evidence["connection_lost"] = state.lost
-    if any(r.spread or r.estimated for r in state.requests):
-        # no running usage in the stream: the tokens per chunk came from final usages
+    if any(r.spread for r in state.requests):
+        # no running usage in a stream whose chunks held several tokens: the final usages said
         evidence["tokens_from_final_usage"] = sum(r.spread for r in state.requests)
     return record, evidence
 
