@@ -214,6 +214,7 @@ def test_what_init_refuses(tmp_path: Path) -> None:
     launcher.write_text("echo hello\n")
     done = orchestrate(tmp_path, "init", "--from", str(launcher))
     assert done.returncode == 3 and "no `vllm serve` command" in done.stderr
+    assert "written by hand: docs/profile.md" in done.stderr
     launcher.write_text("vllm serve /m --nnodes 2 --node-rank 0 --master-addr 10.0.0.1\n")
     done = orchestrate(tmp_path, "init", "--from", str(launcher))
     assert done.returncode == 2 and "--nodes HEAD,WORKER" in done.stderr

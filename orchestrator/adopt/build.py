@@ -106,7 +106,9 @@ def adopt(
     if not heads:
         what = "only --headless (worker) lines" if workers else "no `vllm serve` command"
         raise ProfileError(
-            f"{path}: {what}; init needs the head's `vllm serve` line", path=str(path)
+            f"{path}: {what}; init needs the head's `vllm serve` line (another engine's "
+            "profile is written by hand: docs/profile.md)",
+            path=str(path),
         )
     head, worker = heads[0], (workers[0] if workers else None)
     notes = [f"line {s.line}: another head command, not taken" for s in heads[1:]]
