@@ -210,9 +210,29 @@ def script_text(
     return "\n".join(lines) + "\n"
 
 
+#: Shell that sets ``st`` to the start time of process ``$pid`` (field 22 of its
+#: ``/proc/PID/stat``, in clock ticks since boot; the command name before it may hold spaces),
+#: empty where there is no such process or no ``/proc``.
+_START_TIME = (
+    'st=$(cat "/proc/$pid/stat" 2>/dev/null) && st=${st##*) } && set -- $st && st=${20:-}; '
+)
+#: Shell that reads the pid file into ``pid`` and ``born`` (the engine's start time when it was
+#: started; empty in a pid file of an older orchestrate), and a function ``ours`` that fails
+#: when process ``$pid`` is another's: it lives, but started at another time than the engine
+#: did (the pid was reused: after a node's reboot, or months later). A group whose leader is
+#: gone is still the engine's: Linux reuses no pid while a process group holds it.
+_READ_PID = (
+    f'read -r pid born <{PIDFILE} 2>/dev/null || pid=""; '
+    'ours() { [ -n "$born" ] || return 0; '
+    + _START_TIME
+    + '[ -z "$st" ] || [ "$st" = "$born" ]; }; '
+)
+
+
 def start_command(node: NodeSpec) -> list[str]:
     """argv that starts the node's launcher detached (its own session; survives the caller)
-    and records the engine's pid, which is also its process group."""
+    and records the engine's pid, which is also its process group, and its start time (so
+    that a stop never signals a process that took the pid over: ``stop_command``)."""
     wd = shlex.quote(node.workdir)
     # the pid is reported only once the engine leads its own process group: a liveness check
     # that came earlier would find no group and call a starting engine dead
@@ -220,7 +240,8 @@ def start_command(node: NodeSpec) -> list[str]:
         f"cd {wd} || exit 1; "
         f"setsid bash {SCRIPT} >{LOG} 2>&1 </dev/null & pid=$!; "
         'for i in $(seq 100); do kill -0 -- "-$pid" 2>/dev/null && break; sleep 0.02; done; '
-        f'echo "$pid" >{PIDFILE}; echo "$pid"'
+        + _START_TIME
+        + f'echo "$pid $st" >{PIDFILE}; echo "$pid"'
     )
     return ["bash", "-c", body]
 
@@ -233,8 +254,10 @@ def stop_command(node: NodeSpec, grace_s: float) -> list[str]:
     body = (
         f"cd {wd} 2>/dev/null || {{ echo absent; exit 0; }}; "
         f"[ -s {PIDFILE} ] || {{ echo absent; exit 0; }}; "
-        f"pid=$(cat {PIDFILE}); "
-        f'case "$pid" in ""|*[!0-9]*) rm -f {PIDFILE}; echo absent; exit 0;; esac; '
+        + _READ_PID
+        + f'case "$pid" in ""|*[!0-9]*) rm -f {PIDFILE}; echo absent; exit 0;; esac; '
+        # a pid another process took over is no engine of ours: never signalled
+        f"ours || {{ rm -f {PIDFILE}; echo absent; exit 0; }}; "
         'kill -0 -- "-$pid" 2>/dev/null || '
         f"{{ rm -f {PIDFILE}; echo absent; exit 0; }}; "
         'kill -TERM -- "-$pid" 2>/dev/null; '
@@ -254,8 +277,10 @@ def alive_command(node: NodeSpec) -> list[str]:
     """argv that exits 0 iff the node's engine process group is alive."""
     wd = shlex.quote(node.workdir)
     body = (
-        f"pid=$(cat {wd}/{PIDFILE} 2>/dev/null) || exit 1; "
-        'case "$pid" in ""|*[!0-9]*) exit 1;; esac; '
+        f"cd {wd} 2>/dev/null || exit 1; "
+        + _READ_PID
+        + 'case "$pid" in ""|*[!0-9]*) exit 1;; esac; '
+        "ours || exit 1; "
         'kill -0 -- "-$pid" 2>/dev/null || exit 1; '
         # a dead engine not yet reaped by init is a zombie: dead, whatever kill -0 says
         '[ "$(cut -d" " -f3 "/proc/$pid/stat" 2>/dev/null)" != Z ]'

@@ -610,7 +610,7 @@ def cell_failures(tmp_path: Path, data: dict[str, Any], lines: list[str | None])
     try:
         for line in lines:
             testbed.deploy(prof.initial_champion())
-            pid = int((workdir / PIDFILE).read_text())
+            pid = int((workdir / PIDFILE).read_text().split()[0])
             if line is not None:
                 with (workdir / LOG).open("a") as log:
                     log.write(line + "\n")

@@ -164,7 +164,7 @@ def test_specs_refuse_unsafe_tokens_and_bad_domains() -> None:
         )
 
 
-def test_monotone_failures_need_an_ordered_knob_and_a_failure_class_name() -> None:
+def test_monotone_failures_need_an_ordered_knob_and_a_configs_failure_class() -> None:
     (spec,) = [k for k in catalog("vllm-dflash2") if k.name == "gpu_memory_utilization"]
     assert spec.monotone_failures == {"oom": "above", "kv_capacity": "below"}
     numeric_choice = KnobSpec(
@@ -185,7 +185,7 @@ def test_monotone_failures_need_an_ordered_knob_and_a_failure_class_name() -> No
             render=RenderSpec(kind="flag", flag="--x"),
             monotone_failures={"oom": "above"},
         )
-    with pytest.raises(ValueError, match="not a failure class name"):
+    with pytest.raises(ValueError, match="is not a failure class; known for a config: start"):
         KnobSpec(
             name="x",
             type="int",

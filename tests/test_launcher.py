@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -119,3 +121,45 @@ def test_stop_is_graceful_when_the_engine_honours_sigterm(tmp_path: Path) -> Non
     transport.put_text(f"{node.workdir}/launcher.sh", "exec sleep 300\n", mode=0o755)
     assert transport.run(start_command(node)).returncode == 0
     assert transport.run(stop_command(node, grace_s=5)).stdout.strip() == "stopped"
+
+
+def _living(pid: int) -> bool:
+    """Whether process ``pid`` runs (exists and is no zombie)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_a_pid_another_process_took_over_is_never_signalled(tmp_path: Path) -> None:
+    """The pid file outlives its engine (a node's reboot, a crash that left it): a process
+    that took the pid over — another user's, another cluster's — is no engine of ours. Its
+    start time is not the one recorded at the start, so the stop leaves it alone and calls
+    the node's engine absent, and the liveness check says dead. A pid file of an older
+    orchestrate (the pid alone) is trusted as before."""
+    node = NodeSpec(rank=0, host="127.0.0.1", workdir=str(tmp_path / "node"))
+    transport = LocalTransport(node)
+    transport.put_text(f"{node.workdir}/launcher.sh", "exec sleep 300\n", mode=0o755)
+    started = transport.run(start_command(node))
+    pid = int(started.stdout)
+    pidfile = Path(node.workdir) / "engine.pid"
+    recorded_pid, born = pidfile.read_text().split()
+    assert int(recorded_pid) == pid and born.isdigit()
+    assert transport.run(stop_command(node, grace_s=5)).stdout.strip() == "stopped"
+    # another process, in a session of its own as an engine is, holds the pid file's pid now
+    spawn = "setsid sleep 300 </dev/null >/dev/null 2>&1 & echo $!"
+    other = int(subprocess.run(["bash", "-c", spawn], capture_output=True, text=True).stdout)
+    try:
+        pidfile.write_text(f"{other} {int(born) - 1}\n")
+        assert transport.run(alive_command(node)).returncode != 0
+        assert transport.run(stop_command(node, grace_s=5)).stdout.strip() == "absent"
+        assert _living(other), "another process's group was signalled"
+        assert not pidfile.exists()
+        pidfile.write_text(f"{other}\n")  # an older orchestrate's pid file: trusted
+        assert transport.run(alive_command(node)).returncode == 0
+        assert transport.run(stop_command(node, grace_s=5)).stdout.strip() in ("stopped", "killed")
+        assert not _living(other)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(other, signal.SIGKILL)

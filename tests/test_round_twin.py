@@ -25,9 +25,10 @@ def engines_alive(workdir: Path) -> list[int]:
     alive = []
     for node in sorted((workdir / "nodes").glob("node-*")):
         pidfile = node / "engine.pid"
-        if pidfile.exists() and pidfile.read_text().strip().isdigit():
+        pid = pidfile.read_text().split()[0] if pidfile.exists() else ""
+        if pid.isdigit():
             try:
-                os.killpg(int(pidfile.read_text()), 0)
+                os.killpg(int(pid), 0)
                 alive.append(int(node.name.split("-")[1]))
             except ProcessLookupError:
                 pass

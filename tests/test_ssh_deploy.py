@@ -108,7 +108,7 @@ def kill_engine(cluster: SshCluster, rank: int) -> None:
     """SIGKILL a node's engine process group, as a crash would end it, and wait until the
     process is reaped (this machine's init reaps orphans up to a second late; until then
     the dead engine still answers ``kill -0``)."""
-    pid = int((cluster.node(rank).workdir / "engine.pid").read_text())
+    pid = int((cluster.node(rank).workdir / "engine.pid").read_text().split()[0])
     os.killpg(pid, signal.SIGKILL)
     wait_until(f"engine {pid} to be reaped", lambda: not Path(f"/proc/{pid}").exists(), 10)
 
