@@ -9,11 +9,12 @@ to judge; this module decides nothing.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import suppress
 
 from cluster.errors import NodeError
 from knobs.config import Config
 from knobs.vocabulary import INFRASTRUCTURE, BootRole, BootStatus, State
-from ledger import ExperimentRecord, Ledger
+from ledger import ExperimentRecord, Ledger, LedgerError
 from orchestrator.crashpoints import crashpoint
 from orchestrator.display import RoundDisplay
 from orchestrator.measurements import read_measurements
@@ -61,28 +62,42 @@ class Booter:
         boot = self.ledger.start_boot(e.id, config, role=role, measurement=measurement)
         crashpoint("boot.started")
         failure: NodeError | None = None
+        torn_down = False
         try:
-            self.display.phase(f"deploying ({role})")
-            launchers = self.testbed.deploy(config)
-            self.ledger.end_boot(boot.id, status=BootStatus.UP)
-            crashpoint("smoke.passed")
-            self.runlog.launchers(e, run_id, launchers)
-            if deciding:
-                self.ledger.set_state(e.id, State.BENCHING)
-            self._bench(e.id, boot.id, boot.measurement)
-        except NodeError as err:
-            failure = err
-        finally:
-            # logs first (they are the evidence), then no engine may outlive the boot, even
-            # when the logs could not be kept (MLflow and the ledger both away)
             try:
-                self.runlog.boot_logs(e, run_id, boot.id, self.testbed.logs())
+                self.display.phase(f"deploying ({role})")
+                launchers = self.testbed.deploy(config)
+                self.ledger.end_boot(boot.id, status=BootStatus.UP)
+                crashpoint("smoke.passed")
+                self.runlog.launchers(e, run_id, launchers)
+                if deciding:
+                    self.ledger.set_state(e.id, State.BENCHING)
+                self._bench(e.id, boot.id, boot.measurement)
+            except NodeError as err:
+                failure = err
             finally:
-                self.display.phase("tearing down")
+                # logs first (they are the evidence), then no engine may outlive the boot,
+                # even when the logs could not be kept (MLflow and the ledger both away)
                 try:
-                    self.testbed.stop_all()
-                except NodeError as err:
-                    failure = _blamed(failure, err)
+                    self.runlog.boot_logs(e, run_id, boot.id, self.testbed.logs())
+                finally:
+                    self.display.phase("tearing down")
+                    try:
+                        self.testbed.stop_all()
+                        torn_down = True
+                    except NodeError as err:
+                        failure = _blamed(failure, err)
+        except BaseException:
+            # an interrupt (Ctrl-C, SIGTERM) or an error of ours, its engines torn down: the
+            # boot ends now, as a resume would end it, so that no GPU-hour is counted to a boot
+            # nothing runs for until the resume. A teardown the interrupt cut short leaves the
+            # boot open: engines may run, and the resume stops them (``stop_stale``).
+            if torn_down:
+                with suppress(LedgerError):
+                    self.ledger.end_boot(
+                        boot.id, status=BootStatus.DOWN, failure_detail="interrupted"
+                    )
+            raise
         if failure is not None:
             self.ledger.end_boot(
                 boot.id,

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import signal
+import sqlite3
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -284,6 +285,11 @@ def test_ctrl_c_mid_experiment_is_one_line_exit_130_and_resumes(workdir: Path) -
     said = [line for line in err.splitlines() if line.startswith("Error:")]
     assert said == ["Error: interrupted; run the same command again to resume"], err
     assert "Traceback" not in err and out == ""
+    # the boot in flight was torn down and ended then: no GPU-hour accrues to it overnight
+    with sqlite3.connect(workdir / "orchestrate.db") as db:
+        boots = db.execute("select status, ended_at, failure_detail from boot").fetchall()
+    assert boots and all(ended is not None for _, ended, _ in boots), boots
+    assert boots[-1][0] == "down" and boots[-1][2] == "interrupted", boots
     resumed = orchestrate(workdir, "round", "--budget", "1", "--profile", str(profile), "--json")
     assert resumed.returncode == 0, resumed.stderr
     assert json.loads(resumed.stdout)["resumed"] is True
