@@ -112,27 +112,35 @@ class Blame:
         characters: the words a failure's message quotes."""
         return _first_line(log, self.gates.failure_patterns.get(cls, ()))[:300]
 
-    def lost(self, found: NodeSpec) -> DeployError:
-        """Who failed, once an engine is found dead while the head boots.
+    def lost(
+        self,
+        found: NodeSpec,
+        what: str = "before /health was 200",
+        *,
+        default: FailureClass = "start",
+    ) -> DeployError:
+        """Who failed, once an engine is found dead (``what``: while the head booted, or while
+        a cell was measured).
 
         When one rank dies the others follow (a head whose worker left, workers whose head
         left), so the first corpse found is not necessarily the culprit. In order: a head
         whose log names its own failure (OOM, …); a worker whose log names one; a dead worker
-        that did not exit because the head went away (``worker_follows_head``); the head.
+        that did not exit because the head went away (``worker_follows_head``: the worker
+        itself was lost, the node's doing, as a worker killed or its node gone); the head,
+        with ``default`` where its log names nothing.
         """
         head = self.cluster.head
         dead = [n for n in [head, *self.cluster.workers_desc] if n == found or not self._alive(n)]
         logs = {n.rank: self._log_of(n) for n in dead}
-        what = "before /health was 200"
         for node in dead:
             if self.classify(logs[node.rank]) not in (None, "worker_missing"):
-                return self.died(node, what, default="start")
+                return self.died(node, what, default=default)
         for node in dead:
             follows = any(re.search(p, logs[node.rank]) for p in self.gates.worker_follows_head)
             if node.rank != 0 and not follows:
                 return self.died(node, what, default="worker_missing")
         if head in dead:
-            return self.died(head, what, default="start")
+            return self.died(head, what, default=default)
         return self.died(found, what, default="worker_missing")
 
 

@@ -255,18 +255,29 @@ class Deployer:
         head's log read first. What a node logged while it booted (a warning about the hub on
         an air-gapped node, a cache it could not write) and a worker gone (``worker_missing``:
         a head logs that too when a worker died of the config's own failure) are not read."""
-        marks = self._up_marks
-
-        def since_up(node: NodeSpec) -> str:
-            log = self.log_of(node)
-            mark = marks.get(node.rank, "")
-            at = log.rfind(mark) if mark else -1
-            # a mark gone from the log's tail: all of the tail came after it
-            return log[at + len(mark) :] if at >= 0 else log
-
         return self._blame.named(
-            message, self.cluster.head, INFRASTRUCTURE - {"worker_missing"}, log_of=since_up
+            message, self.cluster.head, INFRASTRUCTURE - {"worker_missing"}, log_of=self._since_up
         )
+
+    def died_measuring(self, cell: str) -> DeployError | None:
+        """After bench cell ``cell`` failed: an engine found dead since the boot came up, judged
+        as at boot (``Blame.lost``) on what each log says since then: a worker lost with no
+        failure of its own (killed, its node gone) is ``worker_missing``, the node's, however
+        the head's requests failed for it; a node whose log names a config's failure (an OOM
+        at this concurrency) is that; a head dead of nothing it names, ``bench_failed``.
+        None while every engine lives."""
+        dead = [n for n in self.cluster.nodes if not self.alive(n)]
+        if not dead:
+            return None
+        blame = Blame(self.cluster, self.gates, log_of=self._since_up, alive=self.alive)
+        return blame.lost(dead[0], f"while cell {cell} was measured", default="bench_failed")
+
+    def _since_up(self, node: NodeSpec) -> str:
+        """``node``'s log since the last boot came up (all of its tail when the mark is gone)."""
+        log = self.log_of(node)
+        mark = self._up_marks.get(node.rank, "")
+        at = log.rfind(mark) if mark else -1
+        return log[at + len(mark) :] if at >= 0 else log
 
     # ---- preflight (``cluster.preflight``) ------------------------------------------------
     def clocks(self) -> list[NodeClockRecord]:

@@ -213,7 +213,9 @@ class ClusterTestbed:
             NodeError: class bench_failed, with the bench client's evidence; or a node's own
                 failure as it was (a clocks query that found the node unreachable is the
                 infrastructure's, not the config's), or as a node's log names it
-                (``Deployer.logged_fault``: an engine that died of its GPU or a full disk).
+                (``Deployer.logged_fault``: an engine that died of its GPU or a full disk), or
+                an engine found dead (``Deployer.died_measuring``: a worker lost is the
+                node's, an OOM the config's).
         """
         try:
             return run_cell(self.base_url, self.model, cell, clocks=self.deployer.clocks)
@@ -222,7 +224,7 @@ class ClusterTestbed:
         except OrchestrateError as err:
             message = f"bench cell {cell.name} failed: {err}"
             # an engine that died of its node (an ECC error, a full disk) mid-cell: the node's
-            fault = self.deployer.logged_fault(message)
+            fault = self.deployer.logged_fault(message) or self.deployer.died_measuring(cell.name)
             if fault is not None:
                 raise fault from err
             raise NodeError(

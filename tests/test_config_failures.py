@@ -599,13 +599,16 @@ def test_an_engine_that_logs_its_gpus_or_networks_fault_as_it_exits_is_the_nodes
         assert err.message.endswith(f": {said.splitlines()[-1]}"), err.message
 
 
-def cell_failures(tmp_path: Path, data: dict[str, Any], lines: list[str | None]) -> list[NodeError]:
-    """Boot the twin profile ``data`` once per line, append the line (if any) to the head's log
-    once the boot is up, kill the head's engine and run a bench cell: each cell's failure."""
+def cell_failures(
+    tmp_path: Path, data: dict[str, Any], lines: list[str | None], rank: int = 0
+) -> list[NodeError]:
+    """Boot the twin profile ``data`` once per line, append the line (if any) to node
+    ``rank``'s log once the boot is up, kill that node's engine and run a bench cell: each
+    cell's failure."""
     prof = load_profile(str(write_profile(tmp_path, data)), base_dir=tmp_path)
     deployer = deployer_for(prof)
     testbed = ClusterTestbed(deployer, prof.cluster.base_url, prof.model)
-    workdir = Path(prof.cluster.head.workdir)
+    workdir = Path(next(n for n in prof.cluster.nodes if n.rank == rank).workdir)
     failures: list[NodeError] = []
     try:
         for line in lines:
@@ -637,6 +640,23 @@ def test_an_engine_that_dies_of_its_gpu_in_a_cell_is_the_nodes_failure(tmp_path:
     assert fault.message.startswith("bench cell ")
     assert fault.message.endswith(f"node-0's log says: {gone}"), fault.message
     assert plain.failure_class == "bench_failed"
+
+
+def test_a_worker_lost_in_a_cell_is_the_nodes_and_a_worker_dead_of_oom_the_configs(
+    tmp_path: Path,
+) -> None:
+    """A worker's engine killed while a cell is measured (its node gone, a person's kill -9):
+    the head's requests fail, and the head logs that a rank left. Before, the cell failed as
+    ``bench_failed`` on node-0, the config's, and two such deaths barred the value. Now the
+    dead worker is found, and with no failure of its own in its log it is ``worker_missing``
+    on node-1, the node's. A worker whose log names an OOM since the boot came up died of the
+    config: ``oom``, on node-1."""
+    oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    lost, of_oom = cell_failures(tmp_path, twin_profile_data(), [None, oom], rank=1)
+    assert lost.failure_class == "worker_missing" and lost.failure_class in INFRASTRUCTURE
+    assert (lost.rank, lost.message) == (1, "node-1: engine exited while cell code-c1 was measured")
+    assert of_oom.failure_class == "oom" and of_oom.rank == 1
+    assert of_oom.message.endswith(f": {oom}"), of_oom.message
 
 
 def test_a_cell_failure_is_not_read_by_what_the_node_logged_as_it_booted(tmp_path: Path) -> None:
