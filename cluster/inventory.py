@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import posixpath
 import re
 from typing import Literal
 
@@ -149,6 +150,18 @@ class ClusterSpec(BaseModel):
         ranks = sorted(n.rank for n in self.nodes)
         if ranks != list(range(len(self.nodes))):
             raise ValueError(f"node ranks must be 0..{len(self.nodes) - 1}, got {ranks}")
+        places: dict[tuple[str, str], int] = {}
+        for node in self.nodes:
+            # two ranks in one folder of one machine share a launcher, a log and a pid file:
+            # each boot would wedge or stop the other's engine, and the config be blamed
+            machine = node.ssh.host if node.transport == "ssh" and node.ssh else "this machine"
+            place = (machine, posixpath.normpath(node.workdir))
+            other = places.setdefault(place, node.rank)
+            if other != node.rank:
+                raise ValueError(
+                    f"nodes {other} and {node.rank} share the workdir {node.workdir!r} on "
+                    f"{machine}: give each rank a workdir of its own"
+                )
         return self
 
     @property

@@ -210,6 +210,11 @@ def round_until(
         (lambda d: d.pop("cells"), "cells: Field required"),
         (lambda d: d["cluster"]["nodes"][1].update(workdir="x; rm -rf /"), "not a safe path"),
         (
+            lambda d: d["cluster"]["nodes"][1].update(workdir=d["cluster"]["nodes"][0]["workdir"]),
+            "cluster: nodes 0 and 1 share the workdir 'nodes/node-0' on this machine: give each "
+            "rank",
+        ),
+        (
             lambda d: d["cluster"]["nodes"][0].update(vars={"target": "/m/x; rm -rf ~"}),
             "var target='/m/x; rm -rf ~' is not a safe token (letters, digits and _.:/+=@,%{}-",
         ),
@@ -259,6 +264,27 @@ def test_bad_profiles_give_one_line_exit_3_and_write_nothing(
     assert not (workdir / "mlflow.db").exists()
 
 
+def test_ask_without_a_terminal_is_refused_before_anything_boots(workdir: Path) -> None:
+    """Under nohup, cron or a service stdin is no terminal: ``--approve ask`` is refused in
+    one line before the baseline boots, not at the first prompt hours later as an interrupt."""
+    profile = write_profile(workdir, twin_profile_data())
+    done = subprocess.run(
+        [*ORCHESTRATE, "round", "--budget", "1", "--approve", "ask", "--profile", str(profile)],
+        cwd=workdir,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("Error: --approve ask needs a terminal to answer at")
+    assert done.stderr.count("\n") == 1
+    db = workdir / "orchestrate.db"
+    if db.exists():
+        with sqlite3.connect(db) as conn:
+            assert conn.execute("select count(*) from boot").fetchone() == (0,)
+
+
 def test_malformed_yaml_is_one_line(workdir: Path) -> None:
     write_profile(workdir, twin_profile_data())
     (workdir / "broken.yaml").write_text("name: [unclosed\n  cells: {")
@@ -267,6 +293,10 @@ def test_malformed_yaml_is_one_line(workdir: Path) -> None:
     assert result.stderr.startswith("Error: profile ") and "cannot read YAML" in result.stderr
     assert result.stderr.rstrip().endswith("at line 2, column 8"), result.stderr
     assert result.stderr.count("\n") == 1
+    (workdir / "binary.yaml").write_bytes(b"name: \xff\xfe\n")
+    result = orchestrate(workdir, "round", "--profile", str(workdir / "binary.yaml"))
+    assert result.returncode == 3 and result.stderr.count("\n") == 1, result.stderr
+    assert "not UTF-8 text (byte 6); save it as UTF-8" in result.stderr
     assert not (workdir / "orchestrate.db").exists()
 
 
