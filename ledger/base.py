@@ -61,6 +61,13 @@ class LedgerBase:
         if read_only and sqlite and _file_missing(parsed.database):
             # connecting would create it
             raise LedgerNotReady(f"no ledger yet at {self.url}", url=self.url)
+        if sqlite and (not parsed.database or parsed.database == ":memory:"):
+            # a ledger in memory is gone when the command ends, with everything it recorded
+            raise LedgerError(
+                f"ledger URL {url!r} is a SQLite database in memory, lost when the command "
+                "ends: name a file (sqlite:///orchestrate.db)",
+                url=url,
+            )
         folder = _folder_missing(parsed.database) if sqlite else None
         if folder is not None:
             # SQLite says only "unable to open database file"

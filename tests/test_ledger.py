@@ -400,3 +400,7 @@ def test_bad_urls_are_one_clear_error(tmp_path: object) -> None:
     # SQLite says only "unable to open database file"; the line says which folder is missing
     with pytest.raises(LedgerError, match=r"the folder .*/no/such/folder does not exist; create"):
         Ledger(f"sqlite:///{tmp_path}/no/such/folder/orchestrate.db")
+    # a ledger in memory would take the whole night's record with it when the command ends
+    for memory in ("sqlite://", "sqlite:///:memory:"):
+        with pytest.raises(LedgerError, match="in memory, lost when the command ends: name a"):
+            Ledger(memory)
