@@ -92,7 +92,11 @@ class ApprovalGate:
         if mode not in ("auto", "ask", "queue"):
             raise UsageError(f"--approve {mode!r}: use auto, ask or queue")
         if mode == "ask" and asker is None:
-            raise UsageError("--approve ask needs a terminal; use --approve queue instead")
+            raise UsageError(
+                "--approve ask needs a terminal to answer at, and stdin is none (nohup, cron, "
+                "a service); use --approve queue and answer with `orchestrate proposals "
+                "approve|veto ID`"
+            )
         if on_timeout not in ("veto", "approve"):
             raise UsageError(f"queue timeout action {on_timeout!r}: use veto or approve")
         if queue_timeout_s is not None and queue_timeout_s <= 0:

@@ -43,6 +43,14 @@ def test_an_unknown_option_is_one_line_and_exit_2(
         (["round", "--budget", "0"], "--budget"),
         (["round", "--budget", "abc"], "'--budget' / '-n': Input should be a valid integer"),
         (["round", "--max-hours", "-1"], "--max-hours"),
+        # kept with the round, a cap of 0 would stop every resume before an experiment
+        (["round", "--max-hours", "0"], "--max-hours 0 would stop the round before any"),
+        (["round", "--max-gpu-hours", "0"], "--max-gpu-hours 0 would stop the round"),
+        # past what the ledger's integers hold: one line, not an OverflowError's traceback
+        (["round", "--budget", "99999999999999999999"], "less than or equal to 10000"),
+        (["round", "--seed", "99999999999999999999"], "--seed"),
+        (["experiments", "show", "99999999999999999999"], "less than or equal to 9223372036"),
+        (["proposals", "approve", "99999999999999999999"], "less than or equal to 9223372036"),
         (["frobnicate"], "No such command 'frobnicate'"),
         (["proposals", "veto", "1"], "--reason"),
         (["proposals", "approve", "one"], "'proposal_id': Input should be a valid integer"),

@@ -230,7 +230,12 @@ def test_timeout_vetoes_in_a_row_pause_the_round(ledger: Ledger) -> None:
     ("kw", "message"),
     [
         ({"mode": "vote"}, "--approve 'vote': use auto, ask or queue"),
-        ({"mode": "ask"}, "--approve ask needs a terminal; use --approve queue instead"),
+        (
+            {"mode": "ask"},
+            "--approve ask needs a terminal to answer at, and stdin is none (nohup, cron, a "
+            "service); use --approve queue and answer with `orchestrate proposals approve|veto "
+            "ID`",
+        ),
         ({"on_timeout": "shrug"}, "queue timeout action 'shrug': use veto or approve"),
         ({"queue_timeout_s": 0.0}, "queue timeout 0s: must be positive"),
         ({"max_timeouts": 0}, "max_timeouts 0: must be at least 1"),

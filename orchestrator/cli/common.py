@@ -44,6 +44,9 @@ ProfileOpt = Annotated[
     ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON for scripts")]
+#: The largest ID (or seed) a command takes: what the ledger's integers hold (SQLite's and
+#: PostgreSQL's BIGINT); a larger one is a usage error in one line, not an overflow.
+ID_MAX = 2**63 - 1
 
 
 def out() -> Console:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from orchestrator.cli.common import JsonOpt, ProfileOpt, opened
+from orchestrator.cli.common import ID_MAX, JsonOpt, ProfileOpt, opened
 
 if TYPE_CHECKING:
     from orchestrator.known_bad import BarredRegion
@@ -90,7 +90,9 @@ def _row(r: BarredRegion) -> tuple[str, ...]:
 
 @known_bad_app.command("clear")
 def known_bad_clear(
-    experiment_id: Annotated[int, typer.Argument(help="the ID of the experiment that barred it")],
+    experiment_id: Annotated[
+        int, typer.Argument(min=1, max=ID_MAX, help="the ID of the experiment that barred it")
+    ],
     reason: Annotated[str, typer.Option("--reason", help="why it is cleared (recorded)")],
     profile: ProfileOpt = None,
 ) -> None:

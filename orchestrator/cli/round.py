@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from orchestrator.cli.common import JsonOpt, ProfileOpt, completes, opened, out
+from orchestrator.cli.common import ID_MAX, JsonOpt, ProfileOpt, completes, opened, out
 from orchestrator.errors import OrchestrateError, UsageError
 from orchestrator.profile_names import ApproveMode, ProposerKind
 
@@ -30,7 +30,9 @@ if TYPE_CHECKING:
 def round_(
     budget: Annotated[
         int | None,
-        typer.Option("--budget", "-n", min=1, help="experiments to run (default: the profile's)"),
+        typer.Option(
+            "--budget", "-n", min=1, max=10_000, help="experiments to run (default: the profile's)"
+        ),
     ] = None,
     profile: ProfileOpt = None,
     proposer: Annotated[
@@ -59,7 +61,8 @@ def round_(
         ),
     ] = None,
     seed: Annotated[
-        int | None, typer.Option(help="the proposer's seed (default: the profile's)")
+        int | None,
+        typer.Option(min=0, max=ID_MAX, help="the proposer's seed (default: the profile's)"),
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -83,6 +86,9 @@ def round_(
     from orchestrator.round import RoundOptions, RoundRunner
     from orchestrator.testbed import ClusterTestbed
 
+    for flag, cap in (("--max-hours", max_hours), ("--max-gpu-hours", max_gpu_hours)):
+        if cap == 0:  # kept with the round: every resume would stop before an experiment
+            raise UsageError(f"{flag} 0 would stop the round before any experiment; give more")
     prof = load_profile(profile)
     if max_gpu_hours is not None and cluster_gpus(prof) == 0:
         raise UsageError(
@@ -103,8 +109,9 @@ def round_(
     first: list[Proposer] = [_proposer(prof, options)]
     console = Console(stderr=True) if as_json else out()
     display = RoundDisplay(console)
-    # --json keeps stdout for the report: ask only where a person can answer
-    at_terminal = mode == "ask" and (sys.stdin.isatty() or not as_json)
+    # ask only where a person can answer: under nohup, cron or a service stdin is no terminal,
+    # and the gate refuses before the baseline boots (not at the first prompt, hours later)
+    at_terminal = mode == "ask" and sys.stdin.isatty()
     asker = _ask_at_terminal(console, display) if at_terminal else None
     # --json: stdout is the report alone, whatever a library prints while the round runs
     # (MLflow's "View run … at …" with a tracking server): that goes to stderr
