@@ -440,6 +440,10 @@ def load_profile(name_or_path: str | None = None, *, base_dir: Path | None = Non
     path = profile_path(name_or_path)
     try:
         data = yaml.safe_load(path.read_text())
+    except UnicodeDecodeError as e:
+        raise ProfileError(
+            f"profile {path}: not UTF-8 text (byte {e.start}); save it as UTF-8", path=str(path)
+        ) from e
     except (OSError, yaml.YAMLError) as e:
         detail = _yaml_problem(e)
         raise ProfileError(f"profile {path}: cannot read YAML: {detail}", path=str(path)) from e

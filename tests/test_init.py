@@ -215,6 +215,17 @@ def test_what_init_refuses(tmp_path: Path) -> None:
     done = orchestrate(tmp_path, "init", "--from", str(launcher))
     assert done.returncode == 3 and "no `vllm serve` command" in done.stderr
     assert "written by hand: docs/profile.md" in done.stderr
+    binary = tmp_path / "engine.bin"
+    binary.write_bytes(b"\x7fELF\x02\x01\x01\x00\xff\xfe")
+    done = orchestrate(tmp_path, "init", "--from", str(binary))
+    assert done.returncode == 3 and "not a launcher script (not UTF-8 text" in done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr
+    nowhere = tmp_path / "no" / "such.yaml"
+    done = orchestrate(
+        tmp_path, "init", "--from", str(LAUNCHERS / "vllm-cpu-ngram.sh"), "--out", str(nowhere)
+    )
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert f"the folder {nowhere.parent} does not exist; create it" in done.stderr
     launcher.write_text("vllm serve /m --nnodes 2 --node-rank 0 --master-addr 10.0.0.1\n")
     done = orchestrate(tmp_path, "init", "--from", str(launcher))
     assert done.returncode == 2 and "--nodes HEAD,WORKER" in done.stderr

@@ -95,6 +95,12 @@ def adopt(
     """
     try:
         text = path.read_text()
+    except UnicodeDecodeError as e:
+        raise ProfileError(
+            f"{path}: not a launcher script (not UTF-8 text, byte {e.start}); give the shell "
+            "script with the `vllm serve` line",
+            path=str(path),
+        ) from e
     except OSError as e:
         raise ProfileError(f"{path}: cannot read the launcher: {e.strerror}", path=str(path)) from e
     if catalog_name not in CATALOGS:

@@ -70,6 +70,8 @@ def init(
     target = dest or Path(f"{adopted.profile.name}.yaml")
     if target.exists() and not force:
         raise UsageError(f"{target} exists; choose another --out or pass --force")
+    if not target.parent.is_dir():
+        raise UsageError(f"--out {target}: the folder {target.parent} does not exist; create it")
     target.write_text(adopted.text)
     console = out()
     champion = adopted.recognised.champion
