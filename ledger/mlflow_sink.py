@@ -25,6 +25,7 @@ from ledger.errors import MlflowSinkError
 from ledger.mlflow_uri import (
     DEFAULT_TRACKING_URI,
     artifact_location,
+    created_whole,
     display_uri,
     probe_database,
     resolve_tracking_uri,
@@ -123,6 +124,7 @@ class MlflowSink:
         self._artifact_location = artifact_location(root)
         with self._translate("open the tracking store"):
             probe_database(self.tracking_uri)
+            created_whole(self.tracking_uri)
             # Imported here: importing mlflow costs about a second, and code that only needs
             # MlflowSinkError (the CLI, for one) should not pay it.
             from mlflow.tracking import MlflowClient

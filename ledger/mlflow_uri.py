@@ -100,3 +100,53 @@ def display_uri(uri: str) -> str:
         host = f"{host}:{parts.port}"
     netloc = f"{parts.username or ''}:{REDACTED}@{host}"
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def created_whole(uri: str) -> None:
+    """A SQLite tracking store that does not exist yet, created whole: MLflow's schema
+    migrations run on a file of its own beside it, which takes the store's name only once
+    they are done. Created in place, a first command interrupted mid-migration (Ctrl-C a
+    second in) left a store no later command could open ("table … already exists"). A
+    store that exists, or another database, is left to MLflow.
+    """
+    prefix, sep, rest = uri.partition(":///")
+    path = rest.partition("?")[0]
+    if not sep or urlsplit(uri).scheme.lower().split("+", 1)[0] != "sqlite":
+        return
+    if path in ("", ":memory:") or not path.startswith("/") or Path(path).exists():
+        return
+    final = Path(path)
+    if not final.parent.is_dir():
+        return  # MLflow makes the folder, as it always did
+    for left in final.parent.glob(f".{final.name}.creating-*"):
+        if not _running(left.name.rpartition("-")[2]):  # a creation killed midway
+            left.unlink(missing_ok=True)
+    making = final.with_name(f".{final.name}.creating-{os.getpid()}")
+    making.unlink(missing_ok=True)
+    from mlflow.store.tracking import DEFAULT_LOCAL_FILE_AND_ARTIFACT_PATH
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    # MLflow's own default for the store's default experiment, as MlflowClient would make it
+    store = SqlAlchemyStore(  # type: ignore[no-untyped-call]
+        f"{prefix}:///{making}", DEFAULT_LOCAL_FILE_AND_ARTIFACT_PATH
+    )
+    store.engine.dispose()
+    try:
+        os.link(making, final)  # never over a store another command made meanwhile
+    except FileExistsError:
+        pass
+    finally:
+        making.unlink(missing_ok=True)
+
+
+def _running(pid: str) -> bool:
+    """Whether process ``pid`` (text) runs on this machine."""
+    if not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's
+    return True

@@ -448,3 +448,40 @@ def test_what_a_resume_reads_back(mlflow_db: MlflowStore, client: MlflowClient) 
     assert sink.run_state("0" * 32) is None
     client.delete_run(child)
     assert sink.run_state(child) is None
+
+
+#: A first command killed while MLflow migrates its new store: its initial tables made, the
+#: migrations after them never run (the process dies where they start).
+_KILLED_MIDWAY = """
+import os, signal, sys
+import mlflow.store.db.utils as utils
+
+def die(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGKILL)
+
+utils._upgrade_db = die
+from ledger.mlflow_sink import MlflowSink
+MlflowSink(sys.argv[1], experiment_name="orchestrate/twin")
+"""
+
+
+def test_a_store_whose_creation_was_killed_midway_opens_on_the_next_command(
+    tmp_path: Path,
+) -> None:
+    """Ctrl-C a second into the first command of a folder used to leave ``mlflow.db``
+    half-migrated, and no later command could open it ("table … already exists"), whatever
+    the resume line promised. The store is now made beside its name and takes it only once
+    MLflow's migrations are done: the next command creates it whole, and the killed one's
+    leftover goes."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    killed = subprocess.run(
+        [sys.executable, "-c", _KILLED_MIDWAY, uri], capture_output=True, text=True, timeout=120
+    )
+    assert killed.returncode == -9, killed.stderr
+    assert not (tmp_path / "mlflow.db").exists()
+    assert list(tmp_path.glob(".mlflow.db.creating-*")), "the creation never started"
+    sink = MlflowSink(uri, experiment_name="orchestrate/twin")
+    assert sink.experiment_id
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mlflow.db"]
+    again = MlflowSink(uri, experiment_name="orchestrate/twin")
+    assert again.experiment_id == sink.experiment_id
