@@ -467,10 +467,11 @@ class Deployer:
             )
         except OrchestrateError:
             raise  # a config that does not render: nothing was touched
-        except Exception:
-            # not the boot's failure but one of orchestrate's own (a progress line that cannot
-            # be written, a bug) with engines perhaps started: nothing is left half up for it.
-            # Quietly: the progress may be what failed
+        except BaseException:
+            # not the boot's failure: an interrupt (Ctrl-C in `cluster up`), or an error of
+            # orchestrate's own (a progress line that cannot be written, a bug), with engines
+            # perhaps started: nothing is left half up for it. Quietly: the progress may be
+            # what failed
             progress, self._progress = self._progress, _silent
             try:
                 with contextlib.suppress(Exception):

@@ -484,22 +484,25 @@ def test_a_deploy_onto_a_taken_port_is_port_in_use_naming_the_node_and_port(
     assert "Address already in use" in err.message
 
 
-def test_an_error_of_orchestrates_own_mid_boot_leaves_no_engine_up(tmp_path: Path) -> None:
-    """A deploy stopped by an error that is no boot's failure (here the progress line a
-    terminal piped to ``head`` can no longer take, once the engines are up) tears every node
-    down before the error goes on: nothing is left half up, and the progress that failed is
-    not asked again on the way out."""
+@pytest.mark.parametrize("stop", [BrokenPipeError, KeyboardInterrupt], ids=["pipe", "ctrl-c"])
+def test_an_error_of_orchestrates_own_or_ctrl_c_mid_boot_leaves_no_engine_up(
+    tmp_path: Path, stop: type[BaseException]
+) -> None:
+    """A deploy stopped by what is no boot's failure — the progress line a terminal piped to
+    ``head`` can no longer take, or Ctrl-C in `cluster up` — once the engines are up tears
+    every node down before it goes on: nothing is left half up, and the progress that failed
+    is not asked again on the way out."""
     prof = load_profile(str(write_profile(tmp_path, twin_profile_data())), base_dir=tmp_path)
     shown: list[str] = []
 
     def progress(message: str) -> None:
         shown.append(message)
         if message == "smoke generation":
-            raise BrokenPipeError(32, "Broken pipe")
+            raise stop()
 
     deployer = deployer_for(prof, progress=progress)
     try:
-        with pytest.raises(BrokenPipeError):
+        with pytest.raises(stop):
             deployer.attempt(prof.initial_champion())
         assert shown[-1] == "smoke generation"  # nothing more was shown
         assert [n.rank for n in prof.cluster.nodes if deployer.alive(n)] == []
