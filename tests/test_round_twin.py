@@ -354,9 +354,29 @@ def test_sigterm_or_sighup_mid_experiment_tears_down_as_ctrl_c_and_resumes(
     why = orchestrate(workdir, "status", "--profile", str(profile))
     assert why.returncode == 0, why.stderr
     assert "(exit 130): interrupted (Ctrl-C, or SIGTERM or SIGHUP" in " ".join(why.stdout.split())
+    # resumed under the profile it ran under (a bare command would take the embedded one),
+    # and no boot left open: the teardown closed it
+    said = " ".join(why.stdout.split())
+    assert f"(run `orchestrate round --profile {profile}` to resume)" in said, why.stdout
+    assert "boot(s) open" not in said
     resumed = orchestrate(workdir, "round", "--budget", "1", "--profile", str(profile), "--json")
     assert resumed.returncode == 0, resumed.stderr
     assert json.loads(resumed.stdout)["resumed"] is True
+
+
+def test_status_says_a_killed_runs_engines_may_still_hold_the_nodes(workdir: Path) -> None:
+    """kill -9 (or a power cut) while a candidate is measured: no teardown ran, and the nodes'
+    engines hold their GPUs until a resume. ``status`` says so and how to stop them."""
+    profile = write_profile(workdir, twin_profile_data())
+    proc, seen = round_until(workdir, profile, 1, 1, subprocess.PIPE)
+    proc.kill()
+    proc.communicate(timeout=60)
+    said = " ".join(orchestrate(workdir, "status", "--profile", str(profile)).stdout.split())
+    assert (
+        "1 boot(s) open: engines up for a round that holds the lease now, or left by a run " in said
+    )
+    assert f"`orchestrate round --profile {profile}` stops those a killed run left" in said
+    orchestrate(workdir, "cluster", "down", "--force", "--profile", str(profile))
 
 
 def test_round_json_is_json_with_an_mlflow_tracking_server(

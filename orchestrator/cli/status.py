@@ -5,6 +5,7 @@ the boots each node failed for the infrastructure's reasons, and the lease."""
 from __future__ import annotations
 
 import json
+import shlex
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +43,11 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
         champion = None if champion is None else fit_champion(prof.space, champion)
         running = ledger.unfinished_round(name)
         lease = ledger.lease(name)
+        # boots no teardown closed: a run killed (kill -9, a power cut) left them, and their
+        # engines may still hold the nodes' GPUs, unless a round holds the cluster right now
+        left_open = [
+            b for b in ledger.open_boots() if ledger.experiment(b.experiment_id).cluster == name
+        ]
         rounds = ledger.rounds(name)
         experiments = ledger.experiments(cluster=name)
         effects = measured(ledger, experiments)  # each knob's measured changes, for its prior
@@ -106,6 +112,7 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
         },
         "gpu_hours": round(sum(used.values()), 4),
         "held_for_mlflow": held,
+        "open_boots": len(left_open),
         "lease": None
         if lease is None
         else {"holder": lease.holder, "expires_at": lease.expires_at.isoformat()},
@@ -167,12 +174,15 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
             )
     for line in changes:
         console.print(f"{line} (recorded by the next round or cluster up)")
+    # the resume under the profile this status read, which is the round's
+    resume = "orchestrate round" + ("" if profile is None else f" --profile {shlex.quote(profile)}")
     if running is not None:
         r = data["running_round"]
         cap = "" if running.max_gpu_hours is None else f" of {running.max_gpu_hours:g}"
         console.print(
             f"round {running.id} unfinished: {r['done']} of {r['budget']} done, "
-            f"{r['gpu_hours']:.2f}{cap} GPU-hours (run `orchestrate round` to resume)"
+            f"{r['gpu_hours']:.2f}{cap} GPU-hours (run `{resume}` to resume)",
+            markup=False,
         )
         if stopped is not None:
             console.print(f"  it {said_stop(stopped)}", markup=False)
@@ -209,6 +219,13 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
                 f"the node's reasons, not a config's: {_counted(classes)}",
                 markup=False,
             )
+    if left_open:
+        console.print(
+            f"{len(left_open)} boot(s) open: engines up for a round that holds the lease now, "
+            "or left by a run that was killed (`orchestrate cluster status` shows which nodes "
+            f"run); `{resume}` stops those a killed run left, or `orchestrate cluster down` now",
+            markup=False,
+        )
     if lease is not None:
         console.print(f"lease: {lease.holder} until {lease.expires_at:%H:%M:%S} UTC")
     console.print("effect priors in force (the verdict's and the proposer's):")
