@@ -368,7 +368,7 @@ def test_status_says_a_killed_runs_engines_may_still_hold_the_nodes(workdir: Pat
     """kill -9 (or a power cut) while a candidate is measured: no teardown ran, and the nodes'
     engines hold their GPUs until a resume. ``status`` says so and how to stop them."""
     profile = write_profile(workdir, twin_profile_data())
-    proc, seen = round_until(workdir, profile, 1, 1, subprocess.PIPE)
+    proc, _ = round_until(workdir, profile, 1, 1, subprocess.PIPE)
     proc.kill()
     proc.communicate(timeout=60)
     said = " ".join(orchestrate(workdir, "status", "--profile", str(profile)).stdout.split())
