@@ -356,9 +356,9 @@ def test_sigterm_or_sighup_mid_experiment_tears_down_as_ctrl_c_and_resumes(
     assert "(exit 130): interrupted (Ctrl-C, or SIGTERM or SIGHUP" in " ".join(why.stdout.split())
     # resumed under the profile it ran under (a bare command would take the embedded one),
     # and no boot left open: the teardown closed it
-    said = " ".join(why.stdout.split())
-    assert f"(run `orchestrate round --profile {profile}` to resume)" in said, why.stdout
-    assert "boot(s) open" not in said
+    morning = " ".join(why.stdout.split())
+    assert f"(run `orchestrate round --profile {profile}` to resume)" in morning, why.stdout
+    assert "boot(s) open" not in morning
     resumed = orchestrate(workdir, "round", "--budget", "1", "--profile", str(profile), "--json")
     assert resumed.returncode == 0, resumed.stderr
     assert json.loads(resumed.stdout)["resumed"] is True
