@@ -8,7 +8,7 @@ import json
 import os
 from importlib import resources
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -439,7 +439,7 @@ def load_profile(name_or_path: str | None = None, *, base_dir: Path | None = Non
     """
     path = profile_path(name_or_path)
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.load(path.read_text(), Loader=_UniqueKeys)  # noqa: S506 (a SafeLoader)
     except UnicodeDecodeError as e:
         raise ProfileError(
             f"profile {path}: not UTF-8 text (byte {e.start}); save it as UTF-8", path=str(path)
@@ -466,6 +466,22 @@ def load_profile(name_or_path: str | None = None, *, base_dir: Path | None = Non
     except KnobError as e:
         raise ProfileError(f"profile {path}: {e}", path=str(path)) from e
     return profile
+
+
+class _UniqueKeys(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping: the later one would
+    silently win (a second ``gates:`` dropping the first's gates)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[object] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"the key {key!r} is given twice", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
 
 def _yaml_problem(e: OSError | yaml.YAMLError) -> str:

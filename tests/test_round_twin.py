@@ -293,6 +293,13 @@ def test_malformed_yaml_is_one_line(workdir: Path) -> None:
     assert result.stderr.startswith("Error: profile ") and "cannot read YAML" in result.stderr
     assert result.stderr.rstrip().endswith("at line 2, column 8"), result.stderr
     assert result.stderr.count("\n") == 1
+    # a key given twice: the later would silently win (a second gates: dropping the first's)
+    (workdir / "twice.yaml").write_text("name: a\ngates: {stall_s: 5}\nmodel: m\ngates: {}\n")
+    result = orchestrate(workdir, "round", "--profile", str(workdir / "twice.yaml"))
+    assert result.returncode == 3 and result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.rstrip().endswith(
+        "cannot read YAML: the key 'gates' is given twice at line 4, column 1"
+    ), result.stderr
     (workdir / "binary.yaml").write_bytes(b"name: \xff\xfe\n")
     result = orchestrate(workdir, "round", "--profile", str(workdir / "binary.yaml"))
     assert result.returncode == 3 and result.stderr.count("\n") == 1, result.stderr
