@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from knobs.vocabulary import BootRole, Status, Undecided
 from orchestrator.measurements import Measurement
 from orchestrator.profile import VerdictSpec
-from orchestrator.verdict import Assessment
+from orchestrator.verdict import Assessment, slow_ranks
 
 #: The champion may be booted at most this many times ``max_boots`` for one verdict.
 CHAMPION_BOOTS_PER_BOOT = 2
@@ -39,8 +39,17 @@ CHAMPION_CHECK = (
     "boots the champion"
 )
 SLOW_CLOCK_NOTE = (
-    "  a node's clocks were off during this boot: it is set aside and the config booted once more"
+    "  {nodes}'s clocks were off during this boot: it is set aside and the config booted once "
+    "more"
 )
+
+
+def slow_clock_note(ranks: Sequence[int]) -> str:
+    """``SLOW_CLOCK_NOTE`` naming the nodes whose clocks were off (``node-3``, ``node-1 and
+    node-3``), so that a night's log says which node to look at without the report."""
+    names = [f"node-{r}" for r in ranks] or ["a node"]
+    said = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+    return SLOW_CLOCK_NOTE.format(nodes=said)
 #: A configuration failure bars its value once it happened this many times for one experiment
 #: (a class the change's knob declares monotone bars at the first).
 REPRODUCED = 2
@@ -150,7 +159,8 @@ def next_action(
     # round: ``CLOCKS_OFF_IN_A_ROW``); without the reboot, the verdict rules it invalid
     if spec.reboot_slow_clocks:
         if not ms[-1].trusted(progress.min_matmul_rate):
-            return BootCandidate(BootRole(ms[-1].role), note=SLOW_CLOCK_NOTE)
+            slow = slow_ranks(ms[-1].cells, progress.min_matmul_rate)
+            return BootCandidate(BootRole(ms[-1].role), note=slow_clock_note(slow))
         ms = [m for m in ms if m.trusted(progress.min_matmul_rate)]
     assessment = judge(ms)
     if assessment.final:
