@@ -19,7 +19,6 @@ from orchestrator.policy.boots import (
     CHAMPION_CHECK,
     REPRODUCED,
     SLOW_CLOCK_NOTE,
-    slow_clock_note,
     Action,
     BootCandidate,
     BootChampion,
@@ -32,6 +31,7 @@ from orchestrator.policy.boots import (
     counted_failures,
     crash,
     next_action,
+    slow_clock_note,
 )
 from orchestrator.policy.infrastructure import (
     CLOCKS_OFF_CHANCE,
@@ -89,7 +89,6 @@ __all__ = [
     "OUT_OF_BOOTS",
     "REPRODUCED",
     "SLOW_CLOCK_NOTE",
-    "slow_clock_note",
     "Action",
     "BootCandidate",
     "BootChampion",
@@ -118,6 +117,7 @@ __all__ = [
     "remeasure_due",
     "second_look",
     "shift",
+    "slow_clock_note",
     "suspected_drift",
     "tests_keep_boots",
 ]
