@@ -39,8 +39,7 @@ CHAMPION_CHECK = (
     "boots the champion"
 )
 SLOW_CLOCK_NOTE = (
-    "  {nodes}'s clocks were off during this boot: it is set aside and the config booted once "
-    "more"
+    "  {nodes}'s clocks were off during this boot: it is set aside and the config booted once more"
 )
 
 
@@ -50,6 +49,8 @@ def slow_clock_note(ranks: Sequence[int]) -> str:
     names = [f"node-{r}" for r in ranks] or ["a node"]
     said = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
     return SLOW_CLOCK_NOTE.format(nodes=said)
+
+
 #: A configuration failure bars its value once it happened this many times for one experiment
 #: (a class the change's knob declares monotone bars at the first).
 REPRODUCED = 2
