@@ -373,6 +373,23 @@ def _completion_stream() -> bytes:
     return body + b"data: [DONE]\n\n"
 
 
+def _cell_served_by(
+    handler: type[http.server.BaseHTTPRequestHandler],
+    cell: CellSpec,
+    on_progress: Callable[[str], None] | None = None,
+) -> CellResultRecord:
+    """``cell`` measured against a local HTTP server whose requests ``handler`` answers."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        return run_cell(url, "glm53", cell, on_progress=on_progress)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 class _ClosingEngine(http.server.BaseHTTPRequestHandler):
     """An OpenAI-style completions server that closes a kept-alive connection instead of
     answering its second completion, the first time it sees that request (what a server's
@@ -416,23 +433,10 @@ def test_a_request_the_server_closed_on_unanswered_is_sent_again_not_failed() ->
     """A kept-alive connection closed under a request that got no answer at all: the request
     never reached the engine, and is sent once more; the cell records no failure (before, such
     a request failed the cell, and the errors guardrail discarded a +58 % config on a GPU)."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _ClosingEngine)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}"
-        cell = CellSpec(
-            name="keepalive",
-            category="code",
-            concurrency=2,
-            max_tokens=3,
-            warmup_s=0.1,
-            duration_s=0.5,
-        )
-        got = run_cell(url, "glm53", cell)
-    finally:
-        server.shutdown()
-        server.server_close()
+    cell = CellSpec(
+        name="keepalive", category="code", concurrency=2, max_tokens=3, warmup_s=0.1, duration_s=0.5
+    )
+    got = _cell_served_by(_ClosingEngine, cell)
     assert _ClosingEngine.dropped, "the server closed no connection: the test tested nothing"
     assert got.errors == 0 and got.error_samples == (), got.error_samples
     assert got.completed > 0 and got.total_output_tokens > 0
@@ -477,19 +481,11 @@ class _CuttingEngine(http.server.BaseHTTPRequestHandler):
 def _cell_against(fails: Callable[[int], str | None]) -> tuple[CellResultRecord, list[str]]:
     _CuttingEngine.fails = staticmethod(fails)
     _CuttingEngine.posts = 0
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _CuttingEngine)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
     said: list[str] = []
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}"
-        cell = CellSpec(
-            name="cut", category="code", concurrency=2, max_tokens=3, warmup_s=0.1, duration_s=0.5
-        )
-        return run_cell(url, "glm53", cell, on_progress=said.append), said
-    finally:
-        server.shutdown()
-        server.server_close()
+    cell = CellSpec(
+        name="cut", category="code", concurrency=2, max_tokens=3, warmup_s=0.1, duration_s=0.5
+    )
+    return _cell_served_by(_CuttingEngine, cell, said.append), said
 
 
 @pytest.mark.parametrize(
@@ -561,23 +557,10 @@ class _SteppingEngine(http.server.BaseHTTPRequestHandler):
 
 def _stepping_cell(running: bool) -> CellResultRecord:
     _SteppingEngine.running = running
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _SteppingEngine)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}"
-        cell = CellSpec(
-            name="steps",
-            category="code",
-            concurrency=2,
-            max_tokens=40,
-            warmup_s=0.1,
-            duration_s=1.0,
-        )
-        return run_cell(url, "glm53", cell)
-    finally:
-        server.shutdown()
-        server.server_close()
+    cell = CellSpec(
+        name="steps", category="code", concurrency=2, max_tokens=40, warmup_s=0.1, duration_s=1.0
+    )
+    return _cell_served_by(_SteppingEngine, cell)
 
 
 def test_an_engine_without_running_usage_is_counted_by_its_final_usage() -> None:
