@@ -92,15 +92,18 @@ class Measures(LedgerBase):
         query: ``boots`` of each)."""
         return self._by_experiment(BootRow, cluster, boot_record)
 
-    def open_boots(self) -> list[BootRecord]:
-        """Boots never marked down or failed: servers that may still run."""
+    def open_boots(self, cluster: str | None = None) -> list[BootRecord]:
+        """Boots never marked down or failed: servers that may still run (of ``cluster``'s
+        experiments only, when one is named)."""
         with self._session() as s:
-            rows = s.scalars(
-                select(BootRow).where(
-                    BootRow.status.in_((str(BootStatus.BOOTING), str(BootStatus.UP)))
-                )
+            query = select(BootRow).where(
+                BootRow.status.in_((str(BootStatus.BOOTING), str(BootStatus.UP)))
             )
-            return [boot_record(r) for r in rows]
+            if cluster is not None:
+                query = query.join(ExperimentRow, ExperimentRow.id == BootRow.experiment_id).where(
+                    ExperimentRow.cluster == cluster
+                )
+            return [boot_record(r) for r in s.scalars(query)]
 
     def add_cell_result(
         self, experiment_id: int, boot_id: int, result: CellResultRecord, *, repeat: int = 0

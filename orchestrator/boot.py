@@ -142,11 +142,7 @@ class Booter:
 
     def stop_stale(self, cluster: str) -> None:
         """A killed orchestrator may have left engines up: stop every node, close the boots."""
-        stale = [
-            b
-            for b in self.ledger.open_boots()
-            if self.ledger.experiment(b.experiment_id).cluster == cluster
-        ]
+        stale = self.ledger.open_boots(cluster)
         if not stale:
             return
         self.display.phase("stopping engines left by an interrupted run")

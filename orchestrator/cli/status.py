@@ -45,9 +45,7 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
         lease = ledger.lease(name)
         # boots no teardown closed: a run killed (kill -9, a power cut) left them, and their
         # engines may still hold the nodes' GPUs, unless a round holds the cluster right now
-        left_open = [
-            b for b in ledger.open_boots() if ledger.experiment(b.experiment_id).cluster == name
-        ]
+        left_open = ledger.open_boots(name)
         rounds = ledger.rounds(name)
         experiments = ledger.experiments(cluster=name)
         effects = measured(ledger, experiments)  # each knob's measured changes, for its prior
