@@ -44,7 +44,7 @@ COLD_START_MIN_S = 60.0
 async def _scrape_models(client: httpx.AsyncClient, base_url: str) -> None:
     # the cell itself reports an unreachable endpoint
     with contextlib.suppress(httpx.HTTPError):
-        await client.get(base_url.rstrip("/") + "/v1/models")
+        await client.get(base_url.rstrip("/") + "/v1/models", timeout=metrics.SCRAPE_TIMEOUT_S)
 
 
 # ---- one greedy generation ---------------------------------------------------------------------
@@ -241,6 +241,46 @@ async def _cold_start(state: CellState, deadline: float, say: Callable[[str], No
         await _reopen_at_token(state, deadline, say, "no token after the warm-up", "first")
 
 
+def _fell_silent(state: CellState) -> float | None:
+    """When the window's tokens stopped for its last half or more, with no failure anywhere:
+    the time of its last token (an engine that stopped answering mid-window, or one that
+    paused to compile a path it met late); else None."""
+    if state.errors:
+        return None
+    inside = [t for r in state.requests for t, _ in r.chunks if state.w0 <= t < state.w1]
+    if not inside or state.w1 - max(inside) < state.cell.duration_s / 2:
+        return None
+    return max(inside)
+
+
+async def _after_silence(
+    state: CellState, last: float, deadline: float, say: Callable[[str], None]
+) -> None:
+    """A window that fell silent (``_fell_silent``, at ``last``) waits, with the streams going
+    on, up to the cell's ``deadline`` for the engine's next token or failure: either ends the
+    wait and the window stands as measured (the silence was the config's); with neither by the
+    deadline the engine is hung (``CellState.hung``): a cell that stopped measuring then would
+    report a fraction of the config's throughput as its measurement."""
+    loop = asyncio.get_running_loop()
+    since = loop.time()
+    say(
+        f"{state.cell.name}: no token for the window's last {state.w1 - last:.0f}s; "
+        f"waiting up to {max(0.0, deadline - since):.0f}s for the next"
+    )
+    state.news.clear()
+    planned, state.w1 = state.w1, math.inf  # the streams go on while the engine is silent
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(state.news.wait(), timeout=max(0.0, deadline - since))
+    state.w1 = planned
+    if state.errors or any(t >= since for r in state.requests for t, _ in r.chunks):
+        return
+    state.hung = (
+        f"the engine stopped sending tokens {last - state.w0:.1f}s into the "
+        f"{state.cell.duration_s:g}s window and sent none in the {loop.time() - last:.0f}s "
+        "after (hung, or its host stopped)"
+    )
+
+
 def _went_quiet(state: CellState) -> bool:
     """The window closed with no token in it and no failure anywhere: an engine that is
     alive and silent (a decode path compiled on first use after the first token, a host that
@@ -309,6 +349,8 @@ async def run_cell_async(
             url=url,
             evidence="\n".join(state.errors[:5]) or first,
         )
+    if state.hung is not None:
+        raise BenchError(f"cell {cell.name} at {url}: {state.hung}", url=url, evidence=state.hung)
     client_stalled = watch.stalled_s(state.w0, min(state.w1, loop.time()))
     (_, after), (opening, _) = scrapes
     engine_stalled = metrics.delta(opening or {}, after or {}, stall.ENGINE_STALL_METRIC) or 0.0
@@ -331,7 +373,8 @@ async def _measure(
     limits = httpx.Limits(
         max_connections=cell.concurrency + 4, max_keepalive_connections=cell.concurrency + 4
     )
-    timeout = httpx.Timeout(30.0, read=max(600.0, 2 * (cell.warmup_s + cell.duration_s)))
+    # a stream waits for its next token as long as the cell waits for any (``cold_start_limit_s``)
+    timeout = httpx.Timeout(30.0, read=cell.warmup_s + cold_start_limit_s(cell))
     loop = asyncio.get_running_loop()
     async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False) as client:
         # build the prompts and open the connections first: the cell starts when the requests
@@ -363,6 +406,10 @@ async def _measure(
                 say(f"{cell.name}: measuring {cell.duration_s:g}s")
                 await asyncio.sleep(max(0.0, state.w1 - loop.time()))
                 after = await metrics.scrape(client, metrics_url)
+                last = _fell_silent(state)
+                if last is not None:
+                    await _after_silence(state, last, deadline, say)
+                    break
                 if not _went_quiet(state):
                     break
                 # a stream whose request ended after the window stopped: it goes on again
@@ -376,10 +423,15 @@ async def _measure(
             for w in workers:
                 w.cancel()
             await asyncio.gather(*workers, return_exceptions=True)
-        await _greedy_probe(client, state, say)
-        await metrics.drain(client, metrics_url)
+        if state.hung is None and _measured_any(state):  # a silent engine answers no probe
+            await _greedy_probe(client, state, say)
+            await metrics.drain(client, metrics_url)
         closing = await metrics.scrape(client, metrics_url)
     return state, ((before, after), (opening, closing))
+
+
+def _measured_any(state: CellState) -> bool:
+    return any(state.w0 <= t < state.w1 for r in state.requests for t, _ in r.chunks)
 
 
 def _worse(

@@ -23,6 +23,10 @@ BUSY_GAUGES = (
     ("llamacpp:requests_processing", "llamacpp:requests_deferred"),
     ("sglang:num_running_reqs", "sglang:num_queue_reqs"),
 )
+#: How long a cell waits for one answer to a scrape (seconds): an engine answers ``/metrics``
+#: in milliseconds, and one that stopped answering must not hold the cell for the streams'
+#: read timeout at each of its scrapes.
+SCRAPE_TIMEOUT_S = 10.0
 
 _SERIES = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)(\s+\S+)?$")
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
@@ -122,9 +126,10 @@ def scrape_metrics(base_url: str, timeout: float = 10.0) -> dict[str, float]:
 
 
 async def scrape(client: httpx.AsyncClient, url: str) -> dict[str, float] | None:
-    """``url`` (an engine's ``/metrics``) parsed, or None where it did not answer 200."""
+    """``url`` (an engine's ``/metrics``) parsed, or None where it did not answer 200 within
+    ``SCRAPE_TIMEOUT_S`` (an engine that stopped answering holds no cell for long)."""
     try:
-        response = await client.get(url)
+        response = await client.get(url, timeout=SCRAPE_TIMEOUT_S)
     except httpx.HTTPError:
         return None
     if response.status_code != 200:

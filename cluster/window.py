@@ -72,6 +72,9 @@ class CellState:
     #: failures that were the connection's (reset, cut mid-stream, refused, timed out), with
     #: no error the engine answered: a network's blip or an engine gone, not a bad answer
     lost: int = 0
+    #: why the cell is failed though its window has tokens: the engine stopped sending them
+    #: and sent none by the cell's deadline (a hung engine, ``cluster.bench``)
+    hung: str | None = None
 
     def failed(self, why: str) -> None:
         self.errors.append(why)

@@ -1,0 +1,102 @@
+"""An engine that stops answering while a cell measures it (a GPU hang, its process stopped):
+the cell fails by its own deadline, in one line that says so, and measures no fraction of the
+config's throughput. Before, the cell waited out the streams' ten-minute read timeouts at its
+greedy probe and at each scrape, with no line on screen, or kept the tokens of the window's
+first second as the config's measurement."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cluster.bench import cold_start_limit_s
+from knobs.records import CellSpec
+from tests.twin_fixtures import TwinNodes, running_nodes, serve_argv
+
+REPO = Path(__file__).resolve().parent.parent
+
+# a bench client in a process of its own: the test reads its lines as they come, and a client
+# that waits past the cell's deadline is one the test can end
+CLIENT = """
+import sys
+from cluster.bench import run_cell
+from cluster.errors import BenchError
+from knobs.records import CellSpec
+cell = CellSpec.model_validate_json(sys.argv[2])
+try:
+    record = run_cell(sys.argv[1], "glm53", cell, on_progress=lambda m: print(m, flush=True))
+except BenchError as e:
+    print(f"FAILED {e}", flush=True)
+    sys.exit(3)
+print(f"MEASURED {record.output_throughput:.1f} tok/s", flush=True)
+"""
+
+
+@pytest.fixture
+def nodes(tmp_path: Path) -> Iterator[TwinNodes]:
+    with running_nodes(tmp_path) as started:
+        yield started
+
+
+@pytest.mark.parametrize("into_window_s", [0.0, 1.0])
+def test_an_engine_that_stops_answering_fails_its_cell_by_the_cells_deadline(
+    nodes: TwinNodes, into_window_s: float
+) -> None:
+    """The head engine is stopped (SIGSTOP, as a hung GPU or a stopped host leaves it: its
+    connections open, nothing answered) as the window opens, or a second into it. The cell
+    waits for the next token as long as it waits for a cold engine's, then fails with the
+    engine's silence as its evidence; the window's first tokens are not a measurement."""
+    cell = CellSpec(
+        name="hang", category="code", concurrency=2, max_tokens=128, warmup_s=0.3, duration_s=4.0
+    )
+    engine, url = nodes.head(serve_argv(), TWIN_LANDSCAPE="vllm-dflash2-tp4")
+    limit = cold_start_limit_s(cell)
+    lines: list[str] = []
+    stopped = False
+    try:
+        with subprocess.Popen(
+            [sys.executable, "-c", CLIENT, url, cell.model_dump_json()],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            text=True,
+        ) as child:
+            assert child.stdout is not None
+            # the cell's own deadline, and a margin for its scrapes' bounded waits: a client
+            # still waiting then is ended, and the test fails
+            timer = threading.Timer(limit + 45, child.kill)
+            timer.start()
+            try:
+                for line in child.stdout:
+                    lines.append(line.rstrip("\n"))
+                    if line.startswith("hang: measuring") and not stopped:
+                        time.sleep(into_window_s)  # when the fault starts, not a wait for an event
+                        engine.signal(signal.SIGSTOP)
+                        stopped = True
+                code = child.wait()
+            finally:
+                timer.cancel()
+    finally:
+        engine.signal(signal.SIGCONT)
+    assert code != -signal.SIGKILL, f"the client still waited {limit + 45:.0f}s on: {lines}"
+    assert code == 3, lines
+    failed = lines[-1]
+    assert failed.startswith("FAILED cell hang at "), lines
+    if into_window_s:
+        # the window had tokens: the line says when they stopped, and that none came after
+        assert "stopped sending tokens" in failed, failed
+        at = float(failed.split("stopped sending tokens ")[1].split("s into")[0])
+        assert 0.5 <= at <= 2.5, failed
+        assert any("no token for the window's last" in x for x in lines), lines
+    else:
+        assert "stopped sending tokens" in failed or "measured nothing" in failed, failed
+    assert not any(x.startswith("MEASURED") for x in lines), lines
+    assert not any("greedy probe" in x for x in lines), lines
+    assert os.path.exists(f"/proc/{engine.proc.pid}"), "the engine died: the test tested nothing"
