@@ -14,6 +14,10 @@ from cluster.gates import GateSpec
 from cluster.inventory import ClusterSpec, NodeSpec
 from knobs.vocabulary import INFRASTRUCTURE, FailureClass
 
+#: A filesystem with less free than this (KiB), or than a hundredth of its size, is full: an
+#: engine that failed on it with a log that names no cause failed of the disk
+DISK_FULL_KIB = 256 * 1024
+
 
 class Blame:
     """Reads the nodes' logs and liveness to name a failed boot's class and its node."""
@@ -25,11 +29,14 @@ class Blame:
         *,
         log_of: Callable[[NodeSpec], str],
         alive: Callable[[NodeSpec], bool],
+        disk_free: Callable[[NodeSpec], tuple[int, int] | None] | None = None,
     ) -> None:
         self.cluster = cluster
         self.gates = gates
         self._log_of = log_of
         self._alive = alive
+        #: a node's workdir's filesystem: KiB available and KiB in all, or None where unknown
+        self._disk_free = disk_free
 
     def classify(self, log: str) -> FailureClass | None:
         """The failure class a log's lines name, if any (the profile's failure patterns)."""
@@ -45,6 +52,10 @@ class Blame:
         named = self.classify(log)
         failure = named or default
         message = f"{node.name}: engine exited {what}"
+        if named is None and default not in INFRASTRUCTURE:
+            full = self.full_disk(node, message, log)
+            if full is not None:
+                return full
         line = "" if named is None else self._line(log, named)
         if failure == "port_in_use":
             # the port as the line names it (host:port, "port: N", uvicorn's ('host', N)),
@@ -73,12 +84,30 @@ class Blame:
         named = self.named(message, node, INFRASTRUCTURE)
         if named is not None:
             return named
+        log = self._log_of(node)
+        full = None if self.classify(log) is not None else self.full_disk(node, message, log)
+        return full or DeployError(
+            message, failure_class=failure, rank=node.rank, host=node.host, log_tail=tail(log, 25)
+        )
+
+    def full_disk(self, node: NodeSpec, message: str, log: str) -> DeployError | None:
+        """``disk_full`` on ``node`` when its workdir's filesystem is full (``DISK_FULL``) as
+        its engine failed with nothing in its log to say why: an engine that filled the disk
+        cannot write the line that would say so, and its log is then empty or stops short. A
+        failure with such a log on a disk with room stays the config's (None)."""
+        room = self._disk_free(node) if self._disk_free is not None else None
+        if room is None:
+            return None
+        available, size = room
+        if available >= min(DISK_FULL_KIB, size / 100):
+            return None
         return DeployError(
-            message,
-            failure_class=failure,
+            f"{message}, its log naming no cause, and {node.host}:{node.workdir} is on a full "
+            f"disk ({available} KiB free of {size}): the node's, however the config filled it",
+            failure_class="disk_full",
             rank=node.rank,
             host=node.host,
-            log_tail=tail(self._log_of(node), 25),
+            log_tail=tail(log, 25),
         )
 
     def named(

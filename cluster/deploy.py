@@ -117,7 +117,9 @@ class Deployer:
             on_every=self._parallel,
             progress=self._progress,
         )
-        self._blame = Blame(cluster, gates, log_of=self.log_of, alive=self.alive)
+        self._blame = Blame(
+            cluster, gates, log_of=self.log_of, alive=self.alive, disk_free=self.disk_free
+        )
         #: by rank, the end of each node's log as the last boot came up (``_log_gates``)
         self._up_marks: dict[int, str] = {}
 
@@ -249,6 +251,18 @@ class Deployer:
         """Whether the node's engine process group is alive."""
         return self._t(node).run(alive_command(node), timeout=30).returncode == 0
 
+    def disk_free(self, node: NodeSpec) -> tuple[int, int] | None:
+        """KiB free and KiB in all on the filesystem of ``node``'s workdir (``df -P``); None
+        where the node cannot be asked or its ``df`` prints something else."""
+        try:
+            result = self._t(node).run(["df", "-Pk", "--", node.workdir], timeout=30)
+        except NodeError:
+            return None
+        fields = result.stdout.strip().splitlines()[-1].split() if result.stdout.strip() else []
+        if result.returncode != 0 or len(fields) < 4 or not all(f.isdigit() for f in fields[1:4]):
+            return None
+        return int(fields[3]), int(fields[1])
+
     def logged_fault(self, message: str) -> DeployError | None:
         """After a bench cell failed (``message``): the node's own failure a log names since the
         boot came up, if one does (a GPU or its driver, a full disk: ``INFRASTRUCTURE``), the
@@ -269,7 +283,13 @@ class Deployer:
         dead = [n for n in self.cluster.nodes if not self.alive(n)]
         if not dead:
             return None
-        blame = Blame(self.cluster, self.gates, log_of=self._since_up, alive=self.alive)
+        blame = Blame(
+            self.cluster,
+            self.gates,
+            log_of=self._since_up,
+            alive=self.alive,
+            disk_free=self.disk_free,
+        )
         return blame.lost(dead[0], f"while cell {cell} was measured", default="bench_failed")
 
     def _since_up(self, node: NodeSpec) -> str:

@@ -12,6 +12,8 @@ import os
 import re
 import signal
 import socket
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -692,6 +694,85 @@ def test_a_config_failure_names_the_line_its_log_named_it_by(tmp_path: Path) -> 
     assert err.failure_class == "kv_capacity" and err.failure_class not in INFRASTRUCTURE
     assert err.message.startswith("node-0: engine exited "), err.message
     assert "more KV cache memory is needed than the available" in err.message, err.message
+
+
+# a deploy of a one-node twin profile whose engine is ``sys.argv[2]``'s Python, with node-0's
+# workdir on a filesystem of its own (mounted by the test in a mount namespace of the child's)
+FULL_DISK_DEPLOY = """
+import sys
+from pathlib import Path
+from cluster.errors import DeployError
+from orchestrator.profile import load_profile
+from orchestrator.testbed import deployer_for
+from tests.fixtures.profiles import twin_profile_data, write_profile
+tmp = Path(sys.argv[1])
+data = twin_profile_data(nodes=1)
+data["launcher"]["argv"] = ["{python}", "-c", sys.argv[2]]
+data["launcher"]["head_argv"] = []
+data["launcher"]["worker_argv"] = []
+prof = load_profile(str(write_profile(tmp, data)), base_dir=tmp)
+deployer = deployer_for(prof)
+try:
+    deployer.deploy(prof.initial_champion())
+except DeployError as e:
+    print("CLASS", e.failure_class)
+    print("MESSAGE", e.message)
+finally:
+    deployer.teardown()
+    deployer.close()
+"""
+
+
+@pytest.mark.parametrize("fills", [True, False])
+def test_an_engine_that_fills_its_disk_and_dies_with_an_empty_log_is_the_nodes_failure(
+    tmp_path: Path, fills: bool
+) -> None:
+    """An engine that fills its node's disk (a compile cache, a download) dies of it with
+    nothing in its log: the traceback that would say so could not be written. That is the
+    node's ``disk_full``, however the config filled it (retried, then the round stops, nothing
+    barred), not ``start``, the config's class that barred the value once it reproduced. An
+    engine that dies with an empty log on the same small disk with room stays ``start``."""
+    workdir = tmp_path / "nodes" / "node-0"
+    workdir.mkdir(parents=True)
+    engine = (
+        f"f = open({str(workdir / 'cache')!r}, 'wb'); "
+        "[f.write(b'x' * 65536) and f.flush() for _ in iter(int, 1)]"
+        if fills
+        else "import os; os._exit(1)"
+    )
+    # a 2-MiB filesystem of its own for node-0's workdir, in the child's own mount namespace
+    # (as root; a user's own namespace otherwise): gone with the child
+    unshare = ["unshare", "-m"] if os.geteuid() == 0 else ["unshare", "-Urm"]
+    mount = 'mount -t tmpfs -o size=2m tmpfs "$1" && shift && exec "$@"'
+    done = subprocess.run(
+        [
+            *unshare,
+            "sh",
+            "-c",
+            mount,
+            "sh",
+            str(workdir),
+            sys.executable,
+            "-c",
+            FULL_DISK_DEPLOY,
+            str(tmp_path),
+            engine,
+        ],
+        cwd=Path(__file__).resolve().parent.parent,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    said = dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
+    assert done.returncode == 0 and "CLASS" in said, (done.stdout, done.stderr[-2000:])
+    if fills:
+        assert said["CLASS"] == "disk_full", said
+        assert (
+            "node-0: engine exited" in said["MESSAGE"]
+            and "full disk (0 KiB free" in (said["MESSAGE"])
+        ), said
+    else:
+        assert said["CLASS"] == "start", said
 
 
 def test_a_bad_flag_stays_a_start_failure(tmp_path: Path) -> None:
