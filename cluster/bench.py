@@ -327,6 +327,7 @@ async def run_cell_async(
     cell: CellSpec,
     *,
     on_progress: Callable[[str], None] | None = None,
+    on_notice: Callable[[str], None] | None = None,
 ) -> tuple[CellResultRecord, dict[str, Any]]:
     """The measurement of ``run_cell`` without the clocks; also returns raw evidence.
 
@@ -340,10 +341,16 @@ async def run_cell_async(
     loop = asyncio.get_running_loop()
     watch = stall.StallWatch()
     with watch:
-        state, scrapes = await _measure(base_url, model, cell, say)
+        state, scrapes = await _measure(base_url, model, cell, say, on_notice or say)
     record, evidence = summarise(state, *scrapes)
     if record.total_output_tokens == 0:
-        first = state.errors[0] if state.errors else "no token arrived in the window"
+        waited = loop.time() - state.w1
+        first = (
+            state.errors[0]
+            if state.errors
+            else "no token arrived in the window"
+            + (f", nor in the {waited:.0f}s the cell waited after it" if waited >= 1 else "")
+        )
         raise BenchError(
             f"cell {cell.name} at {url} measured nothing: {first}",
             url=url,
@@ -365,9 +372,14 @@ async def run_cell_async(
 
 
 async def _measure(
-    base_url: str, model: str, cell: CellSpec, say: Callable[[str], None]
+    base_url: str,
+    model: str,
+    cell: CellSpec,
+    say: Callable[[str], None],
+    notice: Callable[[str], None],
 ) -> tuple[CellState, tuple[Scrapes, Scrapes]]:
-    """The cell's requests, and its counters at the window's edges and at the cell's."""
+    """The cell's requests, and its counters at the window's edges and at the cell's (``say``:
+    its progress; ``notice``: why it waits past its window)."""
     url = base_url.rstrip("/") + "/v1/completions"
     metrics_url = base_url.rstrip("/") + "/metrics"
     limits = httpx.Limits(
@@ -400,7 +412,7 @@ async def _measure(
         try:
             await asyncio.sleep(max(0.0, state.w0 - loop.time()))
             deadline = loop.time() + cold_start_limit_s(cell)
-            await _cold_start(state, deadline, say)
+            await _cold_start(state, deadline, notice)
             while True:
                 before = await metrics.scrape(client, metrics_url)
                 say(f"{cell.name}: measuring {cell.duration_s:g}s")
@@ -408,7 +420,7 @@ async def _measure(
                 after = await metrics.scrape(client, metrics_url)
                 last = _fell_silent(state)
                 if last is not None:
-                    await _after_silence(state, last, deadline, say)
+                    await _after_silence(state, last, deadline, notice)
                     break
                 if not _went_quiet(state):
                     break
@@ -417,7 +429,7 @@ async def _measure(
                     asyncio.create_task(_stream_forever(client, state)) if w.done() else w
                     for w in workers
                 ]
-                if not await _after_quiet(state, deadline, say):
+                if not await _after_quiet(state, deadline, notice):
                     break
         finally:
             for w in workers:
@@ -452,6 +464,7 @@ def run_cell(
     *,
     clocks: Callable[[], Sequence[NodeClockRecord]] | None = None,
     on_progress: Callable[[str], None] | None = None,
+    on_notice: Callable[[str], None] | None = None,
 ) -> CellResultRecord:
     """Measure one cell (warm-up, then the window) and return what it measured.
 
@@ -461,14 +474,18 @@ def run_cell(
     blip); the record keeps the one with the fewest requests that lost their connection, then
     the least stalled, how long each host stalled it and how many measurements were dropped.
     ``clocks`` is called before and after the cell; the record keeps each rank's worse
-    reading. Runs its own event loop (call it from synchronous code).
+    reading. ``on_progress`` gets each step's line; ``on_notice`` (else ``on_progress``) the
+    lines that say why the cell waits past its window or measures again: a round shows these
+    (an engine silent for minutes is otherwise a screen that says nothing). Runs its own event
+    loop (call it from synchronous code).
 
     Raises:
-        BenchError: the cell measured nothing (the endpoint is down or every request failed).
+        BenchError: the cell measured nothing (the endpoint is down or every request failed),
+            or its engine stopped sending tokens mid-window and sent none by its deadline.
         Whatever ``clocks`` raises.
     """
     first = list(clocks()) if clocks is not None else []
-    record = _measured_undisturbed(base_url, model, cell, on_progress)
+    record = _measured_undisturbed(base_url, model, cell, on_progress, on_notice)
     last = list(clocks()) if clocks is not None else []
     if first or last:
         record = record.model_copy(update={"clocks": _worse(first, last)})
@@ -476,7 +493,11 @@ def run_cell(
 
 
 def _measured_undisturbed(
-    base_url: str, model: str, cell: CellSpec, on_progress: Callable[[str], None] | None
+    base_url: str,
+    model: str,
+    cell: CellSpec,
+    on_progress: Callable[[str], None] | None,
+    on_notice: Callable[[str], None] | None = None,
 ) -> CellResultRecord:
     """The cell measured until a window is not disturbed by a stall of its client's or its
     engine's host (``cluster.stall``), at most ``stall.ATTEMPTS`` times; the one with the
@@ -487,13 +508,13 @@ def _measured_undisturbed(
     between the controller and the head is not the config's. An engine gone fails the next
     window outright (``BenchError``); one that drops connections for its config drops them
     again, and that window's failures stand."""
-    say = on_progress or (lambda _m: None)
+    say = on_notice or on_progress or (lambda _m: None)  # its lines say why it measures again
     kept: CellResultRecord | None = None
     kept_key = (0, 0.0)
     reconnected = False
     for attempt in range(1, stall.ATTEMPTS + 1):
         record, evidence = asyncio.run(
-            run_cell_async(base_url, model, cell, on_progress=on_progress)
+            run_cell_async(base_url, model, cell, on_progress=on_progress, on_notice=on_notice)
         )
         lost = int(evidence.get("connection_lost", 0))
         # the fewest requests lost with their connection, then the least stalled: an error

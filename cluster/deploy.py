@@ -124,6 +124,10 @@ class Deployer:
         self._up_marks: dict[int, str] = {}
 
     # ---- helpers ----------------------------------------------------------------------------
+    def progress(self, message: str) -> None:
+        """``message`` on the progress the deployer was given (the round's phase line)."""
+        self._progress(message)
+
     def _t(self, node: NodeSpec) -> Transport:
         return self.transports[node.rank]
 

@@ -218,7 +218,13 @@ class ClusterTestbed:
                 node's, an OOM the config's).
         """
         try:
-            return run_cell(self.base_url, self.model, cell, clocks=self.deployer.clocks)
+            return run_cell(
+                self.base_url,
+                self.model,
+                cell,
+                clocks=self.deployer.clocks,
+                on_notice=self.deployer.progress,
+            )
         except NodeError:
             raise
         except OrchestrateError as err:

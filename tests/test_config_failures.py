@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ import pytest
 from rich.console import Console
 
 from agents import SweepProposer
+from cluster.bench import cold_start_limit_s
 from cluster.errors import DeployError, NodeError
 from cluster.gates import GateSpec
 from cluster.launcher import LOG, PIDFILE
@@ -645,6 +647,48 @@ def test_an_engine_that_dies_of_its_gpu_in_a_cell_is_the_nodes_failure(tmp_path:
     assert fault.message.startswith("bench cell ")
     assert fault.message.endswith(f"node-0's log says: {gone}"), fault.message
     assert plain.failure_class == "bench_failed"
+
+
+def test_a_head_that_stops_answering_fails_its_cell_by_its_deadline_and_says_it_waits(
+    tmp_path: Path,
+) -> None:
+    """A head whose engine stopped (SIGSTOP: its connections open, nothing answered, as a
+    GPU hang leaves it) fails the cell once the cell's own deadline for a token has passed,
+    as ``bench_failed`` (a hang may be the config's; it counts only once it reproduces and the
+    champion still boots), saying how long it waited. While it waits, the round's progress
+    says so. Before, the cell waited out ten-minute read timeouts with no line at all."""
+    prof = load_profile(str(write_profile(tmp_path, twin_profile_data())), base_dir=tmp_path)
+    shown: list[str] = []
+    deployer = deployer_for(prof, progress=shown.append)
+    testbed = ClusterTestbed(deployer, prof.cluster.base_url, prof.model)
+    head = Path(prof.cluster.head.workdir)
+    cell, limit = prof.cells[0], cold_start_limit_s(prof.cells[0])
+    try:
+        testbed.deploy(prof.initial_champion())
+        pid = int((head / PIDFILE).read_text().split()[0])
+        os.killpg(pid, signal.SIGSTOP)
+        # the cell in a thread of its own: one that still waits past its deadline and a
+        # margin fails the test (the teardown then ends its requests)
+        with ThreadPoolExecutor(1) as pool:
+            bench = pool.submit(testbed.bench, cell)
+            try:
+                failure = bench.exception(timeout=limit + 60)
+            finally:
+                os.killpg(pid, signal.SIGCONT)
+                if not bench.done():
+                    deployer.teardown()
+        assert deployer.alive(prof.cluster.head)  # stopped, never dead: no death was read
+    finally:
+        deployer.teardown()
+        deployer.close()
+    assert isinstance(failure, NodeError), failure
+    assert failure.failure_class == "bench_failed" and failure.rank == 0
+    assert "no token arrived in the window, nor in the " in failure.message, failure
+    waited = float(failure.message.split("nor in the ")[1].split("s ")[0])
+    assert limit - 5 <= waited <= limit + 30, waited
+    assert any(
+        line.startswith(f"{cell.name}: no token after the warm-up; waiting up to") for line in shown
+    ), shown
 
 
 def test_a_worker_lost_in_a_cell_is_the_nodes_and_a_worker_dead_of_oom_the_configs(
