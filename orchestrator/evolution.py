@@ -11,16 +11,27 @@ Keys: an experiment was decided against the champion's key of its time, so compa
 through ``rekeyed``, which maps every recorded config's key to the key of the same config
 fitted now; a change decided under the champion before a knob was added is still decided
 under it after (the champion and the change both take the knob's default).
+
+A champion fitted is a config that has not run: a knob the profile lost leaves the engine at
+its own default, a knob it gained sets the knob's default. When the champion, which booted
+before, then fails its boots as a config fails and never came up as the profile renders it
+now, the profile's change explains it, not the cluster (``refit_blame``): the round stops with
+the profile's exit code and the line names the knob and the ways back.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from typing import NamedTuple
 
+from knobs.catalog import catalog
+from knobs.config import Config
+from knobs.errors import KnobError
 from knobs.space import KnobSpace, Reconciled
-from knobs.spec import printable
-from knobs.vocabulary import EventKind
-from ledger import ChampionRecord, ExperimentRecord, Ledger
+from knobs.spec import Value, as_text, printable
+from knobs.vocabulary import BootStatus, EventKind
+from ledger import BootRecord, ChampionRecord, ExperimentRecord, Ledger
+from orchestrator.profile import Profile
 
 ADDED_REASON = "the profile gained the knob; the champion takes its default"
 REMOVED_REASON = "the profile lost the knob; it is dropped from the champion"
@@ -98,3 +109,92 @@ def _record(
         },
         reason=ADDED_REASON if added else REMOVED_REASON,
     )
+
+
+class RefitBlame(NamedTuple):
+    """Why a champion fitted to the profile fails where it booted before (``refit_blame``)."""
+
+    #: what the profile changed in the champion's config, in words
+    what: str
+    #: the ways back, in words
+    todo: str
+    #: the knobs the profile lost, each with the champion's value
+    removed: dict[str, Value]
+    #: the knobs the profile gained, each with the default the champion takes
+    added: dict[str, Value]
+
+
+def refit_blame(
+    profile: Profile, champion: ExperimentRecord, boots: Sequence[BootRecord]
+) -> RefitBlame | None:
+    """The profile's change that explains why ``champion`` (its experiment, config as
+    recorded), which booted before, failed its boots (``boots``: all of them) for a config's
+    reasons: the knobs the profile lost (the engine now runs at its own default) or gained (the
+    champion now takes the knob's default) since it was measured, when no boot of it as the
+    profile renders it now ever came up. ``None``: the profile changed none of its knobs, or
+    the champion came up as it is now booted (the cluster changed, not the config)."""
+    fitted = profile.space.reconcile(champion.config)
+    if not fitted.added and not fitted.removed:
+        return None
+    key = fitted.config.key
+    if any(b.config_key == key and b.status != BootStatus.FAILED for b in boots):
+        return None
+    removed = {k: champion.config[k] for k in fitted.removed}
+    added = {k: fitted.config[k] for k in fitted.added}
+    what: list[str] = []
+    todo: list[str] = []
+    if removed:
+        names = ", ".join(removed)
+        were = ", ".join(printable(v) for v in removed.values())
+        one = len(removed) == 1
+        what.append(
+            f"knob{'' if one else 's'} {names}, which the profile no longer has, "
+            f"{'was' if one else 'were'} {were} in it, and without "
+            f"{'it' if one else 'them'} the engine runs at its own default"
+        )
+        untuned = [k for k in removed if k in profile.untuned]
+        out = f" (take {'it' if one else 'them'} out of untuned:)" if untuned else ""
+        todo.append(
+            f"put {names} back in profile {profile.name}{out}, or set "
+            f"{_in_launcher(profile, removed)} in its launcher"
+        )
+    if added:
+        names = ", ".join(added)
+        one = len(added) == 1
+        defaults = ", ".join(f"{k}={printable(v)}" for k, v in added.items())
+        what.append(
+            f"knob{'' if one else 's'} {names}, which the profile gained, "
+            f"set{'s' if one else ''} the champion's {defaults}"
+        )
+        todo.append(
+            f"give {names} the default{'' if one else 's'} the champion's engine ran at, or "
+            f"take {'it' if one else 'them'} out of profile {profile.name}"
+        )
+    return RefitBlame("; ".join(what), "; ".join(todo), removed, added)
+
+
+def _in_launcher(profile: Profile, values: dict[str, Value]) -> str:
+    """``values`` of knobs the profile lost, as its catalog renders them (``--flag 0.85``), or
+    in words where the profile's catalog does not know the knob."""
+    specs = {k.name: k for k in catalog(profile.knob_catalog)} if profile.knob_catalog else {}
+    words: list[str] = []
+    for name, value in values.items():
+        spec = specs.get(name)
+        try:
+            rendered = (
+                None if spec is None else KnobSpace(knobs=(spec,)).render(Config({name: value}))
+            )
+        except KnobError:  # a value its catalog's rendering does not map
+            rendered = None
+        if rendered is None:
+            words.append(f"{name}'s {printable(value)} as it rendered")
+            continue
+        shown = [" ".join(rendered.argv)] if rendered.argv else []
+        shown += [
+            f"{field} {as_text(v)} in {flag}"
+            for flag, fields in rendered.json_fields.items()
+            for field, v in fields.items()
+        ]
+        shown += [f"{env}={v}" for env, v in rendered.env.items()]
+        words.append(", ".join(shown) or f"{name}'s {printable(value)} as it rendered")
+    return ", ".join(words)

@@ -78,6 +78,8 @@ class ExperimentRunner:
                 own texts differ between its runs in every cell.
             InfrastructureFault: a node stayed away, its clocks stayed off, or the champion
                 stopped booting.
+            RefitChampionFailing: the champion stopped booting as the profile renders it now
+                (a knob lost or gained since it was measured).
         """
         self.display.experiment(index, rnd.budget, describe(e))
         run_id = self.runlog.experiment_run(rnd, e)

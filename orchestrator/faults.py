@@ -4,9 +4,12 @@ is never a verdict on the config. The boot is taken again after ``policy``'s bac
 retries are spent the round stops (exit 5), the experiment undecided and nothing barred, for
 the same command to resume once the node is back. A champion that booted before and now
 fails its boots in a row for what would be a configuration's reasons stops the round the same
-way (``champion_failed``): its config did not change, the cluster did. So does a node whose
-clocks stay off through the boots' power cycles (``clocks_checked``): each boot with clocks off
-is set aside and taken again (``policy``), and a run of them measures the node, not a config.
+way (``champion_failed``): its config did not change, the cluster did — unless the profile
+changed it (a knob lost or gained since it was measured, and it never came up so:
+``evolution.refit_blame``), which stops the round as a bad profile does (exit 3). So does a
+node whose clocks stay off through the boots' power cycles (``clocks_checked``): each boot with
+clocks off is set aside and taken again (``policy``), and a run of them measures the node, not
+a config.
 
 A ledger that does not answer (a PostgreSQL restart at night) is waited out too
 (``through_ledger_outages``): the round is built afresh and resumes from its last committed
@@ -37,6 +40,7 @@ from ledger.redact import Redactor
 from orchestrator import policy
 from orchestrator.display import RoundDisplay
 from orchestrator.errors import INTERRUPTED, OrchestrateError
+from orchestrator.evolution import refit_blame
 from orchestrator.measurements import clocks_off_counts, clocks_off_in_a_row
 from orchestrator.profile import Profile
 
@@ -61,6 +65,31 @@ class ChampionFailing(InfrastructureFault):
     """The champion, which booted before, failed its boots in a row for what would be a
     configuration's reasons: its config did not change, the cluster did. The round stops as
     for a node away (exit 5), the change it was booted for undecided and nothing barred."""
+
+
+class RefitChampionFailing(OrchestrateError):
+    """The champion, which booted before, failed its boots in a row for a config's reasons as
+    the profile renders it now, and never came up so: the profile lost a knob it had (the
+    engine runs at its own default) or gained one (its default). The profile's, not the
+    cluster's (exit 3): the round stops, the change under way undecided and nothing barred,
+    for the same command to resume once the profile or its launcher says the value again."""
+
+    exit_code = 3
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        failure: NodeError,
+        experiment: int | None,
+        removed: dict[str, object],
+        added: dict[str, object],
+    ) -> None:
+        super().__init__(message)
+        self.failure = failure
+        self.experiment = experiment
+        self.removed = removed
+        self.added = added
 
 
 class ClocksOff(InfrastructureFault):
@@ -184,6 +213,8 @@ class InfrastructureFaults:
 
         Raises:
             ChampionFailing: the champion's failure reproduced.
+            RefitChampionFailing: … and it never came up as the profile renders it now, which
+                lost or gained a knob of its config since (``evolution.refit_blame``).
         """
         failed: list[str] = []
         for boot in reversed(self.ledger.boots(champion.id)):
@@ -198,6 +229,17 @@ class InfrastructureFaults:
             )
             return
         left = "no change" if e is None else f"experiment #{e.id}"
+        blame = refit_blame(self.profile, champion, self.ledger.boots(champion.id))
+        if blame is not None:
+            raise RefitChampionFailing(
+                f"the champion (experiment #{champion.id}) failed {len(failed)} times in a row "
+                f"({', '.join(reversed(failed))}; {err.message}): {blame.what}; {left} is left "
+                f"undecided and nothing was barred: {blame.todo}, and run the same command again",
+                failure=err,
+                experiment=None if e is None else e.id,
+                removed=dict(blame.removed),
+                added=dict(blame.added),
+            )
         raise ChampionFailing(
             f"the champion (experiment #{champion.id}), which booted before, failed "
             f"{len(failed)} times in a row ({', '.join(reversed(failed))}; {err.message}): the "

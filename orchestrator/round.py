@@ -136,6 +136,8 @@ class RoundRunner:
             BaselineFailed: no champion exists and the configured one crashed.
             InfrastructureFault: a node stayed away, or the champion stopped booting (the
                 round stays open for the same command; why is recorded, ``round-stopped``).
+            RefitChampionFailing: the champion stopped booting as the profile renders it now,
+                which lost or gained a knob of its config (exit 3; recorded the same way).
             LedgerError, MlflowSinkError: the ledger or MLflow failed.
         """
         started = self._clock()

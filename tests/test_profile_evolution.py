@@ -20,10 +20,11 @@ from knobs.errors import KnobError, ProfileError
 from knobs.records import CellSpec
 from knobs.space import KnobSpace, render_clash
 from knobs.spec import KnobSpec, RenderSpec
-from knobs.vocabulary import EventKind, Kind, Status
+from knobs.vocabulary import BootStatus, EventKind, Kind, Status
 from ledger import Ledger, VerdictRecord
 from orchestrator.approval import ApprovalGate
 from orchestrator.display import RoundDisplay
+from orchestrator.evolution import refit_blame
 from orchestrator.profile import Profile, load_profile
 from orchestrator.round import RoundOptions, RoundRunner
 from orchestrator.testbed import NullSink
@@ -327,3 +328,102 @@ def test_cluster_up_deploys_a_champion_that_predates_a_knob(cli_workdir: Path) -
         assert [e.subject for e in ledger.events(profile.cluster.name)] == ["moe_backend"]
     status = orchestrate(cli_workdir, "status", "--profile", "profile.yaml", timeout=60)
     assert status.returncode == 0 and "gained" not in status.stdout, status.stderr
+
+
+# ---- a knob dropped whose engine default fails --------------------------------------------
+def test_a_refit_champion_is_blamed_only_until_it_came_up_as_the_profile_renders_it(
+    tmp_path: Path,
+) -> None:
+    """``refit_blame``: the champion measured with max_num_batched_tokens 4096, a profile that
+    no longer tunes it (and gained moe_backend) boots it otherwise; until a boot of it so came
+    up, its failures are the profile's change, with the knob's flag from the catalog; once one
+    came up, a later failure is the cluster's again (``None``)."""
+    before = Profile.model_validate(profile_data())
+    config = before.space.config({"max_num_batched_tokens": 4096}, partial=True)
+    with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
+        rnd = ledger.create_round(
+            cluster="evolving",
+            profile_name="p",
+            profile_digest=before.digest,
+            budget=1,
+            proposer="sweep",
+            approve="auto",
+            seed=0,
+        )
+        champion = ledger.add_experiment(
+            cluster="evolving",
+            round_id=rnd.id,
+            kind=Kind.BASELINE,
+            config=config,
+            champion_key=None,
+            champion_objective=None,
+        )
+        boot = ledger.start_boot(champion.id, config)
+        ledger.end_boot(boot.id, status=BootStatus.DOWN)
+        after = Profile.model_validate({**profile_data(MOE), "untuned": ["max_num_batched_tokens"]})
+        fitted = after.space.reconcile(config).config
+        boot = ledger.start_boot(champion.id, fitted)
+        ledger.end_boot(boot.id, status=BootStatus.FAILED, failure_class="oom")
+        blame = refit_blame(after, champion, ledger.boots(champion.id))
+        assert blame is not None
+        assert (blame.removed, blame.added) == (
+            {"max_num_batched_tokens": 4096},
+            {"moe_backend": "triton"},
+        )
+        assert blame.what == (
+            "knob max_num_batched_tokens, which the profile no longer has, was 4096 in it, and "
+            "without it the engine runs at its own default; knob moe_backend, which the profile "
+            "gained, sets the champion's moe_backend='triton'"
+        )
+        assert blame.todo == (
+            "put max_num_batched_tokens back in profile p (take it out of untuned:), or set "
+            "--max-num-batched-tokens 4096 in its launcher; give moe_backend the default the "
+            "champion's engine ran at, or take it out of profile p"
+        )
+        # the same profile it was measured under: nothing of the profile's to blame
+        assert refit_blame(before, champion, ledger.boots(champion.id)) is None
+        boot = ledger.start_boot(champion.id, fitted)
+        ledger.end_boot(boot.id, status=BootStatus.DOWN)
+        assert refit_blame(after, champion, ledger.boots(champion.id)) is None
+
+
+@pytest.mark.timeout(600)
+def test_a_dropped_knob_whose_engine_default_fails_is_named_exit_3_not_the_cluster(
+    cli_workdir: Path,
+) -> None:
+    """The champion ran at gpu_memory_utilization 0.85; a profile that stops tuning the knob
+    boots it without the flag, and the twin's engine takes vLLM's default, 0.9, which runs out
+    of memory. Before, the champion's two failed boots stopped the round with exit 5 and the
+    cluster's line ("the cluster is failing"). Now the line names the dropped knob, its value
+    and the two ways back, with the profile's exit code; nothing is barred, the round stays open."""
+    data = twin_profile_data()
+    data["cells"] = data["cells"][:1]
+    data["verdict"] = {"policy": "threshold", "threshold_pct": 2.0}
+    write_profile(cli_workdir, data)
+    first = orchestrate(cli_workdir, "round", "--budget", "1", "--profile", "profile.yaml")
+    assert first.returncode == 0, first.stderr
+    data["untuned"] = ["gpu_memory_utilization"]
+    del data["champion"]["gpu_memory_utilization"]
+    write_profile(cli_workdir, data)
+    second = orchestrate(cli_workdir, "round", "--budget", "1", "--profile", "profile.yaml")
+    assert second.returncode == 3, second.stderr
+    [line] = [x for x in second.stderr.splitlines() if x.startswith("Error: ")]
+    assert line.startswith("Error: the champion (experiment #1) failed 2 times in a row (oom, oom")
+    assert line.endswith(
+        "): knob gpu_memory_utilization, which the profile no longer has, was 0.85 in it, and "
+        "without it the engine runs at its own default; no change is left undecided and nothing "
+        "was barred: put gpu_memory_utilization back in profile twin-test (take it out of "
+        "untuned:), or set --gpu-memory-utilization 0.85 in its launcher, and run the same "
+        "command again"
+    ), line
+    assert "the cluster is failing" not in second.stderr
+    status = orchestrate(cli_workdir, "status", "--profile", "profile.yaml", timeout=60)
+    assert status.returncode == 0, status.stderr
+    assert "(exit 3): the champion (experiment #1) failed 2 times" in status.stdout
+    with Ledger(f"sqlite:///{cli_workdir}/orchestrate.db") as ledger:
+        [event] = ledger.events("twin-local", EventKind.KNOB_REMOVED)
+        assert (event.subject, event.detail["value"]) == ("gpu_memory_utilization", 0.85)
+        rnd = ledger.unfinished_round("twin-local")
+        assert rnd is not None and rnd.id == 2
+        # nothing decided since the first round: no crash, no region barred
+        assert [e.round_id for e in ledger.experiments(cluster="twin-local")] == [1, 1]
