@@ -17,6 +17,12 @@ its own default, a knob it gained sets the knob's default. When the champion, wh
 before, then fails its boots as a config fails and never came up as the profile renders it
 now, the profile's change explains it, not the cluster (``refit_blame``): the round stops with
 the profile's exit code and the line names the knob and the ways back.
+
+A change of a knob the profile lost cannot run: its config fitted is the champion's. One a
+killed round left under way (undecided, or a proposal not yet an experiment) is closed when the
+round takes it up (``lost_knob``, ``close_lost``): decided ``vetoed`` by the profile, with the
+line, its boots kept and no boot more; it bars nothing (should the knob come back, its value
+may run) and does not count against the budget.
 """
 
 from __future__ import annotations
@@ -29,12 +35,17 @@ from knobs.config import Config
 from knobs.errors import KnobError
 from knobs.space import KnobSpace, Reconciled
 from knobs.spec import Value, as_text, printable
-from knobs.vocabulary import BootStatus, EventKind
-from ledger import BootRecord, ChampionRecord, ExperimentRecord, Ledger
+from knobs.vocabulary import BootStatus, EventKind, Status
+from ledger import BootRecord, ChampionRecord, ExperimentRecord, Ledger, VerdictRecord
 from orchestrator.profile import Profile
+from orchestrator.undecided import failed
 
 ADDED_REASON = "the profile gained the knob; the champion takes its default"
 REMOVED_REASON = "the profile lost the knob; it is dropped from the champion"
+#: Who closes a change of a knob the profile lost (a pending proposal's decider, the verdict's
+#: ``by``), and the verdict's rule: ``history`` bars nothing for it.
+LOST_BY = "profile"
+LOST_RULE = "knob-removed"
 
 
 def fit_champion(space: KnobSpace, champion: ChampionRecord) -> ChampionRecord:
@@ -198,3 +209,48 @@ def _in_launcher(profile: Profile, values: dict[str, Value]) -> str:
         shown += [f"{env}={v}" for env, v in rendered.env.items()]
         words.append(", ".join(shown) or f"{name}'s {printable(value)} as it rendered")
     return ", ".join(words)
+
+
+def lost_knob(space: KnobSpace, knob: str | None, coupled: str | None = None) -> str | None:
+    """The knob a change moves (``knob``, or a coupled move's enabling knob ``coupled``) that
+    ``space`` no longer has; ``None``: it has both (or the change moves none: the baseline)."""
+    return next((k for k in (knob, coupled) if k is not None and k not in space.names), None)
+
+
+def lost_reason(knob: str) -> str:
+    """The line of a change closed because the profile lost ``knob`` (``close_lost``)."""
+    return (
+        f"knob {knob} is no longer in the profile: the change is closed without a verdict and "
+        "not booted; nothing is barred"
+    )
+
+
+def close_lost(ledger: Ledger, e: ExperimentRecord, knob: str) -> ExperimentRecord:
+    """Decide change ``e``, undecided, whose ``knob`` the profile lost: ``vetoed`` by the
+    profile (``LOST_RULE``; its statistics the boots it had and how they failed), its boots
+    kept, results.tsv's description saying why. The decided experiment.
+
+    Raises:
+        LedgerError: the ledger failed, or ``e`` is decided already.
+    """
+    boots = ledger.boots(e.id)
+    verdict = VerdictRecord(
+        status=Status.VETOED,
+        rule=LOST_RULE,
+        reason=lost_reason(knob),
+        stats={
+            "by": LOST_BY,
+            "knob": knob,
+            "undecided": True,
+            "boots": len(boots),
+            "failed": failed(boots),
+        },
+    )
+    return ledger.decide(
+        e.id,
+        verdict=verdict,
+        objective=None,
+        delta_pct=None,
+        accept_len=None,
+        description=f"{e.description}; closed: knob {knob} is no longer in the profile",
+    )

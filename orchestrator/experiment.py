@@ -16,6 +16,7 @@ from orchestrator.champion import ChampionEvidence
 from orchestrator.crashpoints import crashpoint
 from orchestrator.display import RoundDisplay, describe
 from orchestrator.errors import OrchestrateError
+from orchestrator.evolution import close_lost, lost_knob
 from orchestrator.faults import InfrastructureFaults
 from orchestrator.history import monotone_classes
 from orchestrator.measurements import Measurement
@@ -88,6 +89,10 @@ class ExperimentRunner:
             e = self.ledger.experiment(e.id)
             if e.state == State.DECIDED:
                 return
+            lost = lost_knob(self.profile.space, e.knob, e.coupled_knob)
+            if lost is not None:  # a change the profile can no longer render (``evolution``)
+                self._close_lost(e, run_id, lost)
+                return
             if e.kind == Kind.CANDIDATE:
                 self._greedy_checkable(e)  # or stop the round: exit 3
             action = self._next_action(e)
@@ -121,6 +126,18 @@ class ExperimentRunner:
                 self.faults.wait_or_stop(e, failure)  # or stop the round: exit 5
             # a failure of the config's: the policy says whether it counts (a crash) or the
             # config is booted once more
+
+    def _close_lost(self, e: ExperimentRecord, run_id: str | None, knob: str) -> None:
+        """Change ``e`` moves ``knob``, which the profile lost since it was recorded: closed
+        without a boot more (``evolution.close_lost``), with the line."""
+        closed = close_lost(self.ledger, e, knob)
+        crashpoint("verdict.committed")
+        verdict = self.ledger.verdict(e.id)
+        reason = "" if verdict is None else verdict.reason
+        self.runlog.vetoed(run_id, closed, reason)
+        crashpoint("mlflow.verdict")
+        # the line names the change as proposed; results.tsv's description says why too
+        self.display.decided(closed.model_copy(update={"description": e.description}), reason)
 
     def _greedy_checkable(self, e: ExperimentRecord) -> None:
         """Stop the round before change ``e`` boots or is judged when the greedy check could

@@ -22,7 +22,7 @@ from knobs.vocabulary import INFRASTRUCTURE, UNMEASURED, EventKind, State, Statu
 from ledger import EventRecord, ExperimentRecord, Ledger, RoundRecord
 from orchestrator import policy
 from orchestrator.champion import ChampionEvidence
-from orchestrator.evolution import rekeyed
+from orchestrator.evolution import LOST_RULE, rekeyed
 from orchestrator.priors import interacting, knob_priors, measured
 from orchestrator.profile import Profile
 from orchestrator.step_cost import learned
@@ -254,6 +254,8 @@ def _barred(profile: Profile, ledger: Ledger, e: ExperimentRecord) -> KnownBad |
         # the person's words, so every proposer learns why (the verdict's: a proposal's veto
         # or, for a change a stopped round left undecided, the experiment's)
         verdict = ledger.verdict(e.id)
+        if verdict is not None and verdict.rule == LOST_RULE:
+            return None  # closed because the profile lost its knob: no one judged its value
         reason = "vetoed" if verdict is None else verdict.reason
     region = (
         crash_region(profile, e.knob, e.value, e.config, e.failure_class, coupled)

@@ -3,17 +3,21 @@ an experiment to run, or a vetoed experiment decided without a boot.
 
 Both are one knob away from the champion of the moment (or a coupled move, two: ``agents.
 coupled``), validated by ``KnobSpace.change`` again (the ledger's value, or a person's edit,
-is never trusted as is).
+is never trusted as is) — but a change of a knob the profile lost since it was proposed, which
+no space can validate: it is recorded as proposed, for the round to close it without a boot
+(``evolution.close_lost``).
 """
 
 from __future__ import annotations
 
 from agents import Proposal
+from knobs.config import Change
 from knobs.vocabulary import Kind, Status
 from ledger import ExperimentRecord, Ledger, ProposalRecord, RoundRecord, VerdictRecord
 from orchestrator.champion import ChampionEvidence
 from orchestrator.crashpoints import crashpoint
 from orchestrator.display import RoundDisplay
+from orchestrator.evolution import LOST_BY, close_lost, lost_knob
 from orchestrator.profile import Profile
 from orchestrator.runlog import RunLog
 
@@ -63,33 +67,52 @@ class Intake:
 
     def veto(self, rnd: RoundRecord, p: ProposalRecord) -> None:
         """A vetoed proposal as a decided experiment: no boot, a known-bad region with the
-        person's reason, a tagged MLflow run."""
-        e = self._add(rnd, p, "vetoed by {decided_by}: {reason}")
-        verdict = VerdictRecord(
-            status=Status.VETOED,
-            rule="veto",
-            reason=p.reason or "vetoed",
-            stats={"by": p.decided_by},
-        )
-        decided = self.ledger.decide(
-            e.id, verdict=verdict, objective=None, delta_pct=None, accept_len=None
-        )
+        person's reason, a tagged MLflow run. One the profile closed (its knob lost:
+        ``close_lost``) bars nothing."""
+        lost = lost_knob(self.profile.space, p.knob, p.coupled_knob)
+        by_profile = lost is not None and p.decided_by == LOST_BY
+        e = self._add(rnd, p, "({source})" if by_profile else "vetoed by {decided_by}: {reason}")
+        if lost is not None and by_profile:
+            decided = close_lost(self.ledger, e, lost)
+        else:
+            verdict = VerdictRecord(
+                status=Status.VETOED,
+                rule="veto",
+                reason=p.reason or "vetoed",
+                stats={"by": p.decided_by},
+            )
+            decided = self.ledger.decide(
+                e.id, verdict=verdict, objective=None, delta_pct=None, accept_len=None
+            )
         run_id = self.runlog.experiment_run(rnd, decided)
         self.runlog.vetoed(run_id, decided, p.reason or "")
-        self.display.decided(decided, verdict.reason)
+        # the line names the change as proposed (a closed one's description says why too)
+        shown = decided.model_copy(update={"description": e.description})
+        self.display.decided(shown, p.reason or "vetoed")
 
     def _add(self, rnd: RoundRecord, p: ProposalRecord, how: str) -> ExperimentRecord:
         """The proposal's change applied to the champion of the moment, as an experiment;
         ``how``: what its description says after the change (the proposal's fields)."""
         champion = self.champion.current()
         space = self.profile.space
-        change = (
-            space.change(champion.config, p.knob, p.new_value)
-            if p.coupled_knob is None
-            else space.coupled_change(
-                champion.config, p.knob, p.new_value, p.coupled_knob, p.coupled_new
+        if lost_knob(space, p.knob, p.coupled_knob) is not None:
+            # no space validates a knob the profile lost: recorded as proposed, never booted
+            change = Change(
+                knob=p.knob,
+                old=p.old_value,
+                new=p.new_value,
+                enabling=None
+                if p.coupled_knob is None or p.coupled_old is None or p.coupled_new is None
+                else Change(knob=p.coupled_knob, old=p.coupled_old, new=p.coupled_new),
             )
-        )
+        else:
+            change = (
+                space.change(champion.config, p.knob, p.new_value)
+                if p.coupled_knob is None
+                else space.coupled_change(
+                    champion.config, p.knob, p.new_value, p.coupled_knob, p.coupled_new
+                )
+            )
         enabling = change.enabling
         told = how.format(source=p.source, decided_by=p.decided_by, reason=p.reason or "")
         return self.ledger.add_experiment(

@@ -44,6 +44,7 @@ from orchestrator.display import (
     stopped_by_cap,
 )
 from orchestrator.errors import OrchestrateError
+from orchestrator.evolution import LOST_BY, lost_knob, lost_reason
 from orchestrator.experiment import ExperimentRunner
 from orchestrator.faults import InfrastructureFaults, last_stop, record_stop, said_stop
 from orchestrator.gpu_hours import gpu_hours
@@ -327,6 +328,15 @@ class RoundRunner:
             record = self.intake.record(rnd, proposal)
             crashpoint("proposal.recorded")
         self.display.experiment(index, rnd.budget, record.change.describe())
+        lost = lost_knob(self.profile.space, record.knob, record.coupled_knob)
+        if lost is not None and record.status == ProposalStatus.PENDING:
+            # a change the profile lost the knob of since (``evolution``): nobody is asked
+            # to approve what cannot run; closed by the profile, barring nothing
+            closed = self.ledger.decide_proposal(
+                record.id, status=ProposalStatus.VETOED, by=LOST_BY, reason=lost_reason(lost)
+            )
+            self.intake.veto(rnd, closed)
+            return None
         self.display.phase(f"waiting for approval ({rnd.approve})")
         decision = self.gate.decide(record, self.context(rnd))
         crashpoint("proposal.approved")

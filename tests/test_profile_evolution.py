@@ -20,11 +20,12 @@ from knobs.errors import KnobError, ProfileError
 from knobs.records import CellSpec
 from knobs.space import KnobSpace, render_clash
 from knobs.spec import KnobSpec, RenderSpec
-from knobs.vocabulary import BootStatus, EventKind, Kind, Status
+from knobs.vocabulary import BootStatus, EventKind, Kind, ProposalStatus, State, Status
 from ledger import Ledger, VerdictRecord
 from orchestrator.approval import ApprovalGate
 from orchestrator.display import RoundDisplay
 from orchestrator.evolution import refit_blame
+from orchestrator.known_bad import barred_regions
 from orchestrator.profile import Profile, load_profile
 from orchestrator.round import RoundOptions, RoundRunner
 from orchestrator.testbed import NullSink
@@ -208,11 +209,28 @@ class RenderingTestbed(ScriptedTestbed):
         return super().deploy(config)
 
 
-def run_round(tmp_path: Path, budget: int, *knobs: dict[str, Any]) -> tuple[str, RenderingTestbed]:
-    """A round of the neighbour sweep under a profile of ``knobs``; what it showed."""
+class InterruptedTestbed(RenderingTestbed):
+    """Ctrl-C as a config with foo=2 deploys (the night's operator stopping the round)."""
+
+    def deploy(self, config: Config) -> dict[int, str]:
+        if config.get("foo") == 2:
+            self.boots.append(config)
+            raise KeyboardInterrupt
+        return super().deploy(config)
+
+
+def run_round(
+    tmp_path: Path,
+    budget: int,
+    *knobs: dict[str, Any],
+    proposer: SweepProposer | None = None,
+    interrupt: bool = False,
+) -> tuple[str, RenderingTestbed]:
+    """A round of the neighbour sweep (or ``proposer``) under a profile of ``knobs``; what it
+    showed. ``interrupt``: Ctrl-C as a config with foo=2 deploys."""
     path = write_profile(tmp_path, profile_data(*knobs))
     profile = load_profile(str(path), base_dir=tmp_path)
-    testbed = RenderingTestbed(profile.space)
+    testbed = (InterruptedTestbed if interrupt else RenderingTestbed)(profile.space)
     shown = io.StringIO()
     with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
         runner = RoundRunner(
@@ -220,7 +238,7 @@ def run_round(tmp_path: Path, budget: int, *knobs: dict[str, Any]) -> tuple[str,
             ledger,
             NullSink(),
             testbed,
-            SweepProposer(),
+            proposer or SweepProposer(),
             ApprovalGate(ledger, "auto"),
             RoundDisplay(Console(file=shown, width=200)),
         )
@@ -278,6 +296,106 @@ def test_a_knob_removed_is_dropped_from_the_champion_with_a_line_and_one_event(
     assert testbed.boots and all("foo" not in b for b in testbed.boots)
     shown, _ = run_round(tmp_path, 1)
     assert "foo" not in shown
+
+
+CLOSED = (
+    "knob foo is no longer in the profile: the change is closed without a verdict and not "
+    "booted; nothing is barred"
+)
+
+
+def test_a_change_of_a_knob_the_profile_lost_under_way_is_closed_unbooted_on_resume(
+    tmp_path: Path,
+) -> None:
+    """Ctrl-C as the change foo 3→2 boots; the profile then loses foo. Before, the resume
+    booted the change as the profile renders it (the champion's own config, foo dropped) and
+    judged that as foo=2. Now it is decided vetoed by the profile, its boot kept, with a line
+    saying why; it bars nothing (not foo=2, should foo come back) and does not count against
+    the budget: the round goes on with the next change."""
+    foo = {**FOO, "new": True}
+    with pytest.raises(KeyboardInterrupt):
+        run_round(tmp_path, 1, foo, proposer=SweepProposer([{"foo": 2}]), interrupt=True)
+    with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
+        _, change = ledger.experiments(cluster="evolving")
+        assert (change.knob, change.value, change.state) == ("foo", 2, State.DEPLOYING)
+        assert len(ledger.boots(change.id)) == 1
+    shown, testbed = run_round(tmp_path, 1)
+    said = " ".join(shown.split())
+    assert f"#{change.id} foo 3 → 2 (sweep): vetoed {CLOSED}" in said
+    assert testbed.boots and all(b["num_speculative_tokens"] == 1 for b in testbed.boots)
+    with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
+        closed = ledger.experiment(change.id)
+        assert (closed.state, closed.status) == (State.DECIDED, Status.VETOED)
+        assert closed.description == (
+            "foo 3 → 2 (sweep); closed: knob foo is no longer in the profile"
+        )
+        verdict = ledger.verdict(change.id)
+        assert verdict is not None and verdict.rule == "knob-removed"
+        assert verdict.stats == {
+            "by": "profile",
+            "knob": "foo",
+            "undecided": True,
+            "boots": 1,
+            "failed": {},
+        }
+        assert len(ledger.boots(change.id)) == 1  # kept, and none more
+        # the round went on to its budget with a change the profile has
+        assert changes(ledger)[2:] == [("num_speculative_tokens", 1)]
+        assert ledger.unfinished_round("evolving") is None
+        # nothing barred, even with foo back in the profile
+        back = load_profile(str(write_profile(tmp_path, profile_data(foo))), base_dir=tmp_path)
+        assert barred_regions(back, ledger) == []
+
+
+@pytest.mark.parametrize("decided", [True, False])
+def test_a_proposal_of_a_knob_the_profile_lost_is_closed_not_booted(
+    tmp_path: Path, decided: bool
+) -> None:
+    """A round killed after it recorded the proposal foo 3→2 (pending, or approved: the kill
+    before its experiment); the profile then loses foo. Before, the resume stopped with
+    "unknown knob foo" at every run (exit 3) until the knob came back. Now the change is
+    recorded and decided vetoed by the profile without a boot, with the line, and the round
+    goes on with the next change."""
+    foo = {**FOO, "new": True}
+    run_round(tmp_path, 1, foo)
+    with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
+        champion = ledger.champion("evolving")
+        assert champion is not None
+        rnd = ledger.create_round(
+            cluster="evolving",
+            profile_name="p",
+            profile_digest="",
+            budget=1,
+            proposer="sweep",
+            approve="auto",
+            seed=0,
+        )
+        proposal = ledger.add_proposal(
+            round_id=rnd.id,
+            source="sweep",
+            knob="foo",
+            old_value=3,
+            new_value=2,
+            champion_key=champion.config.key,
+        )
+        if decided:
+            ledger.decide_proposal(proposal.id, status=ProposalStatus.APPROVED, by="auto")
+    shown, _ = run_round(tmp_path, 1)
+    assert CLOSED in " ".join(shown.split())
+    with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
+        assert changes(ledger)[-2:] == [("foo", 2), ("num_speculative_tokens", 2)]
+        closed = ledger.experiments(round_id=rnd.id)[0]
+        assert (closed.status, closed.proposal_id, ledger.boots(closed.id)) == (
+            Status.VETOED,
+            proposal.id,
+            [],
+        )
+        verdict = ledger.verdict(closed.id)
+        assert verdict is not None and verdict.rule == "knob-removed"
+        # a pending one is decided by the profile: no person is asked about it
+        decider = ledger.proposal(proposal.id).decided_by
+        assert decider == ("auto" if decided else "profile")
+        assert ledger.unfinished_round("evolving") is None
 
 
 # ---- cluster up ---------------------------------------------------------------------------
