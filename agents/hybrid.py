@@ -74,10 +74,30 @@ def knob_tool(space: KnobSpace, *, strict: bool) -> dict[str, Any]:
     return tool
 
 
-def way_of(spec: KnobSpec, old: Value, new: Value) -> str:
-    """``up`` when ``new`` comes after ``old`` in the knob's domain as listed, else ``down``."""
-    order = [as_text(v) for v in spec.domain()]
-    return "up" if order.index(as_text(new)) > order.index(as_text(old)) else "down"
+def way_of(spec: KnobSpec, old: Value, new: Value) -> str | None:
+    """``up`` when ``new`` comes after ``old`` in the knob's domain as listed, else ``down``.
+    An ``old`` the domain lacks (a champion's value the profile narrowed the domain under): by
+    number for an ordered knob, and ``None`` (either way) for one without an order."""
+    here = _place(spec, old)
+    there = _place(spec, new)
+    if here is None or there is None:
+        return None
+    return "up" if there > here else "down"
+
+
+def _place(spec: KnobSpec, value: Value) -> float | None:
+    """Where ``value`` lies along the knob's domain: its index in the listing, or for an
+    ordered knob's value outside it, between the indexes of its neighbours; ``None`` for an
+    unordered knob's value the listing lacks."""
+    domain = spec.domain()
+    order = [as_text(v) for v in domain]
+    if as_text(value) in order:
+        return float(order.index(as_text(value)))
+    if not spec.ordered or isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    numbers = [float(v) for v in domain if isinstance(v, int | float)]
+    below = sum(1 for x in numbers if x < value)  # the domain's values under it, in order
+    return below - 0.5
 
 
 class HybridProposer(LLMProposer):
@@ -135,7 +155,7 @@ class HybridProposer(LLMProposer):
             return f"direction {printable(way)} is not one of {', '.join(WAYS)}"
         old = context.champion[spec.name]
         allowed = [c for c in context.candidates() if c.knob == spec.name]
-        inside = [c for c in allowed if way == "any" or way_of(spec, old, c.new) == way]
+        inside = [c for c in allowed if way == "any" or way_of(spec, old, c.new) in (way, None)]
         if not inside:
             now = ", ".join(as_text(c.new) for c in allowed) or "none"
             return (
@@ -189,7 +209,6 @@ class HybridProposer(LLMProposer):
             for change in inside:
                 if same_value(change.new, value):
                     return change, f"TPE (ask {asks})"
-        order = [as_text(v) for v in spec.domain()]
-        here = order.index(as_text(context.champion[spec.name]))
-        nearest = min(inside, key=lambda c: abs(order.index(as_text(c.new)) - here))
+        here = _place(spec, context.champion[spec.name])
+        nearest = min(inside, key=lambda c: abs((_place(spec, c.new) or 0.0) - (here or 0.0)))
         return nearest, f"the nearest allowed value (TPE missed {MAX_ASKS} times)"

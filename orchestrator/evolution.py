@@ -23,11 +23,16 @@ killed round left under way (undecided, or a proposal not yet an experiment) is 
 round takes it up (``lost_knob``, ``close_lost``): decided ``vetoed`` by the profile, with the
 line, its boots kept and no boot more; it bars nothing (should the knob come back, its value
 may run) and does not count against the budget.
+
+A profile may narrow a knob's domain under a champion whose value it leaves out. The champion
+keeps it: it was measured there, and a verdict needs the config that ran. Every round says so
+as it starts, and ``status`` too (``outside_domain``); the proposers move the knob only into the
+domain, and the changes of other knobs keep the champion's value.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import NamedTuple
 
 from knobs.catalog import catalog
@@ -254,3 +259,23 @@ def close_lost(ledger: Ledger, e: ExperimentRecord, knob: str) -> ExperimentReco
         accept_len=None,
         description=f"{e.description}; closed: knob {knob} is no longer in the profile",
     )
+
+
+def outside_domain(space: KnobSpace, config: Mapping[str, Value]) -> dict[str, str]:
+    """Each knob of ``space`` whose value in ``config`` (the champion, fitted) the profile's
+    domain no longer has (it narrowed the knob's values or range since), with its line."""
+    lines: dict[str, str] = {}
+    for spec in space.knobs:
+        if spec.name not in config:
+            continue
+        value = config[spec.name]
+        try:
+            spec.parse(value)
+        except KnobError:
+            lines[spec.name] = (
+                f"the champion's {spec.name} {as_text(value)} is outside the profile's domain "
+                f"now ({spec.describe_domain()}): the champion keeps it (it was measured "
+                f"there); a change of {spec.name} moves it into the domain, the other knobs' "
+                "changes keep it"
+            )
+    return lines

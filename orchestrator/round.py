@@ -44,7 +44,7 @@ from orchestrator.display import (
     stopped_by_cap,
 )
 from orchestrator.errors import OrchestrateError
-from orchestrator.evolution import LOST_BY, lost_knob, lost_reason
+from orchestrator.evolution import LOST_BY, lost_knob, lost_reason, outside_domain
 from orchestrator.experiment import ExperimentRunner
 from orchestrator.faults import InfrastructureFaults, last_stop, record_stop, said_stop
 from orchestrator.gpu_hours import gpu_hours
@@ -183,6 +183,10 @@ class RoundRunner:
         # the profile gained or lost a knob since the champion was recorded (``evolution``)
         for line in self.champion.record_knob_changes():
             self.display.note(line)
+        champion = self.champion.fitted()
+        if champion is not None:  # a domain narrowed under it: kept, and said (``evolution``)
+            for line in outside_domain(self.profile.space, champion.config).values():
+                self.display.note(line)
         try:
             stopped_by = self._loop(rnd, started)
         except (OrchestrateError, KeyboardInterrupt) as err:

@@ -17,6 +17,7 @@ from agents import (
 )
 from cluster.twin.landscape import load_landscape
 from knobs import KnobSpace, catalog
+from knobs.config import Config
 from tests.fixtures.messages_api import MessagesApi, overloaded, tool_use
 
 SPACE = KnobSpace(knobs=catalog("vllm-dflash2"))
@@ -125,6 +126,38 @@ def test_the_value_stays_out_of_known_bad_regions(messages_api: MessagesApi) -> 
     )
     proposal = hybrid(messages_api).propose(context(barred))
     assert proposal.change.new == 6
+
+
+@pytest.mark.parametrize(
+    ("narrowed", "way", "values"),
+    [
+        # MNBT narrowed to 2048..4096: the champion's 7168 is above it, every value down
+        ({"low": 2048, "high": 4096, "default": 4096}, "down", {2048, 2560, 3072, 3584, 4096}),
+        # the KV dtype narrowed to auto: the champion's fp8_e4m3 has no place in the listing
+        ({"choices": ["auto"], "default": "auto"}, "up", {"auto"}),
+    ],
+)
+def test_a_champion_value_outside_a_narrowed_domain_is_moved_into_it(
+    messages_api: MessagesApi, narrowed: dict[str, Any], way: str, values: set[object]
+) -> None:
+    """A profile narrowed the knob's domain under a champion that keeps its value (it was
+    measured there). Claude's direction is read from that value (by number for an ordered
+    knob; either way for one without an order), and the value TPE picks is in the domain.
+    Before, the direction was looked up in the domain's listing, and a value outside it raised
+    ValueError out of the proposer."""
+    knob = "max_num_batched_tokens" if "low" in narrowed else "kv_cache_dtype"
+    space = KnobSpace(
+        knobs=tuple(
+            k.model_copy(update=narrowed) if k.name == knob else k for k in catalog("vllm-dflash2")
+        )
+    )
+    champion = Config({**CHAMPION, "max_num_batched_tokens": 7168, "kv_cache_dtype": "fp8_e4m3"})
+    messages_api.script(tool_use(choice(knob=knob, direction=way), name="choose_knob"))
+    proposal = hybrid(messages_api).propose(
+        context().model_copy(update={"space": space, "champion": champion})
+    )
+    assert proposal.source == "hybrid"
+    assert proposal.change.knob == knob and proposal.change.new in values
 
 
 def test_without_a_usable_choice_optuna_proposes_alone(messages_api: MessagesApi) -> None:

@@ -6,6 +6,8 @@ records it once as an event, a round carries on without proposing again what was
 from __future__ import annotations
 
 import io
+import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -396,6 +398,43 @@ def test_a_proposal_of_a_knob_the_profile_lost_is_closed_not_booted(
         decider = ledger.proposal(proposal.id).decided_by
         assert decider == ("auto" if decided else "profile")
         assert ledger.unfinished_round("evolving") is None
+
+
+NARROWED = {"name": "max_num_batched_tokens", "low": 2048, "high": 4096, "default": 4096}
+OUTSIDE = (
+    "the champion's max_num_batched_tokens 7168 is outside the profile's domain now (an integer "
+    "from 2048 to 4096 in steps of 512): the champion keeps it (it was measured there); a "
+    "change of max_num_batched_tokens moves it into the domain, the other knobs' changes keep it"
+)
+
+
+def test_a_champion_value_outside_a_narrowed_domain_is_kept_and_said(tmp_path: Path) -> None:
+    """The champion ran MNBT 7168; the profile then narrows MNBT to 2048..4096. The champion
+    keeps its value (it was measured), and before, nothing said so: the round went on with a
+    value the profile no longer allows. Now each round says it as it starts, and `status` says
+    it (and names the knob in --json); the changes tried keep the value, or move MNBT inside."""
+    run_round(tmp_path, 1)
+    shown, testbed = run_round(tmp_path, 2, NARROWED)
+    assert OUTSIDE in " ".join(shown.split())
+    assert testbed.boots
+    for booted in testbed.boots:
+        mnbt = booted["max_num_batched_tokens"]
+        assert mnbt == 7168 or mnbt in range(2048, 4097, 512)
+    with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
+        champion = ledger.champion("evolving")
+        assert champion is not None and champion.config["max_num_batched_tokens"] == 7168
+    env = {**os.environ, "ORCHESTRATE_LEDGER": f"sqlite:///{tmp_path}/ledger.db"}
+    status = orchestrate(tmp_path, "status", "--profile", "profile.yaml", timeout=60, env=env)
+    assert status.returncode == 0, status.stderr
+    assert OUTSIDE in " ".join(status.stdout.split())
+    data = orchestrate(
+        tmp_path, "status", "--profile", "profile.yaml", "--json", timeout=60, env=env
+    )
+    assert json.loads(data.stdout)["champion"]["outside_domain"] == ["max_num_batched_tokens"]
+    # the profile as it was: nothing to say
+    write_profile(tmp_path, profile_data())
+    status = orchestrate(tmp_path, "status", "--profile", "profile.yaml", timeout=60, env=env)
+    assert "outside the profile's domain" not in status.stdout
 
 
 # ---- cluster up ---------------------------------------------------------------------------

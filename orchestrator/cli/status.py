@@ -23,7 +23,7 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
     from knobs.spec import as_text
     from knobs.vocabulary import Kind, State, Status
     from orchestrator.champion import ChampionEvidence
-    from orchestrator.evolution import fit_champion, knob_changes
+    from orchestrator.evolution import fit_champion, knob_changes, outside_domain
     from orchestrator.faults import last_stop, said_stop
     from orchestrator.gpu_hours import cluster_gpus, gpu_hours
     from orchestrator.measurements import clocks_off_counts
@@ -41,6 +41,8 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
         # what fitting it changed that no round or ``cluster up`` has recorded yet
         changes = knob_changes(prof.space, ledger, name, record=False)
         champion = None if champion is None else fit_champion(prof.space, champion)
+        # a value the profile's domain no longer has: the champion keeps it, and it is said
+        outside = {} if champion is None else outside_domain(prof.space, champion.config)
         running = ledger.unfinished_round(name)
         lease = ledger.lease(name)
         # boots no teardown closed: a run killed (kill -9, a power cut) left them, and their
@@ -79,6 +81,8 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
             "config": champion.config.as_dict(),
             # the boots that kept it, if they left its level (``remeasure``)
             "keep_boots_set_aside": set_aside.get(champion.experiment_id),
+            # the knobs whose value the profile's domain no longer has (``outside_domain``)
+            "outside_domain": list(outside),
         },
         "rounds": len(rounds),
         "experiments": len(experiments),
@@ -172,6 +176,8 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
             )
     for line in changes:
         console.print(f"{line} (recorded by the next round or cluster up)")
+    for line in outside.values():
+        console.print(line, markup=False)
     # the resume under the profile this status read, which is the round's
     resume = "orchestrate round" + ("" if profile is None else f" --profile {shlex.quote(profile)}")
     if running is not None:
