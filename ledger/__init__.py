@@ -5,6 +5,7 @@ The only package that imports sqlalchemy and mlflow. Callers get frozen records,
 
 from __future__ import annotations
 
+from ledger.base import server_identity
 from ledger.errors import LeaseLost, MlflowSinkError
 from ledger.export import HEADER, tsv_text
 from ledger.records import (
@@ -38,5 +39,6 @@ __all__ = [
     "RoundRecord",
     "VerdictRecord",
     "reading",
+    "server_identity",
     "tsv_text",
 ]

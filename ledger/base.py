@@ -4,13 +4,14 @@ any point leaves the ledger at the last completed state change."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, Self, TypeVar
 
 from sqlalchemy import Connection, Engine, create_engine, event
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import (
     ArgumentError,
     DBAPIError,
@@ -84,7 +85,9 @@ class LedgerBase:
                 self._engine: Engine = create_engine(url, connect_args={"timeout": 30})
                 event.listen(self._engine, "connect", _sqlite_pragmas)
             else:
-                self._engine = create_engine(url, pool_pre_ping=True)
+                self._engine = create_engine(
+                    url, pool_pre_ping=True, connect_args=_connect_args(parsed)
+                )
         except (SQLAlchemyError, ImportError) as e:
             raise LedgerError(f"cannot open ledger {self.url}: {e}", url=self.url) from e
         self._sessions = sessionmaker(self._engine, expire_on_commit=False)
@@ -236,6 +239,42 @@ class LedgerBase:
             name = getattr(cls, "__tablename__", cls.__name__)
             raise LedgerError(f"no {name} {key} in ledger {self.url}", url=self.url)
         return row
+
+
+#: The seconds one connection to a PostgreSQL ledger may take to be made (libpq's
+#: ``connect_timeout``). Without it psycopg waits 130 s, and libpq for ever, on a server that
+#: takes the connection and never answers (a blackholed address, a host half down): every try
+#: of a command, and of a round waiting out an outage, held that long.
+CONNECT_TIMEOUT_S = 10
+
+#: The PostgreSQL drivers that take libpq's ``connect_timeout``.
+_LIBPQ_DRIVERS = frozenset({"psycopg", "psycopg2", "psycopg2cffi"})
+
+
+def _connect_args(parsed: URL) -> dict[str, object]:
+    """What a ledger server's connections are made with: ``CONNECT_TIMEOUT_S``, unless the
+    URL (``?connect_timeout=N``) or libpq's environment (``PGCONNECT_TIMEOUT``) sets its own."""
+    if parsed.get_backend_name() != "postgresql" or parsed.get_driver_name() not in _LIBPQ_DRIVERS:
+        return {}
+    if "connect_timeout" in parsed.query or "PGCONNECT_TIMEOUT" in os.environ:
+        return {}
+    return {"connect_timeout": CONNECT_TIMEOUT_S}
+
+
+def server_identity(url: str) -> str | None:
+    """What names a ledger server's database whatever the driver, password or options:
+    ``backend://user@host:port/database`` (``None``: a SQLite file, or not a database URL)."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return None
+    backend = parsed.get_backend_name()
+    if backend == "sqlite":
+        return None
+    # a socket folder or an address given as an option names the server too
+    where = {k: v for k, v in parsed.query.items() if k in ("host", "hostaddr", "port")}
+    named = parsed.set(drivername=backend, password=None, query=where)
+    return named.render_as_string(hide_password=False)
 
 
 def _file_missing(database: str | None) -> bool:

@@ -27,6 +27,7 @@ from ledger.mlflow_uri import (
     artifact_location,
     created_whole,
     display_uri,
+    first_contact,
     probe_database,
     resolve_tracking_uri,
 )
@@ -122,7 +123,7 @@ class MlflowSink:
             # path of this machine would be a dead link for everyone else
             root = None
         self._artifact_location = artifact_location(root)
-        with self._translate("open the tracking store"):
+        with self._translate("open the tracking store"), first_contact(self.tracking_uri):
             probe_database(self.tracking_uri)
             created_whole(self.tracking_uri)
             # Imported here: importing mlflow costs about a second, and code that only needs

@@ -282,23 +282,40 @@ def waiting_for_ledger(
     open_: Callable[[], T],
     *,
     url: str,
+    reached_before: bool,
     note: Callable[[str], None],
     sleep: Callable[[float], None] = time.sleep,
     waits: Sequence[float] = policy.LEDGER_WAITS,
 ) -> T:
     """``open_()`` (the ledger at ``url``, opened as a round's command starts), and again after
     a wait each time a ledger server did not answer (``LedgerError.unreachable``), on the
-    schedule of a ledger away mid-round: a night a timer starts while PostgreSQL restarts is
-    not lost. A SQLite ledger is a local file: one that cannot be opened is refused at once
-    (a wrong path is far likelier than a disk that comes back).
+    schedule of a ledger away mid-round — if this machine has ``reached_before`` that server
+    (``contacts.ledger_reached``): a night a timer starts while PostgreSQL restarts is not
+    lost. One never reached from here is taken for a URL that names nothing (a wrong host,
+    port or address) and refused at once, as is a SQLite ledger that cannot be opened (a local
+    file: a wrong path is far likelier than a disk that comes back).
 
     Raises:
         LedgerError: the ledger refused (a newer schema, a bad URL, a user, password or
-            database its server does not know), is a SQLite file that could not be opened, or
-            still did not answer after the last wait.
+            database its server does not know), is a SQLite file that could not be opened,
+            is a server never reached from here that did not answer (at once), or still did
+            not answer after the last wait.
     """
     if url.startswith("sqlite"):
         return open_()
+    if not reached_before:
+        try:
+            return open_()
+        except LedgerError as e:
+            if not e.unreachable:
+                raise
+            raise LedgerError(
+                f"{e.message}; this machine has never reached this ledger, so it is not waited "
+                "for as an outage: check the ledger URL (ORCHESTRATE_LEDGER, else the "
+                "profile's ledger_url) and that its server is up, then run the command again",
+                url=e.url,
+                unreachable=True,
+            ) from None
     return _waited(
         open_,
         LedgerError,

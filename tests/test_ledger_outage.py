@@ -10,6 +10,10 @@ loop, ledger and verdict run unchanged)."""
 from __future__ import annotations
 
 import io
+import os
+import socket
+import subprocess
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -31,6 +35,7 @@ from orchestrator.faults import through_ledger_outages, waiting_for_ledger
 from orchestrator.lease import ClusterLease
 from orchestrator.round import RoundOptions, RoundReport, RoundRunner
 from orchestrator.testbed import NullSink
+from tests.fixtures.cli import ORCHESTRATE, orchestrate
 from tests.test_round_policy import ScriptedTestbed, profile
 
 
@@ -207,7 +212,7 @@ def test_a_round_command_waits_for_a_ledger_server_that_does_not_answer_yet(
     take_away(pg_url)
     try:
         opened = waiting_for_ledger(
-            lambda: Ledger(pg_url), url=pg_url, note=said.append, sleep=wait
+            lambda: Ledger(pg_url), url=pg_url, reached_before=True, note=said.append, sleep=wait
         )
     finally:
         bring_back(pg_url)
@@ -218,11 +223,23 @@ def test_a_round_command_waits_for_a_ledger_server_that_does_not_answer_yet(
 
     nowhere = f"sqlite:///{tmp_path}/no-such-folder/orchestrate.db"
     with pytest.raises(LedgerError) as wrong_path:
-        waiting_for_ledger(lambda: Ledger(nowhere), url=nowhere, note=said.append, sleep=wait)
+        waiting_for_ledger(
+            lambda: Ledger(nowhere),
+            url=nowhere,
+            reached_before=True,
+            note=said.append,
+            sleep=wait,
+        )
     assert wrong_path.value.unreachable, "SQLite's own word for it is an outage's"
     refusing = pg_url.replace("postgresql+psycopg", "postgresql+nosuchdriver")
     with pytest.raises(LedgerError) as refused:
-        waiting_for_ledger(lambda: Ledger(refusing), url=refusing, note=said.append, sleep=wait)
+        waiting_for_ledger(
+            lambda: Ledger(refusing),
+            url=refusing,
+            reached_before=True,
+            note=said.append,
+            sleep=wait,
+        )
     assert not refused.value.unreachable
     assert waits == [10.0, 30.0], "neither is waited for"
 
@@ -244,9 +261,79 @@ def test_a_ledger_server_that_refuses_the_urls_user_or_database_is_refused_at_on
     said: list[str] = []
     waits: list[float] = []
     with pytest.raises(LedgerError) as refused:
-        waiting_for_ledger(lambda: Ledger(url), url=url, note=said.append, sleep=waits.append)
+        waiting_for_ledger(
+            lambda: Ledger(url),
+            url=url,
+            reached_before=True,
+            note=said.append,
+            sleep=waits.append,
+        )
     assert not refused.value.unreachable
     assert waits == [] and said == []
     message = refused.value.message
     assert "no_such_name" in message and "\n" not in message
     assert message.endswith("check the user, password and database the ledger URL names")
+
+
+def test_a_ledger_server_never_reached_is_said_in_seconds_one_reached_before_is_waited_for(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """A ledger URL that names nothing (a refused port; an address that takes the connection
+    and never answers, as a blackholed server) on a machine that never reached it: a round's
+    command says so in one line within seconds (it waited out the outage schedule, about 29
+    minutes, each try of a silent address 130 s more), and any command's try of a silent
+    address is bounded (libpq's connect_timeout). The same machine, once it reached a ledger,
+    waits for it when it does not answer a round's start: a night a timer starts while
+    PostgreSQL restarts is not lost."""
+    ledgers = Path(__file__).parent / "fixtures" / "ledgers"
+    profile = str(ledgers / "schema4.profile.yaml")
+    home = tmp_path / "home"  # where this machine's commands remember the ledgers they reached
+    home.mkdir()
+    env = {**os.environ, "HOME": str(home)}
+    env.pop("PGCONNECT_TIMEOUT", None)
+    with socket.socket() as refused, socket.socket() as silent:
+        refused.bind(("127.0.0.1", 0))
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(64)
+        for port in (refused.getsockname()[1], silent.getsockname()[1]):
+            url = f"postgresql+psycopg://orchestrate@127.0.0.1:{port}/orchestrate"
+            nowhere = {**env, "ORCHESTRATE_LEDGER": url}
+            for command in (["round", "--budget", "1"], ["status"]):
+                started = time.monotonic()
+                said = orchestrate(
+                    tmp_path, *command, "--profile", profile, env=nowhere, timeout=90
+                )
+                took = time.monotonic() - started
+                assert said.returncode == 4, said.stderr
+                errors = [line for line in said.stderr.splitlines() if line.startswith("Error:")]
+                assert len(errors) == 1 and f"127.0.0.1:{port}" in errors[0], said.stderr
+                assert "did not answer" not in said.stdout + said.stderr
+                if command[0] == "round":
+                    assert "this machine has never reached this ledger" in errors[0], errors
+                    assert "check the ledger URL (ORCHESTRATE_LEDGER" in errors[0], errors
+                assert took < 45.0, (port, command, took)
+
+    reached = {**env, "ORCHESTRATE_LEDGER": pg_url}
+    first = orchestrate(tmp_path, "status", "--profile", profile, env=reached)
+    assert first.returncode == 0, first.stderr
+    take_away(pg_url)
+    try:
+        with subprocess.Popen(
+            [*ORCHESTRATE, "round", "--budget", "1", "--profile", profile],
+            cwd=tmp_path,
+            env=reached,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        ) as waiting:
+            assert waiting.stdout is not None
+            lines: list[str] = []
+            for line in waiting.stdout:
+                lines.append(line)
+                if "the ledger did not answer" in line:
+                    break
+            waiting.terminate()
+            waiting.wait(timeout=60)
+    finally:
+        bring_back(pg_url)
+    assert "waiting 10s before trying again" in " ".join(" ".join(lines).split()), lines

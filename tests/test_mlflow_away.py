@@ -13,6 +13,7 @@ import os
 import shutil
 import socket
 import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -392,3 +393,64 @@ def test_an_mlflow_that_never_answered_the_ledger_is_refused_at_once_one_that_di
         assert "waiting 10s before trying again" in " ".join(" ".join(said).split()), said
         with Ledger(old["ORCHESTRATE_LEDGER"]) as ledger:
             assert mlflow_reached(ledger, "twin-2node")
+
+
+def _without_mlflow_http_settings() -> dict[str, str]:
+    """The environment without MLflow's HTTP settings: MLflow's own defaults, as a user has."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_HTTP_REQUEST_")}
+
+
+def test_a_tracking_server_that_is_not_there_is_said_in_seconds_not_minutes(
+    tmp_path: Path, mlflow_server: MlflowServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tracking URI that names nothing on a fresh ledger: a refused port, and an address that
+    takes the connection and never answers (a blackholed server). MLflow's own HTTP retries
+    held the first for about 4 minutes and the second for over 16 before the command said a
+    word; its first contact is bounded now, and says so in one line within seconds. A user's
+    own setting is honoured, and the bound is the first contact's only: a sink opened leaves
+    MLflow's settings as they were, for a round to ride out a tracking server away mid-round
+    on MLflow's own retries."""
+    ledgers = Path(__file__).parent / "fixtures" / "ledgers"
+    profile = str(ledgers / "schema4.profile.yaml")
+    env = _without_mlflow_http_settings()
+    # bound, never listening (refused); and listening, never accepting (no answer, ever)
+    with socket.socket() as refused, socket.socket() as silent:
+        refused.bind(("127.0.0.1", 0))
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(64)
+        for name, port, within in (
+            ("refused", refused.getsockname()[1], 30.0),
+            ("silent", silent.getsockname()[1], 60.0),
+        ):
+            uri = f"http://127.0.0.1:{port}"
+            fresh = {
+                **env,
+                "MLFLOW_TRACKING_URI": uri,
+                "ORCHESTRATE_LEDGER": f"sqlite:///{tmp_path}/{name}.db",
+            }
+            started = time.monotonic()
+            said = orchestrate(
+                tmp_path, "round", "--budget", "1", "--profile", profile, env=fresh, timeout=90
+            )
+            took = time.monotonic() - started
+            assert said.returncode == 4, said.stderr
+            errors = [line for line in said.stderr.splitlines() if line.startswith("Error:")]
+            assert len(errors) == 1, said.stderr
+            assert uri in errors[0] and "never reached an MLflow" in errors[0], errors
+            assert took < within, (name, took)
+        # the user's own settings win over the bound: no retry, a 2 s wait, then the line
+        monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+        monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
+        started = time.monotonic()
+        with pytest.raises(MlflowSinkError) as away:
+            MlflowSink(f"http://127.0.0.1:{silent.getsockname()[1]}")
+        assert away.value.unreachable
+        assert time.monotonic() - started < 10.0
+        assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "0"
+    for name in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT"):
+        monkeypatch.delenv(name)
+    sink = _sink(mlflow_server)
+    assert sink.experiment_id
+    assert not [k for k in os.environ if k.startswith("MLFLOW_HTTP_REQUEST_")], (
+        "the first contact's bound outlived it"
+    )

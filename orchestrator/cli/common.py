@@ -70,8 +70,12 @@ class Opened:
         """The profile's ledger (``ORCHESTRATE_LEDGER`` first), opened on the first call."""
         if self._ledger is None:
             from ledger import Ledger
+            from orchestrator.contacts import remember_ledger
 
             self._ledger = self._stack.enter_context(Ledger(self.settings.ledger_url))
+            # a ledger server reached once is waited for when it does not answer a round's
+            # start (``faults.waiting_for_ledger``)
+            remember_ledger(self.settings.ledger_url)
             if self._ledger.upgraded is not None:
                 # said once, on stderr: a --json command's stdout stays JSON
                 Console(stderr=True).print(self._ledger.upgraded.line(), markup=False)

@@ -72,6 +72,7 @@ def round_(
     """
     from ledger.mlflow_sink import MlflowSink, mlflow_experiment
     from orchestrator.approval import ApprovalGate
+    from orchestrator.contacts import ledger_reached
     from orchestrator.crashpoints import deploy_progress
     from orchestrator.display import RoundDisplay
     from orchestrator.faults import (
@@ -118,8 +119,14 @@ def round_(
     quiet = contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext()
     with opened(prof) as o, quiet:
         # a ledger server that does not answer yet (restarting as a timer starts the night)
-        # is waited for, as one that goes away mid-round is
-        ledger = waiting_for_ledger(o.ledger, url=o.settings.ledger_url, note=display.note)
+        # is waited for, as one that goes away mid-round is, if this machine reached it before
+        # (else the URL is taken for wrong)
+        ledger = waiting_for_ledger(
+            o.ledger,
+            url=o.settings.ledger_url,
+            reached_before=ledger_reached(o.settings.ledger_url),
+            note=display.note,
+        )
         gate = ApprovalGate(
             ledger,
             mode,
