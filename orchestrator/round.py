@@ -110,6 +110,9 @@ class RoundRunner:
         self.gate = gate
         self.display = display
         self.cluster = profile.cluster.name
+        #: the round ``run`` started or resumed, once it has (what a command that stopped
+        #: short writes the report of)
+        self.round_id: int | None = None
         self._clock = clock
         self.runlog = RunLog(ledger, sink, note=display.note, clock=clock, retry_s=mlflow_retry_s)
         # guard: the safe point before each boot (the lease and the node claims, issue #17)
@@ -154,6 +157,7 @@ class RoundRunner:
             max_hours=options.max_hours,
             max_gpu_hours=options.max_gpu_hours,
         )
+        self.round_id = rnd.id
         rnd = self.runlog.round_run(rnd)
         crashpoint("round.started")
         verb = "resuming" if existing is not None else "starting"

@@ -9,14 +9,20 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
+import socket
 import subprocess
 from pathlib import Path
 
 import numpy as np
 from matplotlib import image
+from mlflow.tracking import MlflowClient
 
-from tests.fixtures.cli import orchestrate
+from knobs.vocabulary import ProposalStatus
+from ledger import Ledger, LedgerError
+from tests.fixtures.cli import ORCHESTRATE, orchestrate
 from tests.fixtures.profiles import twin_profile_data, write_profile
+from tests.fixtures.wait import wait_until
 
 LEDGERS = Path(__file__).parent / "fixtures" / "ledgers"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -118,3 +124,110 @@ def test_without_matplotlib_the_report_is_one_line_and_writes_nothing(tmp_path: 
     ], done.stderr
     assert "Traceback" not in done.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_a_round_that_stops_short_writes_its_report_and_results_as_far_as_it_got(
+    tmp_path: Path,
+) -> None:
+    """A round stopped by its cap writes its report, as before; one that stops with exit 5 (the
+    head's port taken: its boots fail for the infrastructure's reasons) wrote none until
+    ``orchestrate report`` was run. It writes it now, and results.tsv on its MLflow parent
+    run, as far as it got, the stop among them; the stop's line is still the command's last
+    word and its exit code the command's."""
+    data = twin_profile_data()
+    data["cells"] = data["cells"][:1]
+    data["verdict"] = {"policy": "threshold", "threshold_pct": 2.0, "infra_retries": 0}
+    profile = str(write_profile(tmp_path, data))
+    env = {
+        **os.environ,
+        "ORCHESTRATE_LEDGER": f"sqlite:///{tmp_path}/orchestrate.db",
+        "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db",
+    }
+    page = tmp_path / "reports" / "round-1" / "report.html"
+    # the baseline, then the cap (0.36 s) before the first candidate: the round stays open
+    capped = orchestrate(
+        tmp_path, "round", "--budget", "2", "--max-hours", "0.0001", "--profile", profile,
+        env=env, timeout=300,
+    )  # fmt: skip
+    assert capped.returncode == 0, capped.stderr
+    assert "stopped by --max-hours" in " ".join(capped.stdout.split())
+    assert page.exists(), capped.stdout
+    shutil.rmtree(tmp_path / "reports")
+
+    with socket.socket() as squatter:
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        squatter.bind(("127.0.0.1", data["cluster"]["port"]))
+        squatter.listen()
+        stopped = orchestrate(
+            tmp_path, "round", "--budget", "2", "--max-hours", "10", "--profile", profile,
+            env=env, timeout=300,
+        )  # fmt: skip
+    assert stopped.returncode == 5, stopped.stderr
+    said = stopped.stderr.strip().splitlines()
+    errors = [line for line in said if line.startswith("Error:")]
+    assert len(errors) == 1 and said[-1] == errors[0], said
+    assert "node 0" in errors[0] and "nothing was barred" in errors[0], errors
+    assert "Traceback" not in stopped.stderr
+    assert "the round's report, as far as it got: reports/round-1/report.html" in " ".join(
+        stopped.stdout.split()
+    )
+    html = page.read_text()
+    assert "(exit 5)" in html and "Nothing stopped the round short." not in html
+    assert "baseline" in html
+    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
+    with Ledger(env["ORCHESTRATE_LEDGER"]) as ledger:
+        (rnd,) = ledger.rounds("twin-local")
+        assert rnd.status == "running" and rnd.mlflow_run_id
+        decided = [e for e in ledger.experiments() if e.status]
+    results = client.download_artifacts(rnd.mlflow_run_id, "results.tsv", str(tmp_path / "a"))
+    rows = Path(results).read_text().splitlines()
+    assert len(rows) == 1 + len(decided) and rows[1].split("\t")[4] == "keep", rows
+    logged = {a.path for a in client.list_artifacts(rnd.mlflow_run_id, "report")}
+    assert "report/report.html" in logged, logged
+
+
+def test_an_interrupted_round_writes_its_report_and_still_exits_130(tmp_path: Path) -> None:
+    """A round interrupted (SIGTERM, as a service manager stops it) while it waits for a
+    person's approval: its report is written as far as it got (the baseline), and the command
+    still ends on the interrupt's line with exit 130."""
+    data = twin_profile_data()
+    data["cells"] = data["cells"][:1]
+    data["verdict"] = {"policy": "threshold", "threshold_pct": 2.0}
+    profile = str(write_profile(tmp_path, data))
+    ledger_url = f"sqlite:///{tmp_path}/orchestrate.db"
+    env = {**os.environ, "ORCHESTRATE_LEDGER": ledger_url}
+    err = tmp_path / "round.err"
+    with err.open("wb") as errors:
+        proc = subprocess.Popen(
+            [*ORCHESTRATE, "round", "--budget", "1", "--approve", "queue", "--profile", profile],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=errors,
+            text=True,
+        )
+
+    def pending() -> bool:
+        assert proc.poll() is None, err.read_text()[-2000:]
+        try:
+            with Ledger(ledger_url, read_only=True) as ledger:
+                return bool(ledger.proposals(status=ProposalStatus.PENDING))
+        except LedgerError:  # not created yet, or being created
+            return False
+
+    try:
+        wait_until("the round waiting for an approval", pending, timeout=240, interval=0.2)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    said = err.read_text().strip().splitlines()
+    assert proc.returncode == 130, said
+    assert said[-1] == "Error: interrupted; run the same command again to resume", said
+    assert "the round's report, as far as it got: reports/round-1/report.html" in " ".join(
+        out.split()
+    )
+    html = (tmp_path / "reports" / "round-1" / "report.html").read_text()
+    assert "(exit 130)" in html and "baseline" in html

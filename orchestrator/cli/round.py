@@ -19,7 +19,7 @@ from orchestrator.profile_names import ApproveMode, ProposerKind
 
 if TYPE_CHECKING:
     from agents import Proposer
-    from ledger import ExperimentRecord, Ledger, ProposalRecord
+    from ledger import ExperimentRecord, Ledger, ProposalRecord, RoundRecord
     from ledger.mlflow_sink import MlflowSink
     from orchestrator.approval import Answer
     from orchestrator.display import RoundDisplay
@@ -158,11 +158,11 @@ def round_(
             ledger=o.ledger,
             note=display.note,
         )
-        with owner:
-            # a ledger that does not answer is waited out; each try builds the round afresh
-            # (its proposer too) and resumes it from the ledger, as the same command would
-            report = through_ledger_outages(
-                lambda: RoundRunner(
+        runners: list[RoundRunner] = []
+
+        def runner() -> RoundRunner:
+            runners.append(
+                RoundRunner(
                     prof,
                     ledger,
                     sink,
@@ -171,27 +171,80 @@ def round_(
                     gate,
                     display,
                     guard=owner.check,
-                ).run(options),
-                note=display.note,
+                )
             )
-        page = _write_report(prof, ledger, sink, report, display)
+            return runners[-1]
+
+        try:
+            with owner:
+                # a ledger that does not answer is waited out; each try builds the round
+                # afresh (its proposer too) and resumes it from the ledger, as the same
+                # command would
+                report = through_ledger_outages(lambda: runner().run(options), note=display.note)
+        except (OrchestrateError, KeyboardInterrupt) as stop:
+            # the claims and the lease released first: the nodes are free while it is written
+            round_id = runners[-1].round_id if runners else None
+            if round_id is not None:
+                _report_stop(prof, ledger, sink, round_id, stop, display)
+            raise
+        page = _write_report(prof, ledger, sink, report.round, display)
     _print_report(report, as_json, page)
 
 
+def _report_stop(
+    prof: Profile,
+    ledger: Ledger,
+    sink: MlflowSink,
+    round_id: int,
+    stop: OrchestrateError | KeyboardInterrupt,
+    display: RoundDisplay,
+) -> None:
+    """The report and results.tsv of round ``round_id`` as far as it got, for a round that
+    stopped short (a node away, a champion that stopped booting, a bad value, the LLM API,
+    MLflow away at its end, an interrupt): the morning finds them as a round's end leaves
+    them, the stop among them. The stop stays the command's: its line the last word, its
+    exit code the exit; a report that cannot be written is one line before it, and a second
+    Ctrl-C leaves it unwritten. Nothing where the ledger is what failed (nothing to read it
+    from) or the cluster is another orchestrator's now (its report is that one's to write);
+    MLflow is left out where it is what failed or held back from this cluster's rounds (its
+    calls would wait on a server away)."""
+    from cluster.errors import OwnershipError
+    from ledger import LedgerError, MlflowSinkError
+
+    if isinstance(stop, LedgerError | OwnershipError):
+        return
+    try:
+        to_mlflow = not isinstance(stop, MlflowSinkError) and not ledger.holding(prof.cluster.name)
+        page = _write_report(
+            prof, ledger, sink if to_mlflow else None, ledger.round(round_id), display
+        )
+        if page is not None:
+            display.note(f"the round's report, as far as it got: {page}")
+    except KeyboardInterrupt:
+        return  # asked again to stop: the stop's line, at once
+    except Exception as e:  # whatever it was, the stop's line is the command's last word
+        display.note(f"the round's report was not written: {type(e).__name__}: {e}")
+
+
 def _write_report(
-    prof: Profile, ledger: Ledger, sink: MlflowSink, report: RoundReport, display: RoundDisplay
+    prof: Profile,
+    ledger: Ledger,
+    sink: MlflowSink | None,
+    rnd: RoundRecord,
+    display: RoundDisplay,
 ) -> Path | None:
-    """The round's report (``orchestrate report``), written at its end and logged to its
-    MLflow parent run. A report that cannot be written is said in one line: the round's record
-    is complete without it, and ``orchestrate report`` writes it again."""
+    """The round's report (``orchestrate report``), written at its end (or where it stopped
+    short) and logged to its MLflow parent run (not without a ``sink``). A report that cannot
+    be written is said in one line: the round's record is complete without it, and
+    ``orchestrate report`` writes it again."""
     from ledger import tsv_text
     from orchestrator.report import write_report
     from orchestrator.report.data import launchers, summary
 
     try:
-        written = write_report(prof, ledger, report.round.id)
-        run_id = report.round.mlflow_run_id
-        if run_id:
+        written = write_report(prof, ledger, rnd.id)
+        run_id = rnd.mlflow_run_id
+        if run_id and sink is not None:
             # the parent run at a glance: the round in numbers, its report, its results.tsv
             # and the champion's launchers
             sink.log_metrics(run_id, summary(written.data))
