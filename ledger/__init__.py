@@ -6,7 +6,7 @@ The only package that imports sqlalchemy and mlflow. Callers get frozen records,
 from __future__ import annotations
 
 from ledger.base import server_identity
-from ledger.errors import LeaseLost, MlflowSinkError
+from ledger.errors import LeaseLost, MlflowSinkError, NotInLedger
 from ledger.export import HEADER, tsv_text
 from ledger.records import (
     BootRecord,
@@ -35,6 +35,7 @@ __all__ = [
     "LedgerError",
     "LedgerNotReady",
     "MlflowSinkError",
+    "NotInLedger",
     "ProposalRecord",
     "RoundRecord",
     "VerdictRecord",

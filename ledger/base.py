@@ -22,7 +22,7 @@ from sqlalchemy.exc import (
 from sqlalchemy.orm import Session, sessionmaker
 
 from knobs.vocabulary import EventKind
-from ledger.errors import LedgerError, LedgerNotReady
+from ledger.errors import LedgerError, LedgerNotReady, NotInLedger
 from ledger.models import Base, EventRow
 from ledger.records import VerdictRecord
 from ledger.schema import NewerSchema, Upgrade
@@ -237,7 +237,7 @@ class LedgerBase:
         row = s.get(cls, key, with_for_update=lock)
         if row is None:
             name = getattr(cls, "__tablename__", cls.__name__)
-            raise LedgerError(f"no {name} {key} in ledger {self.url}", url=self.url)
+            raise NotInLedger(f"no {name} {key} in ledger {self.url}", url=self.url)
         return row
 
 

@@ -20,6 +20,15 @@ class LedgerError(OrchestrateError):
         self.unreachable = unreachable
 
 
+class NotInLedger(LedgerError):
+    """What a command named by its ID (a proposal, a round) is not in the ledger, or not in the
+    state the command needs (a proposal decided already): a bad value given, exit 3, as an
+    experiment ID the cluster does not have is. The ledger answered; exit 4 is for a ledger
+    that failed (did not answer, refused, is not there yet or is newer)."""
+
+    exit_code = 3
+
+
 class LedgerNotReady(LedgerError):
     """A ledger opened only to read (``Ledger(url, read_only=True)``) is not there yet, or is at
     an older schema that only a command that writes may upgrade; nothing was created or

@@ -10,7 +10,7 @@ from sqlalchemy import select
 from knobs.spec import Value
 from knobs.vocabulary import ProposalStatus, RoundStatus
 from ledger.base import LedgerBase
-from ledger.errors import LedgerError
+from ledger.errors import NotInLedger
 from ledger.models import BootRow, ExperimentRow, ProposalRow, RoundRow, utcnow
 from ledger.records import BootRecord, ProposalRecord, RoundRecord
 from ledger.rows import boot_record, proposal_record, round_record
@@ -66,7 +66,7 @@ class Rounds(LedgerBase):
         """Round ``round_id``.
 
         Raises:
-            LedgerError: no such round.
+            NotInLedger: no such round.
         """
         with self._session() as s:
             return round_record(self._get(s, RoundRow, round_id))
@@ -166,12 +166,16 @@ class Rounds(LedgerBase):
         """Approve, veto or reject a pending proposal (an edit approves a new value).
 
         Raises:
-            LedgerError: no such proposal, or it was already decided.
+            NotInLedger: no such proposal, or it was already decided.
         """
         with self._session() as s:
             row = self._get(s, ProposalRow, proposal_id, lock=True)
             if row.status != ProposalStatus.PENDING:
-                raise LedgerError(f"proposal {proposal_id} is already {row.status}", url=self.url)
+                raise NotInLedger(
+                    f"proposal {proposal_id} is already {row.status}: only a pending one is "
+                    "approved or vetoed (`orchestrate proposals list`)",
+                    url=self.url,
+                )
             row.status = str(ProposalStatus(status))
             row.decided_by = by
             row.reason = reason
@@ -185,7 +189,7 @@ class Rounds(LedgerBase):
         """Proposal ``proposal_id``.
 
         Raises:
-            LedgerError: no such proposal.
+            NotInLedger: no such proposal.
         """
         with self._session() as s:
             return proposal_record(self._get(s, ProposalRow, proposal_id))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import threading
 from collections.abc import Iterator
@@ -18,7 +19,7 @@ from types import FrameType
 import typer
 
 # typer's own click (pinned in pyproject.toml): the one refusal that is not an error line
-from typer._click.exceptions import NoArgsIsHelpError
+from typer._click.exceptions import NoArgsIsHelpError, NoSuchOption
 
 from orchestrator.errors import INTERRUPTED, OrchestrateError
 
@@ -57,9 +58,27 @@ def _refused(e: typer.TyperException) -> int:
         return USAGE
     ctx = getattr(e, "ctx", None)
     where = f"; see '{ctx.command_path} --help'" if ctx is not None else ""
-    message = " ".join(e.format_message().split())
+    message = _negative_id(e) or " ".join(e.format_message().split())
     typer.echo(f"Error: {message}{where}", err=True)
     return USAGE
+
+
+def _negative_id(e: typer.TyperException) -> str | None:
+    """What a negative number given for a command's ID means (``experiments show -1``): click
+    reads ``-1`` as an option, and said "No such option: -1". ``None`` for any other refusal,
+    and where the command takes no ID (a number with a floor) to be given it."""
+    if not isinstance(e, NoSuchOption) or not re.fullmatch(r"-\d+", e.option_name):
+        return None
+    ctx = e.ctx
+    floors = [
+        (str(p.name), floor)
+        for p in (ctx.command.params if ctx is not None else [])
+        if p.param_type_name == "argument" and isinstance(floor := getattr(p, "min", None), int)
+    ]
+    if not floors:
+        return None
+    name, floor = floors[0]
+    return f"Invalid value for '{name}': {e.option_name} (it must be {floor} or more)"
 
 
 @contextlib.contextmanager

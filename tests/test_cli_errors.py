@@ -3,6 +3,9 @@ command; Ctrl-C: one line and exit code 130. Never a traceback."""
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import pytest
 from typer.main import get_command
 
@@ -70,3 +73,52 @@ def test_orchestrate_alone_shows_what_it_can_do_and_exits_2(
     assert "Traceback" not in out + err
     for command in ("round", "status", "export", "proposals", "cluster", "engines"):
         assert command in out
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["experiments", "show", "-1"],
+        ["experiments", "veto", "-1", "--reason", "why"],
+        ["known-bad", "clear", "-1", "--reason", "why"],
+        ["proposals", "approve", "-1"],
+        ["proposals", "veto", "-1", "--reason", "why"],
+    ],
+)
+def test_a_negative_id_is_a_bad_value_not_an_unknown_option(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """click reads ``-1`` as an option: the line said "No such option: -1"."""
+    line = refused(capsys, argv)
+    assert "No such option" not in line, line
+    assert line.startswith("Error: Invalid value for '") and "': -1 (it must be 1 or more)" in line
+    # a command that takes no ID still says there is no such option
+    assert "No such option: -1" in refused(capsys, ["status", "-1"])
+
+
+def test_an_id_the_ledger_lacks_is_a_bad_value_exit_3_in_every_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An ID a command names that the ledger does not have (or a proposal decided already) is
+    a bad value, exit 3, whichever command: ``report`` and ``proposals`` said 4, the ledger's
+    code, as if the ledger had failed; ``experiments`` and ``known-bad`` said 3."""
+    ledgers = Path(__file__).parent / "fixtures" / "ledgers"
+    shutil.copyfile(ledgers / "schema4.sqlite", tmp_path / "orchestrate.db")
+    monkeypatch.setenv("ORCHESTRATE_LEDGER", f"sqlite:///{tmp_path}/orchestrate.db")
+    monkeypatch.chdir(tmp_path)
+    profile = str(ledgers / "schema4.profile.yaml")
+    for argv, says in [
+        (["experiments", "show", "999"], "has no experiment #999"),
+        (["experiments", "veto", "999", "--reason", "why"], "has no experiment #999"),
+        (["known-bad", "clear", "999", "--reason", "why"], "experiment #999 bars nothing"),
+        (["proposals", "approve", "999"], "no proposal 999 in ledger"),
+        (["proposals", "veto", "999", "--reason", "why"], "no proposal 999 in ledger"),
+        (["proposals", "approve", "1"], "proposal 1 is already approved"),
+        (["report", "--round", "999"], "has no round 999"),
+    ]:
+        code = run([*argv, "--profile", profile])
+        _out, err = capsys.readouterr()
+        errors = [line for line in err.splitlines() if line.startswith("Error:")]
+        assert (code, len(errors)) == (3, 1), (argv, code, err)
+        assert says in errors[0], (argv, errors)
+    assert not (tmp_path / "reports").exists()

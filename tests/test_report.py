@@ -82,16 +82,18 @@ def test_the_report_of_an_old_round_is_drawn_in_chromium(tmp_path: Path) -> None
     assert float(np.mean(pixels < 0.5)) > 0.01
 
 
-def test_no_round_and_an_unknown_round_are_one_line_exit_4(tmp_path: Path) -> None:
+def test_no_round_and_an_unknown_round_are_one_line_exit_3(tmp_path: Path) -> None:
+    """A round the ledger does not have is a bad value (exit 3), as any ID a command names
+    that the ledger lacks; the ledger answered (4 is one that failed)."""
     profile, env = _fixture(tmp_path)
     unknown = orchestrate(tmp_path, "report", "--round", "9", "--profile", str(profile), env=env)
-    assert unknown.returncode == 4, unknown.stderr
+    assert unknown.returncode == 3, unknown.stderr
     assert unknown.stderr.strip().splitlines()[-1] == (
         "Error: cluster twin-local has no round 9 (it has 1)"
     )
     empty = {**env, "ORCHESTRATE_LEDGER": f"sqlite:///{tmp_path}/empty.db"}
     none = orchestrate(tmp_path, "report", "--profile", str(profile), env=empty)
-    assert none.returncode == 4, none.stderr
+    assert none.returncode == 3, none.stderr
     lines = none.stderr.strip().splitlines()
     assert lines == [
         "Error: the ledger has no round of cluster twin-local: run `orchestrate round` first"
@@ -231,3 +233,32 @@ def test_an_interrupted_round_writes_its_report_and_still_exits_130(tmp_path: Pa
     )
     html = (tmp_path / "reports" / "round-1" / "report.html").read_text()
     assert "(exit 130)" in html and "baseline" in html
+
+
+def test_a_report_into_a_file_is_refused_before_the_ledger_is_read_or_a_plot_drawn(
+    tmp_path: Path,
+) -> None:
+    """``--out`` naming a file (or a path under one) drew every plot, and on a folder with no
+    ledger yet created one, before it said the folder could not be written. It says so first
+    now: nothing is created, no plot drawn (matplotlib, hidden here, is never imported)."""
+    profile, env = _fixture(tmp_path)
+    (tmp_path / "taken.html").write_text("a page of its own\n")
+    hidden = tmp_path / "hidden" / "matplotlib"
+    hidden.mkdir(parents=True)
+    (hidden / "__init__.py").write_text("raise ImportError('No module named matplotlib')\n")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(hidden.parent), env.get("PYTHONPATH")]))
+    fresh = {**env, "ORCHESTRATE_LEDGER": f"sqlite:///{tmp_path}/fresh.db"}
+    for out, ledger_env, says in [
+        ("taken.html", env, "it is a file"),
+        ("taken.html/round", fresh, "it is under taken.html, a file"),
+    ]:
+        done = orchestrate(
+            tmp_path, "report", "--out", out, "--profile", str(profile), env=ledger_env
+        )
+        assert done.returncode == 2, done.stderr
+        # the one line, and nothing before it: the ledger was not even opened (upgraded)
+        assert done.stderr.strip().splitlines() == [
+            f"Error: cannot write the report into {out}: {says}; name a folder"
+        ], done.stderr
+    assert (tmp_path / "taken.html").read_text() == "a page of its own\n"
+    assert not (tmp_path / "fresh.db").exists()

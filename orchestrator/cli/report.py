@@ -23,9 +23,11 @@ def report(
     """Write a round's report: progress, per-knob effects, where the boots and GPU-hours went,
     the champion's launcher diff; one self-contained HTML page and its PNGs."""
     from orchestrator.profile import load_profile
-    from orchestrator.report import write_report
+    from orchestrator.report import check_folder, write_report
 
     prof = load_profile(profile)
+    if out is not None:
+        check_folder(out)  # before the ledger is opened (or created) and the plots drawn
     with opened(prof) as o:
         written = write_report(prof, o.ledger(), round_id, out)
     typer.echo(f"wrote {written.page} (round {written.data.round.id})")

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,7 +13,14 @@ from orchestrator.profile import Profile
 from orchestrator.report.data import NothingToReport, ReportData, collect
 from orchestrator.report.page import page
 
-__all__ = ["NothingToReport", "ReportData", "Written", "default_dir", "write_report"]
+__all__ = [
+    "NothingToReport",
+    "ReportData",
+    "Written",
+    "check_folder",
+    "default_dir",
+    "write_report",
+]
 
 #: The page's file name in the report's folder.
 PAGE = "report.html"
@@ -32,6 +40,24 @@ def default_dir(round_id: int) -> Path:
     return Path("reports") / f"round-{round_id}"
 
 
+def check_folder(folder: Path) -> None:
+    """Refuse a folder a report cannot be written into (a file, under a file, or in a folder
+    this user cannot write), creating nothing: said before the ledger is read and the plots
+    are drawn, not after.
+
+    Raises:
+        UsageError: it cannot be.
+    """
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if existing.exists() and not existing.is_dir():
+        what = "is a file" if existing == folder else f"is under {existing}, a file"
+        raise UsageError(f"cannot write the report into {folder}: it {what}; name a folder")
+    if existing.is_dir() and not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"cannot write the report into {folder}: {existing} is not writable")
+
+
 def write_report(
     profile: Profile, ledger: Ledger, round_id: int | None = None, out: Path | None = None
 ) -> Written:
@@ -41,6 +67,8 @@ def write_report(
         NothingToReport: the ledger has no such round.
         UsageError: ``out`` cannot be written, or matplotlib is not installed.
     """
+    if out is not None:
+        check_folder(out)
     # matplotlib is a second of every command's start-up where it is imported: only here
     try:
         from orchestrator.report.plots import all_plots
@@ -52,6 +80,7 @@ def write_report(
 
     data = collect(profile, ledger, round_id)
     folder = out if out is not None else default_dir(data.round.id)
+    check_folder(folder)
     pictures = all_plots(data)
     try:
         folder.mkdir(parents=True, exist_ok=True)

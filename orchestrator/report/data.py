@@ -47,9 +47,10 @@ Z95 = 1.96
 
 
 class NothingToReport(OrchestrateError):
-    """The ledger has no round to report (or not the one asked for)."""
+    """The ledger has no round to report (or not the one asked for): exit 3, as any ID a
+    command names that the ledger does not have (the ledger answered; 4 is one that failed)."""
 
-    exit_code = 4
+    exit_code = 3
 
 
 @dataclass(frozen=True)
