@@ -7,13 +7,15 @@ for a while (PostgreSQL restarting as a timer starts the night) and is waited fo
 reached from here is taken for a URL that names nothing (a wrong host, port or address) and
 refused at once, while the person who typed it is still there to read why.
 
-Kept in ``~/.cache/orchestrate/ledgers-reached``, one ledger a line: its URL without password,
+Kept in ``~/.cache/orchestrate/ledgers-reached`` (``$ORCHESTRATE_CACHE/ledgers-reached`` where
+that is set: a test's own folder), one ledger a line: its URL without password,
 driver or options (a SQLite file is never recorded: it is refused at once whatever). The file
 is a hint, never the record: one that cannot be read or written only costs the wait.
 """
 
 from __future__ import annotations
 
+import os
 from contextlib import suppress
 from pathlib import Path
 
@@ -49,6 +51,8 @@ def remember_ledger(url: str) -> None:
 
 
 def _path() -> Path | None:
+    if folder := os.environ.get("ORCHESTRATE_CACHE"):
+        return Path(folder) / FILE
     try:
         return Path.home() / ".cache" / "orchestrate" / FILE
     except RuntimeError:  # no home folder to be found

@@ -289,7 +289,7 @@ def test_a_ledger_server_never_reached_is_said_in_seconds_one_reached_before_is_
     profile = str(ledgers / "schema4.profile.yaml")
     home = tmp_path / "home"  # where this machine's commands remember the ledgers they reached
     home.mkdir()
-    env = {**os.environ, "HOME": str(home)}
+    env = {**os.environ, "HOME": str(home), "ORCHESTRATE_CACHE": str(home / "cache")}
     env.pop("PGCONNECT_TIMEOUT", None)
     with socket.socket() as refused, socket.socket() as silent:
         refused.bind(("127.0.0.1", 0))
