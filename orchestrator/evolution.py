@@ -40,10 +40,10 @@ from knobs.config import Config
 from knobs.errors import KnobError
 from knobs.space import KnobSpace, Reconciled
 from knobs.spec import Value, as_text, printable
-from knobs.vocabulary import BootStatus, EventKind, Status
-from ledger import BootRecord, ChampionRecord, ExperimentRecord, Ledger, VerdictRecord
+from knobs.vocabulary import BootStatus, EventKind
+from ledger import BootRecord, ChampionRecord, ExperimentRecord, Ledger
 from orchestrator.profile import Profile
-from orchestrator.undecided import failed
+from orchestrator.undecided import close_undecided
 
 ADDED_REASON = "the profile gained the knob; the champion takes its default"
 REMOVED_REASON = "the profile lost the knob; it is dropped from the champion"
@@ -238,26 +238,14 @@ def close_lost(ledger: Ledger, e: ExperimentRecord, knob: str) -> ExperimentReco
     Raises:
         LedgerError: the ledger failed, or ``e`` is decided already.
     """
-    boots = ledger.boots(e.id)
-    verdict = VerdictRecord(
-        status=Status.VETOED,
+    return close_undecided(
+        ledger,
+        e,
         rule=LOST_RULE,
         reason=lost_reason(knob),
-        stats={
-            "by": LOST_BY,
-            "knob": knob,
-            "undecided": True,
-            "boots": len(boots),
-            "failed": failed(boots),
-        },
-    )
-    return ledger.decide(
-        e.id,
-        verdict=verdict,
-        objective=None,
-        delta_pct=None,
-        accept_len=None,
+        by=LOST_BY,
         description=f"{e.description}; closed: knob {knob} is no longer in the profile",
+        stats={"knob": knob},
     )
 
 

@@ -54,21 +54,56 @@ def veto_undecided(
     cluster = profile.cluster.name
     with ClusterLease(ledger, cluster):
         e = _undecided(ledger, cluster, experiment_id)
-        boots = ledger.boots(e.id)
-        verdict = VerdictRecord(
-            status=Status.VETOED,
+        return close_undecided(
+            ledger,
+            e,
             rule="veto",
             reason=why,
-            stats={"by": actor, "undecided": True, "boots": len(boots), "failed": failed(boots)},
-        )
-        return ledger.decide(
-            e.id,
-            verdict=verdict,
-            objective=None,
-            delta_pct=None,
-            accept_len=None,
+            by=actor,
             description=f"{e.description}; vetoed by {actor} while undecided: {why}",
         )
+
+
+def close_undecided(
+    ledger: Ledger,
+    e: ExperimentRecord,
+    *,
+    rule: str,
+    reason: str,
+    by: str,
+    description: str,
+    stats: dict[str, object] | None = None,
+) -> ExperimentRecord:
+    """Decide undecided change ``e`` ``vetoed`` without a boot more: the verdict's ``rule`` and
+    ``reason``, its statistics who closed it (``by``), the boots it had and how they failed
+    (and ``stats``), its boots kept as they were; results.tsv's ``description``. The decided
+    experiment (a person's veto, ``veto_undecided``; a change of a knob the profile lost,
+    ``evolution.close_lost``).
+
+    Raises:
+        LedgerError: the ledger failed, or ``e`` is decided already.
+    """
+    boots = ledger.boots(e.id)
+    verdict = VerdictRecord(
+        status=Status.VETOED,
+        rule=rule,
+        reason=reason,
+        stats={
+            "by": by,
+            **(stats or {}),
+            "undecided": True,
+            "boots": len(boots),
+            "failed": failed(boots),
+        },
+    )
+    return ledger.decide(
+        e.id,
+        verdict=verdict,
+        objective=None,
+        delta_pct=None,
+        accept_len=None,
+        description=description,
+    )
 
 
 def _undecided(ledger: Ledger, cluster: str, experiment_id: int) -> ExperimentRecord:
