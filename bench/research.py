@@ -386,7 +386,7 @@ def slow_boots(ledger: Ledger, experiments: list[Any], last: Any) -> int:
     slow = {
         boot_id
         for e in experiments
-        for boot_id, _, cell in ledger.cell_results(e.id)
+        for boot_id, _, cell, _ in ledger.cell_results(e.id)
         if any(c.matmul_rate < 1.0 for c in cell.clocks) and started[boot_id] <= last
     }
     return len(slow)

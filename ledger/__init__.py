@@ -10,6 +10,7 @@ from ledger.errors import LeaseLost, MlflowSinkError, NotInLedger
 from ledger.export import HEADER, tsv_text
 from ledger.records import (
     BootRecord,
+    CellReading,
     ChampionRecord,
     DriftRecord,
     EventRecord,
@@ -24,6 +25,7 @@ from ledger.store import LeaseHeld, Ledger, LedgerError, LedgerNotReady, reading
 __all__ = [
     "HEADER",
     "BootRecord",
+    "CellReading",
     "ChampionRecord",
     "DriftRecord",
     "EventRecord",

@@ -8,11 +8,11 @@ from typing import TypeVar
 from sqlalchemy import select
 
 from knobs.config import Config
-from knobs.records import CellResultRecord
+from knobs.records import CellResultRecord, CellSpec
 from knobs.vocabulary import BootRole, BootStatus, EventKind, FailureClass
 from ledger.base import LedgerBase
 from ledger.models import BootRow, CellResultRow, DriftRow, EventRow, ExperimentRow, utcnow
-from ledger.records import BootRecord, DriftRecord, EventRecord
+from ledger.records import BootRecord, CellReading, DriftRecord, EventRecord
 from ledger.rows import boot_record, current_champion, drift_record, event_record
 
 T = TypeVar("T")
@@ -106,9 +106,15 @@ class Measures(LedgerBase):
             return [boot_record(r) for r in s.scalars(query)]
 
     def add_cell_result(
-        self, experiment_id: int, boot_id: int, result: CellResultRecord, *, repeat: int = 0
+        self,
+        experiment_id: int,
+        boot_id: int,
+        result: CellResultRecord,
+        *,
+        spec: CellSpec,
+        repeat: int = 0,
     ) -> None:
-        """Record one measured cell.
+        """Record one measured cell and the definition (``spec``) it was measured under.
 
         Raises:
             LedgerError: that cell of that boot and repeat is already recorded.
@@ -125,28 +131,23 @@ class Measures(LedgerBase):
                     p90_ttft_ms=result.p90_ttft_ms,
                     errors=result.errors,
                     record=result.model_dump(mode="json"),
+                    spec=spec.model_dump(mode="json"),
                 )
             )
 
-    def cell_results(self, experiment_id: int) -> list[tuple[int, int, CellResultRecord]]:
-        """``(boot_id, repeat, result)`` of every cell of an experiment, in recording order."""
+    def cell_results(self, experiment_id: int) -> list[CellReading]:
+        """Every cell an experiment's boots measured, in recording order."""
         with self._session() as s:
             rows = s.scalars(
                 select(CellResultRow)
                 .where(CellResultRow.experiment_id == experiment_id)
                 .order_by(CellResultRow.id)
             )
-            return [(r.boot_id, r.repeat, CellResultRecord.model_validate(r.record)) for r in rows]
+            return [_reading(r) for r in rows]
 
-    def cluster_cell_results(
-        self, cluster: str
-    ) -> dict[int, list[tuple[int, int, CellResultRecord]]]:
+    def cluster_cell_results(self, cluster: str) -> dict[int, list[CellReading]]:
         """``cell_results`` of every experiment of ``cluster``, by experiment (one query)."""
-        return self._by_experiment(
-            CellResultRow,
-            cluster,
-            lambda r: (r.boot_id, r.repeat, CellResultRecord.model_validate(r.record)),
-        )
+        return self._by_experiment(CellResultRow, cluster, _reading)
 
     def _by_experiment(
         self, table: type[_Row], cluster: str, record: Callable[[_Row], T]
@@ -237,3 +238,12 @@ class Measures(LedgerBase):
             if kind is not None:
                 query = query.where(EventRow.kind == str(kind))
             return [event_record(r) for r in s.scalars(query.order_by(EventRow.id))]
+
+
+def _reading(row: CellResultRow) -> CellReading:
+    return CellReading(
+        row.boot_id,
+        row.repeat,
+        CellResultRecord.model_validate(row.record),
+        None if row.spec is None else CellSpec.model_validate(row.spec),
+    )

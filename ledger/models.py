@@ -21,7 +21,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 #: The schema's number: the newest Alembic revision of ``ledger/migrations`` as an int, bumped
 #: with each new revision. ``alembic_version`` is the truth; the ``schema_version`` row mirrors
 #: this, so that an orchestrate from before the revisions refuses a newer ledger.
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 
 def utcnow() -> datetime:
@@ -184,6 +184,8 @@ class CellResultRow(Base):
     p90_ttft_ms: Mapped[float] = mapped_column(Float)
     errors: Mapped[int] = mapped_column(Integer)
     record: Mapped[dict[str, object]] = mapped_column(JSON)
+    # the cell's definition it was measured under, a ``CellSpec`` (schema 7; NULL before)
+    spec: Mapped[dict[str, object] | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 

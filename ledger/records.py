@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import NamedTuple
 
 from pydantic import BaseModel, ConfigDict
 
 from knobs.config import Change, Config
-from knobs.records import LlmUsage
+from knobs.records import CellResultRecord, CellSpec, LlmUsage
 from knobs.spec import Value
 from knobs.vocabulary import (
     BootRole,
@@ -153,6 +154,17 @@ class BootRecord(_Record):
     #: recorded before schema 6)
     failed_rank: int | None = None
     failed_host: str | None = None
+
+
+class CellReading(NamedTuple):
+    """One cell as a boot measured it: the boot, the repeat, what it measured, and the cell's
+    definition it was measured under (``None``: recorded before schema 7, which kept of the
+    definition only what the result itself says: category, concurrency, context)."""
+
+    boot_id: int
+    repeat: int
+    result: CellResultRecord
+    spec: CellSpec | None
 
 
 class ChampionRecord(_Record):

@@ -115,10 +115,9 @@ class Booter:
         return None
 
     def _bench(self, experiment_id: int, boot_id: int, measurement: int) -> None:
-        wanted = [c.name for c in self.profile.cells]
         done = {
             c.cell
-            for m in read_measurements(self.ledger, experiment_id, wanted)
+            for m in read_measurements(self.ledger, experiment_id, self.profile.cells)
             if m.index == measurement
             for c in m.cells
         }
@@ -127,7 +126,7 @@ class Booter:
             if cell.name in done:
                 continue
             self.display.phase(f"cell {i} of {len(cells)}: {cell.name}")
-            self.ledger.add_cell_result(experiment_id, boot_id, self.testbed.bench(cell))
+            self.ledger.add_cell_result(experiment_id, boot_id, self.testbed.bench(cell), spec=cell)
             crashpoint("cell.recorded")
 
     def restore(self, champion: Config | None) -> None:

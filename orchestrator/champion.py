@@ -70,7 +70,7 @@ class ChampionEvidence:
 
     def measurements(self, experiment_id: int) -> list[Measurement]:
         """Any experiment's measurements, complete when they have every cell of the profile."""
-        return read_measurements(self.ledger, experiment_id, [c.name for c in self.profile.cells])
+        return read_measurements(self.ledger, experiment_id, self.profile.cells)
 
     def trusted(self, m: Measurement) -> bool:
         """Complete, and every node's clocks were right."""
@@ -146,9 +146,7 @@ class ChampionEvidence:
         spec = self.profile.verdict.noise
         cuts = self.cuts()
         groups: list[list[float]] = []
-        measured = read_cluster_measurements(
-            self.ledger, self.cluster, [c.name for c in self.profile.cells]
-        )
+        measured = read_cluster_measurements(self.ledger, self.cluster, self.profile.cells)
         for e in self.ledger.experiments(cluster=self.cluster):
             if e.status in (Status.CRASH, Status.VETOED, Status.INVALID):
                 continue

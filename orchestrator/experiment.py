@@ -176,6 +176,7 @@ class ExperimentRunner:
             failed_boots=failed,
             last_failed=last_failed,
             monotone=monotone_classes(self.profile, e),
+            champion_level=baseline or bool(self.champion.level()),
         )
         return policy.next_action(
             self.profile.verdict, progress, lambda ms: self.champion.judge(e, ms)

@@ -62,8 +62,8 @@ def experiment_view(
     )
     verdict = ledger.verdict(e.id)
     cells: dict[int, list[tuple[int, CellResultRecord]]] = {}
-    for boot_id, repeat, cell in ledger.cell_results(e.id):
-        cells.setdefault(boot_id, []).append((repeat, cell))
+    for r in ledger.cell_results(e.id):
+        cells.setdefault(r.boot_id, []).append((r.repeat, r.result))
     return {
         **_experiment(e),
         "verdict": None if verdict is None else verdict.model_dump(mode="json"),

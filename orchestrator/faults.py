@@ -165,15 +165,15 @@ class InfrastructureFaults:
             ClocksOff: they were.
         """
         gates = self.profile.gates
-        wanted = [c.name for c in self.profile.cells]
+        cells = self.profile.cells
         cluster = self.profile.cluster.name
         off = clocks_off_in_a_row(
-            self.ledger, cluster, rnd.started_at, wanted, gates.min_matmul_rate
+            self.ledger, cluster, rnd.started_at, cells, gates.min_matmul_rate
         )
         if len(off) < policy.CLOCKS_OFF_IN_A_ROW:
             return
         # the run is weighed against the cluster's measurements before it
-        total, counts = clocks_off_counts(self.ledger, cluster, wanted, gates.min_matmul_rate)
+        total, counts = clocks_off_counts(self.ledger, cluster, cells, gates.min_matmul_rate)
         for _, slow in off:
             for rank in slow:
                 counts[rank] = max(0, counts.get(rank, 0) - 1)

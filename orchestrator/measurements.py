@@ -5,16 +5,25 @@ A measurement is one boot, or a boot and its continuation after an interruption 
 round benches only the cells it lacks). It is *complete* when it has every cell of the
 profile, and *trusted* when it is complete and every node's clocks were right while it ran:
 only a trusted measurement may set a level or feed a noise estimate.
+
+A reading counts for a cell only where the definition it was measured under is the cell's as
+the profile defines it now (``counts``): a cell whose concurrency, context, length or timing
+changed since — between a killed round and its resume, or between two rounds — is measured
+again, and its readings of the old definition stay in the ledger, set aside, never pooled with
+the new ones nor compared with them (a cell the profile no longer has counts for nothing). So a
+champion measured under the old definition has no level under the new one until it is booted
+again (``policy.next_action``), and ``changed_cells`` says once at a round's start which cells
+are measured again and why.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from knobs.records import CellResultRecord
-from ledger import BootRecord, Ledger
+from knobs.records import CellResultRecord, CellSpec
+from ledger import BootRecord, CellReading, Ledger
 from orchestrator.verdict import slow_ranks
 
 
@@ -34,21 +43,62 @@ class Measurement:
         return self.complete and not slow_ranks(self.cells, min_matmul_rate)
 
 
+#: what a reading recorded before schema 7 says of the definition it was measured under
+_RECORDED = ("category", "concurrency", "context_tokens")
+
+
+def counts(cell: CellSpec, reading: CellReading) -> bool:
+    """Whether ``reading`` measured ``cell`` as the profile defines it now: the same name, and
+    the definition it was measured under is ``cell``. A reading recorded before the ledger
+    kept definitions (schema 7) is judged on what it recorded of it: category, concurrency
+    and context."""
+    if reading.result.cell != cell.name:
+        return False
+    if reading.spec is not None:
+        return reading.spec == cell
+    return all(getattr(reading.result, f) == getattr(cell, f) for f in _RECORDED)
+
+
+def changed_cells(ledger: Ledger, cluster: str, cells: Sequence[CellSpec]) -> list[str]:
+    """One line for each of ``cells`` whose latest reading on ``cluster`` was measured under
+    another definition: what changed, and that it is measured again (its old readings kept,
+    set aside). Once it is measured as it is now, nothing is said of it again."""
+    latest: dict[str, CellReading] = {}
+    for readings in ledger.cluster_cell_results(cluster).values():
+        for r in readings:
+            latest[r.result.cell] = r  # the experiments' readings come in recording order
+    lines = []
+    for cell in cells:
+        last = latest.get(cell.name)
+        if last is None or counts(cell, last):
+            continue
+        was = last.spec.model_dump() if last.spec is not None else last.result.model_dump()
+        now = cell.model_dump(exclude={"name"})
+        diff = ", ".join(f"{k} {was[k]} → {v}" for k, v in now.items() if k in was and was[k] != v)
+        lines.append(
+            f"cell {cell.name} changed since it was last measured ({diff}): its readings of the "
+            "old definition stay in the ledger, set aside, and it is measured again (the "
+            "champion too, before a change is judged against it)"
+        )
+    return lines
+
+
 def read_measurements(
-    ledger: Ledger, experiment_id: int, wanted: Collection[str]
+    ledger: Ledger, experiment_id: int, cells: Sequence[CellSpec]
 ) -> list[Measurement]:
-    """The experiment's measurements in index order; ``wanted``: the cells that complete one."""
-    return _assembled(ledger.boots(experiment_id), ledger.cell_results(experiment_id), wanted)
+    """The experiment's measurements in index order; ``cells``: the profile's, which complete
+    one (``counts``: the readings of another definition are left out)."""
+    return _assembled(ledger.boots(experiment_id), ledger.cell_results(experiment_id), cells)
 
 
 def read_cluster_measurements(
-    ledger: Ledger, cluster: str, wanted: Collection[str]
+    ledger: Ledger, cluster: str, cells: Sequence[CellSpec]
 ) -> dict[int, list[Measurement]]:
     """``read_measurements`` of every experiment of ``cluster`` that has boots, by experiment,
     in two queries (not two an experiment: a noise model reads them all at each step)."""
-    cells = ledger.cluster_cell_results(cluster)
+    readings = ledger.cluster_cell_results(cluster)
     return {
-        e: _assembled(boots, cells.get(e, []), wanted)
+        e: _assembled(boots, readings.get(e, []), cells)
         for e, boots in ledger.cluster_boots(cluster).items()
     }
 
@@ -57,7 +107,7 @@ def clocks_off_in_a_row(
     ledger: Ledger,
     cluster: str,
     since: datetime,
-    wanted: Collection[str],
+    cells: Sequence[CellSpec],
     min_matmul_rate: float,
 ) -> list[tuple[int, list[int]]]:
     """The cluster's latest complete measurements since ``since`` (whatever experiment they
@@ -72,7 +122,7 @@ def clocks_off_in_a_row(
     out: list[tuple[int, list[int]]] = []
     for experiment, index in sorted(last_boot, key=last_boot.__getitem__, reverse=True):
         if experiment not in read:
-            read[experiment] = {m.index: m for m in read_measurements(ledger, experiment, wanted)}
+            read[experiment] = {m.index: m for m in read_measurements(ledger, experiment, cells)}
         m = read[experiment].get(index)
         if m is None or not m.complete:
             continue
@@ -84,11 +134,11 @@ def clocks_off_in_a_row(
 
 
 def clocks_off_counts(
-    ledger: Ledger, cluster: str, wanted: Collection[str], min_matmul_rate: float
+    ledger: Ledger, cluster: str, cells: Sequence[CellSpec], min_matmul_rate: float
 ) -> tuple[int, dict[int, int]]:
     """The cluster's complete measurements, and how many of them ran with each node's clocks
     off (by rank)."""
-    every = read_cluster_measurements(ledger, cluster, wanted).values()
+    every = read_cluster_measurements(ledger, cluster, cells).values()
     complete = [m for ms in every for m in ms if m.complete]
     off: dict[int, int] = {}
     for m in complete:
@@ -98,18 +148,19 @@ def clocks_off_counts(
 
 
 def _assembled(
-    boots: Sequence[BootRecord],
-    cells: Sequence[tuple[int, int, CellResultRecord]],
-    wanted: Collection[str],
+    boots: Sequence[BootRecord], readings: Sequence[CellReading], cells: Sequence[CellSpec]
 ) -> list[Measurement]:
+    defined = {c.name: c for c in cells}
     by_boot: dict[int, list[CellResultRecord]] = {}
-    for boot_id, _repeat, record in cells:
-        by_boot.setdefault(boot_id, []).append(record)
+    for r in readings:
+        cell = defined.get(r.result.cell)
+        if cell is not None and counts(cell, r):
+            by_boot.setdefault(r.boot_id, []).append(r.result)
     out: dict[int, Measurement] = {}
     for boot in boots:
         m = out.setdefault(boot.measurement, Measurement(boot.measurement, boot.role, []))
         m.cells.extend(by_boot.get(boot.id, []))
-    need = set(wanted)
+    need = set(defined)
     for m in out.values():
         m.complete = need <= {c.cell for c in m.cells}
     return [out[k] for k in sorted(out)]

@@ -174,7 +174,10 @@ class ChampionRemeasure:
             or champion.experiment_id in self.evidence.cuts()
         ):
             return
-        level = objective_of([objective(m.cells) for m in self.evidence.level()])
+        measured = self.evidence.level()
+        if not measured:  # its cells were redefined since: its next boot gives it a level
+            return
+        level = objective_of([objective(m.cells) for m in measured])
         if not math.isclose(level, champion.objective, rel_tol=1e-9):
             self.ledger.set_champion_objective(self.cluster, level)
 

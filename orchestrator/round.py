@@ -50,6 +50,7 @@ from orchestrator.faults import InfrastructureFaults, last_stop, record_stop, sa
 from orchestrator.gpu_hours import gpu_hours
 from orchestrator.history import proposal_context
 from orchestrator.intake import Intake
+from orchestrator.measurements import changed_cells
 from orchestrator.mirror import RETRY_S
 from orchestrator.profile import Profile
 from orchestrator.remeasure import ChampionRemeasure
@@ -191,6 +192,9 @@ class RoundRunner:
         if champion is not None:  # a domain narrowed under it: kept, and said (``evolution``)
             for line in outside_domain(self.profile.space, champion.config).values():
                 self.display.note(line)
+        # a cell redefined since it was measured is measured again (``measurements.counts``)
+        for line in changed_cells(self.ledger, self.cluster, self.profile.cells):
+            self.display.note(line)
         try:
             stopped_by = self._loop(rnd, started)
         except (OrchestrateError, KeyboardInterrupt) as err:

@@ -352,7 +352,9 @@ class RunLog:
         ]
         measurement = {b.id: b.measurement for b in boots}
         cells = [
-            (measurement[b], c) for b, _, c in self.ledger.cell_results(e.id) if b in measurement
+            (measurement[r.boot_id], r.result)
+            for r in self.ledger.cell_results(e.id)
+            if r.boot_id in measurement
         ]
         first = min((m for m, _ in cells), default=0)
         self.decided(

@@ -28,6 +28,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
+from knobs.records import CellSpec
 from knobs.vocabulary import RoundStatus, State, Status
 from ledger import Ledger
 from orchestrator.cli.root import app
@@ -134,7 +135,7 @@ class Site:
                 verdict = ledger.verdict(e.id)
                 said = f"{verdict.rule}: {verdict.reason}" if verdict else "no verdict"
                 lines.append(f"exp {e.id} {e.config.as_dict()} {e.status}: {said}")
-                for boot, repeat, c in ledger.cell_results(e.id):
+                for boot, repeat, c, _ in ledger.cell_results(e.id):
                     lines.append(
                         f"  boot {boot} #{repeat} {c.cell}: {c.output_throughput:.1f} tok/s, "
                         f"{c.errors} errors {list(c.error_samples)}, stalled "
@@ -226,7 +227,7 @@ def _ledger_agrees(ledger: Ledger) -> None:
         # cell of a measurement is measured twice
         measurement = {b.id: b.measurement for b in ledger.boots(e.id)}
         cells = [
-            (measurement[boot], repeat, c.cell) for boot, repeat, c in ledger.cell_results(e.id)
+            (measurement[boot], repeat, c.cell) for boot, repeat, c, _ in ledger.cell_results(e.id)
         ]
         assert len(cells) == len(set(cells)), f"a cell of experiment {e.id} was measured twice"
     keeps = sorted((e for e in experiments if e.status == Status.KEEP), key=lambda e: e.id)
@@ -237,7 +238,9 @@ def _ledger_agrees(ledger: Ledger) -> None:
     for row in ledger.champion_history(CLUSTER):
         drifts = [d for d in ledger.drifts(CLUSTER) if d.experiment_id == row.experiment_id]
         if drifts:
-            level = [m for m in read_measurements(ledger, row.experiment_id, CELLS) if m.complete]
+            specs = [CellSpec.model_validate(c) for c in _profile_data(1)["cells"]]
+            measured = read_measurements(ledger, row.experiment_id, specs)
+            level = [m for m in measured if m.complete]
             if drifts[-1].significant:
                 level = [m for m in level if m.index >= drifts[-1].measurement]
             assert row.objective == pytest.approx(objective_of([objective(m.cells) for m in level]))

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from knobs import KnobSpace, catalog
-from knobs.records import CellResultRecord
+from knobs.records import CellResultRecord, CellSpec
 from knobs.vocabulary import BootStatus, Kind, ProposalStatus, State
 from ledger import HEADER, LeaseHeld, Ledger, LedgerError, RoundRecord, VerdictRecord, tsv_text
 
@@ -40,6 +40,11 @@ def _cell(name: str, tok_s: float) -> CellResultRecord:
         accepted_per_step=3.5,
         fingerprints={"code-0": "abc"},
     )
+
+
+def _spec(name: str) -> CellSpec:
+    """The definition ``_cell`` measured."""
+    return CellSpec(name=name, category="code", concurrency=1)
 
 
 @pytest.fixture
@@ -138,7 +143,7 @@ def test_round_experiment_champion_lifecycle(
     for state in (State.DEPLOYING, State.BENCHING, State.MEASURED):
         ledger.set_state(e0.id, state)
     boot = ledger.start_boot(e0.id, base)
-    ledger.add_cell_result(e0.id, boot.id, _cell("code-c1", 100.0))
+    ledger.add_cell_result(e0.id, boot.id, _cell("code-c1", 100.0), spec=_spec("code-c1"))
     ledger.end_boot(boot.id, status=BootStatus.DOWN)
     decided = ledger.decide(
         e0.id, verdict=_keep(), objective=100.0, delta_pct=0.0, accept_len=3.5, promote=True
@@ -201,11 +206,11 @@ def test_cell_results_round_trip_and_are_unique(
     )
     boot = ledger.start_boot(e.id, e.config)
     cell = _cell("code-c1", 42.5)
-    ledger.add_cell_result(e.id, boot.id, cell)
-    assert ledger.cell_results(e.id) == [(boot.id, 0, cell)]
+    ledger.add_cell_result(e.id, boot.id, cell, spec=_spec("code-c1"))
+    assert ledger.cell_results(e.id) == [(boot.id, 0, cell, _spec("code-c1"))]
     with pytest.raises(LedgerError):
-        ledger.add_cell_result(e.id, boot.id, cell)
-    assert ledger.cell_results(e.id) == [(boot.id, 0, cell)]
+        ledger.add_cell_result(e.id, boot.id, cell, spec=_spec("code-c1"))
+    assert ledger.cell_results(e.id) == [(boot.id, 0, cell, _spec("code-c1"))]
     assert [b.id for b in ledger.open_boots()] == [boot.id]
     ledger.end_boot(
         boot.id, status=BootStatus.FAILED, failure_class="oom", failure_detail="OOM on head"
@@ -241,8 +246,10 @@ def test_a_clusters_boots_and_cells_read_at_once_are_each_experiments_and_verdic
         for i, e in enumerate(experiments):
             if b <= i % 3:
                 boot = ledger.start_boot(e.id, e.config, measurement=b)
-                ledger.add_cell_result(e.id, boot.id, _cell("code-c1", 40.0 + i + b))
-                ledger.add_cell_result(e.id, boot.id, _cell("chat-c1", 50.0 + i + b))
+                for name, tok_s in (("code-c1", 40.0), ("chat-c1", 50.0)):
+                    ledger.add_cell_result(
+                        e.id, boot.id, _cell(name, tok_s + i + b), spec=_spec(name)
+                    )
     mine = [e for e in experiments if e.cluster == "c"]
     assert ledger.cluster_boots("c") == {e.id: ledger.boots(e.id) for e in mine}
     assert ledger.cluster_cell_results("c") == {e.id: ledger.cell_results(e.id) for e in mine}

@@ -19,7 +19,7 @@ from agents import SweepProposer
 from knobs.catalog import catalog
 from knobs.config import Config
 from knobs.errors import KnobError, ProfileError
-from knobs.records import CellSpec
+from knobs.records import CellResultRecord, CellSpec
 from knobs.space import KnobSpace, render_clash
 from knobs.spec import KnobSpec, RenderSpec
 from knobs.vocabulary import BootStatus, EventKind, Kind, ProposalStatus, State, Status
@@ -28,6 +28,7 @@ from orchestrator.approval import ApprovalGate
 from orchestrator.display import RoundDisplay
 from orchestrator.evolution import refit_blame
 from orchestrator.known_bad import barred_regions
+from orchestrator.measurements import changed_cells
 from orchestrator.profile import Profile, load_profile
 from orchestrator.round import RoundOptions, RoundRunner
 from orchestrator.testbed import NullSink
@@ -584,3 +585,76 @@ def test_a_dropped_knob_whose_engine_default_fails_is_named_exit_3_not_the_clust
         assert rnd is not None and rnd.id == 2
         # nothing decided since the first round: no crash, no region barred
         assert [e.round_id for e in ledger.experiments(cluster="twin-local")] == [1, 1]
+
+
+# ---- a cell redefined between a kill and its resume ----------------------------------------
+PROSE = CellSpec(name="prose-c2", category="prose", concurrency=2)
+
+
+class ConcurrentTestbed(ScriptedTestbed):
+    """Every config measures 100 tok/s a request in flight (a cell's throughput grows with its
+    concurrency, as a server's does), and Ctrl-C comes once, while the first boot of K=5
+    benches its second cell."""
+
+    def __init__(self) -> None:
+        super().__init__(lambda config, n: 100.0)
+        self.interrupt = True
+
+    def bench(self, cell: CellSpec) -> CellResultRecord:
+        if self.interrupt and self.boots[-1]["num_speculative_tokens"] == 5 and cell == PROSE:
+            self.interrupt = False
+            raise KeyboardInterrupt
+        one = super().bench(cell)
+        tok_s = one.output_throughput * cell.concurrency
+        return one.model_copy(update={"concurrency": cell.concurrency, "output_throughput": tok_s})
+
+
+def test_a_cell_redefined_before_a_resume_is_measured_again_never_pooled_with_its_old_reading(
+    tmp_path: Path,
+) -> None:
+    testbed = ConcurrentTestbed()
+    shown = io.StringIO()
+
+    def run(*cells: CellSpec) -> None:
+        data = {**profile_data(), "cells": [c.model_dump() for c in cells]}
+        with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
+            RoundRunner(
+                Profile.model_validate(data),
+                ledger,
+                NullSink(),
+                testbed,
+                SweepProposer([{"num_speculative_tokens": 5}]),
+                ApprovalGate(ledger, "auto"),
+                RoundDisplay(Console(file=shown, width=300)),
+            ).run(RoundOptions(budget=1, proposer="sweep", approve="auto"))
+
+    # the champion measured on (code-c1 ×1, prose-c2 ×2); K=5 killed after its code-c1
+    with pytest.raises(KeyboardInterrupt):
+        run(CELL, PROSE)
+    # both cells now run four times the requests: the resume measures each again, and the
+    # champion too, before K=5 is judged against it
+    code4 = CELL.model_copy(update={"concurrency": 4})
+    prose8 = PROSE.model_copy(update={"concurrency": 8})
+    shown.truncate(0)
+    run(code4, prose8)
+    said = shown.getvalue()
+    for name, change in (("code-c1", "concurrency 1 → 4"), ("prose-c2", "concurrency 2 → 8")):
+        line = (
+            f"cell {name} changed since it was last measured ({change}): its readings of the old "
+            "definition stay in the ledger, set aside, and it is measured again"
+        )
+        assert said.count(line) == 1, said
+    with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
+        baseline, k5 = ledger.experiments(cluster="evolving")
+        # 400 + 800 on both sides, not the old code-c1's 100 beside the new prose-c2's 800 (a
+        # +200 % "gain" over the champion's old 300, kept)
+        assert k5.status == Status.DISCARD
+        assert k5.objective == pytest.approx(1200.0) and k5.delta_pct == pytest.approx(0.0)
+        champion = ledger.champion("evolving")
+        assert champion is not None and champion.experiment_id == baseline.id
+        assert champion.objective == pytest.approx(1200.0)
+        # the old reading stays in the ledger as it was measured, beside the new one
+        readings = [(r.spec, r.result.output_throughput) for r in ledger.cell_results(k5.id)]
+        assert readings == [(CELL, 100.0), (code4, 400.0), (prose8, 800.0)]
+        # measured as the profile defines it now: nothing more to say
+        assert changed_cells(ledger, "evolving", [code4, prose8]) == []

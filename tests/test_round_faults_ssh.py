@@ -301,7 +301,7 @@ def test_a_node_that_fails_a_preflight_gate_is_not_the_configs_failure(
         slow = {
             boot
             for e in ledger.experiments()
-            for boot, _, cell in ledger.cell_results(e.id)
+            for boot, _, cell, _ in ledger.cell_results(e.id)
             if any(c.matmul_rate < 0.9 for c in cell.clocks)
         }
     failed = [b for b in boots if b.failure_class in INFRASTRUCTURE]

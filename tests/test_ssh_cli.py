@@ -97,7 +97,7 @@ def test_round_over_ssh_completes_with_verdicts_and_records_a_crash(
             # one run decides under the threshold policy: a second boot only after a slow one
             slow = {
                 boot
-                for boot, _, cell in ledger.cell_results(e.id)
+                for boot, _, cell, _ in ledger.cell_results(e.id)
                 if any(c.matmul_rate < 0.9 for c in cell.clocks)
             }
             assert len(mine) == 1 or {b.id for b in mine[:-1]} <= slow, e

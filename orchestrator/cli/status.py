@@ -59,9 +59,7 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
         held = ledger.holding(name)  # experiments whose boots' texts MLflow still lacks
         stopped = None if running is None else last_stop(ledger, name, running.id)
         # each node's clocks over the cluster's measurements (``policy.flaky_nodes``)
-        counted, off = clocks_off_counts(
-            ledger, name, [c.name for c in prof.cells], prof.gates.min_matmul_rate
-        )
+        counted, off = clocks_off_counts(ledger, name, prof.cells, prof.gates.min_matmul_rate)
         failed = failed_by_node(ledger, name)
         # what the unfinished round has under way: the change a resume takes up first
         undecided = [

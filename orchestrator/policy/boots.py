@@ -38,6 +38,9 @@ CHAMPION_CHECK = (
     "the champion first: a failure that reproduced bars its value only if the cluster still "
     "boots the champion"
 )
+CHAMPION_UNMEASURED = (
+    "the champion first: it has no measurement of the cells as the profile defines them now"
+)
 SLOW_CLOCK_NOTE = (
     "  {nodes}'s clocks were off during this boot: it is set aside and the config booted once more"
 )
@@ -123,6 +126,9 @@ class Progress:
     last_failed: bool = False
     #: the failure classes that bar this change at once (its knob declares them monotone)
     monotone: Collection[str] = frozenset()
+    #: whether the champion has a level: a measurement of every cell as the profile defines it
+    #: now (``measurements.counts``; none once a cell it was measured on changed)
+    champion_level: bool = True
 
 
 def next_action(
@@ -163,6 +169,9 @@ def next_action(
             slow = slow_ranks(ms[-1].cells, progress.min_matmul_rate)
             return BootCandidate(BootRole(ms[-1].role), note=slow_clock_note(slow))
         ms = [m for m in ms if m.trusted(progress.min_matmul_rate)]
+    if not progress.champion_level:
+        # its readings are of cells since redefined: nothing alike to judge against yet
+        return BootChampion(phase=CHAMPION_UNMEASURED, measurements=ms)
     assessment = judge(ms)
     if assessment.final:
         return Decide(_noted(assessment, progress.failed_boots), ms)

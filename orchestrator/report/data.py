@@ -302,10 +302,10 @@ def _boots(
     end_of_round = rnd.finished_at or datetime.now(UTC)
     slow: dict[int, set[int]] = {}  # boot → the nodes whose clocks were off in its cells
     for cells in ledger.cluster_cell_results(rnd.cluster).values():
-        for boot_id, _, cell in cells:
-            ranks = slow_ranks([cell], min_matmul_rate)
+        for r in cells:
+            ranks = slow_ranks([r.result], min_matmul_rate)
             if ranks:
-                slow.setdefault(boot_id, set()).update(ranks)
+                slow.setdefault(r.boot_id, set()).update(ranks)
     mine = {e.id: e for e in experiments}
     order = sorted(experiments, key=lambda e: e.created_at)
     for boot in ledger.boots_since(rnd.cluster, rnd.started_at):
