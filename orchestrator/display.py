@@ -14,6 +14,7 @@ from rich.text import Text
 from knobs.spec import as_text
 from knobs.vocabulary import Kind, Status
 from ledger import ChampionRecord, ExperimentRecord, RoundRecord
+from orchestrator.measurements import BootCount
 
 _STYLE: dict[str, str] = {
     Status.KEEP: "bold green",
@@ -146,8 +147,11 @@ class RoundDisplay:
         not markup)."""
         self.console.print(text, highlight=False, markup=False)
 
-    def decided(self, e: ExperimentRecord, reason: str) -> None:
-        """An experiment was decided."""
+    def decided(self, e: ExperimentRecord, reason: str, boots: BootCount | None = None) -> None:
+        """An experiment was decided; ``boots``: the boots it took, said where one of them
+        failed (the verdict's reason counts only the measurements it weighs)."""
+        if boots is not None and boots.failed:
+            reason = f"{reason}; {boots.words()}"
         status = e.status or "?"
         objective = "" if e.objective is None else f" objective {e.objective:.1f}"
         delta = "" if e.delta_pct is None or e.kind == Kind.BASELINE else f" ({e.delta_pct:+.2f}%)"

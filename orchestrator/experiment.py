@@ -19,7 +19,7 @@ from orchestrator.errors import OrchestrateError
 from orchestrator.evolution import close_lost, lost_knob
 from orchestrator.faults import InfrastructureFaults
 from orchestrator.history import monotone_classes
-from orchestrator.measurements import Measurement
+from orchestrator.measurements import BootCount, Measurement
 from orchestrator.profile import Profile
 from orchestrator.remeasure import ChampionRemeasure
 from orchestrator.runlog import RunLog
@@ -229,7 +229,8 @@ class ExperimentRunner:
         crashpoint("verdict.committed")
         self.runlog.crashed(run_id, decided, err)
         crashpoint("mlflow.verdict")
-        self.display.decided(decided, f"{err.failure_class}: {crash.reason}")
+        boots = BootCount.of(decided, self.ledger.boots(e.id))
+        self.display.decided(decided, f"{err.failure_class}: {crash.reason}", boots)
         if e.kind == Kind.CANDIDATE:
             self.booter.restore(self.champion.config())
         if e.kind == Kind.BASELINE:
@@ -270,11 +271,10 @@ class ExperimentRunner:
         if verdict.status == Status.KEEP:
             crashpoint("champion.promoted")
         first = measurements[0].cells if measurements else []
-        self.runlog.decided(
-            run_id, decided, verdict, (value or 0.0, delta), first, cells, len(per_boot)
-        )
+        boots = BootCount.of(decided, self.ledger.boots(e.id))
+        self.runlog.decided(run_id, decided, verdict, (value or 0.0, delta), first, cells, boots)
         crashpoint("mlflow.verdict")
-        self.display.decided(decided, verdict.reason)
+        self.display.decided(decided, verdict.reason, boots)
 
 
 def _config_failed(boot: BootRecord) -> bool:

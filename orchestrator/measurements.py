@@ -18,12 +18,14 @@ are measured again and why.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
 from knobs.records import CellResultRecord, CellSpec
-from ledger import BootRecord, CellReading, Ledger
+from knobs.vocabulary import BootStatus
+from ledger import BootRecord, CellReading, ExperimentRecord, Ledger
 from orchestrator.verdict import slow_ranks
 
 
@@ -41,6 +43,36 @@ class Measurement:
         """Complete, and every node's clocks were right: what a level or a noise estimate may
         rest on."""
         return self.complete and not slow_ranks(self.cells, min_matmul_rate)
+
+
+@dataclass(frozen=True)
+class BootCount:
+    """The boots an experiment took, from its boot rows: how many, and how those that failed
+    failed (each class and how many boots failed with it)."""
+
+    boots: int
+    failed: Mapping[str, int]
+
+    @classmethod
+    def of(cls, e: ExperimentRecord, boots: Sequence[BootRecord]) -> BootCount:
+        """``e``'s boots (``boots``: its rows) up to its verdict, every one of them while it
+        is undecided: a failed boot counts as a boot, and a champion's later re-measurements
+        are other verdicts' boots, not its."""
+        mine = [b for b in boots if e.decided_at is None or b.started_at <= e.decided_at]
+        failed = Counter(
+            b.failure_class or "unknown" for b in mine if b.status == BootStatus.FAILED
+        )
+        return cls(len(mine), dict(sorted(failed.items())))
+
+    @property
+    def failures(self) -> int:
+        """How many of the boots failed."""
+        return sum(self.failed.values())
+
+    def words(self) -> str:
+        """``2 boot(s), failed: unreachable ×1``, as a person reads it."""
+        failed = ", ".join(f"{cls} ×{n}" for cls, n in self.failed.items())
+        return f"{self.boots} boot(s)" + (f", failed: {failed}" if failed else "")
 
 
 #: what a reading recorded before schema 7 says of the definition it was measured under

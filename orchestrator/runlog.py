@@ -35,6 +35,7 @@ from ledger import (
 )
 from orchestrator.crashpoints import crashpoint
 from orchestrator.display import describe
+from orchestrator.measurements import BootCount
 from orchestrator.mirror import RETRY_S, Mirror
 from orchestrator.testbed import Sink
 
@@ -256,18 +257,23 @@ class RunLog:
         level: tuple[float, float],
         first_cells: Sequence[CellResultRecord],
         cells: Sequence[CellResultRecord],
-        boots: int,
+        boots: BootCount,
         present: frozenset[str] = frozenset(),
     ) -> None:
-        """A decided experiment's run: ``level`` (its objective and delta %), the verdict's
-        statistics, the first boot's cells, the cells and verdict as JSON, status and rule as
-        tags; ended. ``present``: metrics the run has already (a repair), not logged twice:
-        a metric's history keeps one value per verdict."""
+        """A decided experiment's run: ``level`` (its objective and delta %), its boots (and
+        how many failed), the verdict's statistics, the first boot's cells, the cells and
+        verdict as JSON, status and rule as tags; ended. ``present``: metrics the run has
+        already (a repair), not logged twice: a metric's history keeps one value per verdict."""
         if run_id is None:
             return
         stats = verdict.stats
         value, delta = level
-        metrics: dict[str, float] = {"objective": value, "delta_pct": delta, "boots": boots}
+        metrics: dict[str, float] = {
+            "objective": value,
+            "delta_pct": delta,
+            "boots": boots.boots,
+            "failed_boots": boots.failures,
+        }
         for name in ("p_gain", "p_worth", "se", "boot_cv"):
             stat = stats.get(name)
             if isinstance(stat, float):
@@ -347,10 +353,11 @@ class RunLog:
         verdict = self.ledger.verdict(e.id)
         assert verdict is not None  # decided: the verdict came in the same transaction
         # the boots it was decided on: those before the verdict (a champion boots again later)
-        boots = [
-            b for b in self.ledger.boots(e.id) if b.started_at <= (e.decided_at or b.started_at)
-        ]
-        measurement = {b.id: b.measurement for b in boots}
+        boots = self.ledger.boots(e.id)
+        decided_at = e.decided_at
+        measurement = {
+            b.id: b.measurement for b in boots if decided_at is None or b.started_at <= decided_at
+        }
         cells = [
             (measurement[r.boot_id], r.result)
             for r in self.ledger.cell_results(e.id)
@@ -364,7 +371,7 @@ class RunLog:
             (e.objective or 0.0, e.delta_pct or 0.0),
             [c for m, c in cells if m == first],
             [c for _, c in cells],
-            len({m for m, _ in cells}),
+            BootCount.of(e, boots),
             present,
         )
 

@@ -12,13 +12,12 @@ veto takes the cluster's lease for its one transaction.
 
 from __future__ import annotations
 
-from collections import Counter
-
-from knobs.vocabulary import BootStatus, Kind, State, Status
-from ledger import BootRecord, ExperimentRecord, Ledger, VerdictRecord
+from knobs.vocabulary import Kind, State, Status
+from ledger import ExperimentRecord, Ledger, VerdictRecord
 from orchestrator.errors import OrchestrateError, UsageError
 from orchestrator.experiment_view import named_experiment
 from orchestrator.lease import ClusterLease
+from orchestrator.measurements import BootCount
 from orchestrator.profile import Profile
 
 
@@ -83,7 +82,7 @@ def close_undecided(
     Raises:
         LedgerError: the ledger failed, or ``e`` is decided already.
     """
-    boots = ledger.boots(e.id)
+    boots = BootCount.of(e, ledger.boots(e.id))
     verdict = VerdictRecord(
         status=Status.VETOED,
         rule=rule,
@@ -92,8 +91,8 @@ def close_undecided(
             "by": by,
             **(stats or {}),
             "undecided": True,
-            "boots": len(boots),
-            "failed": failed(boots),
+            "boots": boots.boots,
+            "failed": dict(boots.failed),
         },
     )
     return ledger.decide(
@@ -134,10 +133,3 @@ def _undecided(ledger: Ledger, cluster: str, experiment_id: int) -> ExperimentRe
             experiment=e.id,
         )
     return e
-
-
-def failed(boots: list[BootRecord]) -> dict[str, int]:
-    """How ``boots`` failed: each failure class and how many of them failed with it."""
-    return dict(
-        Counter(b.failure_class or "unknown" for b in boots if b.status == BootStatus.FAILED)
-    )

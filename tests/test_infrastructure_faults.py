@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from mlflow.tracking import MlflowClient
 from rich.console import Console
 
 from agents import SweepProposer
@@ -19,6 +20,7 @@ from knobs.config import Config
 from knobs.records import CellResultRecord, CellSpec
 from knobs.vocabulary import BootStatus, EventKind, FailureClass, Kind, State, Status
 from ledger import Ledger, VerdictRecord
+from ledger.mlflow_sink import MlflowSink
 from orchestrator import policy
 from orchestrator.approval import ApprovalGate
 from orchestrator.display import RoundDisplay
@@ -26,8 +28,9 @@ from orchestrator.faults import InfrastructureFault, last_stop
 from orchestrator.profile import VerdictSpec
 from orchestrator.report import write_report
 from orchestrator.round import RoundOptions, RoundRunner
-from orchestrator.testbed import NullSink
+from orchestrator.testbed import NullSink, Sink
 from tests.fixtures.cli import orchestrate
+from tests.fixtures.mlflow_store import MlflowStore
 from tests.test_round_policy import ScriptedTestbed, profile, scripted_cli
 
 CHANGES = [{"num_speculative_tokens": 5}, {"num_speculative_tokens": 6}]
@@ -58,13 +61,15 @@ def runner(
     testbed: ScriptedTestbed,
     waits: list[float],
     said: io.StringIO | None = None,
+    *,
+    sink: Sink | None = None,
     **verdict: object,
 ) -> RoundRunner:
     ledger = Ledger(f"sqlite:///{tmp_path}/ledger.db")
     return RoundRunner(
         profile(**{"infra_retries": 2, "infra_backoff_s": 10, **verdict}),
         ledger,
-        NullSink(),
+        sink or NullSink(),
         testbed,
         SweepProposer(CHANGES),
         ApprovalGate(ledger, "auto"),
@@ -115,6 +120,34 @@ def test_a_node_back_after_a_retry_costs_no_verdict(tmp_path: Path) -> None:
     host = data["nodes"][2]["host"]
     assert f"node-2 ({host}): 1 boot(s) failed for the node's reasons, not a config's: " in said
     assert "unreachable ×1" in said and "node-0 (" not in said
+
+
+def test_a_measurement_on_a_boot_after_a_failed_one_is_two_boots_one_failed(
+    tmp_path: Path, mlflow_db: MlflowStore
+) -> None:
+    """The change's first boot found node 2 unreachable, its second measured it: the round's
+    line, its MLflow run and the report count two boots, one failed, from the ledger's boot
+    rows (not the one measurement the verdict weighs)."""
+    testbed = FlakyNode(lambda attempt: attempt == 3)  # the first candidate's first deploy
+    said = io.StringIO()
+    loop = runner(tmp_path, testbed, [], said, sink=MlflowSink())
+    report = loop.run(RoundOptions(budget=1, proposer="sweep", approve="auto"))
+    change = report.experiments[1]
+    assert [b.status for b in loop.ledger.boots(change.id)] == [
+        BootStatus.FAILED,
+        BootStatus.DOWN,
+    ]
+    # its decided line: the verdict weighed one measurement, the change took two boots
+    text = " ".join(said.getvalue().split())
+    decided = text.split(f" #{change.id} ")[1].split(" #")[0]
+    assert decided.endswith("; 2 boot(s), failed: unreachable ×1"), decided
+    assert change.mlflow_run_id is not None
+    metrics = MlflowClient(mlflow_db.tracking_uri).get_run(change.mlflow_run_id).data.metrics
+    assert (metrics["boots"], metrics["failed_boots"]) == (2, 1)
+    html = write_report(loop.profile, loop.ledger, out=tmp_path / "report").page.read_text()
+    # its row and its knob value's: two boots, one failed
+    assert html.count('<td class="n">2 (1 failed)</td>') == 2
+    loop.ledger.close()
 
 
 class LostWhileBenched(FlakyNode):

@@ -26,7 +26,7 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
     from orchestrator.evolution import fit_champion, knob_changes, outside_domain
     from orchestrator.faults import last_stop, said_stop
     from orchestrator.gpu_hours import cluster_gpus, gpu_hours
-    from orchestrator.measurements import clocks_off_counts
+    from orchestrator.measurements import BootCount, clocks_off_counts
     from orchestrator.policy import ClocksHistory, clocks_off_rate, flaky_nodes
     from orchestrator.priors import knob_priors, measured
     from orchestrator.profile import load_profile
@@ -189,10 +189,9 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
         if stopped is not None:
             console.print(f"  it {said_stop(stopped)}", markup=False)
         for u in undecided:
-            failures = f", failed: {_counted(u['failed'])}" if u["failed"] else ""
+            boots = BootCount(u["boots"], u["failed"]).words()
             console.print(
-                f"  under way: experiment #{u['experiment']} ({u['change']}), {u['boots']} "
-                f"boot(s){failures}",
+                f"  under way: experiment #{u['experiment']} ({u['change']}), {boots}",
                 markup=False,
             )
     console.print(
@@ -257,14 +256,15 @@ def failed_by_node(ledger: Ledger, cluster: str) -> dict[int | None, Counter[str
 def under_way(e: ExperimentRecord, boots: list[BootRecord]) -> dict[str, Any]:
     """An experiment the unfinished round has not decided: what it changes, its boots, and how
     those that failed failed (a stop's, or a kill's; ``orchestrate experiments veto`` takes it)."""
-    from orchestrator.undecided import failed
+    from orchestrator.measurements import BootCount
 
+    count = BootCount.of(e, boots)
     return {
         "experiment": e.id,
         "change": e.description,
         "state": str(e.state),
-        "boots": len(boots),
-        "failed": failed(boots),
+        "boots": count.boots,
+        "failed": dict(count.failed),
     }
 
 

@@ -23,6 +23,7 @@ from ledger import BootRecord, ExperimentRecord, Ledger, RoundRecord
 from orchestrator.display import describe
 from orchestrator.errors import OrchestrateError
 from orchestrator.gpu_hours import cluster_gpus
+from orchestrator.measurements import BootCount
 from orchestrator.priors import knob_priors, measured
 from orchestrator.profile import Profile
 from orchestrator.settings import runtime_placeholders
@@ -65,12 +66,14 @@ class Point:
     delta_pct: float | None
     #: the verdict's 95 % interval of the change, percent (``None``: no such evidence)
     interval: tuple[float, float] | None
+    #: the boots it took to its verdict (``BootCount``), and how many of them failed
     boots: int
     rule: str
     knob: str | None
     value: Value | None
     #: how its boot failed (a crash's class, or one that did not reproduce)
     failure: str | None = None
+    failed_boots: int = 0
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,7 @@ class KnobRow:
     boots: int
     verdicts: str
     prior: EffectPrior | None
+    failed_boots: int = 0
 
 
 @dataclass(frozen=True)
@@ -195,7 +199,7 @@ def _point(ledger: Ledger, e: ExperimentRecord) -> Point:
     interval = None
     if isinstance(g, int | float) and isinstance(se, int | float) and se > 0:
         interval = (math.expm1(g - Z95 * se) * 100, math.expm1(g + Z95 * se) * 100)
-    up = [b for b in ledger.boots(e.id) if b.status != BootStatus.FAILED]
+    boots = BootCount.of(e, ledger.boots(e.id))
     assert e.status is not None
     return Point(
         experiment=e.id,
@@ -205,7 +209,8 @@ def _point(ledger: Ledger, e: ExperimentRecord) -> Point:
         objective=e.objective if e.status not in (Status.CRASH, Status.VETOED) else None,
         delta_pct=e.delta_pct,
         interval=interval,
-        boots=len([b for b in up if b.role != BootRole.REMEASURE]),
+        boots=boots.boots,
+        failed_boots=boots.failures,
         rule=verdict.rule if verdict is not None else "",
         # a coupled move is a row of its own: ``a+b`` at ``v+w``
         knob=e.label,
@@ -270,6 +275,7 @@ def _knob_rows(profile: Profile, ledger: Ledger, points: list[Point]) -> list[Kn
                 crashes=sum(1 for p in ps if p.status == Status.CRASH),
                 interval=last,
                 boots=sum(p.boots for p in ps),
+                failed_boots=sum(p.failed_boots for p in ps),
                 verdicts=", ".join(f"{n} {s}" for s, n in sorted(verdicts.items())),
                 prior=priors.get(knob),
             )

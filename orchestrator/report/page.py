@@ -42,6 +42,11 @@ def _interval(value: tuple[float, float] | None) -> str:
     return "" if value is None else f"{value[0]:+.1f} … {value[1]:+.1f}"
 
 
+def _boots(boots: int, failed: int) -> str:
+    """A boots cell: ``2 (1 failed)``."""
+    return f"{boots} ({failed} failed)" if failed else str(boots)
+
+
 def _img(name: str, png: bytes, alt: str) -> str:
     data = base64.b64encode(png).decode("ascii")
     return f'<img src="data:image/png;base64,{data}" alt="{escape(alt)}" id="{escape(name)}">'
@@ -58,7 +63,7 @@ def _experiments(data: ReportData) -> str:
             f'<td class="n">{_num(p.objective)}</td>'
             f'<td class="n">{_num(p.delta_pct, "{:+.2f}")}</td>'
             f'<td class="n">{_interval(p.interval)}</td>'
-            f'<td class="n">{p.boots}</td><td>{escape(rule)}</td>'
+            f'<td class="n">{_boots(p.boots, p.failed_boots)}</td><td>{escape(rule)}</td>'
             "</tr>"
         )
     head = (
@@ -81,7 +86,7 @@ def _knobs(data: ReportData) -> str:
         rows.append(
             f"<tr><td>{escape(r.knob)}</td><td>{escape(r.value)}</td>"
             f'<td class="n">{escape(effects)}</td><td class="n">{_interval(r.interval)}</td>'
-            f'<td class="n">{r.boots}</td><td>{escape(r.verdicts)}</td>'
+            f'<td class="n">{_boots(r.boots, r.failed_boots)}</td><td>{escape(r.verdicts)}</td>'
             f"<td>{escape(prior)}</td></tr>"
         )
     head = (
