@@ -3,7 +3,8 @@ place on open, SQLite and PostgreSQL, and nothing is lost.
 
 ``fixtures/ledgers/schema1.sqlite`` was written by the release at c70919d, ``schema2.sqlite``
 by the one at 8ccca75, ``schema3.sqlite`` by aaa0a6c, ``schema4.sqlite`` by 914026e,
-``schema5.sqlite`` by 0093711 and ``schema6.sqlite`` by ec2db7a (their README says how);
+``schema5.sqlite`` by 0093711, ``schema6.sqlite`` by ec2db7a and ``schema7.sqlite`` by fe44184
+(their README says how);
 ``schemaN.results.tsv`` is that release's ``orchestrate export`` of it.
 """
 
@@ -30,6 +31,8 @@ from knobs.vocabulary import BootRole, BootStatus, EventKind, Kind, Status
 from ledger import Ledger, LedgerError, LedgerNotReady, VerdictRecord, reading, tsv_text
 from ledger.models import SCHEMA_VERSION, Base, SchemaRow
 from ledger.schema import head, scripts
+from orchestrator.measurements import changed_cells, read_measurements
+from orchestrator.profile import load_profile
 from tests.fixtures.cli import orchestrate
 from tests.test_ledger import _race
 
@@ -164,6 +167,7 @@ RELEASES = {
     "schema4": ("0004", "twin-2node", ["keep", "crash", "discard", "inconclusive"]),
     "schema5": ("0005", CLUSTER, ["keep", "invalid", "crash"]),
     "schema6": ("0006", CLUSTER, ["keep", "invalid", "vetoed", "discard", "discard"]),
+    "schema7": ("0007", CLUSTER, ["keep", "invalid", "crash", "discard"]),
 }
 
 
@@ -363,6 +367,30 @@ def test_a_schema6_ledger_keeps_the_nodes_its_boots_failed_on_and_a_person_s_vet
     [veto] = [r for r in json.loads(done.stdout) if r["source"] == "veto"]
     assert (veto["id"], veto["region"]) == (3, "gpu_memory_utilization=0.71")
     assert veto["reason"] == "fixture: node-1's clocks are stuck tonight; set the change aside"
+
+
+def test_a_schema7_ledger_keeps_each_readings_cell_definition_and_sets_the_old_aside(
+    tmp_path: Path,
+) -> None:
+    """Schema 7 (the release at fe44184: a round under the embedded twin's cells, then one with
+    cell code-c1 at concurrency 2) opens with today's code: each reading keeps the definition
+    it was measured under, the champion's level is of its measurements as the profile defines
+    the cells now (its readings at concurrency 1 kept in the ledger and set aside), and under
+    that profile no cell is said to have changed; under the older cells, code-c1 is."""
+    url, _ = _upgraded_release("schema7", tmp_path)
+    now = load_profile(str(LEDGERS / "schema7.profile.yaml"))
+    before = load_profile(None)  # the embedded twin: code-c1 at concurrency 1
+    with Ledger(url) as ledger:
+        readings = [r for r in ledger.cell_results(1) if r.result.cell == "code-c1"]
+        assert [r.spec.concurrency for r in readings if r.spec is not None] == [1, 1, 2, 2]
+        counted = read_measurements(ledger, 1, now.cells)
+        # the baseline's two boots at concurrency 1 lack code-c1 as it is now: incomplete
+        assert [m.complete for m in counted] == [False, False, True, True]
+        assert changed_cells(ledger, CLUSTER, now.cells) == []
+        [line] = changed_cells(ledger, CLUSTER, before.cells)
+        assert line.startswith(
+            "cell code-c1 changed since it was last measured (concurrency 2 → 1)"
+        )
 
 
 def test_an_upgraded_ledger_reads_its_one_knob_rows_as_before_and_records_a_coupled_move(
