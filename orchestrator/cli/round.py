@@ -210,10 +210,16 @@ def _report_stop(
     calls would wait on a server away)."""
     from cluster.errors import OwnershipError
     from ledger import LedgerError, MlflowSinkError
+    from orchestrator.faults import last_stop, record_stop
 
     if isinstance(stop, LedgerError | OwnershipError):
         return
     try:
+        if last_stop(ledger, prof.cluster.name, round_id) is None:
+            # the round records its stop as its loop unwinds; one that stopped before its loop
+            # began, or whose record the interrupt itself cut short, is recorded here: the
+            # report, `status` and the resume say why it stopped
+            record_stop(ledger, prof.cluster.name, round_id, stop)
         to_mlflow = not isinstance(stop, MlflowSinkError) and not ledger.holding(prof.cluster.name)
         page = _write_report(
             prof, ledger, sink if to_mlflow else None, ledger.round(round_id), display
