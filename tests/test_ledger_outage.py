@@ -12,7 +12,6 @@ from __future__ import annotations
 import io
 import os
 import socket
-import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -35,7 +34,7 @@ from orchestrator.faults import through_ledger_outages, waiting_for_ledger
 from orchestrator.lease import ClusterLease
 from orchestrator.round import RoundOptions, RoundReport, RoundRunner
 from orchestrator.testbed import NullSink
-from tests.fixtures.cli import ORCHESTRATE, orchestrate
+from tests.fixtures.cli import orchestrate, said_until
 from tests.test_round_policy import ScriptedTestbed, profile
 
 
@@ -318,22 +317,12 @@ def test_a_ledger_server_never_reached_is_said_in_seconds_one_reached_before_is_
     assert first.returncode == 0, first.stderr
     take_away(pg_url)
     try:
-        with subprocess.Popen(
-            [*ORCHESTRATE, "round", "--budget", "1", "--profile", profile],
-            cwd=tmp_path,
+        lines = said_until(
+            tmp_path,
+            *("round", "--budget", "1", "--profile", profile),
+            words="the ledger did not answer",
             env=reached,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        ) as waiting:
-            assert waiting.stdout is not None
-            lines: list[str] = []
-            for line in waiting.stdout:
-                lines.append(line)
-                if "the ledger did not answer" in line:
-                    break
-            waiting.terminate()
-            waiting.wait(timeout=60)
+        )
     finally:
         bring_back(pg_url)
     assert "waiting 10s before trying again" in " ".join(" ".join(lines).split()), lines

@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import socket
-import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -30,7 +29,7 @@ from orchestrator.approval import ApprovalGate
 from orchestrator.display import RoundDisplay
 from orchestrator.faults import mlflow_reached, through_ledger_outages, waiting_for_mlflow
 from orchestrator.round import RoundOptions, RoundReport, RoundRunner
-from tests.fixtures.cli import ORCHESTRATE, orchestrate
+from tests.fixtures.cli import orchestrate, said_until
 from tests.fixtures.mlflow_store import MlflowServer
 from tests.test_ledger_outage import bring_back, take_away
 from tests.test_round_policy import ScriptedTestbed, profile
@@ -374,22 +373,12 @@ def test_an_mlflow_that_never_answered_the_ledger_is_refused_at_once_one_that_di
 
         shutil.copyfile(ledgers / "schema4.sqlite", tmp_path / "old.db")
         old = {**env, "ORCHESTRATE_LEDGER": f"sqlite:///{tmp_path}/old.db"}
-        with subprocess.Popen(
-            [*ORCHESTRATE, "round", "--budget", "1", "--profile", profile],
-            cwd=tmp_path,
+        said = said_until(
+            tmp_path,
+            *("round", "--budget", "1", "--profile", profile),
+            words="MLflow did not answer",
             env=old,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        ) as waiting:
-            assert waiting.stdout is not None
-            said: list[str] = []
-            for line in waiting.stdout:
-                said.append(line)
-                if "MLflow did not answer" in line:
-                    break
-            waiting.terminate()
-            waiting.wait(timeout=60)
+        )
         assert "waiting 10s before trying again" in " ".join(" ".join(said).split()), said
         with Ledger(old["ORCHESTRATE_LEDGER"]) as ledger:
             assert mlflow_reached(ledger, "twin-2node")
