@@ -261,22 +261,14 @@ async def _after_silence(
     wait and the window stands as measured (the silence was the config's); with neither by the
     deadline the engine is hung (``CellState.hung``): a cell that stopped measuring then would
     report a fraction of the config's throughput as its measurement."""
-    loop = asyncio.get_running_loop()
-    since = loop.time()
-    say(
-        f"{state.cell.name}: no token for the window's last {state.w1 - last:.0f}s; "
-        f"waiting up to {max(0.0, deadline - since):.0f}s for the next"
-    )
     state.news.clear()
-    planned, state.w1 = state.w1, math.inf  # the streams go on while the engine is silent
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(state.news.wait(), timeout=max(0.0, deadline - since))
-    state.w1 = planned
-    if state.errors or any(t >= since for r in state.requests for t, _ in r.chunks):
+    why = f"no token for the window's last {state.w1 - last:.0f}s"
+    if await _wait_for_token(state, deadline, say, why, "next") is not None or state.errors:
         return
     state.hung = (
         f"the engine stopped sending tokens {last - state.w0:.1f}s into the "
-        f"{state.cell.duration_s:g}s window and sent none in the {loop.time() - last:.0f}s "
+        f"{state.cell.duration_s:g}s window and sent none in the "
+        f"{asyncio.get_running_loop().time() - last:.0f}s "
         "after (hung, or its host stopped)"
     )
 
@@ -306,19 +298,31 @@ async def _reopen_at_token(
     """Waits, with the streams going on, for a token or a failure until the ``deadline``; at a
     token the window opens there, for the cell's duration (True); at a failure or the deadline
     the window stays as planned (False)."""
+    since = await _wait_for_token(state, deadline, say, why, which)
+    if since is None:
+        return False  # a failure ended the wait (it is the cell's evidence), or the deadline
+    now = asyncio.get_running_loop().time()
+    state.extended_s += now - since
+    state.w0, state.w1 = now, now + state.cell.duration_s
+    return True
+
+
+async def _wait_for_token(
+    state: CellState, deadline: float, say: Callable[[str], None], why: str, which: str
+) -> float | None:
+    """Says ``why`` the cell waits, then waits, with the streams going on, for a token or a
+    failure until the ``deadline``: when it began, if a token came; None at a failure or the
+    deadline. The window stays as planned."""
     loop = asyncio.get_running_loop()
     since, planned = loop.time(), state.w1
-    say(f"{state.cell.name}: {why}; waiting up to {deadline - since:.0f}s for the {which}")
+    say(
+        f"{state.cell.name}: {why}; waiting up to {max(0.0, deadline - since):.0f}s for the {which}"
+    )
     state.w1 = math.inf  # the streams go on while the engine is silent
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(state.news.wait(), timeout=max(0.0, deadline - since))
     state.w1 = planned
-    if not any(t >= since for r in state.requests for t, _ in r.chunks):
-        return False  # a failure ended the wait (it is the cell's evidence), or the deadline
-    now = loop.time()
-    state.extended_s += now - since
-    state.w0, state.w1 = now, now + state.cell.duration_s
-    return True
+    return since if any(t >= since for r in state.requests for t, _ in r.chunks) else None
 
 
 async def run_cell_async(
