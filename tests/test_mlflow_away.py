@@ -191,7 +191,7 @@ def test_a_round_that_ends_with_mlflow_away_stays_open_and_the_same_command_clos
         held = [h for i in ledger.holding("scripted") for h in ledger.held_texts(i)]
         assert any(h.path.startswith("logs/boot-") for h in held), held
         assert all(SECRET not in h.text for h in held)
-        mlflow_server.resume()
+        mlflow_server.resume_answered()
         again = Outage(lambda n: None)
         report = _round(ledger, mlflow_server, again, io.StringIO())
         assert report.resumed and report.round.id == rnd.id
@@ -320,7 +320,7 @@ def test_a_round_command_waits_for_an_mlflow_that_does_not_answer_yet(
     def wait(seconds: float) -> None:
         waits.append(seconds)
         if len(waits) == 2:
-            mlflow_server.resume()
+            mlflow_server.resume_answered()
 
     mlflow_server.pause()
     try:
