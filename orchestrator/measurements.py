@@ -91,15 +91,16 @@ def counts(cell: CellSpec, reading: CellReading) -> bool:
     return all(getattr(reading.result, f) == getattr(cell, f) for f in _RECORDED)
 
 
-def changed_cells(ledger: Ledger, cluster: str, cells: Sequence[CellSpec]) -> list[str]:
-    """One line for each of ``cells`` whose latest reading on ``cluster`` was measured under
-    another definition: what changed, and that it is measured again (its old readings kept,
-    set aside). Once it is measured as it is now, nothing is said of it again."""
+def changed_cells(ledger: Ledger, cluster: str, cells: Sequence[CellSpec]) -> dict[str, str]:
+    """A line for each of ``cells`` whose latest reading on ``cluster`` was measured under
+    another definition, by the cell's name: what changed, and that it is measured again (its
+    old readings kept, set aside). Once it is measured as it is now, nothing is said of it
+    again. A round says them as it starts, and ``status`` too."""
     latest: dict[str, CellReading] = {}
     for readings in ledger.cluster_cell_results(cluster).values():
         for r in readings:
             latest[r.result.cell] = r  # the experiments' readings come in recording order
-    lines = []
+    lines: dict[str, str] = {}
     for cell in cells:
         last = latest.get(cell.name)
         if last is None or counts(cell, last):
@@ -107,7 +108,7 @@ def changed_cells(ledger: Ledger, cluster: str, cells: Sequence[CellSpec]) -> li
         was = last.spec.model_dump() if last.spec is not None else last.result.model_dump()
         now = cell.model_dump(exclude={"name"})
         diff = ", ".join(f"{k} {was[k]} → {v}" for k, v in now.items() if k in was and was[k] != v)
-        lines.append(
+        lines[cell.name] = (
             f"cell {cell.name} changed since it was last measured ({diff}): its readings of the "
             "old definition stay in the ledger, set aside, and it is measured again (the "
             "champion too, before a change is judged against it)"

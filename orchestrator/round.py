@@ -193,7 +193,7 @@ class RoundRunner:
             for line in outside_domain(self.profile.space, champion.config).values():
                 self.display.note(line)
         # a cell redefined since it was measured is measured again (``measurements.counts``)
-        for line in changed_cells(self.ledger, self.cluster, self.profile.cells):
+        for line in changed_cells(self.ledger, self.cluster, self.profile.cells).values():
             self.display.note(line)
         try:
             stopped_by = self._loop(rnd, started)

@@ -403,7 +403,8 @@ def _sequential(
             }
         )
     where = (
-        f"{stats['delta_pct']:+.2f}% over {len(ev.candidate)} boot(s) vs {len(ev.champion)}; "
+        f"{stats['delta_pct']:+.2f}% over {len(ev.candidate)} measurement(s) "
+        f"vs {len(ev.champion)}; "
         f"P(gain)={p_gain:.2f}, P(gain>{spec.equivalence_pct:g}%)={p_worth:.2f}"
     )
     if pooled is not None:

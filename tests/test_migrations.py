@@ -386,11 +386,24 @@ def test_a_schema7_ledger_keeps_each_readings_cell_definition_and_sets_the_old_a
         counted = read_measurements(ledger, 1, now.cells)
         # the baseline's two boots at concurrency 1 lack code-c1 as it is now: incomplete
         assert [m.complete for m in counted] == [False, False, True, True]
-        assert changed_cells(ledger, CLUSTER, now.cells) == []
-        [line] = changed_cells(ledger, CLUSTER, before.cells)
+        assert changed_cells(ledger, CLUSTER, now.cells) == {}
+        [line] = changed_cells(ledger, CLUSTER, before.cells).values()
         assert line.startswith(
             "cell code-c1 changed since it was last measured (concurrency 2 → 1)"
         )
+    # and status says so, under each profile, before any round measures it again
+    env = {**os.environ, "ORCHESTRATE_LEDGER": url}
+    under_fixture = str(LEDGERS / "schema7.profile.yaml")
+    done = orchestrate(tmp_path, "status", "--json", "-p", under_fixture, env=env)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["changed_cells"] == []
+    done = orchestrate(tmp_path, "status", "--json", env=env)  # the embedded twin's cells
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["changed_cells"] == ["code-c1"]
+    done = orchestrate(tmp_path, "status", env=env)
+    assert done.returncode == 0, done.stderr
+    said = " ".join(done.stdout.split())
+    assert "cell code-c1 changed since it was last measured (concurrency 2 → 1)" in said, said
 
 
 def test_an_upgraded_ledger_reads_its_one_knob_rows_as_before_and_records_a_coupled_move(

@@ -657,4 +657,4 @@ def test_a_cell_redefined_before_a_resume_is_measured_again_never_pooled_with_it
         readings = [(r.spec, r.result.output_throughput) for r in ledger.cell_results(k5.id)]
         assert readings == [(CELL, 100.0), (code4, 400.0), (prose8, 800.0)]
         # measured as the profile defines it now: nothing more to say
-        assert changed_cells(ledger, "evolving", [code4, prose8]) == []
+        assert changed_cells(ledger, "evolving", [code4, prose8]) == {}

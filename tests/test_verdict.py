@@ -228,6 +228,8 @@ def test_equal_performance_is_discarded_as_not_worth_a_change() -> None:
     quiet = NoiseModel(boot_cv=0.005, run_cv=0.005, boot_dof=20, run_dof=0)
     result = assess(SPEC, evidence([100.1, 99.9], [100.0, 100.0, 100.0]), quiet)
     assert result.status == "discard" and "not worth a change" in result.reason
+    # what it weighed is counted as measurements (one may span two boots: a resumed one)
+    assert "0.00% over 2 measurement(s) vs 3;" in result.reason, result.reason
 
 
 def test_output_mismatch_is_invalid_however_fast() -> None:

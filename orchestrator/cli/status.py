@@ -26,7 +26,7 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
     from orchestrator.evolution import fit_champion, knob_changes, outside_domain
     from orchestrator.faults import last_stop, said_stop
     from orchestrator.gpu_hours import cluster_gpus, gpu_hours
-    from orchestrator.measurements import BootCount, clocks_off_counts
+    from orchestrator.measurements import BootCount, changed_cells, clocks_off_counts
     from orchestrator.policy import ClocksHistory, clocks_off_rate, flaky_nodes
     from orchestrator.priors import knob_priors, measured
     from orchestrator.profile import load_profile
@@ -43,6 +43,8 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
         champion = None if champion is None else fit_champion(prof.space, champion)
         # a value the profile's domain no longer has: the champion keeps it, and it is said
         outside = {} if champion is None else outside_domain(prof.space, champion.config)
+        # a cell redefined since it was measured: the next round measures it again
+        redefined = changed_cells(ledger, name, prof.cells)
         running = ledger.unfinished_round(name)
         lease = ledger.lease(name)
         # boots no teardown closed: a run killed (kill -9, a power cut) left them, and their
@@ -111,6 +113,8 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
             "undecided": undecided,
         },
         "gpu_hours": round(sum(used.values()), 4),
+        # the cells the profile redefined since their last reading (``changed_cells``)
+        "changed_cells": list(redefined),
         "held_for_mlflow": held,
         "open_boots": len(left_open),
         "lease": None
@@ -175,6 +179,8 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
     for line in changes:
         console.print(f"{line} (recorded by the next round or cluster up)")
     for line in outside.values():
+        console.print(line, markup=False)
+    for line in redefined.values():
         console.print(line, markup=False)
     # the resume under the profile this status read, which is the round's
     resume = "orchestrate round" + ("" if profile is None else f" --profile {shlex.quote(profile)}")
