@@ -18,11 +18,13 @@ before, then fails its boots as a config fails and never came up as the profile 
 now, the profile's change explains it, not the cluster (``refit_blame``): the round stops with
 the profile's exit code and the line names the knob and the ways back.
 
-A change of a knob the profile lost cannot run: its config fitted is the champion's. One a
-killed round left under way (undecided, or a proposal not yet an experiment) is closed when the
-round takes it up (``lost_knob``, ``close_lost``): decided ``vetoed`` by the profile, with the
-line, its boots kept and no boot more; it bars nothing (should the knob come back, its value
-may run) and does not count against the budget.
+A change of a knob the profile lost cannot run: its config fitted is the champion's. Nor can
+one whose value (either value of a coupled move) the knob's domain no longer has: the profile
+narrowed it since. One a killed round left under way (undecided, or a proposal not yet an
+experiment) is closed when the round takes it up (``closure``, ``close``): decided ``vetoed``
+by the profile, with the line, its boots kept and no boot more; it bars nothing and is not
+taken as decided (should the knob or the value come back, it may run) and does not count
+against the budget.
 
 A profile may narrow a knob's domain under a champion whose value it leaves out. The champion
 keeps it: it was measured there, and a verdict needs the config that ran. Every round says so
@@ -47,10 +49,13 @@ from orchestrator.undecided import close_undecided
 
 ADDED_REASON = "the profile gained the knob; the champion takes its default"
 REMOVED_REASON = "the profile lost the knob; it is dropped from the champion"
-#: Who closes a change of a knob the profile lost (a pending proposal's decider, the verdict's
-#: ``by``), and the verdict's rule: ``history`` bars nothing for it.
-LOST_BY = "profile"
+#: Who closes a change the profile can no longer run (a pending proposal's decider, the
+#: verdict's ``by``), and the verdict's rules: of a knob it lost, of a value outside a domain it
+#: narrowed (``closure``). ``history`` bars nothing for them and counts them as undecided.
+CLOSED_BY = "profile"
 LOST_RULE = "knob-removed"
+DOMAIN_RULE = "outside-domain"
+CLOSED_RULES = frozenset({LOST_RULE, DOMAIN_RULE})
 
 
 def fit_champion(space: KnobSpace, champion: ChampionRecord) -> ChampionRecord:
@@ -216,24 +221,63 @@ def _in_launcher(profile: Profile, values: dict[str, Value]) -> str:
     return ", ".join(words)
 
 
-def lost_knob(space: KnobSpace, knob: str | None, coupled: str | None = None) -> str | None:
-    """The knob a change moves (``knob``, or a coupled move's enabling knob ``coupled``) that
-    ``space`` no longer has; ``None``: it has both (or the change moves none: the baseline)."""
-    return next((k for k in (knob, coupled) if k is not None and k not in space.names), None)
+class Closure(NamedTuple):
+    """Why the profile closes a change under way without a boot (``closure``)."""
+
+    #: the verdict's rule (``LOST_RULE`` or ``DOMAIN_RULE``)
+    rule: str
+    #: the knob the change moves that the profile no longer has, or no longer has the value of
+    knob: str
+    #: the verdict's reason: what, and that the change is closed and bars nothing
+    reason: str
+    #: what results.tsv's description adds after ``closed:``
+    said: str
+    #: the verdict's statistics beyond who closed it
+    stats: dict[str, object]
 
 
-def lost_reason(knob: str) -> str:
-    """The line of a change closed because the profile lost ``knob`` (``close_lost``)."""
-    return (
-        f"knob {knob} is no longer in the profile: the change is closed without a verdict and "
-        "not booted; nothing is barred"
-    )
+def closure(
+    space: KnobSpace,
+    knob: str | None,
+    value: Value | None,
+    coupled: str | None = None,
+    coupled_value: Value | None = None,
+) -> Closure | None:
+    """Why the profile of now closes a change that moves ``knob`` to ``value`` (and, a coupled
+    move, its enabling knob ``coupled`` to ``coupled_value``) under way: a knob ``space`` no
+    longer has (``LOST_RULE``), else a value outside the knob's domain now (``DOMAIN_RULE``:
+    the profile narrowed it since). ``None``: the change may run (or moves none: the
+    baseline)."""
+    moves = [(k, v) for k, v in ((knob, value), (coupled, coupled_value)) if k is not None]
+    for name, _ in moves:
+        if name not in space.names:
+            said = f"knob {name} is no longer in the profile"
+            return Closure(LOST_RULE, name, f"{said}: {_CLOSED}", said, {"knob": name})
+    for name, new in moves:
+        if new is None:
+            continue
+        spec = space.spec(name)
+        try:
+            spec.parse(new)
+        except KnobError:
+            said = f"{name} {as_text(new)} is outside the profile's domain now"
+            reason = f"{said} ({spec.describe_domain()}): {_CLOSED}"
+            return Closure(DOMAIN_RULE, name, reason, said, {"knob": name, "value": new})
+    return None
 
 
-def close_lost(ledger: Ledger, e: ExperimentRecord, knob: str) -> ExperimentRecord:
-    """Decide change ``e``, undecided, whose ``knob`` the profile lost: ``vetoed`` by the
-    profile (``LOST_RULE``; its statistics the boots it had and how they failed), its boots
-    kept, results.tsv's description saying why. The decided experiment.
+_CLOSED = "the change is closed without a verdict and not booted; nothing is barred"
+
+
+def closure_of(space: KnobSpace, e: ExperimentRecord) -> Closure | None:
+    """``closure`` of experiment ``e``'s change."""
+    return closure(space, e.knob, e.value, e.coupled_knob, e.coupled_value)
+
+
+def close(ledger: Ledger, e: ExperimentRecord, why: Closure) -> ExperimentRecord:
+    """Decide change ``e``, undecided, that the profile closes (``why``): ``vetoed`` by the
+    profile (the closure's rule; its statistics the boots it had and how they failed), its
+    boots kept, results.tsv's description saying why. The decided experiment.
 
     Raises:
         LedgerError: the ledger failed, or ``e`` is decided already.
@@ -241,11 +285,11 @@ def close_lost(ledger: Ledger, e: ExperimentRecord, knob: str) -> ExperimentReco
     return close_undecided(
         ledger,
         e,
-        rule=LOST_RULE,
-        reason=lost_reason(knob),
-        by=LOST_BY,
-        description=f"{e.description}; closed: knob {knob} is no longer in the profile",
-        stats={"knob": knob},
+        rule=why.rule,
+        reason=why.reason,
+        by=CLOSED_BY,
+        description=f"{e.description}; closed: {why.said}",
+        stats=why.stats,
     )
 
 

@@ -16,7 +16,7 @@ from orchestrator.champion import ChampionEvidence
 from orchestrator.crashpoints import crashpoint
 from orchestrator.display import RoundDisplay, describe
 from orchestrator.errors import OrchestrateError
-from orchestrator.evolution import close_lost, lost_knob
+from orchestrator.evolution import Closure, close, closure_of
 from orchestrator.faults import InfrastructureFaults
 from orchestrator.history import monotone_classes
 from orchestrator.measurements import BootCount, Measurement
@@ -89,9 +89,9 @@ class ExperimentRunner:
             e = self.ledger.experiment(e.id)
             if e.state == State.DECIDED:
                 return
-            lost = lost_knob(self.profile.space, e.knob, e.coupled_knob)
-            if lost is not None:  # a change the profile can no longer render (``evolution``)
-                self._close_lost(e, run_id, lost)
+            why = closure_of(self.profile.space, e)
+            if why is not None:  # a change the profile can no longer run (``evolution``)
+                self._close(e, run_id, why)
                 return
             if e.kind == Kind.CANDIDATE:
                 self._greedy_checkable(e)  # or stop the round: exit 3
@@ -127,10 +127,11 @@ class ExperimentRunner:
             # a failure of the config's: the policy says whether it counts (a crash) or the
             # config is booted once more
 
-    def _close_lost(self, e: ExperimentRecord, run_id: str | None, knob: str) -> None:
-        """Change ``e`` moves ``knob``, which the profile lost since it was recorded: closed
-        without a boot more (``evolution.close_lost``), with the line."""
-        closed = close_lost(self.ledger, e, knob)
+    def _close(self, e: ExperimentRecord, run_id: str | None, why: Closure) -> None:
+        """Change ``e`` moves a knob the profile lost since it was recorded, or to a value
+        outside the domain it narrowed since (``why``): closed without a boot more
+        (``evolution.close``), with the line."""
+        closed = close(self.ledger, e, why)
         crashpoint("verdict.committed")
         verdict = self.ledger.verdict(e.id)
         reason = "" if verdict is None else verdict.reason

@@ -22,7 +22,7 @@ from knobs.vocabulary import INFRASTRUCTURE, UNMEASURED, EventKind, State, Statu
 from ledger import EventRecord, ExperimentRecord, Ledger, RoundRecord
 from orchestrator import policy
 from orchestrator.champion import ChampionEvidence
-from orchestrator.evolution import LOST_RULE, rekeyed
+from orchestrator.evolution import CLOSED_RULES, rekeyed
 from orchestrator.priors import interacting, knob_priors, measured
 from orchestrator.profile import Profile
 from orchestrator.step_cost import learned
@@ -61,7 +61,12 @@ def proposal_context(
             continue
         fitted = profile.space.reconcile(e.config)
         champion_key = rekey.get(e.champion_key or "", e.champion_key or "")
-        here = champion_key == current.config.key and e.failure_class not in INFRASTRUCTURE
+        here = (
+            champion_key == current.config.key
+            and e.failure_class not in INFRASTRUCTURE
+            # closed by the profile (``evolution.closure``): nobody judged it, it may run again
+            and not _closed(ledger, e)
+        )
         if here:
             looks[fitted.config.key] = looks.get(fitted.config.key, 0) + 1
         again, further, last, overshot = (
@@ -253,9 +258,9 @@ def _barred(profile: Profile, ledger: Ledger, e: ExperimentRecord) -> KnownBad |
     if e.status == Status.VETOED:
         # the person's words, so every proposer learns why (the verdict's: a proposal's veto
         # or, for a change a stopped round left undecided, the experiment's)
+        if _closed(ledger, e):
+            return None  # closed because the profile could not run it: no one judged its value
         verdict = ledger.verdict(e.id)
-        if verdict is not None and verdict.rule == LOST_RULE:
-            return None  # closed because the profile lost its knob: no one judged its value
         reason = "vetoed" if verdict is None else verdict.reason
     region = (
         crash_region(profile, e.knob, e.value, e.config, e.failure_class, coupled)
@@ -263,6 +268,15 @@ def _barred(profile: Profile, ledger: Ledger, e: ExperimentRecord) -> KnownBad |
         else KnownBad(when=when, reason=reason, source=source)
     )
     return region.model_copy(update={"reason": reason, "source": source})
+
+
+def _closed(ledger: Ledger, e: ExperimentRecord) -> bool:
+    """Whether decided ``e`` was closed by the profile without a verdict (a knob it lost, a
+    value outside a domain it narrowed: ``evolution.closure``)."""
+    if e.status != Status.VETOED:
+        return False
+    verdict = ledger.verdict(e.id)
+    return verdict is not None and verdict.rule in CLOSED_RULES
 
 
 def guardrail_region(profile: Profile, ledger: Ledger, e: ExperimentRecord) -> KnownBad | None:

@@ -3,9 +3,9 @@ an experiment to run, or a vetoed experiment decided without a boot.
 
 Both are one knob away from the champion of the moment (or a coupled move, two: ``agents.
 coupled``), validated by ``KnobSpace.change`` again (the ledger's value, or a person's edit,
-is never trusted as is) — but a change of a knob the profile lost since it was proposed, which
-no space can validate: it is recorded as proposed, for the round to close it without a boot
-(``evolution.close_lost``).
+is never trusted as is) — but a change the profile can no longer run (a knob it lost since it
+was proposed, a value outside a domain it narrowed since), which no space can validate: it is
+recorded as proposed, for the round to close it without a boot (``evolution.closure``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from ledger import ExperimentRecord, Ledger, ProposalRecord, RoundRecord, Verdic
 from orchestrator.champion import ChampionEvidence
 from orchestrator.crashpoints import crashpoint
 from orchestrator.display import RoundDisplay
-from orchestrator.evolution import LOST_BY, close_lost, lost_knob
+from orchestrator.evolution import CLOSED_BY, close, closure
 from orchestrator.profile import Profile
 from orchestrator.runlog import RunLog
 
@@ -67,13 +67,13 @@ class Intake:
 
     def veto(self, rnd: RoundRecord, p: ProposalRecord) -> None:
         """A vetoed proposal as a decided experiment: no boot, a known-bad region with the
-        person's reason, a tagged MLflow run. One the profile closed (its knob lost:
-        ``close_lost``) bars nothing."""
-        lost = lost_knob(self.profile.space, p.knob, p.coupled_knob)
-        by_profile = lost is not None and p.decided_by == LOST_BY
+        person's reason, a tagged MLflow run. One the profile closed (its knob lost, its value
+        outside the domain: ``evolution.closure``) bars nothing."""
+        why = closure(self.profile.space, p.knob, p.new_value, p.coupled_knob, p.coupled_new)
+        by_profile = why is not None and p.decided_by == CLOSED_BY
         e = self._add(rnd, p, "({source})" if by_profile else "vetoed by {decided_by}: {reason}")
-        if lost is not None and by_profile:
-            decided = close_lost(self.ledger, e, lost)
+        if why is not None and by_profile:
+            decided = close(self.ledger, e, why)
         else:
             verdict = VerdictRecord(
                 status=Status.VETOED,
@@ -95,8 +95,9 @@ class Intake:
         ``how``: what its description says after the change (the proposal's fields)."""
         champion = self.champion.current()
         space = self.profile.space
-        if lost_knob(space, p.knob, p.coupled_knob) is not None:
-            # no space validates a knob the profile lost: recorded as proposed, never booted
+        if closure(space, p.knob, p.new_value, p.coupled_knob, p.coupled_new) is not None:
+            # no space validates what the profile can no longer run: recorded as proposed,
+            # never booted
             change = Change(
                 knob=p.knob,
                 old=p.old_value,

@@ -44,7 +44,7 @@ from orchestrator.display import (
     stopped_by_cap,
 )
 from orchestrator.errors import OrchestrateError
-from orchestrator.evolution import LOST_BY, lost_knob, lost_reason, outside_domain
+from orchestrator.evolution import CLOSED_BY, closure, outside_domain
 from orchestrator.experiment import ExperimentRunner
 from orchestrator.faults import InfrastructureFaults, last_stop, record_stop, said_stop
 from orchestrator.gpu_hours import gpu_hours
@@ -340,12 +340,19 @@ class RoundRunner:
             record = self.intake.record(rnd, proposal)
             crashpoint("proposal.recorded")
         self.display.experiment(index, rnd.budget, record.change.describe())
-        lost = lost_knob(self.profile.space, record.knob, record.coupled_knob)
-        if lost is not None and record.status == ProposalStatus.PENDING:
-            # a change the profile lost the knob of since (``evolution``): nobody is asked
-            # to approve what cannot run; closed by the profile, barring nothing
+        why = closure(
+            self.profile.space,
+            record.knob,
+            record.new_value,
+            record.coupled_knob,
+            record.coupled_new,
+        )
+        if why is not None and record.status == ProposalStatus.PENDING:
+            # a change the profile can no longer run (a knob lost, a domain narrowed since:
+            # ``evolution``): nobody is asked to approve it; closed by the profile, barring
+            # nothing
             closed = self.ledger.decide_proposal(
-                record.id, status=ProposalStatus.VETOED, by=LOST_BY, reason=lost_reason(lost)
+                record.id, status=ProposalStatus.VETOED, by=CLOSED_BY, reason=why.reason
             )
             self.intake.veto(rnd, closed)
             return None

@@ -76,8 +76,8 @@ def close_undecided(
     """Decide undecided change ``e`` ``vetoed`` without a boot more: the verdict's ``rule`` and
     ``reason``, its statistics who closed it (``by``), the boots it had and how they failed
     (and ``stats``), its boots kept as they were; results.tsv's ``description``. The decided
-    experiment (a person's veto, ``veto_undecided``; a change of a knob the profile lost,
-    ``evolution.close_lost``).
+    experiment (a person's veto, ``veto_undecided``; a change the profile can no longer run,
+    ``evolution.close``).
 
     Raises:
         LedgerError: the ledger failed, or ``e`` is decided already.

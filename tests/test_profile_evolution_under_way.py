@@ -1,0 +1,224 @@
+"""A profile that changes under a ledger loses nothing and moves one knob (docs/reliability.md,
+"Profiles that change"). A change under way whose value the profile's narrowed domain no longer
+has is closed on resume as one of a knob the profile lost is; a change recorded while a knob
+was out of the profile takes the knob, once it is back, from the champion it was proposed
+against, not from the knob's default: it moves its own knob and no other."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from agents import SweepProposer
+from knobs.config import Change, Config
+from knobs.space import KnobSpace
+from knobs.vocabulary import ProposalStatus, State, Status
+from ledger import Ledger
+from orchestrator.approval import ApprovalGate
+from orchestrator.champion import ChampionEvidence
+from orchestrator.display import RoundDisplay
+from orchestrator.history import proposal_context
+from orchestrator.known_bad import barred_regions
+from orchestrator.profile import Profile, load_profile
+from orchestrator.round import RoundOptions, RoundRunner
+from orchestrator.testbed import NullSink
+from tests.fixtures.profiles import write_profile
+from tests.test_profile_evolution import changes, profile_data
+from tests.test_round_policy import ScriptedTestbed
+
+K = "num_speculative_tokens"
+MNBT = "max_num_batched_tokens"
+
+
+class KillingTestbed(ScriptedTestbed):
+    """Renders every config it deploys with the profile's space (as a launcher does); a config
+    ``kill`` picks is interrupted as it deploys (Ctrl-C); ``speed`` and ``text`` as
+    ``ScriptedTestbed``'s (100 tok/s and the same text by default)."""
+
+    def __init__(
+        self,
+        space: KnobSpace,
+        kill: Callable[[Config], bool] = lambda config: False,
+        speed: Callable[[Config], float] = lambda config: 100.0,
+        text: Callable[[Config], str] = lambda config: "same",
+    ) -> None:
+        super().__init__(lambda config, n: speed(config), text=lambda config, n: text(config))
+        self.space = space
+        self.kill = kill
+
+    def deploy(self, config: Config) -> dict[int, str]:
+        self.space.render(config)  # a config lacking a knob of the space fails here
+        if self.kill(config):
+            self.boots.append(config)
+            raise KeyboardInterrupt
+        return super().deploy(config)
+
+
+def round_of(
+    tmp_path: Path,
+    data: dict[str, Any],
+    budget: int,
+    proposer: SweepProposer | None = None,
+    **testbed: Any,
+) -> tuple[str, KillingTestbed]:
+    """A round (or its resume) under profile ``data``; what it showed, and its testbed."""
+    path = write_profile(tmp_path, data)
+    profile = load_profile(str(path), base_dir=tmp_path)
+    bed = KillingTestbed(profile.space, **testbed)
+    shown = io.StringIO()
+    with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
+        RoundRunner(
+            profile,
+            ledger,
+            NullSink(),
+            bed,
+            proposer or SweepProposer(),
+            ApprovalGate(ledger, "auto"),
+            RoundDisplay(Console(file=shown, width=300)),
+        ).run(RoundOptions(budget=budget, proposer="sweep", approve="auto"))
+    return " ".join(shown.getvalue().split()), bed
+
+
+# ---- a change under way outside a narrowed domain -----------------------------------------
+NARROWED = {"name": MNBT, "high": 8192}
+GPU_NARROWED = {"name": "gpu_memory_utilization", "high": 0.88}
+OUTSIDE = (
+    "max_num_batched_tokens 12288 is outside the profile's domain now (an integer from 2048 to "
+    "8192 in steps of 512): the change is closed without a verdict and not booted; nothing is "
+    "barred"
+)
+
+
+def test_a_change_outside_a_domain_narrowed_under_way_is_closed_unbooted_on_resume(
+    tmp_path: Path,
+) -> None:
+    """Ctrl-C as the change MNBT 7168 → 12288 boots; the profile then narrows MNBT to 8192 at
+    most. Before, the resume booted 12288 anyway, a value the profile no longer allows, and
+    judged it. Now it is closed as a change of a knob the profile lost is: decided vetoed by
+    the profile, its boot kept and no boot more, a line naming the knob, the value and the
+    domain; it bars nothing (should the domain open again, 12288 may run) and does not count
+    against the budget: the round goes on with the next change."""
+    with pytest.raises(KeyboardInterrupt):
+        round_of(
+            tmp_path,
+            profile_data(),
+            1,
+            SweepProposer([{MNBT: 12288}]),
+            kill=lambda config: config[MNBT] == 12288,
+        )
+    with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
+        _, change = ledger.experiments(cluster="evolving")
+        assert (change.knob, change.value, change.state) == (MNBT, 12288, State.DEPLOYING)
+    shown, testbed = round_of(
+        tmp_path, profile_data(NARROWED), 1, SweepProposer([{MNBT: 12288}, {K: 3}])
+    )
+    assert f"#{change.id} max_num_batched_tokens 7168 → 12288 (sweep): vetoed {OUTSIDE}" in shown
+    assert testbed.boots and all(b[MNBT] == 7168 for b in testbed.boots)
+    with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
+        closed = ledger.experiment(change.id)
+        assert (closed.state, closed.status) == (State.DECIDED, Status.VETOED)
+        assert closed.description == (
+            "max_num_batched_tokens 7168 → 12288 (sweep); closed: max_num_batched_tokens 12288 "
+            "is outside the profile's domain now"
+        )
+        verdict = ledger.verdict(change.id)
+        assert verdict is not None and verdict.rule == "outside-domain"
+        assert verdict.stats == {
+            "by": "profile",
+            "knob": MNBT,
+            "value": 12288,
+            "undecided": True,
+            "boots": 1,
+            "failed": {},
+        }
+        assert len(ledger.boots(change.id)) == 1  # kept, and none more
+        # not counted against the budget: the round's one change is the next
+        assert changes(ledger)[2:] == [(K, 3)]
+        assert ledger.unfinished_round("evolving") is None
+        # nothing barred with the domain as it was, nor taken as decided: it may run again
+        wide = Profile.model_validate(profile_data())
+        assert barred_regions(wide, ledger) == []
+        rnd = ledger.rounds("evolving")[-1]
+        context = proposal_context(wide, ledger, ChampionEvidence(wide, ledger), rnd, 0)
+        assert context.refusal(Change(knob=MNBT, old=7168, new=12288)) is None
+
+
+@pytest.mark.parametrize(
+    ("status", "coupled"),
+    [
+        (ProposalStatus.PENDING, False),
+        (ProposalStatus.APPROVED, False),
+        (ProposalStatus.PENDING, True),
+        (ProposalStatus.APPROVED, True),
+    ],
+)
+def test_a_proposal_outside_a_domain_narrowed_since_is_closed_not_booted(
+    tmp_path: Path, status: ProposalStatus, coupled: bool
+) -> None:
+    """A round killed after it recorded a proposal (pending, or approved: the kill before its
+    experiment) whose value the profile's domain then leaves out: MNBT 12288 under a profile
+    that allows 8192 at most, or a coupled move whose enabling change, gpu_memory_utilization
+    0.85 → 0.9, a profile allowing 0.88 at most no longer has. Before, every resume stopped
+    with "max_num_batched_tokens: 12288 is above 8192" (exit 3) until the domain opened
+    again. Now the change is recorded and closed by the profile without a boot, naming the
+    knob whose value is out, and the round goes on."""
+    round_of(tmp_path, profile_data(), 1)
+    with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
+        champion = ledger.champion("evolving")
+        assert champion is not None
+        rnd = ledger.create_round(
+            cluster="evolving",
+            profile_name="p",
+            profile_digest="",
+            budget=1,
+            proposer="sweep",
+            approve="auto",
+            seed=0,
+        )
+        move = (
+            dict(knob="kv_cache_dtype", old_value="fp8_e4m3", new_value="auto")
+            if coupled
+            else dict(knob=MNBT, old_value=7168, new_value=12288)
+        )
+        proposal = ledger.add_proposal(
+            round_id=rnd.id,
+            source="sweep",
+            champion_key=champion.config.key,
+            coupled=("gpu_memory_utilization", 0.85, 0.9) if coupled else None,
+            **move,
+        )
+        if status == ProposalStatus.APPROVED:
+            ledger.decide_proposal(proposal.id, status=status, by="auto")
+    shown, testbed = round_of(tmp_path, profile_data(NARROWED, GPU_NARROWED), 1)
+    line = (
+        "gpu_memory_utilization 0.9 is outside the profile's domain now (a number from 0.7 to "
+        "0.88 in steps of 0.01): the change is closed without a verdict and not booted; "
+        "nothing is barred"
+        if coupled
+        else OUTSIDE
+    )
+    assert line in shown
+    with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
+        closed = ledger.experiments(round_id=rnd.id)[0]
+        assert (closed.status, closed.proposal_id, ledger.boots(closed.id)) == (
+            Status.VETOED,
+            proposal.id,
+            [],
+        )
+        label = "kv_cache_dtype+gpu_memory_utilization" if coupled else MNBT
+        assert closed.label == label
+        verdict = ledger.verdict(closed.id)
+        assert verdict is not None and verdict.rule == "outside-domain"
+        # a pending one is decided by the profile: no person is asked about it
+        decider = ledger.proposal(proposal.id).decided_by
+        assert decider == ("auto" if status == ProposalStatus.APPROVED else "profile")
+        # the round went on with a change the profile allows, and bars nothing
+        assert changes(ledger)[-1] == (K, 2)
+        assert ledger.unfinished_round("evolving") is None
+        assert barred_regions(Profile.model_validate(profile_data()), ledger) == []
+    assert testbed.boots and all(b[MNBT] == 7168 for b in testbed.boots)
