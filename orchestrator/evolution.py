@@ -144,6 +144,13 @@ class RefitBlame(NamedTuple):
     #: the knobs the profile gained, each with the default the champion takes
     added: dict[str, Value]
 
+    def line(self, failed: str, left: str | None = None) -> str:
+        """The one line of a stop it explains: ``failed``, how the champion failed (``the
+        champion (experiment #3) failed …``); ``left``, what the stop leaves as it was (a
+        round's change under way)."""
+        kept = "" if left is None else f"; {left}"
+        return f"{failed}: {self.what}{kept}: {self.todo}, and run the same command again"
+
 
 def refit_blame(
     profile: Profile, champion: ExperimentRecord, boots: Sequence[BootRecord]

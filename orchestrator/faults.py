@@ -232,9 +232,11 @@ class InfrastructureFaults:
         blame = refit_blame(self.profile, champion, self.ledger.boots(champion.id))
         if blame is not None:
             raise RefitChampionFailing(
-                f"the champion (experiment #{champion.id}) failed {len(failed)} times in a row "
-                f"({', '.join(reversed(failed))}; {err.message}): {blame.what}; {left} is left "
-                f"undecided and nothing was barred: {blame.todo}, and run the same command again",
+                blame.line(
+                    f"the champion (experiment #{champion.id}) failed {len(failed)} times in a "
+                    f"row ({', '.join(reversed(failed))}; {err.message})",
+                    f"{left} is left undecided and nothing was barred",
+                ),
                 failure=err,
                 experiment=None if e is None else e.id,
                 removed=dict(blame.removed),

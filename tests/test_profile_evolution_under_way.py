@@ -17,8 +17,8 @@ from rich.console import Console
 from agents import SweepProposer
 from knobs.config import Change, Config
 from knobs.space import KnobSpace
-from knobs.vocabulary import ProposalStatus, State, Status
-from ledger import Ledger
+from knobs.vocabulary import Kind, ProposalStatus, State, Status
+from ledger import Ledger, VerdictRecord
 from orchestrator.approval import ApprovalGate
 from orchestrator.champion import ChampionEvidence
 from orchestrator.display import RoundDisplay
@@ -27,7 +27,8 @@ from orchestrator.known_bad import barred_regions
 from orchestrator.profile import Profile, load_profile
 from orchestrator.round import RoundOptions, RoundRunner
 from orchestrator.testbed import NullSink
-from tests.fixtures.profiles import write_profile
+from tests.fixtures.cli import orchestrate
+from tests.fixtures.profiles import twin_profile_data, write_profile
 from tests.test_profile_evolution import changes, profile_data
 from tests.test_round_policy import ScriptedTestbed
 
@@ -222,3 +223,58 @@ def test_a_proposal_outside_a_domain_narrowed_since_is_closed_not_booted(
         assert ledger.unfinished_round("evolving") is None
         assert barred_regions(Profile.model_validate(profile_data()), ledger) == []
     assert testbed.boots and all(b[MNBT] == 7168 for b in testbed.boots)
+
+
+# ---- cluster up after a knob drop ---------------------------------------------------------
+@pytest.mark.timeout(300)
+def test_cluster_up_of_a_champion_that_fails_as_the_profile_renders_it_names_the_dropped_knob(
+    cli_workdir: Path,
+) -> None:
+    """The champion was measured at gpu_memory_utilization 0.85; the profile stops tuning the
+    knob, and the twin's engine takes vLLM's default 0.9 and runs out of memory. Before,
+    `cluster up` failed as any deploy does (exit 6, the engine's out-of-memory line) and the
+    knob was never named. Now it says what a round says (``evolution.refit_blame``): the knob
+    dropped, its value, that the engine's default runs now, the ways back; exit 3."""
+    data = twin_profile_data()
+    profile = Profile.model_validate(data)
+    with Ledger(f"sqlite:///{cli_workdir}/orchestrate.db") as ledger:
+        rnd = ledger.create_round(
+            cluster=profile.cluster.name,
+            profile_name=profile.name,
+            profile_digest=profile.digest,
+            budget=1,
+            proposer="sweep",
+            approve="auto",
+            seed=0,
+        )
+        baseline = ledger.add_experiment(
+            cluster=profile.cluster.name,
+            round_id=rnd.id,
+            kind=Kind.BASELINE,
+            config=profile.initial_champion(),
+            champion_key=None,
+            champion_objective=None,
+        )
+        ledger.decide(
+            baseline.id,
+            verdict=VerdictRecord(status=Status.KEEP, rule="baseline", reason="", stats={}),
+            objective=100.0,
+            delta_pct=None,
+            accept_len=None,
+            promote=True,
+        )
+    data["untuned"] = ["gpu_memory_utilization"]
+    del data["champion"]["gpu_memory_utilization"]
+    write_profile(cli_workdir, data)
+    up = orchestrate(cli_workdir, "cluster", "up", "--profile", "profile.yaml")
+    assert up.returncode == 3, up.stderr
+    [line] = [x for x in up.stderr.splitlines() if x.startswith("Error: ")]
+    assert line.startswith(
+        f"Error: the champion (experiment #{baseline.id}) failed to come up (oom"
+    )
+    assert line.endswith(
+        "): knob gpu_memory_utilization, which the profile no longer has, was 0.85 in it, and "
+        "without it the engine runs at its own default: put gpu_memory_utilization back in "
+        "profile twin-test (take it out of untuned:), or set --gpu-memory-utilization 0.85 in "
+        "its launcher, and run the same command again"
+    ), line

@@ -11,7 +11,10 @@ from orchestrator.cli.common import Opened, ProfileOpt, opened, out
 from orchestrator.errors import UsageError
 
 if TYPE_CHECKING:
+    from cluster.errors import NodeError
     from knobs.config import Config
+    from ledger import Ledger
+    from orchestrator.faults import RefitChampionFailing
     from orchestrator.lease import Ownership
     from orchestrator.profile import Profile
 
@@ -79,7 +82,9 @@ def cluster_up(
 
     The nodes are claimed while it deploys (refused while another orchestrator holds them)
     and released after: the engines stay up, unclaimed. On failure every node is torn down
-    and the command exits with the failure's code.
+    and the command exits with the failure's code; a champion that fails as the profile
+    renders it now, having lost or gained a knob since it was measured, is the profile's
+    (exit 3, the line naming the knob: ``evolution.refit_blame``).
     """
     from cluster.launcher import render_node
     from orchestrator.evolution import fit_champion, knob_changes
@@ -116,6 +121,9 @@ def cluster_up(
         deployer = o.deployer(progress=lambda msg: console.print(f"  {msg}", style="dim"))
         with _owned(o, "cluster up", force, console.print):
             attempt = deployer.attempt(config, fallback=fallback)
+        refit = None
+        if champion is not None and not set_ and attempt.failure is not None:
+            refit = _refit_failing(prof, o.ledger(), champion.experiment_id, attempt.failure)
     if attempt.failure is not None:
         for rank, how in sorted(attempt.teardown.items()):
             console.print(f"  node-{rank}: {how}")
@@ -123,10 +131,38 @@ def cluster_up(
             console.print(f"champion restored at {prof.cluster.base_url} (config {base.key})")
         elif attempt.restore_failure is not None:
             console.print(f"champion NOT restored: {attempt.restore_failure.message}")
-        raise attempt.failure
+        raise refit or attempt.failure
     assert attempt.result is not None
     console.print(
         f"up in {attempt.result.boot_seconds:.1f}s at {prof.cluster.base_url} (config {config.key})"
+    )
+
+
+def _refit_failing(
+    prof: Profile, ledger: Ledger, champion: int, failure: NodeError
+) -> RefitChampionFailing | None:
+    """The error of champion experiment ``champion`` failing to come up (``failure``) as the
+    profile renders it now, when the profile's change explains it (``evolution.refit_blame``:
+    a knob lost or gained since it was measured, and no boot of it so came up); ``None`` for
+    a failure of the infrastructure's, or one the profile's change does not explain."""
+    from knobs.vocabulary import INFRASTRUCTURE
+    from orchestrator.evolution import refit_blame
+    from orchestrator.faults import RefitChampionFailing
+
+    if failure.failure_class in INFRASTRUCTURE:
+        return None
+    blame = refit_blame(prof, ledger.experiment(champion), ledger.boots(champion))
+    if blame is None:
+        return None
+    return RefitChampionFailing(
+        blame.line(
+            f"the champion (experiment #{champion}) failed to come up "
+            f"({failure.failure_class}: {failure.message})"
+        ),
+        failure=failure,
+        experiment=None,
+        removed=dict(blame.removed),
+        added=dict(blame.added),
     )
 
 
