@@ -39,9 +39,11 @@ class RenderedKnobs(BaseModel):
 class Reconciled(NamedTuple):
     """A recorded config fitted to the current space, and what fitting it changed."""
 
-    #: Every knob of the space: the recorded values, defaults for the knobs added since.
+    #: Every knob of the space: the recorded values, the base's (else defaults) for the knobs
+    #: added since.
     config: Config
-    #: Knobs of the space the recorded config lacked (each took its default), space order.
+    #: Knobs of the space the recorded config lacked (each took the base's value, else its
+    #: default), space order.
     added: list[str]
     #: Knobs the recorded config had and the space no longer has (dropped), sorted.
     removed: list[str]
@@ -113,18 +115,23 @@ class KnobSpace(BaseModel):
         self.check_constraints(config)
         return config
 
-    def reconcile(self, recorded: Mapping[str, Value]) -> Reconciled:
+    def reconcile(
+        self, recorded: Mapping[str, Value], base: Mapping[str, Value] | None = None
+    ) -> Reconciled:
         """A config recorded under an earlier profile, as this space sees it.
 
-        A knob of the space that ``recorded`` lacks takes its default (the profile gained it);
-        a knob ``recorded`` has and the space lacks is dropped (the profile lost it). The
-        values of the knobs both have are kept as recorded (they are what ran), and a config
-        that fits is returned unchanged, with the same key. Never raises.
+        A knob of the space that ``recorded`` lacks takes its value in ``base`` (a change's: the
+        config it moved one knob of, as this space sees it), else its default (the profile
+        gained it); a knob ``recorded`` has and the space lacks is dropped (the profile lost
+        it). The values of the knobs both have are kept as recorded (they are what ran), and a
+        config that fits is returned unchanged, with the same key. Never raises.
         """
         values = {k: v for k, v in recorded.items() if k in self.names}
         added = [k.name for k in self.knobs if k.name not in recorded]
         for name in added:
-            values[name] = self.spec(name).default
+            values[name] = (
+                base[name] if base is not None and name in base else self.spec(name).default
+            )
         removed = sorted(k for k in recorded if k not in values)
         return Reconciled(config=Config(values), added=added, removed=removed)
 

@@ -17,6 +17,7 @@ from knobs.vocabulary import INFRASTRUCTURE, BootRole, BootStatus, State
 from ledger import ExperimentRecord, Ledger, LedgerError
 from orchestrator.crashpoints import crashpoint
 from orchestrator.display import RoundDisplay
+from orchestrator.evolution import fit
 from orchestrator.measurements import read_measurements
 from orchestrator.profile import Profile
 from orchestrator.runlog import RunLog
@@ -57,8 +58,9 @@ class Booter:
         deciding = e.state != State.DECIDED  # the champion's re-measurements boot a decided one
         if deciding:
             self.ledger.set_state(e.id, State.DEPLOYING)
-        # recorded under an earlier profile: booted as this one renders it (``evolution``)
-        config = self.profile.space.reconcile(e.config).config
+        # recorded under an earlier profile: booted as this one renders it, a knob it lacks
+        # from the champion it was proposed against (``evolution``)
+        config = fit(self.profile.space, self.ledger, e).config
         boot = self.ledger.start_boot(e.id, config, role=role, measurement=measurement)
         crashpoint("boot.started")
         failure: NodeError | None = None

@@ -50,7 +50,7 @@ class ChampionEvidence:
         """The champion, if there is one, its config fitted to the profile's knob space (a
         knob the profile gained at its default, one it lost dropped: ``evolution``)."""
         champion = self.ledger.champion(self.cluster)
-        return None if champion is None else fit_champion(self.profile.space, champion)
+        return None if champion is None else fit_champion(self.profile.space, self.ledger, champion)
 
     def current(self) -> ChampionRecord:
         """The champion, fitted (a round has one once its baseline is decided)."""

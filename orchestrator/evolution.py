@@ -2,15 +2,19 @@
 
 A config in the ledger was recorded under the profile of its time. Wherever one meets the
 profile of now (the champion, the history a proposer sees, a boot, ``cluster up``,
-``status``) it is fitted to the current knob space by ``KnobSpace.reconcile``: a knob the
-profile gained takes its default, a knob it lost is dropped. The ledger's rows stay as they
-ran; what fitting the champion changed is recorded once per knob and champion as an event
-(``KNOB_ADDED`` / ``KNOB_REMOVED``), with one line to show.
+``status``, the report) it is fitted to the current knob space (``Lineage``,
+``KnobSpace.reconcile``): a knob it lost is dropped; a knob it lacks takes its value in the
+champion the change was proposed against (its parent, fitted likewise), else (a baseline, or
+a knob no ancestor had) its default. So a change recorded while a knob was out of the profile
+moves, once the knob is back, its own knob and no other: the knob is its champion's, not its
+default. The ledger's rows stay as they ran; what fitting the champion changed is recorded
+once per knob and champion as an event (``KNOB_ADDED`` / ``KNOB_REMOVED``), with one line to
+show.
 
-Keys: an experiment was decided against the champion's key of its time, so comparisons go
-through ``rekeyed``, which maps every recorded config's key to the key of the same config
-fitted now; a change decided under the champion before a knob was added is still decided
-under it after (the champion and the change both take the knob's default).
+Keys: an experiment was decided against the champion of its time, so comparisons go through
+``Lineage.champion_key``, the key of that champion fitted now; a change decided under the
+champion before a knob was added (or while it was out of the profile) is still decided under
+it after.
 
 A champion fitted is a config that has not run: a knob the profile lost leaves the engine at
 its own default, a knob it gained sets the knob's default. When the champion, which booted
@@ -34,7 +38,8 @@ domain, and the changes of other knobs keep the champion's value.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from bisect import bisect_left
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import NamedTuple
 
 from knobs.catalog import catalog
@@ -42,12 +47,15 @@ from knobs.config import Config
 from knobs.errors import KnobError
 from knobs.space import KnobSpace, Reconciled
 from knobs.spec import Value, as_text, printable
-from knobs.vocabulary import BootStatus, EventKind
-from ledger import BootRecord, ChampionRecord, ExperimentRecord, Ledger
+from knobs.vocabulary import BootStatus, EventKind, Kind
+from ledger import ChampionRecord, ExperimentRecord, Ledger
 from orchestrator.profile import Profile
 from orchestrator.undecided import close_undecided
 
 ADDED_REASON = "the profile gained the knob; the champion takes its default"
+INHERITED_REASON = (
+    "the profile gained the knob back; the champion takes it from the champion it was changed from"
+)
 REMOVED_REASON = "the profile lost the knob; it is dropped from the champion"
 #: Who closes a change the profile can no longer run (a pending proposal's decider, the
 #: verdict's ``by``), and the verdict's rules: of a knob it lost, of a value outside a domain it
@@ -58,17 +66,116 @@ DOMAIN_RULE = "outside-domain"
 CLOSED_RULES = frozenset({LOST_RULE, DOMAIN_RULE})
 
 
-def fit_champion(space: KnobSpace, champion: ChampionRecord) -> ChampionRecord:
-    """The champion with its config fitted to ``space`` (the same record when it fits)."""
+class Lineage:
+    """A cluster's experiments fitted to a knob space, each change from its parent: the
+    champion it was proposed against.
+
+    A cluster runs one experiment at a time (the lease), and a change is recorded against the
+    champion of the moment, so a change's parent is the last champion kept before it was
+    recorded: the champion row of the largest experiment id below its own. A baseline has
+    none."""
+
+    def __init__(
+        self,
+        space: KnobSpace,
+        champions: Iterable[int],
+        experiment: Callable[[int], ExperimentRecord | None],
+    ) -> None:
+        """``champions``: the experiment ids of the cluster's champion history;
+        ``experiment``: an experiment of the cluster by id."""
+        self.space = space
+        self._champions = sorted(set(champions))
+        self._experiment = experiment
+        self._fitted: dict[int, Reconciled] = {}
+
+    @classmethod
+    def read(
+        cls, space: KnobSpace, ledger: Ledger, cluster: str, experiments: Sequence[ExperimentRecord]
+    ) -> Lineage:
+        """The lineage of ``cluster``'s ``experiments`` (all of them: parents are looked up
+        among them).
+
+        Raises:
+            LedgerError: the ledger failed.
+        """
+        by_id = {e.id: e for e in experiments}
+        return cls(space, (c.experiment_id for c in ledger.champion_history(cluster)), by_id.get)
+
+    @classmethod
+    def lazy(cls, space: KnobSpace, ledger: Ledger, cluster: str) -> Lineage:
+        """The lineage of ``cluster``, its experiments read from the ledger one by one as
+        they are needed (a few ancestors of one experiment).
+
+        Raises:
+            LedgerError: the ledger failed.
+        """
+        champions = (c.experiment_id for c in ledger.champion_history(cluster))
+        return cls(space, champions, ledger.experiment)  # every champion's experiment is there
+
+    def parent(self, e: ExperimentRecord) -> ExperimentRecord | None:
+        """The champion (its experiment) that change ``e`` was proposed against; ``None`` for
+        a baseline."""
+        if e.kind != Kind.CANDIDATE:
+            return None
+        at = bisect_left(self._champions, e.id)
+        return None if at == 0 else self._experiment(self._champions[at - 1])
+
+    def fit(self, e: ExperimentRecord) -> Reconciled:
+        """``e``'s config fitted to the space: a knob it lacks from its parent, fitted (a
+        baseline's, or one no ancestor had, its default); one the space lacks dropped."""
+        chain: list[ExperimentRecord] = []
+        at: ExperimentRecord | None = e
+        while at is not None and at.id not in self._fitted:
+            chain.append(at)
+            if all(k in at.config for k in self.space.names):
+                break  # fits without its parent
+            at = self.parent(at)
+        for x in reversed(chain):  # parents first
+            parent = self.parent(x) if x is not at else None
+            base = None if parent is None else self._fitted[parent.id].config
+            self._fitted[x.id] = self.space.reconcile(x.config, base)
+        return self._fitted[e.id]
+
+    def origin(self, e: ExperimentRecord, knob: str) -> int | None:
+        """The experiment whose recorded config ``e``'s fitted value of ``knob`` comes from
+        (``e``'s own, or an ancestor's); ``None``: the knob's default."""
+        at: ExperimentRecord | None = e
+        while at is not None and knob not in at.config:
+            at = self.parent(at)
+        return None if at is None else at.id
+
+    def champion_key(self, e: ExperimentRecord) -> str:
+        """The key, fitted now, of the champion ``e`` was decided against (its parent's); a
+        baseline's recorded ``champion_key`` (none: empty)."""
+        parent = self.parent(e)
+        return (e.champion_key or "") if parent is None else self.fit(parent).config.key
+
+
+def fit(space: KnobSpace, ledger: Ledger, e: ExperimentRecord) -> Reconciled:
+    """Experiment ``e``'s config fitted to ``space`` (``Lineage.fit``); the ledger is read
+    only when it lacks a knob of the space.
+
+    Raises:
+        LedgerError: the ledger failed.
+    """
+    fitted = space.reconcile(e.config)
+    if not fitted.added or e.kind != Kind.CANDIDATE:
+        return fitted
+    return Lineage.lazy(space, ledger, e.cluster).fit(e)
+
+
+def fit_champion(space: KnobSpace, ledger: Ledger, champion: ChampionRecord) -> ChampionRecord:
+    """The champion with its config fitted to ``space`` (the same record when it fits).
+
+    Raises:
+        LedgerError: the ledger failed.
+    """
     fitted = space.reconcile(champion.config)
     if not fitted.added and not fitted.removed:
         return champion
+    if fitted.added:
+        fitted = fit(space, ledger, ledger.experiment(champion.experiment_id))
     return champion.model_copy(update={"config": fitted.config})
-
-
-def rekeyed(space: KnobSpace, experiments: Iterable[ExperimentRecord]) -> dict[str, str]:
-    """Each recorded config's key → the key of that config fitted to ``space``."""
-    return {e.config.key: space.reconcile(e.config).config.key for e in experiments}
 
 
 def knob_changes(space: KnobSpace, ledger: Ledger, cluster: str, *, record: bool) -> list[str]:
@@ -83,6 +190,12 @@ def knob_changes(space: KnobSpace, ledger: Ledger, cluster: str, *, record: bool
     if champion is None:
         return []
     fitted = space.reconcile(champion.config)
+    origins: dict[str, int | None] = {}
+    if fitted.added:  # each from the champion it was changed from, else its default
+        lineage = Lineage.lazy(space, ledger, cluster)
+        experiment = ledger.experiment(champion.experiment_id)
+        fitted = lineage.fit(experiment)
+        origins = {k: lineage.origin(experiment, k) for k in fitted.added}
     lines: list[str] = []
     for kind, knobs in (
         (EventKind.KNOB_ADDED, fitted.added),
@@ -96,16 +209,30 @@ def knob_changes(space: KnobSpace, ledger: Ledger, cluster: str, *, record: bool
         for knob in knobs:
             if knob in seen:
                 continue
-            lines.append(_line(kind, knob, champion, fitted))
+            origin = origins.get(knob)
+            lines.append(_line(space, kind, knob, champion, fitted, origin))
             if record:
-                _record(ledger, cluster, kind, knob, champion, fitted)
+                _record(ledger, cluster, kind, knob, champion, fitted, origin)
     return lines
 
 
-def _line(kind: EventKind, knob: str, champion: ChampionRecord, fitted: Reconciled) -> str:
+def _line(
+    space: KnobSpace,
+    kind: EventKind,
+    knob: str,
+    champion: ChampionRecord,
+    fitted: Reconciled,
+    origin: int | None,
+) -> str:
     if kind == EventKind.KNOB_ADDED:
-        default = printable(fitted.config[knob])
-        return f"profile gained knob {knob}: the champion takes its default {default}"
+        value = printable(fitted.config[knob])
+        if origin is None:
+            return f"profile gained knob {knob}: the champion takes its default {value}"
+        return (
+            f"profile gained knob {knob}: the champion takes {value}, as the champion it was "
+            f"changed from ran it (experiment #{origin}), not its default "
+            f"{printable(space.spec(knob).default)}"
+        )
     was = printable(champion.config[knob])
     return f"knob {knob} is no longer in the profile: dropped from the champion (was {was})"
 
@@ -117,18 +244,17 @@ def _record(
     knob: str,
     champion: ChampionRecord,
     fitted: Reconciled,
+    origin: int | None,
 ) -> None:
     added = kind == EventKind.KNOB_ADDED
     value = fitted.config[knob] if added else champion.config[knob]
+    detail: dict[str, object] = {"default" if added and origin is None else "value": value}
+    if added and origin is not None:
+        detail["from_experiment"] = origin
+    detail["champion_experiment"] = champion.experiment_id
+    reason = ADDED_REASON if origin is None else INHERITED_REASON
     ledger.add_event(
-        cluster,
-        kind,
-        subject=knob,
-        detail={
-            "default" if added else "value": value,
-            "champion_experiment": champion.experiment_id,
-        },
-        reason=ADDED_REASON if added else REMOVED_REASON,
+        cluster, kind, subject=knob, detail=detail, reason=reason if added else REMOVED_REASON
     )
 
 
@@ -152,20 +278,24 @@ class RefitBlame(NamedTuple):
         return f"{failed}: {self.what}{kept}: {self.todo}, and run the same command again"
 
 
-def refit_blame(
-    profile: Profile, champion: ExperimentRecord, boots: Sequence[BootRecord]
-) -> RefitBlame | None:
+def refit_blame(profile: Profile, ledger: Ledger, champion: ExperimentRecord) -> RefitBlame | None:
     """The profile's change that explains why ``champion`` (its experiment, config as
-    recorded), which booted before, failed its boots (``boots``: all of them) for a config's
-    reasons: the knobs the profile lost (the engine now runs at its own default) or gained (the
-    champion now takes the knob's default) since it was measured, when no boot of it as the
-    profile renders it now ever came up. ``None``: the profile changed none of its knobs, or
-    the champion came up as it is now booted (the cluster changed, not the config)."""
-    fitted = profile.space.reconcile(champion.config)
+    recorded), which booted before, failed its boots for a config's reasons: the knobs the
+    profile lost (the engine now runs at its own default) or gained (the champion now takes
+    the knob's default, or its parent's value: ``fit``) since it was measured, when no boot of
+    it as the profile renders it now ever came up. ``None``: the profile changed none of its
+    knobs, or the champion came up as it is now booted (the cluster changed, not the config).
+
+    Raises:
+        LedgerError: the ledger failed.
+    """
+    fitted = fit(profile.space, ledger, champion)
     if not fitted.added and not fitted.removed:
         return None
     key = fitted.config.key
-    if any(b.config_key == key and b.status != BootStatus.FAILED for b in boots):
+    if any(
+        b.config_key == key and b.status != BootStatus.FAILED for b in ledger.boots(champion.id)
+    ):
         return None
     removed = {k: champion.config[k] for k in fitted.removed}
     added = {k: fitted.config[k] for k in fitted.added}

@@ -16,7 +16,7 @@ from orchestrator.champion import ChampionEvidence
 from orchestrator.crashpoints import crashpoint
 from orchestrator.display import RoundDisplay, describe
 from orchestrator.errors import OrchestrateError
-from orchestrator.evolution import Closure, close, closure_of
+from orchestrator.evolution import Closure, close, closure_of, fit
 from orchestrator.faults import InfrastructureFaults
 from orchestrator.history import monotone_classes
 from orchestrator.measurements import BootCount, Measurement
@@ -168,6 +168,8 @@ class ExperimentRunner:
         measurements = self.champion.measurements(e.id)
         baseline = e.kind == Kind.BASELINE
         failed, last_failed = self._config_failures(e)
+        # as booted: fitted to the profile (``evolution``), for the knobs' monotone bounds
+        fitted = e.model_copy(update={"config": fit(self.profile.space, self.ledger, e).config})
         progress = policy.Progress(
             baseline=baseline,
             measurements=measurements,
@@ -176,7 +178,7 @@ class ExperimentRunner:
             champion_measured_after=baseline or self.champion.measured_after(e.id),
             failed_boots=failed,
             last_failed=last_failed,
-            monotone=monotone_classes(self.profile, e),
+            monotone=monotone_classes(self.profile, fitted),
             champion_level=baseline or bool(self.champion.level()),
         )
         return policy.next_action(

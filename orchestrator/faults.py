@@ -229,7 +229,7 @@ class InfrastructureFaults:
             )
             return
         left = "no change" if e is None else f"experiment #{e.id}"
-        blame = refit_blame(self.profile, champion, self.ledger.boots(champion.id))
+        blame = refit_blame(self.profile, self.ledger, champion)
         if blame is not None:
             raise RefitChampionFailing(
                 blame.line(

@@ -22,7 +22,7 @@ from knobs.vocabulary import INFRASTRUCTURE, UNMEASURED, EventKind, State, Statu
 from ledger import EventRecord, ExperimentRecord, Ledger, RoundRecord
 from orchestrator import policy
 from orchestrator.champion import ChampionEvidence
-from orchestrator.evolution import CLOSED_RULES, rekeyed
+from orchestrator.evolution import CLOSED_RULES, Lineage, fit
 from orchestrator.priors import interacting, knob_priors, measured
 from orchestrator.profile import Profile
 from orchestrator.step_cost import learned
@@ -51,16 +51,16 @@ def proposal_context(
     reopened: dict[str, bool] = {}
     lasts: dict[str, tuple[int, float | None]] = {}  # each config's latest look: its last look
     experiments = ledger.experiments(cluster=profile.cluster.name)
-    # configs recorded under an earlier profile, fitted to this one, and the champion keys
-    # they were decided against likewise (``evolution``): a change decided before a knob was
-    # added is still decided after, under the same champion at the knob's default
-    rekey = rekeyed(profile.space, experiments)
+    # configs recorded under an earlier profile, fitted to this one, and the champions they
+    # were decided against likewise (``evolution``): a change decided before a knob was added
+    # (or while it was out of the profile) is still decided after, under the same champion
+    lineage = Lineage.read(profile.space, ledger, profile.cluster.name, experiments)
     cleared = cleared_regions(ledger, profile.cluster.name)
     for e in experiments:
         if e.state != State.DECIDED or e.status is None:
             continue
-        fitted = profile.space.reconcile(e.config)
-        champion_key = rekey.get(e.champion_key or "", e.champion_key or "")
+        fitted = lineage.fit(e)
+        champion_key = lineage.champion_key(e)
         here = (
             champion_key == current.config.key
             and e.failure_class not in INFRASTRUCTURE
@@ -197,12 +197,14 @@ def cleared_regions(ledger: Ledger, cluster: str) -> dict[int, EventRecord]:
     }
 
 
-def region_of(profile: Profile, ledger: Ledger, e: ExperimentRecord) -> KnownBad | None:
-    """The region decided experiment ``e`` bars (its config fitted to the profile), cleared or
-    not; ``None`` when it bars none."""
+def region_of(
+    profile: Profile, ledger: Ledger, e: ExperimentRecord, lineage: Lineage | None = None
+) -> KnownBad | None:
+    """The region decided experiment ``e`` bars (its config fitted to the profile: by
+    ``lineage``, the cluster's, when given), cleared or not; ``None`` when it bars none."""
     if e.state != State.DECIDED or e.status is None:
         return None
-    fitted = profile.space.reconcile(e.config)
+    fitted = fit(profile.space, ledger, e) if lineage is None else lineage.fit(e)
     return _barred(profile, ledger, e.model_copy(update={"config": fitted.config}))
 
 

@@ -15,7 +15,7 @@ from agents import KnownBad
 from knobs.vocabulary import EventKind
 from ledger import EventRecord, ExperimentRecord, Ledger
 from orchestrator.errors import OrchestrateError, UsageError
-from orchestrator.evolution import rekeyed
+from orchestrator.evolution import Lineage
 from orchestrator.history import cleared_regions, holds, region_of
 from orchestrator.profile import Profile
 
@@ -46,18 +46,19 @@ def barred_regions(profile: Profile, ledger: Ledger) -> list[BarredRegion]:
     guardrail's measured against an earlier champion: a keep lifted it)."""
     cluster = profile.cluster.name
     cleared = cleared_regions(ledger, cluster)
-    champions = {c.config.key: c.experiment_id for c in ledger.champion_history(cluster)}
-    current = ledger.champion(cluster)
-    now = "" if current is None else profile.space.reconcile(current.config).config.key
     experiments = ledger.experiments(cluster=cluster)
-    rekey = rekeyed(profile.space, experiments)
+    by_id = {e.id: e for e in experiments}
+    # fitted to the profile, each change from the champion it was proposed against
+    lineage = Lineage.read(profile.space, ledger, cluster, experiments)
+    current = ledger.champion(cluster)
+    now = "" if current is None else lineage.fit(by_id[current.experiment_id]).config.key
     out: list[BarredRegion] = []
     for e in experiments:
-        region = region_of(profile, ledger, e)
-        key = e.champion_key or ""
+        region = region_of(profile, ledger, e, lineage)
         # a guardrail's region measured against an earlier champion bars nothing now
-        if region is not None and holds(region, rekey.get(key, key), now):
-            champion = champions.get(e.champion_key or "")
+        if region is not None and holds(region, lineage.champion_key(e), now):
+            parent = lineage.parent(e)
+            champion = None if parent is None else parent.id
             out.append(BarredRegion(e, region, champion, cleared.get(e.id)))
     return out
 

@@ -522,7 +522,7 @@ def test_a_refit_champion_is_blamed_only_until_it_came_up_as_the_profile_renders
         fitted = after.space.reconcile(config).config
         boot = ledger.start_boot(champion.id, fitted)
         ledger.end_boot(boot.id, status=BootStatus.FAILED, failure_class="oom")
-        blame = refit_blame(after, champion, ledger.boots(champion.id))
+        blame = refit_blame(after, ledger, champion)
         assert blame is not None
         assert (blame.removed, blame.added) == (
             {"max_num_batched_tokens": 4096},
@@ -539,10 +539,10 @@ def test_a_refit_champion_is_blamed_only_until_it_came_up_as_the_profile_renders
             "champion's engine ran at, or take it out of profile p"
         )
         # the same profile it was measured under: nothing of the profile's to blame
-        assert refit_blame(before, champion, ledger.boots(champion.id)) is None
+        assert refit_blame(before, ledger, champion) is None
         boot = ledger.start_boot(champion.id, fitted)
         ledger.end_boot(boot.id, status=BootStatus.DOWN)
-        assert refit_blame(after, champion, ledger.boots(champion.id)) is None
+        assert refit_blame(after, ledger, champion) is None
 
 
 @pytest.mark.timeout(600)

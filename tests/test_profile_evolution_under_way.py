@@ -17,7 +17,7 @@ from rich.console import Console
 from agents import SweepProposer
 from knobs.config import Change, Config
 from knobs.space import KnobSpace
-from knobs.vocabulary import Kind, ProposalStatus, State, Status
+from knobs.vocabulary import EventKind, Kind, ProposalStatus, State, Status
 from ledger import Ledger, VerdictRecord
 from orchestrator.approval import ApprovalGate
 from orchestrator.champion import ChampionEvidence
@@ -25,11 +25,12 @@ from orchestrator.display import RoundDisplay
 from orchestrator.history import proposal_context
 from orchestrator.known_bad import barred_regions
 from orchestrator.profile import Profile, load_profile
+from orchestrator.report.data import collect
 from orchestrator.round import RoundOptions, RoundRunner
 from orchestrator.testbed import NullSink
 from tests.fixtures.cli import orchestrate
 from tests.fixtures.profiles import twin_profile_data, write_profile
-from tests.test_profile_evolution import changes, profile_data
+from tests.test_profile_evolution import FOO, changes, profile_data
 from tests.test_round_policy import ScriptedTestbed
 
 K = "num_speculative_tokens"
@@ -223,6 +224,85 @@ def test_a_proposal_outside_a_domain_narrowed_since_is_closed_not_booted(
         assert ledger.unfinished_round("evolving") is None
         assert barred_regions(Profile.model_validate(profile_data()), ledger) == []
     assert testbed.boots and all(b[MNBT] == 7168 for b in testbed.boots)
+
+
+# ---- a knob dropped and put back ----------------------------------------------------------
+FOO_NEW = {**FOO, "new": True}
+
+
+def with_foo(*knobs: dict[str, Any]) -> dict[str, Any]:
+    """The profile with knob foo, whose champion runs it at 5 (its default is 3)."""
+    return {**profile_data(FOO_NEW, *knobs), "champion": {"foo": 5}}
+
+
+def test_a_change_recorded_without_a_dropped_knob_takes_it_from_its_champion_when_it_is_back(
+    tmp_path: Path,
+) -> None:
+    """The champion runs foo 5 (default 3). The profile drops foo; K 7 → 2 is decided and
+    Ctrl-C comes as K 7 → 3 boots, both recorded without foo. foo comes back. Before, the
+    resume booted K=3 at foo's default 3 against a champion at foo 5: two knobs moved, and
+    K=2, decided, was proposed again under the same champion (its key had foo 3). Now a
+    change's missing knob comes from the champion it was proposed against: K=3 boots at foo
+    5, one knob away from the champion, and the next round goes on with K=4."""
+    round_of(tmp_path, with_foo(), 1)  # the baseline at foo 5, and K=1
+    with pytest.raises(KeyboardInterrupt):
+        round_of(tmp_path, profile_data(), 2, kill=lambda config: config[K] == 3)
+    with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
+        *_, k2, k3 = ledger.experiments(cluster="evolving")
+        assert (k2.value, k2.status, k3.value, k3.state) == (2, Status.DISCARD, 3, State.DEPLOYING)
+        assert "foo" not in k2.config and "foo" not in k3.config
+    _, testbed = round_of(tmp_path, with_foo(), 2)
+    assert testbed.boots
+    for booted in testbed.boots:  # the change at K=3, the champion at K=7: foo 5 in each
+        assert booted["foo"] == 5 and booted[K] in (3, 7)
+    with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
+        resumed = ledger.boots(k3.id)[1:]
+        assert resumed and {b.config_key for b in resumed} == {Config({**k3.config, "foo": 5}).key}
+        assert ledger.experiment(k3.id).status == Status.DISCARD
+    round_of(tmp_path, with_foo(), 1)
+    with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
+        # K=1, 2 and 3 decided under the same champion, foo dropped or not: not proposed again
+        assert [v for _, v in changes(ledger)[1:]] == [1, 2, 3, 4]
+
+
+def test_a_champion_kept_without_a_dropped_knob_takes_it_from_its_parent_when_it_is_back(
+    tmp_path: Path,
+) -> None:
+    """The champion runs foo 5; the profile drops foo, and K 7 → 6 is kept (the new champion
+    recorded without foo), then K 6 → 4 found invalid (its greedy texts differ). foo comes back.
+    Before, the new champion took foo's default 3 ("takes its default 3"): the keep moved foo
+    and K; the region K=4's invalid verdict bars had foo 3, so it barred no config the
+    champion's changes reach; the report showed the champion at foo 3. Now the champion takes
+    foo 5 from the champion it was proposed against, and the region and the report too."""
+    round_of(tmp_path, with_foo(), 1)
+    round_of(
+        tmp_path,
+        profile_data(),
+        2,
+        SweepProposer([{K: 6}, {K: 4}]),
+        speed=lambda config: 110.0 if config[K] == 6 else 100.0,
+        text=lambda config: "other" if config[K] == 4 else "same",
+    )
+    with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
+        *_, k6, k4 = ledger.experiments(cluster="evolving")
+        assert (k6.status, k4.status) == (Status.KEEP, Status.INVALID)
+    shown, testbed = round_of(tmp_path, with_foo(), 1, SweepProposer([{K: 5}]))
+    assert (
+        "profile gained knob foo: the champion takes 5, as the champion it was changed from "
+        "ran it (experiment #1), not its default 3" in shown
+    )
+    assert testbed.boots and all(b["foo"] == 5 for b in testbed.boots)
+    with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
+        [event] = ledger.events("evolving", EventKind.KNOB_ADDED)
+        assert (event.subject, event.detail) == (
+            "foo",
+            {"value": 5, "from_experiment": 1, "champion_experiment": k6.id},
+        )
+        back = Profile.model_validate(with_foo())
+        [region] = [r.region for r in barred_regions(back, ledger) if r.experiment.id == k4.id]
+        assert region.when["foo"] == 5 and region.when[K] == 4
+        report = collect(back, ledger, k6.round_id)
+        assert report.champion_config is not None and report.champion_config["foo"] == 5
 
 
 # ---- cluster up after a knob drop ---------------------------------------------------------

@@ -114,7 +114,7 @@ def cluster_up(
         # recorded under an earlier profile: fitted to this one, what changed said and recorded
         for line in knob_changes(prof.space, ledger, prof.cluster.name, record=True):
             console.print(line)
-        champion = None if champion is None else fit_champion(prof.space, champion)
+        champion = None if champion is None else fit_champion(prof.space, ledger, champion)
         base = champion.config if champion else prof.initial_champion()
         config = _with_sets(prof, base, set_)
         fallback = base if set_ and prof.restore_champion else None
@@ -151,7 +151,7 @@ def _refit_failing(
 
     if failure.failure_class in INFRASTRUCTURE:
         return None
-    blame = refit_blame(prof, ledger.experiment(champion), ledger.boots(champion))
+    blame = refit_blame(prof, ledger, ledger.experiment(champion))
     if blame is None:
         return None
     return RefitChampionFailing(
@@ -180,11 +180,11 @@ def _would_deploy(prof: Profile) -> tuple[Config, str]:
     try:
         with reading(url) as ledger:
             champion = ledger.champion(prof.cluster.name)
+            fitted = None if champion is None else fit_champion(prof.space, ledger, champion)
     except LedgerError as e:  # not there yet, a newer schema, unreadable: nothing to deploy
         return prof.initial_champion(), f"the profile's starting config: {e.message}"
-    if champion is None:
+    if fitted is None:
         return prof.initial_champion(), "the profile's starting config: no champion yet"
-    fitted = fit_champion(prof.space, champion)
     return fitted.config, f"the ledger's champion, experiment #{fitted.experiment_id}"
 
 

@@ -40,7 +40,7 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
         # the profile gained or lost a knob since: the champion as this profile sees it, and
         # what fitting it changed that no round or ``cluster up`` has recorded yet
         changes = knob_changes(prof.space, ledger, name, record=False)
-        champion = None if champion is None else fit_champion(prof.space, champion)
+        champion = None if champion is None else fit_champion(prof.space, ledger, champion)
         # a value the profile's domain no longer has: the champion keeps it, and it is said
         outside = {} if champion is None else outside_domain(prof.space, champion.config)
         # a cell redefined since it was measured: the next round measures it again

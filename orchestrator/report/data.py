@@ -19,9 +19,10 @@ from knobs.errors import KnobError, ProfileError
 from knobs.records import LlmUsage
 from knobs.spec import EffectPrior, Value, as_text
 from knobs.vocabulary import INFRASTRUCTURE, BootRole, BootStatus, EventKind, Kind, State, Status
-from ledger import BootRecord, ExperimentRecord, Ledger, RoundRecord
+from ledger import BootRecord, ChampionRecord, ExperimentRecord, Ledger, RoundRecord
 from orchestrator.display import describe
 from orchestrator.errors import OrchestrateError
+from orchestrator.evolution import fit_champion
 from orchestrator.gpu_hours import cluster_gpus
 from orchestrator.measurements import BootCount
 from orchestrator.priors import knob_priors, measured
@@ -158,9 +159,10 @@ def collect(profile: Profile, ledger: Ledger, round_id: int | None = None) -> Re
         e for e in ledger.experiments(round_id=rnd.id) if e.state == State.DECIDED and e.status
     ]
     # fitted to the profile as it is now: a champion recorded before it gained a knob has the
-    # knob's default, one it lost is dropped (``KnobSpace.reconcile``), as the round runs it
+    # knob's default (or its parent's value), one it lost is dropped (``evolution``), as the
+    # round runs it
     start, end = (
-        None if c is None else profile.space.reconcile(c).config
+        None if c is None else fit_champion(profile.space, ledger, c).config
         for c in _champions(ledger, cluster, rnd)
     )
     data = ReportData(
@@ -223,7 +225,7 @@ def _point(ledger: Ledger, e: ExperimentRecord) -> Point:
 
 def _champions(
     ledger: Ledger, cluster: str, rnd: RoundRecord
-) -> tuple[Config | None, Config | None]:
+) -> tuple[ChampionRecord | None, ChampionRecord | None]:
     """The champion the round started from and the one it ended with."""
     history = ledger.champion_history(cluster)
     end_of_round = rnd.finished_at or datetime.now(UTC)
@@ -231,10 +233,7 @@ def _champions(
     during = [c for c in history if c.since <= end_of_round]
     start = before[-1] if before else (during[0] if during else None)
     end = during[-1] if during else None
-    return (
-        None if start is None else start.config,
-        None if end is None else end.config,
-    )
+    return start, end
 
 
 def _champion_path(
