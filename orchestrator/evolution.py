@@ -22,13 +22,8 @@ before, then fails its boots as a config fails and never came up as the profile 
 now, the profile's change explains it, not the cluster (``refit_blame``): the round stops with
 the profile's exit code and the line names the knob and the ways back.
 
-A change of a knob the profile lost cannot run: its config fitted is the champion's. Nor can
-one whose value (either value of a coupled move) the knob's domain no longer has: the profile
-narrowed it since. One a killed round left under way (undecided, or a proposal not yet an
-experiment) is closed when the round takes it up (``closure``, ``close``): decided ``vetoed``
-by the profile, with the line, its boots kept and no boot more; it bars nothing and is not
-taken as decided (should the knob or the value come back, it may run) and does not count
-against the budget.
+A change of a knob the profile lost, or of a value outside a domain it narrowed, cannot run:
+``orchestrator.closures`` closes it when the round takes it up.
 
 A profile may narrow a knob's domain under a champion whose value it leaves out. The champion
 keeps it: it was measured there, and a verdict needs the config that ran. Every round says so
@@ -50,20 +45,12 @@ from knobs.spec import Value, as_text, printable
 from knobs.vocabulary import BootStatus, EventKind, Kind
 from ledger import ChampionRecord, ExperimentRecord, Ledger
 from orchestrator.profile import Profile
-from orchestrator.undecided import close_undecided
 
 ADDED_REASON = "the profile gained the knob; the champion takes its default"
 INHERITED_REASON = (
     "the profile gained the knob back; the champion takes it from the champion it was changed from"
 )
 REMOVED_REASON = "the profile lost the knob; it is dropped from the champion"
-#: Who closes a change the profile can no longer run (a pending proposal's decider, the
-#: verdict's ``by``), and the verdict's rules: of a knob it lost, of a value outside a domain it
-#: narrowed (``closure``). ``history`` bars nothing for them and counts them as undecided.
-CLOSED_BY = "profile"
-LOST_RULE = "knob-removed"
-DOMAIN_RULE = "outside-domain"
-CLOSED_RULES = frozenset({LOST_RULE, DOMAIN_RULE})
 
 
 class Lineage:
@@ -356,78 +343,6 @@ def _in_launcher(profile: Profile, values: dict[str, Value]) -> str:
         shown += [f"{env}={v}" for env, v in rendered.env.items()]
         words.append(", ".join(shown) or f"{name}'s {printable(value)} as it rendered")
     return ", ".join(words)
-
-
-class Closure(NamedTuple):
-    """Why the profile closes a change under way without a boot (``closure``)."""
-
-    #: the verdict's rule (``LOST_RULE`` or ``DOMAIN_RULE``)
-    rule: str
-    #: the knob the change moves that the profile no longer has, or no longer has the value of
-    knob: str
-    #: the verdict's reason: what, and that the change is closed and bars nothing
-    reason: str
-    #: what results.tsv's description adds after ``closed:``
-    said: str
-    #: the verdict's statistics beyond who closed it
-    stats: dict[str, object]
-
-
-def closure(
-    space: KnobSpace,
-    knob: str | None,
-    value: Value | None,
-    coupled: str | None = None,
-    coupled_value: Value | None = None,
-) -> Closure | None:
-    """Why the profile of now closes a change that moves ``knob`` to ``value`` (and, a coupled
-    move, its enabling knob ``coupled`` to ``coupled_value``) under way: a knob ``space`` no
-    longer has (``LOST_RULE``), else a value outside the knob's domain now (``DOMAIN_RULE``:
-    the profile narrowed it since). ``None``: the change may run (or moves none: the
-    baseline)."""
-    moves = [(k, v) for k, v in ((knob, value), (coupled, coupled_value)) if k is not None]
-    for name, _ in moves:
-        if name not in space.names:
-            said = f"knob {name} is no longer in the profile"
-            return Closure(LOST_RULE, name, f"{said}: {_CLOSED}", said, {"knob": name})
-    for name, new in moves:
-        if new is None:
-            continue
-        spec = space.spec(name)
-        try:
-            spec.parse(new)
-        except KnobError:
-            said = f"{name} {as_text(new)} is outside the profile's domain now"
-            reason = f"{said} ({spec.describe_domain()}): {_CLOSED}"
-            return Closure(DOMAIN_RULE, name, reason, said, {"knob": name, "value": new})
-    return None
-
-
-_CLOSED = "the change is closed without a verdict and not booted; nothing is barred"
-
-
-def closure_of(space: KnobSpace, e: ExperimentRecord) -> Closure | None:
-    """``closure`` of experiment ``e``'s change."""
-    return closure(space, e.knob, e.value, e.coupled_knob, e.coupled_value)
-
-
-def close(ledger: Ledger, e: ExperimentRecord, why: Closure) -> ExperimentRecord:
-    """Decide change ``e``, undecided, that the profile closes (``why``): ``vetoed`` by the
-    profile (the closure's rule; its statistics the boots it had and how they failed), its
-    boots kept, results.tsv's description saying why. The decided experiment.
-
-    Raises:
-        LedgerError: the ledger failed, or ``e`` is decided already.
-    """
-    return close_undecided(
-        ledger,
-        e,
-        rule=why.rule,
-        reason=why.reason,
-        by=CLOSED_BY,
-        description=f"{e.description}; closed: {why.said}",
-        stats=why.stats,
-    )
 
 
 def outside_domain(space: KnobSpace, config: Mapping[str, Value]) -> dict[str, str]:

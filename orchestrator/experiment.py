@@ -13,10 +13,11 @@ from ledger import BootRecord, ExperimentRecord, Ledger, RoundRecord, VerdictRec
 from orchestrator import policy
 from orchestrator.boot import Booter
 from orchestrator.champion import ChampionEvidence
+from orchestrator.closures import Closure, close, closure_of
 from orchestrator.crashpoints import crashpoint
 from orchestrator.display import RoundDisplay, describe
 from orchestrator.errors import OrchestrateError
-from orchestrator.evolution import Closure, close, closure_of, fit
+from orchestrator.evolution import fit
 from orchestrator.faults import InfrastructureFaults
 from orchestrator.history import monotone_classes
 from orchestrator.measurements import BootCount, Measurement
@@ -130,7 +131,7 @@ class ExperimentRunner:
     def _close(self, e: ExperimentRecord, run_id: str | None, why: Closure) -> None:
         """Change ``e`` moves a knob the profile lost since it was recorded, or to a value
         outside the domain it narrowed since (``why``): closed without a boot more
-        (``evolution.close``), with the line."""
+        (``closures.close``), with the line."""
         closed = close(self.ledger, e, why)
         crashpoint("verdict.committed")
         verdict = self.ledger.verdict(e.id)

@@ -22,7 +22,8 @@ from knobs.vocabulary import INFRASTRUCTURE, UNMEASURED, EventKind, State, Statu
 from ledger import EventRecord, ExperimentRecord, Ledger, RoundRecord
 from orchestrator import policy
 from orchestrator.champion import ChampionEvidence
-from orchestrator.evolution import CLOSED_RULES, Lineage, fit
+from orchestrator.closures import CLOSED_RULES
+from orchestrator.evolution import Lineage, fit
 from orchestrator.priors import interacting, knob_priors, measured
 from orchestrator.profile import Profile
 from orchestrator.step_cost import learned
@@ -64,7 +65,7 @@ def proposal_context(
         here = (
             champion_key == current.config.key
             and e.failure_class not in INFRASTRUCTURE
-            # closed by the profile (``evolution.closure``): nobody judged it, it may run again
+            # closed by the profile (``closures.closure``): nobody judged it, it may run again
             and not _closed(ledger, e)
         )
         if here:
@@ -274,7 +275,7 @@ def _barred(profile: Profile, ledger: Ledger, e: ExperimentRecord) -> KnownBad |
 
 def _closed(ledger: Ledger, e: ExperimentRecord) -> bool:
     """Whether decided ``e`` was closed by the profile without a verdict (a knob it lost, a
-    value outside a domain it narrowed: ``evolution.closure``)."""
+    value outside a domain it narrowed: ``closures.closure``)."""
     if e.status != Status.VETOED:
         return False
     verdict = ledger.verdict(e.id)

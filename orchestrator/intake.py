@@ -5,7 +5,7 @@ Both are one knob away from the champion of the moment (or a coupled move, two: 
 coupled``), validated by ``KnobSpace.change`` again (the ledger's value, or a person's edit,
 is never trusted as is) — but a change the profile can no longer run (a knob it lost since it
 was proposed, a value outside a domain it narrowed since), which no space can validate: it is
-recorded as proposed, for the round to close it without a boot (``evolution.closure``).
+recorded as proposed, for the round to close it without a boot (``closures.closure``).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from knobs.config import Change
 from knobs.vocabulary import Kind, Status
 from ledger import ExperimentRecord, Ledger, ProposalRecord, RoundRecord, VerdictRecord
 from orchestrator.champion import ChampionEvidence
+from orchestrator.closures import CLOSED_BY, close, closure
 from orchestrator.crashpoints import crashpoint
 from orchestrator.display import RoundDisplay
-from orchestrator.evolution import CLOSED_BY, close, closure
 from orchestrator.profile import Profile
 from orchestrator.runlog import RunLog
 
@@ -68,7 +68,7 @@ class Intake:
     def veto(self, rnd: RoundRecord, p: ProposalRecord) -> None:
         """A vetoed proposal as a decided experiment: no boot, a known-bad region with the
         person's reason, a tagged MLflow run. One the profile closed (its knob lost, its value
-        outside the domain: ``evolution.closure``) bars nothing."""
+        outside the domain: ``closures.closure``) bars nothing."""
         why = closure(self.profile.space, p.knob, p.new_value, p.coupled_knob, p.coupled_new)
         by_profile = why is not None and p.decided_by == CLOSED_BY
         e = self._add(rnd, p, "({source})" if by_profile else "vetoed by {decided_by}: {reason}")

@@ -36,6 +36,7 @@ from ledger import (
 from orchestrator.approval import ApprovalGate
 from orchestrator.boot import Booter
 from orchestrator.champion import ChampionEvidence
+from orchestrator.closures import CLOSED_BY, closure
 from orchestrator.crashpoints import crashpoint
 from orchestrator.display import (
     RoundDisplay,
@@ -44,7 +45,7 @@ from orchestrator.display import (
     stopped_by_cap,
 )
 from orchestrator.errors import OrchestrateError
-from orchestrator.evolution import CLOSED_BY, closure, outside_domain
+from orchestrator.evolution import outside_domain
 from orchestrator.experiment import ExperimentRunner
 from orchestrator.faults import InfrastructureFaults, last_stop, record_stop, said_stop
 from orchestrator.gpu_hours import gpu_hours

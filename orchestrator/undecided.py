@@ -77,7 +77,7 @@ def close_undecided(
     ``reason``, its statistics who closed it (``by``), the boots it had and how they failed
     (and ``stats``), its boots kept as they were; results.tsv's ``description``. The decided
     experiment (a person's veto, ``veto_undecided``; a change the profile can no longer run,
-    ``evolution.close``).
+    ``closures.close``).
 
     Raises:
         LedgerError: the ledger failed, or ``e`` is decided already.
