@@ -23,11 +23,14 @@ from typing import TYPE_CHECKING, Final, TypeVar
 from ledger.base import did_not_answer
 from ledger.errors import MlflowSinkError
 from ledger.mlflow_uri import (
+    ANSWERING,
+    AWAY,
     DEFAULT_TRACKING_URI,
+    FIRST_CONTACT,
     artifact_location,
+    bounded,
     created_whole,
     display_uri,
-    first_contact,
     probe_database,
     resolve_tracking_uri,
 )
@@ -123,7 +126,9 @@ class MlflowSink:
             # path of this machine would be a dead link for everyone else
             root = None
         self._artifact_location = artifact_location(root)
-        with self._translate("open the tracking store"), first_contact(self.tracking_uri):
+        #: whether the last call found MLflow not answering (its next is a short try)
+        self._away = False
+        with self._translate("open the tracking store", first=True):
             probe_database(self.tracking_uri)
             created_whole(self.tracking_uri)
             # Imported here: importing mlflow costs about a second, and code that only needs
@@ -435,20 +440,31 @@ class MlflowSink:
         return experiment_id
 
     @contextmanager
-    def _translate(self, operation: str) -> Iterator[None]:
-        """Turn MLflow, SQLAlchemy, driver and filesystem errors into ``MlflowSinkError``."""
+    def _translate(self, operation: str, *, first: bool = False) -> Iterator[None]:
+        """Turn MLflow, SQLAlchemy, driver and filesystem errors into ``MlflowSinkError``;
+        MLflow's requests bounded meanwhile (``mlflow_uri.bounded``): as a first contact, as a
+        call to an MLflow that answers, or, after a call MLflow did not answer, as a short try
+        of whether it is back (a round that goes on without MLflow never waits long on it)."""
         from sqlalchemy.exc import SQLAlchemyError
 
+        settings = FIRST_CONTACT if first else AWAY if self._away else ANSWERING
         try:
-            yield
-        except MlflowSinkError:
+            with bounded(self.tracking_uri, settings):
+                yield
+        except MlflowSinkError as e:
+            self._away = e.unreachable
             raise
         except (SQLAlchemyError, OSError, ImportError) as e:
-            raise _sink_error(self.tracking_uri, operation, e) from e
+            error = _sink_error(self.tracking_uri, operation, e)
+            self._away = error.unreachable
+            raise error from e
         except Exception as e:
             if _is_mlflow_exception(e):
-                raise _sink_error(self.tracking_uri, operation, e) from e
+                error = _sink_error(self.tracking_uri, operation, e)
+                self._away = error.unreachable
+                raise error from e
             raise
+        self._away = False
 
 
 def _is_mlflow_exception(error: Exception) -> bool:

@@ -1,13 +1,14 @@
 """Where MLflow is: the tracking URI (a database or a server; never the deprecated file store),
-the artifact root that goes with it, one probe of a database server, and the URI as shown (its
-password masked)."""
+the artifact root that goes with it, one probe of a database server, how long a tracking
+server's requests may wait (``bounded``), and the URI as shown (its password masked)."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
+from types import MappingProxyType
 from typing import Final
 from urllib.parse import urlsplit, urlunsplit
 
@@ -89,28 +90,54 @@ def probe_database(uri: str) -> None:
         engine.dispose()
 
 
-#: MLflow's HTTP settings for the first contact with a tracking server (``first_contact``): two
+#: MLflow's HTTP settings for the first contact with a tracking server (``bounded``): two
 #: retries 2 s apart, 10 s for each request. MLflow's own (7 retries, a backoff doubling from
 #: 2 s, 120 s a request) held a tracking server that is not there for 4 minutes (a refused
 #: port) to over 16 (an address that never answers) before a command said a word.
-FIRST_CONTACT: Final = {
-    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
-    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
-    "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
-}
+FIRST_CONTACT: Final[Mapping[str, str]] = MappingProxyType(
+    {
+        "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+        "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+        "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
+    }
+)
+
+#: ... for each later call of a sink while MLflow answers (a round's writes, a fill-in): two
+#: retries (at once, then 4 s later), 30 s for each request. With MLflow's own, a call to a
+#: tracking server gone silent mid-round (SIGSTOPped, wedged) held the round about 20
+#: minutes; now about a minute and a half. A server slower than that is taken for one away:
+#: the round goes on with the ledger as its record and fills MLflow in when it answers
+#: (``orchestrator.mirror``).
+ANSWERING: Final[Mapping[str, str]] = MappingProxyType(
+    {
+        "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+        "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "2",
+        "MLFLOW_HTTP_REQUEST_TIMEOUT": "30",
+    }
+)
+
+#: ... for each call after one that MLflow did not answer, until one is answered (a round's
+#: tries of whether MLflow is back, and its close while MLflow is away): one request, 10 s.
+#: Before, each such try waited out MLflow's own retries again, about 20 minutes.
+AWAY: Final[Mapping[str, str]] = MappingProxyType(
+    {
+        "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
+        "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
+    }
+)
 
 
 @contextmanager
-def first_contact(uri: str) -> Iterator[None]:
-    """MLflow's HTTP requests to a tracking server (``http(s)://``) bounded by ``FIRST_CONTACT``
-    while the block runs, each setting the environment does not set already (the user's own
-    are honoured): a server that is not there is said in seconds, and a round whose MLflow
-    goes away later rides it out on MLflow's own retries, as before. Another URI is left as
-    it is (a database is probed once, ``probe_database``)."""
+def bounded(uri: str, settings: Mapping[str, str]) -> Iterator[None]:
+    """MLflow's HTTP requests to a tracking server (``http(s)://``) bounded by ``settings``
+    (``FIRST_CONTACT``, ``ANSWERING``, ``AWAY``) while the block runs, each setting the
+    environment does not set already: the user's own ``MLFLOW_HTTP_REQUEST_*`` win, and
+    nothing outlives the block. Another URI is left as it is (a database is probed once as
+    it is opened, ``probe_database``)."""
     if urlsplit(uri).scheme.lower() not in ("http", "https"):
         yield
         return
-    added = {name: value for name, value in FIRST_CONTACT.items() if name not in os.environ}
+    added = {name: value for name, value in settings.items() if name not in os.environ}
     os.environ.update(added)
     try:
         yield

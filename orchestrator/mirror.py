@@ -20,8 +20,8 @@ from typing import TypeVar
 
 from ledger import MlflowSinkError
 
-#: Seconds between tries of an MLflow that stopped answering (each try of a server that is
-#: down waits out MLflow's own HTTP retries).
+#: Seconds between tries of an MLflow that stopped answering (each try of a tracking server
+#: still away is one request of 10 s: ``ledger.mlflow_uri.AWAY``).
 RETRY_S = 600.0
 
 T = TypeVar("T")

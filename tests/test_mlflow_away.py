@@ -8,6 +8,7 @@ scripted (the real loop, ledger, verdict and MLflow sink run unchanged)."""
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import os
 import shutil
@@ -168,6 +169,47 @@ def test_mlflow_away_mid_round_is_filled_in_when_it_answers(
         _assert_mlflow_has_every_boot_text(ledger, mlflow_server, tmp_path / "artifacts")
         parent = MlflowClient(mlflow_server.url).get_run(report.round.mlflow_run_id or "")
         assert parent.info.status == "FINISHED"
+
+
+@pytest.mark.timeout(480)
+def test_a_tracking_server_silent_mid_round_holds_one_call_briefly_then_the_round_goes_on(
+    tmp_path: Path, mlflow_server: MlflowServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tracking server that goes silent mid-round (it takes connections and never answers)
+    under MLflow's HTTP settings as a user has them: the call that finds it silent holds the
+    round about a minute and a half (two retries, 30 s a request; MLflow's own held it about
+    20 minutes, and again at each later try), and every later try of whether it is back is
+    one request of 10 s, so the boots go on at their pace; MLflow, back, is filled in."""
+    for name in [k for k in os.environ if k.startswith("MLFLOW_HTTP_REQUEST_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("HF_TOKEN", SECRET)
+    booted: list[float] = []
+
+    def outage(n: int) -> None:
+        booted.append(time.monotonic())
+        if n == 3:
+            mlflow_server.pause()
+        if n == 7:
+            mlflow_server.resume_answered()
+            booted.append(time.monotonic())  # the wait for /health is not the round's
+
+    testbed = Outage(outage)
+    said = io.StringIO()
+    with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
+        report = _round(ledger, mlflow_server, testbed, said)
+        assert report.stopped_by == "budget"
+        # boots 3 to 7 while MLflow is silent, a try of it before each experiment's first
+        gaps = [later - earlier for earlier, later in itertools.pairwise(booted[2:7])]
+        assert gaps[0] < 150.0, gaps  # boot 3's texts: the call that found it silent
+        assert all(gap < 40.0 for gap in gaps[1:]), gaps  # then at boot pace
+        text = said.getvalue()
+        assert text.count("MLflow stopped answering") == 1, text
+        assert text.count("MLflow answers again") == 1, text
+        _assert_mlflow_has_every_verdict(ledger, mlflow_server)
+        _assert_mlflow_has_every_boot_text(ledger, mlflow_server, tmp_path / "artifacts")
+    assert not [k for k in os.environ if k.startswith("MLFLOW_HTTP_REQUEST_")], (
+        "a call's bound outlived it"
+    )
 
 
 def test_a_round_that_ends_with_mlflow_away_stays_open_and_the_same_command_closes_it(
