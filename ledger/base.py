@@ -4,14 +4,13 @@ any point leaves the ledger at the last completed state change."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, Self, TypeVar
 
 from sqlalchemy import Connection, Engine, create_engine, event
-from sqlalchemy.engine import URL, make_url
+from sqlalchemy.engine import make_url
 from sqlalchemy.exc import (
     ArgumentError,
     DBAPIError,
@@ -23,6 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from knobs.vocabulary import EventKind
 from ledger.errors import LedgerError, LedgerNotReady, NotInLedger
+from ledger.libpq import connect_args
 from ledger.models import Base, EventRow
 from ledger.records import VerdictRecord
 from ledger.schema import NewerSchema, Upgrade
@@ -86,7 +86,7 @@ class LedgerBase:
                 event.listen(self._engine, "connect", _sqlite_pragmas)
             else:
                 self._engine = create_engine(
-                    url, pool_pre_ping=True, connect_args=_connect_args(parsed)
+                    url, pool_pre_ping=True, connect_args=connect_args(parsed)
                 )
         except (SQLAlchemyError, ImportError) as e:
             raise LedgerError(f"cannot open ledger {self.url}: {e}", url=self.url) from e
@@ -239,26 +239,6 @@ class LedgerBase:
             name = getattr(cls, "__tablename__", cls.__name__)
             raise NotInLedger(f"no {name} {key} in ledger {self.url}", url=self.url)
         return row
-
-
-#: The seconds one connection to a PostgreSQL ledger may take to be made (libpq's
-#: ``connect_timeout``). Without it psycopg waits 130 s, and libpq for ever, on a server that
-#: takes the connection and never answers (a blackholed address, a host half down): every try
-#: of a command, and of a round waiting out an outage, held that long.
-CONNECT_TIMEOUT_S = 10
-
-#: The PostgreSQL drivers that take libpq's ``connect_timeout``.
-_LIBPQ_DRIVERS = frozenset({"psycopg", "psycopg2", "psycopg2cffi"})
-
-
-def _connect_args(parsed: URL) -> dict[str, object]:
-    """What a ledger server's connections are made with: ``CONNECT_TIMEOUT_S``, unless the
-    URL (``?connect_timeout=N``) or libpq's environment (``PGCONNECT_TIMEOUT``) sets its own."""
-    if parsed.get_backend_name() != "postgresql" or parsed.get_driver_name() not in _LIBPQ_DRIVERS:
-        return {}
-    if "connect_timeout" in parsed.query or "PGCONNECT_TIMEOUT" in os.environ:
-        return {}
-    return {"connect_timeout": CONNECT_TIMEOUT_S}
 
 
 def server_identity(url: str) -> str | None:

@@ -2,7 +2,8 @@
 
 Each test gets its own MLflow sqlite store (autouse, ``tests/fixtures/mlflow_store.py``) and
 may ask for a real PostgreSQL database (``postgres``, ``pg_url``, ``ledger_url`` in
-``tests/fixtures/postgres.py``).
+``tests/fixtures/postgres.py``), or for a server of its own across a link it can cut
+(``far_postgres``, ``tests/fixtures/partition.py``).
 """
 
 from __future__ import annotations
@@ -19,4 +20,5 @@ pytest_plugins = [
     "tests.fixtures.messages_api",
     "tests.fixtures.postgres",
     "tests.fixtures.sshd",
+    "tests.fixtures.partition",  # after the two it builds on (their asserts rewritten first)
 ]

@@ -35,6 +35,7 @@ from orchestrator.lease import ClusterLease
 from orchestrator.round import RoundOptions, RoundReport, RoundRunner
 from orchestrator.testbed import NullSink
 from tests.fixtures.cli import orchestrate, said_until
+from tests.fixtures.partition import BOUNDS, FarPostgres, connections_made
 from tests.test_round_policy import ScriptedTestbed, profile
 
 
@@ -168,6 +169,81 @@ def test_a_round_waits_out_a_ledger_away_and_resumes_from_it(pg_url: str) -> Non
         assert all(e.state == State.DECIDED for e in experiments)
         assert not [e for e in experiments if e.status == "crash"]
         assert candidates[0].status == "keep"
+
+
+def test_a_ledgers_connections_have_libpqs_bounds_on_a_silent_server_and_the_users_own_win(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each connection to a PostgreSQL ledger is made with libpq's bounds on a server that
+    falls silent (keepalives, ``tcp_user_timeout``) and on one that never answers
+    (``connect_timeout``), read back from the live connections; a bound the URL sets, or
+    libpq's environment, is the user's."""
+    monkeypatch.delenv("PGCONNECT_TIMEOUT", raising=False)
+    made: list[dict[str, str]] = []
+    with connections_made(made), Ledger(pg_url) as ledger:
+        ledger.rounds("c")
+    assert made and all({k: c[k] for k in BOUNDS} == BOUNDS for c in made), made
+    made.clear()
+    monkeypatch.setenv("PGCONNECT_TIMEOUT", "7")
+    own = make_url(pg_url).update_query_dict({"tcp_user_timeout": "5000", "keepalives_idle": "60"})
+    with connections_made(made), Ledger(own.render_as_string(False)) as ledger:
+        ledger.rounds("c")
+    users = {"connect_timeout": "7", "tcp_user_timeout": "5000", "keepalives_idle": "60"}
+    assert made and all({k: c[k] for k in BOUNDS} == {**BOUNDS, **users} for c in made), made
+
+
+class CutAt(ScriptedTestbed):
+    """K=5 serves 130 tok/s, the rest 100; the link to the ledger's server is cut as boot
+    ``at`` comes up (``cut_at``: when)."""
+
+    def __init__(self, far: FarPostgres, at: int) -> None:
+        super().__init__(lambda c, n: 130.0 if c["num_speculative_tokens"] == 5 else 100.0)
+        self.far = far
+        self.at = at
+        self.cut_at = 0.0
+
+    def deploy(self, config: Config) -> dict[int, str]:
+        launchers = super().deploy(config)
+        if len(self.boots) == self.at:
+            self.far.cut()  # the boot is up; recording it finds the ledger's host gone
+            self.cut_at = time.monotonic()
+        return launchers
+
+
+@pytest.mark.timeout(300)
+def test_a_ledger_server_cut_off_mid_round_is_an_outage_within_a_minute(
+    far_postgres: FarPostgres,
+) -> None:
+    """A network partition mid-round (the ledger's host gone: its packets dropped, no reset
+    ever comes) on an open connection: the round's next ledger call fails within about a
+    minute as the ledger not answering, and the round waits and resumes from the ledger when
+    the link is back. Before, libpq waited on the connection for the kernel's retransmissions,
+    about 15 minutes (for ever on one that awaited a reply)."""
+    waits: list[float] = []
+
+    def wait(_seconds: float) -> None:
+        waits.append(time.monotonic())
+        far_postgres.mend()
+
+    said = io.StringIO()
+    testbed = CutAt(far_postgres, at=4)
+    with Ledger(far_postgres.url) as ledger:
+        try:
+            report = through_ledger_outages(
+                lambda: _round(ledger, testbed, said),
+                note=lambda line: print(line, file=said),
+                sleep=wait,
+            )
+        finally:
+            far_postgres.mend()
+        assert len(waits) == 1, said.getvalue()
+        assert waits[0] - testbed.cut_at < 75.0, said.getvalue()
+        assert said.getvalue().count("the ledger did not answer") == 1
+        assert report.resumed and report.stopped_by == "budget"
+        assert ledger.round(report.round.id).status == RoundStatus.DONE
+        experiments = ledger.experiments()
+        assert [e.value for e in experiments if e.kind == "candidate"] == [5, 6, 2]
+        assert not [e for e in experiments if e.status == "crash"]
 
 
 def test_a_ledger_away_past_the_last_wait_stops_the_round_for_the_same_command(
