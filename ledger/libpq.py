@@ -22,7 +22,8 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Final
 
-from sqlalchemy.engine import URL
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError
 
 #: The seconds one connection may take to be made (libpq's ``connect_timeout``).
 CONNECT_TIMEOUT_S: Final = 10
@@ -62,3 +63,17 @@ def connect_args(url: URL) -> dict[str, object]:
         for name, value in bounds.items()
         if name not in url.query and name not in environment
     }
+
+
+def bounded_uri(uri: str) -> str:
+    """``uri`` with ``connect_args`` in its query, for a library that opens the database itself
+    and takes no connect arguments (MLflow's tracking store); another URI as it is."""
+    try:
+        url = make_url(uri)
+    except ArgumentError:  # not a database URL: the library says so in its own words
+        return uri
+    added = connect_args(url)
+    if not added:
+        return uri
+    bounded = url.update_query_dict({name: str(value) for name, value in added.items()})
+    return bounded.render_as_string(hide_password=False)

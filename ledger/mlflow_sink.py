@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Final, TypeVar
 
 from ledger.base import did_not_answer
 from ledger.errors import MlflowSinkError
+from ledger.libpq import bounded_uri
 from ledger.mlflow_uri import (
     ANSWERING,
     AWAY,
@@ -135,7 +136,8 @@ class MlflowSink:
             # MlflowSinkError (the CLI, for one) should not pay it.
             from mlflow.tracking import MlflowClient
 
-            self._client: MlflowClient = MlflowClient(tracking_uri=self.tracking_uri)
+            # a PostgreSQL store's connections bounded as the ledger's are (``ledger.libpq``)
+            self._client: MlflowClient = MlflowClient(tracking_uri=bounded_uri(self.tracking_uri))
             self.experiment_id = self._find_or_create_experiment()
 
     # -- runs ---------------------------------------------------------------------------------
@@ -494,6 +496,9 @@ def _did_not_answer(error: BaseException) -> bool:
 
     if isinstance(error, SQLAlchemyError):
         return did_not_answer(error)
+    if isinstance(error.__cause__, SQLAlchemyError):
+        # MLflow's SQL store words its database's failure as its own: the driver's says
+        return did_not_answer(error.__cause__)
     if isinstance(error, ConnectionError | TimeoutError):
         return True
     away = any(w in str(error).lower() for w in _AWAY)

@@ -13,6 +13,7 @@ from typing import Final
 from urllib.parse import urlsplit, urlunsplit
 
 from ledger.errors import MlflowSinkError
+from ledger.libpq import connect_args
 from ledger.redact import REDACTED
 
 DEFAULT_TRACKING_URI: Final = "sqlite:///mlflow.db"
@@ -81,8 +82,8 @@ def probe_database(uri: str) -> None:
     import sqlalchemy
     from sqlalchemy.pool import NullPool
 
-    connect_args: dict[str, object] = {"connect_timeout": 10} if dialect == "postgresql" else {}
-    engine = sqlalchemy.create_engine(uri, poolclass=NullPool, connect_args=connect_args)
+    url = sqlalchemy.make_url(uri)
+    engine = sqlalchemy.create_engine(url, poolclass=NullPool, connect_args=connect_args(url))
     try:
         with engine.connect():
             pass
@@ -133,7 +134,8 @@ def bounded(uri: str, settings: Mapping[str, str]) -> Iterator[None]:
     (``FIRST_CONTACT``, ``ANSWERING``, ``AWAY``) while the block runs, each setting the
     environment does not set already: the user's own ``MLFLOW_HTTP_REQUEST_*`` win, and
     nothing outlives the block. Another URI is left as it is (a database is probed once as
-    it is opened, ``probe_database``)."""
+    it is opened, ``probe_database``, and a PostgreSQL one has libpq's bounds,
+    ``ledger.libpq``)."""
     if urlsplit(uri).scheme.lower() not in ("http", "https"):
         yield
         return

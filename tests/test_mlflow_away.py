@@ -32,6 +32,7 @@ from orchestrator.faults import mlflow_reached, through_ledger_outages, waiting_
 from orchestrator.round import RoundOptions, RoundReport, RoundRunner
 from tests.fixtures.cli import orchestrate, said_until
 from tests.fixtures.mlflow_store import MlflowServer
+from tests.fixtures.partition import BOUNDS, FarPostgres, connections_made
 from tests.test_ledger_outage import bring_back, take_away
 from tests.test_round_policy import ScriptedTestbed, profile
 
@@ -210,6 +211,37 @@ def test_a_tracking_server_silent_mid_round_holds_one_call_briefly_then_the_roun
     assert not [k for k in os.environ if k.startswith("MLFLOW_HTTP_REQUEST_")], (
         "a call's bound outlived it"
     )
+
+
+@pytest.mark.timeout(300)
+def test_an_mlflow_store_on_postgresql_cut_off_mid_round_fails_its_call_within_a_minute(
+    far_postgres: FarPostgres, tmp_path: Path
+) -> None:
+    """MLflow's store on PostgreSQL (no tracking server): its connections are made with the
+    ledger's bounds on a server that falls silent (read back from them), so a partition that
+    takes the database's host away mid-round fails MLflow's call within about a minute (the
+    round goes on without MLflow: ``orchestrator.mirror``), where it waited for the kernel's
+    retransmissions, about 15 minutes; and with the link back MLflow answers again."""
+    made: list[dict[str, str]] = []
+    with connections_made(made):
+        sink = MlflowSink(
+            far_postgres.url, experiment_name="orchestrate/cut", artifact_root=tmp_path / "art"
+        )
+        run_id = sink.start_round(round_id=1, cluster="cut", params={"budget": "4"})
+    assert made and all({k: c[k] for k in BOUNDS} == BOUNDS for c in made), made
+    far_postgres.cut()
+    started = time.monotonic()
+    try:
+        with pytest.raises(MlflowSinkError) as away:
+            sink.set_tags(run_id, {"status": "keep"})
+        took = time.monotonic() - started
+    finally:
+        far_postgres.mend()
+    assert took < 75.0, away.value.message
+    assert away.value.unreachable, away.value.message  # an outage, not a refusal
+    sink.set_tags(run_id, {"status": "keep"})
+    state = sink.run_state(run_id)
+    assert state is not None and state.tags["status"] == "keep"
 
 
 def test_a_round_that_ends_with_mlflow_away_stays_open_and_the_same_command_closes_it(
