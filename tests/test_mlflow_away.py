@@ -75,10 +75,12 @@ class BothAway(Outage):
 
 @pytest.fixture
 def impatient(monkeypatch: pytest.MonkeyPatch) -> None:
-    """MLflow's HTTP client gives up on a silent server after 2 s, without retries; the
-    engine logs' token is a secret of the environment."""
+    """MLflow's HTTP client gives up on a silent server after 6 s, without retries (a server
+    that answers takes well under that, even on a loaded machine: at 2 s, one answering
+    server's first call timed out under a load average of 11); the engine logs' token is a
+    secret of the environment."""
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "6")
     monkeypatch.setenv("HF_TOKEN", SECRET)
 
 
