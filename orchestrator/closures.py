@@ -2,21 +2,25 @@
 
 A change of a knob the profile lost cannot run: its config fitted is the champion's. Nor can
 one whose value (either value of a coupled move) the knob's domain no longer has: the profile
-narrowed it since. One a killed round left under way (undecided, or a proposal not yet an
-experiment) is closed when the round takes it up (``closure``, ``close``): decided ``vetoed``
-by the profile, with the line, its boots kept and no boot more; it bars nothing and is not
-taken as decided (should the knob or the value come back, it may run) and does not count
-against the budget.
+narrowed it since; nor one whose config is a combination the profile forbids since (a person
+who saw it crash the engine wrote the rule before the resume). One a killed round left under
+way (undecided, or a proposal not yet an experiment) is closed when the round takes it up
+(``closure``, ``close``): decided ``vetoed`` by the profile, with the line, its boots kept and
+no boot more; it bars nothing and is not taken as decided (should the knob, the value or the
+combination come back, it may run) and does not count against the budget.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
+from knobs.config import Config
 from knobs.errors import KnobError
 from knobs.space import KnobSpace
 from knobs.spec import Value, as_text
 from ledger import ExperimentRecord, Ledger
+from orchestrator.evolution import fit
 from orchestrator.undecided import close_undecided
 
 #: Who closes a change the profile can no longer run (a pending proposal's decider, the
@@ -25,7 +29,8 @@ from orchestrator.undecided import close_undecided
 CLOSED_BY = "profile"
 LOST_RULE = "knob-removed"
 DOMAIN_RULE = "outside-domain"
-CLOSED_RULES = frozenset({LOST_RULE, DOMAIN_RULE})
+FORBIDDEN_RULE = "forbidden-combination"
+CLOSED_RULES = frozenset({LOST_RULE, DOMAIN_RULE, FORBIDDEN_RULE})
 
 
 class Closure(NamedTuple):
@@ -49,12 +54,14 @@ def closure(
     value: Value | None,
     coupled: str | None = None,
     coupled_value: Value | None = None,
+    config: Callable[[], Config] | None = None,
 ) -> Closure | None:
     """Why the profile of now closes a change that moves ``knob`` to ``value`` (and, a coupled
     move, its enabling knob ``coupled`` to ``coupled_value``) under way: a knob ``space`` no
     longer has (``LOST_RULE``), else a value outside the knob's domain now (``DOMAIN_RULE``:
-    the profile narrowed it since). ``None``: the change may run (or moves none: the
-    baseline)."""
+    the profile narrowed it since), else, ``config`` given (the config the change runs, built
+    only once the knobs and values fit), a combination the profile forbids now
+    (``FORBIDDEN_RULE``). ``None``: the change may run (or moves none: the baseline)."""
     moves = [(k, v) for k, v in ((knob, value), (coupled, coupled_value)) if k is not None]
     for name, _ in moves:
         if name not in space.names:
@@ -70,15 +77,30 @@ def closure(
             said = f"{name} {as_text(new)} is outside the profile's domain now"
             reason = f"{said} ({spec.describe_domain()}): {_CLOSED}"
             return Closure(DOMAIN_RULE, name, reason, said, {"knob": name, "value": new})
+    if config is None or knob is None:
+        return None
+    try:
+        space.check_constraints(config())
+    except KnobError as e:
+        said = f"the profile forbids its config now ({e.message})"
+        return Closure(FORBIDDEN_RULE, knob, f"{said}: {_CLOSED}", said, {"knob": knob})
     return None
 
 
 _CLOSED = "the change is closed without a verdict and not booted; nothing is barred"
 
 
-def closure_of(space: KnobSpace, e: ExperimentRecord) -> Closure | None:
-    """``closure`` of experiment ``e``'s change."""
-    return closure(space, e.knob, e.value, e.coupled_knob, e.coupled_value)
+def closure_of(space: KnobSpace, ledger: Ledger, e: ExperimentRecord) -> Closure | None:
+    """``closure`` of experiment ``e``'s change, its config fitted to ``space``.
+
+    Raises:
+        LedgerError: the ledger failed.
+    """
+
+    def config() -> Config:
+        return fit(space, ledger, e).config
+
+    return closure(space, e.knob, e.value, e.coupled_knob, e.coupled_value, config)
 
 
 def close(ledger: Ledger, e: ExperimentRecord, why: Closure) -> ExperimentRecord:

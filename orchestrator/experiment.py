@@ -90,7 +90,7 @@ class ExperimentRunner:
             e = self.ledger.experiment(e.id)
             if e.state == State.DECIDED:
                 return
-            why = closure_of(self.profile.space, e)
+            why = closure_of(self.profile.space, self.ledger, e)
             if why is not None:  # a change the profile can no longer run (``evolution``)
                 self._close(e, run_id, why)
                 return

@@ -15,7 +15,7 @@ from knobs.config import Change
 from knobs.vocabulary import Kind, Status
 from ledger import ExperimentRecord, Ledger, ProposalRecord, RoundRecord, VerdictRecord
 from orchestrator.champion import ChampionEvidence
-from orchestrator.closures import CLOSED_BY, close, closure
+from orchestrator.closures import CLOSED_BY, Closure, close, closure
 from orchestrator.crashpoints import crashpoint
 from orchestrator.display import RoundDisplay
 from orchestrator.profile import Profile
@@ -69,7 +69,7 @@ class Intake:
         """A vetoed proposal as a decided experiment: no boot, a known-bad region with the
         person's reason, a tagged MLflow run. One the profile closed (its knob lost, its value
         outside the domain: ``closures.closure``) bars nothing."""
-        why = closure(self.profile.space, p.knob, p.new_value, p.coupled_knob, p.coupled_new)
+        why = self.closure(p)
         by_profile = why is not None and p.decided_by == CLOSED_BY
         e = self._add(rnd, p, "({source})" if by_profile else "vetoed by {decided_by}: {reason}")
         if why is not None and by_profile:
@@ -90,22 +90,29 @@ class Intake:
         shown = decided.model_copy(update={"description": e.description})
         self.display.decided(shown, p.reason or "vetoed")
 
+    def closure(self, p: ProposalRecord) -> Closure | None:
+        """Why the profile of now closes proposal ``p`` without a boot (``closures.closure``:
+        its knob lost, its value outside the domain, or its config, the champion of the moment
+        with its change, a combination the profile forbids now); ``None``: it may run."""
+        champion = self.champion.current()
+        return closure(
+            self.profile.space,
+            p.knob,
+            p.new_value,
+            p.coupled_knob,
+            p.coupled_new,
+            lambda: champion.config.apply(_as_proposed(p)),
+        )
+
     def _add(self, rnd: RoundRecord, p: ProposalRecord, how: str) -> ExperimentRecord:
         """The proposal's change applied to the champion of the moment, as an experiment;
         ``how``: what its description says after the change (the proposal's fields)."""
         champion = self.champion.current()
         space = self.profile.space
-        if closure(space, p.knob, p.new_value, p.coupled_knob, p.coupled_new) is not None:
+        if self.closure(p) is not None:
             # no space validates what the profile can no longer run: recorded as proposed,
             # never booted
-            change = Change(
-                knob=p.knob,
-                old=p.old_value,
-                new=p.new_value,
-                enabling=None
-                if p.coupled_knob is None or p.coupled_old is None or p.coupled_new is None
-                else Change(knob=p.coupled_knob, old=p.coupled_old, new=p.coupled_new),
-            )
+            change = _as_proposed(p)
         else:
             change = (
                 space.change(champion.config, p.knob, p.new_value)
@@ -129,3 +136,16 @@ class Intake:
             description=f"{change.describe()} {told}".strip(),
             coupled=None if enabling is None else (enabling.knob, enabling.new),
         )
+
+
+def _as_proposed(p: ProposalRecord) -> Change:
+    """Proposal ``p``'s change as it was recorded, validated by no space (one the profile can
+    no longer run is recorded as proposed, never booted)."""
+    return Change(
+        knob=p.knob,
+        old=p.old_value,
+        new=p.new_value,
+        enabling=None
+        if p.coupled_knob is None or p.coupled_old is None or p.coupled_new is None
+        else Change(knob=p.coupled_knob, old=p.coupled_old, new=p.coupled_new),
+    )

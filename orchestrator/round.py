@@ -36,7 +36,7 @@ from ledger import (
 from orchestrator.approval import ApprovalGate
 from orchestrator.boot import Booter
 from orchestrator.champion import ChampionEvidence
-from orchestrator.closures import CLOSED_BY, closure
+from orchestrator.closures import CLOSED_BY
 from orchestrator.crashpoints import crashpoint
 from orchestrator.display import (
     RoundDisplay,
@@ -341,13 +341,7 @@ class RoundRunner:
             record = self.intake.record(rnd, proposal)
             crashpoint("proposal.recorded")
         self.display.experiment(index, rnd.budget, record.change.describe())
-        why = closure(
-            self.profile.space,
-            record.knob,
-            record.new_value,
-            record.coupled_knob,
-            record.coupled_new,
-        )
+        why = self.intake.closure(record)
         if why is not None and record.status == ProposalStatus.PENDING:
             # a change the profile can no longer run (a knob lost, a domain narrowed since:
             # ``evolution``): nobody is asked to approve it; closed by the profile, barring

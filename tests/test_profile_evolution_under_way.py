@@ -226,6 +226,80 @@ def test_a_proposal_outside_a_domain_narrowed_since_is_closed_not_booted(
     assert testbed.boots and all(b[MNBT] == 7168 for b in testbed.boots)
 
 
+# ---- a change under way that a forbidden combination added since matches -----------------
+FORBIDS = {"when": {MNBT: 12288}, "reason": "12288 hangs the drafter (seen on the night of 5 Dec)"}
+FORBIDDEN_LINE = (
+    "the profile forbids its config now (forbidden combination max_num_batched_tokens=12288: "
+    "12288 hangs the drafter (seen on the night of 5 Dec)): the change is closed without a "
+    "verdict and not booted; nothing is barred"
+)
+
+
+def test_a_change_under_way_that_a_forbidden_combination_added_since_matches_is_closed(
+    tmp_path: Path,
+) -> None:
+    """Ctrl-C as MNBT 7168 → 12288 boots; the person who saw it hang writes a forbidden
+    combination for it before the resume. Before, the resume booted it anyway (a config the
+    profile forbids); now it is closed by the profile as a change outside the domain is, no
+    boot more, and the round goes on. A proposal a kill left pending that the rule matches is
+    closed the same way (before, every resume stopped with exit 3 on it)."""
+    with pytest.raises(KeyboardInterrupt):
+        round_of(
+            tmp_path,
+            profile_data(),
+            1,
+            SweepProposer([{MNBT: 12288}]),
+            kill=lambda config: config[MNBT] == 12288,
+        )
+    with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
+        _, change = ledger.experiments(cluster="evolving")
+        assert (change.value, change.state) == (12288, State.DEPLOYING)
+    forbidding = {**profile_data(), "forbidden": [FORBIDS]}
+    shown, testbed = round_of(tmp_path, forbidding, 1, SweepProposer([{K: 3}]))
+    assert f"#{change.id} max_num_batched_tokens 7168 → 12288 (sweep): vetoed " in shown, shown
+    assert FORBIDDEN_LINE in shown, shown
+    assert testbed.boots and all(b[MNBT] == 7168 for b in testbed.boots)
+    with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
+        closed = ledger.experiment(change.id)
+        assert (closed.state, closed.status) == (State.DECIDED, Status.VETOED)
+        verdict = ledger.verdict(change.id)
+        assert verdict is not None and verdict.rule == "forbidden-combination"
+        assert len(ledger.boots(change.id)) == 1
+        assert changes(ledger)[-1] == (K, 3)  # the round's one change, not counted against it
+        # a proposal the rule matches, left pending by a kill
+        champion = ledger.champion("evolving")
+        assert champion is not None
+        rnd = ledger.create_round(
+            cluster="evolving",
+            profile_name="p",
+            profile_digest="",
+            budget=1,
+            proposer="sweep",
+            approve="auto",
+            seed=0,
+        )
+        pending = ledger.add_proposal(
+            round_id=rnd.id,
+            source="sweep",
+            champion_key=champion.config.key,
+            knob=MNBT,
+            old_value=7168,
+            new_value=12288,
+        )
+    shown, _ = round_of(tmp_path, forbidding, 1, SweepProposer([{K: 4}]))
+    assert FORBIDDEN_LINE in shown, shown
+    with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
+        first = ledger.experiments(round_id=rnd.id)[0]
+        assert (first.proposal_id, first.status, ledger.boots(first.id)) == (
+            pending.id,
+            Status.VETOED,
+            [],
+        )
+        assert ledger.proposal(pending.id).decided_by == "profile"
+        assert changes(ledger)[-1] == (K, 4)
+        assert barred_regions(Profile.model_validate(profile_data()), ledger) == []
+
+
 # ---- a knob dropped and put back ----------------------------------------------------------
 FOO_NEW = {**FOO, "new": True}
 
