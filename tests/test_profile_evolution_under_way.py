@@ -432,3 +432,15 @@ def test_cluster_up_of_a_champion_that_fails_as_the_profile_renders_it_names_the
         "profile twin-test (take it out of untuned:), or set --gpu-memory-utilization 0.85 in "
         "its launcher, and run the same command again"
     ), line
+    # with --set, the set config fails (its own failure, exit 6) and the champion's restore
+    # after it fails as the profile renders it now: the restore's line is the refit line
+    # (before, the engine's out-of-memory line, the knob never named)
+    write_profile(cli_workdir, {**data, "restore_champion": True})
+    up = orchestrate(cli_workdir, "cluster", "up", "--profile", "profile.yaml", "--set", f"{K}=3")
+    assert up.returncode == 6, up.stderr
+    said = " ".join(up.stdout.split())
+    assert (
+        f"champion NOT restored: the champion (experiment #{baseline.id}) failed to come up (oom"
+        in said
+    ), said
+    assert "knob gpu_memory_utilization, which the profile no longer has, was 0.85" in said, said

@@ -121,16 +121,23 @@ def cluster_up(
         deployer = o.deployer(progress=lambda msg: console.print(f"  {msg}", style="dim"))
         with _owned(o, "cluster up", force, console.print):
             attempt = deployer.attempt(config, fallback=fallback)
-        refit = None
+        # the champion itself failing as the profile renders it now: what it deployed, or,
+        # with --set, what the restore after a failed --set config deployed
+        refit = restore_refit = None
         if champion is not None and not set_ and attempt.failure is not None:
             refit = _refit_failing(prof, o.ledger(), champion.experiment_id, attempt.failure)
+        if champion is not None and attempt.restore_failure is not None:
+            restore_refit = _refit_failing(
+                prof, o.ledger(), champion.experiment_id, attempt.restore_failure
+            )
     if attempt.failure is not None:
         for rank, how in sorted(attempt.teardown.items()):
             console.print(f"  node-{rank}: {how}")
         if attempt.restored is not None:
             console.print(f"champion restored at {prof.cluster.base_url} (config {base.key})")
         elif attempt.restore_failure is not None:
-            console.print(f"champion NOT restored: {attempt.restore_failure.message}")
+            restore = restore_refit or attempt.restore_failure
+            console.print(f"champion NOT restored: {restore.message}", markup=False)
         raise refit or attempt.failure
     assert attempt.result is not None
     console.print(
