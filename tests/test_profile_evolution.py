@@ -23,7 +23,7 @@ from knobs.records import CellResultRecord, CellSpec
 from knobs.space import KnobSpace, render_clash
 from knobs.spec import KnobSpec, RenderSpec
 from knobs.vocabulary import BootStatus, EventKind, Kind, ProposalStatus, State, Status
-from ledger import Ledger, VerdictRecord
+from ledger import ExperimentRecord, Ledger, ProposalRecord, RoundRecord, VerdictRecord
 from orchestrator.approval import ApprovalGate
 from orchestrator.display import RoundDisplay
 from orchestrator.evolution import refit_blame
@@ -350,17 +350,12 @@ def test_a_change_of_a_knob_the_profile_lost_under_way_is_closed_unbooted_on_res
         assert barred_regions(back, ledger) == []
 
 
-@pytest.mark.parametrize("decided", [True, False])
-def test_a_proposal_of_a_knob_the_profile_lost_is_closed_not_booted(
-    tmp_path: Path, decided: bool
-) -> None:
-    """A round killed after it recorded the proposal foo 3→2 (pending, or approved: the kill
-    before its experiment); the profile then loses foo. Before, the resume stopped with
-    "unknown knob foo" at every run (exit 3) until the knob came back. Now the change is
-    recorded and decided vetoed by the profile without a boot, with the line, and the round
-    goes on with the next change."""
-    foo = {**FOO, "new": True}
-    run_round(tmp_path, 1, foo)
+def left_pending(
+    tmp_path: Path, approved: bool = False, **move: Any
+) -> tuple[RoundRecord, ProposalRecord]:
+    """A round of cluster evolving (ledger ``ledger.db``) that a kill stopped after it
+    recorded the proposal ``move`` (``add_proposal``'s change fields) against the champion:
+    pending, or ``approved`` (the kill before its experiment). The round and the proposal."""
     with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
         champion = ledger.champion("evolving")
         assert champion is not None
@@ -374,15 +369,27 @@ def test_a_proposal_of_a_knob_the_profile_lost_is_closed_not_booted(
             seed=0,
         )
         proposal = ledger.add_proposal(
-            round_id=rnd.id,
-            source="sweep",
-            knob="foo",
-            old_value=3,
-            new_value=2,
-            champion_key=champion.config.key,
+            round_id=rnd.id, source="sweep", champion_key=champion.config.key, **move
         )
-        if decided:
-            ledger.decide_proposal(proposal.id, status=ProposalStatus.APPROVED, by="auto")
+        if approved:
+            proposal = ledger.decide_proposal(
+                proposal.id, status=ProposalStatus.APPROVED, by="auto"
+            )
+    return rnd, proposal
+
+
+@pytest.mark.parametrize("decided", [True, False])
+def test_a_proposal_of_a_knob_the_profile_lost_is_closed_not_booted(
+    tmp_path: Path, decided: bool
+) -> None:
+    """A round killed after it recorded the proposal foo 3→2 (pending, or approved: the kill
+    before its experiment); the profile then loses foo. Before, the resume stopped with
+    "unknown knob foo" at every run (exit 3) until the knob came back. Now the change is
+    recorded and decided vetoed by the profile without a boot, with the line, and the round
+    goes on with the next change."""
+    foo = {**FOO, "new": True}
+    run_round(tmp_path, 1, foo)
+    rnd, proposal = left_pending(tmp_path, decided, knob="foo", old_value=3, new_value=2)
     shown, _ = run_round(tmp_path, 1)
     assert CLOSED in " ".join(shown.split())
     with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
@@ -438,11 +445,11 @@ def test_a_champion_value_outside_a_narrowed_domain_is_kept_and_said(tmp_path: P
     assert "outside the profile's domain" not in status.stdout
 
 
-# ---- cluster up ---------------------------------------------------------------------------
-def test_cluster_up_deploys_a_champion_that_predates_a_knob(cli_workdir: Path) -> None:
-    data = twin_profile_data()
-    profile = Profile.model_validate(data)
-    with Ledger(f"sqlite:///{cli_workdir}/orchestrate.db") as ledger:
+def baseline_kept(workdir: Path, profile: Profile) -> ExperimentRecord:
+    """A ledger in ``workdir`` (``orchestrate.db``) whose cluster's champion is ``profile``'s
+    initial config, kept at 100 tok/s as a round's baseline: a champion measured under the
+    profile as it was, for the tests that then change the profile under it."""
+    with Ledger(f"sqlite:///{workdir}/orchestrate.db") as ledger:
         rnd = ledger.create_round(
             cluster=profile.cluster.name,
             profile_name=profile.name,
@@ -460,7 +467,7 @@ def test_cluster_up_deploys_a_champion_that_predates_a_knob(cli_workdir: Path) -
             champion_key=None,
             champion_objective=None,
         )
-        ledger.decide(
+        return ledger.decide(
             baseline.id,
             verdict=VerdictRecord(status=Status.KEEP, rule="baseline", reason="", stats={}),
             objective=100.0,
@@ -468,6 +475,13 @@ def test_cluster_up_deploys_a_champion_that_predates_a_knob(cli_workdir: Path) -
             accept_len=None,
             promote=True,
         )
+
+
+# ---- cluster up ---------------------------------------------------------------------------
+def test_cluster_up_deploys_a_champion_that_predates_a_knob(cli_workdir: Path) -> None:
+    data = twin_profile_data()
+    profile = Profile.model_validate(data)
+    baseline_kept(cli_workdir, profile)
     # the twin takes no --moe-backend: the new knob reaches it as an environment variable
     data["knobs"].append({**MOE, "render": {"kind": "env", "env": "MOE_BACKEND"}})
     write_profile(cli_workdir, data)

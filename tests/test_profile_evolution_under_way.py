@@ -17,8 +17,8 @@ from rich.console import Console
 from agents import SweepProposer
 from knobs.config import Change, Config
 from knobs.space import KnobSpace
-from knobs.vocabulary import EventKind, Kind, ProposalStatus, State, Status
-from ledger import Ledger, VerdictRecord
+from knobs.vocabulary import EventKind, ProposalStatus, State, Status
+from ledger import ExperimentRecord, Ledger
 from orchestrator.approval import ApprovalGate
 from orchestrator.champion import ChampionEvidence
 from orchestrator.display import RoundDisplay
@@ -30,7 +30,13 @@ from orchestrator.round import RoundOptions, RoundRunner
 from orchestrator.testbed import NullSink
 from tests.fixtures.cli import orchestrate
 from tests.fixtures.profiles import twin_profile_data, write_profile
-from tests.test_profile_evolution import FOO, changes, profile_data
+from tests.test_profile_evolution import (
+    FOO,
+    baseline_kept,
+    changes,
+    left_pending,
+    profile_data,
+)
 from tests.test_round_policy import ScriptedTestbed
 
 K = "num_speculative_tokens"
@@ -86,6 +92,24 @@ def round_of(
     return " ".join(shown.getvalue().split()), bed
 
 
+def killed_as_it_boots(tmp_path: Path, move: dict[str, Any]) -> ExperimentRecord:
+    """A round of one change, ``move``, under the profile as it was, Ctrl-C'd as the change
+    boots (after the baseline): the change, left under way."""
+    [(knob, value)] = move.items()
+    with pytest.raises(KeyboardInterrupt):
+        round_of(
+            tmp_path,
+            profile_data(),
+            1,
+            SweepProposer([move]),
+            kill=lambda config: config[knob] == value,
+        )
+    with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
+        _, change = ledger.experiments(cluster="evolving")
+        assert (change.knob, change.value, change.state) == (knob, value, State.DEPLOYING)
+    return change
+
+
 # ---- a change under way outside a narrowed domain -----------------------------------------
 NARROWED = {"name": MNBT, "high": 8192}
 GPU_NARROWED = {"name": "gpu_memory_utilization", "high": 0.88}
@@ -105,17 +129,7 @@ def test_a_change_outside_a_domain_narrowed_under_way_is_closed_unbooted_on_resu
     the profile, its boot kept and no boot more, a line naming the knob, the value and the
     domain; it bars nothing (should the domain open again, 12288 may run) and does not count
     against the budget: the round goes on with the next change."""
-    with pytest.raises(KeyboardInterrupt):
-        round_of(
-            tmp_path,
-            profile_data(),
-            1,
-            SweepProposer([{MNBT: 12288}]),
-            kill=lambda config: config[MNBT] == 12288,
-        )
-    with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
-        _, change = ledger.experiments(cluster="evolving")
-        assert (change.knob, change.value, change.state) == (MNBT, 12288, State.DEPLOYING)
+    change = killed_as_it_boots(tmp_path, {MNBT: 12288})
     shown, testbed = round_of(
         tmp_path, profile_data(NARROWED), 1, SweepProposer([{MNBT: 12288}, {K: 3}])
     )
@@ -170,32 +184,17 @@ def test_a_proposal_outside_a_domain_narrowed_since_is_closed_not_booted(
     again. Now the change is recorded and closed by the profile without a boot, naming the
     knob whose value is out, and the round goes on."""
     round_of(tmp_path, profile_data(), 1)
-    with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
-        champion = ledger.champion("evolving")
-        assert champion is not None
-        rnd = ledger.create_round(
-            cluster="evolving",
-            profile_name="p",
-            profile_digest="",
-            budget=1,
-            proposer="sweep",
-            approve="auto",
-            seed=0,
-        )
-        move = (
-            dict(knob="kv_cache_dtype", old_value="fp8_e4m3", new_value="auto")
-            if coupled
-            else dict(knob=MNBT, old_value=7168, new_value=12288)
-        )
-        proposal = ledger.add_proposal(
-            round_id=rnd.id,
-            source="sweep",
-            champion_key=champion.config.key,
-            coupled=("gpu_memory_utilization", 0.85, 0.9) if coupled else None,
-            **move,
-        )
-        if status == ProposalStatus.APPROVED:
-            ledger.decide_proposal(proposal.id, status=status, by="auto")
+    move: dict[str, Any] = (
+        dict(knob="kv_cache_dtype", old_value="fp8_e4m3", new_value="auto")
+        if coupled
+        else dict(knob=MNBT, old_value=7168, new_value=12288)
+    )
+    rnd, proposal = left_pending(
+        tmp_path,
+        status == ProposalStatus.APPROVED,
+        coupled=("gpu_memory_utilization", 0.85, 0.9) if coupled else None,
+        **move,
+    )
     shown, testbed = round_of(tmp_path, profile_data(NARROWED, GPU_NARROWED), 1)
     line = (
         "gpu_memory_utilization 0.9 is outside the profile's domain now (a number from 0.7 to "
@@ -243,17 +242,7 @@ def test_a_change_under_way_that_a_forbidden_combination_added_since_matches_is_
     profile forbids); now it is closed by the profile as a change outside the domain is, no
     boot more, and the round goes on. A proposal a kill left pending that the rule matches is
     closed the same way (before, every resume stopped with exit 3 on it)."""
-    with pytest.raises(KeyboardInterrupt):
-        round_of(
-            tmp_path,
-            profile_data(),
-            1,
-            SweepProposer([{MNBT: 12288}]),
-            kill=lambda config: config[MNBT] == 12288,
-        )
-    with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
-        _, change = ledger.experiments(cluster="evolving")
-        assert (change.value, change.state) == (12288, State.DEPLOYING)
+    change = killed_as_it_boots(tmp_path, {MNBT: 12288})
     forbidding = {**profile_data(), "forbidden": [FORBIDS]}
     shown, testbed = round_of(tmp_path, forbidding, 1, SweepProposer([{K: 3}]))
     assert f"#{change.id} max_num_batched_tokens 7168 → 12288 (sweep): vetoed " in shown, shown
@@ -266,26 +255,8 @@ def test_a_change_under_way_that_a_forbidden_combination_added_since_matches_is_
         assert verdict is not None and verdict.rule == "forbidden-combination"
         assert len(ledger.boots(change.id)) == 1
         assert changes(ledger)[-1] == (K, 3)  # the round's one change, not counted against it
-        # a proposal the rule matches, left pending by a kill
-        champion = ledger.champion("evolving")
-        assert champion is not None
-        rnd = ledger.create_round(
-            cluster="evolving",
-            profile_name="p",
-            profile_digest="",
-            budget=1,
-            proposer="sweep",
-            approve="auto",
-            seed=0,
-        )
-        pending = ledger.add_proposal(
-            round_id=rnd.id,
-            source="sweep",
-            champion_key=champion.config.key,
-            knob=MNBT,
-            old_value=7168,
-            new_value=12288,
-        )
+    # a proposal the rule matches, left pending by a kill
+    rnd, pending = left_pending(tmp_path, knob=MNBT, old_value=7168, new_value=12288)
     shown, _ = round_of(tmp_path, forbidding, 1, SweepProposer([{K: 4}]))
     assert FORBIDDEN_LINE in shown, shown
     with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
@@ -391,32 +362,7 @@ def test_cluster_up_of_a_champion_that_fails_as_the_profile_renders_it_names_the
     dropped, its value, that the engine's default runs now, the ways back; exit 3."""
     data = twin_profile_data()
     profile = Profile.model_validate(data)
-    with Ledger(f"sqlite:///{cli_workdir}/orchestrate.db") as ledger:
-        rnd = ledger.create_round(
-            cluster=profile.cluster.name,
-            profile_name=profile.name,
-            profile_digest=profile.digest,
-            budget=1,
-            proposer="sweep",
-            approve="auto",
-            seed=0,
-        )
-        baseline = ledger.add_experiment(
-            cluster=profile.cluster.name,
-            round_id=rnd.id,
-            kind=Kind.BASELINE,
-            config=profile.initial_champion(),
-            champion_key=None,
-            champion_objective=None,
-        )
-        ledger.decide(
-            baseline.id,
-            verdict=VerdictRecord(status=Status.KEEP, rule="baseline", reason="", stats={}),
-            objective=100.0,
-            delta_pct=None,
-            accept_len=None,
-            promote=True,
-        )
+    baseline = baseline_kept(cli_workdir, profile)
     data["untuned"] = ["gpu_memory_utilization"]
     del data["champion"]["gpu_memory_utilization"]
     write_profile(cli_workdir, data)
