@@ -29,17 +29,21 @@ _STYLE: dict[str, str] = {
 def kept_on_resume(
     rnd: RoundRecord, asked: Mapping[str, str], profile_name: str, profile_digest: str
 ) -> list[str]:
-    """What a resumed round keeps that this command asked otherwise (``asked``: budget,
-    proposer, approval, seed as text), and a changed profile: said, never silent."""
-    started = {
-        "budget": str(rnd.budget),
-        "proposer": rnd.proposer,
-        "approval": rnd.approve,
-        "seed": str(rnd.seed),
-    }
-    lines = [
-        f"  round {rnd.id} keeps its {what} {mine} (this command asked for {asked[what]}): an "
-        "unfinished round is resumed as it started; the next round takes the new one"
+    """What a resumed round runs with that differs from how it started (``asked``: budget,
+    proposer, approval, seed as text, as the resume runs them), and a changed profile: said,
+    never silent. The budget is the round's (the next round takes another); a proposer, seed
+    or approval differs only where the command gave its own, which runs this resume."""
+    lines = []
+    if "budget" in asked and asked["budget"] != str(rnd.budget):
+        lines.append(
+            f"  round {rnd.id} keeps its budget {rnd.budget} (this command asked for "
+            f"{asked['budget']}): an unfinished round is resumed as it started; the next round "
+            "takes the new one"
+        )
+    started = {"proposer": rnd.proposer, "approval": rnd.approve, "seed": str(rnd.seed)}
+    lines += [
+        f"  round {rnd.id} started with {what} {mine}; this command's {asked[what]} runs it "
+        f"from here (a resume without it goes on with {mine})"
         for what, mine in started.items()
         if what in asked and asked[what] != mine
     ]

@@ -97,9 +97,14 @@ def changed_cells(ledger: Ledger, cluster: str, cells: Sequence[CellSpec]) -> di
     old readings kept, set aside). Once it is measured as it is now, nothing is said of it
     again. A round says them as it starts, and ``status`` too."""
     latest: dict[str, CellReading] = {}
+    # the newest by its boot (boots are numbered as they start), not the last in experiment
+    # order: the champion's re-measurements are filed under its own experiment, often the
+    # ledger's first; an experiment's readings of one boot come in recording order
     for readings in ledger.cluster_cell_results(cluster).values():
         for r in readings:
-            latest[r.result.cell] = r  # the experiments' readings come in recording order
+            last = latest.get(r.result.cell)
+            if last is None or r.boot_id >= last.boot_id:
+                latest[r.result.cell] = r
     lines: dict[str, str] = {}
     for cell in cells:
         last = latest.get(cell.name)

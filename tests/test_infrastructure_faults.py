@@ -313,8 +313,8 @@ def test_a_resume_says_what_it_keeps_that_the_command_asked_otherwise(tmp_path: 
     again.run(RoundOptions(budget=5, proposer="sweep", approve="auto", seed=7))
     text = " ".join(said.getvalue().split())
     assert "keeps its budget 2 (this command asked for 5)" in text
-    assert "keeps its seed 0 (this command asked for 7)" in text
-    assert "keeps its proposer" not in text  # what was asked the same is not mentioned
+    assert "started with seed 0; this command's 7 runs it from here" in text
+    assert "started with proposer" not in text  # what was asked the same is not mentioned
     assert "the profile changed since round 1 started" in text
     assert len([e for e in again.ledger.experiments() if e.kind == Kind.CANDIDATE]) == 2
     again.ledger.close()

@@ -672,3 +672,64 @@ def test_a_cell_redefined_before_a_resume_is_measured_again_never_pooled_with_it
         assert readings == [(CELL, 100.0), (code4, 400.0), (prose8, 800.0)]
         # measured as the profile defines it now: nothing more to say
         assert changed_cells(ledger, "evolving", [code4, prose8]) == {}
+
+
+class KilledAfterTheChampion(ConcurrentTestbed):
+    """``ConcurrentTestbed`` without its Ctrl-C; once ``armed``, Ctrl-C at the first deploy
+    after a boot of the champion's config (``champion``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.interrupt = False
+        self.armed = False
+        self.champion: Config | None = None
+
+    def deploy(self, config: Config) -> dict[int, str]:
+        if self.armed and self.boots and self.boots[-1] == self.champion:
+            self.boots.append(config)
+            raise KeyboardInterrupt
+        return super().deploy(config)
+
+
+def test_a_cell_the_champion_measured_again_is_not_said_to_have_changed(
+    tmp_path: Path,
+) -> None:
+    """A round under the old cells (the baseline, then K=5 decided), then the cells redefined:
+    the next round measures the champion again (its readings filed under the baseline, the
+    ledger's first experiment) and is killed at the boot after. The newest reading of each
+    cell is the champion's, under the cell as it is now. Before, the "latest" reading was the
+    last in experiment order, K=5's under the old definition, so ``status`` said the cell had
+    changed and would be measured again when it just had been, and said nothing once the old
+    cells were back."""
+    testbed = KilledAfterTheChampion()
+
+    def run(sweep: list[dict[str, Any]], *cells: CellSpec) -> None:
+        data = {**profile_data(), "cells": [c.model_dump() for c in cells]}
+        with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
+            RoundRunner(
+                Profile.model_validate(data),
+                ledger,
+                NullSink(),
+                testbed,
+                SweepProposer(sweep),
+                ApprovalGate(ledger, "auto"),
+                RoundDisplay(Console(file=io.StringIO(), width=300)),
+            ).run(RoundOptions(budget=len(sweep), proposer="sweep", approve="auto"))
+
+    run([{"num_speculative_tokens": 5}], CELL, PROSE)
+    code4 = CELL.model_copy(update={"concurrency": 4})
+    prose8 = PROSE.model_copy(update={"concurrency": 8})
+    with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
+        champion = ledger.champion("evolving")
+        assert champion is not None
+        testbed.champion, testbed.armed = champion.config, True
+    with pytest.raises(KeyboardInterrupt):
+        run([{"num_speculative_tokens": 4}, {"num_speculative_tokens": 6}], code4, prose8)
+    with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
+        readings = ledger.cluster_cell_results("evolving")
+        first, *later = sorted(readings)
+        newest = max((r for rs in readings.values() for r in rs), key=lambda r: r.boot_id)
+        assert newest in readings[first] and newest.spec in (code4, prose8), readings
+        assert any(r.spec == CELL for e in later for r in readings[e]), readings
+        assert changed_cells(ledger, "evolving", [code4, prose8]) == {}
+        assert list(changed_cells(ledger, "evolving", [CELL, PROSE])) == ["code-c1", "prose-c2"]

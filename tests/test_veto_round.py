@@ -219,6 +219,64 @@ def test_the_queue_timeout_vetoes_then_pauses_and_the_round_resumes(workdir: Pat
     assert len(rows) == 4
 
 
+def test_a_bare_resume_runs_the_round_as_it_started_and_a_flag_given_runs_it_its_way(
+    workdir: Path,
+) -> None:
+    """A round started with ``--approve queue --proposer optuna --seed 3`` and killed before
+    its baseline: the resume a timer (or the line ``status`` prints) runs, a bare
+    ``orchestrate round``, goes on with the queue, Optuna and seed 3, as it says. Before, it
+    said it kept them and ran the profile's instead (here: auto, sweep), so the change booted
+    with nobody asked. A flag the resume gives runs it its way, and says so."""
+    fast_profile(
+        workdir,
+        proposer={"kind": "sweep", "sweep": [{"num_speculative_tokens": 5}]},
+        approve={"mode": "auto", "timeout_s": 0.2, "on_timeout": "veto", "max_timeouts": 1},
+    )
+    ledger = Ledger(os.environ["ORCHESTRATE_LEDGER"])
+    try:
+        started = ledger.create_round(
+            cluster="twin-local",
+            profile_name="twin",
+            profile_digest="",
+            budget=1,
+            proposer="optuna",
+            approve="queue",
+            seed=3,
+        )
+    finally:
+        ledger.close()
+    bare = orchestrate(workdir, "round", "--profile", "profile.yaml")
+    # the queue's timeout vetoed Optuna's change, and the round paused: nobody is deciding
+    assert bare.returncode == 130, bare.stderr
+    assert "1 proposals in a row were vetoed by the queue's 0.2s timeout" in bare.stderr
+    said = " ".join(bare.stdout.split())
+    assert "proposer optuna, approve queue" in said, said
+    assert "started with" not in said, said  # nothing differs from how it started
+    ledger = Ledger(os.environ["ORCHESTRATE_LEDGER"])
+    try:
+        [(source, status, by)] = [(p.source, p.status, p.decided_by) for p in ledger.proposals()]
+    finally:
+        ledger.close()
+    assert (source, status, by) == ("optuna", ProposalStatus.VETOED, "timeout")
+    # a person gets it going: this resume's own approval and proposer run it, and it says so
+    flagged = orchestrate(
+        workdir, "round", "--approve", "auto", "--proposer", "sweep", "--profile", "profile.yaml"
+    )
+    assert flagged.returncode == 0, flagged.stderr
+    said = " ".join(flagged.stdout.split())
+    assert (
+        f"round {started.id} started with approval queue; this command's auto runs it from "
+        "here (a resume without it goes on with queue)"
+    ) in said, said
+    assert f"round {started.id} started with proposer optuna; this command's sweep" in said
+    rows = results(workdir)
+    assert [(r["status"], r["knob"]) for r in rows][1:] == [
+        ("vetoed", rows[1]["knob"]),
+        (rows[2]["status"], "num_speculative_tokens"),
+    ]
+    assert rows[2]["status"] != "vetoed"
+
+
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(\x07|\x1b\\)|\x1b[=>]|\r")
 
 

@@ -4,6 +4,7 @@ the terminal prompt of ``--approve ask``."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -110,10 +111,6 @@ def round_(
     first: list[Proposer] = [_proposer(prof, options)]
     console = Console(stderr=True) if as_json else out()
     display = RoundDisplay(console)
-    # ask only where a person can answer: under nohup, cron or a service stdin is no terminal,
-    # and the gate refuses before the baseline boots (not at the first prompt, hours later)
-    at_terminal = mode == "ask" and sys.stdin.isatty()
-    asker = _ask_at_terminal(console, display) if at_terminal else None
     # --json: stdout is the report alone, whatever a library prints while the round runs
     # (MLflow's "View run … at …" with a tracking server): that goes to stderr
     quiet = contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext()
@@ -127,6 +124,22 @@ def round_(
             reached_before=ledger_reached(o.settings.ledger_url),
             note=display.note,
         )
+        # an unfinished round resumes as it started: its proposer, seed and approval unless
+        # this command gives its own (``kept_on_resume`` says which); its budget and caps,
+        # ``RoundRunner``
+        resumed = ledger.unfinished_round(prof.cluster.name)
+        if resumed is not None:
+            kept = _as_started(options, resumed, proposer=proposer, seed=seed, approve=approve)
+            if (kept.proposer, kept.seed) != (options.proposer, options.seed):
+                first = [_proposer(prof, kept)]
+        else:
+            kept = options
+        mode = kept.approve
+        # ask only where a person can answer: under nohup, cron or a service stdin is no
+        # terminal, and the gate refuses before the baseline boots (not at the first prompt,
+        # hours later)
+        at_terminal = mode == "ask" and sys.stdin.isatty()
+        asker = _ask_at_terminal(console, display) if at_terminal else None
         gate = ApprovalGate(
             ledger,
             mode,
@@ -167,7 +180,7 @@ def round_(
                     ledger,
                     sink,
                     testbed,
-                    first.pop() if first else _proposer(prof, options),
+                    first.pop() if first else _proposer(prof, kept),
                     gate,
                     display,
                     guard=owner.check,
@@ -180,7 +193,7 @@ def round_(
                 # a ledger that does not answer is waited out; each try builds the round
                 # afresh (its proposer too) and resumes it from the ledger, as the same
                 # command would
-                report = through_ledger_outages(lambda: runner().run(options), note=display.note)
+                report = through_ledger_outages(lambda: runner().run(kept), note=display.note)
         except (OrchestrateError, KeyboardInterrupt) as stop:
             # the claims and the lease released first: the nodes are free while it is written
             round_id = runners[-1].round_id if runners else None
@@ -266,6 +279,29 @@ def _write_report(
         display.note(f"the round's report was not written: {e.message}")
         return None
     return written.page
+
+
+def _as_started(
+    options: RoundOptions,
+    rnd: RoundRecord,
+    *,
+    proposer: str | None,
+    seed: int | None,
+    approve: str | None,
+) -> RoundOptions:
+    """What unfinished round ``rnd``'s resume runs with: ``options``, its proposer, seed and
+    approval mode each the round's as it started unless this command gives its own
+    (``proposer``, ``seed``, ``approve``: the flags, ``None`` where not given). A bare
+    ``orchestrate round`` (a timer's, or the line ``status`` prints) resuming a round started
+    with ``--approve queue`` must not run it unvetoed at the profile's default, nor one
+    started with Claude under Optuna; a person who passes ``--approve auto`` to get a paused
+    queue going means it."""
+    return dataclasses.replace(
+        options,
+        proposer=rnd.proposer if proposer is None else proposer,
+        seed=rnd.seed if seed is None else seed,
+        approve=rnd.approve if approve is None else approve,
+    )
 
 
 def _proposer(prof: Profile, options: RoundOptions) -> Proposer:
