@@ -460,11 +460,19 @@ def load_profile(name_or_path: str | None = None, *, base_dir: Path | None = Non
     profile = _resolve_brief(profile, path)
     try:
         profile.initial_champion()
+    except KnobError as e:
+        # a domain narrowed under the profile's own starting champion: say where it is
+        raise ProfileError(
+            f"profile {path}: champion: {e} (the starting config: give it a value the knob "
+            "allows, or leave the knob out for its default; a ledger's champion keeps its own)",
+            path=str(path),
+        ) from e
+    try:
         for entry in profile.proposer.sweep or ():
             for knob, value in entry.items():
                 profile.space.spec(knob).parse(value)
     except KnobError as e:
-        raise ProfileError(f"profile {path}: {e}", path=str(path)) from e
+        raise ProfileError(f"profile {path}: proposer.sweep: {e}", path=str(path)) from e
     return profile
 
 

@@ -115,3 +115,29 @@ def test_a_bad_inherited_knob_is_one_line(tmp_path: Path) -> None:
         load_profile(str(path))
     assert "\n" not in str(caught.value)
     assert "role draft_tokens needs a count of draft tokens" in str(caught.value)
+
+
+def test_a_domain_narrowed_under_the_profiles_own_champion_names_the_champion_block(
+    tmp_path: Path,
+) -> None:
+    """The README's narrowing (K from 1 to 4) under a profile whose ``champion:`` says K=7:
+    the one line says where the 7 is, and what to do. Before, it named the knob and the
+    domain only, and the profile's ``knobs:`` entry looked like the fault."""
+    data = {
+        **profile({"name": "num_speculative_tokens", "low": 1, "high": 4, "default": 2}),
+        "champion": {"num_speculative_tokens": 7},
+    }
+    path = tmp_path / "narrowed.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ProfileError) as caught:
+        load_profile(str(path))
+    assert str(caught.value) == (
+        f"profile {path}: champion: knob num_speculative_tokens: 7 is not an integer from 1 to "
+        "4 (the starting config: give it a value the knob allows, or leave the knob out for its "
+        "default; a ledger's champion keeps its own)"
+    )
+    data["champion"] = {}
+    data["proposer"] = {"kind": "sweep", "sweep": [{"num_speculative_tokens": 6}]}
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ProfileError, match=r": proposer\.sweep: knob num_speculative_tokens: 6 "):
+        load_profile(str(path))
