@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import asdict
+from datetime import UTC, datetime
 from types import TracebackType
 
 from cluster.claims import Holder, NodeClaims, Seen
@@ -33,6 +34,14 @@ def _process_gone(lease: LeaseRecord) -> bool:
     except PermissionError:
         return False
     return False
+
+
+def held(lease: LeaseRecord | None) -> bool:
+    """Whether ``lease`` is held now: not expired, and its holder not a process of this host
+    that is gone (a round killed a moment ago leaves its lease unexpired)."""
+    if lease is None:
+        return False
+    return lease.expires_at > datetime.now(UTC) and not _process_gone(lease)
 
 
 class ClusterLease:

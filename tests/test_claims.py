@@ -23,7 +23,7 @@ from cluster.connect import open_transport
 from cluster.errors import ClaimHeld, OwnershipLost
 from cluster.gates import DEFAULT_FAILURE_PATTERNS
 from cluster.ports import PORTS_FILE
-from knobs.vocabulary import EventKind, ProposalStatus
+from knobs.vocabulary import EventKind, Kind, ProposalStatus
 from ledger import Ledger
 from orchestrator.profile import load_profile
 from tests.fixtures.cli import ORCHESTRATE, orchestrate
@@ -284,3 +284,72 @@ def test_claims_over_ssh_refuse_a_second_holder_and_a_broken_one_is_lost(
         assert all("ledger sqlite:///a.db" in b for b in broken)
     for node in cluster.nodes:
         assert not (Path(node.workdir) / CLAIM_DIR).exists()
+
+
+def test_cluster_down_closes_the_boots_a_killed_run_left_open_unless_a_round_holds_them(
+    demo: Path,
+) -> None:
+    """``status`` after a killed round says its boot is open and that ``cluster down`` stops
+    it. Before, ``cluster down`` stopped the engines and left the boot open, so ``status``
+    said the same after it (and the boot's GPU-hours ran on until the next round). Now the
+    boot is closed once every node is stopped; not while a live round holds the lease (its
+    boots are its own), and the lease of a round killed a moment ago is not live."""
+    profile = quick_profile(demo)
+    env = env_for(demo)
+    with Ledger(env["ORCHESTRATE_LEDGER"]) as ledger:
+        rnd = ledger.create_round(
+            cluster="twin-local",
+            profile_name="twin",
+            profile_digest="",
+            budget=1,
+            proposer="sweep",
+            approve="auto",
+            seed=0,
+        )
+        config = load_profile(str(profile)).initial_champion()
+        e = ledger.add_experiment(
+            cluster="twin-local",
+            round_id=rnd.id,
+            kind=Kind.BASELINE,
+            config=config,
+            champion_key=None,
+            champion_objective=None,
+        )
+        boot = ledger.start_boot(e.id, config)
+        ledger.acquire_lease(
+            "twin-local",
+            holder="a live round",
+            hostname=socket.gethostname(),
+            pid=os.getpid(),
+            ttl_s=600,
+            stale=lambda lease: False,
+        )
+    down = orchestrate(demo, "cluster", "down", "-p", str(profile), env=env)
+    assert down.returncode == 0, down.stderr
+    with Ledger(env["ORCHESTRATE_LEDGER"]) as ledger:
+        assert [b.id for b in ledger.open_boots("twin-local")] == [boot.id]
+        # the round is killed: its process gone, its lease not expired yet
+        gone = subprocess.Popen(["true"])
+        gone.wait()
+        ledger.release_lease("twin-local", holder="a live round")
+        ledger.acquire_lease(
+            "twin-local",
+            holder="a killed round",
+            hostname=socket.gethostname(),
+            pid=gone.pid,
+            ttl_s=600,
+            stale=lambda lease: False,
+        )
+    said = orchestrate(demo, "status", "-p", str(profile), env=env)
+    assert "lease: a killed round until" in said.stdout
+    assert "(not held: expired, or its process is gone)" in said.stdout, said.stdout
+    down = orchestrate(demo, "cluster", "down", "-p", str(profile), env=env)
+    assert down.returncode == 0, down.stderr
+    assert "closed 1 boot(s) a killed run had left open in the ledger" in down.stdout
+    with Ledger(env["ORCHESTRATE_LEDGER"]) as ledger:
+        assert ledger.open_boots("twin-local") == []
+        [closed] = ledger.boots(e.id)
+        assert (closed.status, closed.failure_detail) == ("down", "cluster down")
+    status = orchestrate(demo, "status", "-p", str(profile), env=env)
+    assert status.returncode == 0, status.stderr
+    assert "boot(s) open" not in status.stdout

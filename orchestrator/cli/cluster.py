@@ -230,10 +230,43 @@ def cluster_down(profile: ProfileOpt = None, force: ForceOpt = False) -> None:
     prof = load_profile(profile)
     with opened(prof) as o, _owned(o, "cluster down", force, typer.echo, lease=False):
         outcomes, errors = o.deployer().stop_each()
-    for rank, how in sorted(outcomes.items()):
-        typer.echo(f"node-{rank}: {how}")
+        for rank, how in sorted(outcomes.items()):
+            typer.echo(f"node-{rank}: {how}")
+        if not errors:
+            _close_left_open(o, typer.echo)
     if errors:
         raise errors[0]
+
+
+def _close_left_open(o: Opened, note: Callable[[str], None]) -> None:
+    """Every node stopped: the boots a killed run left open in the ledger are closed (``down``,
+    as a resume's cleanup closes them), so ``status`` stops calling them open and they stop
+    counting GPU-hours. Nothing where there is no ledger yet (none is created) or a round holds
+    the cluster's lease (its boots are its own); a ledger that does not answer leaves them for
+    the next round's cleanup, said in a line, and the command still succeeds."""
+    from knobs.vocabulary import BootStatus
+    from ledger import Ledger, LedgerError, LedgerNotReady
+    from orchestrator.lease import held
+
+    try:
+        Ledger(o.settings.ledger_url, read_only=True).close()
+        ledger = o.ledger()
+        cluster = o.profile.cluster.name
+        if held(ledger.lease(cluster)):
+            return
+        left = ledger.open_boots(cluster)
+        for boot in left:
+            ledger.end_boot(boot.id, status=BootStatus.DOWN, failure_detail="cluster down")
+    except LedgerNotReady:
+        return  # no ledger here (or one an older release wrote, which the next round upgrades)
+    except LedgerError as e:
+        note(
+            f"the ledger did not answer ({e.message}): the boots a killed run left open stay "
+            "open there until the next round's cleanup"
+        )
+        return
+    if left:
+        note(f"closed {len(left)} boot(s) a killed run had left open in the ledger")
 
 
 @cluster_app.command("status")

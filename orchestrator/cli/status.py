@@ -26,6 +26,7 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
     from orchestrator.evolution import fit_champion, knob_changes, outside_domain
     from orchestrator.faults import last_stop, said_stop
     from orchestrator.gpu_hours import cluster_gpus, gpu_hours
+    from orchestrator.lease import held as lease_held
     from orchestrator.measurements import BootCount, changed_cells, clocks_off_counts
     from orchestrator.policy import ClocksHistory, clocks_off_rate, flaky_nodes
     from orchestrator.priors import knob_priors, measured
@@ -119,7 +120,12 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
         "open_boots": len(left_open),
         "lease": None
         if lease is None
-        else {"holder": lease.holder, "expires_at": lease.expires_at.isoformat()},
+        else {
+            "holder": lease.holder,
+            "expires_at": lease.expires_at.isoformat(),
+            # expired, or its holder a process of this host that is gone (a killed round)
+            "held": lease_held(lease),
+        },
     }
     data["nodes"] = [
         {
@@ -234,7 +240,10 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
             markup=False,
         )
     if lease is not None:
-        console.print(f"lease: {lease.holder} until {lease.expires_at:%H:%M:%S} UTC")
+        stale = "" if lease_held(lease) else " (not held: expired, or its process is gone)"
+        console.print(
+            f"lease: {lease.holder} until {lease.expires_at:%H:%M:%S} UTC{stale}", markup=False
+        )
     console.print("effect priors in force (the verdict's and the proposer's):")
     for knob, p in data["knob_priors"].items():
         console.print(
