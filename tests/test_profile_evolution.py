@@ -9,6 +9,7 @@ import io
 import json
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -623,6 +624,28 @@ class ConcurrentTestbed(ScriptedTestbed):
         return one.model_copy(update={"concurrency": cell.concurrency, "output_throughput": tok_s})
 
 
+def round_with_cells(
+    tmp_path: Path,
+    testbed: ScriptedTestbed,
+    sweep: list[dict[str, Any]],
+    cells: Sequence[CellSpec],
+    shown: io.StringIO,
+) -> None:
+    """A round of ``sweep`` (its budget one change each) on ``testbed`` under the profile with
+    ``cells``, the ledger ``ledger.db`` in ``tmp_path``; what it shows goes to ``shown``."""
+    data = {**profile_data(), "cells": [c.model_dump() for c in cells]}
+    with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
+        RoundRunner(
+            Profile.model_validate(data),
+            ledger,
+            NullSink(),
+            testbed,
+            SweepProposer(sweep),
+            ApprovalGate(ledger, "auto"),
+            RoundDisplay(Console(file=shown, width=300)),
+        ).run(RoundOptions(budget=len(sweep), proposer="sweep", approve="auto"))
+
+
 def test_a_cell_redefined_before_a_resume_is_measured_again_never_pooled_with_its_old_reading(
     tmp_path: Path,
 ) -> None:
@@ -630,17 +653,7 @@ def test_a_cell_redefined_before_a_resume_is_measured_again_never_pooled_with_it
     shown = io.StringIO()
 
     def run(*cells: CellSpec) -> None:
-        data = {**profile_data(), "cells": [c.model_dump() for c in cells]}
-        with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
-            RoundRunner(
-                Profile.model_validate(data),
-                ledger,
-                NullSink(),
-                testbed,
-                SweepProposer([{"num_speculative_tokens": 5}]),
-                ApprovalGate(ledger, "auto"),
-                RoundDisplay(Console(file=shown, width=300)),
-            ).run(RoundOptions(budget=1, proposer="sweep", approve="auto"))
+        round_with_cells(tmp_path, testbed, [{"num_speculative_tokens": 5}], cells, shown)
 
     # the champion measured on (code-c1 ×1, prose-c2 ×2); K=5 killed after its code-c1
     with pytest.raises(KeyboardInterrupt):
@@ -704,17 +717,7 @@ def test_a_cell_the_champion_measured_again_is_not_said_to_have_changed(
     testbed = KilledAfterTheChampion()
 
     def run(sweep: list[dict[str, Any]], *cells: CellSpec) -> None:
-        data = {**profile_data(), "cells": [c.model_dump() for c in cells]}
-        with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
-            RoundRunner(
-                Profile.model_validate(data),
-                ledger,
-                NullSink(),
-                testbed,
-                SweepProposer(sweep),
-                ApprovalGate(ledger, "auto"),
-                RoundDisplay(Console(file=io.StringIO(), width=300)),
-            ).run(RoundOptions(budget=len(sweep), proposer="sweep", approve="auto"))
+        round_with_cells(tmp_path, testbed, sweep, cells, io.StringIO())
 
     run([{"num_speculative_tokens": 5}], CELL, PROSE)
     code4 = CELL.model_copy(update={"concurrency": 4})
