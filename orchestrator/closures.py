@@ -25,7 +25,8 @@ from orchestrator.undecided import close_undecided
 
 #: Who closes a change the profile can no longer run (a pending proposal's decider, the
 #: verdict's ``by``), and the verdict's rules: of a knob it lost, of a value outside a domain it
-#: narrowed (``closure``). ``history`` bars nothing for them and counts them as undecided.
+#: narrowed, of a combination it forbids since (``closure``). ``history`` bars nothing for them
+#: and counts them as undecided.
 CLOSED_BY = "profile"
 LOST_RULE = "knob-removed"
 DOMAIN_RULE = "outside-domain"
@@ -36,7 +37,7 @@ CLOSED_RULES = frozenset({LOST_RULE, DOMAIN_RULE, FORBIDDEN_RULE})
 class Closure(NamedTuple):
     """Why the profile closes a change under way without a boot (``closure``)."""
 
-    #: the verdict's rule (``LOST_RULE`` or ``DOMAIN_RULE``)
+    #: the verdict's rule (``LOST_RULE``, ``DOMAIN_RULE`` or ``FORBIDDEN_RULE``)
     rule: str
     #: the knob the change moves that the profile no longer has, or no longer has the value of
     knob: str

@@ -13,7 +13,7 @@ import io
 import os
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -126,6 +126,25 @@ class AwayAt(ScriptedTestbed):
         return launchers
 
 
+def _through_outages(
+    ledger: Ledger,
+    testbed: ScriptedTestbed,
+    said: io.StringIO,
+    wait: Callable[[float], None],
+    back: Callable[[], None],
+) -> RoundReport:
+    """``_round`` through the ledger's outages as the command runs it (each wait ``wait``),
+    the ledger brought ``back`` whatever happens."""
+    try:
+        return through_ledger_outages(
+            lambda: _round(ledger, testbed, said),
+            note=lambda line: print(line, file=said),
+            sleep=wait,
+        )
+    finally:
+        back()
+
+
 def _round(ledger: Ledger, testbed: ScriptedTestbed, said: io.StringIO) -> RoundReport:
     return RoundRunner(
         profile(),
@@ -150,14 +169,7 @@ def test_a_round_waits_out_a_ledger_away_and_resumes_from_it(pg_url: str) -> Non
     said = io.StringIO()
     testbed = AwayAt(pg_url, at=4)
     with Ledger(pg_url) as ledger:
-        try:
-            report = through_ledger_outages(
-                lambda: _round(ledger, testbed, said),
-                note=lambda line: print(line, file=said),
-                sleep=wait,
-            )
-        finally:
-            bring_back(pg_url)
+        report = _through_outages(ledger, testbed, said, wait, lambda: bring_back(pg_url))
         assert waits == [10.0, 30.0]
         assert said.getvalue().count("the ledger did not answer") == 2
         # resumed to the budget: every experiment decided once, none a crash
@@ -228,14 +240,7 @@ def test_a_ledger_server_cut_off_mid_round_is_an_outage_within_a_minute(
     said = io.StringIO()
     testbed = CutAt(far_postgres, at=4)
     with Ledger(far_postgres.url) as ledger:
-        try:
-            report = through_ledger_outages(
-                lambda: _round(ledger, testbed, said),
-                note=lambda line: print(line, file=said),
-                sleep=wait,
-            )
-        finally:
-            far_postgres.mend()
+        report = _through_outages(ledger, testbed, said, wait, far_postgres.mend)
         assert len(waits) == 1, said.getvalue()
         assert waits[0] - testbed.cut_at < 75.0, said.getvalue()
         assert said.getvalue().count("the ledger did not answer") == 1
