@@ -21,7 +21,7 @@ from knobs.spec import EffectPrior, Value
 from knobs.vocabulary import BootRole, BootStatus, EventKind, Kind, State, Status
 from ledger import ChampionRecord, ExperimentRecord, Ledger
 from orchestrator.acceptance import Null, acceptance_shift, counts, moved
-from orchestrator.evolution import fit_champion, knob_changes
+from orchestrator.evolution import fit, fit_champion, knob_changes
 from orchestrator.measurements import Measurement, read_cluster_measurements, read_measurements
 from orchestrator.noise import NoiseModel, learn
 from orchestrator.pooling import ValueBoots, pool
@@ -287,7 +287,9 @@ class ChampionEvidence:
         values ``pooling`` judges ``e`` with. Not a value discarded past a guardrail: MNBT below
         a time-to-first-token cliff runs in another regime, and its speed (−10 %) is no point on
         the curve of the values inside. None for a coupled move: it moved another knob too, so
-        it is no value of one knob's curve."""
+        it is no value of one knob's curve. Each change's config is compared as the profile
+        sees it now (``evolution.fit``): a value measured before the profile gained a knob ran
+        with its parent champion's value of it."""
         if e.knob is None or e.coupled_knob is not None:
             return []
         champion = self.current()
@@ -304,7 +306,7 @@ class ChampionEvidence:
                 or s.created_at < champion.since
             ):
                 continue
-            config = s.config.as_dict()
+            config = fit(self.profile.space, self.ledger, s).config.as_dict()
             if {k: v for k, v in config.items() if k != e.knob} != others:
                 continue
             verdict = self.ledger.verdict(s.id)

@@ -172,7 +172,8 @@ def test_a_trend_through_the_champion_still_carries_across_it() -> None:
     assert called >= 30 and right == called
 
 
-def profile(tmp: Path) -> Profile:
+def profile(tmp: Path, *knobs: dict[str, object]) -> Profile:
+    """The simulated ``far-k`` stack's profile, with ``knobs`` added to its catalog's."""
     landscape = load_landscape("far-k")
     return Profile.model_validate(
         {
@@ -184,6 +185,7 @@ def profile(tmp: Path) -> Profile:
             },
             "launcher": {"argv": ["true"]},
             "knob_catalog": landscape.catalog,
+            "knobs": list(knobs),
             "cells": [c.model_dump() for c in landscape.cells()],
             "proposer": {"kind": "sweep"},
         }
@@ -199,14 +201,18 @@ def sweep_round(
 
 
 def sweep_entries(
-    tmp: Path, entries: list[dict[str, int]], *, seed: int
+    tmp: Path,
+    entries: list[dict[str, int]],
+    *,
+    seed: int,
+    knobs: tuple[dict[str, object], ...] = (),
 ) -> tuple[list[ExperimentRecord], list[VerdictRecord | None]]:
-    """A round on the simulated ``far-k`` stack that walks ``entries`` (one-knob changes of the
-    champion of the moment), in the ledger ``tmp/ledger.db``: its candidates and their
-    verdicts."""
+    """A round on the simulated ``far-k`` stack (its profile with ``knobs`` added) that walks
+    ``entries`` (one-knob changes of the champion of the moment), in the ledger
+    ``tmp/ledger.db``: its candidates and their verdicts."""
     with Ledger(f"sqlite:///{tmp}/ledger.db") as ledger:
         runner = RoundRunner(
-            profile(tmp),
+            profile(tmp, *knobs),
             ledger,
             NullSink(),
             SimulatedTestbed(load_landscape("far-k"), seed),
@@ -236,6 +242,29 @@ def test_a_round_judges_a_value_with_the_values_measured_before_it(tmp_path: Pat
     assert isinstance(second.stats["own_p_gain"], float)
     assert judged[1].status == "keep"
     assert third is not None and "pooled_values" not in third.stats
+
+
+def test_a_value_measured_before_the_profile_gained_a_knob_is_pooled_with_one_after(
+    tmp_path: Path,
+) -> None:
+    """K 6 is measured, then the profile gains a knob (the champion takes its default), then K 5
+    is measured against the same champion: K 6's recorded config lacks the new knob, fitted it
+    is the champion's but for K, so K 5 is judged with it as when both ran under one profile."""
+    moe = {
+        "name": "moe_backend",
+        "type": "choice",
+        "choices": ["triton", "cutlass"],
+        "default": "triton",
+        "render": {"kind": "env", "env": "MOE_BACKEND"},
+    }
+    k = "num_speculative_tokens"
+    [before], [first] = sweep_entries(tmp_path, [{k: 6}], seed=19)
+    assert "moe_backend" not in before.config and before.status != "keep"
+    assert first is not None
+    judged, verdicts = sweep_entries(tmp_path, [{k: 5}], seed=19, knobs=(moe,))
+    assert [e.value for e in judged] == [6, 5] and judged[1].config["moe_backend"] == "triton"
+    assert verdicts[1] is not None
+    assert verdicts[1].stats["pooled_values"] == 1, verdicts[1].stats
 
 
 def test_a_value_past_a_guardrail_is_no_point_on_the_curve(tmp_path: Path) -> None:
