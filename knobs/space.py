@@ -25,6 +25,11 @@ class ForbiddenCombination(BaseModel):
         """Whether ``config`` falls inside this forbidden region."""
         return all(k in config and config[k] == v for k, v in self.when.items())
 
+    def describe(self) -> str:
+        """The rule in words: ``k=v, k2=v2: its reason``."""
+        what = ", ".join(f"{k}={as_text(v)}" for k, v in self.when.items())
+        return f"{what}: {self.reason}"
+
 
 class RenderedKnobs(BaseModel):
     """A config as launcher pieces: extra argv tokens, JSON-flag fields, environment."""
@@ -141,8 +146,7 @@ class KnobSpace(BaseModel):
         """
         for rule in self.forbidden:
             if rule.matches(config):
-                what = ", ".join(f"{k}={as_text(v)}" for k, v in rule.when.items())
-                raise KnobError(f"forbidden combination {what}: {rule.reason}")
+                raise KnobError(f"forbidden combination {rule.describe()}")
 
     def change(self, champion: Config, knob: object, raw: object) -> Change:
         """A validated one-knob ``Change`` away from ``champion``.

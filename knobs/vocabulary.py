@@ -103,6 +103,13 @@ class EventKind(StrEnum):
     #: a round stopped short of its end, open for the same command to resume (subject: the
     #: round's id; reason: the line the command ended with; detail: the error and exit code)
     ROUND_STOPPED = "round-stopped"
+    #: an unfinished round was taken up again by a later command (subject: the round's id;
+    #: detail: the boots the run before it had left open, which the resume closes)
+    ROUND_RESUMED = "round-resumed"
+    #: a round or ``cluster up`` ran under a profile other than the last one recorded for the
+    #: cluster (subject: its digest; detail: its name, knob space, cells, objective, and a
+    #: digest of each of its sections: ``orchestrator.revision``)
+    PROFILE_REVISED = "profile-revised"
 
 
 #: How a boot or a bench failed (``NodeError.failure_class``, the ledger's ``failure_class``).

@@ -21,7 +21,7 @@ from knobs.spec import EffectPrior, Value
 from knobs.vocabulary import BootRole, BootStatus, EventKind, Kind, State, Status
 from ledger import ChampionRecord, ExperimentRecord, Ledger
 from orchestrator.acceptance import Null, acceptance_shift, counts, moved
-from orchestrator.evolution import fit, fit_champion, knob_changes
+from orchestrator.evolution import fit, fit_champion, record_profile
 from orchestrator.measurements import Measurement, read_cluster_measurements, read_measurements
 from orchestrator.noise import NoiseModel, learn
 from orchestrator.pooling import ValueBoots, pool
@@ -65,8 +65,9 @@ class ChampionEvidence:
 
     def record_knob_changes(self) -> list[str]:
         """The lines saying what fitting the champion to the profile changed, each recorded
-        in the ledger the first time it is seen (``evolution.knob_changes``)."""
-        return knob_changes(self.profile.space, self.ledger, self.cluster, record=True)
+        in the ledger the first time it is seen (``evolution.knob_changes``), and the profile
+        recorded (``evolution.record_profile``)."""
+        return record_profile(self.profile, self.ledger)
 
     def measurements(self, experiment_id: int) -> list[Measurement]:
         """Any experiment's measurements, complete when they have every cell of the profile."""

@@ -27,10 +27,11 @@ _STYLE: dict[str, str] = {
 
 
 def kept_on_resume(
-    rnd: RoundRecord, asked: Mapping[str, str], profile_name: str, profile_digest: str
+    rnd: RoundRecord, asked: Mapping[str, str], profile_change: str | None
 ) -> list[str]:
     """What a resumed round runs with that differs from how it started (``asked``: budget,
-    proposer, approval, seed as text, as the resume runs them), and a changed profile: said,
+    proposer, approval, seed as text, as the resume runs them), and a changed profile
+    (``profile_change``: what changed since the round started, ``revision.said``): said,
     never silent. The budget is the round's (the next round takes another); a proposer, seed
     or approval differs only where the command gave its own, which runs this resume."""
     lines = []
@@ -47,11 +48,10 @@ def kept_on_resume(
         for what, mine in started.items()
         if what in asked and asked[what] != mine
     ]
-    if rnd.profile_digest != profile_digest:
+    if profile_change is not None:
         lines.append(
-            f"  the profile changed since round {rnd.id} started ({rnd.profile_name} "
-            f"{rnd.profile_digest[:12]} → {profile_name} {profile_digest[:12]}): the round goes "
-            "on under the profile as it is now"
+            f"  the profile changed since round {rnd.id} started {profile_change}: the round "
+            "goes on under the profile as it is now"
         )
     return lines
 

@@ -44,12 +44,14 @@ from knobs.space import KnobSpace, Reconciled
 from knobs.spec import Value, as_text, printable
 from knobs.vocabulary import BootStatus, EventKind, Kind
 from ledger import ChampionRecord, ExperimentRecord, Ledger
+from orchestrator import revision
 from orchestrator.profile import Profile
 
 ADDED_REASON = "the profile gained the knob; the champion takes its default"
 INHERITED_REASON = (
     "the profile gained the knob back; the champion takes it from the champion it was changed from"
 )
+RESTORED_REASON = "the profile gained the knob back; the champion takes it as it ran it"
 REMOVED_REASON = "the profile lost the knob; it is dropped from the champion"
 
 
@@ -170,6 +172,11 @@ def knob_changes(space: KnobSpace, ledger: Ledger, cluster: str, *, record: bool
     ledger has not recorded yet; with ``record``, each is recorded now as an event (so a later
     run neither records nor shows it again). Nothing without a champion.
 
+    The knobs the profile gained and lost are those of ``space`` against the last profile
+    recorded for the cluster (``revision.last``): a knob dropped and put back is said and
+    recorded both ways, though the champion's row carries it throughout. A ledger with no
+    profile recorded (written before revisions were) is compared by the champion's row.
+
     Raises:
         LedgerError: the ledger failed.
     """
@@ -177,30 +184,59 @@ def knob_changes(space: KnobSpace, ledger: Ledger, cluster: str, *, record: bool
     if champion is None:
         return []
     fitted = space.reconcile(champion.config)
-    origins: dict[str, int | None] = {}
-    if fitted.added:  # each from the champion it was changed from, else its default
-        lineage = Lineage.lazy(space, ledger, cluster)
-        experiment = ledger.experiment(champion.experiment_id)
+    previous = revision.last(ledger, cluster)
+    lineage = Lineage.lazy(space, ledger, cluster)
+    experiment = ledger.experiment(champion.experiment_id)
+    if previous is None:
+        added, removed, was = fitted.added, fitted.removed, dict(champion.config)
+    else:
+        added = [k for k in space.names if k not in previous.names]
+        removed = [k for k in previous.names if k not in space.names]
+        was = {**_fitted(previous, ledger, cluster, experiment), **champion.config}
+    if added:  # each as the champion ran it, else from the champion it was changed from
         fitted = lineage.fit(experiment)
-        origins = {k: lineage.origin(experiment, k) for k in fitted.added}
+    origins = {k: lineage.origin(experiment, k) for k in added}
     lines: list[str] = []
-    for kind, knobs in (
-        (EventKind.KNOB_ADDED, fitted.added),
-        (EventKind.KNOB_REMOVED, fitted.removed),
-    ):
-        seen = {
+    for kind, knobs in ((EventKind.KNOB_ADDED, added), (EventKind.KNOB_REMOVED, removed)):
+        seen = {  # since the last profile recorded: a kill between these and its record
             e.subject
             for e in ledger.events(cluster, kind)
             if e.detail.get("champion_experiment") == champion.experiment_id
+            and (previous is None or e.id > previous.event)
         }
         for knob in knobs:
             if knob in seen:
                 continue
             origin = origins.get(knob)
-            lines.append(_line(space, kind, knob, champion, fitted, origin))
+            value = fitted.config[knob] if kind == EventKind.KNOB_ADDED else was[knob]
+            lines.append(_line(space, kind, knob, champion, value, origin))
             if record:
-                _record(ledger, cluster, kind, knob, champion, fitted, origin)
+                _record(ledger, cluster, kind, knob, champion, value, origin)
     return lines
+
+
+def record_profile(profile: Profile, ledger: Ledger) -> list[str]:
+    """What the profile changed in the champion (``knob_changes``), recorded, then the
+    profile itself (``revision.record``): the lines to show.
+
+    Raises:
+        LedgerError: the ledger failed.
+    """
+    cluster = profile.cluster.name
+    lines = knob_changes(profile.space, ledger, cluster, record=True)
+    revision.record(ledger, cluster, profile)
+    return lines
+
+
+def _fitted(
+    previous: revision.Revision, ledger: Ledger, cluster: str, e: ExperimentRecord
+) -> dict[str, Value]:
+    """``e``'s config fitted to the ``previous`` profile's knob space (one that no longer makes
+    a space: its knobs' defaults)."""
+    space = previous.space()
+    if space is None:
+        return {k.name: k.default for k in previous.knobs}
+    return dict(Lineage.lazy(space, ledger, cluster).fit(e).config)
 
 
 def _line(
@@ -208,20 +244,24 @@ def _line(
     kind: EventKind,
     knob: str,
     champion: ChampionRecord,
-    fitted: Reconciled,
+    value: Value,
     origin: int | None,
 ) -> str:
-    if kind == EventKind.KNOB_ADDED:
-        value = printable(fitted.config[knob])
-        if origin is None:
-            return f"profile gained knob {knob}: the champion takes its default {value}"
+    shown = printable(value)
+    if kind == EventKind.KNOB_REMOVED:
+        return f"knob {knob} is no longer in the profile: dropped from the champion (was {shown})"
+    if origin is None:
+        return f"profile gained knob {knob}: the champion takes its default {shown}"
+    if origin == champion.experiment_id:
         return (
-            f"profile gained knob {knob}: the champion takes {value}, as the champion it was "
-            f"changed from ran it (experiment #{origin}), not its default "
-            f"{printable(space.spec(knob).default)}"
+            f"profile gained knob {knob} back: the champion takes {shown} again, as it ran it "
+            f"(experiment #{origin})"
         )
-    was = printable(champion.config[knob])
-    return f"knob {knob} is no longer in the profile: dropped from the champion (was {was})"
+    return (
+        f"profile gained knob {knob}: the champion takes {shown}, as the champion it was "
+        f"changed from ran it (experiment #{origin}), not its default "
+        f"{printable(space.spec(knob).default)}"
+    )
 
 
 def _record(
@@ -230,19 +270,24 @@ def _record(
     kind: EventKind,
     knob: str,
     champion: ChampionRecord,
-    fitted: Reconciled,
+    value: Value,
     origin: int | None,
 ) -> None:
     added = kind == EventKind.KNOB_ADDED
-    value = fitted.config[knob] if added else champion.config[knob]
     detail: dict[str, object] = {"default" if added and origin is None else "value": value}
     if added and origin is not None:
         detail["from_experiment"] = origin
     detail["champion_experiment"] = champion.experiment_id
-    reason = ADDED_REASON if origin is None else INHERITED_REASON
-    ledger.add_event(
-        cluster, kind, subject=knob, detail=detail, reason=reason if added else REMOVED_REASON
+    reason = (
+        REMOVED_REASON
+        if not added
+        else ADDED_REASON
+        if origin is None
+        else RESTORED_REASON
+        if origin == champion.experiment_id
+        else INHERITED_REASON
     )
+    ledger.add_event(cluster, kind, subject=knob, detail=detail, reason=reason)
 
 
 class RefitBlame(NamedTuple):

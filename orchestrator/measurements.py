@@ -111,14 +111,20 @@ def changed_cells(ledger: Ledger, cluster: str, cells: Sequence[CellSpec]) -> di
         if last is None or counts(cell, last):
             continue
         was = last.spec.model_dump() if last.spec is not None else last.result.model_dump()
-        now = cell.model_dump(exclude={"name"})
-        diff = ", ".join(f"{k} {was[k]} → {v}" for k, v in now.items() if k in was and was[k] != v)
         lines[cell.name] = (
-            f"cell {cell.name} changed since it was last measured ({diff}): its readings of the "
+            f"cell {cell.name} changed since it was last measured ({cell_diff(was, cell)}): its "
+            "readings of the "
             "old definition stay in the ledger, set aside, and it is measured again (the "
             "champion too, before a change is judged against it)"
         )
     return lines
+
+
+def cell_diff(was: Mapping[str, object], cell: CellSpec) -> str:
+    """What ``cell`` changed of a definition it had (``was``: a ``CellSpec``'s fields, or
+    what a reading recorded of them), in words: ``concurrency 1 → 4, warmup_s 1.0 → 0.5``."""
+    now = cell.model_dump(exclude={"name"})
+    return ", ".join(f"{k} {was[k]} → {v}" for k, v in now.items() if k in was and was[k] != v)
 
 
 def read_measurements(

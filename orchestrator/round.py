@@ -33,6 +33,7 @@ from ledger import (
     Ledger,
     RoundRecord,
 )
+from orchestrator import revision
 from orchestrator.approval import ApprovalGate
 from orchestrator.boot import Booter
 from orchestrator.champion import ChampionEvidence
@@ -168,7 +169,9 @@ class RoundRunner:
             f"{self._candidates_done(rnd)} of {rnd.budget} experiments done, "
             f"proposer {rnd.proposer}, approve {rnd.approve}"
         )
+        change = None
         if existing is not None:
+            change = self._profile_change(existing)
             asked = {
                 "budget": str(options.budget),
                 "proposer": options.proposer,
@@ -178,7 +181,7 @@ class RoundRunner:
             stop = last_stop(self.ledger, self.cluster, rnd.id)
             if stop is not None:
                 self.display.note(f"  it {said_stop(stop)}")
-            for line in kept_on_resume(existing, asked, self.profile.name, self.profile.digest):
+            for line in kept_on_resume(existing, asked, change):
                 self.display.note(line)
             rnd = self._caps_on_resume(rnd, options)
             # what a kill left open in MLflow, from the ledger; an MLflow that answered the
@@ -186,7 +189,11 @@ class RoundRunner:
             # waited out) is filled in later, as one that went away mid-round
             self.runlog.mirror.write(lambda: self.runlog.reconcile(rnd))
             self.remeasures.settle()
-        # the profile gained or lost a knob since the champion was recorded (``evolution``)
+        if change is None:  # a new round, or one resumed under the profile it started under
+            for line in self._changed_since_last_run():
+                self.display.note(line)
+        # the profile gained or lost a knob since the champion was recorded (``evolution``),
+        # and the profile recorded (``revision``)
         for line in self.champion.record_knob_changes():
             self.display.note(line)
         champion = self.champion.fitted()
@@ -219,6 +226,25 @@ class RoundRunner:
             stopped_by=stopped_by,
             gpu_hours=used,
         )
+
+    def _profile_change(self, rnd: RoundRecord) -> str | None:
+        """What the profile changed since ``rnd`` started (``revision.said``); ``None``:
+        nothing."""
+        if rnd.profile_digest == self.profile.digest:
+            return None
+        then = revision.recorded(self.ledger, self.cluster, rnd.profile_digest)
+        now = revision.Revision.of(self.profile)
+        return revision.said(then, now, (rnd.profile_name, rnd.profile_digest))
+
+    def _changed_since_last_run(self) -> list[str]:
+        """A round under a profile other than the one the cluster last ran under (a round's, or
+        ``cluster up``'s): what changed, in one line."""
+        last = revision.last(self.ledger, self.cluster)
+        if last is None or last.digest == self.profile.digest:
+            return []
+        now = revision.Revision.of(self.profile)
+        said = revision.said(last, now, (last.name, last.digest))
+        return [f"  the profile changed since {self.cluster} last ran {said}"]
 
     def _caps_on_resume(self, rnd: RoundRecord, options: RoundOptions) -> RoundRecord:
         """A resume keeps the round's caps unless this command gives one, each said in one

@@ -498,7 +498,10 @@ def test_cluster_up_deploys_a_champion_that_predates_a_knob(cli_workdir: Path) -
     launcher = (cli_workdir / "nodes" / "node-0" / "launcher.sh").read_text()
     assert "export MOE_BACKEND=triton" in launcher
     with Ledger(f"sqlite:///{cli_workdir}/orchestrate.db") as ledger:
-        assert [e.subject for e in ledger.events(profile.cluster.name)] == ["moe_backend"]
+        # the knob, once, and the profile it was deployed under (``revision``)
+        events = ledger.events(profile.cluster.name)
+        assert [e.kind for e in events] == [EventKind.KNOB_ADDED, EventKind.PROFILE_REVISED]
+        assert events[0].subject == "moe_backend"
     status = orchestrate(cli_workdir, "status", "--profile", "profile.yaml", timeout=60)
     assert status.returncode == 0 and "gained" not in status.stdout, status.stderr
 

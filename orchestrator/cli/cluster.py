@@ -87,7 +87,7 @@ def cluster_up(
     (exit 3, the line naming the knob: ``evolution.refit_blame``).
     """
     from cluster.launcher import render_node
-    from orchestrator.evolution import fit_champion, knob_changes
+    from orchestrator.evolution import fit_champion, record_profile
     from orchestrator.profile import load_profile
     from orchestrator.settings import runtime_placeholders
 
@@ -112,7 +112,7 @@ def cluster_up(
         ledger = o.ledger()
         champion = ledger.champion(prof.cluster.name)
         # recorded under an earlier profile: fitted to this one, what changed said and recorded
-        for line in knob_changes(prof.space, ledger, prof.cluster.name, record=True):
+        for line in record_profile(prof, ledger):
             console.print(line)
         champion = None if champion is None else fit_champion(prof.space, ledger, champion)
         base = champion.config if champion else prof.initial_champion()

@@ -1,0 +1,233 @@
+"""The profiles a cluster ran under, as the ledger records them: a revision each.
+
+A profile may change between rounds, or between a killed round and its resume (edited, or
+another ``--profile``). A round's row keeps only the digest of the profile it started under,
+which tells that the profile changed, never what. So each time a round starts or resumes, or
+``cluster up`` deploys, under a profile whose digest is not the last one recorded for the
+cluster, its revision is recorded (a ``profile-revised`` event): its knob space (every knob's
+spec, the forbidden combinations), its cells, its objective, and a digest of each of its
+sections. Nothing recorded before is rewritten; a ledger written before revisions were has
+none, and its first run records one.
+
+Two revisions compared say what changed in the profile's own terms (``differences``): knobs
+added or removed, a domain narrowed or widened, a default moved, forbidden combinations added
+or lifted, cells added, removed or redefined (in the words the cell-redefinition check uses,
+``measurements.cell_diff``), the objective, and the other sections by name. What a change does
+to the champion is ``evolution``'s (``knob_changes``, which compares the current knob space
+with the last revision's), to a change under way ``closures``'.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from knobs.records import CellSpec
+from knobs.space import ForbiddenCombination, KnobSpace
+from knobs.spec import KnobSpec, as_text
+from knobs.vocabulary import EventKind
+from ledger import EventRecord, Ledger
+from orchestrator.measurements import cell_diff
+from orchestrator.profile import Profile
+
+#: The sections ``differences`` says in words of their own (a knob space comes from the
+#: catalog, ``untuned`` and ``knobs``); the others are named when their digest moved.
+_IN_WORDS = frozenset(
+    {"name", "knob_catalog", "untuned", "knobs", "forbidden", "cells", "objective"}
+)
+#: A knob spec's fields that ``differences`` says in words of their own.
+_DOMAIN = frozenset({"name", "type", "low", "high", "step", "choices", "default"})
+
+
+class Revision(BaseModel):
+    """A profile as the ledger records it (``EventKind.PROFILE_REVISED``'s detail)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    name: str
+    digest: str
+    #: the knob space's knobs (catalog less ``untuned``, overlaid with ``knobs:``) in full
+    knobs: tuple[KnobSpec, ...]
+    forbidden: tuple[ForbiddenCombination, ...] = ()
+    cells: tuple[CellSpec, ...] = ()
+    objective: dict[str, object] = {}
+    #: a digest of each top-level section of the profile, by its name
+    sections: dict[str, str] = {}
+    #: the id of the event that recorded it (0: not recorded)
+    event: int = 0
+
+    @classmethod
+    def of(cls, profile: Profile) -> Revision:
+        """``profile``'s revision (not recorded)."""
+        dumped = profile.model_dump(mode="json")
+        return cls(
+            name=profile.name,
+            digest=profile.digest,
+            knobs=profile.space.knobs,
+            forbidden=profile.space.forbidden,
+            cells=profile.cells,
+            objective=dumped["objective"],
+            sections={k: _digest(v) for k, v in sorted(dumped.items())},
+        )
+
+    @classmethod
+    def read(cls, event: EventRecord) -> Revision | None:
+        """The revision ``event`` recorded; ``None`` where it cannot be read (a later
+        release's knob fields)."""
+        try:
+            return cls.model_validate({**event.detail, "event": event.id})
+        except ValidationError:
+            return None
+
+    @property
+    def names(self) -> list[str]:
+        """Its knobs' names, in the space's order."""
+        return [k.name for k in self.knobs]
+
+    def space(self) -> KnobSpace | None:
+        """Its knob space; ``None`` where the knobs no longer make one."""
+        try:
+            return KnobSpace(knobs=self.knobs, forbidden=self.forbidden)
+        except ValueError:
+            return None
+
+
+def _digest(value: object) -> str:
+    text = json.dumps(value, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def revisions(ledger: Ledger, cluster: str) -> list[Revision]:
+    """The revisions recorded for ``cluster``, oldest first (unreadable ones left out).
+
+    Raises:
+        LedgerError: the ledger failed.
+    """
+    read = (Revision.read(e) for e in ledger.events(cluster, EventKind.PROFILE_REVISED))
+    return [r for r in read if r is not None]
+
+
+def last(ledger: Ledger, cluster: str) -> Revision | None:
+    """The last profile recorded for ``cluster`` (``None``: none yet, a ledger from before
+    revisions were recorded).
+
+    Raises:
+        LedgerError: the ledger failed.
+    """
+    recorded = revisions(ledger, cluster)
+    return recorded[-1] if recorded else None
+
+
+def record(ledger: Ledger, cluster: str, profile: Profile) -> Revision:
+    """``profile``'s revision, recorded for ``cluster`` unless it is the last one recorded.
+
+    Raises:
+        LedgerError: the ledger failed.
+    """
+    previous = last(ledger, cluster)
+    if previous is not None and previous.digest == profile.digest:
+        return previous
+    now = Revision.of(profile)
+    detail = now.model_dump(mode="json", exclude={"event"})
+    event = ledger.add_event(
+        cluster,
+        EventKind.PROFILE_REVISED,
+        subject=now.digest,
+        detail=detail,
+        reason=f"ran under profile {now.name}",
+    )
+    return now.model_copy(update={"event": event.id})
+
+
+def differences(old: Revision, new: Revision) -> list[str]:
+    """What ``new`` changed of ``old``, one phrase each, in the profile's own terms."""
+    out: list[str] = []
+    olds = {k.name: k for k in old.knobs}
+    news = {k.name: k for k in new.knobs}
+    out += [
+        f"knob {k.name} added ({k.describe_domain()}, default {as_text(k.default)})"
+        for k in new.knobs
+        if k.name not in olds
+    ]
+    out += [f"knob {name} removed" for name in olds if name not in news]
+    for name, n in news.items():
+        o = olds.get(name)
+        if o is not None:
+            out += _knob(o, n)
+    out += [
+        f"forbidden combination added: {r.describe()}"
+        for r in new.forbidden
+        if r not in old.forbidden
+    ]
+    out += [f"no longer forbidden: {r.describe()}" for r in old.forbidden if r not in new.forbidden]
+    was = {c.name: c for c in old.cells}
+    now = {c.name: c for c in new.cells}
+    for name, cell in now.items():
+        before = was.get(name)
+        if before is None:
+            out.append(f"cell {name} added")
+        elif before != cell:
+            out.append(f"cell {name} redefined ({cell_diff(before.model_dump(), cell)})")
+    out += [f"cell {name} removed" for name in was if name not in now]
+    if old.objective != new.objective:
+        out.append(f"objective {_words(old.objective)} → {_words(new.objective)}")
+    other = sorted(
+        k
+        for k in set(old.sections) | set(new.sections)
+        if k not in _IN_WORDS and old.sections.get(k) != new.sections.get(k)
+    )
+    if other and old.sections:
+        out.append(f"{', '.join(other)} changed")
+    return out
+
+
+def _knob(old: KnobSpec, new: KnobSpec) -> list[str]:
+    """What ``new`` changed of knob ``old``: its domain (narrowed, widened), its default, and
+    its other fields by name."""
+    out = []
+    if old.type != new.type or old.domain() != new.domain():
+        was, now = set(old.domain()), set(new.domain())
+        how = "narrowed" if now < was else "widened" if now > was else "changed"
+        out.append(
+            f"knob {new.name}'s domain {how}: {old.describe_domain()} → {new.describe_domain()}"
+        )
+    if old.default != new.default:
+        out.append(f"knob {new.name}'s default {as_text(old.default)} → {as_text(new.default)}")
+    other = [
+        f for f in KnobSpec.model_fields if f not in _DOMAIN and getattr(old, f) != getattr(new, f)
+    ]
+    if other:
+        out.append(f"knob {new.name}'s {', '.join(other)} changed")
+    return out
+
+
+def _words(objective: dict[str, object]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted(objective.items())) or "(none)"
+
+
+def recorded(ledger: Ledger, cluster: str, digest: str) -> Revision | None:
+    """The last revision recorded for ``cluster`` whose digest is ``digest`` (a round's:
+    the profile it started under); ``None``: not recorded.
+
+    Raises:
+        LedgerError: the ledger failed.
+    """
+    found = [r for r in revisions(ledger, cluster) if r.digest == digest]
+    return found[-1] if found else None
+
+
+def said(old: Revision | None, new: Revision, was: tuple[str, str]) -> str:
+    """What changed from ``old`` to ``new``, for a line that begins "the profile changed
+    since …": ``(p → q): knob foo removed; cell code-c1 redefined (concurrency 1 → 4)``.
+    Without ``old`` (not recorded: a ledger from before revisions were), the names and
+    digests alone (``was``: the name and digest of then)."""
+    if old is None:
+        return (
+            f"({was[0]} {was[1][:12]} → {new.name} {new.digest[:12]}; what it was then is not "
+            "recorded: the ledger records profiles from this release on)"
+        )
+    names = new.name if old.name == new.name else f"{old.name} → {new.name}"
+    what = "; ".join(differences(old, new)) or "nothing but its digest"
+    return f"({names}): {what}"
