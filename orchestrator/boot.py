@@ -20,6 +20,7 @@ from orchestrator.display import RoundDisplay
 from orchestrator.evolution import fit
 from orchestrator.measurements import read_measurements
 from orchestrator.profile import Profile
+from orchestrator.resumes import INTERRUPTED
 from orchestrator.runlog import RunLog
 from orchestrator.testbed import Testbed
 
@@ -150,7 +151,7 @@ class Booter:
         self.testbed.stop_all()
         for boot in stale:
             self.ledger.end_boot(
-                boot.id, status=BootStatus.DOWN, failure_class=None, failure_detail="interrupted"
+                boot.id, status=BootStatus.DOWN, failure_class=None, failure_detail=INTERRUPTED
             )
 
 

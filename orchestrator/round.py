@@ -33,7 +33,7 @@ from ledger import (
     Ledger,
     RoundRecord,
 )
-from orchestrator import revision
+from orchestrator import resumes, revision
 from orchestrator.approval import ApprovalGate
 from orchestrator.boot import Booter
 from orchestrator.champion import ChampionEvidence
@@ -171,6 +171,8 @@ class RoundRunner:
         )
         change = None
         if existing is not None:
+            # taken up again: recorded, with the boots the run before left open (``resumes``)
+            resumes.record(self.ledger, self.cluster, rnd.id)
             change = self._profile_change(existing)
             asked = {
                 "budget": str(options.budget),

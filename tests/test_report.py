@@ -11,6 +11,7 @@ import re
 import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 from pathlib import Path
 
@@ -262,3 +263,43 @@ def test_a_report_into_a_file_is_refused_before_the_ledger_is_read_or_a_plot_dra
         ], done.stderr
     assert (tmp_path / "taken.html").read_text() == "a page of its own\n"
     assert not (tmp_path / "fresh.db").exists()
+
+
+def test_the_report_of_a_round_killed_and_resumed_says_so(tmp_path: Path) -> None:
+    """A round SIGKILLed as its change's boot starts (``boot.started@2``: the baseline was
+    boot 1), then resumed by the same command. A kill records no stop, and the report said
+    "Nothing stopped the round short." of a round that was killed and resumed. Now it says
+    the round was killed and when it was resumed, and what the boot the kill left open came
+    to (it never came up: it counts for nothing). A ledger whose resume was not recorded (a
+    release from before) shows it as inferred from the boot the resume closed."""
+    from tests.test_kill_points import Site, _profile_data
+
+    site = Site(tmp_path)
+    write_profile(site.root, _profile_data(champion_boots=1))
+    try:
+        killed = site.round({"ORCHESTRATE_CRASHPOINT": "boot.started@2"})
+        assert killed.returncode == -9, killed.stderr
+        resumed = site.round()
+        assert resumed.returncode == 0, resumed.stderr
+    finally:
+        orchestrate(tmp_path, "cluster", "down", "--profile", "profile.yaml", env=site.env)
+    html = " ".join((tmp_path / "reports" / "round-1" / "report.html").read_text().split())
+    assert "Nothing stopped the round short." not in html
+    assert (
+        "The round was stopped short 0 time(s) with a stop recorded and killed 1 time(s) "
+        "without one; it was resumed 1 time(s)."
+    ) in html, html[-3000:]
+    assert "killed with no stop recorded (kill -9, a crash, the host lost); resumed at " in html
+    assert (
+        "boot #2 of experiment #2 was coming up: it measured nothing and counts for nothing"
+    ) in html, html[-3000:]
+    with sqlite3.connect(tmp_path / "orchestrate.db") as db:
+        db.execute("DELETE FROM event WHERE kind = 'round-resumed'")
+    done = orchestrate(
+        tmp_path, "report", "--out", "old", "--profile", "profile.yaml", env=site.env
+    )
+    assert done.returncode == 0, done.stderr
+    html = " ".join((tmp_path / "old" / "report.html").read_text().split())
+    assert "killed with no stop recorded; resumed by " in html, html[-3000:]
+    assert "resumes are recorded; that one was not)" in html
+    assert "boot #2 of experiment #2 was coming up" in html

@@ -20,6 +20,7 @@ from knobs.records import LlmUsage
 from knobs.spec import EffectPrior, Value, as_text
 from knobs.vocabulary import INFRASTRUCTURE, BootRole, BootStatus, EventKind, Kind, State, Status
 from ledger import BootRecord, ChampionRecord, ExperimentRecord, Ledger, RoundRecord
+from orchestrator import resumes
 from orchestrator.display import describe
 from orchestrator.errors import OrchestrateError
 from orchestrator.evolution import fit_champion
@@ -27,6 +28,7 @@ from orchestrator.gpu_hours import cluster_gpus
 from orchestrator.measurements import BootCount
 from orchestrator.priors import knob_priors, measured
 from orchestrator.profile import Profile
+from orchestrator.resumes import Resume
 from orchestrator.settings import runtime_placeholders
 from orchestrator.verdict import slow_ranks
 
@@ -127,6 +129,8 @@ class ReportData:
     champion_config: Config | None
     #: what stopped the round short, oldest first
     stops: list[Stop]
+    #: each time the round was taken up again, oldest first (``resumes``)
+    resumes: list[Resume] = field(default_factory=list)
     #: by node rank, the round's boots set aside with that node's clocks off
     clocks_off_by_node: Counter[int] = field(default_factory=Counter)
     #: the round's boots that failed for the infrastructure's reasons, by their class and
@@ -180,8 +184,10 @@ def collect(profile: Profile, ledger: Ledger, round_id: int | None = None) -> Re
         launcher_diff="",
         start_config=start,
         champion_config=end,
-        stops=_stops(ledger, rnd),
+        resumes=resumes.of_round(ledger, rnd),
+        stops=[],
     )
+    data.stops = _stops(ledger, rnd, data.resumes)
     data.champion_after = _champion_path(ledger, cluster, rnd, experiments)
     data.knobs = _knob_rows(profile, ledger, data.points)
     _boots(ledger, rnd, experiments, data, profile.gates.min_matmul_rate)
@@ -334,19 +340,21 @@ def _boots(
             spent[use] = spent.get(use, 0.0) + hours
 
 
-def _stops(ledger: Ledger, rnd: RoundRecord) -> list[Stop]:
-    """What stopped the round short (``faults.record_stop``), each with when it went on."""
+def _stops(ledger: Ledger, rnd: RoundRecord, resumed: list[Resume]) -> list[Stop]:
+    """What stopped the round short (``faults.record_stop``), each with when it went on: the
+    resume after it, else (a resume not recorded) its cluster's next boot."""
     out = []
     for event in ledger.events(rnd.cluster, EventKind.ROUND_STOPPED):
         if event.subject != str(rnd.id):
             continue
-        after = ledger.boots_since(rnd.cluster, event.created_at)
+        went_on = [r.at for r in resumed if r.recorded and r.at >= event.created_at]
+        after = [] if went_on else ledger.boots_since(rnd.cluster, event.created_at)
         out.append(
             Stop(
                 at=event.created_at,
                 exit_code=event.detail.get("exit_code"),
                 line=event.reason,
-                resumed_at=after[0].started_at if after else None,
+                resumed_at=went_on[0] if went_on else after[0].started_at if after else None,
             )
         )
     return out
@@ -399,6 +407,7 @@ def summary(data: ReportData) -> dict[str, float]:
         ),
         "infrastructure_boots": float(sum(data.boots_by_use[u] for u in INFRASTRUCTURE_USES)),
         "stops": float(len(data.stops)),
+        "resumes": float(len(data.resumes)),
         "gpu_hours": data.gpu_hours,
         "llm_spend_usd": data.llm_usd,
     }

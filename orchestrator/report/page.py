@@ -135,9 +135,16 @@ def _infrastructure(data: ReportData) -> str:
             f"node-{rank} in {n} boot(s)" for rank, n in sorted(data.clocks_off_by_node.items())
         )
         lines.append(f"<p>Clocks off, by node: {escape(by_node)}.</p>")
-    if not data.stops:
-        lines.append("<p>Nothing stopped the round short.</p>")
-        return "".join(lines)
+    lines.append(_interruptions(data))
+    return "".join(lines)
+
+
+def _interruptions(data: ReportData) -> str:
+    """What stopped the round short and each time it was taken up again: a stop recorded
+    (its line and exit code), or a run killed without a word, found by its resume (recorded,
+    or inferred from the boots it closed); and what the boots a killed run left open came to."""
+    if not data.stops and not data.resumes:
+        return "<p>Nothing stopped the round short.</p>"
     items = []
     for stop in data.stops:
         went_on = (
@@ -149,8 +156,32 @@ def _infrastructure(data: ReportData) -> str:
             f"<li>stopped at {stop.at:%Y-%m-%d %H:%M} UTC (exit {escape(str(stop.exit_code))}): "
             f"{escape(stop.line)}; {went_on}</li>"
         )
-    lines.append(f"<ul>{''.join(items)}</ul>")
-    return "".join(lines)
+    for r in data.resumes:
+        if r.stop is not None and not r.left_open:
+            continue  # its stop's item says when it went on
+        if r.stop is None:
+            how = (
+                f"killed with no stop recorded (kill -9, a crash, the host lost); resumed at "
+                f"{r.at:%Y-%m-%d %H:%M} UTC"
+                if r.recorded
+                else f"killed with no stop recorded; resumed by {r.at:%Y-%m-%d %H:%M} UTC, when "
+                "the resume closed the boots it had left open (this release's resumes are "
+                "recorded; that one was not)"
+            )
+        else:
+            how = (
+                f"resumed at {r.at:%Y-%m-%d %H:%M} UTC after the stop at {r.stop.created_at:%H:%M}"
+            )
+        left = "".join(f"<li>{escape(b.words())}</li>" for b in r.left_open)
+        if r.left_open:
+            how += ". The run before it had left open:"
+        items.append(f"<li>{escape(how)}{f'<ul>{left}</ul>' if left else ''}</li>")
+    killed = sum(1 for r in data.resumes if r.stop is None)
+    head = (
+        f"<p>The round was stopped short {len(data.stops)} time(s) with a stop recorded and "
+        f"killed {killed} time(s) without one; it was resumed {len(data.resumes)} time(s).</p>"
+    )
+    return f"{head}<ul>{''.join(items)}</ul>"
 
 
 def _champion(data: ReportData) -> str:

@@ -1,0 +1,151 @@
+"""A round taken up again after it stopped: recorded as it resumes, read back for its report.
+
+A round stopped short by a fault or an interrupt records its stop (``faults.record_stop``); a
+round killed outright (kill -9, a crash, the host lost) records nothing as it dies. Either
+way the same command resumes it, and each resume records a ``round-resumed`` event
+(``record``) with the boots the run before it left open, which the resume then closes as
+``interrupted`` (``boot.Booter.stop_stale``). So the report can say that the round was
+interrupted, when it went on, and what each boot left open came to (``of_round``). A round
+resumed by a release from before resumes were recorded has only those closed boots to show
+for it: each batch of them is one resume, said as inferred.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from knobs.vocabulary import BootStatus, EventKind
+from ledger import BootRecord, EventRecord, Ledger, RoundRecord
+
+#: How a resume closes a boot the run before it left open (``Booter.stop_stale``).
+INTERRUPTED = "interrupted"
+#: Boots closed within this of each other were closed by one resume (an unrecorded one).
+_ONE_RESUME = timedelta(seconds=60)
+
+
+def record(ledger: Ledger, cluster: str, round_id: int) -> None:
+    """Round ``round_id`` is taken up again: recorded, with the boots the run before left open.
+
+    Raises:
+        LedgerError: the ledger failed.
+    """
+    left = ledger.open_boots(cluster)
+    ledger.add_event(
+        cluster,
+        EventKind.ROUND_RESUMED,
+        subject=str(round_id),
+        detail={"left_open": [b.id for b in left]},
+        reason="resumed by the same command",
+    )
+
+
+@dataclass(frozen=True)
+class LeftOpen:
+    """A boot the run before a resume left open, and what came of it."""
+
+    boot: BootRecord
+    #: the cell readings it recorded before the run stopped
+    cells: int
+    #: the boot that went on with its measurement (the same experiment's and measurement's)
+    continued_by: int | None
+
+    def words(self) -> str:
+        """What the boot came to, in words."""
+        b = self.boot
+        what = f"boot #{b.id} of experiment #{b.experiment_id}"
+        if self.cells == 0:
+            state = "coming up" if b.healthy_at is None else "up, no cell measured yet"
+            return f"{what} was {state}: it measured nothing and counts for nothing"
+        went_on = (
+            f"; the measurement went on on boot #{self.continued_by}"
+            if self.continued_by is not None
+            else ""
+        )
+        return f"{what} had measured {self.cells} cell(s): those readings count{went_on}"
+
+
+@dataclass(frozen=True)
+class Resume:
+    """The round taken up again."""
+
+    at: datetime
+    #: the stop recorded before it (``round-stopped``); ``None``: the run before it ended
+    #: without a word (killed: kill -9, a crash, the host lost)
+    stop: EventRecord | None
+    left_open: list[LeftOpen] = field(default_factory=list)
+    #: whether the ledger recorded the resume (``False``: inferred from the boots it closed)
+    recorded: bool = True
+
+
+def of_round(ledger: Ledger, rnd: RoundRecord) -> list[Resume]:
+    """The resumes of round ``rnd``, oldest first.
+
+    Raises:
+        LedgerError: the ledger failed.
+    """
+    mine = str(rnd.id)
+    stops = [e for e in ledger.events(rnd.cluster, EventKind.ROUND_STOPPED) if e.subject == mine]
+    events = [e for e in ledger.events(rnd.cluster, EventKind.ROUND_RESUMED) if e.subject == mine]
+    boots = {b.id: b for b in ledger.boots_since(rnd.cluster, rnd.started_at)}
+    cells: Counter[int] = Counter(
+        r.boot_id for rs in ledger.cluster_cell_results(rnd.cluster).values() for r in rs
+    )
+    if events:
+        found = [
+            (e.created_at, [boots[i] for i in _ids(e.detail.get("left_open")) if i in boots])
+            for e in events
+        ]
+    else:
+        found = _inferred(boots.values())
+    out: list[Resume] = []
+    since = rnd.started_at
+    for at, left in found:
+        before = [s for s in stops if since <= s.created_at <= at]
+        out.append(
+            Resume(
+                at=at,
+                stop=before[-1] if before else None,
+                left_open=[_came_to(b, cells[b.id], boots.values()) for b in left],
+                recorded=bool(events),
+            )
+        )
+        since = at
+    return out
+
+
+def _ids(raw: object) -> list[int]:
+    return [i for i in raw if isinstance(i, int)] if isinstance(raw, list) else []
+
+
+def _inferred(boots: Iterable[BootRecord]) -> list[tuple[datetime, list[BootRecord]]]:
+    """Resumes a release from before they were recorded left: its boots closed as left open
+    by an interrupted run, one resume for each batch closed together."""
+    closed = sorted(
+        (
+            (b.ended_at, b)
+            for b in boots
+            if b.status == BootStatus.DOWN and b.failure_detail == INTERRUPTED and b.ended_at
+        ),
+        key=lambda pair: pair[0],
+    )
+    out: list[tuple[datetime, list[BootRecord]]] = []
+    for ended, b in closed:
+        if out and ended - out[-1][0] <= _ONE_RESUME:
+            out[-1][1].append(b)
+        else:
+            out.append((ended, [b]))
+    return out
+
+
+def _came_to(boot: BootRecord, cells: int, boots: Iterable[BootRecord]) -> LeftOpen:
+    later = [
+        b.id
+        for b in boots
+        if b.id > boot.id
+        and b.experiment_id == boot.experiment_id
+        and b.measurement == boot.measurement
+    ]
+    return LeftOpen(boot, cells, later[0] if later and cells else None)
