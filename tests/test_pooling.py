@@ -250,7 +250,7 @@ def test_a_value_measured_before_the_profile_gained_a_knob_is_pooled_with_one_af
     """K 6 is measured, then the profile gains a knob (the champion takes its default), then K 5
     is measured against the same champion: K 6's recorded config lacks the new knob, fitted it
     is the champion's but for K, so K 5 is judged with it as when both ran under one profile."""
-    moe = {
+    moe: dict[str, object] = {
         "name": "moe_backend",
         "type": "choice",
         "choices": ["triton", "cutlass"],
