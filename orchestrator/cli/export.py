@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -59,13 +60,49 @@ def export(
     text = tsv_text(experiments)
     path = path or "results.tsv"
     if path == "-":
-        sys.stdout.write(text)
+        try:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        except BrokenPipeError:  # `| head`: the reader has what it wanted
+            # what is left unflushed goes nowhere at exit (the Python docs' way for SIGPIPE)
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except OSError as e:
+            raise UsageError(f"cannot write results.tsv to stdout: {e.strerror}") from e
         return
+    written = write_tsv(path, text)
+    rows = text.count(chr(10)) - 1
+    typer.echo(f"wrote {written} ({rows} experiment{'' if rows == 1 else 's'})", err=True)
+
+
+def write_tsv(where: str, text: str) -> Path:
+    """Write ``text`` to ``where`` (a directory: its ``results.tsv``) and return the file. A
+    regular file is replaced whole (written beside it, then renamed over it), so a disk that
+    fills mid-write leaves the results.tsv before it as it was; a device or a pipe is written
+    to as it is.
+
+    Raises:
+        UsageError: the path cannot be written (its line says why).
+    """
+    path = Path(where)
+    if path.is_dir():
+        path = path / "results.tsv"
+    elif where.endswith("/"):
+        raise UsageError(f"cannot write {where}: no such directory")
+    if path.exists() and not path.is_file():
+        try:
+            path.write_text(text)
+        except OSError as e:
+            raise UsageError(f"cannot write {path}: {e.strerror}") from e
+        return path
+    target = path.resolve()  # a link: the file it names is replaced, not the link
+    aside = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
-        Path(path).write_text(text)
+        aside.write_text(text)
+        os.replace(aside, target)
     except OSError as e:
+        aside.unlink(missing_ok=True)
         raise UsageError(f"cannot write {path}: {e.strerror}") from e
-    typer.echo(f"wrote {path} ({text.count(chr(10)) - 1} experiments)", err=True)
+    return path
 
 
 def _trials(experiments: Iterable[ExperimentRecord]) -> Iterable[StudyTrial]:
