@@ -85,8 +85,10 @@ def test_tab_loads_none_of_them(words: str, offered: str) -> None:
 
 
 def test_a_command_that_works_loads_what_it_needs(tmp_path: object) -> None:
-    loaded, printed = _loaded(
-        ["status", "--json"], {"ORCHESTRATE_LEDGER": f"sqlite:///{tmp_path}/ledger.db"}
-    )
+    from ledger import Ledger
+
+    url = f"sqlite:///{tmp_path}/ledger.db"
+    Ledger(url).close()  # status reads a ledger, and creates none
+    loaded, printed = _loaded(["status", "--json"], {"ORCHESTRATE_LEDGER": url})
     assert {"ledger", "sqlalchemy", "orchestrator.profile"} <= set(loaded)
     assert json.loads(printed)["champion"] is None

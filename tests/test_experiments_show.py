@@ -96,7 +96,8 @@ def test_an_experiment_shows_its_verdict_its_boots_their_nodes_and_its_cells(
     missing = _show(tmp_path, nowhere, "1", "-p", "profile.yaml")
     assert missing.returncode == 4 and not (tmp_path / "none.db").exists()
     assert missing.stderr.strip().splitlines() == [
-        f"Error: no ledger yet at sqlite:///{tmp_path}/none.db"
+        f"Error: no ledger yet at sqlite:///{tmp_path}/none.db: `orchestrate round` creates it "
+        "(ORCHESTRATE_LEDGER or the profile's ledger_url names another)"
     ]
 
 

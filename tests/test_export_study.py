@@ -114,6 +114,7 @@ def test_the_decided_experiments_become_trials_and_a_re_export_adds_the_new(
 def test_a_storage_that_cannot_be_opened_is_one_line(tmp_path: Path, storage: str) -> None:
     profile = write_profile(tmp_path, twin_profile_data())
     env = {**os.environ, "ORCHESTRATE_LEDGER": f"sqlite:///{tmp_path}/orchestrate.db"}
+    Ledger(env["ORCHESTRATE_LEDGER"]).close()  # empty: no ledger at all is refused first
     done = orchestrate(
         tmp_path, "export", "--optuna-storage", storage, "--profile", str(profile), env=env
     )
@@ -128,6 +129,7 @@ def test_a_minimizing_study_is_refused(tmp_path: Path) -> None:
     storage = f"sqlite:///{tmp_path}/optuna.db"
     optuna.create_study(storage=storage, study_name="latency", direction="minimize")
     env = {**os.environ, "ORCHESTRATE_LEDGER": f"sqlite:///{tmp_path}/orchestrate.db"}
+    Ledger(env["ORCHESTRATE_LEDGER"]).close()  # empty: no ledger at all is refused first
     done = orchestrate(
         tmp_path, "export", "--optuna-storage", storage, "--study", "latency",
         "--profile", str(profile), env=env,

@@ -93,6 +93,7 @@ def test_no_round_and_an_unknown_round_are_one_line_exit_3(tmp_path: Path) -> No
         "Error: cluster twin-local has no round 9 (it has 1)"
     )
     empty = {**env, "ORCHESTRATE_LEDGER": f"sqlite:///{tmp_path}/empty.db"}
+    Ledger(empty["ORCHESTRATE_LEDGER"]).close()  # a ledger with no round (none: exit 4)
     none = orchestrate(tmp_path, "report", "--profile", str(profile), env=empty)
     assert none.returncode == 3, none.stderr
     lines = none.stderr.strip().splitlines()

@@ -20,7 +20,7 @@ from orchestrator.profile_names import embedded_profiles
 
 if TYPE_CHECKING:
     from cluster.deploy import Deployer, Progress
-    from ledger import Ledger
+    from ledger import Ledger, LedgerNotReady
     from orchestrator.profile import Profile
 
 
@@ -66,10 +66,27 @@ class Opened:
         self._stack = stack
         self._ledger: Ledger | None = None
 
-    def ledger(self) -> Ledger:
-        """The profile's ledger (``ORCHESTRATE_LEDGER`` first), opened on the first call."""
+    def ledger(self, *, create: bool = True) -> Ledger:
+        """The profile's ledger (``ORCHESTRATE_LEDGER`` first), opened on the first call (and
+        upgraded, if an older release wrote it). ``create=False``: for a command that only
+        reads it, or that fails before it writes where there is none (a proposal, an
+        experiment named by its ID): no ledger there is said, and none is created (no SQLite
+        file, no tables).
+
+        Raises:
+            LedgerNotReady: not ``create``, and no ledger there yet (``no_ledger_yet``).
+            LedgerError: as ``Ledger``.
+        """
         if self._ledger is None:
-            from ledger import Ledger
+            from ledger import Ledger, LedgerNotReady
+
+            if not create:
+                try:  # read, writing nothing: the probe ``cluster down``'s cleanup makes too
+                    Ledger(self.settings.ledger_url, read_only=True).close()
+                except LedgerNotReady as e:
+                    if e.found is None:
+                        raise no_ledger_yet(e) from e
+                    # an older release's: upgraded as any command that opens it does
             from orchestrator.contacts import remember_ledger
 
             self._ledger = self._stack.enter_context(Ledger(self.settings.ledger_url))
@@ -88,6 +105,38 @@ class Opened:
         deployer = deployer_for(self.profile, progress=progress)
         self._stack.callback(deployer.close)
         return deployer
+
+
+def no_ledger_yet(e: LedgerNotReady) -> LedgerNotReady:
+    """The one line a command that needs a ledger says where there is none: where it looked,
+    and what creates one or names another."""
+    from ledger import LedgerNotReady
+
+    return LedgerNotReady(
+        f"{e.message}: `orchestrate round` creates it (ORCHESTRATE_LEDGER or the profile's "
+        "ledger_url names another)",
+        url=e.url,
+    )
+
+
+@contextmanager
+def reading(url: str) -> Iterator[Ledger]:
+    """The ledger at ``url``, to read, changing nothing (``ledger.reading``: an older one
+    read as upgraded and left as it was); no ledger there said as ``no_ledger_yet`` says it.
+
+    Raises:
+        LedgerNotReady: no ledger there.
+        LedgerError: as ``ledger.reading``.
+    """
+    from ledger import LedgerNotReady
+    from ledger import reading as read
+
+    with ExitStack() as stack:
+        try:
+            ledger = stack.enter_context(read(url))
+        except LedgerNotReady as e:
+            raise no_ledger_yet(e) from e
+        yield ledger
 
 
 @contextmanager

@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from orchestrator.cli.common import ID_MAX, JsonOpt, ProfileOpt, opened, out
+from orchestrator.cli.common import ID_MAX, JsonOpt, ProfileOpt, opened, out, reading
 
 experiments_app = typer.Typer(
     help="One experiment's record, and a change a stopped round left undecided.",
@@ -30,7 +30,6 @@ def experiments_show(
     """One experiment as the ledger holds it: the change and its decision, the verdict's rule,
     reason and statistics, and each boot (its role, how it ended, the node a failed one failed
     on) with the cells it measured. Writes nothing, to an older ledger either."""
-    from ledger import reading
     from orchestrator.experiment_view import experiment_view, view_lines
     from orchestrator.profile import load_profile
     from orchestrator.settings import Settings
@@ -68,7 +67,7 @@ def experiments_veto(
     prof = load_profile(profile)
     actor = f"{getpass.getuser()}@{socket.gethostname()}"
     with opened(prof) as o:
-        ledger = o.ledger()
+        ledger = o.ledger(create=False)
         e = veto_undecided(prof, ledger, experiment_id, reason=reason, actor=actor)
         region = region_of(prof, ledger, e)
     barred = "nothing" if region is None else region.region()

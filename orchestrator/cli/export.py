@@ -46,7 +46,7 @@ def export(
 
     prof = load_profile(profile)
     with opened(prof) as o:
-        experiments = o.ledger().experiments(cluster=prof.cluster.name)
+        experiments = o.ledger(create=False).experiments(cluster=prof.cluster.name)
     if optuna_storage is not None:
         name = study or prof.cluster.name
         done = export_study(optuna_storage, name, prof.space, list(_trials(experiments)))

@@ -54,7 +54,7 @@ def known_bad_list(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None
 
     prof = load_profile(profile)
     with opened(prof) as o:
-        regions = barred_regions(prof, o.ledger())
+        regions = barred_regions(prof, o.ledger(create=False))
     if as_json:
         typer.echo(json.dumps([_as_json(r) for r in regions], indent=2))
         return
@@ -105,7 +105,9 @@ def known_bad_clear(
     prof = load_profile(profile)
     actor = f"{getpass.getuser()}@{socket.gethostname()}"
     with opened(prof) as o:
-        found, event = clear_region(prof, o.ledger(), experiment_id, reason=reason, actor=actor)
+        found, event = clear_region(
+            prof, o.ledger(create=False), experiment_id, reason=reason, actor=actor
+        )
     typer.echo(
         f"cleared {found.region.region()} (barred by experiment #{experiment_id}, "
         f"{found.region.source}: {found.region.reason}); recorded as event {event.id} by {actor}"

@@ -32,7 +32,7 @@ def proposals_list(
 
     prof = load_profile(profile)
     with opened(prof) as o:
-        rows = o.ledger().proposals(status=None if all_ else ProposalStatus.PENDING)
+        rows = o.ledger(create=False).proposals(status=None if all_ else ProposalStatus.PENDING)
     if as_json:
         typer.echo(json.dumps([p.model_dump(mode="json") for p in rows], indent=2))
         return
@@ -53,7 +53,9 @@ def proposals_approve(proposal_id: ProposalId, profile: ProfileOpt = None) -> No
 
     prof = load_profile(profile)
     with opened(prof) as o:
-        p = o.ledger().decide_proposal(proposal_id, status=ProposalStatus.APPROVED, by="person")
+        p = o.ledger(create=False).decide_proposal(
+            proposal_id, status=ProposalStatus.APPROVED, by="person"
+        )
     typer.echo(f"approved proposal {p.id}: {_target(p)}")
 
 
@@ -69,7 +71,7 @@ def proposals_veto(
 
     prof = load_profile(profile)
     with opened(prof) as o:
-        p = o.ledger().decide_proposal(
+        p = o.ledger(create=False).decide_proposal(
             proposal_id, status=ProposalStatus.VETOED, by="person", reason=reason
         )
     typer.echo(f"vetoed proposal {p.id}: {_target(p)}")

@@ -29,5 +29,5 @@ def report(
     if out is not None:
         check_folder(out)  # before the ledger is opened (or created) and the plots drawn
     with opened(prof) as o:
-        written = write_report(prof, o.ledger(), round_id, out)
+        written = write_report(prof, o.ledger(create=False), round_id, out)
     typer.echo(f"wrote {written.page} (round {written.data.round.id})")

@@ -35,7 +35,7 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
 
     prof = load_profile(profile)
     with opened(prof) as o:
-        ledger = o.ledger()
+        ledger = o.ledger(create=False)
         name = prof.cluster.name
         champion = ledger.champion(name)
         # the profile gained or lost a knob since: the champion as this profile sees it, and
