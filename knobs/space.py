@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from knobs.config import Change, Config
 from knobs.errors import KnobError
+from knobs.names import did_you_mean
 from knobs.spec import KnobSpec, Value, as_text, printable
 
 
@@ -90,8 +91,11 @@ class KnobSpace(BaseModel):
         for knob in self.knobs:
             if knob.name == name:
                 return knob
+        known = ", ".join(self.names)
+        hint = did_you_mean(name, self.names)
         raise KnobError(
-            f"unknown knob {printable(name)}; known knobs: {', '.join(self.names)}",
+            f"unknown knob {printable(name)}; "
+            + (f"known knobs: {known}" if hint is None else f"{hint} (known knobs: {known})"),
             knob=None,
             value=name,
         )

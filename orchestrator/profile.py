@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import json
 import os
@@ -21,6 +20,7 @@ from cluster.ports import resolve_auto_ports
 from knobs.catalog import catalog
 from knobs.config import Config
 from knobs.errors import KnobError, ProfileError
+from knobs.names import did_you_mean
 from knobs.records import CellSpec
 from knobs.space import ForbiddenCombination, KnobSpace, overlay, render_clash
 from knobs.spec import KnobSpec, Value
@@ -218,11 +218,6 @@ class ApproveSpec(BaseModel):
 #: type than the catalog's inherits none of them.
 DOMAIN_FIELDS = frozenset({"low", "high", "step", "choices", "default"})
 
-#: How alike (``difflib``'s ratio) a profile knob's name and a catalog knob's may be before the
-#: profile's is taken for a typo of the catalog's: one letter off in twenty is 0.95.
-TYPO_CUTOFF = 0.85
-
-
 #: Each profile's knob space, built once (``Profile.space``), by the profile's id; the profile
 #: is held with it, so that the id is not another's. The oldest goes past this many.
 _SPACES: dict[int, tuple[Profile, KnobSpace]] = {}
@@ -311,9 +306,11 @@ class Profile(BaseModel):
         names = {k.name for k in base}
         for name in self.untuned:
             if name not in names:
+                known = ", ".join(sorted(names))
+                hint = did_you_mean(name, names)
                 raise KnobError(
-                    f"untuned: {name!r} is not a knob of catalog {self.knob_catalog}; known: "
-                    + ", ".join(sorted(names)),
+                    f"untuned: {name!r} is not a knob of catalog {self.knob_catalog}; "
+                    + (f"known: {known}" if hint is None else f"{hint} (known: {known})"),
                     knob=name,
                 )
             if any(k.name == name for k in self.knobs):
@@ -368,10 +365,10 @@ def _merge_knob(knob: object, base: dict[str, KnobSpec], catalog_name: str) -> o
     name = str(entry.get("name"))
     spec = base.get(name)
     if spec is None:
-        close = difflib.get_close_matches(name, list(base), n=1, cutoff=TYPO_CUTOFF)
-        if close and knob.get("new") is not True:
+        hint = did_you_mean(name, base)
+        if hint is not None and knob.get("new") is not True:
             raise KnobError(
-                f"knob {name!r} is not in catalog {catalog_name}; did you mean {close[0]}? "
+                f"knob {name!r} is not in catalog {catalog_name}; {hint} "
                 "(a new knob says new: true)",
                 knob=name,
             )

@@ -15,6 +15,7 @@ import pytest
 
 from knobs.vocabulary import Kind, Status
 from ledger import Ledger, LedgerNotReady, VerdictRecord
+from orchestrator.cli import run
 from orchestrator.profile import load_profile
 from tests.fixtures.cli import orchestrate
 from tests.fixtures.profiles import twin_profile_data, write_profile
@@ -178,4 +179,25 @@ def test_set_applies_its_changes_together_before_the_forbidden_combinations(
     assert '"num_speculative_tokens":5' in head and "8192" in head
     rc, _, err = dry("num_speculative_tokens=5", "num_speculative_tokens=6")
     assert rc == 2 and "--set num_speculative_tokens is given twice" in err, err
+    assert not (tmp_path / "orchestrate.db").exists()
+
+
+def test_set_of_a_misspelt_knob_names_the_knob_it_is_a_typo_of(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--set`` of a knob the profile lacks: one line, exit 3, naming the knob it is a typo
+    of (the policy a profile's misspelt knob follows, ``knobs.names``) and the known ones."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ORCHESTRATE_LEDGER", f"sqlite:///{tmp_path / 'orchestrate.db'}")
+    known = ", ".join(load_profile(None).space.names)
+    argv = ["cluster", "up", "--dry-run", "--set"]
+    assert run([*argv, "gpu_memory_utilisation=0.8"]) == 3
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "Error: unknown knob 'gpu_memory_utilisation'; did you mean gpu_memory_utilization? "
+        f"(known knobs: {known})"
+    ]
+    assert run([*argv, "speed=11"]) == 3  # nothing close: the known ones alone
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"Error: unknown knob 'speed'; known knobs: {known}"
+    ]
     assert not (tmp_path / "orchestrate.db").exists()

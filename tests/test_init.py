@@ -255,6 +255,7 @@ def test_untuned_must_name_catalog_knobs(tmp_path: Path) -> None:
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump(data))
     done = orchestrate(tmp_path, "status", "--profile", str(tmp_path / "bad.yaml"))
     assert done.returncode == 3 and "untuned: 'max_num_batched_token' is not a knob" in done.stderr
+    assert "; did you mean max_num_batched_tokens? (known: " in done.stderr
     assert "max_num_batched_tokens" not in profile.space.names
 
 

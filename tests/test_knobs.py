@@ -85,6 +85,15 @@ def test_unknown_knob_names_the_known_ones() -> None:
         SPACE.change(SPACE.default_config(), "num_spec_tokens", 5)
 
 
+def test_a_misspelt_knob_names_the_knob_it_is_a_typo_of() -> None:
+    with pytest.raises(
+        KnobError,
+        match=r"unknown knob 'num_speculative_token'; did you mean num_speculative_tokens\? "
+        r"\(known knobs: num_speculative_tokens, ",
+    ):
+        SPACE.change(SPACE.default_config(), "num_speculative_token", 5)
+
+
 def test_change_is_exactly_one_knob_and_a_real_change() -> None:
     champion = SPACE.default_config()
     change = SPACE.change(champion, "num_speculative_tokens", "5")
