@@ -25,8 +25,10 @@ _FALSE = {"false", "off", "no", "0"}
 
 
 def printable(raw: object, limit: int = 60) -> str:
-    """``raw`` as a short, single-line, repr-quoted string safe to put in an error message."""
-    text = repr(raw)
+    """``raw`` as a short, single-line string safe to put in a line a person reads: a boolean
+    and nothing as a profile (YAML, JSON) spells them (``true``, ``false``, ``null``), never
+    Python's ``False``; anything else repr-quoted (a string quoted, so ``'5'`` is not 5)."""
+    text = "null" if raw is None else str(raw).lower() if isinstance(raw, bool) else repr(raw)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 

@@ -6,6 +6,7 @@ import pytest
 
 from knobs import Change, Config, KnobError, KnobSpace, KnobSpec, RenderSpec, catalog
 from knobs.space import ForbiddenCombination
+from knobs.spec import printable
 
 SPACE = KnobSpace(knobs=catalog("vllm-dflash2"))
 
@@ -235,3 +236,17 @@ def test_monotone_guardrails_need_an_ordered_knob_and_a_guardrail_rule() -> None
 def test_unknown_catalog() -> None:
     with pytest.raises(KnobError, match="unknown knob catalog 'nope'"):
         catalog("nope")
+
+
+def test_a_value_is_printed_as_a_profile_spells_it() -> None:
+    """Booleans and nothing as YAML writes them, never Python's spelling; a string quoted."""
+    assert [printable(v) for v in (False, True, None, 3, 0.85, "fp8")] == [
+        "false",
+        "true",
+        "null",
+        "3",
+        "0.85",
+        "'fp8'",
+    ]
+    with pytest.raises(KnobError, match=r"^knob num_speculative_tokens: true is not "):
+        SPACE.spec("num_speculative_tokens").parse(True)

@@ -285,6 +285,30 @@ def test_a_knob_added_under_a_champion_takes_its_default_once_and_the_round_goes
         assert changes(ledger)[-1] == ("num_speculative_tokens", 4)
 
 
+def test_a_boolean_knob_gained_or_dropped_is_said_as_the_profile_spells_it(
+    tmp_path: Path,
+) -> None:
+    """``false`` as a profile writes it, never Python's ``False``."""
+    fast = {
+        "name": "fast_path",
+        "type": "bool",
+        "default": False,
+        "new": True,
+        "render": {"kind": "switch", "when_true": ["--fast-path"]},
+    }
+    (tmp_path / "gains").mkdir()
+    (tmp_path / "drops").mkdir()
+    run_round(tmp_path / "gains", 1)
+    gained, _ = run_round(tmp_path / "gains", 1, fast)
+    assert "profile gained knob fast_path: the champion takes its default false" in gained
+    run_round(tmp_path / "drops", 1, fast)
+    dropped, _ = run_round(tmp_path / "drops", 1)
+    assert "knob fast_path is no longer in the profile: dropped from the champion (was false)" in (
+        dropped
+    )
+    assert "False" not in gained + dropped and "True" not in gained + dropped
+
+
 def test_a_knob_removed_is_dropped_from_the_champion_with_a_line_and_one_event(
     tmp_path: Path,
 ) -> None:
