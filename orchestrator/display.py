@@ -152,10 +152,11 @@ class RoundDisplay:
         self.console.print(text, highlight=False, markup=False)
 
     def decided(self, e: ExperimentRecord, reason: str, boots: BootCount | None = None) -> None:
-        """An experiment was decided; ``boots``: the boots it took, said where one of them
-        failed (the verdict's reason counts only the measurements it weighs)."""
+        """An experiment was decided, and why (``""``: its description says it already);
+        ``boots``: the boots it took, said where one of them failed (the verdict's reason
+        counts only the measurements it weighs)."""
         if boots is not None and boots.failed:
-            reason = f"{reason}; {boots.words()}"
+            reason = f"{reason}; {boots.words()}" if reason else boots.words()
         status = e.status or "?"
         objective = "" if e.objective is None else f" objective {e.objective:.1f}"
         delta = "" if e.delta_pct is None or e.kind == Kind.BASELINE else f" ({e.delta_pct:+.2f}%)"
@@ -164,7 +165,7 @@ class RoundDisplay:
                 f"  #{e.id} {describe(e)}: ",
                 (status, _STYLE.get(status, "")),
                 f"{objective}{delta}",
-                (f"  {reason}", "dim"),
+                (f"  {reason}" if reason else "", "dim"),
             )
         )
 

@@ -86,9 +86,10 @@ class Intake:
             )
         run_id = self.runlog.experiment_run(rnd, decided)
         self.runlog.vetoed(run_id, decided, p.reason or "")
-        # the line names the change as proposed (a closed one's description says why too)
+        # the line names the change as proposed (a closed one's description says why too); a
+        # person's veto's description says who vetoed it and why: the reason is not said twice
         shown = decided.model_copy(update={"description": e.description})
-        self.display.decided(shown, p.reason or "vetoed")
+        self.display.decided(shown, (p.reason or "vetoed") if by_profile else "")
 
     def closure(self, p: ProposalRecord) -> Closure | None:
         """Why the profile of now closes proposal ``p`` without a boot (``closures.closure``:

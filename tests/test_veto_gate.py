@@ -12,14 +12,17 @@ import pytest
 from click.testing import CliRunner
 from rich.console import Console
 
-from agents import ProposalContext
+from agents import ProposalContext, SweepProposer
 from knobs import KnobSpace, catalog
 from knobs.vocabulary import ProposalStatus
 from ledger import Ledger, ProposalRecord
-from orchestrator.approval import ApprovalGate, NobodyDeciding, llm_summary
+from orchestrator.approval import Answer, ApprovalGate, NobodyDeciding, llm_summary
 from orchestrator.cli.round import _ask_at_terminal
 from orchestrator.display import RoundDisplay
 from orchestrator.errors import UsageError
+from orchestrator.round import RoundOptions, RoundRunner
+from orchestrator.testbed import NullSink
+from tests.test_round_policy import ScriptedTestbed, profile
 
 SPACE = KnobSpace(knobs=catalog("vllm-dflash2"))
 CHAMPION = SPACE.default_config()
@@ -253,3 +256,23 @@ def test_bad_gate_settings_are_usage_errors(
 def test_llm_summary_reads_the_notes() -> None:
     assert llm_summary({}) == ""
     assert llm_summary({**NOTES, "llm_fallback": "spend cap"}).endswith("; fell back: spend cap")
+
+
+def test_a_vetoed_change_says_its_reason_once(tmp_path: Path) -> None:
+    """The round's line for a veto at the prompt: who vetoed it and why, said once."""
+    why = "K=5 wedged rank 2 last week"
+    screen = io.StringIO()
+    with Ledger(f"sqlite:///{tmp_path / 'ledger.db'}") as ledger:
+        runner = RoundRunner(
+            profile(),
+            ledger,
+            NullSink(),
+            ScriptedTestbed(lambda config, n: 100.0),
+            SweepProposer([{"num_speculative_tokens": 5}]),
+            ApprovalGate(ledger, "ask", asker=lambda p, problem: Answer("veto", None, why)),
+            RoundDisplay(Console(file=screen, width=200)),
+        )
+        runner.run(RoundOptions(budget=1, proposer="sweep", approve="ask"))
+    [line] = [line for line in screen.getvalue().splitlines() if "vetoed" in line]
+    assert line.count(why) == 1, line
+    assert line.strip().startswith(f"#2 num_speculative_tokens 7 → 5 vetoed by person: {why}")
