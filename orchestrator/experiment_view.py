@@ -15,6 +15,7 @@ from typing import Any
 from knobs.records import CellResultRecord
 from ledger import BootRecord, ExperimentRecord, Ledger
 from orchestrator.errors import OrchestrateError
+from orchestrator.timestamps import utc_minute
 from orchestrator.verdict import slow_ranks
 
 
@@ -138,7 +139,9 @@ def view_lines(view: dict[str, Any]) -> list[str]:
         measured = f": objective {view['objective']:.1f}"
         if view["delta_pct"] is not None:
             measured += f" ({view['delta_pct']:+.2f}% vs its champion)"
-    lines.append(f"  {status}{measured}, decided {view['decided_at'] or '-'}")
+    decided = view["decided_at"]
+    when = "-" if decided is None else utc_minute(datetime.fromisoformat(decided))
+    lines.append(f"  {status}{measured}, decided {when}")
     verdict = view["verdict"]
     if verdict is not None:
         lines.append(f"  verdict ({verdict['rule']}): {verdict['reason']}")

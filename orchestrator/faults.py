@@ -43,6 +43,7 @@ from orchestrator.errors import INTERRUPTED, OrchestrateError
 from orchestrator.evolution import refit_blame
 from orchestrator.measurements import clocks_off_counts, clocks_off_in_a_row
 from orchestrator.profile import Profile
+from orchestrator.timestamps import utc_minute
 
 T = TypeVar("T")
 
@@ -453,6 +454,6 @@ def last_stop(ledger: Ledger, cluster: str, round_id: int) -> EventRecord | None
 def said_stop(stop: EventRecord) -> str:
     """A stop (``last_stop``) in words: ``stopped at … UTC (exit N): the line``."""
     return (
-        f"stopped at {stop.created_at:%Y-%m-%d %H:%M} UTC "
+        f"stopped at {utc_minute(stop.created_at)} "
         f"(exit {stop.detail.get('exit_code')}): {stop.reason}"
     )

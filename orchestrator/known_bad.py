@@ -18,6 +18,7 @@ from orchestrator.errors import OrchestrateError, UsageError
 from orchestrator.evolution import Lineage
 from orchestrator.history import cleared_regions, holds, region_of
 from orchestrator.profile import Profile
+from orchestrator.timestamps import utc_minute
 
 
 class NothingBarred(OrchestrateError):
@@ -89,7 +90,7 @@ def clear_region(
     if found.cleared is not None:
         raise NothingBarred(
             f"experiment #{experiment_id}'s region {found.region.region()} was cleared already, "
-            f"by {found.cleared.actor or 'someone'} on {found.cleared.created_at:%Y-%m-%d %H:%M}",
+            f"by {found.cleared.actor or 'someone'} on {utc_minute(found.cleared.created_at)}",
             experiment=experiment_id,
         )
     event = ledger.add_event(

@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import shutil
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -117,3 +118,17 @@ def test_a_boot_recorded_before_schema_6_names_no_node_and_keeps_its_message(
     [failed] = [b for b in crash["boots"] if b["status"] == "failed"]
     assert (failed["failure_class"], failed["failed_on"]) == ("kv_capacity", None)
     assert failed["failure_detail"] == "node-0: engine exited before /health was 200"
+
+
+def test_an_experiment_says_when_it_was_decided_as_the_rest_of_the_cli_does(
+    tmp_path: Path,
+) -> None:
+    """To the minute, in UTC, said so (``2026-12-05 03:12 UTC``), as status and the report say
+    a moment; ``--json`` keeps ISO 8601."""
+    env = _ledger(tmp_path, "schema6")
+    shutil.copyfile(LEDGERS / "schema6.profile.yaml", tmp_path / "profile.yaml")
+    iso = json.loads(_show(tmp_path, env, "4", "--json", "-p", "profile.yaml").stdout)
+    decided = datetime.fromisoformat(iso["decided_at"]).astimezone(UTC)
+    text = _show(tmp_path, env, "4", "-p", "profile.yaml").stdout
+    assert f", decided {decided:%Y-%m-%d %H:%M} UTC\n" in text, text
+    assert iso["decided_at"] not in text

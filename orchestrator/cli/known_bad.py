@@ -74,13 +74,15 @@ def known_bad_list(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None
 
 
 def _row(r: BarredRegion) -> tuple[str, ...]:
+    from orchestrator.timestamps import utc_minute
+
     e = r.experiment
     return (
         str(e.id),
         r.region.source,
         r.region.region(),
         r.region.reason,
-        "-" if e.decided_at is None else f"{e.decided_at:%Y-%m-%d %H:%M}",
+        "-" if e.decided_at is None else utc_minute(e.decided_at),
         "-" if r.champion is None else f"#{r.champion}",
         "-"
         if r.cleared is None

@@ -11,6 +11,7 @@ from html import escape
 
 from knobs.spec import as_text
 from orchestrator.report.data import INFRASTRUCTURE_USES, USES, ReportData
+from orchestrator.timestamps import utc_minute
 
 CSS = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
@@ -148,12 +149,12 @@ def _interruptions(data: ReportData) -> str:
     items = []
     for stop in data.stops:
         went_on = (
-            f"went on at {stop.resumed_at:%Y-%m-%d %H:%M} UTC"
+            f"went on at {utc_minute(stop.resumed_at)}"
             if stop.resumed_at is not None
             else "not gone on since: the same command resumes it"
         )
         items.append(
-            f"<li>stopped at {stop.at:%Y-%m-%d %H:%M} UTC (exit {escape(str(stop.exit_code))}): "
+            f"<li>stopped at {utc_minute(stop.at)} (exit {escape(str(stop.exit_code))}): "
             f"{escape(stop.line)}; {went_on}</li>"
         )
     for r in data.resumes:
@@ -210,7 +211,7 @@ def page(data: ReportData, pictures: Mapping[str, bytes]) -> str:
     summary = (
         f"Profile {escape(data.profile)}; {escape(rnd.status)}, {decided} of {rnd.budget} "
         f"experiments decided, proposer {escape(rnd.proposer)}, approval {escape(rnd.approve)}"
-        f"{escape(gain)}; started {rnd.started_at:%Y-%m-%d %H:%M} UTC."
+        f"{escape(gain)}; started {utc_minute(rnd.started_at)}."
     )
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>
