@@ -31,6 +31,7 @@ from cluster.ssh_config import (
     split_hop,
     strict_client,
 )
+from knobs.spec import clipped
 from knobs.vocabulary import FailureClass
 
 
@@ -270,4 +271,4 @@ def safe_message(e: BaseException) -> str:
     """An exception's text, one line, for an error message (never a secret: paramiko's
     exceptions do not carry passphrases, and ours are built without them)."""
     text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    return text[:300]
+    return clipped(text, 300)

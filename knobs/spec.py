@@ -24,12 +24,25 @@ _TRUE = {"true", "on", "yes", "1"}
 _FALSE = {"false", "off", "no", "0"}
 
 
+def clipped(text: str, limit: int) -> str:
+    """``text`` in at most ``limit`` characters for a line a person reads: whole if it fits,
+    else cut at the last word boundary that keeps at least half of it (mid-word only where one
+    word is longer) and ended with an ellipsis, so a cut never reads as the end of the text."""
+    if len(text) <= limit:
+        return text
+    cut = text[: limit - 1]
+    space = cut.rfind(" ")
+    if space >= limit // 2:
+        cut = cut[:space]
+    return cut.rstrip(" ,;:.-") + "…"
+
+
 def printable(raw: object, limit: int = 60) -> str:
     """``raw`` as a short, single-line string safe to put in a line a person reads: a boolean
     and nothing as a profile (YAML, JSON) spells them (``true``, ``false``, ``null``), never
     Python's ``False``; anything else repr-quoted (a string quoted, so ``'5'`` is not 5)."""
     text = "null" if raw is None else str(raw).lower() if isinstance(raw, bool) else repr(raw)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return clipped(text, limit)
 
 
 class RenderSpec(BaseModel):

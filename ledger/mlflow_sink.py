@@ -20,6 +20,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Final, TypeVar
 
+from knobs.spec import clipped
 from ledger.base import did_not_answer
 from ledger.errors import MlflowSinkError
 from ledger.libpq import bounded_uri
@@ -508,7 +509,7 @@ def _did_not_answer(error: BaseException) -> bool:
 def _sink_error(uri: str, operation: str, error: BaseException) -> MlflowSinkError:
     shown = display_uri(uri)
     first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
-    reason = Redactor.from_environment().text(first_line)[:500]
+    reason = clipped(Redactor.from_environment().text(first_line), 500)
     hint = ""
     if isinstance(error, ImportError) and "psycopg2" in str(error):
         hint = " (psycopg 3 is installed: write the URI as postgresql+psycopg://…)"

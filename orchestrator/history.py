@@ -17,7 +17,7 @@ from __future__ import annotations
 from agents import HistoryEntry, KnownBad, KnownBadSource, ProposalContext, round_spend
 from knobs.config import Config
 from knobs.space import Reconciled
-from knobs.spec import Value
+from knobs.spec import Value, clipped
 from knobs.vocabulary import INFRASTRUCTURE, UNMEASURED, EventKind, State, Status
 from ledger import EventRecord, ExperimentRecord, Ledger, RoundRecord
 from orchestrator import policy
@@ -257,7 +257,7 @@ def _barred(profile: Profile, ledger: Ledger, e: ExperimentRecord) -> KnownBad |
     when = e.config.as_dict() if e.status == Status.INVALID else {e.knob: e.value}
     if coupled is not None and e.status != Status.INVALID:
         when[coupled[0]] = coupled[1]  # a coupled move bars the pair, never its first knob alone
-    reason = e.failure_class or (e.failure_detail or e.status)[:200]
+    reason = e.failure_class or clipped(e.failure_detail or e.status, 200)
     if e.status == Status.VETOED:
         # the person's words, so every proposer learns why (the verdict's: a proposal's veto
         # or, for a change a stopped round left undecided, the experiment's)
@@ -303,7 +303,7 @@ def guardrail_region(profile: Profile, ledger: Ledger, e: ExperimentRecord) -> K
         when={k: v for k, v in e.config.as_dict().items() if k != e.knob},
         at_least=bound if side == "above" else {},
         at_most=bound if side == "below" else {},
-        reason=f"{verdict.rule} against its champion: {verdict.reason}"[:200],
+        reason=clipped(f"{verdict.rule} against its champion: {verdict.reason}", 200),
         source="guardrail",
     )
 

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from agents import COUPLED_NOTE, METRIC_NOTES, TAG_NOTES
 from cluster.errors import NodeError
 from knobs.records import CellResultRecord
-from knobs.spec import Value, as_text
+from knobs.spec import Value, as_text, clipped
 from knobs.vocabulary import Kind, State, Status
 from ledger import (
     ExperimentRecord,
@@ -180,12 +180,12 @@ class RunLog:
         tags = {key: p.notes[key] for key in TAG_NOTES if key in p.notes}
         tags.update(
             proposer=p.source,
-            hypothesis=p.hypothesis[:500],
-            expected_effect=p.expected_effect[:200],
+            hypothesis=clipped(p.hypothesis, 500),
+            expected_effect=clipped(p.expected_effect, 200),
             decided_by=p.decided_by or "",
         )
         if p.coupled_knob is not None and COUPLED_NOTE in p.notes:
-            tags["coupled_because"] = p.notes[COUPLED_NOTE][:500]  # the failure it answers
+            tags["coupled_because"] = clipped(p.notes[COUPLED_NOTE], 500)  # the failure it answers
         if metrics:
             self.sink.log_metrics(run_id, metrics)
         self.sink.set_tags(run_id, tags)

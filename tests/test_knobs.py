@@ -6,7 +6,7 @@ import pytest
 
 from knobs import Change, Config, KnobError, KnobSpace, KnobSpec, RenderSpec, catalog
 from knobs.space import ForbiddenCombination
-from knobs.spec import printable
+from knobs.spec import clipped, printable
 
 SPACE = KnobSpace(knobs=catalog("vllm-dflash2"))
 
@@ -250,3 +250,15 @@ def test_a_value_is_printed_as_a_profile_spells_it() -> None:
     ]
     with pytest.raises(KnobError, match=r"^knob num_speculative_tokens: true is not "):
         SPACE.spec("num_speculative_tokens").parse(True)
+
+
+def test_a_long_text_is_cut_at_a_word_and_says_it_was_cut() -> None:
+    """What a line shows of a crash's message or a reason: never cut mid-word, never taken for
+    the whole (``clipped``, for every line and tag that bounds a text)."""
+    text = "CUDA out of memory: tried to allocate 2.50 GiB while 1.07 GiB free on device 0"
+    assert clipped(text, 200) == text
+    assert clipped(text, 40) == "CUDA out of memory: tried to allocate…"
+    assert len(clipped(text, 40)) <= 40
+    # one word longer than the room: cut inside it, still marked
+    assert clipped("x" * 50, 10) == "x" * 9 + "…"
+    assert printable("word " * 30) == "'word word word word word word word word word word word…"

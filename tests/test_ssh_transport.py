@@ -20,6 +20,7 @@ import pytest
 from cluster.errors import NodeError, NodeUnreachable
 from cluster.inventory import NodeSpec, SshOptionsSpec
 from cluster.ssh import SshTransport
+from cluster.ssh_login import safe_message
 from tests.fixtures.sshd import SshCluster
 from tests.fixtures.wait import wait_until
 
@@ -361,3 +362,10 @@ def test_slow_command_on_a_live_node_is_a_timeout_not_unreachable(
     assert not isinstance(info.value, NodeUnreachable)
     assert info.value.failure_class == "remote_failed"
     assert "did not finish within 1s" in info.value.message
+
+
+def test_a_long_connection_error_is_cut_at_a_word_boundary() -> None:
+    """An SSH error's message in a node's line: bounded, cut between words and marked."""
+    said = safe_message(OSError("connection failed: " + "host unreachable " * 40))
+    assert len(said) <= 300 and said.endswith("…"), said
+    assert said[:-1].split()[-1] in ("host", "unreachable"), said  # a whole word

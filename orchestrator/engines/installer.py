@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import ClassVar
 
+from knobs.spec import clipped
 from orchestrator.engines.layout import (
     EngineLayout,
     EngineRecipe,
@@ -178,13 +179,13 @@ def _run(
         line = raw.rstrip()
         lines.append(line)
         if show is not None and show.match(line):
-            progress(f"    {line[:110]}")
+            progress(f"    {clipped(line, 110)}")
     code = proc.wait()
     output = "\n".join(lines)
     if code != 0:
         last = next((ln for ln in reversed(lines) if ln.strip()), "no output")
         raise EngineInstallError(
-            f"{step} failed (exit {code}): {last.strip()[:300]}",
+            f"{step} failed (exit {code}): {clipped(last.strip(), 300)}",
             step=step,
             command=command,
             returncode=code,

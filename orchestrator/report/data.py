@@ -17,7 +17,7 @@ from cluster.launcher import render_node
 from knobs.config import Config
 from knobs.errors import KnobError, ProfileError
 from knobs.records import LlmUsage
-from knobs.spec import EffectPrior, Value, as_text
+from knobs.spec import EffectPrior, Value, as_text, clipped
 from knobs.vocabulary import INFRASTRUCTURE, BootRole, BootStatus, EventKind, Kind, State, Status
 from ledger import BootRecord, ChampionRecord, ExperimentRecord, Ledger, RoundRecord
 from orchestrator import resumes
@@ -333,7 +333,7 @@ def _boots(
             data.clocks_off_by_node.update(slow[boot.id])
         elif use == "failed: the infrastructure's":
             said = (boot.failure_detail or "").strip().splitlines()
-            detail = said[0][:240] if said else ""
+            detail = clipped(said[0], 240) if said else ""
             data.infrastructure_failures[(str(boot.failure_class), detail)] += 1
         if owner is not None:
             spent = data.boot_hours.setdefault(owner.id, {})
