@@ -13,11 +13,12 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 import typer
 from typer.core import TyperGroup
 from typer.main import get_command
 
-from orchestrator.cli import app
+from orchestrator.cli import app, run
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 SECTION = "## Using it"
@@ -97,3 +98,23 @@ def test_a_missing_command_or_option_is_named() -> None:
     # a longer word is not a mention: `--root` is not in `--rooted`, `-n` not in `-nx`
     assert not _mentions("[--rooted DIR] -nx", "--root")
     assert not _mentions("[--rooted DIR] -nx", "-n")
+
+
+def test_every_help_text_reads_as_prose_without_markup_or_source_line_breaks(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A docstring's line breaks are where its source wrapped, not where a sentence ends:
+    ``--help`` shows each paragraph as one line the terminal wraps, with no reST ``code``
+    (typer's rich help would keep both), for every command and group."""
+    for path, command in walk(get_command(app)):
+        text = getattr(command, "help", None) or ""
+        where = " ".join(("orchestrate", *path))
+        assert "``" not in text, where
+        for paragraph in text.split("\n\n"):
+            assert "\n" not in paragraph.strip(), (where, paragraph)
+    monkeypatch.setenv("COLUMNS", "300")
+    assert run(["--help"]) == 0
+    shown = capsys.readouterr().out
+    assert "or add them to an Optuna study (with --optuna-storage): one trial each" in shown
+    assert "GPU-hours went, the champion's launcher diff" in shown
+    assert "become placeholders. The profile is rendered back" in shown

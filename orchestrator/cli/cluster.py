@@ -84,7 +84,7 @@ def cluster_up(
     and released after: the engines stay up, unclaimed. On failure every node is torn down
     and the command exits with the failure's code; a champion that fails as the profile
     renders it now, having lost or gained a knob since it was measured, is the profile's
-    (exit 3, the line naming the knob: ``evolution.refit_blame``).
+    (exit 3, the line naming the knob).
     """
     from cluster.launcher import render_node
     from orchestrator.evolution import fit_champion, record_profile

@@ -9,6 +9,8 @@ load SQLAlchemy, Optuna, MLflow and paramiko to print a page of help (tests/test
 
 from __future__ import annotations
 
+import inspect
+import re
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from typing import TYPE_CHECKING, Annotated
@@ -47,6 +49,27 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON for scripts")]
 #: The largest ID (or seed) a command takes: what the ledger's integers hold (SQLite's and
 #: PostgreSQL's BIGINT); a larger one is a usage error in one line, not an overflow.
 ID_MAX = 2**63 - 1
+
+
+def readable(doc: str) -> str:
+    """A command's docstring as its ``--help`` shows it: typer's rich help keeps a docstring's
+    line breaks (a sentence broken where the source wrapped it, at any terminal width), so each
+    paragraph's lines are joined and the terminal wraps them; reST's ``code`` is shown as the
+    rest of the help quotes code, `code`. Paragraphs stay paragraphs."""
+    paragraphs = inspect.cleandoc(doc).split("\n\n")
+    joined = "\n\n".join(" ".join(p.split()) for p in paragraphs)
+    return re.sub(r"``([^`]+)``", r"`\1`", joined)
+
+
+def make_readable(app: typer.Typer) -> None:
+    """Every command's help under ``app``, its groups' too, made ``readable`` (their
+    docstrings stay as written)."""
+    for command in app.registered_commands:
+        doc = command.help or inspect.getdoc(command.callback) or ""
+        command.help = readable(doc)
+    for group in app.registered_groups:
+        if group.typer_instance is not None:
+            make_readable(group.typer_instance)
 
 
 def out() -> Console:

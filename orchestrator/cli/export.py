@@ -39,7 +39,7 @@ def export(
     profile: ProfileOpt = None,
 ) -> None:
     """Write results.tsv: one row per decided experiment, oldest first; or add them to an
-    Optuna study (``--optuna-storage``): one trial each, a re-export adds the new ones."""
+    Optuna study (with --optuna-storage): one trial each, a re-export adds the new ones."""
     from agents.study_export import export_study
     from ledger import tsv_text
     from orchestrator.profile import load_profile

@@ -9,6 +9,7 @@ import typer
 
 from orchestrator.cli.bench import bench
 from orchestrator.cli.cluster import cluster_app
+from orchestrator.cli.common import make_readable
 from orchestrator.cli.experiments import experiments_app
 from orchestrator.cli.export import export
 from orchestrator.cli.init import init
@@ -41,6 +42,8 @@ app.command("export")(export)
 app.command("bench")(bench)
 app.command("report")(report)
 app.command("init")(init)
+# last: every command's docstring, as --help shows it (``common.readable``)
+make_readable(app)
 
 
 def run(argv: list[str] | None = None) -> int:
