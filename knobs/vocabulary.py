@@ -204,3 +204,14 @@ UNMEASURED = frozenset({Status.CRASH, Status.VETOED})
 #: Statuses whose objective is a trustworthy measurement of the config that ran. An ``invalid``
 #: config may carry a (fast, wrong) objective: it must never count as a measurement.
 MEASURED = frozenset({Status.KEEP, Status.DISCARD, Status.INCONCLUSIVE})
+
+#: A boot's ``failure_detail`` where no failure ended it but a run that stopped: Ctrl-C (or a
+#: kill) after its teardown, a resume's cleanup of a boot a killed run left open
+#: (``interrupted``), or ``orchestrate cluster down`` closing one (``cluster down``); and what
+#: a person reads of each.
+BOOT_INTERRUPTED = "interrupted"
+BOOT_CLOSED_BY_DOWN = "cluster down"
+CUT_SHORT = {
+    BOOT_INTERRUPTED: "cut short: the run was interrupted or killed while it was up",
+    BOOT_CLOSED_BY_DOWN: "cut short: a killed run left it up; `orchestrate cluster down` closed it",
+}

@@ -13,14 +13,13 @@ from contextlib import suppress
 
 from cluster.errors import NodeError
 from knobs.config import Config
-from knobs.vocabulary import INFRASTRUCTURE, BootRole, BootStatus, State
+from knobs.vocabulary import BOOT_INTERRUPTED, INFRASTRUCTURE, BootRole, BootStatus, State
 from ledger import ExperimentRecord, Ledger, LedgerError
 from orchestrator.crashpoints import crashpoint
 from orchestrator.display import RoundDisplay
 from orchestrator.evolution import fit
 from orchestrator.measurements import read_measurements
 from orchestrator.profile import Profile
-from orchestrator.resumes import INTERRUPTED
 from orchestrator.runlog import RunLog
 from orchestrator.testbed import Testbed
 
@@ -98,7 +97,7 @@ class Booter:
             if torn_down:
                 with suppress(LedgerError):
                     self.ledger.end_boot(
-                        boot.id, status=BootStatus.DOWN, failure_detail="interrupted"
+                        boot.id, status=BootStatus.DOWN, failure_detail=BOOT_INTERRUPTED
                     )
             raise
         if failure is not None:
@@ -151,7 +150,10 @@ class Booter:
         self.testbed.stop_all()
         for boot in stale:
             self.ledger.end_boot(
-                boot.id, status=BootStatus.DOWN, failure_class=None, failure_detail=INTERRUPTED
+                boot.id,
+                status=BootStatus.DOWN,
+                failure_class=None,
+                failure_detail=BOOT_INTERRUPTED,
             )
 
 

@@ -17,11 +17,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from knobs.vocabulary import BootStatus, EventKind
+from knobs.vocabulary import BOOT_INTERRUPTED, BootStatus, EventKind
 from ledger import BootRecord, EventRecord, Ledger, RoundRecord
 
-#: How a resume closes a boot the run before it left open (``Booter.stop_stale``).
-INTERRUPTED = "interrupted"
 #: Boots closed within this of each other were closed by one resume (an unrecorded one).
 _ONE_RESUME = timedelta(seconds=60)
 
@@ -127,7 +125,7 @@ def _inferred(boots: Iterable[BootRecord]) -> list[tuple[datetime, list[BootReco
         (
             (b.ended_at, b)
             for b in boots
-            if b.status == BootStatus.DOWN and b.failure_detail == INTERRUPTED and b.ended_at
+            if b.status == BootStatus.DOWN and b.failure_detail == BOOT_INTERRUPTED and b.ended_at
         ),
         key=lambda pair: pair[0],
     )

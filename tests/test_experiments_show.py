@@ -13,6 +13,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from knobs.vocabulary import BOOT_CLOSED_BY_DOWN, BOOT_INTERRUPTED, BootRole, BootStatus, Kind
+from ledger import Ledger
+from orchestrator.cli import run
+from orchestrator.profile import load_profile
 from tests.fixtures.cli import orchestrate
 
 LEDGERS = Path(__file__).parent / "fixtures" / "ledgers"
@@ -132,3 +138,45 @@ def test_an_experiment_says_when_it_was_decided_as_the_rest_of_the_cli_does(
     text = _show(tmp_path, env, "4", "-p", "profile.yaml").stdout
     assert f", decided {decided:%Y-%m-%d %H:%M} UTC\n" in text, text
     assert iso["decided_at"] not in text
+
+
+def test_a_boot_a_stopped_run_cut_short_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A boot closed by no failure but by a run that stopped (interrupted, or left up by a
+    killed run and closed by `cluster down`) says it was cut short, not just "down"."""
+    url = f"sqlite:///{tmp_path}/orchestrate.db"
+    monkeypatch.setenv("ORCHESTRATE_LEDGER", url)
+    prof = load_profile(None)
+    config = prof.initial_champion()
+    with Ledger(url) as ledger:
+        rnd = ledger.create_round(
+            cluster=prof.cluster.name,
+            profile_name=prof.name,
+            profile_digest="d",
+            budget=1,
+            proposer="sweep",
+            approve="auto",
+            seed=0,
+        )
+        e = ledger.add_experiment(
+            cluster=prof.cluster.name,
+            round_id=rnd.id,
+            kind=Kind.BASELINE,
+            config=config,
+            champion_key=None,
+            champion_objective=None,
+            description="baseline",
+        )
+        for detail in (BOOT_INTERRUPTED, BOOT_CLOSED_BY_DOWN, None):
+            boot = ledger.start_boot(e.id, config, role=BootRole.MEASURE, measurement=0)
+            ledger.end_boot(boot.id, status=BootStatus.DOWN, failure_detail=detail)
+    assert run(["experiments", "show", str(e.id)]) == 0
+    lines = [ln.strip() for ln in capsys.readouterr().out.splitlines() if "boot " in ln]
+    assert lines == [
+        "boot 1 (measure, measurement 0): down; cut short: the run was interrupted or killed "
+        "while it was up",
+        "boot 2 (measure, measurement 0): down; cut short: a killed run left it up; "
+        "`orchestrate cluster down` closed it",
+        "boot 3 (measure, measurement 0): down",
+    ], lines

@@ -244,7 +244,7 @@ def _close_left_open(o: Opened, note: Callable[[str], None]) -> None:
     counting GPU-hours. Nothing where there is no ledger yet (none is created) or a round holds
     the cluster's lease (its boots are its own); a ledger that does not answer leaves them for
     the next round's cleanup, said in a line, and the command still succeeds."""
-    from knobs.vocabulary import BootStatus
+    from knobs.vocabulary import BOOT_CLOSED_BY_DOWN, BootStatus
     from ledger import Ledger, LedgerError, LedgerNotReady
     from orchestrator.lease import held
 
@@ -256,7 +256,7 @@ def _close_left_open(o: Opened, note: Callable[[str], None]) -> None:
             return
         left = ledger.open_boots(cluster)
         for boot in left:
-            ledger.end_boot(boot.id, status=BootStatus.DOWN, failure_detail="cluster down")
+            ledger.end_boot(boot.id, status=BootStatus.DOWN, failure_detail=BOOT_CLOSED_BY_DOWN)
     except LedgerNotReady:
         return  # no ledger here (or one an older release wrote, which the next round upgrades)
     except LedgerError as e:
