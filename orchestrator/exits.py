@@ -58,7 +58,7 @@ def _refused(e: typer.TyperException) -> int:
         return USAGE
     ctx = getattr(e, "ctx", None)
     where = f"; see '{ctx.command_path} --help'" if ctx is not None else ""
-    message = _negative_id(e) or " ".join(e.format_message().split())
+    message = _negative_id(e) or " ".join(e.format_message().split()).rstrip(".")
     typer.echo(f"Error: {message}{where}", err=True)
     return USAGE
 

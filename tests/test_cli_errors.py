@@ -55,7 +55,12 @@ def test_an_unknown_option_is_one_line_and_exit_2(
         (["experiments", "show", "99999999999999999999"], "less than or equal to 9223372036"),
         (["proposals", "approve", "99999999999999999999"], "less than or equal to 9223372036"),
         (["frobnicate"], "No such command 'frobnicate'"),
-        (["proposals", "veto", "1"], "--reason"),
+        # no "Missing option '--reason'.; see": one stop, then where help is
+        (["proposals", "veto", "1"], "Missing option '--reason'; see 'orchestrate proposals"),
+        # a veto's reason is shown to every proposer, a cleared region's is its record: words
+        (["proposals", "veto", "1", "--reason", " "], "give the reason in words"),
+        (["experiments", "veto", "1", "--reason", ""], "give the reason in words"),
+        (["known-bad", "clear", "1", "--reason", ""], "give the reason in words"),
         (["proposals", "approve", "one"], "'proposal_id': Input should be a valid integer"),
     ],
 )

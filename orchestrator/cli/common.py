@@ -46,6 +46,22 @@ ProfileOpt = Annotated[
     ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON for scripts")]
+
+
+def _said(reason: str) -> str:
+    """A reason with words in it (a veto's is shown to every proposer, and a cleared region's
+    is the record of why): a blank one is a usage error."""
+    if not reason.strip():
+        raise typer.BadParameter("give the reason in words: --reason 'why'")
+    return reason.strip()
+
+
+VetoReason = Annotated[
+    str, typer.Option("--reason", help="why (shown to every proposer)", callback=_said)
+]
+ClearReason = Annotated[
+    str, typer.Option("--reason", help="why it is cleared (recorded)", callback=_said)
+]
 #: The largest ID (or seed) a command takes: what the ledger's integers hold (SQLite's and
 #: PostgreSQL's BIGINT); a larger one is a usage error in one line, not an overflow.
 ID_MAX = 2**63 - 1

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from orchestrator.cli.common import ID_MAX, JsonOpt, ProfileOpt, opened
+from orchestrator.cli.common import ID_MAX, JsonOpt, ProfileOpt, VetoReason, opened
 
 if TYPE_CHECKING:
     from ledger import ProposalRecord
@@ -62,7 +62,7 @@ def proposals_approve(proposal_id: ProposalId, profile: ProfileOpt = None) -> No
 @proposals_app.command("veto")
 def proposals_veto(
     proposal_id: ProposalId,
-    reason: Annotated[str, typer.Option("--reason", help="why (shown to every proposer)")],
+    reason: VetoReason,
     profile: ProfileOpt = None,
 ) -> None:
     """Veto a pending proposal; it is recorded and never proposed again."""
