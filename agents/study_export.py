@@ -18,6 +18,7 @@ values as params, its objective as the value.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -28,7 +29,7 @@ from optuna.trial import FrozenTrial, TrialState, create_trial
 from agents.optuna_proposer import distributions
 from knobs.errors import KnobError
 from knobs.space import KnobSpace
-from knobs.spec import Value
+from knobs.spec import Value, clipped
 from orchestrator.errors import UsageError
 
 #: The user attribute that names a trial's experiment (how a re-export knows what it has).
@@ -76,7 +77,10 @@ def export_study(
             "sqlite:///optuna.db or postgresql://host/db"
         ) from e
     except Exception as e:  # SQLAlchemy's errors (a server not there, a bad driver)
-        message = " ".join(str(e).split())[:300]
+        # the driver's own words, without SQLAlchemy's statement and link to its docs
+        said = str(getattr(e, "orig", None) or e)
+        said = re.sub(r"\(Background on this error at: [^)]*\)", "", said)
+        message = clipped(" ".join(said.split()), 300)
         raise UsageError(f"cannot open the Optuna storage {storage!r}: {message}") from e
     if study.direction != optuna.study.StudyDirection.MAXIMIZE:
         raise UsageError(
