@@ -24,6 +24,7 @@ from knobs.names import did_you_mean
 from knobs.records import CellSpec
 from knobs.space import ForbiddenCombination, KnobSpace, overlay, render_clash
 from knobs.spec import KnobSpec, Value
+from orchestrator.profile_errors import first_error
 from orchestrator.profile_names import ApproveMode, ProposerKind, embedded_profiles
 
 
@@ -416,14 +417,6 @@ def profile_path(name_or_path: str | None) -> Path:
     return Path(str(embedded))
 
 
-def first_error(e: ValidationError) -> str:
-    """A validation error in one line: where, what, and how many more."""
-    err = e.errors()[0]
-    where = ".".join(str(p) for p in err["loc"]) or "(top level)"
-    more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
-    return f"{where}: {err['msg'].removeprefix('Value error, ')}{more}"
-
-
 def load_profile(name_or_path: str | None = None, *, base_dir: Path | None = None) -> Profile:
     """Load, validate and resolve a profile.
 
@@ -449,7 +442,7 @@ def load_profile(name_or_path: str | None = None, *, base_dir: Path | None = Non
     try:
         profile = Profile.model_validate(data)
     except ValidationError as e:
-        raise ProfileError(f"profile {path}: {first_error(e)}", path=str(path)) from e
+        raise ProfileError(f"profile {path}: {first_error(e, Profile)}", path=str(path)) from e
     except KnobError as e:
         raise ProfileError(f"profile {path}: {e}", path=str(path)) from e
     profile = _resolve_workdirs(profile, base_dir or Path.cwd(), path)

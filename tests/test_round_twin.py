@@ -246,6 +246,15 @@ def round_until(
             lambda d: d.setdefault("gates", {}).update(health_path="get_model_info"),
             "gates.health_path: 'get_model_info' is not a URL path on the head's port",
         ),
+        # a misspelt key names the key it is a typo of, at the top and deeper down
+        (
+            lambda d: d.update(verdikt={"confidence": 0.9}),
+            "verdikt: Extra inputs are not permitted; did you mean verdict?",
+        ),
+        (
+            lambda d: d.setdefault("verdict", {}).update(confidense=0.9),
+            "verdict.confidense: Extra inputs are not permitted; did you mean confidence?",
+        ),
     ],
 )
 def test_bad_profiles_give_one_line_exit_3_and_write_nothing(

@@ -36,7 +36,8 @@ from orchestrator.adopt.knobs import Recognised, recognise
 from orchestrator.adopt.serve import NUMBER, Option, Serve, find_serves, read_options
 from orchestrator.adopt.shell import Script, read_script
 from orchestrator.errors import OrchestrateError, UsageError
-from orchestrator.profile import Profile, first_error
+from orchestrator.profile import Profile
+from orchestrator.profile_errors import first_error
 
 #: Options whose value is the node's, not the launcher's: the placeholder that renders it.
 PER_NODE = {
@@ -135,7 +136,9 @@ def adopt(
     try:
         profile = Profile.model_validate(yaml.safe_load(body))
     except ValidationError as e:  # a --name, --nodes address or served name a profile refuses
-        raise ProfileError(f"{path}: the profile would not load: {first_error(e)}") from None
+        raise ProfileError(
+            f"{path}: the profile would not load: {first_error(e, Profile)}"
+        ) from None
     _round_trip(profile, head, worker, found, runtime or {})
     return Adopted(profile=profile, text=header + body, recognised=found, head=head, notes=notes)
 
