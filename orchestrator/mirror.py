@@ -65,10 +65,17 @@ class Mirror:
         except MlflowSinkError as e:
             self.behind = e
             self._retry_at = self._clock() + self._retry_s
+            # a server away is waited for; a write it refused (a read-only or full artifact
+            # store, a permission) waits on the person the line asks to fix it
+            what, when = (
+                ("stopped answering", "once it answers")
+                if e.unreachable
+                else ("refused a write", "once it takes one: fix what it names")
+            )
             self._note(
-                f"MLflow stopped answering ({e.message}); the round goes on with the ledger as "
-                f"its record, and MLflow is filled in from it once it answers (tried again "
-                f"every {self._retry_s / 60:g} min, and when the round closes)"
+                f"MLflow {what} ({e.message}); the round goes on with the ledger as its record, "
+                f"and MLflow is filled in from it {when} (tried again every "
+                f"{self._retry_s / 60:g} min, and when the round closes)"
             )
             return False, None
 

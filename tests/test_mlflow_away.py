@@ -29,6 +29,7 @@ from ledger.mlflow_sink import MlflowSink, mlflow_experiment
 from orchestrator.approval import ApprovalGate
 from orchestrator.display import RoundDisplay
 from orchestrator.faults import mlflow_reached, through_ledger_outages, waiting_for_mlflow
+from orchestrator.mirror import Mirror
 from orchestrator.round import RoundOptions, RoundReport, RoundRunner
 from tests.fixtures.cli import orchestrate, said_until
 from tests.fixtures.mlflow_store import MlflowServer
@@ -519,3 +520,28 @@ def test_a_tracking_server_that_is_not_there_is_said_in_seconds_not_minutes(
     assert not [k for k in os.environ if k.startswith("MLFLOW_HTTP_REQUEST_")], (
         "the first contact's bound outlived it"
     )
+
+
+def test_a_write_mlflow_refused_is_not_said_as_mlflow_away() -> None:
+    """A tracking server that does not answer is waited for; a write MLflow refused (its
+    artifact store read-only or full) asks for the fix, not for patience."""
+    lines: list[str] = []
+
+    def failing(unreachable: bool) -> Callable[[], None]:
+        def write() -> None:
+            raise MlflowSinkError(
+                "[Errno 30] Read-only file system: 'mlartifacts/1'",
+                tracking_uri="sqlite:///mlflow.db",
+                operation="log_artifact",
+                unreachable=unreachable,
+            )
+
+        return write
+
+    for unreachable in (False, True):
+        Mirror(note=lines.append).write(failing(unreachable))
+    refused, away = lines
+    assert refused.startswith("MLflow refused a write ([Errno 30] Read-only file system")
+    assert "once it takes one: fix what it names" in refused and "answer" not in refused
+    assert away.startswith("MLflow stopped answering ([Errno 30]")
+    assert "filled in from it once it answers" in away
