@@ -20,6 +20,11 @@ _SECRET_WORDS: Final = frozenset(
     {"KEY", "TOKEN", "SECRET", "SECRETS", "PASSWORD", "PASSWD", "APIKEY", "CREDENTIALS"}
 )
 _SECRET_SUFFIXES: Final = ("APIKEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD")
+# The names orchestrate itself gives params and tags whose "key" is a config's hash, never a
+# secret: exact, lower-case, and only as a param's or tag's own name (``Redactor.value``). A
+# user's ``CONFIG_KEY=…`` in a launcher or an environment stays a secret's name, and the value
+# is still checked against the environment's secrets and the known key formats.
+_OWN_NAMES: Final = frozenset({"config_key", "champion_key"})
 _WORD_BOUNDARY: Final = re.compile(r"[^A-Za-z0-9]+|(?<=[a-z0-9])(?=[A-Z])")
 
 # An environment secret shorter than this is matched only as a whole value, never inside a
@@ -90,7 +95,7 @@ class Redactor:
         return cls([v.strip() for k, v in os.environ.items() if is_secret_name(k) and v.strip()])
 
     def value(self, key: str, value: str) -> str:
-        if is_secret_name(key) or value.strip() in self._whole:
+        if (key not in _OWN_NAMES and is_secret_name(key)) or value.strip() in self._whole:
             return REDACTED
         return self.text(value)
 

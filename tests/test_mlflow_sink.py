@@ -233,6 +233,47 @@ def test_secrets_never_reach_mlflow(
                 assert secret.encode() not in data, f"{secret} found in {path}"
 
 
+def test_our_own_key_params_are_shown_and_secret_names_stay_masked(
+    mlflow_db: MlflowStore, client: MlflowClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``config_key`` (a config's hash, on every child run) showed as ``***``: the word "key"
+    names a secret. orchestrate's own params and tags of that name are shown now; a name a
+    user gives (an environment's, a launcher's, a param's) with KEY, TOKEN or PASSWORD in it
+    is masked as before, and so is a config key equal to an environment secret."""
+    monkeypatch.setenv("ANTHROPIC_API_KEY", ANTHROPIC_KEY)
+    sink = MlflowSink()
+    round_run = sink.start_round(round_id=1, cluster="twin", params={"budget": "1"})
+    run = sink.start_experiment(
+        parent_run_id=round_run,
+        number=1,
+        kind="candidate",
+        params={
+            "config_key": "3f2a9c0d1e7b",
+            "HF_API_KEY": "hf-api-value",
+            "OPENAI_KEY": "openai-value",
+            "SSH_KEY": "ssh-value",
+            "GITHUB_TOKEN": "github-value",
+            "PASSWORD": "password-value",
+            "CONFIG_KEY": "user-config-value",
+            "description": "CONFIG_KEY=user-config-value HF_API_KEY=hf-api-value",
+        },
+        tags={"champion_key": "9b8a7c6d5e4f", "config_key": ANTHROPIC_KEY},
+    )
+    child = client.get_run(run)
+    assert child.data.params == {
+        "config_key": "3f2a9c0d1e7b",
+        "HF_API_KEY": "***",
+        "OPENAI_KEY": "***",
+        "SSH_KEY": "***",
+        "GITHUB_TOKEN": "***",
+        "PASSWORD": "***",
+        "CONFIG_KEY": "***",
+        "description": "CONFIG_KEY=*** HF_API_KEY=***",
+    }
+    assert child.data.tags["champion_key"] == "9b8a7c6d5e4f"
+    assert child.data.tags["config_key"] == "***"  # an environment secret, whatever its name
+
+
 def test_long_values_are_truncated_and_names_sanitised(
     mlflow_db: MlflowStore, client: MlflowClient
 ) -> None:
