@@ -11,6 +11,7 @@ Secrets never reach MLflow: params, tags and texts are redacted before they are 
 
 from __future__ import annotations
 
+import logging
 import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -62,6 +63,10 @@ TAG_EXPERIMENT: Final = "orchestrate.experiment"
 TAG_KIND: Final = "orchestrate.kind"
 _PARENT_TAG: Final = "mlflow.parentRunId"
 
+#: MLflow's loggers that say, at INFO, what its store does as it is opened ("Creating initial
+#: MLflow database tables...", alembic's migrations): WARNING and above still reach the terminal.
+_STORE_LOGGERS: Final = ("mlflow.store.db.utils", "mlflow.store.db_migrations", "alembic")
+
 _STATUSES: Final = frozenset({"FINISHED", "FAILED", "KILLED"})
 _EMPTY: Final[Mapping[str, str]] = MappingProxyType({})
 
@@ -79,6 +84,18 @@ def mlflow_experiment(cluster: str) -> str:
     older orchestrate, in the shared experiment ``orchestrate``, goes on in it: its children
     follow its parent run."""
     return f"orchestrate/{cluster}"
+
+
+def _quiet_store_logs() -> None:
+    """The terminal keeps to orchestrate's own lines: MLflow's INFO lines about its store
+    (created, migrated) are not shown; its warnings and errors are. Set after mlflow is
+    imported, which configures its loggers as it is."""
+    import mlflow  # noqa: F401  (its loggers configured first, then quieted)
+
+    for name in _STORE_LOGGERS:
+        logger = logging.getLogger(name)
+        if logger.getEffectiveLevel() < logging.WARNING:
+            logger.setLevel(logging.WARNING)
 
 
 @dataclass(frozen=True)
@@ -131,6 +148,7 @@ class MlflowSink:
         #: whether the last call found MLflow not answering (its next is a short try)
         self._away = False
         with self._translate("open the tracking store", first=True):
+            _quiet_store_logs()
             probe_database(self.tracking_uri)
             created_whole(self.tracking_uri)
             # Imported here: importing mlflow costs about a second, and code that only needs

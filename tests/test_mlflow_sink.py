@@ -526,3 +526,28 @@ def test_a_store_whose_creation_was_killed_midway_opens_on_the_next_command(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mlflow.db"]
     again = MlflowSink(uri, experiment_name="orchestrate/twin")
     assert again.experiment_id == sink.experiment_id
+
+
+_FIRST_STORE = """
+import logging, sys
+from ledger.mlflow_sink import MlflowSink
+MlflowSink(sys.argv[1], experiment_name="orchestrate/twin")
+logging.getLogger("mlflow.store.db.utils").warning("a warning of the store's")
+logging.getLogger("alembic.runtime.migration").error("an error of a migration's")
+"""
+
+
+def test_creating_the_store_prints_no_info_lines_but_warnings_still_show(tmp_path: Path) -> None:
+    """The first round of a folder printed MLflow's ``INFO mlflow.store.db.utils: Creating
+    initial MLflow database tables...`` among its own lines. The store's INFO lines are quiet
+    now; a warning or an error of the same loggers still reaches the terminal."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    made = subprocess.run(
+        [sys.executable, "-c", _FIRST_STORE, uri], capture_output=True, text=True, timeout=120
+    )
+    assert made.returncode == 0, made.stderr
+    assert (tmp_path / "mlflow.db").exists()
+    said = made.stdout + made.stderr
+    assert " INFO " not in said, said
+    assert "Creating initial MLflow database tables" not in said, said
+    assert "a warning of the store's" in said and "an error of a migration's" in said, said
