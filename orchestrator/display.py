@@ -26,6 +26,12 @@ _STYLE: dict[str, str] = {
 }
 
 
+def objective_text(value: float) -> str:
+    """An objective as every line, table and report shows it: one decimal, never an exponent
+    (``10155.5``, as ``results.tsv`` has ``10155.50``)."""
+    return f"{value:.1f}"
+
+
 def kept_on_resume(
     rnd: RoundRecord, asked: Mapping[str, str], profile_change: str | None
 ) -> list[str]:
@@ -158,7 +164,7 @@ class RoundDisplay:
         if boots is not None and boots.failed:
             reason = f"{reason}; {boots.words()}" if reason else boots.words()
         status = e.status or "?"
-        objective = "" if e.objective is None else f" objective {e.objective:.1f}"
+        objective = "" if e.objective is None else f" objective {objective_text(e.objective)}"
         delta = "" if e.delta_pct is None or e.kind == Kind.BASELINE else f" ({e.delta_pct:+.2f}%)"
         self.console.print(
             Text.assemble(
@@ -212,7 +218,7 @@ def experiments_table(
         table.add_row(
             str(e.id),
             describe(e),
-            "-" if e.objective is None else f"{e.objective:.1f}",
+            "-" if e.objective is None else objective_text(e.objective),
             "-" if e.delta_pct is None or e.kind == Kind.BASELINE else f"{e.delta_pct:+.2f}",
             "-" if e.accept_len is None else f"{e.accept_len:.2f}",
             Text(status, style=_STYLE.get(status, "")),

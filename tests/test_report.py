@@ -304,3 +304,39 @@ def test_the_report_of_a_round_killed_and_resumed_says_so(tmp_path: Path) -> Non
     assert "killed with no stop recorded; resumed by " in html, html[-3000:]
     assert "resumes are recorded; that one was not)" in html
     assert "boot #2 of experiment #2 was coming up" in html
+
+
+def test_objectives_over_ten_thousand_are_shown_as_the_cli_shows_them(tmp_path: Path) -> None:
+    """The report showed the released round's objectives (10128.0, 13124.5 tok/s) as
+    ``1.013e+04`` and ``1.312e+04`` beside ``9526``; it shows them as every line of the CLI
+    does now, one decimal and no exponent."""
+    profile, env = _fixture(tmp_path)
+    done = orchestrate(tmp_path, "report", "--out", "out", "--profile", str(profile), env=env)
+    assert done.returncode == 0, done.stderr
+    html = (tmp_path / "out" / "report.html").read_text()
+    cells = re.findall(r'<td class="n">([^<]*)</td>', html)
+    assert "10128.0" in cells and "13124.5" in cells, cells
+    text = re.sub(r"<img [^>]*>", "", html)  # the pictures' base64 aside
+    assert not re.search(r"\de[+-]\d", text), "a number in scientific notation"
+
+
+def test_the_report_of_a_round_with_nothing_decided_prints_no_warning(tmp_path: Path) -> None:
+    """A round stopped before its first verdict (here: created, nothing run): its report is
+    drawn without matplotlib's ``No artists with labels found to put in legend`` warning on
+    the terminal (the progress plot has no legend then)."""
+    profile = write_profile(tmp_path, twin_profile_data())
+    env = {**os.environ, "ORCHESTRATE_LEDGER": f"sqlite:///{tmp_path}/orchestrate.db"}
+    with Ledger(env["ORCHESTRATE_LEDGER"]) as ledger:
+        ledger.create_round(
+            cluster=twin_profile_data()["cluster"]["name"],
+            profile_name="twin",
+            profile_digest="",
+            budget=2,
+            proposer="sweep",
+            approve="auto",
+            seed=0,
+        )
+    done = orchestrate(tmp_path, "report", "--out", "out", "--profile", str(profile), env=env)
+    assert done.returncode == 0, done.stderr
+    assert "Warning" not in done.stderr and "legend" not in done.stderr, done.stderr
+    assert (tmp_path / "out" / "progress.png").exists()

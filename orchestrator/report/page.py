@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from html import escape
 
 from knobs.spec import as_text
+from orchestrator.display import objective_text
 from orchestrator.report.data import INFRASTRUCTURE_USES, USES, ReportData
 from orchestrator.timestamps import utc_minute
 
@@ -35,8 +36,12 @@ window.addEventListener("load", function () {
 """
 
 
-def _num(value: float | None, fmt: str = "{:.4g}") -> str:
-    return "" if value is None else fmt.format(value)
+def _delta(value: float | None) -> str:
+    return "" if value is None else f"{value:+.2f}"
+
+
+def _objective(value: float | None) -> str:
+    return "" if value is None else objective_text(value)
 
 
 def _interval(value: tuple[float, float] | None) -> str:
@@ -61,8 +66,8 @@ def _experiments(data: ReportData) -> str:
             "<tr>"
             f'<td class="n">#{p.experiment}</td><td>{escape(p.label)}</td>'
             f'<td class="{escape(p.status)}">{escape(p.status)}</td>'
-            f'<td class="n">{_num(p.objective)}</td>'
-            f'<td class="n">{_num(p.delta_pct, "{:+.2f}")}</td>'
+            f'<td class="n">{_objective(p.objective)}</td>'
+            f'<td class="n">{_delta(p.delta_pct)}</td>'
             f'<td class="n">{_interval(p.interval)}</td>'
             f'<td class="n">{_boots(p.boots, p.failed_boots)}</td><td>{escape(rule)}</td>'
             "</tr>"

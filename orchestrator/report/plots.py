@@ -8,6 +8,7 @@ import io
 from matplotlib.figure import Figure
 
 from knobs.vocabulary import Status
+from orchestrator.display import objective_text
 from orchestrator.report.data import USES, ReportData
 
 #: Marker and colour per verdict (the progress plot's legend).
@@ -56,14 +57,16 @@ def progress(data: ReportData) -> bytes:
     if steps:
         champion = [c if c is not None else float("nan") for c in data.champion_after]
         ax.step(xs, champion, where="post", color="black", lw=1.4, label="champion", zorder=2)
-        ax.axhline(steps[0], color="#555555", ls="--", lw=0.9, label=f"start {steps[0]:.4g}")
-        ax.axhline(max(steps), color="#2ca02c", ls=":", lw=1.2, label=f"best {max(steps):.4g}")
+        start, best = objective_text(steps[0]), objective_text(max(steps))
+        ax.axhline(steps[0], color="#555555", ls="--", lw=0.9, label=f"start {start}")
+        ax.axhline(max(steps), color="#2ca02c", ls=":", lw=1.2, label=f"best {best}")
     ax.set_xticks(xs, [f"#{p.experiment}" for p in data.points], rotation=90, fontsize=7)
     ax.set_xlabel("experiment, in the order decided")
     ax.set_ylabel("objective")
     ax.set_title(f"round {data.round.id} on {data.cluster}: progress")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    if ax.get_legend_handles_labels()[0]:  # nothing decided yet: no legend (nor its warning)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return _png(fig)
 
 
