@@ -25,7 +25,6 @@ from knobs.vocabulary import (
     ProposalStatus,
     RoundStatus,
     State,
-    Status,
 )
 from ledger import (
     ChampionRecord,
@@ -33,7 +32,7 @@ from ledger import (
     Ledger,
     RoundRecord,
 )
-from orchestrator import resumes, revision
+from orchestrator import budget, resumes, revision
 from orchestrator.approval import ApprovalGate
 from orchestrator.boot import Booter
 from orchestrator.champion import ChampionEvidence
@@ -332,11 +331,7 @@ class RoundRunner:
         self.remeasures.remeasure(rnd)
 
     def _candidates_done(self, rnd: RoundRecord) -> int:
-        return sum(
-            1
-            for e in self.ledger.experiments(round_id=rnd.id)
-            if e.kind == Kind.CANDIDATE and e.state == State.DECIDED and e.status != Status.VETOED
-        )
+        return budget.done(self.ledger.experiments(round_id=rnd.id))
 
     def _adopt_approved_proposals(self, rnd: RoundRecord) -> None:
         """An approved proposal whose experiment was never recorded (a kill in between)."""

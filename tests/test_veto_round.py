@@ -204,6 +204,17 @@ def test_the_queue_timeout_vetoes_then_pauses_and_the_round_resumes(workdir: Pat
         ("num_speculative_tokens", "vetoed", "timeout", why),
         ("max_num_batched_tokens", "vetoed", "timeout", why),
     ]
+    # the report as far as it got counts as the budget does: the vetoes are not experiments
+    # done (it said "running, 2 of 1 experiments decided", and that the round "ended")
+    page = workdir / "reports" / "round-1" / "report.html"
+    html = " ".join(page.read_text().split())
+    summary = html[html.index("<h1>") : html.index("<h2>")]
+    assert "running, 0 of 1 experiments done (2 vetoed besides)," in summary, summary
+    assert "The round ended with" not in html
+    assert "The champion is still the one the round started from (the round is not over)." in html
+    shown = orchestrate(workdir, "status", "--profile", "profile.yaml", "--json")
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["running_round"]["done"] == 0
 
     resumed = orchestrate(
         workdir, "round", "--budget", "1", "--approve", "auto", "--profile", "profile.yaml"
@@ -217,6 +228,9 @@ def test_the_queue_timeout_vetoes_then_pauses_and_the_round_resumes(workdir: Pat
     ]
     assert rows[3]["knob"] == "cuda_graphs" and rows[3]["status"] != "vetoed"
     assert len(rows) == 4
+    html = " ".join(page.read_text().split())
+    summary = html[html.index("<h1>") : html.index("<h2>")]
+    assert "done, 1 of 1 experiments done (2 vetoed besides)," in summary, summary
 
 
 def test_a_bare_resume_runs_the_round_as_it_started_and_a_flag_given_runs_it_its_way(

@@ -21,7 +21,8 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
     """The champion, the running round, budget spent and who holds the cluster's lease."""
     from agents.draft_model import draft_knob
     from knobs.spec import as_text
-    from knobs.vocabulary import Kind, State, Status
+    from knobs.vocabulary import State
+    from orchestrator import budget
     from orchestrator.champion import ChampionEvidence
     from orchestrator.evolution import fit_champion, knob_changes, outside_domain
     from orchestrator.faults import last_stop, said_stop
@@ -92,14 +93,7 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
         else {
             "round": running.id,
             "budget": running.budget,
-            "done": sum(
-                1
-                for e in experiments
-                if e.round_id == running.id
-                and e.kind == Kind.CANDIDATE
-                and e.state == State.DECIDED
-                and e.status != Status.VETOED
-            ),
+            "done": budget.done(e for e in experiments if e.round_id == running.id),
             "gpu_hours": round(used[running.id], 4),
             "max_gpu_hours": running.max_gpu_hours,
             # why it stopped short, when nothing has booted for it since (``round-stopped``)

@@ -18,9 +18,18 @@ from knobs.config import Config
 from knobs.errors import KnobError, ProfileError
 from knobs.records import LlmUsage
 from knobs.spec import EffectPrior, Value, as_text, clipped
-from knobs.vocabulary import INFRASTRUCTURE, BootRole, BootStatus, EventKind, Kind, State, Status
+from knobs.vocabulary import (
+    INFRASTRUCTURE,
+    BootRole,
+    BootStatus,
+    EventKind,
+    Kind,
+    ProposalStatus,
+    State,
+    Status,
+)
 from ledger import BootRecord, ChampionRecord, ExperimentRecord, Ledger, RoundRecord
-from orchestrator import resumes
+from orchestrator import budget, resumes
 from orchestrator.display import describe
 from orchestrator.errors import OrchestrateError
 from orchestrator.evolution import fit_champion
@@ -131,6 +140,10 @@ class ReportData:
     stops: list[Stop]
     #: each time the round was taken up again, oldest first (``resumes``)
     resumes: list[Resume] = field(default_factory=list)
+    #: the round's experiments done against its budget (``budget``), and its proposals vetoed
+    #: (a person's, the queue's timeout's, the profile's), which it does not count
+    done: int = 0
+    vetoed: int = 0
     #: by node rank, the round's boots set aside with that node's clocks off
     clocks_off_by_node: Counter[int] = field(default_factory=Counter)
     #: the round's boots that failed for the infrastructure's reasons, by their class and
@@ -159,9 +172,8 @@ def collect(profile: Profile, ledger: Ledger, round_id: int | None = None) -> Re
         known = ", ".join(str(r.id) for r in rounds)
         raise NothingToReport(f"cluster {cluster} has no round {round_id} (it has {known})")
     rnd = chosen[-1]
-    experiments = [
-        e for e in ledger.experiments(round_id=rnd.id) if e.state == State.DECIDED and e.status
-    ]
+    every = ledger.experiments(round_id=rnd.id)
+    experiments = [e for e in every if e.state == State.DECIDED and e.status]
     # fitted to the profile as it is now: a champion recorded before it gained a knob has the
     # knob's default (or its parent's value), one it lost is dropped (``evolution``), as the
     # round runs it
@@ -186,12 +198,15 @@ def collect(profile: Profile, ledger: Ledger, round_id: int | None = None) -> Re
         champion_config=end,
         resumes=resumes.of_round(ledger, rnd),
         stops=[],
+        done=budget.done(every),
     )
     data.stops = _stops(ledger, rnd, data.resumes)
     data.champion_after = _champion_path(ledger, cluster, rnd, experiments)
     data.knobs = _knob_rows(profile, ledger, data.points)
     _boots(ledger, rnd, experiments, data, profile.gates.min_matmul_rate)
     for p in ledger.proposals(round_id=rnd.id):
+        if p.status == ProposalStatus.VETOED:
+            data.vetoed += 1
         usage = LlmUsage.from_notes(p.notes)
         if usage is not None:
             data.llm_usd += usage.cost_usd

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from html import escape
 
 from knobs.spec import as_text
+from knobs.vocabulary import RoundStatus
 from orchestrator.display import objective_text
 from orchestrator.report.data import INFRASTRUCTURE_USES, USES, ReportData
 from orchestrator.timestamps import utc_minute
@@ -194,11 +195,12 @@ def _champion(data: ReportData) -> str:
     if data.champion_config is None:
         return "<p>No champion.</p>"
     settings = ", ".join(f"{k}={as_text(v)}" for k, v in data.champion_config.items())
-    diff = (
-        f"<pre>{escape(data.launcher_diff)}</pre>"
-        if data.launcher_diff
-        else "<p>The round ended with the champion it started from.</p>"
+    same = (
+        "The round ended with the champion it started from."
+        if data.round.status == RoundStatus.DONE
+        else "The champion is still the one the round started from (the round is not over)."
     )
+    diff = f"<pre>{escape(data.launcher_diff)}</pre>" if data.launcher_diff else f"<p>{same}</p>"
     return f"<p><code>{escape(settings)}</code></p>{diff}"
 
 
@@ -206,7 +208,7 @@ def page(data: ReportData, pictures: Mapping[str, bytes]) -> str:
     """The whole HTML page."""
     rnd = data.round
     title = f"orchestrate: round {rnd.id} on {data.cluster}"
-    decided = sum(1 for p in data.points if p.kind != "baseline")
+    vetoed = f" ({data.vetoed} vetoed besides)" if data.vetoed else ""
     started = [c for c in data.champion_after if c is not None]
     gain = (
         f", the champion {(started[-1] / started[0] - 1) * 100:+.1f} % over the round's start"
@@ -214,8 +216,8 @@ def page(data: ReportData, pictures: Mapping[str, bytes]) -> str:
         else ""
     )
     summary = (
-        f"Profile {escape(data.profile)}; {escape(rnd.status)}, {decided} of {rnd.budget} "
-        f"experiments decided, proposer {escape(rnd.proposer)}, approval {escape(rnd.approve)}"
+        f"Profile {escape(data.profile)}; {escape(rnd.status)}, {data.done} of {rnd.budget} "
+        f"experiments done{vetoed}, proposer {escape(rnd.proposer)}, approval {escape(rnd.approve)}"
         f"{escape(gain)}; started {utc_minute(rnd.started_at)}."
     )
     return f"""<!DOCTYPE html>
