@@ -24,8 +24,12 @@ from ledger import BootRecord, EventRecord, Ledger, RoundRecord
 _ONE_RESUME = timedelta(seconds=60)
 
 
-def record(ledger: Ledger, cluster: str, round_id: int) -> None:
-    """Round ``round_id`` is taken up again: recorded, with the boots the run before left open.
+def record(
+    ledger: Ledger, cluster: str, round_id: int, *, proposer: str, approve: str, seed: int
+) -> None:
+    """Round ``round_id`` is taken up again: recorded, with the boots the run before left open
+    and the proposer, approval mode and seed the resume runs it with (its flags, else the
+    round's as it started).
 
     Raises:
         LedgerError: the ledger failed.
@@ -35,7 +39,12 @@ def record(ledger: Ledger, cluster: str, round_id: int) -> None:
         cluster,
         EventKind.ROUND_RESUMED,
         subject=str(round_id),
-        detail={"left_open": [b.id for b in left]},
+        detail={
+            "left_open": [b.id for b in left],
+            "proposer": proposer,
+            "approve": approve,
+            "seed": seed,
+        },
         reason="resumed by the same command",
     )
 
@@ -76,6 +85,10 @@ class Resume:
     left_open: list[LeftOpen] = field(default_factory=list)
     #: whether the ledger recorded the resume (``False``: inferred from the boots it closed)
     recorded: bool = True
+    #: the proposer and the approval mode the resume ran the round with (``None``: not
+    #: recorded, a resume of a release from before, or inferred)
+    proposer: str | None = None
+    approve: str | None = None
 
 
 def of_round(ledger: Ledger, rnd: RoundRecord) -> list[Resume]:
@@ -96,11 +109,13 @@ def of_round(ledger: Ledger, rnd: RoundRecord) -> list[Resume]:
             (e.created_at, [boots[i] for i in _ids(e.detail.get("left_open")) if i in boots])
             for e in events
         ]
+        ran = [(_text(e.detail.get("proposer")), _text(e.detail.get("approve"))) for e in events]
     else:
         found = _inferred(boots.values())
+        ran = [(None, None)] * len(found)
     out: list[Resume] = []
     since = rnd.started_at
-    for at, left in found:
+    for (at, left), (proposer, approve) in zip(found, ran, strict=True):
         before = [s for s in stops if since <= s.created_at <= at]
         out.append(
             Resume(
@@ -108,10 +123,16 @@ def of_round(ledger: Ledger, rnd: RoundRecord) -> list[Resume]:
                 stop=before[-1] if before else None,
                 left_open=[_came_to(b, cells[b.id], boots.values()) for b in left],
                 recorded=bool(events),
+                proposer=proposer,
+                approve=approve,
             )
         )
         since = at
     return out
+
+
+def _text(raw: object) -> str | None:
+    return raw if isinstance(raw, str) and raw else None
 
 
 def _ids(raw: object) -> list[int]:

@@ -166,12 +166,19 @@ class RoundRunner:
         self.display.start(
             f"{verb} round {rnd.id} on {self.cluster} ({self.profile.name}): "
             f"{self._candidates_done(rnd)} of {rnd.budget} experiments done, "
-            f"proposer {rnd.proposer}, approve {rnd.approve}"
+            f"proposer {options.proposer}, approve {options.approve}"
         )
         change = None
         if existing is not None:
             # taken up again: recorded, with the boots the run before left open (``resumes``)
-            resumes.record(self.ledger, self.cluster, rnd.id)
+            resumes.record(
+                self.ledger,
+                self.cluster,
+                rnd.id,
+                proposer=options.proposer,
+                approve=options.approve,
+                seed=options.seed,
+            )
             change = self._profile_change(existing)
             asked = {
                 "budget": str(options.budget),
@@ -374,7 +381,8 @@ class RoundRunner:
             )
             self.intake.veto(rnd, closed)
             return None
-        self.display.phase(f"waiting for approval ({rnd.approve})")
+        # the gate's mode: a resume's ``--approve`` runs it, whatever the round started with
+        self.display.phase(f"waiting for approval ({self.gate.mode})")
         decision = self.gate.decide(record, self.context(rnd))
         crashpoint("proposal.approved")
         if decision.status == ProposalStatus.VETOED:

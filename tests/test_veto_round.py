@@ -283,6 +283,16 @@ def test_a_bare_resume_runs_the_round_as_it_started_and_a_flag_given_runs_it_its
         "here (a resume without it goes on with queue)"
     ) in said, said
     assert f"round {started.id} started with proposer optuna; this command's sweep" in said
+    # the mode in force is said: the resume's, not the round's as it started (it said
+    # "approve queue" and "waiting for approval (queue)" while the auto gate approved)
+    assert f"resuming round {started.id} on twin-local" in said, said
+    assert "proposer sweep, approve auto" in said, said
+    assert "waiting for approval (auto)" in said and "waiting for approval (queue)" not in said
+    # the report says what it started with, and what the resume ran it with
+    html = " ".join((workdir / "reports" / "round-1" / "report.html").read_text().split())
+    summary = html[html.index("<h1>") : html.index("<h2>")]
+    assert "proposer optuna (resumed with sweep), approval queue (resumed with auto)," in summary
+
     rows = results(workdir)
     assert [(r["status"], r["knob"]) for r in rows][1:] == [
         ("vetoed", rows[1]["knob"]),

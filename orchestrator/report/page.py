@@ -204,6 +204,19 @@ def _champion(data: ReportData) -> str:
     return f"<p><code>{escape(settings)}</code></p>{diff}"
 
 
+def _as_run(started: str, resumed: list[str | None]) -> str:
+    """A setting the round started with (its proposer, its approval mode), and each other one
+    a resume ran it with (``auto (resumed with queue)``); where a resume's is not recorded (a
+    release from before), the one it started with, said as such."""
+    if any(r is None for r in resumed):
+        return f"{started} at its start (what its resumes ran with is not recorded)"
+    others: list[str] = []
+    for r in resumed:
+        if r is not None and r != (others[-1] if others else started):
+            others.append(r)
+    return f"{started} (resumed with {', then '.join(others)})" if others else started
+
+
 def page(data: ReportData, pictures: Mapping[str, bytes]) -> str:
     """The whole HTML page."""
     rnd = data.round
@@ -217,7 +230,9 @@ def page(data: ReportData, pictures: Mapping[str, bytes]) -> str:
     )
     summary = (
         f"Profile {escape(data.profile)}; {escape(rnd.status)}, {data.done} of {rnd.budget} "
-        f"experiments done{vetoed}, proposer {escape(rnd.proposer)}, approval {escape(rnd.approve)}"
+        f"experiments done{vetoed}, "
+        f"proposer {escape(_as_run(rnd.proposer, [r.proposer for r in data.resumes]))}, "
+        f"approval {escape(_as_run(rnd.approve, [r.approve for r in data.resumes]))}"
         f"{escape(gain)}; started {utc_minute(rnd.started_at)}."
     )
     return f"""<!DOCTYPE html>
