@@ -235,6 +235,15 @@ def test_an_interrupted_round_writes_its_report_and_still_exits_130(tmp_path: Pa
     )
     html = (tmp_path / "reports" / "round-1" / "report.html").read_text()
     assert "(exit 130)" in html and "baseline" in html
+    # `status` after: the round is no longer running (a resume goes on), and the proposal it
+    # waited on still waits for a person, said with the commands that decide it
+    status = orchestrate(tmp_path, "status", "--profile", profile, env=env)
+    assert status.returncode == 0, status.stderr
+    shown = " ".join(status.stdout.split())
+    assert f"(run `orchestrate round --profile {profile}` to resume)" in shown, shown
+    assert "round 1 running" not in shown
+    assert "proposal 1 of round 1 waits for a person: " in shown, shown
+    assert f"`orchestrate proposals approve 1 --profile {profile}`" in shown, shown
 
 
 def test_a_report_into_a_file_is_refused_before_the_ledger_is_read_or_a_plot_drawn(

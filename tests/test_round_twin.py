@@ -388,9 +388,7 @@ def test_status_says_a_killed_runs_engines_may_still_hold_the_nodes(workdir: Pat
     proc.kill()
     proc.communicate(timeout=60)
     said = " ".join(orchestrate(workdir, "status", "--profile", str(profile)).stdout.split())
-    assert (
-        "1 boot(s) open: engines up for a round that holds the lease now, or left by a run " in said
-    )
+    assert "1 boot(s) open: engines left by a run that was killed, which may still hold " in said
     assert f"`orchestrate round --profile {profile}` stops those a killed run left" in said
     orchestrate(workdir, "cluster", "down", "--force", "--profile", str(profile))
 

@@ -123,6 +123,29 @@ def test_queue_waits_while_another_process_vetoes_then_approves(
             "K=5 drafts fewer rejected tokens.",
         )
         assert shown["notes"]["llm_cost_usd"] == "0.004500"
+        # `status` while the round waits: it runs (no resume, no `cluster down` to suggest:
+        # both are refused while it holds the lease), and the proposal it waits on is named
+        # with the commands that decide it
+        now = orchestrate(workdir, "status", "--profile", "profile.yaml")
+        assert now.returncode == 0, now.stderr
+        said = " ".join(now.stdout.split())
+        assert "round 1 running: 0 of 1 done," in said and " (held by " in said, said
+        assert "to resume" not in said and "cluster down" not in said, said
+        assert (
+            f"proposal {first.id} of round 1 waits for a person: num_speculative_tokens "
+            f"7 → 5 (claude); decide with `orchestrate proposals approve {first.id} --profile "
+            f"profile.yaml` or `orchestrate proposals veto {first.id} --reason TEXT --profile "
+            "profile.yaml`"
+        ) in said, said
+        data = orchestrate(workdir, "status", "--profile", "profile.yaml", "--json")
+        assert data.returncode == 0, data.stderr
+        state = json.loads(data.stdout)
+        assert state["running_round"]["live"] is True and state["lease"]["held"] is True
+        [waiting] = state["pending_proposals"]
+        assert (waiting["proposal"], waiting["round"], waiting["source"]) == (first.id, 1, "claude")
+        assert (
+            waiting["approve"] == f"orchestrate proposals approve {first.id} --profile profile.yaml"
+        )
         reason = "K=5 wedged rank 2 last week"
         veto = orchestrate(
             workdir, "proposals", "veto", str(first.id), "--reason", reason, "-p", "profile.yaml"

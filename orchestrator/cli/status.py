@@ -21,7 +21,7 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
     """The champion, the running round, budget spent and who holds the cluster's lease."""
     from agents.draft_model import draft_knob
     from knobs.spec import as_text
-    from knobs.vocabulary import State
+    from knobs.vocabulary import ProposalStatus, State
     from orchestrator import budget
     from orchestrator.champion import ChampionEvidence
     from orchestrator.evolution import fit_champion, knob_changes, outside_domain
@@ -61,6 +61,9 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
         step = learned(ledger, prof.space, experiments)
         used = {r.id: gpu_hours(ledger, r, prof) for r in rounds}
         held = ledger.holding(name)  # experiments whose boots' texts MLflow still lacks
+        # proposals of this cluster's rounds a person has not decided (``--approve queue``)
+        mine = {r.id for r in rounds}
+        pending = [p for p in ledger.proposals(status=ProposalStatus.PENDING) if p.round_id in mine]
         stopped = None if running is None else last_stop(ledger, name, running.id)
         # each node's clocks over the cluster's measurements (``policy.flaky_nodes``)
         counted, off = clocks_off_counts(ledger, name, prof.cells, prof.gates.min_matmul_rate)
@@ -71,6 +74,10 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
             for e in experiments
             if running is not None and e.round_id == running.id and e.state != State.DECIDED
         ]
+    # a live holder (a round running now): a resume or `cluster down` would be refused (exit 8)
+    live = lease is not None and lease_held(lease)
+    # the commands this status suggests, under the profile it read (the round's)
+    flag = "" if profile is None else f" --profile {shlex.quote(profile)}"
     history = ClocksHistory(counted, off, [n.rank for n in prof.cluster.nodes])
     flaky = flaky_nodes(history)
     data: dict[str, Any] = {
@@ -106,7 +113,24 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
                 "reason": stopped.reason,
             },
             "undecided": undecided,
+            # whether it runs now: the lease held live (its holder, since when)
+            "live": live,
+            "held_by": None if lease is None or not live else lease.holder,
+            "since": None if lease is None or not live else lease.acquired_at.isoformat(),
         },
+        "pending_proposals": [
+            {
+                "proposal": p.id,
+                "round": p.round_id,
+                "change": p.change.describe(),
+                "source": p.source,
+                "hypothesis": p.hypothesis,
+                "proposed_at": p.created_at.isoformat(),
+                "approve": f"orchestrate proposals approve {p.id}{flag}",
+                "veto": f"orchestrate proposals veto {p.id} --reason TEXT{flag}",
+            }
+            for p in pending
+        ],
         "gpu_hours": round(sum(used.values()), 4),
         # the cells the profile redefined since their last reading (``changed_cells``)
         "changed_cells": list(redefined),
@@ -183,15 +207,22 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
     for line in redefined.values():
         console.print(line, markup=False)
     # the resume under the profile this status read, which is the round's
-    resume = "orchestrate round" + ("" if profile is None else f" --profile {shlex.quote(profile)}")
+    resume = f"orchestrate round{flag}"
     if running is not None:
         r = data["running_round"]
         cap = "" if running.max_gpu_hours is None else f" of {running.max_gpu_hours:g}"
-        console.print(
-            f"round {running.id} unfinished: {r['done']} of {r['budget']} done, "
-            f"{r['gpu_hours']:.2f}{cap} GPU-hours (run `{resume}` to resume)",
-            markup=False,
-        )
+        spent = f"{r['done']} of {r['budget']} done, {r['gpu_hours']:.2f}{cap} GPU-hours"
+        if live and lease is not None:
+            console.print(
+                f"round {running.id} running: {spent} (held by {lease.holder} since "
+                f"{lease.acquired_at:%Y-%m-%d %H:%M:%S} UTC)",
+                markup=False,
+            )
+        else:
+            console.print(
+                f"round {running.id} unfinished: {spent} (run `{resume}` to resume)",
+                markup=False,
+            )
         if stopped is not None:
             console.print(f"  it {said_stop(stopped)}", markup=False)
         for u in undecided:
@@ -200,6 +231,14 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
                 f"  under way: experiment #{u['experiment']} ({u['change']}), {boots}",
                 markup=False,
             )
+    for p in pending:
+        console.print(
+            f"proposal {p.id} of round {p.round_id} waits for a person: "
+            f"{p.change.describe()} ({p.source}); decide with "
+            f"`orchestrate proposals approve {p.id}{flag}` or "
+            f"`orchestrate proposals veto {p.id} --reason TEXT{flag}`",
+            markup=False,
+        )
     console.print(
         f"GPU-hours: {data['gpu_hours']:.2f} over {len(rounds)} round(s) "
         f"({cluster_gpus(prof)} GPU(s) per boot)"
@@ -226,11 +265,17 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
                 f"the node's reasons, not a config's: {_counted(classes)}",
                 markup=False,
             )
-    if left_open:
+    if left_open and live:
         console.print(
-            f"{len(left_open)} boot(s) open: engines up for a round that holds the lease now, "
-            "or left by a run that was killed (`orchestrate cluster status` shows which nodes "
-            f"run); `{resume}` stops those a killed run left, or `orchestrate cluster down` now",
+            f"{len(left_open)} boot(s) open: the engines of the command that holds the lease "
+            "now (`orchestrate cluster status` shows which nodes run)",
+            markup=False,
+        )
+    elif left_open:
+        console.print(
+            f"{len(left_open)} boot(s) open: engines left by a run that was killed, which may "
+            "still hold the nodes' GPUs (`orchestrate cluster status` shows which nodes run); "
+            f"`{resume}` stops those a killed run left, or `orchestrate cluster down` now",
             markup=False,
         )
     if lease is not None:
