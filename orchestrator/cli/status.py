@@ -33,6 +33,7 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
     from orchestrator.priors import knob_priors, measured
     from orchestrator.profile import load_profile
     from orchestrator.step_cost import describe, learned
+    from orchestrator.timestamps import utc_minute
 
     prof = load_profile(profile)
     with opened(prof) as o:
@@ -215,7 +216,7 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
         if live and lease is not None:
             console.print(
                 f"round {running.id} running: {spent} (held by {lease.holder} since "
-                f"{lease.acquired_at:%Y-%m-%d %H:%M:%S} UTC)",
+                f"{utc_minute(lease.acquired_at)})",
                 markup=False,
             )
         else:

@@ -169,15 +169,15 @@ def _interruptions(data: ReportData) -> str:
         if r.stop is None:
             how = (
                 f"killed with no stop recorded (kill -9, a crash, the host lost); resumed at "
-                f"{r.at:%Y-%m-%d %H:%M} UTC"
+                f"{utc_minute(r.at)}"
                 if r.recorded
-                else f"killed with no stop recorded; resumed by {r.at:%Y-%m-%d %H:%M} UTC, when "
+                else f"killed with no stop recorded; resumed by {utc_minute(r.at)}, when "
                 "the resume closed the boots it had left open (this release's resumes are "
                 "recorded; that one was not)"
             )
         else:
             how = (
-                f"resumed at {r.at:%Y-%m-%d %H:%M} UTC after the stop at {r.stop.created_at:%H:%M}"
+                f"resumed at {utc_minute(r.at)} after the stop at {utc_minute(r.stop.created_at)}"
             )
         left = "".join(f"<li>{escape(b.words())}</li>" for b in r.left_open)
         if r.left_open:
