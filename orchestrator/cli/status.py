@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shlex
 from collections import Counter
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import typer
@@ -14,75 +15,148 @@ import typer
 from orchestrator.cli.common import JsonOpt, ProfileOpt, opened, out
 
 if TYPE_CHECKING:
-    from ledger import BootRecord, ExperimentRecord, Ledger
+    from rich.console import Console
+
+    from ledger import (
+        BootRecord,
+        ChampionRecord,
+        EventRecord,
+        ExperimentRecord,
+        LeaseRecord,
+        Ledger,
+        ProposalRecord,
+        RoundRecord,
+    )
+    from orchestrator.priors import Measured
+    from orchestrator.profile import Profile
+    from orchestrator.step_cost import StepCost
 
 
 def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
     """The champion, the running round, budget spent and who holds the cluster's lease."""
-    from agents.draft_model import draft_knob
-    from knobs.spec import as_text
-    from knobs.vocabulary import ProposalStatus, State
-    from orchestrator import budget
-    from orchestrator.champion import ChampionEvidence
-    from orchestrator.evolution import fit_champion, knob_changes, outside_domain
-    from orchestrator.faults import last_stop, said_stop
-    from orchestrator.gpu_hours import cluster_gpus, gpu_hours
-    from orchestrator.lease import held as lease_held
-    from orchestrator.measurements import BootCount, changed_cells, clocks_off_counts
-    from orchestrator.policy import ClocksHistory, clocks_off_rate, flaky_nodes
-    from orchestrator.priors import knob_priors, measured
     from orchestrator.profile import load_profile
-    from orchestrator.step_cost import describe, learned
-    from orchestrator.timestamps import utc_minute
 
     prof = load_profile(profile)
     with opened(prof) as o:
-        ledger = o.ledger(create=False)
-        name = prof.cluster.name
-        champion = ledger.champion(name)
-        # the profile gained or lost a knob since: the champion as this profile sees it, and
-        # what fitting it changed that no round or ``cluster up`` has recorded yet
-        changes = knob_changes(prof.space, ledger, name, record=False)
-        champion = None if champion is None else fit_champion(prof.space, ledger, champion)
+        seen = _read(prof, o.ledger(create=False))
+    # the commands this status suggests, under the profile it read (the round's)
+    flag = "" if profile is None else f" --profile {shlex.quote(profile)}"
+    data = _as_data(prof, seen, flag)
+    if as_json:
+        typer.echo(json.dumps(data, indent=2))
+        return
+    console = out()
+    _say_champion(console, seen)
+    _say_round(console, seen, data, flag)
+    _say_nodes(console, prof, seen, data, flag)
+
+
+@dataclass
+class _Seen:
+    """What ``status`` read of the ledger, in one session."""
+
+    name: str
+    champion: ChampionRecord | None
+    #: what fitting the champion to the profile changed that nothing recorded yet
+    changes: list[str]
+    #: the champion's values the profile's domain no longer has
+    outside: dict[str, str]
+    #: the cells redefined since their last reading
+    redefined: dict[str, str]
+    running: RoundRecord | None
+    lease: LeaseRecord | None
+    #: a live holder (a round running now): a resume or `cluster down` would be refused
+    live: bool
+    #: boots no teardown closed
+    left_open: list[BootRecord]
+    rounds: list[RoundRecord]
+    experiments: list[ExperimentRecord]
+    effects: list[Measured]
+    set_aside: dict[int, dict[str, Any]]
+    draft: str | None
+    step: StepCost | None
+    used: dict[int, float]
+    held: list[int]
+    pending: list[ProposalRecord]
+    stopped: EventRecord | None
+    counted: int
+    off: dict[int, int]
+    failed: dict[int | None, Counter[str]]
+    undecided: list[dict[str, Any]]
+
+
+def _read(prof: Profile, ledger: Ledger) -> _Seen:
+    """Everything ``status`` says, read from ``ledger``."""
+    from agents.draft_model import draft_knob
+    from knobs.vocabulary import ProposalStatus, State
+    from orchestrator.champion import ChampionEvidence
+    from orchestrator.evolution import fit_champion, knob_changes, outside_domain
+    from orchestrator.faults import last_stop
+    from orchestrator.gpu_hours import gpu_hours
+    from orchestrator.lease import held as lease_held
+    from orchestrator.measurements import changed_cells, clocks_off_counts
+    from orchestrator.priors import measured
+    from orchestrator.step_cost import learned
+
+    name = prof.cluster.name
+    champion = ledger.champion(name)
+    # the profile gained or lost a knob since: the champion as this profile sees it, and
+    # what fitting it changed that no round or ``cluster up`` has recorded yet
+    changes = knob_changes(prof.space, ledger, name, record=False)
+    champion = None if champion is None else fit_champion(prof.space, ledger, champion)
+    running = ledger.unfinished_round(name)
+    lease = ledger.lease(name)
+    rounds = ledger.rounds(name)
+    experiments = ledger.experiments(cluster=name)
+    mine = {r.id for r in rounds}
+    counted, off = clocks_off_counts(ledger, name, prof.cells, prof.gates.min_matmul_rate)
+    return _Seen(
+        name=name,
+        champion=champion,
+        changes=changes,
         # a value the profile's domain no longer has: the champion keeps it, and it is said
-        outside = {} if champion is None else outside_domain(prof.space, champion.config)
+        outside={} if champion is None else outside_domain(prof.space, champion.config),
         # a cell redefined since it was measured: the next round measures it again
-        redefined = changed_cells(ledger, name, prof.cells)
-        running = ledger.unfinished_round(name)
-        lease = ledger.lease(name)
-        # boots no teardown closed: a run killed (kill -9, a power cut) left them, and their
-        # engines may still hold the nodes' GPUs, unless a round holds the cluster right now
-        left_open = ledger.open_boots(name)
-        rounds = ledger.rounds(name)
-        experiments = ledger.experiments(cluster=name)
-        effects = measured(ledger, experiments)  # each knob's measured changes, for its prior
-        set_aside = ChampionEvidence(prof, ledger).set_aside()  # its keep's boots, if they left
-        draft = None if (spec := draft_knob(prof.space)) is None else spec.name
+        redefined=changed_cells(ledger, name, prof.cells),
+        running=running,
+        lease=lease,
+        live=lease is not None and lease_held(lease),
+        # a run killed (kill -9, a power cut) left them, and their engines may still hold the
+        # nodes' GPUs, unless a round holds the cluster right now
+        left_open=ledger.open_boots(name),
+        rounds=rounds,
+        experiments=experiments,
+        effects=measured(ledger, experiments),  # each knob's measured changes, for its prior
+        set_aside=ChampionEvidence(prof, ledger).set_aside(),  # its keep's boots, if they left
+        draft=None if (spec := draft_knob(prof.space)) is None else spec.name,
         # the step cost a K change's verdict subtracts from its counters (``step_cost``)
-        step = learned(ledger, prof.space, experiments)
-        used = {r.id: gpu_hours(ledger, r, prof) for r in rounds}
-        held = ledger.holding(name)  # experiments whose boots' texts MLflow still lacks
+        step=learned(ledger, prof.space, experiments),
+        used={r.id: gpu_hours(ledger, r, prof) for r in rounds},
+        held=ledger.holding(name),  # experiments whose boots' texts MLflow still lacks
         # proposals of this cluster's rounds a person has not decided (``--approve queue``)
-        mine = {r.id for r in rounds}
-        pending = [p for p in ledger.proposals(status=ProposalStatus.PENDING) if p.round_id in mine]
-        stopped = None if running is None else last_stop(ledger, name, running.id)
+        pending=[p for p in ledger.proposals(status=ProposalStatus.PENDING) if p.round_id in mine],
+        stopped=None if running is None else last_stop(ledger, name, running.id),
         # each node's clocks over the cluster's measurements (``policy.flaky_nodes``)
-        counted, off = clocks_off_counts(ledger, name, prof.cells, prof.gates.min_matmul_rate)
-        failed = failed_by_node(ledger, name)
+        counted=counted,
+        off=off,
+        failed=failed_by_node(ledger, name),
         # what the unfinished round has under way: the change a resume takes up first
-        undecided = [
+        undecided=[
             under_way(e, ledger.boots(e.id))
             for e in experiments
             if running is not None and e.round_id == running.id and e.state != State.DECIDED
-        ]
-    # a live holder (a round running now): a resume or `cluster down` would be refused (exit 8)
-    live = lease is not None and lease_held(lease)
-    # the commands this status suggests, under the profile it read (the round's)
-    flag = "" if profile is None else f" --profile {shlex.quote(profile)}"
-    history = ClocksHistory(counted, off, [n.rank for n in prof.cluster.nodes])
-    flaky = flaky_nodes(history)
+        ],
+    )
+
+
+def _as_data(prof: Profile, seen: _Seen, flag: str) -> dict[str, Any]:
+    """``status --json``: what ``seen`` says, for scripts."""
+    from orchestrator.lease import held as lease_held
+    from orchestrator.priors import knob_priors
+
+    champion, lease, step = seen.champion, seen.lease, seen.step
     data: dict[str, Any] = {
-        "cluster": name,
+        "cluster": seen.name,
         "champion": None
         if champion is None
         else {
@@ -90,35 +164,13 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
             "objective": champion.objective,
             "config": champion.config.as_dict(),
             # the boots that kept it, if they left its level (``remeasure``)
-            "keep_boots_set_aside": set_aside.get(champion.experiment_id),
+            "keep_boots_set_aside": seen.set_aside.get(champion.experiment_id),
             # the knobs whose value the profile's domain no longer has (``outside_domain``)
-            "outside_domain": list(outside),
+            "outside_domain": list(seen.outside),
         },
-        "rounds": len(rounds),
-        "experiments": len(experiments),
-        "running_round": None
-        if running is None
-        else {
-            "round": running.id,
-            "budget": running.budget,
-            "done": budget.done(e for e in experiments if e.round_id == running.id),
-            "gpu_hours": round(used[running.id], 4),
-            "max_gpu_hours": running.max_gpu_hours,
-            # why it stopped short, when nothing has booted for it since (``round-stopped``)
-            "stopped": None
-            if stopped is None
-            else {
-                "at": stopped.created_at.isoformat(),
-                "exit_code": stopped.detail.get("exit_code"),
-                "error": stopped.detail.get("error"),
-                "reason": stopped.reason,
-            },
-            "undecided": undecided,
-            # whether it runs now: the lease held live (its holder, since when)
-            "live": live,
-            "held_by": None if lease is None or not live else lease.holder,
-            "since": None if lease is None or not live else lease.acquired_at.isoformat(),
-        },
+        "rounds": len(seen.rounds),
+        "experiments": len(seen.experiments),
+        "running_round": _running(seen),
         "pending_proposals": [
             {
                 "proposal": p.id,
@@ -130,13 +182,13 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
                 "approve": f"orchestrate proposals approve {p.id}{flag}",
                 "veto": f"orchestrate proposals veto {p.id} --reason TEXT{flag}",
             }
-            for p in pending
+            for p in seen.pending
         ],
-        "gpu_hours": round(sum(used.values()), 4),
+        "gpu_hours": round(sum(seen.used.values()), 4),
         # the cells the profile redefined since their last reading (``changed_cells``)
-        "changed_cells": list(redefined),
-        "held_for_mlflow": held,
-        "open_boots": len(left_open),
+        "changed_cells": list(seen.redefined),
+        "held_for_mlflow": seen.held,
+        "open_boots": len(seen.left_open),
         "lease": None
         if lease is None
         else {
@@ -145,48 +197,93 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
             # expired, or its holder a process of this host that is gone (a killed round)
             "held": lease_held(lease),
         },
+        "nodes": _nodes(prof, seen),
+        # such failures the ledger names no node for (recorded before schema 6, or none named)
+        "infrastructure_failures_without_node": sum(seen.failed.get(None, {}).values()),
     }
-    data["nodes"] = [
-        {
-            "rank": n.rank,
-            "name": n.name,
-            "host": n.host,
-            "measurements": counted,
-            "clocks_off": off.get(n.rank, 0),
-            "clocks_off_rate": round(clocks_off_rate(history, n.rank), 4),
-            "flaky": n.rank in flaky,
-            # the boots that failed on it for the infrastructure's reasons, by class
-            "infrastructure_failures": dict(failed.get(n.rank, {})),
-        }
-        for n in prof.cluster.nodes
-    ]
-    # such failures the ledger names no node for (recorded before schema 6, or none named)
-    data["infrastructure_failures_without_node"] = sum(failed.get(None, {}).values())
     data["knob_priors"] = {
         knob: {
             "p_null": prior.p_null,
             "effect_pct": prior.effect_pct,
-            "n": sum(1 for m in effects if m.knob == knob),
+            "n": sum(1 for m in seen.effects if m.knob == knob),
             "source": prior.source,
         }
-        for knob, prior in knob_priors(prof, effects).items()
+        for knob, prior in knob_priors(prof, seen.effects).items()
     }
     data["step_cost"] = (
         None
         if step is None
         else {
-            "knob": draft,
+            "knob": seen.draft,
             "gamma": step.gamma,
             "gamma_sd": step.gamma_sd,
             "error": step.error,
             "n": step.changes,
         }
     )
-    if as_json:
-        typer.echo(json.dumps(data, indent=2))
-        return
-    console = out()
-    console.print(f"cluster {name}: {len(rounds)} round(s), {len(experiments)} experiment(s)")
+    return data
+
+
+def _running(seen: _Seen) -> dict[str, Any] | None:
+    """The unfinished round, for ``status --json``."""
+    from orchestrator import budget
+
+    running, stopped, lease = seen.running, seen.stopped, seen.lease
+    if running is None:
+        return None
+    return {
+        "round": running.id,
+        "budget": running.budget,
+        "done": budget.done(e for e in seen.experiments if e.round_id == running.id),
+        "gpu_hours": round(seen.used[running.id], 4),
+        "max_gpu_hours": running.max_gpu_hours,
+        # why it stopped short, when nothing has booted for it since (``round-stopped``)
+        "stopped": None
+        if stopped is None
+        else {
+            "at": stopped.created_at.isoformat(),
+            "exit_code": stopped.detail.get("exit_code"),
+            "error": stopped.detail.get("error"),
+            "reason": stopped.reason,
+        },
+        "undecided": seen.undecided,
+        # whether it runs now: the lease held live (its holder, since when)
+        "live": seen.live,
+        "held_by": None if lease is None or not seen.live else lease.holder,
+        "since": None if lease is None or not seen.live else lease.acquired_at.isoformat(),
+    }
+
+
+def _nodes(prof: Profile, seen: _Seen) -> list[dict[str, Any]]:
+    """Each node's clocks and the boots that failed on it for its own reasons."""
+    from orchestrator.policy import ClocksHistory, clocks_off_rate, flaky_nodes
+
+    history = ClocksHistory(seen.counted, seen.off, [n.rank for n in prof.cluster.nodes])
+    flaky = flaky_nodes(history)
+    return [
+        {
+            "rank": n.rank,
+            "name": n.name,
+            "host": n.host,
+            "measurements": seen.counted,
+            "clocks_off": seen.off.get(n.rank, 0),
+            "clocks_off_rate": round(clocks_off_rate(history, n.rank), 4),
+            "flaky": n.rank in flaky,
+            # the boots that failed on it for the infrastructure's reasons, by class
+            "infrastructure_failures": dict(seen.failed.get(n.rank, {})),
+        }
+        for n in prof.cluster.nodes
+    ]
+
+
+def _say_champion(console: Console, seen: _Seen) -> None:
+    """The cluster's counts, its champion, and what the profile changed of it."""
+    from knobs.spec import as_text
+
+    champion = seen.champion
+    console.print(
+        f"cluster {seen.name}: {len(seen.rounds)} round(s), {len(seen.experiments)} experiment(s)"
+    )
     if champion is None:
         console.print("champion: none yet (the next round measures the baseline first)")
     else:
@@ -194,26 +291,33 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
             f"champion: experiment #{champion.experiment_id}, objective {champion.objective:.1f}: "
             + ", ".join(f"{k}={as_text(v)}" for k, v in champion.config.items())
         )
-        aside = set_aside.get(champion.experiment_id)
+        aside = seen.set_aside.get(champion.experiment_id)
         if aside is not None:
             console.print(
                 f"  its level is its own boots from measurement {aside.get('measurement')} on: "
                 f"the {aside.get('keep_boots')} boot(s) that kept it read high and were set aside",
                 markup=False,
             )
-    for line in changes:
+    for line in seen.changes:
         console.print(f"{line} (recorded by the next round or cluster up)")
-    for line in outside.values():
+    for line in seen.outside.values():
         console.print(line, markup=False)
-    for line in redefined.values():
+    for line in seen.redefined.values():
         console.print(line, markup=False)
-    # the resume under the profile this status read, which is the round's
-    resume = f"orchestrate round{flag}"
+
+
+def _say_round(console: Console, seen: _Seen, data: dict[str, Any], flag: str) -> None:
+    """The unfinished round (running now, or to resume), and the proposals a person decides."""
+    from orchestrator.faults import said_stop
+    from orchestrator.measurements import BootCount
+    from orchestrator.timestamps import utc_minute
+
+    running, lease = seen.running, seen.lease
     if running is not None:
         r = data["running_round"]
         cap = "" if running.max_gpu_hours is None else f" of {running.max_gpu_hours:g}"
         spent = f"{r['done']} of {r['budget']} done, {r['gpu_hours']:.2f}{cap} GPU-hours"
-        if live and lease is not None:
+        if seen.live and lease is not None:
             console.print(
                 f"round {running.id} running: {spent} (held by {lease.holder} since "
                 f"{utc_minute(lease.acquired_at)})",
@@ -221,18 +325,18 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
             )
         else:
             console.print(
-                f"round {running.id} unfinished: {spent} (run `{resume}` to resume)",
+                f"round {running.id} unfinished: {spent} (run `orchestrate round{flag}` to resume)",
                 markup=False,
             )
-        if stopped is not None:
-            console.print(f"  it {said_stop(stopped)}", markup=False)
-        for u in undecided:
+        if seen.stopped is not None:
+            console.print(f"  it {said_stop(seen.stopped)}", markup=False)
+        for u in seen.undecided:
             boots = BootCount(u["boots"], u["failed"]).words()
             console.print(
                 f"  under way: experiment #{u['experiment']} ({u['change']}), {boots}",
                 markup=False,
             )
-    for p in pending:
+    for p in seen.pending:
         console.print(
             f"proposal {p.id} of round {p.round_id} waits for a person: "
             f"{p.change.describe()} ({p.source}); decide with "
@@ -240,23 +344,33 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
             f"`orchestrate proposals veto {p.id} --reason TEXT{flag}`",
             markup=False,
         )
+
+
+def _say_nodes(
+    console: Console, prof: Profile, seen: _Seen, data: dict[str, Any], flag: str
+) -> None:
+    """GPU-hours, what MLflow lacks, the nodes' troubles, open boots, the lease, the priors."""
+    from orchestrator.gpu_hours import cluster_gpus
+    from orchestrator.lease import held as lease_held
+    from orchestrator.step_cost import describe
+
     console.print(
-        f"GPU-hours: {data['gpu_hours']:.2f} over {len(rounds)} round(s) "
+        f"GPU-hours: {data['gpu_hours']:.2f} over {len(seen.rounds)} round(s) "
         f"({cluster_gpus(prof)} GPU(s) per boot)"
     )
-    if held:
+    if seen.held:
         console.print(
-            f"MLflow lacks the launchers and engine logs of {len(held)} experiment(s) "
-            f"({', '.join(f'#{i}' for i in held)}), booted while it was away: the ledger holds "
-            "them, and the next `orchestrate round` puts them on their runs"
+            f"MLflow lacks the launchers and engine logs of {len(seen.held)} experiment(s) "
+            f"({', '.join(f'#{i}' for i in seen.held)}), booted while it was away: the ledger "
+            "holds them, and the next `orchestrate round` puts them on their runs"
         )
     others = "the cluster's other nodes'" if len(data["nodes"]) > 1 else "a node's usual"
     for node in data["nodes"]:
         if node["flaky"]:
             console.print(
                 f"{node['name']} ({node['host']}): clocks off in {node['clocks_off']} of "
-                f"{counted} measurements, more often than {others} rate explains; each such "
-                "boot was set aside and booted again (power-cycle or service the node)",
+                f"{seen.counted} measurements, more often than {others} rate explains; each "
+                "such boot was set aside and booted again (power-cycle or service the node)",
                 markup=False,
             )
         if node["infrastructure_failures"]:
@@ -266,19 +380,21 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
                 f"the node's reasons, not a config's: {_counted(classes)}",
                 markup=False,
             )
-    if left_open and live:
+    if seen.left_open and seen.live:
         console.print(
-            f"{len(left_open)} boot(s) open: the engines of the command that holds the lease "
-            "now (`orchestrate cluster status` shows which nodes run)",
+            f"{len(seen.left_open)} boot(s) open: the engines of the command that holds the "
+            "lease now (`orchestrate cluster status` shows which nodes run)",
             markup=False,
         )
-    elif left_open:
+    elif seen.left_open:
         console.print(
-            f"{len(left_open)} boot(s) open: engines left by a run that was killed, which may "
-            "still hold the nodes' GPUs (`orchestrate cluster status` shows which nodes run); "
-            f"`{resume}` stops those a killed run left, or `orchestrate cluster down` now",
+            f"{len(seen.left_open)} boot(s) open: engines left by a run that was killed, which "
+            "may still hold the nodes' GPUs (`orchestrate cluster status` shows which nodes "
+            f"run); `orchestrate round{flag}` stops those a killed run left, or `orchestrate "
+            "cluster down` now",
             markup=False,
         )
+    lease = seen.lease
     if lease is not None:
         stale = "" if lease_held(lease) else " (not held: expired, or its process is gone)"
         console.print(
@@ -291,8 +407,10 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
             f"n={p['n']}: {p['source'] or 'the profile prior'}",
             markup=False,
         )
-    if step is not None:
-        console.print(f"step cost of {draft} (its verdicts' null): {describe(step)}", markup=False)
+    if seen.step is not None:
+        console.print(
+            f"step cost of {seen.draft} (its verdicts' null): {describe(seen.step)}", markup=False
+        )
 
 
 def failed_by_node(ledger: Ledger, cluster: str) -> dict[int | None, Counter[str]]:
