@@ -176,9 +176,7 @@ def _interruptions(data: ReportData) -> str:
                 "recorded; that one was not)"
             )
         else:
-            how = (
-                f"resumed at {utc_minute(r.at)} after the stop at {utc_minute(r.stop.created_at)}"
-            )
+            how = f"resumed at {utc_minute(r.at)} after the stop at {utc_minute(r.stop.created_at)}"
         left = "".join(f"<li>{escape(b.words())}</li>" for b in r.left_open)
         if r.left_open:
             how += ". The run before it had left open:"
