@@ -26,6 +26,9 @@ from mlflow.tracking import MlflowClient
 
 from knobs.vocabulary import ProposalStatus
 from ledger import Ledger, ProposalRecord
+from orchestrator.profile import load_profile
+from orchestrator.report.data import collect
+from orchestrator.report.data import summary as report_summary
 from tests.fixtures.cli import ORCHESTRATE, orchestrate
 from tests.fixtures.messages_api import MessagesApi, tool_use
 from tests.fixtures.profiles import fast_profile
@@ -254,6 +257,11 @@ def test_the_queue_timeout_vetoes_then_pauses_and_the_round_resumes(workdir: Pat
     html = " ".join(page.read_text().split())
     summary = html[html.index("<h1>") : html.index("<h2>")]
     assert "done, 1 of 1 experiments done (2 vetoed besides)," in summary, summary
+    # and so does the round's parent run in MLflow (its "experiments" counted the vetoes)
+    with Ledger(os.environ["ORCHESTRATE_LEDGER"]) as ledger:
+        prof = load_profile(str(workdir / "profile.yaml"), base_dir=workdir)
+        numbers = report_summary(collect(prof, ledger, 1))
+    assert (numbers["experiments"], numbers["vetoed"]) == (1.0, 2.0)
 
 
 def test_a_bare_resume_runs_the_round_as_it_started_and_a_flag_given_runs_it_its_way(

@@ -408,11 +408,14 @@ def _text(value: Value | None) -> str:
 
 def summary(data: ReportData) -> dict[str, float]:
     """The round in numbers, for its MLflow parent run: the champion's objective at the start
-    and the end, the gain, keeps, boots (failed ones, and the infrastructure's: failed for a
+    and the end, the gain, experiments done and vetoed, keeps, boots (failed ones, and the
+    infrastructure's: failed for a
     node's reasons or set aside for its clocks), the stops short, GPU-hours and LLM spend."""
     path = [c for c in data.champion_after if c is not None]
     out: dict[str, float] = {
-        "experiments": float(sum(1 for p in data.points if p.kind == Kind.CANDIDATE)),
+        # as the budget counts them (``budget``); the proposals vetoed apart
+        "experiments": float(data.done),
+        "vetoed": float(data.vetoed),
         "keeps": float(
             sum(1 for p in data.points if p.kind == Kind.CANDIDATE and p.status == Status.KEEP)
         ),
