@@ -9,6 +9,7 @@ from pathlib import Path
 
 from cluster.twin import models_dir
 from orchestrator.engines import placeholders as engine_placeholders
+from orchestrator.errors import UsageError
 from orchestrator.profile import Profile
 
 DEFAULT_LEDGER = "sqlite:///orchestrate.db"
@@ -36,6 +37,37 @@ class Settings:
             if (art := os.environ.get("ORCHESTRATE_ARTIFACTS"))
             else None,
         )
+
+
+#: How long the cluster's lease and node claims outlive a holder that stopped renewing them
+#: (killed, suspended, cut off): the default of ``lease_ttl_s``.
+LEASE_TTL_S = 120.0
+#: The shortest TTL taken: claims expire in whole seconds on each node's clock, renewed every
+#: third of it.
+_LEASE_TTL_MIN_S = 3.0
+
+
+def lease_ttl_s() -> float:
+    """The TTL of the lease and claims a command takes: ``ORCHESTRATE_LEASE_TTL_S``, else
+    ``LEASE_TTL_S``. A shorter one hands the cluster of a suspended or lost orchestrator to the
+    next command sooner, and takes it from one whose renewals are late (a loaded host).
+
+    Raises:
+        UsageError: the variable is not a number of seconds of at least 3.
+    """
+    raw = os.environ.get("ORCHESTRATE_LEASE_TTL_S", "").strip()
+    if not raw:
+        return LEASE_TTL_S
+    try:
+        ttl = float(raw)
+    except ValueError:
+        ttl = float("nan")
+    if not ttl >= _LEASE_TTL_MIN_S or ttl == float("inf"):
+        raise UsageError(
+            f"ORCHESTRATE_LEASE_TTL_S={raw!r}: expected seconds, at least {_LEASE_TTL_MIN_S:g} "
+            f"(unset: {LEASE_TTL_S:g})"
+        )
+    return ttl
 
 
 def runtime_placeholders() -> dict[str, str]:

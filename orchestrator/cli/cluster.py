@@ -294,6 +294,7 @@ def _owned(
     them (issue #17); a node that cannot be reached is left unclaimed, as the command reports
     it. The ledger opens only if ``lease`` or a claim broken by ``force`` needs it."""
     from orchestrator.lease import Ownership
+    from orchestrator.settings import lease_ttl_s
 
     return Ownership(
         o.profile.cluster,
@@ -304,4 +305,5 @@ def _owned(
         force=force,
         note=note,
         skip_unreachable=True,
+        ttl_s=lease_ttl_s(),
     )

@@ -86,6 +86,7 @@ def round_(
     from orchestrator.lease import Ownership
     from orchestrator.profile import load_profile
     from orchestrator.round import RoundOptions, RoundRunner
+    from orchestrator.settings import lease_ttl_s
     from orchestrator.testbed import ClusterTestbed
 
     for flag, cap in (("--max-hours", max_hours), ("--max-gpu-hours", max_gpu_hours)):
@@ -170,6 +171,7 @@ def round_(
             ledger_url=ledger.url,
             ledger=o.ledger,
             note=display.note,
+            ttl_s=lease_ttl_s(),
         )
         runners: list[RoundRunner] = []
 
