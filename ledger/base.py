@@ -18,12 +18,13 @@ from sqlalchemy.exc import (
     OperationalError,
     SQLAlchemyError,
 )
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import ORMExecuteState, Session, sessionmaker
 
 from knobs.vocabulary import EventKind
 from ledger.errors import LedgerError, LedgerNotReady, NotInLedger
+from ledger.fence import WROTE, Fence
 from ledger.libpq import connect_args
-from ledger.models import Base, EventRow
+from ledger.models import Base, EventRow, utcnow
 from ledger.records import VerdictRecord
 from ledger.schema import NewerSchema, Upgrade
 from ledger.schema import current as current_revision
@@ -90,8 +91,10 @@ class LedgerBase:
                 )
         except (SQLAlchemyError, ImportError) as e:
             raise LedgerError(f"cannot open ledger {self.url}: {e}", url=self.url) from e
-        self._sessions = sessionmaker(self._engine, expire_on_commit=False)
+        self._sessions = _watched(sessionmaker(self._engine, expire_on_commit=False))
         self._held: Connection | None = None
+        # the lease this ledger's writes are fenced with (``fence``), if any
+        self._fence: Fence | None = None
         # a verdict is written once, with its experiment's decision, and never changed: read
         # once (a loop reads every verdict of the cluster at each step, night after night)
         self._verdicts: dict[int, VerdictRecord] = {}
@@ -124,12 +127,43 @@ class LedgerBase:
     def __exit__(self, *_exc: object) -> None:
         self.close()
 
+    def fence(self, cluster: str | None, holder: str = "") -> None:
+        """Fence every write from now on with ``holder``'s lease on ``cluster``
+        (``ledger.fence``): it commits only while the lease still names ``holder``, else it
+        rolls back and raises ``LeaseLost``. ``None``: unfenced again (the lease's own
+        methods, and a ledger that holds no lease, never are)."""
+        self._fence = None if cluster is None else Fence(cluster, holder)
+
+    def check_fence(self) -> None:
+        """Whether the fenced lease still names its holder, asked now (one small query); nothing
+        when unfenced.
+
+        Raises:
+            LeaseLost: the lease is another's now, or gone.
+            LedgerError: the ledger did not answer.
+        """
+        fence = self._fence
+        if fence is None:
+            return
+        with self._session(fenced=False) as s:
+            fence.check(s, self.url)
+
     @contextmanager
-    def _session(self) -> Iterator[Session]:
+    def _session(self, *, fenced: bool = True) -> Iterator[Session]:
+        """One transaction; committed when the block ends. A transaction that wrote commits
+        only after the fence's check (``fence``) in it passed, unless ``fenced`` is off (the
+        lease's own methods)."""
         session = self._sessions()
+        fence = self._fence if fenced else None
         try:
             yield session
+            if fence is not None:
+                session.flush()
+                if session.info.get(WROTE):
+                    fence.check(session, self.url)
             session.commit()
+            if fence is not None and session.info.get(WROTE):
+                fence.last_write = utcnow()
         except SQLAlchemyError as e:
             with suppress(SQLAlchemyError):  # a lost connection took its transaction with it
                 session.rollback()
@@ -204,8 +238,10 @@ class LedgerBase:
         except SQLAlchemyError as e:
             detail = str(e).splitlines()[0]
             raise LedgerError(f"ledger {self.url}: {detail}", url=self.url) from e
-        self._sessions = sessionmaker(
-            bind=conn, expire_on_commit=False, join_transaction_mode="create_savepoint"
+        self._sessions = _watched(
+            sessionmaker(
+                bind=conn, expire_on_commit=False, join_transaction_mode="create_savepoint"
+            )
         )
 
     def _check(self) -> None:
@@ -269,6 +305,22 @@ def _folder_missing(database: str | None) -> Path | None:
         return None
     folder = Path(database).parent
     return None if folder.is_dir() else folder
+
+
+def _watched(sessions: sessionmaker[Session]) -> sessionmaker[Session]:
+    """``sessions``, each of which notes in its ``info`` whether its transaction wrote (a flush,
+    or an INSERT, UPDATE or DELETE statement): what the fence checks (``LedgerBase.fence``)."""
+
+    def flushed(session: Session, _context: object) -> None:
+        session.info[WROTE] = True
+
+    def executed(state: ORMExecuteState) -> None:
+        if state.is_insert or state.is_update or state.is_delete:
+            state.session.info[WROTE] = True
+
+    event.listen(sessions, "after_flush", flushed)
+    event.listen(sessions, "do_orm_execute", executed)
+    return sessions
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:

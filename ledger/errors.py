@@ -52,8 +52,16 @@ class LeaseHeld(LedgerError):
 
 class LeaseLost(LedgerError):
     """The cluster's lease is no longer this holder's: another orchestrator took it after it
-    expired, or it is gone. (A ledger that does not answer is a plain ``LedgerError``: the
-    lease is still the holder's until the ledger says otherwise.)"""
+    expired, or it is gone; carries the lease as it is now (``None``: none). Raised by a renewal
+    and by a fenced write (``ledger.fence``), which wrote nothing. Exit 8, as ``OwnershipLost``:
+    the cluster is another's, the ledger is fine. (A ledger that does not answer is a plain
+    ``LedgerError``: the lease is still the holder's until the ledger says otherwise.)"""
+
+    exit_code = 8
+
+    def __init__(self, message: str, *, url: str, lease: LeaseRecord | None = None) -> None:
+        super().__init__(message, url=url)
+        self.lease = lease
 
 
 class MlflowSinkError(OrchestrateError):

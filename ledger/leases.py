@@ -7,6 +7,7 @@ from datetime import timedelta
 
 from ledger.base import LedgerBase
 from ledger.errors import LeaseHeld, LeaseLost
+from ledger.fence import Fence
 from ledger.models import LeaseRow, utcnow
 from ledger.records import LeaseRecord
 from ledger.rows import lease_record
@@ -35,7 +36,7 @@ class Leases(LedgerBase):
             LeaseHeld: a live holder has it.
         """
         now = utcnow()
-        with self._session() as s:
+        with self._session(fenced=False) as s:
             row = s.get(LeaseRow, cluster, with_for_update=True)
             if row is not None:
                 current = lease_record(row)
@@ -71,22 +72,26 @@ class Leases(LedgerBase):
             LedgerError: the ledger did not answer.
         """
         now = utcnow()
-        with self._session() as s:
+        with self._session(fenced=False) as s:
             row = s.get(LeaseRow, cluster, with_for_update=True)
             if row is None or row.holder != holder:
-                raise LeaseLost(f"lease on cluster {cluster} was lost by {holder}", url=self.url)
+                current = None if row is None else lease_record(row)
+                fence = self._fence
+                if fence is None or (fence.cluster, fence.holder) != (cluster, holder):
+                    fence = Fence(cluster, holder)
+                raise LeaseLost(fence.lost_line(current), url=self.url, lease=current)
             row.heartbeat_at = now
             row.expires_at = now + timedelta(seconds=ttl_s)
 
     def release_lease(self, cluster: str, *, holder: str) -> None:
         """Give the lease back if ``holder`` has it."""
-        with self._session() as s:
+        with self._session(fenced=False) as s:
             row = s.get(LeaseRow, cluster)
             if row is not None and row.holder == holder:
                 s.delete(row)
 
     def lease(self, cluster: str) -> LeaseRecord | None:
         """The cluster's lease, if any."""
-        with self._session() as s:
+        with self._session(fenced=False) as s:
             row = s.get(LeaseRow, cluster)
             return None if row is None else lease_record(row)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import suppress
 
-from cluster.errors import NodeError
+from cluster.errors import NodeError, OwnershipLost
 from knobs.config import Config
 from knobs.vocabulary import BOOT_INTERRUPTED, INFRASTRUCTURE, BootRole, BootStatus, State
 from ledger import ExperimentRecord, Ledger, LedgerError
@@ -52,7 +52,11 @@ class Booter:
         The failure, if the boot or the bench failed.
 
         Raises:
-            OwnershipLost: the guard found the cluster no longer ours; nothing was recorded.
+            OwnershipLost: the guard found the cluster no longer ours, before the boot or
+                before its teardown (nothing was recorded; a boot under way is neither torn
+                down nor ended: its engines and the boot's record are the new holder's).
+            LeaseLost: a write found the lease another's (``Ledger.fence``): nothing was
+                recorded, nothing torn down.
         """
         self.guard()
         deciding = e.state != State.DECIDED  # the champion's re-measurements boot a decided one
@@ -65,6 +69,7 @@ class Booter:
         crashpoint("boot.started")
         failure: NodeError | None = None
         torn_down = False
+        lost: OwnershipLost | None = None
         try:
             try:
                 self.display.phase(f"deploying ({role})")
@@ -78,17 +83,22 @@ class Booter:
             except NodeError as err:
                 failure = err
             finally:
-                # logs first (they are the evidence), then no engine may outlive the boot,
-                # even when the logs could not be kept (MLflow and the ledger both away)
-                try:
-                    self.runlog.boot_logs(e, run_id, boot.id, self.testbed.logs())
-                finally:
-                    self.display.phase("tearing down")
+                # a cluster lost meanwhile (this process suspended past its lease while another
+                # took the round over): the engines on the nodes, and their logs, are the new
+                # holder's, which closed this boot as it took over
+                lost = self._lost()
+                if lost is None:
+                    # logs first (they are the evidence), then no engine may outlive the boot,
+                    # even when the logs could not be kept (MLflow and the ledger both away)
                     try:
-                        self.testbed.stop_all()
-                        torn_down = True
-                    except NodeError as err:
-                        failure = _blamed(failure, err)
+                        self.runlog.boot_logs(e, run_id, boot.id, self.testbed.logs())
+                    finally:
+                        self.display.phase("tearing down")
+                        try:
+                            self.testbed.stop_all()
+                            torn_down = True
+                        except NodeError as err:
+                            failure = _blamed(failure, err)
         except BaseException:
             # an interrupt (Ctrl-C, SIGTERM) or an error of ours, its engines torn down: the
             # boot ends now, as a resume would end it, so that no GPU-hour is counted to a boot
@@ -100,6 +110,8 @@ class Booter:
                         boot.id, status=BootStatus.DOWN, failure_detail=BOOT_INTERRUPTED
                     )
             raise
+        if lost is not None:
+            raise lost
         if failure is not None:
             self.ledger.end_boot(
                 boot.id,
@@ -127,9 +139,34 @@ class Booter:
         for i, cell in enumerate(cells, start=1):
             if cell.name in done:
                 continue
+            self._still_leased()
             self.display.phase(f"cell {i} of {len(cells)}: {cell.name}")
             self.ledger.add_cell_result(experiment_id, boot_id, self.testbed.bench(cell), spec=cell)
             crashpoint("cell.recorded")
+
+    def _lost(self) -> OwnershipLost | None:
+        """The guard's finding, if the cluster is no longer ours (the lease and the node
+        claims, renewed now)."""
+        try:
+            self.guard()
+        except OwnershipLost as e:
+            return e
+        return None
+
+    def _still_leased(self) -> None:
+        """Before each cell: the lease still this process's (``Ledger.check_fence``, one small
+        query), so that a process woken after another took the cluster over measures no cell
+        more against that one's engines. A ledger that does not answer says nothing here: the
+        cell's own write is fenced, and waits the outage out as every write does.
+
+        Raises:
+            LeaseLost: the lease is another's now.
+        """
+        try:
+            self.ledger.check_fence()
+        except LedgerError as e:
+            if not e.unreachable:
+                raise
 
     def restore(self, champion: Config | None) -> None:
         """Boot the champion again after a candidate failed, when the profile asks for it."""

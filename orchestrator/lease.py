@@ -53,6 +53,10 @@ class ClusterLease:
     renewed when the node answers again (``cluster.claims``). Another orchestrator cannot
     take over meanwhile: the lease's row is still this holder's until it expires, and the
     claims on the nodes are renewed over SSH all along.
+
+    While held, every write the ledger makes is fenced with it (``Ledger.fence``): a process
+    suspended past its lease while another took the cluster over writes nothing more on
+    waking (``LeaseLost``), whatever it was doing.
     """
 
     def __init__(self, ledger: Ledger, cluster: str, *, ttl_s: float = 120.0) -> None:
@@ -78,6 +82,7 @@ class ClusterLease:
             ttl_s=self.ttl_s,
             stale=_process_gone,
         )
+        self.ledger.fence(self.cluster, self.holder)
         self._thread = threading.Thread(target=self._renew, name="lease", daemon=True)
         self._thread.start()
         return self
@@ -91,10 +96,8 @@ class ClusterLease:
         if self.lost is None:
             self._renew_once()
         if self.lost is not None:
-            raise OwnershipLost(
-                f"this orchestrator lost the ledger's lease on cluster {self.cluster}: "
-                f"{self.lost.message}"
-            )
+            # the ledger's line: who took it over, when, and that nothing more was written
+            raise OwnershipLost(self.lost.message)
 
     def _renew(self) -> None:
         while not self._stop.wait(self.ttl_s / 3):
@@ -120,6 +123,7 @@ class ClusterLease:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
+        self.ledger.fence(None)
         try:
             self.ledger.release_lease(self.cluster, holder=self.holder)
         except LedgerError:
@@ -211,14 +215,17 @@ class Ownership:
         self._stack.__exit__(exc_type, exc, tb)
 
     def check(self) -> None:
-        """Renew the lease and every claim now: the round's safe point (before each boot).
+        """Renew the lease and every claim now: the round's safe point (before each boot, and
+        before a boot's teardown).
 
         Raises:
             OwnershipLost: one of them was lost; nothing of this round runs on the nodes now.
+                The lease lost is said as the ledger says it (taken over: the round goes on
+                under the one that took it).
         """
+        if self.lease is not None:
+            self.lease.check()
         try:
-            if self.lease is not None:
-                self.lease.check()
             if self.claims is not None:
                 self.claims.check()
         except OwnershipLost as e:

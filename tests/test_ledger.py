@@ -15,7 +15,16 @@ import pytest
 from knobs import KnobSpace, catalog
 from knobs.records import CellResultRecord, CellSpec
 from knobs.vocabulary import BootStatus, Kind, ProposalStatus, State
-from ledger import HEADER, LeaseHeld, Ledger, LedgerError, RoundRecord, VerdictRecord, tsv_text
+from ledger import (
+    HEADER,
+    LeaseHeld,
+    LeaseLost,
+    Ledger,
+    LedgerError,
+    RoundRecord,
+    VerdictRecord,
+    tsv_text,
+)
 
 SPACE = KnobSpace(knobs=catalog("vllm-dflash2"))
 
@@ -318,7 +327,7 @@ def test_lease_excludes_a_live_holder_and_replaces_a_dead_one(
         "c", holder="b", hostname=host, pid=1, ttl_s=60, stale=lambda _l: True
     )
     assert taken.holder == "b"
-    with pytest.raises(LedgerError, match="lost by a"):
+    with pytest.raises(LeaseLost, match=r"this orchestrator \(a\) lost cluster c to b "):
         ledger.renew_lease("c", holder="a", ttl_s=60)
     ledger.renew_lease("c", holder="b", ttl_s=60)
     lease = ledger.lease("c")
