@@ -1,0 +1,213 @@
+"""A round suspended past its lease (Ctrl-Z, a laptop asleep: SIGSTOP here) while another
+``orchestrate round`` took the cluster over and went on with the round: on waking (SIGCONT)
+it writes nothing more to the ledger, tears nothing down, and exits 8 with one line; the round
+goes on under the one that took it over, undisturbed.
+
+Real processes throughout: a two-node twin cluster, a SQLite ledger, an MLflow sqlite store.
+The lease's TTL is shortened (``ORCHESTRATE_LEASE_TTL_S``) so that the takeover comes in
+seconds; every wait is on what the processes say or what the ledger and the nodes hold.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import IO
+
+import pytest
+
+from cluster.claims import CLAIM_DIR
+from knobs.vocabulary import BootStatus, EventKind, State
+from ledger import Ledger
+from orchestrator.crashpoints import ENV
+from tests.fixtures.cli import ORCHESTRATE, orchestrate
+from tests.fixtures.profiles import twin_profile_data, write_profile
+from tests.fixtures.wait import wait_until
+from tests.test_round_twin import engines_alive
+
+CLUSTER = "twin-local"
+TTL_S = 6
+
+
+class Watched:
+    """An ``orchestrate`` process whose output (stdout and stderr) is read as it comes."""
+
+    def __init__(self, root: Path, env: dict[str, str], *args: str) -> None:
+        self.proc = subprocess.Popen(
+            [*ORCHESTRATE, *args],
+            cwd=root,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.out: list[str] = []
+        self.err: list[str] = []
+        assert self.proc.stdout is not None and self.proc.stderr is not None
+        self._readers = [
+            threading.Thread(target=_read, args=(self.proc.stdout, self.out), daemon=True),
+            threading.Thread(target=_read, args=(self.proc.stderr, self.err), daemon=True),
+        ]
+        for reader in self._readers:
+            reader.start()
+
+    def said(self, words: str, since: int = 0) -> int:
+        """How many lines of stdout there are up to the first after the ``since``-th that has
+        ``words`` (0: none yet); the process must be running."""
+        assert self.proc.poll() is None, "\n".join(self.out + self.err)
+        lines = enumerate(self.out[since:], start=since + 1)
+        return next((n for n, line in lines if words in line), 0)
+
+    def wait(self, timeout: float) -> int:
+        code = self.proc.wait(timeout=timeout)
+        self._close()
+        return code
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.kill()
+            self.proc.wait()
+        self._close()
+
+    def _close(self) -> None:
+        for reader in self._readers:
+            reader.join(timeout=10)
+        for stream in (self.proc.stdout, self.proc.stderr):
+            if stream is not None:
+                stream.close()
+
+
+def _read(stream: IO[str], into: list[str]) -> None:
+    for line in stream:
+        into.append(line.rstrip("\n"))
+
+
+def _env(root: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != ENV}
+    env.update(
+        ORCHESTRATE_LEDGER=f"sqlite:///{root / 'orchestrate.db'}",
+        MLFLOW_TRACKING_URI=f"sqlite:///{root / 'mlflow.db'}",
+        ORCHESTRATE_ARTIFACTS=str(root / "mlartifacts"),
+        ORCHESTRATE_LEASE_TTL_S=str(TTL_S),
+    )
+    return env
+
+
+def _profile(root: Path) -> Path:
+    data = twin_profile_data(nodes=2)
+    argv = data["launcher"]["argv"]
+    argv[argv.index("--tensor-parallel-size") + 1] = "2"
+    data["launcher"]["env"].update(TWIN_BOOT_SCALE="5000")
+    data["gates"].update(clocks_command=None, recover_command=None)
+    data["cells"] = [c for c in data["cells"] if c["name"] in ("code-c1", "prose-c8")]
+    for cell in data["cells"]:
+        # long enough that a process is found mid-cell by its output
+        cell["warmup_s"] = 0.1
+        cell["duration_s"] = 2.0
+    data["verdict"] = {
+        "policy": "threshold",
+        "threshold_pct": 2.0,
+        "ttft_p90_regression_pct": None,  # a loaded CI box's TTFT is no verdict on a config
+    }
+    data["proposer"] = {"kind": "sweep", "sweep": [{"cuda_graphs": True}]}
+    return write_profile(root, data)
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Iterator[Path]:
+    yield tmp_path
+    # whatever happened, no engine outlives the test
+    if engines_alive(tmp_path):
+        env = {**_env(tmp_path), "ORCHESTRATE_LEASE_TTL_S": ""}
+        orchestrate(tmp_path, "cluster", "down", "--force", "-p", "profile.yaml", env=env)
+        pytest.fail("an engine outlived the test")
+
+
+def _expired(root: Path) -> bool:
+    """The suspended round's lease has expired in the ledger, and its claim on every node on
+    the node's clock: a command may take the cluster over now."""
+    with Ledger(_env(root)["ORCHESTRATE_LEDGER"]) as ledger:
+        lease = ledger.lease(CLUSTER)
+    if lease is None or lease.expires_at >= datetime.now(UTC):
+        return False
+    for node in (root / "nodes").glob("node-*"):
+        expires = (node / CLAIM_DIR / "expires").read_text().strip()
+        if int(expires) >= int(time.time()):
+            return False
+    return True
+
+
+def test_a_round_woken_after_another_took_it_over_writes_and_stops_nothing(root: Path) -> None:
+    _profile(root)
+    env = _env(root)
+    args = ("round", "--budget", "1", "-p", "profile.yaml")
+    b = Watched(root, env, *args)
+    c: Watched | None = None
+    try:
+        # B measures the baseline's second cell (the first is recorded): suspended there
+        wait_until("B in its second cell", lambda: b.said("cell 2 of 2"), timeout=120)
+        b.proc.send_signal(signal.SIGSTOP)
+        wait_until("B's lease and claims expired", lambda: _expired(root), timeout=4 * TTL_S)
+
+        # C takes the cluster over and resumes the round: B's engines stopped, its boot closed
+        c = Watched(root, env, *args)
+        took = wait_until("C taking over", lambda: c.said("taking over a stale claim"), 60)
+        wait_until("C measuring", lambda: c.said("cell ", since=took), timeout=120)
+        with Ledger(env["ORCHESTRATE_LEDGER"]) as ledger:
+            (resumed,) = ledger.events(CLUSTER, EventKind.ROUND_RESUMED)
+            left_open = resumed.detail["left_open"]
+            assert isinstance(left_open, list) and len(left_open) == 1, left_open
+            b_boot_id = left_open[0]
+            baseline = ledger.experiments(cluster=CLUSTER)[0]
+            b_boot = next(x for x in ledger.boots(baseline.id) if x.id == b_boot_id)
+            b_cells = [r for r in ledger.cell_results(baseline.id) if r.boot_id == b_boot_id]
+        assert b_boot.status == BootStatus.DOWN and b_boot.failure_detail == "interrupted"
+
+        # B wakes while C is mid-cell
+        woke = len(b.out)
+        b.proc.send_signal(signal.SIGCONT)
+        code = b.wait(timeout=120)
+        b_after = b.out[woke:]
+        assert code == 8, "\n".join(b.out + b.err)
+        errors = [line for line in b.err if line.startswith("Error:")]
+        assert len(errors) == 1, "\n".join(b.err)
+        assert f"lost cluster {CLUSTER} to " in errors[0], errors[0]
+        assert "while this one was suspended or away" in errors[0], errors[0]
+        assert "the round goes on under that one" in errors[0], errors[0]
+        assert not any("tearing down" in line for line in b_after), b_after
+
+        # C goes on undisturbed: its engines were not stopped under it
+        assert c.wait(timeout=240) == 0, "\n".join(c.out + c.err)
+    finally:
+        b.kill()
+        if c is not None:
+            c.kill()
+    assert not any("engine exited" in line for line in c.out + c.err), c.out + c.err
+
+    with Ledger(env["ORCHESTRATE_LEDGER"]) as ledger:
+        assert ledger.unfinished_round(CLUSTER) is None
+        experiments = ledger.experiments(cluster=CLUSTER)
+        assert all(e.state == State.DECIDED for e in experiments)
+        # B's boot as C closed it, its cells as B recorded them before it was suspended
+        boots = {x.id: x for e in experiments for x in ledger.boots(e.id)}
+        assert boots[b_boot_id] == b_boot
+        cells = [r for r in ledger.cell_results(baseline.id) if r.boot_id == b_boot_id]
+        assert cells == b_cells
+        # no boot failed (none was stopped under C), and no measurement holds a cell twice
+        assert [x.id for x in boots.values() if x.status == BootStatus.FAILED] == []
+        for e in experiments:
+            measured = Counter(
+                (boots[r.boot_id].measurement, r.result.cell, r.repeat)
+                for r in ledger.cell_results(e.id)
+            )
+            assert max(measured.values()) == 1, measured
+        # nothing of B's: not its stop either
+        assert ledger.events(CLUSTER, EventKind.ROUND_STOPPED) == []
