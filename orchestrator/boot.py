@@ -18,6 +18,7 @@ from ledger import ExperimentRecord, Ledger, LedgerError
 from orchestrator.crashpoints import crashpoint
 from orchestrator.display import RoundDisplay
 from orchestrator.evolution import fit
+from orchestrator.lease import still_leased
 from orchestrator.measurements import read_measurements
 from orchestrator.profile import Profile
 from orchestrator.runlog import RunLog
@@ -139,7 +140,8 @@ class Booter:
         for i, cell in enumerate(cells, start=1):
             if cell.name in done:
                 continue
-            self._still_leased()
+            # a process woken after another took the cluster over measures no cell more
+            still_leased(self.ledger)
             self.display.phase(f"cell {i} of {len(cells)}: {cell.name}")
             self.ledger.add_cell_result(experiment_id, boot_id, self.testbed.bench(cell), spec=cell)
             crashpoint("cell.recorded")
@@ -152,21 +154,6 @@ class Booter:
         except OwnershipLost as e:
             return e
         return None
-
-    def _still_leased(self) -> None:
-        """Before each cell: the lease still this process's (``Ledger.check_fence``, one small
-        query), so that a process woken after another took the cluster over measures no cell
-        more against that one's engines. A ledger that does not answer says nothing here: the
-        cell's own write is fenced, and waits the outage out as every write does.
-
-        Raises:
-            LeaseLost: the lease is another's now.
-        """
-        try:
-            self.ledger.check_fence()
-        except LedgerError as e:
-            if not e.unreachable:
-                raise
 
     def restore(self, champion: Config | None) -> None:
         """Boot the champion again after a candidate failed, when the profile asks for it."""

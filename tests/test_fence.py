@@ -22,7 +22,7 @@ from knobs.vocabulary import BootStatus, EventKind
 from ledger import LeaseLost, Ledger
 from orchestrator.approval import ApprovalGate
 from orchestrator.display import RoundDisplay
-from orchestrator.lease import ClusterLease
+from orchestrator.lease import ClusterLease, fenced_progress
 from orchestrator.round import RoundOptions, RoundRunner
 from orchestrator.testbed import NullSink
 from tests.fixtures.rounds import a_round
@@ -86,6 +86,19 @@ def test_the_lease_taken_over_fails_the_renewal_with_the_same_line(ledger_url: s
         # the lease left alone (it is b's), and the ledger unfenced once the block ended
         assert (held := other.lease("c")) is not None and held.holder == "b"
         mine.add_event("c", EventKind.KNOWN_BAD_CLEARED, subject="1", detail={}, reason="p")
+
+
+def test_a_deploy_woken_after_a_takeover_touches_no_node(tmp_path: Path) -> None:
+    shown: list[str] = []
+    with Ledger(f"sqlite:///{tmp_path}/ledger.db") as mine, ClusterLease(mine, "c"):
+        progress = fenced_progress(mine, shown.append)
+        progress("stopping node-0")
+        _take(mine, "c", "another:1:x")  # suspended meanwhile: another took it over
+        progress("waiting for /health")
+        for line in ("stopping node-1", "starting node-1 (worker)"):
+            with pytest.raises(LeaseLost, match="lost cluster c to another:1:x "):
+                progress(line)
+    assert shown == ["stopping node-0", "waiting for /health"]
 
 
 class TakenOver(ScriptedTestbed):
