@@ -22,8 +22,10 @@ from knobs.vocabulary import BootStatus, EventKind
 from ledger import LeaseLost, Ledger
 from orchestrator.approval import ApprovalGate
 from orchestrator.display import RoundDisplay
+from orchestrator.errors import UsageError
 from orchestrator.lease import ClusterLease, fenced_progress
 from orchestrator.round import RoundOptions, RoundRunner
+from orchestrator.settings import lease_ttl_s
 from orchestrator.testbed import NullSink
 from tests.fixtures.rounds import a_round
 from tests.test_round_policy import ScriptedTestbed, profile
@@ -152,3 +154,14 @@ def test_a_round_taken_over_mid_boot_records_and_tears_down_nothing(tmp_path: Pa
         cells = [r.boot_id for e in ledger.experiments() for r in ledger.cell_results(e.id)]
         assert boots[1].id not in cells
         assert ledger.events("scripted", EventKind.ROUND_STOPPED) == []
+
+
+def test_the_lease_ttl_is_a_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ORCHESTRATE_LEASE_TTL_S", raising=False)
+    assert lease_ttl_s() == 120.0
+    monkeypatch.setenv("ORCHESTRATE_LEASE_TTL_S", "6")
+    assert lease_ttl_s() == 6.0
+    for bad in ("2", "soon", "nan", "inf", "-5"):
+        monkeypatch.setenv("ORCHESTRATE_LEASE_TTL_S", bad)
+        with pytest.raises(UsageError, match="ORCHESTRATE_LEASE_TTL_S"):
+            lease_ttl_s()
