@@ -26,8 +26,8 @@ from sqlalchemy.engine import make_url
 from agents import SweepProposer
 from cluster.errors import OwnershipLost
 from knobs.config import Config
-from knobs.vocabulary import RoundStatus, State
-from ledger import Ledger, LedgerError
+from knobs.vocabulary import EventKind, RoundStatus, State
+from ledger import LeaseLost, Ledger, LedgerError
 from orchestrator.approval import ApprovalGate
 from orchestrator.display import RoundDisplay
 from orchestrator.faults import through_ledger_outages, waiting_for_ledger
@@ -90,9 +90,15 @@ def test_a_ledger_away_for_a_while_loses_no_lease(pg_url: str) -> None:
                 ledger.lease("spark")
             lease.check()
             assert lease.lost is None
-        # back: renewed, and still this holder's
+            # a write, fenced by the lease (``ledger.fence``): the ledger away, not the lease
+            # lost: waited out as every write is
+            with pytest.raises(LedgerError) as away:
+                ledger.add_event("spark", EventKind.KNOWN_BAD_CLEARED, subject="1", detail={})
+            assert away.value.unreachable and not isinstance(away.value, LeaseLost)
+        # back: renewed, and still this holder's; its writes go on
         before = ledger.lease("spark")
         assert before is not None and before.holder == lease.holder
+        ledger.add_event("spark", EventKind.KNOWN_BAD_CLEARED, subject="1", detail={})
         lease.check()
         after = ledger.lease("spark")
         assert after is not None and after.expires_at > before.expires_at
