@@ -34,6 +34,7 @@ from cluster import metrics, prompts, stall
 from cluster.errors import BenchError, describe
 from cluster.window import CellState, Request, Scrapes, spread_final_usage, summarise
 from knobs.records import CellResultRecord, CellSpec, NodeClockRecord
+from knobs.spec import clipped
 
 DEFAULT_SMOKE_PROMPT = "The capital of France is"
 
@@ -71,7 +72,8 @@ def smoke(
         ) from e
     if response.status_code != 200:
         raise BenchError(
-            f"smoke generation at {url} answered {response.status_code}: {response.text[:200]}",
+            f"smoke generation at {url} answered {response.status_code}: "
+            f"{clipped(response.text, 200)}",
             url=url,
             status=response.status_code,
             evidence=response.text[-1000:],
@@ -124,7 +126,7 @@ async def _one(client: httpx.AsyncClient, state: CellState, *, probe: bool = Fal
             async with client.stream("POST", state.url, json=body) as response:
                 answered = True
                 if response.status_code != 200:
-                    detail = (await response.aread()).decode(errors="replace")[:300]
+                    detail = clipped((await response.aread()).decode(errors="replace"), 300)
                     state.failed(f"HTTP {response.status_code}: {detail}")
                     req.end = loop.time()
                     return

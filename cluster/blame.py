@@ -12,6 +12,7 @@ from collections.abc import Callable, Collection, Sequence
 from cluster.errors import DeployError, tail
 from cluster.gates import GateSpec
 from cluster.inventory import ClusterSpec, NodeSpec
+from knobs.spec import clipped
 from knobs.vocabulary import INFRASTRUCTURE, FailureClass
 
 #: A filesystem with less free than this (KiB), or than a hundredth of its size, is full: an
@@ -137,9 +138,9 @@ class Blame:
         return None
 
     def _line(self, log: str, cls: FailureClass) -> str:
-        """The first line of ``log`` that names ``cls`` (its failure patterns), cut to 300
-        characters: the words a failure's message quotes."""
-        return _first_line(log, self.gates.failure_patterns.get(cls, ()))[:300]
+        """The first line of ``log`` that names ``cls`` (its failure patterns), in at most 300
+        characters, cut at a word (``clipped``): the words a failure's message quotes."""
+        return clipped(_first_line(log, self.gates.failure_patterns.get(cls, ())), 300)
 
     def lost(
         self,

@@ -16,6 +16,7 @@ from typing import Any
 
 from cluster import metrics
 from knobs.records import NONDETERMINISTIC, CellResultRecord, CellSpec
+from knobs.spec import clipped
 
 #: How many failed requests' words a cell's record keeps (its ``error_samples``).
 ERROR_SAMPLES = 3
@@ -176,7 +177,7 @@ def summarise(
         duration=duration,
         completed=len(done_in),
         errors=len(state.errors),
-        error_samples=tuple(e[:300] for e in state.errors[:ERROR_SAMPLES]),
+        error_samples=tuple(clipped(e, 300) for e in state.errors[:ERROR_SAMPLES]),
         total_output_tokens=tokens,
         output_throughput=tokens / duration if duration > 0 else 0.0,
         per_request_throughput=sum(rates) / len(rates) if rates else 0.0,

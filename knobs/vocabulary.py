@@ -212,6 +212,6 @@ MEASURED = frozenset({Status.KEEP, Status.DISCARD, Status.INCONCLUSIVE})
 BOOT_INTERRUPTED = "interrupted"
 BOOT_CLOSED_BY_DOWN = "cluster down"
 CUT_SHORT = {
-    BOOT_INTERRUPTED: "cut short: the run was interrupted or killed while it was up",
+    BOOT_INTERRUPTED: "cut short: the run was interrupted or killed before its teardown",
     BOOT_CLOSED_BY_DOWN: "cut short: a killed run left it up; `orchestrate cluster down` closed it",
 }

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from knobs.vocabulary import BOOT_INTERRUPTED, BootStatus, EventKind
 from ledger import BootRecord, EventRecord, Ledger, RoundRecord
@@ -104,31 +104,49 @@ def of_round(ledger: Ledger, rnd: RoundRecord) -> list[Resume]:
     cells: Counter[int] = Counter(
         r.boot_id for rs in ledger.cluster_cell_results(rnd.cluster).values() for r in rs
     )
-    if events:
-        found = [
-            (e.created_at, [boots[i] for i in _ids(e.detail.get("left_open")) if i in boots])
-            for e in events
-        ]
-        ran = [(_text(e.detail.get("proposer")), _text(e.detail.get("approve"))) for e in events]
-    else:
-        found = _inferred(boots.values())
-        ran = [(None, None)] * len(found)
+    # each resume this release recorded, with the proposer and approval it ran with
+    found = [
+        (e.created_at, [boots[i] for i in _ids(e.detail.get("left_open")) if i in boots])
+        for e in events
+    ]
+    ran = [(_text(e.detail.get("proposer")), _text(e.detail.get("approve"))) for e in events]
+    recorded = [True] * len(found)
+    # and, before this release first ran on the cluster (its first profile recorded), those an
+    # older one made, found by the boots they closed: a boot this release closes as
+    # interrupted is a Ctrl-C's (its stop recorded) or a resume's (recorded above)
+    first = next(iter(ledger.events(rnd.cluster, EventKind.PROFILE_REVISED)), None)
+    older = [b for b in boots.values() if first is None or _ended_before(b, first.created_at)]
+    for at, left in _inferred(older):
+        found.append((at, left))
+        ran.append((None, None))
+        recorded.append(False)
+    order = sorted(range(len(found)), key=lambda i: found[i][0])
     out: list[Resume] = []
     since = rnd.started_at
-    for (at, left), (proposer, approve) in zip(found, ran, strict=True):
+    for i in order:
+        (at, left), (proposer, approve) = found[i], ran[i]
         before = [s for s in stops if since <= s.created_at <= at]
         out.append(
             Resume(
                 at=at,
                 stop=before[-1] if before else None,
                 left_open=[_came_to(b, cells[b.id], boots.values()) for b in left],
-                recorded=bool(events),
+                recorded=recorded[i],
                 proposer=proposer,
                 approve=approve,
             )
         )
         since = at
     return out
+
+
+def _ended_before(boot: BootRecord, at: datetime) -> bool:
+    return boot.ended_at is not None and _aware(boot.ended_at) < _aware(at)
+
+
+def _aware(at: datetime) -> datetime:
+    """``at`` with its zone (SQLite's come back naive, written as UTC)."""
+    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
 
 
 def _text(raw: object) -> str | None:

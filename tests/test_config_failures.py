@@ -825,3 +825,25 @@ def test_a_bad_flag_stays_a_start_failure(tmp_path: Path) -> None:
     err = deploy_failure(tmp_path, data, hold=False)
     assert err.failure_class == "start"
     assert err.failure_class not in INFRASTRUCTURE
+
+
+def test_a_long_failure_line_is_cut_at_a_word_and_says_it_was_cut(tmp_path: Path) -> None:
+    """vLLM's KV-capacity line runs past 300 characters; the failure quoted it cut mid-word
+    ("… when initializing the engine. (gpu_memory_"), with no sign of the cut."""
+    from cluster.blame import Blame
+
+    prof = load_profile("twin", base_dir=tmp_path)
+    line = (
+        "ValueError: To serve at least one request with the models's max seq len (131072), "
+        "(16.00 GiB KV cache is needed, which is larger than the available KV cache memory "
+        "(9.31 GiB). Based on the available memory, the estimated maximum model length is "
+        "76256. Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when "
+        "initializing the engine. (gpu_memory_utilization 0.71)"
+    )
+    head = prof.cluster.head
+    blame = Blame(prof.cluster, prof.gates, log_of=lambda _n: f"INFO loading\n{line}\n", alive=bool)
+    err = blame.died(head, "before /health was 200")
+    assert err.failure_class == "kv_capacity"
+    quoted = str(err).split("engine exited before /health was 200: ", 1)[1]
+    assert quoted.endswith("…") and len(quoted) <= 300, quoted
+    assert line.startswith(quoted[:-1]) and line[len(quoted) - 1] == " ", quoted

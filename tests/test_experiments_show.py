@@ -175,7 +175,7 @@ def test_a_boot_a_stopped_run_cut_short_says_so(
     lines = [ln.strip() for ln in capsys.readouterr().out.splitlines() if "boot " in ln]
     assert lines == [
         "boot 1 (measure, measurement 0): down; cut short: the run was interrupted or killed "
-        "while it was up",
+        "before its teardown",
         "boot 2 (measure, measurement 0): down; cut short: a killed run left it up; "
         "`orchestrate cluster down` closed it",
         "boot 3 (measure, measurement 0): down",

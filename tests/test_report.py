@@ -246,6 +246,57 @@ def test_an_interrupted_round_writes_its_report_and_still_exits_130(tmp_path: Pa
     assert f"`orchestrate proposals approve 1 --profile {profile}`" in shown, shown
 
 
+def test_a_round_interrupted_mid_boot_is_said_stopped_not_killed_and_resumed(
+    tmp_path: Path,
+) -> None:
+    """Ctrl-C while the baseline's boot is up: the boot is torn down and closed as
+    interrupted, and the stop recorded. The report written as the command ends said the
+    round was also "killed with no stop recorded" and "resumed" (a resume inferred from the
+    boot the interrupt closed, as an older release's resume would have closed it)."""
+    data = twin_profile_data()
+    data["cells"] = data["cells"][:1]
+    profile = str(write_profile(tmp_path, data))
+    ledger_url = f"sqlite:///{tmp_path}/orchestrate.db"
+    env = {**os.environ, "ORCHESTRATE_LEDGER": ledger_url}
+    proc = subprocess.Popen(
+        [*ORCHESTRATE, "round", "--budget", "1", "--profile", profile],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+    def up() -> bool:
+        assert proc.poll() is None
+        try:
+            with Ledger(ledger_url, read_only=True) as ledger:
+                return any(b.healthy_at is not None for b in ledger.open_boots("twin-local"))
+        except LedgerError:  # not created yet, or being created
+            return False
+
+    try:
+        wait_until("the baseline's boot up", up, timeout=240, interval=0.2)
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        orchestrate(tmp_path, "cluster", "down", "--profile", profile, env=env)
+    assert proc.returncode == 130
+    with Ledger(ledger_url, read_only=True) as ledger:
+        assert [b.failure_detail for b in ledger.boots(1)] == ["interrupted"]
+    html = " ".join((tmp_path / "reports" / "round-1" / "report.html").read_text().split())
+    assert (
+        "The round was stopped short 1 time(s) with a stop recorded and killed 0 time(s) "
+        "without one; it was resumed 0 time(s)."
+    ) in html, html[-3000:]
+    assert "resumed by" not in html
+    # the baseline's boot, cut short before its verdict, is the baseline's (was "candidate")
+    assert "1 boot (1 baseline, 0 candidate," in html, html[-3000:]
+
+
 def test_a_report_into_a_file_is_refused_before_the_ledger_is_read_or_a_plot_drawn(
     tmp_path: Path,
 ) -> None:
@@ -299,12 +350,16 @@ def test_the_report_of_a_round_killed_and_resumed_says_so(tmp_path: Path) -> Non
         "The round was stopped short 0 time(s) with a stop recorded and killed 1 time(s) "
         "without one; it was resumed 1 time(s)."
     ) in html, html[-3000:]
-    assert "killed with no stop recorded (kill -9, a crash, the host lost); resumed at " in html
+    assert (
+        "killed with no stop recorded (kill -9, a crash, the host lost, or suspended past its "
+        "lease); resumed at "
+    ) in html
     assert (
         "boot #2 of experiment #2 was coming up: it measured nothing and counts for nothing"
     ) in html, html[-3000:]
+    # a ledger of a release from before resumes and profiles were recorded
     with sqlite3.connect(tmp_path / "orchestrate.db") as db:
-        db.execute("DELETE FROM event WHERE kind = 'round-resumed'")
+        db.execute("DELETE FROM event WHERE kind IN ('round-resumed', 'profile-revised')")
     done = orchestrate(
         tmp_path, "report", "--out", "old", "--profile", "profile.yaml", env=site.env
     )

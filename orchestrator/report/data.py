@@ -203,7 +203,7 @@ def collect(profile: Profile, ledger: Ledger, round_id: int | None = None) -> Re
     data.stops = _stops(ledger, rnd, data.resumes)
     data.champion_after = _champion_path(ledger, cluster, rnd, experiments)
     data.knobs = _knob_rows(profile, ledger, data.points)
-    _boots(ledger, rnd, experiments, data, profile.gates.min_matmul_rate)
+    _boots(ledger, rnd, experiments, data, profile.gates.min_matmul_rate, every)
     for p in ledger.proposals(round_id=rnd.id):
         if p.status == ProposalStatus.VETOED:
             data.vetoed += 1
@@ -322,9 +322,12 @@ def _boots(
     experiments: list[ExperimentRecord],
     data: ReportData,
     min_matmul_rate: float,
+    every: list[ExperimentRecord],
 ) -> None:
     """Every boot of the round by use, in hours, charged to the experiment it served (a
-    champion's re-measurement to the experiment that was running when it was booted)."""
+    champion's re-measurement to the experiment that was running when it was booted). A boot
+    is its experiment's kind's, decided or not (``every``: the round's experiments): the
+    baseline's first boot, cut short, is the baseline's."""
     end_of_round = rnd.finished_at or datetime.now(UTC)
     slow: dict[int, set[int]] = {}  # boot → the nodes whose clocks were off in its cells
     for cells in ledger.cluster_cell_results(rnd.cluster).values():
@@ -333,6 +336,7 @@ def _boots(
             if ranks:
                 slow.setdefault(r.boot_id, set()).update(ranks)
     mine = {e.id: e for e in experiments}
+    kinds = {e.id: e for e in every}
     order = sorted(experiments, key=lambda e: e.created_at)
     for boot in ledger.boots_since(rnd.cluster, rnd.started_at):
         if boot.started_at > end_of_round:
@@ -342,7 +346,7 @@ def _boots(
         if owner is None or boot.role == BootRole.REMEASURE:
             running = [e for e in order if e.created_at <= boot.started_at]
             owner = running[-1] if running else (order[0] if order else None)
-        use = _use(boot, mine.get(boot.experiment_id), slow)
+        use = _use(boot, kinds.get(boot.experiment_id), slow)
         data.boots_by_use[use] += 1
         if use == "clocks off: set aside":
             data.clocks_off_by_node.update(slow[boot.id])

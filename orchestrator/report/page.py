@@ -111,8 +111,9 @@ def _spend(data: ReportData) -> str:
         if data.llm_calls
         else "no LLM was asked"
     )
+    booted = sum(data.boots_by_use.values())
     return (
-        f"<p>{sum(data.boots_by_use.values())} boots ({escape(by_use)}); "
+        f"<p>{booted} boot{'' if booted == 1 else 's'} ({escape(by_use)}); "
         f"{data.gpu_hours:.2f} GPU-hours on {escape(gpus)}; {escape(llm)}.</p>"
     )
 
@@ -168,7 +169,8 @@ def _interruptions(data: ReportData) -> str:
             continue  # its stop's item says when it went on
         if r.stop is None:
             how = (
-                f"killed with no stop recorded (kill -9, a crash, the host lost); resumed at "
+                f"killed with no stop recorded (kill -9, a crash, the host lost, or "
+                "suspended past its lease); resumed at "
                 f"{utc_minute(r.at)}"
                 if r.recorded
                 else f"killed with no stop recorded; resumed by {utc_minute(r.at)}, when "
