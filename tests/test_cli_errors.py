@@ -57,10 +57,8 @@ def test_an_unknown_option_is_one_line_and_exit_2(
         (["frobnicate"], "No such command 'frobnicate'"),
         # no "Missing option '--reason'.; see": one stop, then where help is
         (["proposals", "veto", "1"], "Missing option '--reason'; see 'orchestrate proposals"),
-        # a veto's reason is shown to every proposer, a cleared region's is its record: words
-        (["proposals", "veto", "1", "--reason", " "], "give the reason in words"),
-        (["experiments", "veto", "1", "--reason", ""], "give the reason in words"),
-        (["known-bad", "clear", "1", "--reason", ""], "give the reason in words"),
+        # a veto's reason is shown to every proposer: words (as experiments veto's must be)
+        (["proposals", "veto", "1", "--reason", " "], "it must say why the proposal is vetoed"),
         (["proposals", "approve", "one"], "'proposal_id': Input should be a valid integer"),
     ],
 )

@@ -48,19 +48,16 @@ ProfileOpt = Annotated[
 JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON for scripts")]
 
 
-def _said(reason: str) -> str:
-    """A reason with words in it (a veto's is shown to every proposer, and a cleared region's
-    is the record of why): a blank one is a usage error."""
+def _vetoed_for(reason: str) -> str:
+    """A proposal's veto reason, which every proposer is shown: words, or a usage error (as
+    ``experiments veto`` and ``known-bad clear`` refuse a blank one)."""
     if not reason.strip():
-        raise typer.BadParameter("give the reason in words: --reason 'why'")
+        raise typer.BadParameter("it must say why the proposal is vetoed (every proposer sees it)")
     return reason.strip()
 
 
 VetoReason = Annotated[
-    str, typer.Option("--reason", help="why (shown to every proposer)", callback=_said)
-]
-ClearReason = Annotated[
-    str, typer.Option("--reason", help="why it is cleared (recorded)", callback=_said)
+    str, typer.Option("--reason", help="why (shown to every proposer)", callback=_vetoed_for)
 ]
 #: The largest ID (or seed) a command takes: what the ledger's integers hold (SQLite's and
 #: PostgreSQL's BIGINT); a larger one is a usage error in one line, not an overflow.
@@ -118,15 +115,17 @@ class Opened:
         """
         if self._ledger is None:
             from ledger import Ledger, LedgerNotReady
+            from orchestrator.contacts import remember_ledger
 
             if not create:
                 try:  # read, writing nothing: the probe ``cluster down``'s cleanup makes too
                     Ledger(self.settings.ledger_url, read_only=True).close()
                 except LedgerNotReady as e:
                     if e.found is None:
+                        # its server answered, though it holds no ledger yet: reached
+                        remember_ledger(self.settings.ledger_url)
                         raise no_ledger_yet(e) from e
                     # an older release's: upgraded as any command that opens it does
-            from orchestrator.contacts import remember_ledger
 
             self._ledger = self._stack.enter_context(Ledger(self.settings.ledger_url))
             # a ledger server reached once is waited for when it does not answer a round's

@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from orchestrator.cli.common import ID_MAX, JsonOpt, ProfileOpt, VetoReason, opened, out, reading
+from orchestrator.cli.common import ID_MAX, JsonOpt, ProfileOpt, opened, out, reading
 
 experiments_app = typer.Typer(
     help="One experiment's record, and a change a stopped round left undecided.",
@@ -53,7 +53,7 @@ def experiments_veto(
     experiment_id: Annotated[
         int, typer.Argument(min=1, max=ID_MAX, help="the undecided experiment's ID")
     ],
-    reason: VetoReason,
+    reason: Annotated[str, typer.Option("--reason", help="why (shown to every proposer)")],
     profile: ProfileOpt = None,
 ) -> None:
     """Veto a change a stopped round left undecided (its weights cannot be fetched, it fails

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from orchestrator.cli.common import ID_MAX, ClearReason, JsonOpt, ProfileOpt, opened
+from orchestrator.cli.common import ID_MAX, JsonOpt, ProfileOpt, opened
 
 if TYPE_CHECKING:
     from orchestrator.known_bad import BarredRegion
@@ -95,7 +95,7 @@ def known_bad_clear(
     experiment_id: Annotated[
         int, typer.Argument(min=1, max=ID_MAX, help="the ID of the experiment that barred it")
     ],
-    reason: ClearReason,
+    reason: Annotated[str, typer.Option("--reason", help="why it is cleared (recorded)")],
     profile: ProfileOpt = None,
 ) -> None:
     """Clear a known-bad region: proposers may enter it again. The experiment and its verdict
