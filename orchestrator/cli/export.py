@@ -21,7 +21,9 @@ if TYPE_CHECKING:
 def export(
     path: Annotated[
         str | None,
-        typer.Argument(help="file to write, or - for stdout (default: results.tsv)"),
+        typer.Argument(
+            help="file to write, a folder (its results.tsv), or - for stdout (default: results.tsv)"
+        ),
     ] = None,
     optuna_storage: Annotated[
         str | None,
