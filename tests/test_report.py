@@ -254,7 +254,8 @@ def test_a_round_interrupted_mid_boot_is_said_stopped_not_killed_and_resumed(
     round was also "killed with no stop recorded" and "resumed" (a resume inferred from the
     boot the interrupt closed, as an older release's resume would have closed it)."""
     data = twin_profile_data()
-    data["cells"] = data["cells"][:1]
+    # one cell, measured for a minute: the baseline's boot is up while it is interrupted
+    data["cells"] = [{**data["cells"][0], "duration_s": 60.0}]
     profile = str(write_profile(tmp_path, data))
     ledger_url = f"sqlite:///{tmp_path}/orchestrate.db"
     env = {**os.environ, "ORCHESTRATE_LEDGER": ledger_url}
@@ -271,7 +272,10 @@ def test_a_round_interrupted_mid_boot_is_said_stopped_not_killed_and_resumed(
         assert proc.poll() is None
         try:
             with Ledger(ledger_url, read_only=True) as ledger:
-                return any(b.healthy_at is not None for b in ledger.open_boots("twin-local"))
+                return any(
+                    b.healthy_at is not None and b.experiment_id == 1
+                    for b in ledger.open_boots("twin-local")
+                )
         except LedgerError:  # not created yet, or being created
             return False
 
