@@ -250,10 +250,9 @@ def test_a_round_interrupted_mid_boot_is_said_stopped_not_killed_and_resumed(
     tmp_path: Path,
 ) -> None:
     """Interrupted (SIGTERM, as Ctrl-C) while the baseline's boot is up: the boot is torn down
-    and closed as
-    interrupted, and the stop recorded. The report written as the command ends said the
-    round was also "killed with no stop recorded" and "resumed" (a resume inferred from the
-    boot the interrupt closed, as an older release's resume would have closed it)."""
+    and closed as interrupted, and the stop recorded. The report written as the command ends
+    said the round was also "killed with no stop recorded" and "resumed" (a resume inferred
+    from the boot the interrupt closed, as an older release's resume would have closed it)."""
     data = twin_profile_data()
     # one cell, measured for 20 s: the baseline's boot is up while it is interrupted
     data["cells"] = [{**data["cells"][0], "duration_s": 20.0}]
