@@ -13,6 +13,7 @@ import signal
 import socket
 import sqlite3
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -200,35 +201,15 @@ def test_an_interrupted_round_writes_its_report_and_still_exits_130(tmp_path: Pa
     profile = str(write_profile(tmp_path, data))
     ledger_url = f"sqlite:///{tmp_path}/orchestrate.db"
     env = {**os.environ, "ORCHESTRATE_LEDGER": ledger_url}
-    err = tmp_path / "round.err"
-    with err.open("wb") as errors:
-        proc = subprocess.Popen(
-            [*ORCHESTRATE, "round", "--budget", "1", "--approve", "queue", "--profile", profile],
-            cwd=tmp_path,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=errors,
-            text=True,
-        )
-
-    def pending() -> bool:
-        assert proc.poll() is None, err.read_text()[-2000:]
-        try:
-            with Ledger(ledger_url, read_only=True) as ledger:
-                return bool(ledger.proposals(status=ProposalStatus.PENDING))
-        except LedgerError:  # not created yet, or being created
-            return False
-
-    try:
-        wait_until("the round waiting for an approval", pending, timeout=240, interval=0.2)
-        proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    said = err.read_text().strip().splitlines()
-    assert proc.returncode == 130, said
+    code, out, err = _interrupted_when(
+        tmp_path,
+        ["round", "--budget", "1", "--approve", "queue", "--profile", profile],
+        env,
+        "the round waiting for an approval",
+        lambda ledger: bool(ledger.proposals(status=ProposalStatus.PENDING)),
+    )
+    said = err.strip().splitlines()
+    assert code == 130, said
     assert said[-1] == "Error: interrupted; run the same command again to resume", said
     assert "the round's report, as far as it got: reports/round-1/report.html" in " ".join(
         out.split()
@@ -259,38 +240,22 @@ def test_a_round_interrupted_mid_boot_is_said_stopped_not_killed_and_resumed(
     profile = str(write_profile(tmp_path, data))
     ledger_url = f"sqlite:///{tmp_path}/orchestrate.db"
     env = {**os.environ, "ORCHESTRATE_LEDGER": ledger_url}
-    proc = subprocess.Popen(
-        [*ORCHESTRATE, "round", "--budget", "1", "--profile", profile],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-    def up() -> bool:
-        assert proc.poll() is None
-        try:
-            with Ledger(ledger_url, read_only=True) as ledger:
-                return any(
-                    b.healthy_at is not None and b.experiment_id == 1
-                    for b in ledger.open_boots("twin-local")
-                )
-        except LedgerError:  # not created yet, or being created
-            return False
-
     try:
-        wait_until("the baseline's boot up", up, timeout=240, interval=0.2)
         # SIGTERM, which the command takes as it takes Ctrl-C: a SIGINT is ignored by a child
         # of a pytest-xdist worker, which ignores it itself
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=300)
+        code, out, err = _interrupted_when(
+            tmp_path,
+            ["round", "--budget", "1", "--profile", profile],
+            env,
+            "the baseline's boot up",
+            lambda ledger: any(
+                b.healthy_at is not None and b.experiment_id == 1
+                for b in ledger.open_boots("twin-local")
+            ),
+        )
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
         orchestrate(tmp_path, "cluster", "down", "--profile", profile, env=env)
-    assert proc.returncode == 130, (out[-2000:], err[-2000:])
+    assert code == 130, (out[-2000:], err[-2000:])
     with Ledger(ledger_url, read_only=True) as ledger:
         assert [b.failure_detail for b in ledger.boots(1)] == ["interrupted"]
     html = " ".join((tmp_path / "reports" / "round-1" / "report.html").read_text().split())
@@ -410,3 +375,37 @@ def test_the_report_of_a_round_with_nothing_decided_prints_no_warning(tmp_path: 
     assert done.returncode == 0, done.stderr
     assert "Warning" not in done.stderr and "legend" not in done.stderr, done.stderr
     assert (tmp_path / "out" / "progress.png").exists()
+
+
+def _interrupted_when(
+    cwd: Path, args: list[str], env: dict[str, str], what: str, ready: Callable[[Ledger], bool]
+) -> tuple[int, str, str]:
+    """``orchestrate *args`` interrupted (SIGTERM, as a service manager or Ctrl-C stops it)
+    once ``ready`` holds of its ledger (``what``): its exit status, stdout and stderr."""
+    url = env["ORCHESTRATE_LEDGER"]
+    proc = subprocess.Popen(
+        [*ORCHESTRATE, *args],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+    def seen() -> bool:
+        assert proc.poll() is None, f"the command ended before {what}"
+        try:
+            with Ledger(url, read_only=True) as ledger:
+                return ready(ledger)
+        except LedgerError:  # not created yet, or being created
+            return False
+
+    try:
+        wait_until(what, seen, timeout=240, interval=0.2)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    return proc.returncode, out, err
