@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from knobs.config import Config
 from knobs.spec import Value
-from knobs.vocabulary import FailureClass, Kind, State
+from knobs.vocabulary import FailureClass, Kind, State, Status
 from ledger.base import LedgerBase
 from ledger.errors import LedgerError
 from ledger.models import ChampionRow, ExperimentRow, VerdictRow, utcnow
@@ -84,6 +84,24 @@ class Experiments(LedgerBase):
             query = query.where(ExperimentRow.round_id == round_id)
         with self._session() as s:
             return [experiment_record(r) for r in s.scalars(query)]
+
+    def looks_at(self, cluster: str, config_key: str, champion_key: str) -> int:
+        """How many times ``cluster`` decided config ``config_key`` as a change of the champion
+        ``champion_key`` (a person's veto is no look: nothing was measured)."""
+        query = (
+            select(func.count())
+            .select_from(ExperimentRow)
+            .where(
+                ExperimentRow.cluster == cluster,
+                ExperimentRow.config_key == config_key,
+                ExperimentRow.champion_key == champion_key,
+                ExperimentRow.kind == str(Kind.CANDIDATE),
+                ExperimentRow.status.is_not(None),
+                ExperimentRow.status != str(Status.VETOED),
+            )
+        )
+        with self._session() as s:
+            return int(s.scalar(query) or 0)
 
     def set_state(self, experiment_id: int, state: State) -> None:
         """Move an undecided experiment to ``state``.

@@ -60,8 +60,11 @@ class Intake:
         )
 
     def experiment(self, rnd: RoundRecord, p: ProposalRecord) -> ExperimentRecord:
-        """The experiment of an approved proposal, recorded."""
-        e = self._add(rnd, p, "({source})")
+        """The experiment of an approved proposal, recorded. A change decided before under the
+        same champion (a second look: one the verdict stopped for want of boots) says which
+        look it is, in its description and so everywhere it is shown: ``(optuna, second
+        look)``."""
+        e = self._add(rnd, p, "({source}{look})")
         crashpoint("experiment.recorded")
         return e
 
@@ -123,12 +126,20 @@ class Intake:
                 )
             )
         enabling = change.enabling
-        told = how.format(source=p.source, decided_by=p.decided_by, reason=p.reason or "")
+        config = champion.config.apply(change)
+        look = (
+            ""
+            if "{look}" not in how
+            else look_words(self.ledger.looks_at(self.cluster, config.key, champion.config.key))
+        )
+        told = how.format(
+            source=p.source, decided_by=p.decided_by, reason=p.reason or "", look=look
+        )
         return self.ledger.add_experiment(
             cluster=self.cluster,
             round_id=rnd.id,
             kind=Kind.CANDIDATE,
-            config=champion.config.apply(change),
+            config=config,
             champion_key=champion.config.key,
             champion_objective=champion.objective,
             proposal_id=p.id,
@@ -137,6 +148,18 @@ class Intake:
             description=f"{change.describe()} {told}".strip(),
             coupled=None if enabling is None else (enabling.knob, enabling.new),
         )
+
+
+_ORDINALS = ("second", "third", "fourth", "fifth", "sixth", "seventh", "eighth", "ninth")
+
+
+def look_words(earlier: int) -> str:
+    """What a change's description says of its ``earlier`` looks under the same champion:
+    nothing for a first look, ``, second look`` for the next, then ``, third look``…"""
+    if earlier <= 0:
+        return ""
+    nth = _ORDINALS[earlier - 1] if earlier <= len(_ORDINALS) else f"look {earlier + 1}"
+    return f", {nth} look" if earlier <= len(_ORDINALS) else f", {nth}"
 
 
 def _as_proposed(p: ProposalRecord) -> Change:
