@@ -39,10 +39,7 @@ def proposals_list(
     if not rows:
         typer.echo("no pending proposals")
     for p in rows:
-        typer.echo(
-            f"{p.id}\t{p.status}\t{p.change.describe().replace(' → ', ' -> ')}"
-            f"\t{p.source}\t{p.hypothesis}"
-        )
+        typer.echo(f"{p.id}\t{p.status}\t{p.change.describe()}\t{p.source}\t{p.hypothesis}")
 
 
 @proposals_app.command("approve")
@@ -78,10 +75,11 @@ def proposals_veto(
 
 
 def _target(p: ProposalRecord) -> str:
-    """``knob -> value``, and ``+ knob -> value`` for a coupled move's enabling knob."""
+    """``knob → value``, and ``+ knob → value`` for a coupled move's enabling knob (the arrow
+    the rest of the CLI prints)."""
     from knobs.spec import as_text
 
-    text = f"{p.knob} -> {as_text(p.new_value)}"
+    text = f"{p.knob} → {as_text(p.new_value)}"
     if p.coupled_knob is not None and p.coupled_new is not None:
-        text += f" + {p.coupled_knob} -> {as_text(p.coupled_new)}"
+        text += f" + {p.coupled_knob} → {as_text(p.coupled_new)}"
     return text
