@@ -118,3 +118,37 @@ def test_every_help_text_reads_as_prose_without_markup_or_source_line_breaks(
     assert "or add them to an Optuna study (with --optuna-storage): one trial each" in shown
     assert "GPU-hours went, the champion's launcher diff" in shown
     assert "become placeholders. The profile is rendered back" in shown
+
+
+def test_a_number_range_in_help_is_never_folded_mid_number(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On an 80-column terminal every option's or argument's range (``--seed``'s, an ID's)
+    shows on one line of its ``--help``: an ID's upper bound, the ledger's 2**63 - 1, was shown
+    as ``[0<=x<=92233720368547758`` on one line and ``07]`` on the next."""
+    monkeypatch.setenv("COLUMNS", "80")
+    checked = []
+    for path, command in walk(get_command(app)):
+        for param in getattr(command, "params", []):
+            shown = getattr(param, "_get_number_range_help_str", lambda: None)()
+            if shown is None:
+                continue
+            assert run([*path, "--help"]) == 0
+            lines = capsys.readouterr().out.splitlines()
+            where = " ".join(("orchestrate", *path, param.name))
+            assert any(f"[{shown}]" in line for line in lines), (where, shown)
+            checked.append(where)
+    assert "orchestrate round seed" in checked and "orchestrate proposals approve proposal_id" in (
+        checked
+    )
+
+
+def test_export_help_says_a_directory_is_taken_and_must_exist(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("COLUMNS", "300")
+    assert run(["export", "--help"]) == 0
+    shown = " ".join(capsys.readouterr().out.replace("│", " ").split())
+    assert "orchestrate export [OPTIONS] [PATH]" in shown
+    assert "to PATH (a file, or into a directory that exists)" in shown
+    assert "a directory, which must exist, to write its results.tsv" in shown

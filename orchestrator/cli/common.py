@@ -64,6 +64,17 @@ VetoReason = Annotated[
 ID_MAX = 2**63 - 1
 
 
+def in_ledger(value: int | None) -> int | None:
+    """An ID's or a seed's callback: past ``ID_MAX`` is a usage error. It stands for typer's
+    ``max=ID_MAX``, which ``--help`` would show as ``[0<=x<=9223372036854775807]``, a token
+    wider than its column, folded mid-number; without it the column reads ``[x>=0]``."""
+    if value is not None and value > ID_MAX:
+        raise typer.BadParameter(
+            f"Input should be less than or equal to {ID_MAX} (the largest integer the ledger holds)"
+        )
+    return value
+
+
 def readable(doc: str) -> str:
     """A command's docstring as its ``--help`` shows it: typer's rich help keeps a docstring's
     line breaks (a sentence broken where the source wrapped it, at any terminal width), so each

@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from orchestrator.cli.common import ID_MAX, JsonOpt, ProfileOpt, opened, out, reading
+from orchestrator.cli.common import JsonOpt, ProfileOpt, in_ledger, opened, out, reading
 
 experiments_app = typer.Typer(
     help="One experiment's record, and a change a stopped round left undecided.",
@@ -22,7 +22,7 @@ experiments_app = typer.Typer(
 @experiments_app.command("show")
 def experiments_show(
     experiment_id: Annotated[
-        int, typer.Argument(min=1, max=ID_MAX, help="the experiment's ID (results.tsv's)")
+        int, typer.Argument(min=1, callback=in_ledger, help="the experiment's ID (results.tsv's)")
     ],
     profile: ProfileOpt = None,
     as_json: JsonOpt = False,
@@ -51,7 +51,7 @@ def experiments_show(
 @experiments_app.command("veto")
 def experiments_veto(
     experiment_id: Annotated[
-        int, typer.Argument(min=1, max=ID_MAX, help="the undecided experiment's ID")
+        int, typer.Argument(min=1, callback=in_ledger, help="the undecided experiment's ID")
     ],
     reason: Annotated[str, typer.Option("--reason", help="why (shown to every proposer)")],
     profile: ProfileOpt = None,

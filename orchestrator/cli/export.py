@@ -22,7 +22,10 @@ def export(
     path: Annotated[
         str | None,
         typer.Argument(
-            help="file to write, a folder (its results.tsv), or - for stdout (default: results.tsv)"
+            metavar="PATH",
+            help="a file to write; a directory, which must exist, to write its results.tsv (a "
+            "path ending in / that is not there is refused); or - for stdout (default: "
+            "results.tsv)",
         ),
     ] = None,
     optuna_storage: Annotated[
@@ -40,8 +43,9 @@ def export(
     ] = None,
     profile: ProfileOpt = None,
 ) -> None:
-    """Write results.tsv: one row per decided experiment, oldest first; or add them to an
-    Optuna study (with --optuna-storage): one trial each, a re-export adds the new ones."""
+    """Write results.tsv: one row per decided experiment, oldest first, to PATH (a file, or
+    into a directory that exists); or add them to an Optuna study (with --optuna-storage): one
+    trial each, a re-export adds the new ones."""
     from agents.study_export import export_study
     from ledger import tsv_text
     from orchestrator.profile import load_profile

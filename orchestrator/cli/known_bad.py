@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from orchestrator.cli.common import ID_MAX, JsonOpt, ProfileOpt, opened
+from orchestrator.cli.common import JsonOpt, ProfileOpt, in_ledger, opened
 
 if TYPE_CHECKING:
     from orchestrator.known_bad import BarredRegion
@@ -93,7 +93,8 @@ def _row(r: BarredRegion) -> tuple[str, ...]:
 @known_bad_app.command("clear")
 def known_bad_clear(
     experiment_id: Annotated[
-        int, typer.Argument(min=1, max=ID_MAX, help="the ID of the experiment that barred it")
+        int,
+        typer.Argument(min=1, callback=in_ledger, help="the ID of the experiment that barred it"),
     ],
     reason: Annotated[str, typer.Option("--reason", help="why it is cleared (recorded)")],
     profile: ProfileOpt = None,

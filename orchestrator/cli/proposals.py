@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from orchestrator.cli.common import ID_MAX, JsonOpt, ProfileOpt, VetoReason, opened
+from orchestrator.cli.common import JsonOpt, ProfileOpt, VetoReason, in_ledger, opened
 
 if TYPE_CHECKING:
     from ledger import ProposalRecord
@@ -17,7 +17,7 @@ proposals_app = typer.Typer(
     help="Proposals waiting for a person (--approve queue).", no_args_is_help=True
 )
 
-ProposalId = Annotated[int, typer.Argument(min=1, max=ID_MAX, help="the proposal's ID")]
+ProposalId = Annotated[int, typer.Argument(min=1, callback=in_ledger, help="the proposal's ID")]
 
 
 @proposals_app.command("list")

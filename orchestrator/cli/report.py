@@ -7,12 +7,13 @@ from typing import Annotated
 
 import typer
 
-from orchestrator.cli.common import ID_MAX, ProfileOpt, opened
+from orchestrator.cli.common import ProfileOpt, in_ledger, opened
 
 
 def report(
     round_id: Annotated[
-        int | None, typer.Option("--round", min=1, max=ID_MAX, help="the round (default: the last)")
+        int | None,
+        typer.Option("--round", min=1, callback=in_ledger, help="the round (default: the last)"),
     ] = None,
     out: Annotated[
         Path | None,

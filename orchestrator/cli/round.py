@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from orchestrator.cli.common import ID_MAX, JsonOpt, ProfileOpt, completes, opened, out
+from orchestrator.cli.common import JsonOpt, ProfileOpt, completes, in_ledger, opened, out
 from orchestrator.errors import OrchestrateError, UsageError
 from orchestrator.profile_names import ApproveMode, ProposerKind
 
@@ -63,7 +63,9 @@ def round_(
     ] = None,
     seed: Annotated[
         int | None,
-        typer.Option(min=0, max=ID_MAX, help="the proposer's seed (default: the profile's)"),
+        typer.Option(
+            min=0, callback=in_ledger, help="the proposer's seed (default: the profile's)"
+        ),
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
