@@ -35,6 +35,7 @@ from cluster.launcher import (
     start_command,
     stop_command,
 )
+from cluster.ports import keep_ports
 from cluster.preflight import Preflight
 from cluster.transport import Transport, check
 from knobs.config import Config
@@ -342,6 +343,7 @@ class Deployer:
                 f"{node.workdir}/{SCRIPT}", launchers[node.rank].script, mode=0o755
             )
 
+        keep_ports(self.cluster)  # the pair these engines take, for the commands after
         self._progress("uploading launchers")
         self._parallel(self.cluster.nodes, upload)
         order: list[int] = []

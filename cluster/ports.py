@@ -8,7 +8,9 @@ something listens on either port the next pair is taken, and the choice is writt
 ``cluster.ports`` in the head's workdir, so every later command (a resume, ``bench``,
 ``cluster down``) finds the same pair even while this cluster's own engine holds it. Delete
 that file to choose again. For a head reached over SSH the derived pair is used as it is
-(the round's port check refuses a taken one with a line).
+(the round's port check refuses a taken one with a line). The file is written by the deploy
+that starts the engines (``keep_ports``), never by loading the profile: a command that only
+reads (``status``, ``cluster status``, ``report``) leaves the folder as it found it.
 """
 
 from __future__ import annotations
@@ -76,7 +78,19 @@ def resolve_auto_ports(cluster: ClusterSpec) -> ClusterSpec:
                 ),
                 pair,
             )
-            with contextlib.suppress(OSError):  # unwritable: the same choice is made next time
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_text(f"{pair[0]} {pair[1]}\n")
     return cluster.model_copy(update={"port": pair[0], "master_port": pair[1]})
+
+
+def keep_ports(cluster: ClusterSpec) -> None:
+    """Write the pair ``cluster`` runs on to its ``cluster.ports`` (a ``port: auto`` cluster
+    whose head is local, where none is kept yet), before its engines take the pair: later
+    commands then find it while those engines hold it."""
+    head = cluster.head
+    if not cluster.auto_ports or head.transport != "local":
+        return
+    path = Path(head.workdir) / PORTS_FILE
+    if _kept(path) is not None:
+        return
+    with contextlib.suppress(OSError):  # unwritable: the same choice is made next time
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"{cluster.port} {cluster.master_port}\n")

@@ -59,6 +59,8 @@ def test_a_reading_command_says_there_is_no_ledger_and_creates_none(
     ]
     assert out == ""
     assert not (tmp_path / "results.tsv").exists()
+    # loading the profile chose the cluster's ports; only a deploy keeps them in a file
+    assert not (tmp_path / ".orchestrate").exists(), "no node workdir created"
     if ledger_url.startswith("sqlite"):
         assert not (tmp_path / "ledger.db").exists(), "no SQLite file created"
     else:
@@ -80,3 +82,22 @@ def test_a_round_still_creates_the_ledger_a_reader_then_reads(
     assert run(["proposals", "list"]) == 0
     out, _ = capsys.readouterr()
     assert out.strip() == "no pending proposals"
+
+
+def test_cluster_status_in_an_empty_folder_creates_nothing_and_says_nothing_was_deployed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``cluster status`` reads the nodes, not the ledger: in a folder the embedded cluster
+    was never deployed from, each node is stopped, the folder is said to hold no deployment,
+    and nothing is written (it wrote the head's ``cluster.ports``)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("ORCHESTRATE_LEDGER", raising=False)
+    assert run(["cluster", "status"]) == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines() == [
+        *(f"node-{rank} (127.0.0.1): stopped" for rank in range(4)),
+        "nothing was deployed here (.orchestrate/twin/node-0 is not there): `orchestrate "
+        "cluster up` deploys the champion, `orchestrate round` runs a round; a cluster "
+        "deployed from another folder is seen from that folder",
+    ], err
+    assert list(tmp_path.iterdir()) == []

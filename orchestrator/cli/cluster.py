@@ -282,9 +282,32 @@ def cluster_status(profile: ProfileOpt = None) -> None:
             err = reached[node.rank]
             state = err.message if err else ("running" if deployer.alive(node) else "stopped")
             typer.echo(f"{node.name} ({node.host}): {state}")
+    if not any(reached.values()):
+        note = _never_deployed(prof)
+        if note:
+            typer.echo(note)
     failed = [e for _, e in sorted(reached.items()) if e is not None]
     if failed:
         raise failed[0]
+
+
+def _never_deployed(prof: Profile) -> str | None:
+    """The line for a cluster of local nodes none of which has its workdir (nothing was ever
+    deployed from this folder: the embedded cluster lives in the folder it was deployed
+    from), or None. Reading creates nothing, so the folder stays as it was."""
+    import os
+    from pathlib import Path
+
+    nodes = prof.cluster.nodes
+    if any(n.transport != "local" or Path(n.workdir).exists() for n in nodes):
+        return None
+    head = prof.cluster.head.workdir
+    shown = os.path.relpath(head) if head.startswith(os.getcwd() + os.sep) else head
+    return (
+        f"nothing was deployed here ({shown} is not there): `orchestrate cluster up` deploys "
+        "the champion, `orchestrate round` runs a round; a cluster deployed from another "
+        "folder is seen from that folder"
+    )
 
 
 def _owned(
