@@ -45,8 +45,10 @@ TAG_ROUND_STARTED = "orchestrate.round_started"
 _PARENT = "mlflow.parentRunId"
 _EXPERIMENT = "orchestrate.experiment"
 _REMEASURE = "remeasure.objective"
-#: How a decided experiment's run ends, by its status.
-_ENDED = {Status.CRASH: "FAILED", Status.VETOED: "KILLED"}
+#: How a decided experiment's run ends, by its status: a crash ``FAILED``, every other
+#: ``FINISHED``. A veto too: it is a person's decision, not a failure, and MLflow's UI reads
+#: ``KILLED`` as a run killed or crashed; its ``status`` tag and its name say ``vetoed``.
+_ENDED = {Status.CRASH: "FAILED"}
 
 
 class RunLog:
@@ -229,14 +231,15 @@ class RunLog:
         )
 
     def vetoed(self, run_id: str | None, e: ExperimentRecord, reason: str) -> None:
-        """A vetoed proposal's run: tagged and ended without a boot."""
+        """A vetoed proposal's run: tagged ``status: vetoed`` with the reason, and ended
+        ``FINISHED`` without a boot (a person's decision, not a failure)."""
         if run_id is not None:
             self.mirror.write(lambda: self._vetoed(run_id, e, reason))
 
     def _vetoed(self, run_id: str, e: ExperimentRecord, reason: str) -> None:
         self.sink.set_tags(run_id, {"status": Status.VETOED, "veto_reason": reason})
         self.sink.rename(run_id, self._name(e, Status.VETOED))
-        self.sink.finish(run_id, "KILLED")
+        self.sink.finish(run_id, _ENDED.get(Status.VETOED, "FINISHED"))
 
     def crashed(self, run_id: str | None, e: ExperimentRecord, err: NodeError) -> None:
         """A crashed experiment's run: the failure's evidence, tagged, ended as failed."""

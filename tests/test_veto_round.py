@@ -190,7 +190,8 @@ def test_queue_waits_while_another_process_vetoes_then_approves(
     assert reason in row["description"]
     client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
     run = client.get_run(vetoed["mlflow_run_id"])
-    assert run.data.tags["status"] == "vetoed"
+    # a person's decision, not a failure: FINISHED (MLflow's UI shows KILLED as a kill)
+    assert (run.info.status, run.data.tags["status"]) == ("FINISHED", "vetoed")
     assert run.data.tags["veto_reason"] == reason
 
     # the next proposal was made knowing the veto
@@ -261,7 +262,19 @@ def test_the_queue_timeout_vetoes_then_pauses_and_the_round_resumes(workdir: Pat
     with Ledger(os.environ["ORCHESTRATE_LEDGER"]) as ledger:
         prof = load_profile(str(workdir / "profile.yaml"), base_dir=workdir)
         numbers = report_summary(collect(prof, ledger, 1))
+        parent = ledger.round(1).mlflow_run_id
+        children = [e.mlflow_run_id for e in ledger.experiments(round_id=1)]
     assert (numbers["experiments"], numbers["vetoed"]) == (1.0, 2.0)
+    # as MLflow has them: the parent's counts, and each veto's run ended FINISHED, not KILLED
+    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    assert parent is not None
+    logged = client.get_run(parent).data.metrics
+    assert (logged["experiments"], logged["vetoed"]) == (1.0, 2.0)
+    ended = [client.get_run(c) for c in children if c is not None]
+    assert [(r.data.tags["status"], r.info.status) for r in ended][1:3] == [
+        ("vetoed", "FINISHED"),
+        ("vetoed", "FINISHED"),
+    ]
 
 
 def test_a_bare_resume_runs_the_round_as_it_started_and_a_flag_given_runs_it_its_way(
