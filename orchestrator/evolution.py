@@ -190,7 +190,8 @@ def knob_changes(space: KnobSpace, ledger: Ledger, cluster: str, *, record: bool
     if previous is None:
         added, removed, was = fitted.added, fitted.removed, dict(champion.config)
     else:
-        added = [k for k in space.names if k not in previous.names]
+        # a knob a later release recorded and this one cannot read was not gained
+        added = [k for k in space.names if k not in (*previous.names, *previous.unread_knobs)]
         removed = [k for k in previous.names if k not in space.names]
         was = {**_fitted(previous, ledger, cluster, experiment), **champion.config}
     if added:  # each as the champion ran it, else from the champion it was changed from

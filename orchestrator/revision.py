@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -31,6 +33,7 @@ from knobs.vocabulary import EventKind
 from ledger import EventRecord, Ledger
 from orchestrator.measurements import cell_diff
 from orchestrator.profile import Profile
+from orchestrator.salvage import salvaged
 
 #: The sections ``differences`` says in words of their own (a knob space comes from the
 #: catalog, ``untuned`` and ``knobs``); the others are named when their digest moved.
@@ -57,6 +60,11 @@ class Revision(BaseModel):
     sections: dict[str, str] = {}
     #: the id of the event that recorded it (0: not recorded)
     event: int = 0
+    #: what of the record this release could not read (a later release's fields), in words:
+    #: ``knob foo's render.shape``, ``knob bar``; the rest is read (``salvaged``)
+    unread: tuple[str, ...] = ()
+    #: the knobs recorded whose spec could not be read at all: neither added nor removed
+    unread_knobs: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, profile: Profile) -> Revision:
@@ -74,10 +82,34 @@ class Revision(BaseModel):
 
     @classmethod
     def read(cls, event: EventRecord) -> Revision | None:
-        """The revision ``event`` recorded; ``None`` where it cannot be read (a later
-        release's knob fields)."""
+        """The revision ``event`` recorded. Where a later release recorded fields this one
+        does not know, what it can read, and ``unread`` says what it could not; ``None`` only
+        where not even its name and digest can be read."""
         try:
             return cls.model_validate({**event.detail, "event": event.id})
+        except ValidationError:
+            return cls._partly(event)
+
+    @classmethod
+    def _partly(cls, event: EventRecord) -> Revision | None:
+        detail = event.detail
+        knobs = _read(KnobSpec, detail.get("knobs"), "knob")
+        forbidden = _read(ForbiddenCombination, detail.get("forbidden"), "forbidden combination")
+        cells = _read(CellSpec, detail.get("cells"), "cell")
+        objective, sections = detail.get("objective"), detail.get("sections")
+        try:
+            return cls(
+                name=detail.get("name"),
+                digest=detail.get("digest"),
+                knobs=tuple(knobs.read),
+                forbidden=tuple(forbidden.read),
+                cells=tuple(cells.read),
+                objective=objective if isinstance(objective, dict) else {},
+                sections=sections if isinstance(sections, dict) else {},
+                event=event.id,
+                unread=(*knobs.unread, *forbidden.unread, *cells.unread),
+                unread_knobs=tuple(knobs.lost),
+            )
         except ValidationError:
             return None
 
@@ -92,6 +124,40 @@ class Revision(BaseModel):
             return KnobSpace(knobs=self.knobs, forbidden=self.forbidden)
         except ValueError:
             return None
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+@dataclass
+class _Read(Generic[M]):
+    """What ``_read`` read of a list of records, what it could not (in words), and the names
+    of the records it could not read at all."""
+
+    read: list[M] = field(default_factory=list)
+    unread: list[str] = field(default_factory=list)
+    lost: list[str] = field(default_factory=list)
+
+
+def _read(model: type[M], value: object, what: str) -> _Read[M]:
+    """The ``model`` records of list ``value`` this release can read (``salvaged``); ``what``:
+    the word for one of them (``knob``)."""
+    out: _Read[M] = _Read()
+    for raw in value if isinstance(value, list) else []:
+        name = raw.get("name") if isinstance(raw, dict) else None
+        label = f"{what} {name}" if isinstance(name, str) else f"a {what}"
+        item, left = salvaged(model, raw)
+        if item is None:
+            out.unread.append(label)
+            out.lost += [name] if isinstance(name, str) else []
+        else:
+            out.read.append(item)
+            out.unread += [f"{label}'s {_and(left)}"] if left else []
+    return out
+
+
+def _and(words: list[str]) -> str:
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} and {words[-1]}"
 
 
 def _digest(value: object) -> str:
@@ -130,7 +196,7 @@ def record(ledger: Ledger, cluster: str, profile: Profile) -> Revision:
     if previous is not None and previous.digest == profile.digest:
         return previous
     now = Revision.of(profile)
-    detail = now.model_dump(mode="json", exclude={"event"})
+    detail = now.model_dump(mode="json", exclude={"event", "unread", "unread_knobs"})
     event = ledger.add_event(
         cluster,
         EventKind.PROFILE_REVISED,
@@ -149,9 +215,11 @@ def differences(old: Revision, new: Revision) -> list[str]:
     out += [
         f"knob {k.name} added ({k.describe_domain()}, default {as_text(k.default)})"
         for k in new.knobs
-        if k.name not in olds
+        if k.name not in olds and k.name not in old.unread_knobs
     ]
-    out += [f"knob {name} removed" for name in olds if name not in news]
+    out += [
+        f"knob {name} removed" for name in olds if name not in news and name not in new.unread_knobs
+    ]
     for name, n in news.items():
         o = olds.get(name)
         if o is not None:
@@ -180,6 +248,12 @@ def differences(old: Revision, new: Revision) -> list[str]:
     )
     if other and old.sections:
         out.append(f"{', '.join(other)} changed")
+    unread = (*old.unread, *(u for u in new.unread if u not in old.unread))
+    if unread:
+        out.append(
+            f"not read, as a later release recorded it: {', '.join(unread)} (the ledger keeps "
+            "it as written)"
+        )
     return out
 
 

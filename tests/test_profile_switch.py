@@ -112,3 +112,42 @@ def test_a_knob_dropped_and_put_back_is_recorded_both_ways_each_time(tmp_path: P
         )
     shown, _ = run_round(tmp_path, 1)  # nothing changed since: nothing said or recorded
     assert "foo" not in shown and len(knob_events(tmp_path)) == 3
+
+
+def test_a_profile_a_later_release_recorded_is_read_as_far_as_it_can_be(
+    tmp_path: Path,
+) -> None:
+    """A later release ran the cluster and recorded its profile with knob fields this release
+    does not know (a new field on K's spec and on its render, a knob of a type this release
+    lacks, a new cell field). Before, the whole record was skipped: the round compared its
+    profile with the one before it, said nothing had changed, and did not record that the
+    cluster ran under its profile again. Now what can be read is kept, the line says in words
+    what could not, and no knob is said added or removed for what was not read."""
+    run_round(tmp_path, 1)
+    with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
+        [ours] = ledger.events("evolving", EventKind.PROFILE_REVISED)
+        detail: dict[str, Any] = dict(ours.detail)
+        knobs = [dict(k) for k in detail["knobs"]]
+        [i] = [n for n, k in enumerate(knobs) if k["name"] == K]
+        knobs[i] = {**knobs[i], "log_scale": True, "render": {**knobs[i]["render"], "shape": 2}}
+        knobs.append({**knobs[i], "name": "bar", "type": "float_log"})
+        cells = [{**c, "warmup_policy": "adaptive"} for c in detail["cells"]]
+        later = {**detail, "knobs": knobs, "cells": cells, "digest": "f" * 64, "future": 1}
+        ledger.add_event(
+            "evolving", EventKind.PROFILE_REVISED, subject="f" * 64, detail=later, reason="later"
+        )
+    shown, _ = run_round(tmp_path, 1)
+    said = " ".join(shown.split())
+    assert (
+        "the profile changed since evolving last ran (p): not read, as a later release recorded "
+        f"it: knob {K}'s render.shape and log_scale, knob bar, cell code-c1's warmup_policy (the "
+        "ledger keeps it as written)"
+    ) in said, said
+    assert (
+        " added" not in said and " removed" not in said and "no longer in the profile" not in (said)
+    )
+    with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
+        recorded = ledger.events("evolving", EventKind.PROFILE_REVISED)
+        assert [e.detail["digest"] for e in recorded] == [ours.subject, "f" * 64, ours.subject]
+        assert recorded[1].detail == later, "the later release's record is kept as written"
+        assert knob_events(tmp_path) == []
