@@ -5,9 +5,12 @@ round killed outright (kill -9, a crash, the host lost) records nothing as it di
 way the same command resumes it, and each resume records a ``round-resumed`` event
 (``record``) with the boots the run before it left open, which the resume then closes as
 ``interrupted`` (``boot.Booter.stop_stale``). So the report can say that the round was
-interrupted, when it went on, and what each boot left open came to (``of_round``). A round
-resumed by a release from before resumes were recorded has only those closed boots to show
-for it: each batch of them is one resume, said as inferred.
+interrupted, when it went on, and what each boot left open came to (``of_round``). A resume
+killed before it closed them leaves them open for the next resume, which records them again:
+each is said once, as left by the run that left it, and the next resume as the one that
+closed it (``Resume.closed_for``). A round resumed by a release from before resumes were
+recorded has only those closed boots to show for it: each batch of them is one resume, said
+as inferred.
 """
 
 from __future__ import annotations
@@ -89,6 +92,10 @@ class Resume:
     #: recorded, a resume of a release from before, or inferred)
     proposer: str | None = None
     approve: str | None = None
+    #: boots an earlier resume found left open and was killed before it closed: this one
+    #: closed them (boot id → when that earlier resume began). Each boot a run left open is
+    #: listed once, in ``left_open`` of the first resume that found it.
+    closed_for: dict[int, datetime] = field(default_factory=dict)
 
 
 def of_round(ledger: Ledger, rnd: RoundRecord) -> list[Resume]:
@@ -123,6 +130,7 @@ def of_round(ledger: Ledger, rnd: RoundRecord) -> list[Resume]:
     order = sorted(range(len(found)), key=lambda i: found[i][0])
     out: list[Resume] = []
     since = rnd.started_at
+    listed: dict[int, datetime] = {}  # each boot listed so far, by when its resume began
     for i in order:
         (at, left), (proposer, approve) = found[i], ran[i]
         before = [s for s in stops if since <= s.created_at <= at]
@@ -130,12 +138,16 @@ def of_round(ledger: Ledger, rnd: RoundRecord) -> list[Resume]:
             Resume(
                 at=at,
                 stop=before[-1] if before else None,
-                left_open=[_came_to(b, cells[b.id], boots.values()) for b in left],
+                left_open=[
+                    _came_to(b, cells[b.id], boots.values()) for b in left if b.id not in listed
+                ],
                 recorded=recorded[i],
                 proposer=proposer,
                 approve=approve,
+                closed_for={b.id: listed[b.id] for b in left if b.id in listed},
             )
         )
+        listed.update({b.id: at for b in left if b.id not in listed})
         since = at
     return out
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Mapping
+from datetime import datetime
 from html import escape
 
 from knobs.spec import as_text
@@ -165,7 +166,7 @@ def _interruptions(data: ReportData) -> str:
             f"{escape(stop.line)}; {went_on}</li>"
         )
     for r in data.resumes:
-        if r.stop is not None and not r.left_open:
+        if r.stop is not None and not r.left_open and not r.closed_for:
             continue  # its stop's item says when it went on
         if r.stop is None:
             how = (
@@ -180,6 +181,8 @@ def _interruptions(data: ReportData) -> str:
         else:
             how = f"resumed at {utc_minute(r.at)} after the stop at {utc_minute(r.stop.created_at)}"
         left = "".join(f"<li>{escape(b.words())}</li>" for b in r.left_open)
+        if r.closed_for:
+            how += f". It closed {_closed_for(r.closed_for)}"
         if r.left_open:
             how += ". The run before it had left open:"
         items.append(f"<li>{escape(how)}{f'<ul>{left}</ul>' if left else ''}</li>")
@@ -189,6 +192,22 @@ def _interruptions(data: ReportData) -> str:
         f"killed {killed} time(s) without one; it was resumed {len(data.resumes)} time(s).</p>"
     )
     return f"{head}<ul>{''.join(items)}</ul>"
+
+
+def _closed_for(closed: dict[int, datetime]) -> str:
+    """``boot #2 and boot #3, left open before the resume at 06:05 UTC, which was killed
+    before it closed them``: what a resume closed for an earlier, killed one."""
+    by: dict[datetime, list[int]] = {}
+    for boot, at in sorted(closed.items()):
+        by.setdefault(at, []).append(boot)
+    parts = []
+    for at, ids in sorted(by.items()):
+        boots = " and ".join(f"boot #{i}" for i in ids)
+        parts.append(
+            f"{boots}, left open before the resume at {utc_minute(at)}, which was killed before "
+            f"it closed {'it' if len(ids) == 1 else 'them'}"
+        )
+    return "; ".join(parts)
 
 
 def _champion(data: ReportData) -> str:
