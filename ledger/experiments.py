@@ -33,9 +33,11 @@ class Experiments(LedgerBase):
         description: str = "",
         state: State = State.APPROVED,
         coupled: tuple[str, Value] | None = None,
+        parent: int | None = None,
     ) -> ExperimentRecord:
         """Record an experiment that is about to run (or a vetoed one, state ``decided``);
-        ``coupled``: a coupled move's enabling knob and its new value."""
+        ``coupled``: a coupled move's enabling knob and its new value; ``parent``: a change's
+        parent, the experiment of the champion it was proposed against."""
         with self._session() as s:
             row = ExperimentRow(
                 cluster=cluster,
@@ -50,6 +52,7 @@ class Experiments(LedgerBase):
                 value=dump_value(value),
                 coupled_knob=None if coupled is None else coupled[0],
                 coupled_value=None if coupled is None else dump_value(coupled[1]),
+                parent_experiment_id=parent,
                 description=description,
                 state=str(state),
             )

@@ -21,7 +21,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 #: The schema's number: the newest Alembic revision of ``ledger/migrations`` as an int, bumped
 #: with each new revision. ``alembic_version`` is the truth; the ``schema_version`` row mirrors
 #: this, so that an orchestrate from before the revisions refuses a newer ledger.
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 
 def utcnow() -> datetime:
@@ -131,6 +131,9 @@ class ExperimentRow(Base):
     # a coupled move's enabling knob and its new value (JSON); NULL otherwise; schema 4
     coupled_knob: Mapped[str | None] = mapped_column(String(64))
     coupled_value: Mapped[str | None] = mapped_column(Text)
+    # a change's parent: the champion's experiment it was proposed against; NULL for a
+    # baseline, and for the rows before schema 8 (``evolution.Lineage.parent`` infers theirs)
+    parent_experiment_id: Mapped[int | None] = mapped_column(Integer)
     description: Mapped[str] = mapped_column(Text, default="")
     state: Mapped[str] = mapped_column(String(16), default="approved")
     status: Mapped[str | None] = mapped_column(String(16))

@@ -127,6 +127,10 @@ class ExperimentRecord(_Record):
     #: a coupled move's enabling knob and its new value (``agents.coupled``); else None
     coupled_knob: str | None = None
     coupled_value: Value | None = None
+    #: a change's parent, the champion's experiment it was proposed against, as recorded
+    #: (schema 8); None for a baseline and for a row an older release wrote: read parents
+    #: through ``evolution.Lineage.parent``, which infers those
+    parent_experiment_id: int | None = None
 
     @property
     def label(self) -> str | None:

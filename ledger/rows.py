@@ -152,6 +152,7 @@ def experiment_record(row: ExperimentRow) -> ExperimentRecord:
         value=load_value(row.value),
         coupled_knob=row.coupled_knob,
         coupled_value=load_value(row.coupled_value),
+        parent_experiment_id=row.parent_experiment_id,
         description=row.description,
         state=row.state,
         status=row.status,

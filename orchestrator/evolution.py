@@ -59,10 +59,11 @@ class Lineage:
     """A cluster's experiments fitted to a knob space, each change from its parent: the
     champion it was proposed against.
 
-    A cluster runs one experiment at a time (the lease), and a change is recorded against the
-    champion of the moment, so a change's parent is the last champion kept before it was
-    recorded: the champion row of the largest experiment id below its own. A baseline has
-    none."""
+    A change records its parent as it is recorded (``parent_experiment_id``, schema 8). A
+    change an older release recorded has none stored, and its parent is inferred: a cluster
+    runs one experiment at a time (the lease), and a change is recorded against the champion
+    of the moment, so its parent is the last champion kept before it was recorded, the
+    champion row of the largest experiment id below its own. A baseline has none."""
 
     def __init__(
         self,
@@ -106,6 +107,10 @@ class Lineage:
         a baseline."""
         if e.kind != Kind.CANDIDATE:
             return None
+        if e.parent_experiment_id is not None:
+            stored = self._experiment(e.parent_experiment_id)
+            if stored is not None:
+                return stored
         at = bisect_left(self._champions, e.id)
         return None if at == 0 else self._experiment(self._champions[at - 1])
 

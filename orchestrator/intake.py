@@ -147,6 +147,7 @@ class Intake:
             value=change.new,
             description=f"{change.describe()} {told}".strip(),
             coupled=None if enabling is None else (enabling.knob, enabling.new),
+            parent=champion.experiment_id,
         )
 
 

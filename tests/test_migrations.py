@@ -31,6 +31,7 @@ from knobs.vocabulary import BootRole, BootStatus, EventKind, Kind, Status
 from ledger import Ledger, LedgerError, LedgerNotReady, VerdictRecord, reading, tsv_text
 from ledger.models import SCHEMA_VERSION, Base, SchemaRow
 from ledger.schema import head, scripts
+from orchestrator.evolution import Lineage
 from orchestrator.measurements import changed_cells, read_measurements
 from orchestrator.profile import load_profile
 from tests.fixtures.cli import orchestrate
@@ -404,6 +405,41 @@ def test_a_schema7_ledger_keeps_each_readings_cell_definition_and_sets_the_old_a
     assert done.returncode == 0, done.stderr
     said = " ".join(done.stdout.split())
     assert "cell code-c1 changed since it was last measured (concurrency 2 → 1)" in said, said
+
+
+def test_a_schema7_ledgers_changes_have_their_parents_inferred_and_a_new_one_stores_its_own(
+    tmp_path: Path,
+) -> None:
+    """Schema 8 stores each change's parent (``experiment.parent_experiment_id``). A schema 7
+    ledger's changes have none: each reads NULL, and its parent is inferred as before (the
+    baseline, the only champion); a change recorded after the upgrade stores its own."""
+    url, _ = _upgraded_release("schema7", tmp_path)
+    profile = load_profile(str(LEDGERS / "schema7.profile.yaml"))
+    with Ledger(url) as ledger:
+        experiments = ledger.experiments(cluster=CLUSTER)
+        assert [e.parent_experiment_id for e in experiments] == [None] * 4
+        lineage = Lineage.read(profile.space, ledger, CLUSTER, experiments)
+        parents = [lineage.parent(e) for e in experiments]
+        assert [None if p is None else p.id for p in parents] == [None, 1, 1, 1]
+        champion = ledger.champion(CLUSTER)
+        assert champion is not None and champion.experiment_id == 1
+        last = experiments[-1]
+        new = ledger.add_experiment(
+            cluster=CLUSTER,
+            round_id=last.round_id,
+            kind=Kind.CANDIDATE,
+            config=last.config,
+            champion_key=champion.config.key,
+            champion_objective=champion.objective,
+            knob=last.knob,
+            value=last.value,
+            parent=champion.experiment_id,
+        )
+        assert ledger.experiment(new.id).parent_experiment_id == 1
+    # and the release's own reader, the export, is as it was
+    with Ledger(url) as ledger:
+        done = [e for e in ledger.experiments(cluster=CLUSTER) if e.id != new.id]
+        assert tsv_text(done) == (LEDGERS / "schema7.results.tsv").read_text()
 
 
 def test_an_upgraded_ledger_reads_its_one_knob_rows_as_before_and_records_a_coupled_move(
