@@ -67,7 +67,7 @@ class Upgrade:
     def line(self) -> str:
         """One line for a person: what was upgraded and where the copy is."""
         copy = f"; the old file is at {self.backup}" if self.backup else ""
-        return f"upgraded the ledger's schema {self.from_revision} -> {self.to_revision}{copy}"
+        return f"upgraded the ledger's schema {self.from_revision} → {self.to_revision}{copy}"
 
 
 @cache

@@ -47,7 +47,7 @@ def test_an_old_ledger_with_a_grown_profile_resumes_its_champion(tmp_path: Path)
     status = orchestrate(tmp_path, "status", "--profile", str(profile), "--json", env=env)
     assert status.returncode == 0, status.stderr
     # the upgrade is said once, on stderr; stdout stays JSON
-    assert f"upgraded the ledger's schema 0001 -> {head()}" in status.stderr
+    assert f"upgraded the ledger's schema 0001 → {head()}" in status.stderr
     assert list(tmp_path.glob("orchestrate.db.*.bak"))
     now = json.loads(status.stdout)
     assert now["champion"]["experiment"] == old["champion"]["experiment"]

@@ -394,7 +394,7 @@ def _launcher_diff(profile: Profile, start: Config | None, end: Config | None) -
     except (ProfileError, KnobError):
         changed = [k for k in end if start.get(k) != end.get(k)]
         return "\n".join(
-            f"{k}: {_text(start.get(k))} -> {_text(end.get(k))}" for k in sorted(changed)
+            f"{k}: {_text(start.get(k))} → {_text(end.get(k))}" for k in sorted(changed)
         )
     return "".join(
         difflib.unified_diff(
