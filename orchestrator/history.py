@@ -285,7 +285,8 @@ def _closed(ledger: Ledger, e: ExperimentRecord) -> bool:
 def guardrail_region(profile: Profile, ledger: Ledger, e: ExperimentRecord) -> KnownBad | None:
     """The region a guardrail discard bars: none, unless the knob declares its guardrail
     monotone (``KnobSpec.monotone_guardrails``: MNBT below a value past the time-to-first-token
-    guardrail). Then that side of the value, with every other knob as it was: the guardrail is
+    guardrail), and the value lies on that side of the champion's (``_past_champion``). Then
+    that side of the value, with every other knob as it was: the guardrail is
     measured against the champion, so the region holds only under the champion it was
     measured against (``holds``). Not a coupled move: it moved another knob too."""
     if e.knob is None or e.coupled_knob is not None or e.knob not in profile.space.names:
@@ -296,7 +297,7 @@ def guardrail_region(profile: Profile, ledger: Ledger, e: ExperimentRecord) -> K
         return None  # asked before the ledger: most discards' knobs declare none
     verdict = ledger.verdict(e.id)
     side = next((s for rule, s in declared if verdict is not None and rule == verdict.rule), None)
-    if verdict is None or side is None:
+    if verdict is None or side is None or not _past_champion(ledger, e, value, side):
         return None
     bound = {e.knob: value}
     return KnownBad(
@@ -306,6 +307,20 @@ def guardrail_region(profile: Profile, ledger: Ledger, e: ExperimentRecord) -> K
         reason=clipped(f"{verdict.rule} against its champion: {verdict.reason}", 200),
         source="guardrail",
     )
+
+
+def _past_champion(ledger: Ledger, e: ExperimentRecord, value: float, side: str) -> bool:
+    """Whether ``value`` lies on ``side`` of the champion's value of the knob (the proposal's
+    old value): a guardrail declared monotone below a value (MNBT's time to first token) says
+    nothing of the values between it and the champion when the discarded value is above the
+    champion, and a bound there would bar the champion's own value. A change with no proposal
+    to read it from is taken as on that side."""
+    if e.proposal_id is None:
+        return True
+    old = ledger.proposal(e.proposal_id).old_value
+    if isinstance(old, bool) or not isinstance(old, int | float):
+        return True
+    return value < old if side == "below" else value > old
 
 
 def holds(region: KnownBad, champion_key: str, current_key: str) -> bool:

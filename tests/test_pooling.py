@@ -321,6 +321,35 @@ def test_a_guardrail_region_lifts_when_the_champion_moves(tmp_path: Path) -> Non
     assert region.region.when[k] == 4
 
 
+def test_a_guardrail_discard_above_the_champion_bars_nothing_below_it(tmp_path: Path) -> None:
+    """MNBT's time-to-first-token guardrail is declared monotone below a value (a smaller
+    batch takes more steps to a first token). A discard of MNBT 9216 above the champion's 7168
+    says nothing of the values below it: it bars no region (a bound of ``<= 9216`` barred the
+    champion's own value and every smaller one, and the round never booted 6144), while 6144's
+    own discard bars ``<= 6144``. The guardrail is set tight (1 %) so that both trip it."""
+    mnbt = "max_num_batched_tokens"
+    data = profile(tmp_path).model_dump(mode="json", exclude_unset=True)
+    data["verdict"] = {"ttft_p90_regression_pct": 1, "ttft_p90_min_increase_ms": 0}
+    prof = Profile.model_validate(data)
+    assert prof.space.default_config().as_dict()[mnbt] == 7168
+    with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
+        RoundRunner(
+            prof,
+            ledger,
+            NullSink(),
+            SimulatedTestbed(load_landscape("far-k"), 0),
+            SweepProposer([{mnbt: 9216}, {mnbt: 6144}]),
+            ApprovalGate(ledger, "auto"),
+            RoundDisplay(Console(file=io.StringIO())),
+        ).run(RoundOptions(budget=2, proposer="sweep", approve="auto", seed=0))
+        judged = [e for e in ledger.experiments() if e.kind == Kind.CANDIDATE]
+        rules = [v.rule if (v := ledger.verdict(e.id)) else None for e in judged]
+        regions = barred_regions(prof, ledger)
+    assert [(e.value, e.status) for e in judged] == [(9216, "discard"), (6144, "discard")]
+    assert rules == ["ttft-guardrail", "ttft-guardrail"]
+    assert [(r.experiment.id, r.region.at_most) for r in regions] == [(judged[1].id, {mnbt: 6144})]
+
+
 def test_a_change_stopped_for_want_of_boots_gets_second_looks_that_count_its_boots(
     tmp_path: Path,
 ) -> None:
