@@ -17,10 +17,12 @@ import httpx
 import pytest
 
 from cluster.bench import smoke
+from cluster.errors import BenchError
 from cluster.metrics import busy_requests, parse_metrics, scrape_metrics
 from cluster.prompts import build_prompt
 from cluster.twin import MASK_EMBEDDING_LINE, models_dir, node
 from cluster.twin.landscape import load_landscape
+from cluster.twin.rendezvous import SILENT_S
 from cluster.twin.serve import rendezvous_window
 from tests.twin_fixtures import (
     HEAD_READY_LINE,
@@ -238,6 +240,38 @@ def test_two_nodes_workers_first_and_the_group_dies_together(
     worker.signal(signal.SIGKILL)
     assert head.wait_exit(timeout=10) != 0
     head.wait_for(r"ERROR .*NCCL error.*lost node rank 1")
+
+
+def test_a_stopped_worker_holds_the_groups_tokens_until_it_is_continued(
+    nodes: TwinNodes,
+) -> None:
+    """A tensor-parallel step is a collective: a worker stopped (SIGSTOP, a suspended host)
+    holds every token of the group, and the head says so as vLLM does ("No available shared
+    memory broadcast block found …"); continued, the group serves again. Nothing dies."""
+    master, port = free_port(), free_port()
+    common: tuple[str, ...] = ("--nnodes", "2", "--master-addr", "127.0.0.1")
+    common += ("--master-port", str(master), "--tensor-parallel-size", "2")
+    worker = nodes.start(
+        serve_argv(extra=(*common, "--node-rank", "1", "--headless")), name="worker"
+    )
+    worker.wait_for(WORKER_READY_LINE)
+    head = nodes.start(serve_argv(port=port, extra=(*common, "--node-rank", "0")), name="head")
+    head.wait_for(HEAD_READY_LINE)
+    url = f"http://127.0.0.1:{port}"
+    assert smoke(url, "glm53", timeout=30).strip()
+    worker.signal(signal.SIGSTOP)
+    try:
+        head.wait_for(
+            rf"WARNING .*No available shared memory broadcast block found in {SILENT_S:g} "
+            r"seconds.*\(node rank 1 has not answered\)",
+            timeout=SILENT_S + 15,
+        )
+        with pytest.raises(BenchError):
+            smoke(url, "glm53", timeout=2)
+    finally:
+        worker.signal(signal.SIGCONT)
+    assert smoke(url, "glm53", timeout=30).strip()
+    assert head.proc.poll() is None and worker.proc.poll() is None
 
 
 def test_workers_exit_when_the_head_goes_away(nodes: TwinNodes) -> None:

@@ -43,6 +43,8 @@ from knobs.records import Category
 #: too little on a loaded 2-core CI machine: a starved client refilled both of two slots later
 #: than that, the engine found itself idle, and a new run (a new noise draw) began mid-cell.
 TURNAROUND_CREDIT_S = 0.5
+#: How often a held engine (a rank of its group stopped) looks again whether it may go on.
+HELD_POLL_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -104,8 +106,11 @@ class Engine:
         boot: int,
         tick_s: float = 0.002,
         clock: Callable[[], float] = time.monotonic,
+        held: Callable[[], bool] | None = None,
     ) -> None:
         self.model = model
+        #: whether the group's steps wait for a rank that is silent (``Head.silent``)
+        self._held = held
         self.base_speed = speed
         self._seed = seed
         self._boot = boot
@@ -228,6 +233,10 @@ class Engine:
     def _loop(self) -> None:
         with self._cond:
             while not self._stop:
+                if self._held is not None and self._held():
+                    # a rank of the group is stopped: no step completes, no token is sent
+                    self._cond.wait(HELD_POLL_S)
+                    continue
                 now = self._clock()
                 if self._heap and now - self._heap[0][0] > LATE_S:
                     # a delivery due this long ago (the client's stall watch's threshold): the

@@ -32,6 +32,13 @@ class RendezvousError(OrchestrateError):
         self.missing = missing
 
 
+#: How often a worker tells its head it is there, and how long a rank may be silent before the
+#: head's steps wait for it: a tensor-parallel step is a collective, which waits on its slowest
+#: rank, so a worker stopped (SIGSTOP, a suspended host) holds every token (``Head.silent``).
+#: Five seconds: far above what a loaded 2-core machine keeps an idle process off the CPU.
+BEAT_S = 0.2
+SILENT_S = 5.0
+
 #: Why a head refuses a worker whose rendezvous token is not its own (issue #17).
 FOREIGN_REASON = "rendezvous token does not match: this master serves another cluster"
 
@@ -106,9 +113,13 @@ class Head:
         self.on_foreign: Callable[[str, object], None] | None = None
         self.members: dict[int, Member] = {}
         self._conns: dict[int, socket.socket] = {}
+        #: by rank, when each member was last heard from
+        self._heard: dict[int, float] = {}
         self._closing = False
         self.lost: int | None = None
         self.on_lost: Callable[[int], None] | None = None
+        #: called with a rank once it has been silent for ``SILENT_S`` (the steps wait for it)
+        self.on_silent: Callable[[int], None] | None = None
         self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -208,6 +219,7 @@ class Head:
             )
         _send(conn, {"type": "welcome"})
         self._conns[rank] = conn
+        self._heard[rank] = time.monotonic()
         self.members[rank] = Member(
             rank=rank,
             matmul_rate=float(hello.get("matmul_rate", 1.0)),
@@ -217,17 +229,32 @@ class Head:
 
     def _watch(self, rank: int, conn: socket.socket) -> None:
         lines = _Lines(conn)
+        said = False  # whether this silence was said (``on_silent``)
         while not self._closing:
             try:
                 message = lines.read(0.5)
             except ValueError:
                 message = None
+            if message:
+                self._heard[rank], said = time.monotonic(), False
+            elif (
+                message is not None and not said and time.monotonic() - self._heard[rank] > SILENT_S
+            ):
+                said = True
+                if self.on_silent is not None:
+                    self.on_silent(rank)
             if message is None:
                 if not self._closing and self.lost is None:
                     self.lost = rank
                     if self.on_lost is not None:
                         self.on_lost(rank)
                 return
+
+    def silent(self) -> bool:
+        """Whether a member has not been heard from for ``SILENT_S``: its engine is stopped,
+        and the group's steps wait for it."""
+        now = time.monotonic()
+        return any(now - heard > SILENT_S for heard in list(self._heard.values()))
 
     def shutdown(self, *, notify: bool = True) -> None:
         """Close the connections; with ``notify`` tell every worker to exit cleanly first.
@@ -289,12 +316,20 @@ def join(
 
 
 def follow(sock: socket.socket, stopped: Callable[[], bool]) -> str:
-    """Hold a worker's connection until the head says ``shutdown``, goes away, or we stop.
+    """Hold a worker's connection until the head says ``shutdown``, goes away, or we stop,
+    telling the head every ``BEAT_S`` that this rank is there.
 
     Returns ``"shutdown"``, ``"lost"`` or ``"stopped"``.
     """
     lines = _Lines(sock)
+    beat = 0.0
     while not stopped():
+        if time.monotonic() >= beat:
+            beat = time.monotonic() + BEAT_S
+            try:
+                _send(sock, {"type": "beat"})
+            except OSError:
+                return "lost"
         try:
             message = lines.read(0.05)
         except ValueError:

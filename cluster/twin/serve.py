@@ -27,7 +27,7 @@ from cluster.twin.engine import Engine
 from cluster.twin.landscape import DEFAULT_LANDSCAPE, Landscape, load_landscape
 from cluster.twin.log import EngineLog
 from cluster.twin.physics import BootStatus, Settings
-from cluster.twin.rendezvous import Head, RendezvousError, follow, join
+from cluster.twin.rendezvous import SILENT_S, Head, RendezvousError, follow, join
 from cluster.twin.server import VLLM_VERSION, ServerState, start_server
 from knobs.errors import KnobError
 from orchestrator.errors import OrchestrateError, UsageError
@@ -408,6 +408,17 @@ def _gather(
         stop.fatal = f"lost node rank {rank}"
 
     head.on_lost = lost
+
+    def silent(rank: int) -> None:
+        # vLLM's line when a rank of the group stops answering its broadcasts
+        log.warning(
+            "shm_broadcast.py:466",
+            f"No available shared memory broadcast block found in {SILENT_S:g} seconds. This "
+            "typically happens when some processes are hanging or doing some time-consuming "
+            f"work (node rank {rank} has not answered).",
+        )
+
+    head.on_silent = silent
     if head.lost is not None:
         lost(head.lost)
     return None
@@ -437,6 +448,8 @@ def _boot_and_serve(
         speed=speed * boot_factor,
         seed=tenv.seed,
         boot=boots,
+        # a worker stopped holds the group's steps, as a collective waits on its slowest rank
+        held=head.silent if head is not None else None,
     )
     engine.start()
     server_state.engine = engine
