@@ -31,6 +31,7 @@ class Blame:
         log_of: Callable[[NodeSpec], str],
         alive: Callable[[NodeSpec], bool],
         disk_free: Callable[[NodeSpec], tuple[int, int] | None] | None = None,
+        stopped_of: Callable[[NodeSpec], str | None] | None = None,
     ) -> None:
         self.cluster = cluster
         self.gates = gates
@@ -38,6 +39,8 @@ class Blame:
         self._alive = alive
         #: a node's workdir's filesystem: KiB available and KiB in all, or None where unknown
         self._disk_free = disk_free
+        #: a node's engine process found stopped, in words (``engine_process.stopped``)
+        self._stopped_of = stopped_of
 
     def classify(self, log: str) -> FailureClass | None:
         """The failure class a log's lines name, if any (the profile's failure patterns)."""
@@ -82,7 +85,7 @@ class Blame:
         never came, or its log stopped; ``failure``: the class a timeout is): the
         infrastructure's class a node's log names instead, if one does (an engine that logged
         a full disk, a port clash or a worker gone and hung there), on that node."""
-        named = self.named(message, node, INFRASTRUCTURE)
+        named = self.named(message, node, INFRASTRUCTURE) or self.stopped(message)
         if named is not None:
             return named
         log = self._log_of(node)
@@ -90,6 +93,26 @@ class Blame:
         return full or DeployError(
             message, failure_class=failure, rank=node.rank, host=node.host, log_tail=tail(log, 25)
         )
+
+    def stopped(self, message: str) -> DeployError | None:
+        """``engine_stopped`` on the first node (the head, then the workers from the last rank)
+        whose engine has a process found stopped as a boot hung or a cell failed
+        (``message``): a SIGSTOP, a suspended host or a debugger holds it, and a tensor-
+        parallel group waits on its slowest rank, so the head stops answering for it. No
+        config stops its own engine: the node's, never the config's. None when none is."""
+        if self._stopped_of is None:
+            return None
+        for node in [self.cluster.head, *self.cluster.workers_desc]:
+            found = self._stopped_of(node)
+            if found is not None:
+                return DeployError(
+                    f"{message}; {node.name}'s engine was found stopped on {node.host}: "
+                    f"{found} (a SIGSTOP, a suspended host or a debugger, never the config)",
+                    failure_class="engine_stopped",
+                    rank=node.rank,
+                    host=node.host,
+                )
+        return None
 
     def full_disk(self, node: NodeSpec, message: str, log: str) -> DeployError | None:
         """``disk_full`` on ``node`` when its workdir's filesystem is full (``DISK_FULL``) as

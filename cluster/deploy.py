@@ -17,6 +17,7 @@ from typing import TypeVar
 import httpx
 from pydantic import BaseModel, ConfigDict
 
+from cluster import engine_process
 from cluster.blame import Blame
 from cluster.claims import ensure_ports_free
 from cluster.errors import DeployError, NodeError, tail
@@ -118,9 +119,7 @@ class Deployer:
             on_every=self._parallel,
             progress=self._progress,
         )
-        self._blame = Blame(
-            cluster, gates, log_of=self.log_of, alive=self.alive, disk_free=self.disk_free
-        )
+        self._blame = self._blamer(self.log_of)
         #: by rank, the end of each node's log as the last boot came up (``_log_gates``)
         self._up_marks: dict[int, str] = {}
 
@@ -288,14 +287,25 @@ class Deployer:
         dead = [n for n in self.cluster.nodes if not self.alive(n)]
         if not dead:
             return None
-        blame = Blame(
+        return self._blamer(self._since_up).lost(
+            dead[0], f"while cell {cell} was measured", default="bench_failed"
+        )
+
+    def stopped_engine(self, message: str) -> DeployError | None:
+        """After bench cell failed (``message``): ``engine_stopped`` on the first node whose
+        engine has a process found stopped (``Blame.stopped``), else None."""
+        return self._blame.stopped(message)
+
+    def _blamer(self, log_of: Callable[[NodeSpec], str]) -> Blame:
+        """A ``Blame`` that reads each node's log with ``log_of`` and asks the node the rest."""
+        return Blame(
             self.cluster,
             self.gates,
-            log_of=self._since_up,
+            log_of=log_of,
             alive=self.alive,
             disk_free=self.disk_free,
+            stopped_of=lambda node: engine_process.stopped(self._t(node), node),
         )
-        return blame.lost(dead[0], f"while cell {cell} was measured", default="bench_failed")
 
     def _since_up(self, node: NodeSpec) -> str:
         """``node``'s log since the last boot came up (all of its tail when the mark is gone)."""
@@ -516,8 +526,13 @@ class Deployer:
                 self.gates.smoke_max_tokens,
             )
         except Exception as e:  # the bench client's errors and any transport error alike
+            message = f"{head.name}: /health is 200 but a greedy generation failed: {e}"
+            # a rank stopped (SIGSTOP, a suspended host) holds the group: the node's
+            stopped = self._blame.stopped(message)
+            if stopped is not None:
+                raise stopped from e
             raise DeployError(
-                f"{head.name}: /health is 200 but a greedy generation failed: {e}",
+                message,
                 failure_class="smoke_failed",
                 rank=0,
                 host=head.host,

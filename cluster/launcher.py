@@ -260,7 +260,8 @@ def stop_command(node: NodeSpec, grace_s: float) -> list[str]:
         f"ours || {{ rm -f {PIDFILE}; echo absent; exit 0; }}; "
         'kill -0 -- "-$pid" 2>/dev/null || '
         f"{{ rm -f {PIDFILE}; echo absent; exit 0; }}; "
-        'kill -TERM -- "-$pid" 2>/dev/null; '
+        # a stopped engine (SIGSTOP) is continued to act on its SIGTERM: a graceful stop
+        'kill -TERM -- "-$pid" 2>/dev/null; kill -CONT -- "-$pid" 2>/dev/null; '
         f"for i in $(seq {ticks}); do "
         'kill -0 -- "-$pid" 2>/dev/null || '
         f"{{ rm -f {PIDFILE}; echo stopped; exit 0; }}; sleep 0.1; done; "
@@ -269,6 +270,28 @@ def stop_command(node: NodeSpec, grace_s: float) -> list[str]:
         'kill -0 -- "-$pid" 2>/dev/null || '
         f"{{ rm -f {PIDFILE}; echo killed; exit 0; }}; sleep 0.1; done; "
         "echo alive; exit 1"
+    )
+    return ["bash", "-c", body]
+
+
+def stopped_command(node: NodeSpec) -> list[str]:
+    """argv that prints ``PID STATE NAME`` of the first process of the node's engine group
+    found stopped (state ``T``: SIGSTOP, a suspended job; ``t``: held by a debugger), nothing
+    when none is or there is no engine; exit 0 either way. Read through ``/proc`` with shell
+    builtins only: one fork, however many processes the node runs."""
+    wd = shlex.quote(node.workdir)
+    body = (
+        f"cd {wd} 2>/dev/null || exit 0; "
+        + _READ_PID
+        + 'case "$pid" in ""|*[!0-9]*) exit 0;; esac; '
+        "ours || exit 0; "
+        "for f in /proc/[0-9]*/stat; do "
+        'read -r s <"$f" 2>/dev/null || continue; '
+        # the name is between the first "(" and the last ")"; after it: state, ppid, pgrp
+        "c=${s#*(}; c=${c%)*}; r=${s##*) }; set -- $r; "
+        '[ "${3:-}" = "$pid" ] || continue; '
+        'case "$1" in T|t) p=${f#/proc/}; echo "${p%/stat} $1 $c"; exit 0;; esac; '
+        "done; exit 0"
     )
     return ["bash", "-c", body]
 

@@ -135,6 +135,7 @@ FailureClass = Literal[
     "clocks_stuck",
     "bench_failed",
     "remote_failed",
+    "engine_stopped",
 ]
 FAILURE_CLASSES: tuple[FailureClass, ...] = get_args(FailureClass)
 
@@ -151,7 +152,9 @@ NODE_ACCESS: frozenset[FailureClass] = frozenset({"unreachable", "auth", "host_k
 #: full disk (``disk_full``: an engine that could not write its cache or its files) is the
 #: node's, however the config got there; so is a GPU or driver that failed (``gpu_fault``:
 #: an ECC error, a GPU off the bus, a driver upgraded under the running system), and a node
-#: that could not reach the network its engine downloads from (``network``).
+#: that could not reach the network its engine downloads from (``network``). An engine found
+#: stopped (``engine_stopped``: SIGSTOP, a suspended host, a debugger: no config stops its own
+#: engine) is its node's.
 INFRASTRUCTURE: frozenset[FailureClass] = frozenset(
     {
         *NODE_ACCESS,
@@ -164,6 +167,7 @@ INFRASTRUCTURE: frozenset[FailureClass] = frozenset(
         "disk_full",
         "gpu_fault",
         "network",
+        "engine_stopped",
     }
 )
 

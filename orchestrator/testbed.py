@@ -213,7 +213,8 @@ class ClusterTestbed:
             NodeError: class bench_failed, with the bench client's evidence; or a node's own
                 failure as it was (a clocks query that found the node unreachable is the
                 infrastructure's, not the config's), or as a node's log names it
-                (``Deployer.logged_fault``: an engine that died of its GPU or a full disk), or
+                (``Deployer.logged_fault``: an engine that died of its GPU or a full disk), an
+                engine found stopped (``Deployer.stopped_engine``: the node's), or
                 an engine found dead (``Deployer.died_measuring``: a worker lost is the
                 node's, an OOM the config's).
         """
@@ -230,7 +231,12 @@ class ClusterTestbed:
         except OrchestrateError as err:
             message = f"bench cell {cell.name} failed: {err}"
             # an engine that died of its node (an ECC error, a full disk) mid-cell: the node's
-            fault = self.deployer.logged_fault(message) or self.deployer.died_measuring(cell.name)
+            # or an engine found stopped (SIGSTOP, a suspended host): the head waits on it
+            fault = (
+                self.deployer.logged_fault(message)
+                or self.deployer.stopped_engine(message)
+                or self.deployer.died_measuring(cell.name)
+            )
             if fault is not None:
                 raise fault from err
             raise NodeError(

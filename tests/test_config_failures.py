@@ -652,11 +652,12 @@ def test_an_engine_that_dies_of_its_gpu_in_a_cell_is_the_nodes_failure(tmp_path:
 def test_a_head_that_stops_answering_fails_its_cell_by_its_deadline_and_says_it_waits(
     tmp_path: Path,
 ) -> None:
-    """A head whose engine stopped (SIGSTOP: its connections open, nothing answered, as a
-    GPU hang leaves it) fails the cell once the cell's own deadline for a token has passed,
-    as ``bench_failed`` (a hang may be the config's; it counts only once it reproduces and the
-    champion still boots), saying how long it waited. While it waits, the round's progress
-    says so. Before, the cell waited out ten-minute read timeouts with no line at all."""
+    """A head whose engine stopped (SIGSTOP: its connections open, nothing answered) fails
+    the cell once the cell's own deadline for a token has passed, saying how long it waited.
+    While it waits, the round's progress says so. Before, the cell waited out ten-minute read
+    timeouts with no line at all. The engine found stopped makes it ``engine_stopped`` on
+    node-0, the node's (no config stops its own engine); a hang with no process stopped (a
+    GPU's) stays ``bench_failed``, counted only once it reproduces and the champion boots."""
     prof = load_profile(str(write_profile(tmp_path, twin_profile_data())), base_dir=tmp_path)
     shown: list[str] = []
     deployer = deployer_for(prof, progress=shown.append)
@@ -682,7 +683,8 @@ def test_a_head_that_stops_answering_fails_its_cell_by_its_deadline_and_says_it_
         deployer.teardown()
         deployer.close()
     assert isinstance(failure, NodeError), failure
-    assert failure.failure_class == "bench_failed" and failure.rank == 0
+    assert failure.failure_class == "engine_stopped" and failure.rank == 0
+    assert "; node-0's engine was found stopped on 127.0.0.1: pid " in failure.message, failure
     assert "no token arrived in the window, nor in the " in failure.message, failure
     waited = float(failure.message.split("nor in the ")[1].split("s ")[0])
     assert limit - 5 <= waited <= limit + 30, waited
