@@ -7,6 +7,7 @@ a KV-capacity refusal) or the infrastructure (a port in use, a worker that never
 from __future__ import annotations
 
 import re
+import signal
 from collections.abc import Callable, Collection, Sequence
 
 from cluster.errors import DeployError, tail
@@ -32,6 +33,7 @@ class Blame:
         alive: Callable[[NodeSpec], bool],
         disk_free: Callable[[NodeSpec], tuple[int, int] | None] | None = None,
         stopped_of: Callable[[NodeSpec], str | None] | None = None,
+        killed_of: Callable[[NodeSpec], signal.Signals | None] | None = None,
     ) -> None:
         self.cluster = cluster
         self.gates = gates
@@ -41,6 +43,8 @@ class Blame:
         self._disk_free = disk_free
         #: a node's engine process found stopped, in words (``engine_process.stopped``)
         self._stopped_of = stopped_of
+        #: the signal a node's dead engine died of, sent from outside (``engine_process``)
+        self._killed_of = killed_of
 
     def classify(self, log: str) -> FailureClass | None:
         """The failure class a log's lines name, if any (the profile's failure patterns)."""
@@ -56,6 +60,10 @@ class Blame:
         named = self.classify(log)
         failure = named or default
         message = f"{node.name}: engine exited {what}"
+        if named is None:
+            killed = self.killed(node, message, log)
+            if killed is not None:
+                return killed
         if named is None and default not in INFRASTRUCTURE:
             full = self.full_disk(node, message, log)
             if full is not None:
@@ -113,6 +121,24 @@ class Blame:
                     host=node.host,
                 )
         return None
+
+    def killed(self, node: NodeSpec, message: str, log: str) -> DeployError | None:
+        """``engine_killed`` on ``node`` when its engine (``message``: it exited) died of a
+        SIGTERM, SIGINT, SIGHUP or SIGQUIT that orchestrate did not send: a person's kill, a
+        service manager, a host shutting down. None otherwise (SIGKILL stays the config's
+        unless the log names it: the OOM killer sends it too)."""
+        sig = self._killed_of(node) if self._killed_of is not None else None
+        if sig is None:
+            return None
+        return DeployError(
+            f"{message}: killed by {sig.name} from outside on {node.host} (orchestrate did not "
+            "send it: a person's kill, a service manager, a host shutting down), never the "
+            "config",
+            failure_class="engine_killed",
+            rank=node.rank,
+            host=node.host,
+            log_tail=tail(log, 25),
+        )
 
     def full_disk(self, node: NodeSpec, message: str, log: str) -> DeployError | None:
         """``disk_full`` on ``node`` when its workdir's filesystem is full (``DISK_FULL``) as

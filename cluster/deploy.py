@@ -31,6 +31,7 @@ from cluster.launcher import (
     alive_command,
     fill,
     journaled,
+    marked,
     placeholders,
     render_node,
     start_command,
@@ -243,7 +244,7 @@ class Deployer:
         if self.gates.stop_hook is not None:
             values = placeholders(self.cluster, node, self.runtime)
             hook = [fill(t, values, f"stop hook of {node.name}") for t in self.gates.stop_hook]
-            self._t(node).run(journaled(node, hook, "stop-hook"), timeout=grace + 60)
+            self._t(node).run(journaled(node, marked(node, hook), "stop-hook"), timeout=grace + 60)
         result = self._t(node).run(
             journaled(node, stop_command(node, grace), "stop"), timeout=grace + 30
         )
@@ -305,6 +306,7 @@ class Deployer:
             alive=self.alive,
             disk_free=self.disk_free,
             stopped_of=lambda node: engine_process.stopped(self._t(node), node),
+            killed_of=lambda node: engine_process.killed_by(self._t(node), node),
         )
 
     def _since_up(self, node: NodeSpec) -> str:

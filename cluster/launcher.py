@@ -29,6 +29,13 @@ _ARG = re.compile(r"^[^\x00-\x1f\x7f]{1,4096}$")
 SCRIPT = "launcher.sh"
 LOG = "engine.log"
 PIDFILE = "engine.pid"
+#: The engine's exit status, written by the wrapper that waits on it (``start_command``):
+#: ``<wrapper pid> <status>``, the status as ``wait`` gives it (128+N for a death by signal N).
+#: An engine started by an older release has none.
+EXIT = "engine.exit"
+#: Written by orchestrate's own stop (``stop_command``, ``marked``) before it signals the
+#: engine: ``<pid>``. An engine that died of a signal with this file naming its pid died of ours.
+STOPPING = "engine.stopping"
 #: The node's own journal of what orchestrate did to it (issue #4): one line per start and
 #: stop, stamped by the node's clock. ``<unix time> <event> rank=R rc=N <last output line>``.
 EVENTS = "engine.events"
@@ -231,19 +238,33 @@ _READ_PID = (
 
 def start_command(node: NodeSpec) -> list[str]:
     """argv that starts the node's launcher detached (its own session; survives the caller)
-    and records the engine's pid, which is also its process group, and its start time (so
-    that a stop never signals a process that took the pid over: ``stop_command``)."""
+    and records the pid of its process group, and its start time (so that a stop never
+    signals a process that took the pid over: ``stop_command``). The group's leader is a
+    wrapper that waits on the engine and writes its exit status (``EXIT``), so that an engine
+    killed from outside can be told from one that crashed (``cluster.engine_process``)."""
     wd = shlex.quote(node.workdir)
+    # the wrapper's own pid ($$) is the pid file's: a status file is read only for its engine
+    wrapper = shlex.quote(f'bash {SCRIPT}; echo "$$ $?" >{EXIT}')
     # the pid is reported only once the engine leads its own process group: a liveness check
     # that came earlier would find no group and call a starting engine dead
     body = (
-        f"cd {wd} || exit 1; "
-        f"setsid bash {SCRIPT} >{LOG} 2>&1 </dev/null & pid=$!; "
+        f"cd {wd} || exit 1; rm -f {EXIT} {STOPPING}; "
+        f"setsid bash -c {wrapper} >{LOG} 2>&1 </dev/null & pid=$!; "
         'for i in $(seq 100); do kill -0 -- "-$pid" 2>/dev/null && break; sleep 0.02; done; '
         + _START_TIME
         + f'echo "$pid $st" >{PIDFILE}; echo "$pid"'
     )
     return ["bash", "-c", body]
+
+
+def marked(node: NodeSpec, argv: Sequence[str]) -> list[str]:
+    """argv that runs ``argv`` (a profile's stop hook: ``docker stop``) as it is, after marking
+    the stop as orchestrate's own (``STOPPING``, when a pid file names an engine): the engine
+    it ends died of our signal, never of a person's."""
+    pidfile = shlex.quote(f"{node.workdir}/{PIDFILE}")
+    stopping = shlex.quote(f"{node.workdir}/{STOPPING}")
+    mark = f'read -r pid _ <{pidfile} 2>/dev/null && echo "$pid" >{stopping} 2>/dev/null; '
+    return ["bash", "-c", mark + 'exec "$@"', "stop-hook", *argv]
 
 
 def stop_command(node: NodeSpec, grace_s: float) -> list[str]:
@@ -260,6 +281,8 @@ def stop_command(node: NodeSpec, grace_s: float) -> list[str]:
         f"ours || {{ rm -f {PIDFILE}; echo absent; exit 0; }}; "
         'kill -0 -- "-$pid" 2>/dev/null || '
         f"{{ rm -f {PIDFILE}; echo absent; exit 0; }}; "
+        # ours from here on (``STOPPING``): an engine that dies of it was not killed from outside
+        f'echo "$pid" >{STOPPING}; '
         # a stopped engine (SIGSTOP) is continued to act on its SIGTERM: a graceful stop
         'kill -TERM -- "-$pid" 2>/dev/null; kill -CONT -- "-$pid" 2>/dev/null; '
         f"for i in $(seq {ticks}); do "

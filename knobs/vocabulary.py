@@ -136,6 +136,7 @@ FailureClass = Literal[
     "bench_failed",
     "remote_failed",
     "engine_stopped",
+    "engine_killed",
 ]
 FAILURE_CLASSES: tuple[FailureClass, ...] = get_args(FailureClass)
 
@@ -154,7 +155,9 @@ NODE_ACCESS: frozenset[FailureClass] = frozenset({"unreachable", "auth", "host_k
 #: an ECC error, a GPU off the bus, a driver upgraded under the running system), and a node
 #: that could not reach the network its engine downloads from (``network``). An engine found
 #: stopped (``engine_stopped``: SIGSTOP, a suspended host, a debugger: no config stops its own
-#: engine) is its node's.
+#: engine) is its node's, and so is one that died of a SIGTERM, SIGINT, SIGHUP or SIGQUIT that
+#: orchestrate did not send (``engine_killed``: a person's kill, a service manager, a host
+#: shutting down).
 INFRASTRUCTURE: frozenset[FailureClass] = frozenset(
     {
         *NODE_ACCESS,
@@ -168,6 +171,7 @@ INFRASTRUCTURE: frozenset[FailureClass] = frozenset(
         "gpu_fault",
         "network",
         "engine_stopped",
+        "engine_killed",
     }
 )
 

@@ -1,7 +1,8 @@
-"""An engine stopped from outside is its node's, never the config's: a worker's engine stopped
-(SIGSTOP: a suspended host, a debugger, a person's ``kill -STOP``) while a cell is measured, or
-an engine stopped while a boot comes up, is ``engine_stopped`` on that node. Real twin
-engines, real signals to their processes."""
+"""An engine stopped or killed from outside is its node's, never the config's: a worker's
+engine stopped (SIGSTOP: a suspended host, a debugger, a person's ``kill -STOP``) while a cell
+is measured, or while a boot comes up, is ``engine_stopped`` on that node; a head engine that
+died of a SIGTERM orchestrate did not send is ``engine_killed`` on it. SIGKILL stays the
+config's (the OOM killer sends it too). Real twin engines, real signals to their processes."""
 
 from __future__ import annotations
 
@@ -140,3 +141,43 @@ def test_an_engine_stopped_while_the_boot_comes_up_is_its_nodes(tmp_path: Path) 
     assert err.failure_class == "engine_stopped", err.message
     assert err.message.startswith("node-0: boot wedged"), err.message
     assert f"node-0's engine was found stopped on 127.0.0.1: pid {stopped[0]} (" in err.message
+
+
+def killed_in_a_cell(tmp_path: Path, sig: signal.Signals) -> NodeError:
+    """Boot the four-node twin, send ``sig`` to the head's engine process alone (a person's
+    ``kill``, a service manager), wait until its group is gone, and measure a cell: the
+    cell's failure."""
+    prof = load_profile(str(write_profile(tmp_path, twin_profile_data())), base_dir=tmp_path)
+    deployer = deployer_for(prof)
+    testbed = ClusterTestbed(deployer, prof.cluster.base_url, prof.model)
+    try:
+        testbed.deploy(prof.initial_champion())
+        engine = engine_of(Path(prof.cluster.head.workdir))
+        assert engine is not None
+        os.kill(engine, sig)
+        wait_for("the head's engine group to go", lambda: not deployer.alive(prof.cluster.head))
+        with pytest.raises(NodeError) as failed:
+            testbed.bench(prof.cells[0])
+        return failed.value
+    finally:
+        deployer.teardown()
+        deployer.close()
+
+
+def test_a_head_killed_from_outside_mid_cell_is_its_nodes_and_sigkill_stays_the_configs(
+    tmp_path: Path,
+) -> None:
+    """The head's engine dies of a SIGTERM that orchestrate did not send: its launcher's
+    wrapper records the status (128+15), and the cell's failure is ``engine_killed`` on
+    node-0, the node's, naming the signal. Before, it was the config's ``bench_failed``, and
+    counted once it reproduced. A SIGKILL (the OOM killer's as much as a person's) stays
+    ``bench_failed``: the config's, counted only once it reproduces."""
+    (tmp_path / "term").mkdir()
+    (tmp_path / "kill").mkdir()
+    term = killed_in_a_cell(tmp_path / "term", signal.SIGTERM)
+    assert term.failure_class == "engine_killed", term.message
+    assert term.failure_class in INFRASTRUCTURE and term.rank == 0
+    assert term.message.startswith("node-0: engine exited while cell code-c1 was measured: ")
+    assert "killed by SIGTERM from outside on 127.0.0.1" in term.message
+    kill = killed_in_a_cell(tmp_path / "kill", signal.SIGKILL)
+    assert kill.failure_class == "bench_failed", kill.message

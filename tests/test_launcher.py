@@ -5,15 +5,25 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from cluster.engine_process import killed_by
 from cluster.inventory import ClusterSpec, NodeSpec
-from cluster.launcher import LauncherSpec, alive_command, render_node, start_command, stop_command
+from cluster.launcher import (
+    LauncherSpec,
+    alive_command,
+    marked,
+    render_node,
+    start_command,
+    stop_command,
+)
 from cluster.transport import LocalTransport
 from knobs import KnobSpace, catalog
 from knobs.errors import ProfileError
@@ -163,3 +173,73 @@ def test_a_pid_another_process_took_over_is_never_signalled(tmp_path: Path) -> N
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(other, signal.SIGKILL)
+
+
+def _engine_child(workdir: Path) -> int:
+    """The engine of a node started by ``start_command``: its wrapper's one child, once the
+    wrapper has started it."""
+    group = int((workdir / "engine.pid").read_text().split()[0])
+    children = Path(f"/proc/{group}/task/{group}/children")
+    deadline = time.monotonic() + 20
+    while not children.read_text().split():
+        assert time.monotonic() < deadline, "the wrapper never started its engine"
+        time.sleep(0.02)
+    (child,) = children.read_text().split()
+    return int(child)
+
+
+def _until_gone(transport: LocalTransport, node: NodeSpec) -> None:
+    """Wait until the node's engine group is dead (its wrapper has recorded the status)."""
+    deadline = time.monotonic() + 20
+    while transport.run(alive_command(node)).returncode == 0:
+        if time.monotonic() > deadline:
+            raise AssertionError("the engine group never went")
+        time.sleep(0.02)
+
+
+def test_a_kill_from_outside_is_recorded_and_our_own_stops_never_read_as_one(
+    tmp_path: Path,
+) -> None:
+    """The launcher's wrapper records the engine's exit status beside the pid file. A SIGTERM
+    a person sends the engine reads as a kill from outside; SIGKILL (the OOM killer's too) and
+    an exit of its own do not. Our own stops never do: ``stop_command`` signals the whole
+    group, wrapper included, and marks the stop; a profile's stop hook (``docker stop``) is
+    marked before it runs. An engine an older release started has no status file: nothing is
+    read from it, as before."""
+    node = NodeSpec(rank=0, host="127.0.0.1", workdir=str(tmp_path / "node"))
+    workdir = Path(node.workdir)
+    transport = LocalTransport(node)
+
+    def started(script: str) -> int:
+        transport.put_text(f"{node.workdir}/launcher.sh", script, mode=0o755)
+        assert transport.run(start_command(node)).returncode == 0
+        return _engine_child(workdir) if "sleep" in script else 0
+
+    sleeper = f"exec {shlex.quote(sys.executable)} -c 'import time; time.sleep(300)'\n"
+    os.kill(started(sleeper), signal.SIGTERM)
+    _until_gone(transport, node)
+    assert killed_by(transport, node) == signal.SIGTERM
+    (workdir / "engine.exit").unlink()  # an engine an older release started: no status
+    assert killed_by(transport, node) is None
+
+    os.kill(started(sleeper), signal.SIGKILL)
+    _until_gone(transport, node)
+    assert (workdir / "engine.exit").read_text().split()[1] == "137"
+    assert killed_by(transport, node) is None
+    started("exit 3\n")
+    _until_gone(transport, node)
+    assert killed_by(transport, node) is None
+
+    # our stop: the pid file put back as a stop cut short before it removed it would leave it
+    started(sleeper)
+    pidfile = (workdir / "engine.pid").read_text()
+    assert transport.run(stop_command(node, grace_s=5)).stdout.strip() == "stopped"
+    (workdir / "engine.pid").write_text(pidfile)
+    assert killed_by(transport, node) is None
+    # a stop hook that sends the engine SIGTERM itself, as `docker stop` does its container
+    engine = started(sleeper)
+    hook = marked(node, ["kill", "-TERM", str(engine)])
+    assert transport.run(hook).returncode == 0
+    _until_gone(transport, node)
+    assert (workdir / "engine.exit").read_text().split()[1] == "143"
+    assert killed_by(transport, node) is None

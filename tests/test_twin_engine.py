@@ -158,7 +158,9 @@ def test_boot_health_models_completions_metrics_and_sigterm(nodes: TwinNodes) ->
 
     start = time.monotonic()
     head.signal(signal.SIGTERM)
-    assert head.wait_exit(timeout=5) == 0
+    # shut down cleanly, then dead of the signal, as uvicorn re-raises what it captured: a
+    # parent that waits on the engine can tell a kill from a crash (cluster.engine_process)
+    assert head.wait_exit(timeout=5) == -signal.SIGTERM
     assert time.monotonic() - start < 1.0
     assert "Shutting down" in head.log
 

@@ -114,13 +114,27 @@ class _Stop:
     def __init__(self) -> None:
         self.event = threading.Event()
         self.fatal: str | None = None
+        #: the signal that stopped the engine, if one did
+        self.signum: int | None = None
 
     def install(self) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._handle)
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.signum = self.signum or signum
         self.event.set()
+
+    def die_of_signal(self) -> None:
+        """After a clean shutdown on a signal, die of it (as uvicorn, and so vLLM's server,
+        re-raises the signals it captured once it has shut down): whoever waits on the engine
+        sees it killed by that signal, not exited 0."""
+        if self.signum is None:
+            return
+        sys.stdout.flush()
+        sys.stderr.flush()
+        signal.signal(self.signum, signal.SIG_DFL)
+        signal.raise_signal(self.signum)
 
     def is_set(self) -> bool:
         return self.event.is_set() or self.fatal is not None
@@ -136,8 +150,9 @@ class _Stop:
         return False
 
 
-def serve(argv: list[str], env: Mapping[str, str]) -> int:
-    """Run one node of the twin until SIGTERM, a failed boot, or a lost rank; the exit status.
+def serve(argv: list[str], env: Mapping[str, str], stop: _Stop | None = None) -> int:
+    """Run one node of the twin until SIGTERM, a failed boot, or a lost rank; the exit status
+    (``stop``: the signals' flag, installed here).
 
     Raises:
         SystemExit: status 2 for a malformed command line (argparse's usage on stderr).
@@ -149,7 +164,7 @@ def serve(argv: list[str], env: Mapping[str, str]) -> int:
     args = serve_args.parse(argv)
     tenv = twin_env(env)
     log = EngineLog()
-    stop = _Stop()
+    stop = stop or _Stop()
     stop.install()
     landscape = tenv.landscape
     state = node.load(tenv.node_dir)
@@ -604,9 +619,14 @@ def _stopped(log: EngineLog) -> int:
 
 
 def main_serve(argv: list[str]) -> int:
-    """``serve`` with the process environment; malformed twin settings exit 2 or 3."""
+    """``serve`` with the process environment; malformed twin settings exit 2 or 3. An engine
+    that shut down cleanly on a signal then dies of it (``_Stop.die_of_signal``)."""
+    stop = _Stop()
     try:
-        return serve(argv, os.environ)
+        code = serve(argv, os.environ, stop)
     except OrchestrateError as e:
         print(f"Error: {e}", file=sys.stderr, flush=True)
         return e.exit_code
+    if code == 0:
+        stop.die_of_signal()
+    return code
