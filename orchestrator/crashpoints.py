@@ -11,6 +11,11 @@ the N-th (``cell.recorded@2``: after the second cell). Unset, a crash point is o
 lookup; a value that names no point in ``CRASHPOINTS`` is refused at the first crash point
 rather than never firing. Before it dies the process writes one line to stderr
 (``crashpoint NAME@N: SIGKILL``), which is how a test knows the kill came from the point.
+
+``ORCHESTRATE_CRASHPOINT_SIGNAL=SIGSTOP`` suspends the process there instead (its line says
+``SIGSTOP``), as Ctrl-Z or a laptop put to sleep would, and it goes on where it stopped once
+sent SIGCONT: how the suspend suite (``tests/test_suspended_round.py``) finds the instants a
+process must not be woken at unfenced.
 """
 
 from __future__ import annotations
@@ -24,6 +29,9 @@ from typing import Final
 from orchestrator.errors import UsageError
 
 ENV: Final = "ORCHESTRATE_CRASHPOINT"
+#: the signal a crash point sends its process: SIGKILL (the default) or SIGSTOP
+SIGNAL_ENV: Final = "ORCHESTRATE_CRASHPOINT_SIGNAL"
+_SIGNALS: Final = {"SIGKILL": signal.SIGKILL, "SIGSTOP": signal.SIGSTOP}
 
 #: Every state boundary a round persists, in the order a round that re-measures its champion
 #: and keeps a candidate reaches them.
@@ -53,11 +61,14 @@ _counts: dict[str, int] = {}
 
 def crashpoint(name: str) -> None:
     """SIGKILL this process here when ``$ORCHESTRATE_CRASHPOINT`` names this point (and this
-    is the N-th time it is reached, for ``name@N``); otherwise nothing.
+    is the N-th time it is reached, for ``name@N``); otherwise nothing. With
+    ``$ORCHESTRATE_CRASHPOINT_SIGNAL=SIGSTOP`` the process is suspended there instead, and
+    returns from here once continued.
 
     Raises:
         ValueError: ``name`` is not in ``CRASHPOINTS`` (a bug).
-        UsageError: ``$ORCHESTRATE_CRASHPOINT`` names no crash point, or a bad count.
+        UsageError: ``$ORCHESTRATE_CRASHPOINT`` names no crash point, or a bad count, or
+            ``$ORCHESTRATE_CRASHPOINT_SIGNAL`` another signal.
     """
     wanted = os.environ.get(ENV)
     if not wanted:
@@ -67,13 +78,16 @@ def crashpoint(name: str) -> None:
     point, _, nth = wanted.partition("@")
     if point not in CRASHPOINTS or (nth and not nth.isdigit()) or nth == "0":
         raise UsageError(f"{ENV}={wanted!r}: expected one of {', '.join(CRASHPOINTS)}[@N]")
+    how = os.environ.get(SIGNAL_ENV) or "SIGKILL"
+    if how not in _SIGNALS:
+        raise UsageError(f"{SIGNAL_ENV}={how!r}: expected one of {', '.join(_SIGNALS)}")
     if point != name:
         return
     _counts[name] = _counts.get(name, 0) + 1
     if _counts[name] == int(nth or 1):
-        sys.stderr.write(f"crashpoint {name}@{_counts[name]}: SIGKILL\n")
+        sys.stderr.write(f"crashpoint {name}@{_counts[name]}: {how}\n")
         sys.stderr.flush()
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), _SIGNALS[how])
 
 
 def deploy_progress(show: Callable[[str], None]) -> Callable[[str], None]:
