@@ -68,6 +68,9 @@ class DeployResult(BaseModel):
 
 
 Progress = Callable[[str], None]
+#: Called right before a command that stops or starts an engine (or replaces its launcher)
+#: goes out to a node: raises when the cluster is no longer this process's to drive.
+Fence = Callable[[], None]
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,7 @@ class Deployer:
         runtime: Mapping[str, str],
         smoke: Callable[[str, str, str, int], str],
         progress: Progress | None = None,
+        fence: Fence | None = None,
         parallel: bool = True,
     ) -> None:
         self.cluster = cluster
@@ -110,6 +114,10 @@ class Deployer:
         self.runtime = dict(runtime)
         self._smoke = smoke
         self._progress = progress or _silent
+        # asked as close to each stop and launch as the code gets: a process suspended after a
+        # node's progress line and woken after another took the cluster over must not stop or
+        # start that node under the new owner (issue #17)
+        self._fence = fence or _open
         # False runs every per-node step one node at a time (the baseline of bench/deploy.py)
         self.parallel = parallel
         self._preflight = Preflight(
@@ -201,6 +209,8 @@ class Deployer:
 
         Raises:
             NodeError: a node could not be reached or its engine would not die.
+            Whatever the fence raises, right before a node's stop would go out: that node and
+                the ones after it are left as they are (they are another's now).
         """
         outcomes, errors = self.stop_each()
         if errors:
@@ -208,8 +218,9 @@ class Deployer:
         return outcomes
 
     def teardown(self) -> dict[int, str]:
-        """``stop_all`` that never raises: rank → ``absent``/``stopped``/``killed``, or
-        ``unreachable: …``/``failed: …`` for a node that could not be stopped."""
+        """``stop_all`` that raises no node's error: rank → ``absent``/``stopped``/``killed``,
+        or ``unreachable: …``/``failed: …`` for a node that could not be stopped (the fence's
+        refusal is raised, as ``stop_all`` raises it)."""
         return self.stop_each()[0]
 
     def stop_each(self) -> tuple[dict[int, str], list[NodeError]]:
@@ -244,10 +255,11 @@ class Deployer:
         if self.gates.stop_hook is not None:
             values = placeholders(self.cluster, node, self.runtime)
             hook = [fill(t, values, f"stop hook of {node.name}") for t in self.gates.stop_hook]
+            self._fence()
             self._t(node).run(journaled(node, marked(node, hook), "stop-hook"), timeout=grace + 60)
-        result = self._t(node).run(
-            journaled(node, stop_command(node, grace), "stop"), timeout=grace + 30
-        )
+        stop = journaled(node, stop_command(node, grace), "stop")
+        self._fence()
+        result = self._t(node).run(stop, timeout=grace + 30)
         check(result, node, "stopping the engine")
         lines = result.stdout.strip().splitlines()
         return lines[-1] if lines else ""
@@ -357,6 +369,7 @@ class Deployer:
 
         keep_ports(self.cluster)  # the pair these engines take, for the commands after
         self._progress("uploading launchers")
+        self._fence()  # the new owner's launchers are not replaced either
         self._parallel(self.cluster.nodes, upload)
         order: list[int] = []
         for node in self.cluster.workers_desc:
@@ -381,7 +394,9 @@ class Deployer:
         )
 
     def _start(self, node: NodeSpec) -> None:
-        result = self._t(node).run(journaled(node, start_command(node), "start"), timeout=60)
+        start = journaled(node, start_command(node), "start")
+        self._fence()
+        result = self._t(node).run(start, timeout=60)
         if result.returncode != 0 or not result.stdout.strip().isdigit():
             raise DeployError(
                 f"{node.name}: the launcher did not start",
@@ -586,6 +601,10 @@ class Deployer:
 
 def _silent(message: str) -> None:
     """A progress that shows nothing."""
+
+
+def _open() -> None:
+    """A fence that lets every command through (a deployer that holds no lease)."""
 
 
 def _line_of(text: str, index: int) -> str:

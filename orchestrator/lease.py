@@ -133,10 +133,11 @@ class ClusterLease:
 
 def still_leased(ledger: Ledger) -> None:
     """The lease ``ledger``'s writes are fenced with still names this process, asked now (one
-    small query; nothing when it holds none): asked before each cell and before a node is
-    stopped or started, so that a process woken after another took the cluster over touches
-    none of that one's engines. A ledger that does not answer says nothing here: every write
-    is fenced itself, and waits the outage out as it would.
+    small query; nothing when it holds none): asked before each cell, and by the deployer right
+    before each node's stop or launch command goes out (its ``fence``), so that a process woken
+    after another took the cluster over touches none of that one's engines. A ledger that does
+    not answer says nothing here: every write is fenced itself, and waits the outage out as it
+    would.
 
     Raises:
         LeaseLost: the lease is another's now, or gone (exit 8, the line of ``ledger.fence``).
@@ -148,19 +149,6 @@ def still_leased(ledger: Ledger) -> None:
     except LedgerError as e:
         if not e.unreachable:
             raise
-
-
-def fenced_progress(ledger: Ledger, show: Callable[[str], None]) -> Callable[[str], None]:
-    """A deployer's progress that, before each node is stopped or started (its ``stopping …``
-    and ``starting …`` lines), checks that the cluster is still this process's
-    (``still_leased``), then ``show``s the line."""
-
-    def progress(line: str) -> None:
-        if line.startswith(("stopping ", "starting ")):
-            still_leased(ledger)
-        show(line)
-
-    return progress
 
 
 def hidden_password(url: str) -> str:

@@ -12,7 +12,7 @@ from typing import Protocol
 
 from cluster.bench import run_cell, smoke
 from cluster.connect import open_transport
-from cluster.deploy import Deployer, Progress
+from cluster.deploy import Deployer, Fence, Progress
 from cluster.errors import NodeError
 from knobs.config import Config
 from knobs.records import CellResultRecord, CellSpec
@@ -23,10 +23,15 @@ from orchestrator.settings import runtime_placeholders
 
 
 def deployer_for(
-    profile: Profile, *, progress: Progress | None = None, parallel: bool = True
+    profile: Profile,
+    *,
+    progress: Progress | None = None,
+    fence: Fence | None = None,
+    parallel: bool = True,
 ) -> Deployer:
     """The deployer ``orchestrate`` drives a profile's cluster with: one transport per node
-    (SSH where the node says so), the runtime placeholders, the profile's smoke generation."""
+    (SSH where the node says so), the runtime placeholders, the profile's smoke generation;
+    ``fence`` asked right before each node is stopped or started (``lease.still_leased``)."""
     return Deployer(
         profile.cluster,
         profile.launcher,
@@ -37,6 +42,7 @@ def deployer_for(
         runtime=runtime_placeholders(),
         smoke=lambda url, model, prompt, n: smoke(url, model, prompt=prompt, max_tokens=n),
         progress=progress,
+        fence=fence,
         parallel=parallel,
     )
 

@@ -17,16 +17,19 @@ from rich.console import Console
 
 from agents import SweepProposer
 from cluster.errors import OwnershipLost
+from cluster.launcher import EVENTS
 from knobs.records import CellResultRecord, CellSpec
 from knobs.vocabulary import BootStatus, EventKind
 from ledger import LeaseLost, Ledger
 from orchestrator.approval import ApprovalGate
 from orchestrator.display import RoundDisplay
 from orchestrator.errors import UsageError
-from orchestrator.lease import ClusterLease, fenced_progress
+from orchestrator.lease import ClusterLease, still_leased
+from orchestrator.profile import load_profile
 from orchestrator.round import RoundOptions, RoundRunner
 from orchestrator.settings import lease_ttl_s
-from orchestrator.testbed import NullSink
+from orchestrator.testbed import NullSink, deployer_for
+from tests.fixtures.profiles import twin_profile_data, write_profile
 from tests.fixtures.rounds import a_round
 from tests.test_round_policy import ScriptedTestbed, profile
 
@@ -90,17 +93,34 @@ def test_the_lease_taken_over_fails_the_renewal_with_the_same_line(ledger_url: s
         mine.add_event("c", EventKind.KNOWN_BAD_CLEARED, subject="1", detail={}, reason="p")
 
 
-def test_a_deploy_woken_after_a_takeover_touches_no_node(tmp_path: Path) -> None:
+def test_a_node_stopped_after_its_line_is_fenced_right_before_the_command(
+    tmp_path: Path,
+) -> None:
+    """The fence sits in the deployer, right before each node's stop command goes out, not on
+    the node's progress line: a process suspended just after the line ``stopping node-1`` and
+    woken after another took the cluster over sends that node nothing (its journal on the
+    node says so)."""
+    prof = load_profile(str(write_profile(tmp_path, twin_profile_data(nodes=2))), base_dir=tmp_path)
+    for node in prof.cluster.nodes:  # as an earlier boot left them
+        Path(node.workdir).mkdir(parents=True)
     shown: list[str] = []
     with Ledger(f"sqlite:///{tmp_path}/ledger.db") as mine, ClusterLease(mine, "c"):
-        progress = fenced_progress(mine, shown.append)
-        progress("stopping node-0")
-        _take(mine, "c", "another:1:x")  # suspended meanwhile: another took it over
-        progress("waiting for /health")
-        for line in ("stopping node-1", "starting node-1 (worker)"):
+
+        def progress(line: str) -> None:
+            shown.append(line)
+            if line == "stopping node-1":
+                _take(mine, "c", "another:1:x")  # suspended here: another took it over
+
+        deployer = deployer_for(prof, progress=progress, fence=lambda: still_leased(mine))
+        try:
             with pytest.raises(LeaseLost, match="lost cluster c to another:1:x "):
-                progress(line)
-    assert shown == ["stopping node-0", "waiting for /health"]
+                deployer.stop_all()
+        finally:
+            deployer.close()
+    assert shown == ["stopping node-0", "stopping node-1"]
+    journals = {n.rank: Path(n.workdir) / EVENTS for n in prof.cluster.nodes}
+    assert " stop rank=0 rc=0 absent" in journals[0].read_text()
+    assert not journals[1].exists() or " stop " not in journals[1].read_text()
 
 
 class TakenOver(ScriptedTestbed):

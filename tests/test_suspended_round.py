@@ -24,9 +24,10 @@ from typing import IO
 import pytest
 
 from cluster.claims import CLAIM_DIR
+from cluster.launcher import EVENTS
 from knobs.vocabulary import BootStatus, EventKind, State
 from ledger import Ledger
-from orchestrator.crashpoints import ENV
+from orchestrator.crashpoints import ENV, SIGNAL_ENV
 from tests.fixtures.cli import ORCHESTRATE, orchestrate
 from tests.fixtures.profiles import twin_profile_data, write_profile
 from tests.fixtures.wait import wait_until
@@ -211,3 +212,61 @@ def test_a_round_woken_after_another_took_it_over_writes_and_stops_nothing(root:
             assert max(measured.values()) == 1, measured
         # nothing of B's: not its stop either
         assert ledger.events(CLUSTER, EventKind.ROUND_STOPPED) == []
+
+
+def _suspended(proc: subprocess.Popen[str]) -> bool:
+    """``proc`` is stopped (SIGSTOP): its state in /proc is ``T``."""
+    stat = Path(f"/proc/{proc.pid}/stat").read_text()
+    return stat[stat.rindex(")") + 2] == "T"
+
+
+def _starts(root: Path, rank: int) -> int:
+    """How many times an engine was launched on node ``rank``: the node's own journal."""
+    journal = root / "nodes" / f"node-{rank}" / EVENTS
+    text = journal.read_text() if journal.exists() else ""
+    return sum(1 for line in text.splitlines() if f" start rank={rank} " in line)
+
+
+def test_a_round_woken_between_a_nodes_line_and_its_launch_launches_nothing(root: Path) -> None:
+    """The fence is asked right before a node's launch goes out, not on its `starting …` line:
+    a round suspended between the two, and woken after another took the cluster over, does
+    not launch that node over the new owner's engine."""
+    _profile(root)
+    env = _env(root)
+    args = ("round", "--budget", "1", "-p", "profile.yaml")
+    # B stops itself once its head's `starting node-0 (head)` line is due (its worker up), a
+    # moment before the head's launch would go out
+    b = Watched(root, {**env, ENV: "node.started@1", SIGNAL_ENV: "SIGSTOP"}, *args)
+    c: Watched | None = None
+    try:
+        wait_until(
+            "B suspended before its head's launch",
+            lambda: "crashpoint node.started@1: SIGSTOP" in b.err and _suspended(b.proc),
+            timeout=120,
+        )
+        assert _starts(root, 0) == 0 and _starts(root, 1) == 1
+        wait_until("B's lease and claims expired", lambda: _expired(root), timeout=4 * TTL_S)
+
+        # C takes the cluster over: B's worker stopped, its boot closed, C's own boot measured
+        c = Watched(root, env, *args)
+        took = wait_until("C taking over", lambda: c.said("taking over a stale claim"), 60)
+        wait_until("C measuring", lambda: c.said("cell ", since=took), timeout=120)
+
+        # B wakes while C's engines serve C's cells
+        b.proc.send_signal(signal.SIGCONT)
+        code = b.wait(timeout=120)
+        assert code == 8, "\n".join(b.out + b.err)
+        errors = [line for line in b.err if line.startswith("Error:")]
+        assert len(errors) == 1 and f"lost cluster {CLUSTER} to " in errors[0], b.err
+        assert c.wait(timeout=240) == 0, "\n".join(c.out + c.err)
+    finally:
+        b.kill()
+        if c is not None:
+            c.kill()
+    # every launch on the head's node was C's: B launched nothing once it woke
+    assert _starts(root, 0) == sum("starting node-0 (head)" in line for line in c.out), c.out
+    assert not any("engine exited" in line for line in c.out + c.err), c.out + c.err
+    with Ledger(env["ORCHESTRATE_LEDGER"]) as ledger:
+        assert ledger.unfinished_round(CLUSTER) is None
+        boots = [x for e in ledger.experiments(cluster=CLUSTER) for x in ledger.boots(e.id)]
+        assert [x.id for x in boots if x.status == BootStatus.FAILED] == []

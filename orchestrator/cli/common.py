@@ -21,7 +21,7 @@ from rich.console import Console
 from orchestrator.profile_names import embedded_profiles
 
 if TYPE_CHECKING:
-    from cluster.deploy import Deployer, Progress
+    from cluster.deploy import Deployer, Fence, Progress
     from ledger import Ledger, LedgerNotReady
     from orchestrator.profile import Profile
 
@@ -147,11 +147,12 @@ class Opened:
                 Console(stderr=True).print(self._ledger.upgraded.line(), markup=False)
         return self._ledger
 
-    def deployer(self, *, progress: Progress | None = None) -> Deployer:
-        """A deployer for the profile's cluster (its transports connect on first use)."""
+    def deployer(self, *, progress: Progress | None = None, fence: Fence | None = None) -> Deployer:
+        """A deployer for the profile's cluster (its transports connect on first use), with
+        ``fence`` asked right before each node is stopped or started."""
         from orchestrator.testbed import deployer_for
 
-        deployer = deployer_for(self.profile, progress=progress)
+        deployer = deployer_for(self.profile, progress=progress, fence=fence)
         self._stack.callback(deployer.close)
         return deployer
 

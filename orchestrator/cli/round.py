@@ -85,7 +85,7 @@ def round_(
         waiting_for_mlflow,
     )
     from orchestrator.gpu_hours import cluster_gpus
-    from orchestrator.lease import Ownership, fenced_progress
+    from orchestrator.lease import Ownership, still_leased
     from orchestrator.profile import load_profile
     from orchestrator.round import RoundOptions, RoundRunner
     from orchestrator.settings import lease_ttl_s
@@ -163,9 +163,11 @@ def round_(
             reached_before=mlflow_reached(ledger, prof.cluster.name),
             note=display.note,
         )
-        # each node's start and /health are crash points of the kill suite (``crashpoints``)
-        # … and before a node is stopped or started, the cluster still this process's
-        deployer = o.deployer(progress=fenced_progress(ledger, deploy_progress(display.phase)))
+        # each node's start and /health are crash points of the kill suite (``crashpoints``);
+        # right before a node's stop or launch goes out, the cluster still this process's
+        deployer = o.deployer(
+            progress=deploy_progress(display.phase), fence=lambda: still_leased(ledger)
+        )
         testbed = ClusterTestbed(deployer, prof.cluster.base_url, prof.model)
         # the ledger's lease and a claim on every node before the first deploy (issue #17)
         owner = Ownership(
