@@ -11,6 +11,7 @@ import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -71,6 +72,8 @@ Progress = Callable[[str], None]
 #: Called right before a command that stops or starts an engine (or replaces its launcher)
 #: goes out to a node: raises when the cluster is no longer this process's to drive.
 Fence = Callable[[], None]
+#: A block no signal may cut short: a teardown under way finishes (``orchestrator.interrupts``).
+Unbroken = Callable[[], AbstractContextManager[object]]
 
 
 @dataclass(frozen=True)
@@ -103,6 +106,7 @@ class Deployer:
         smoke: Callable[[str, str, str, int], str],
         progress: Progress | None = None,
         fence: Fence | None = None,
+        unbroken: Unbroken | None = None,
         parallel: bool = True,
     ) -> None:
         self.cluster = cluster
@@ -118,6 +122,8 @@ class Deployer:
         # node's progress line and woken after another took the cluster over must not stop or
         # start that node under the new owner (issue #17)
         self._fence = fence or _open
+        # a teardown that has begun finishes: cut short by a signal, it leaves engines running
+        self._unbroken = unbroken or contextlib.nullcontext
         # False runs every per-node step one node at a time (the baseline of bench/deploy.py)
         self.parallel = parallel
         self._preflight = Preflight(
@@ -232,7 +238,11 @@ class Deployer:
         # own, while a worker stopped under a live head makes the head die of NCCL errors
         # first, with logs that blame the wrong node. Over warm connections a stop that finds
         # nothing costs one round trip, so stopping at once would save little and lose the
-        # order the nodes' journals show (0, 1, …, N-1).
+        # order the nodes' journals show (0, 1, …, N-1). Once begun, no signal cuts it short.
+        with self._unbroken():
+            return self._stop_reached()
+
+    def _stop_reached(self) -> tuple[dict[int, str], list[NodeError]]:
         reached = self.reach()
         outcomes: dict[int, str] = {}
         errors: list[NodeError] = []

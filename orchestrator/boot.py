@@ -14,10 +14,11 @@ from contextlib import suppress
 from cluster.errors import NodeError, OwnershipLost
 from knobs.config import Config
 from knobs.vocabulary import BOOT_INTERRUPTED, INFRASTRUCTURE, BootRole, BootStatus, State
-from ledger import ExperimentRecord, Ledger, LedgerError
+from ledger import BootRecord, ExperimentRecord, Ledger, LedgerError
 from orchestrator.crashpoints import crashpoint
 from orchestrator.display import RoundDisplay
 from orchestrator.evolution import fit
+from orchestrator.interrupts import unbroken
 from orchestrator.lease import still_leased
 from orchestrator.measurements import read_measurements
 from orchestrator.profile import Profile
@@ -69,65 +70,97 @@ class Booter:
         boot = self.ledger.start_boot(e.id, config, role=role, measurement=measurement)
         crashpoint("boot.started")
         failure: NodeError | None = None
-        torn_down = False
-        lost: OwnershipLost | None = None
         try:
-            try:
-                self.display.phase(f"deploying ({role})")
-                launchers = self.testbed.deploy(config)
-                self.ledger.end_boot(boot.id, status=BootStatus.UP)
-                crashpoint("smoke.passed")
-                self.runlog.launchers(e, run_id, launchers)
-                if deciding:
-                    self.ledger.set_state(e.id, State.BENCHING)
-                self._bench(e.id, boot.id, boot.measurement)
-            except NodeError as err:
-                failure = err
-            finally:
-                # a cluster lost meanwhile (this process suspended past its lease while another
-                # took the round over): the engines on the nodes, and their logs, are the new
-                # holder's, which closed this boot as it took over
-                lost = self._lost()
-                if lost is None:
-                    # logs first (they are the evidence), then no engine may outlive the boot,
-                    # even when the logs could not be kept (MLflow and the ledger both away)
-                    try:
-                        self.runlog.boot_logs(e, run_id, boot.id, self.testbed.logs())
-                    finally:
-                        self.display.phase("tearing down")
-                        try:
-                            self.testbed.stop_all()
-                            torn_down = True
-                        except NodeError as err:
-                            failure = _blamed(failure, err)
+            self._serve(e, run_id, boot, config, role=role, deciding=deciding)
+        except NodeError as err:
+            failure = err
         except BaseException:
-            # an interrupt (Ctrl-C, SIGTERM) or an error of ours, its engines torn down: the
-            # boot ends now, as a resume would end it, so that no GPU-hour is counted to a boot
-            # nothing runs for until the resume. A teardown the interrupt cut short leaves the
-            # boot open: engines may run, and the resume stops them (``stop_stale``).
-            if torn_down:
-                with suppress(LedgerError):
-                    self.ledger.end_boot(
-                        boot.id, status=BootStatus.DOWN, failure_detail=BOOT_INTERRUPTED
-                    )
+            # an interrupt (Ctrl-C, SIGTERM) or an error of ours: the engines torn down and the
+            # boot ended now, as a resume would end it, so that no GPU-hour is counted to a boot
+            # nothing runs for until the resume; a signal meanwhile waits for both
+            with unbroken(), suppress(OwnershipLost):
+                if self._tear_down(e, run_id, boot.id) is None:
+                    self._ended_cut_short(boot.id)
             raise
-        if lost is not None:
-            raise lost
-        if failure is not None:
-            self.ledger.end_boot(
-                boot.id,
-                status=BootStatus.FAILED,
-                failure_class=failure.failure_class,
-                failure_detail=failure.message,
-                rank=failure.rank,
-                host=failure.host,
-            )
-            return failure
-        self.ledger.end_boot(boot.id, status=BootStatus.DOWN)
-        if deciding:
-            self.ledger.set_state(e.id, State.MEASURED)
+        with unbroken():  # a teardown that has begun finishes, and its boot is closed
+            torn = self._tear_down(e, run_id, boot.id)
+            failure = failure if torn is None else _blamed(failure, torn)
+            if failure is not None:
+                self.ledger.end_boot(
+                    boot.id,
+                    status=BootStatus.FAILED,
+                    failure_class=failure.failure_class,
+                    failure_detail=failure.message,
+                    rank=failure.rank,
+                    host=failure.host,
+                )
+                return failure
+            self.ledger.end_boot(boot.id, status=BootStatus.DOWN)
+            if deciding:
+                self.ledger.set_state(e.id, State.MEASURED)
         crashpoint("measured")
         return None
+
+    def _serve(
+        self,
+        e: ExperimentRecord,
+        run_id: str | None,
+        boot: BootRecord,
+        config: Config,
+        *,
+        role: BootRole,
+        deciding: bool,
+    ) -> None:
+        """Deploy ``config``, then bench the cells its measurement still lacks."""
+        self.display.phase(f"deploying ({role})")
+        launchers = self.testbed.deploy(config)
+        self.ledger.end_boot(boot.id, status=BootStatus.UP)
+        crashpoint("smoke.passed")
+        self.runlog.launchers(e, run_id, launchers)
+        if deciding:
+            self.ledger.set_state(e.id, State.BENCHING)
+        self._bench(e.id, boot.id, boot.measurement)
+
+    def _tear_down(self, e: ExperimentRecord, run_id: str | None, boot_id: int) -> NodeError | None:
+        """The end of a boot on the nodes: every node's log kept (the evidence), then every
+        engine stopped, even when the logs could not be kept (MLflow and the ledger both away).
+        The teardown's own failure, if a node could not be stopped.
+
+        Raises:
+            OwnershipLost: the cluster was lost meanwhile (this process suspended past its
+                lease while another took the round over): the engines on the nodes, and their
+                logs, are the new holder's, which closed this boot as it took over; nothing
+                was kept or stopped.
+            Whatever keeping the logs raised, once every engine was stopped (and the boot
+                ended as cut short).
+        """
+        lost = self._lost()
+        if lost is not None:
+            raise lost
+        try:
+            self.runlog.boot_logs(e, run_id, boot_id, self.testbed.logs())
+        except BaseException:
+            if self._stop_all() is None:
+                self._ended_cut_short(boot_id)
+            raise
+        return self._stop_all()
+
+    def _stop_all(self) -> NodeError | None:
+        """Every engine stopped: the node's error if one could not be (every other was tried)."""
+        self.display.phase("tearing down")
+        try:
+            self.testbed.stop_all()
+        except NodeError as err:
+            return err
+        return None
+
+    def _ended_cut_short(self, boot_id: int) -> None:
+        """A boot torn down because something else stopped the round ends as ``interrupted``
+        (a ledger that does not answer leaves it open for the resume to close). A teardown
+        the interrupt cut short would have left it open: engines may run, and the resume
+        stops them (``stop_stale``)."""
+        with suppress(LedgerError):
+            self.ledger.end_boot(boot_id, status=BootStatus.DOWN, failure_detail=BOOT_INTERRUPTED)
 
     def _bench(self, experiment_id: int, boot_id: int, measurement: int) -> None:
         done = {
@@ -171,14 +204,15 @@ class Booter:
         if not stale:
             return
         self.display.phase("stopping engines left by an interrupted run")
-        self.testbed.stop_all()
-        for boot in stale:
-            self.ledger.end_boot(
-                boot.id,
-                status=BootStatus.DOWN,
-                failure_class=None,
-                failure_detail=BOOT_INTERRUPTED,
-            )
+        with unbroken():
+            self.testbed.stop_all()
+            for boot in stale:
+                self.ledger.end_boot(
+                    boot.id,
+                    status=BootStatus.DOWN,
+                    failure_class=None,
+                    failure_detail=BOOT_INTERRUPTED,
+                )
 
 
 def _blamed(failure: NodeError | None, teardown: NodeError) -> NodeError:

@@ -8,13 +8,7 @@ the separate ``click`` package, whose classes typer no longer raises.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
-import signal
-import threading
-from collections.abc import Iterator
-from types import FrameType
 
 import typer
 
@@ -22,6 +16,7 @@ import typer
 from typer._click.exceptions import NoArgsIsHelpError, NoSuchOption
 
 from orchestrator.errors import INTERRUPTED, OrchestrateError
+from orchestrator.interrupts import ended_like_ctrl_c
 
 #: The exit code of a command line that cannot be run as written (click's, and the README's).
 USAGE = 2
@@ -31,7 +26,7 @@ def run_app(app: typer.Typer, argv: list[str] | None, prog_name: str) -> int:
     """Run ``app`` on ``argv``; the exit code (a command's ``typer.Exit(n)`` included)."""
     try:
         # with standalone_mode off, click returns a `typer.Exit` code instead of raising it
-        with _ended_like_ctrl_c():
+        with ended_like_ctrl_c():
             code = app(args=argv, standalone_mode=False, prog_name=prog_name)
     except OrchestrateError as e:
         typer.echo(f"Error: {e.message}", err=True)
@@ -79,34 +74,3 @@ def _negative_id(e: typer.TyperException) -> str | None:
         return None
     name, floor = floors[0]
     return f"Invalid value for '{name}': {e.option_name} (it must be {floor} or more)"
-
-
-@contextlib.contextmanager
-def _ended_like_ctrl_c() -> Iterator[None]:
-    """SIGTERM (a service manager, ``kill``) and SIGHUP (the terminal or the SSH session to
-    this machine gone) end a command as Ctrl-C does: the boot in flight is torn down, the
-    claims and the lease released, and the same command resumes. Without this Python dies at
-    once and leaves the engines running on the nodes. After a SIGHUP nothing reads the
-    terminal: the rest of the output goes to /dev/null, so that writing it cannot stop the
-    teardown. A signal that was ignored when the command started (``nohup``) stays ignored."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum: int, _frame: FrameType | None) -> None:
-        if signum == signal.SIGHUP:
-            quiet = os.open(os.devnull, os.O_WRONLY)
-            for fd in (1, 2):
-                os.dup2(quiet, fd)
-            os.close(quiet)
-        raise KeyboardInterrupt
-
-    # a signal set to be ignored stays so: `nohup orchestrate round …` asked to outlive its
-    # terminal, and it does
-    ours = [s for s in (signal.SIGTERM, signal.SIGHUP) if signal.getsignal(s) == signal.SIG_DFL]
-    previous = {s: signal.signal(s, interrupt) for s in ours}
-    try:
-        yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)

@@ -18,6 +18,7 @@ from knobs.config import Config
 from knobs.records import CellResultRecord, CellSpec
 from ledger.mlflow_sink import RunState
 from orchestrator.errors import OrchestrateError
+from orchestrator.interrupts import unbroken
 from orchestrator.profile import Profile
 from orchestrator.settings import runtime_placeholders
 
@@ -31,7 +32,8 @@ def deployer_for(
 ) -> Deployer:
     """The deployer ``orchestrate`` drives a profile's cluster with: one transport per node
     (SSH where the node says so), the runtime placeholders, the profile's smoke generation;
-    ``fence`` asked right before each node is stopped or started (``lease.still_leased``)."""
+    ``fence`` asked right before each node is stopped or started (``lease.still_leased``); a
+    teardown under way holds the signals that would cut it short (``interrupts.unbroken``)."""
     return Deployer(
         profile.cluster,
         profile.launcher,
@@ -43,6 +45,7 @@ def deployer_for(
         smoke=lambda url, model, prompt, n: smoke(url, model, prompt=prompt, max_tokens=n),
         progress=progress,
         fence=fence,
+        unbroken=unbroken,
         parallel=parallel,
     )
 

@@ -225,10 +225,16 @@ def cluster_down(profile: ProfileOpt = None, force: ForceOpt = False) -> None:
     """Stop the engine on every node (head first), confirming each is gone; a node that
     cannot be reached is reported and the others are still stopped. Refused while another
     orchestrator (a running round) claims the nodes, unless --force."""
+    from orchestrator.interrupts import unbroken
     from orchestrator.profile import load_profile
 
     prof = load_profile(profile)
-    with opened(prof) as o, _owned(o, "cluster down", force, typer.echo, lease=False):
+    # once the stops begin, a signal waits for them and for the boots' closing
+    with (
+        opened(prof) as o,
+        _owned(o, "cluster down", force, typer.echo, lease=False),
+        unbroken(),
+    ):
         outcomes, errors = o.deployer().stop_each()
         for rank, how in sorted(outcomes.items()):
             typer.echo(f"node-{rank}: {how}")

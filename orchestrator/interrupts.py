@@ -1,0 +1,111 @@
+"""The signals that end a command, and the teardown they may not cut short.
+
+SIGTERM (a service manager, ``kill``) and SIGHUP (the terminal or the SSH session to this
+machine gone) end a command as Ctrl-C does (``ended_like_ctrl_c``): the boot in flight is torn
+down, the claims and the lease released, and the same command resumes.
+
+A teardown that has begun finishes (``unbroken``): every node's log kept, every engine stopped,
+the boot closed in the ledger. A signal that arrives meanwhile (a second Ctrl-C, a second
+SIGTERM from a service manager that stops with a grace period, the SSH session dropping) is
+held until the teardown is done, and then ends the command as it would have. Cut short, the
+teardown would leave engines running on the nodes, unrecorded, until the next command. A person
+who presses Ctrl-C again is told so in one line; ``kill -9`` is the way to leave the engines up.
+
+A signal ignored when the command started (``nohup``'s SIGHUP; SIGINT that a script's
+background job inherits ignored) stays ignored, in both.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from types import FrameType
+
+#: The signals that end a command, in the order ``unbroken`` delivers those it held.
+ENDING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+#: What a person (or a service manager's log) reads when a signal comes during a teardown.
+HELD = (
+    "{name} while the nodes are stopped: the teardown finishes first (cut short, it would "
+    "leave engines running on the nodes), then the command ends; kill -9 leaves them up for "
+    "`orchestrate cluster down`"
+)
+
+_NAMES: dict[int, str] = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
+_depth = 0
+
+
+def _quiet_terminal() -> None:
+    """Nothing reads the terminal any more (SIGHUP): the rest of the output goes to
+    /dev/null, so that writing it cannot stop what the command still does."""
+    quiet = os.open(os.devnull, os.O_WRONLY)
+    for fd in (1, 2):
+        os.dup2(quiet, fd)
+    os.close(quiet)
+
+
+@contextlib.contextmanager
+def ended_like_ctrl_c() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise ``KeyboardInterrupt`` as Ctrl-C does, while in the block.
+    Without this Python dies at once and leaves the engines running on the nodes. After a
+    SIGHUP the output goes to /dev/null. A signal that was ignored when the command started
+    (``nohup``) stays ignored."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, _frame: FrameType | None) -> None:
+        if signum == signal.SIGHUP:
+            _quiet_terminal()
+        raise KeyboardInterrupt
+
+    # a signal set to be ignored stays so: `nohup orchestrate round …` asked to outlive its
+    # terminal, and it does
+    ours = [s for s in (signal.SIGTERM, signal.SIGHUP) if signal.getsignal(s) == signal.SIG_DFL]
+    previous = {s: signal.signal(s, interrupt) for s in ours}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+@contextlib.contextmanager
+def unbroken() -> Iterator[None]:
+    """A teardown: SIGINT, SIGTERM and SIGHUP that arrive in the block are held until it ends,
+    then delivered as they came (the first one's ``KeyboardInterrupt`` raised where the block
+    ends). The first Ctrl-C or SIGTERM held says ``HELD`` on stderr; a SIGHUP sends the rest of
+    the output to /dev/null at once, as it would have. Only a signal that would have
+    interrupted the command is held: one ignored stays ignored, one left to its default (a
+    library's caller that asked for no interrupt) keeps it. A block inside another holds
+    nothing more, and off the main thread (where no signal is handled) it holds nothing."""
+    global _depth
+    if _depth or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+
+    def hold(signum: int, _frame: FrameType | None) -> None:
+        if signum == signal.SIGHUP:
+            _quiet_terminal()
+        elif not any(s in _NAMES for s in held):
+            with contextlib.suppress(OSError):
+                os.write(2, (HELD.format(name=_NAMES[signum]) + "\n").encode())
+        held.append(signum)
+
+    previous = {s: signal.getsignal(s) for s in ENDING}
+    interrupting = [int(s) for s, handler in previous.items() if callable(handler)]
+    _depth += 1
+    try:
+        for s in interrupting:
+            signal.signal(s, hold)
+        yield
+    finally:
+        for s in interrupting:
+            signal.signal(s, previous[signal.Signals(s)])
+        _depth -= 1
+        for s in sorted(set(held), key=held.index):
+            signal.raise_signal(s)  # its handler raises here (the first one's ends the rest)
