@@ -106,6 +106,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--quantization", "-q", default=None)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--disable-log-requests", action="store_true")
+    p.add_argument("--enable-log-requests", action="store_true")
     p.add_argument("--disable-log-stats", action="store_true")
     p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None)
     return p
@@ -133,6 +134,8 @@ class ServeArgs:
     max_model_len: int | None
     argv: tuple[str, ...]
     non_default: dict[str, Any]
+    #: each completion request logged, as vLLM does with --enable-log-requests
+    log_requests: bool = False
 
     @property
     def num_speculative_tokens(self) -> int:
@@ -193,6 +196,7 @@ def parse(argv: list[str]) -> ServeArgs:
         max_model_len=ns.max_model_len,
         argv=tuple(argv),
         non_default=non_default,
+        log_requests=ns.enable_log_requests,
     )
 
 

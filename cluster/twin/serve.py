@@ -311,6 +311,7 @@ def _head(
         max_model_len=max_model_len,
         k=settings.num_speculative_tokens,
         created=int(time.time()),
+        requests_log=log if args.log_requests else None,
     )
     try:
         server, thread = start_server(args.host, args.port, server_state)

@@ -25,6 +25,7 @@ from cluster import prompts
 from cluster.stall import ENGINE_STALL_METRIC
 from cluster.twin import text
 from cluster.twin.engine import Chunk, Counters, Engine, Request
+from cluster.twin.log import EngineLog
 
 VLLM_VERSION = "0.11.1"
 
@@ -42,6 +43,8 @@ class ServerState:
     k: int
     engine: Engine | None = None
     created: int = 0
+    #: where each completion request is logged, as vLLM logs them with --enable-log-requests
+    requests_log: EngineLog | None = None
 
     @property
     def ready(self) -> bool:
@@ -349,6 +352,11 @@ class Handler(BaseHTTPRequestHandler):
         except _BadRequest as e:
             self._error(e.status, str(e), e.kind)
             return
+        if self.state.requests_log is not None:
+            self.state.requests_log.info(
+                "logger.py:39",
+                f"Received request: prompt: {prompt[:80]!r}, params: max_tokens={max_tokens}",
+            )
         req = engine.submit(prompt, max_tokens, opened_at=self.opened_at)
         opts = body.get("stream_options") or {}
         if body.get("stream"):
