@@ -25,12 +25,13 @@ import asyncio
 import contextlib
 import json
 import math
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import httpx
 
-from cluster import metrics, prompts, stall
+from cluster import cutoff, metrics, prompts, stall
 from cluster.errors import BenchError, describe
 from cluster.window import CellState, Request, Scrapes, spread_final_usage, summarise
 from knobs.records import CellResultRecord, CellSpec, NodeClockRecord
@@ -200,9 +201,12 @@ async def _read_stream(response: httpx.Response, state: CellState, req: Request)
             req.finished = True
 
 
-async def _stream_forever(client: httpx.AsyncClient, state: CellState) -> None:
+async def _stream_forever(
+    client: httpx.AsyncClient, state: CellState, stop: threading.Event | None
+) -> None:
     loop = asyncio.get_running_loop()
-    while loop.time() < state.w1:
+    # between requests, the cutoff: a stream stopped sends nothing more
+    while loop.time() < state.w1 and not (stop is not None and stop.is_set()):
         errors = len(state.errors)
         await _one(client, state)
         if len(state.errors) > errors:
@@ -334,10 +338,12 @@ async def run_cell_async(
     *,
     on_progress: Callable[[str], None] | None = None,
     on_notice: Callable[[str], None] | None = None,
+    stop: threading.Event | None = None,
 ) -> tuple[CellResultRecord, dict[str, Any]]:
     """The measurement of ``run_cell`` without the clocks; also returns raw evidence.
 
     Raises:
+        OwnershipLost: ``stop`` was set (``cluster.cutoff``): the cell's streams are closed.
         BenchError: no token arrived in the window and requests failed (the evidence is the
             first failure), or no token arrived in one within ``cold_start_limit_s`` past the
             warm-up (a window that closes quiet, with no failure, waits for the next token).
@@ -347,7 +353,9 @@ async def run_cell_async(
     loop = asyncio.get_running_loop()
     watch = stall.StallWatch()
     with watch:
-        state, scrapes = await _measure(base_url, model, cell, say, on_notice or say)
+        state, scrapes = await cutoff.unless_stopped(
+            stop, cell.name, _measure(base_url, model, cell, say, on_notice or say, stop)
+        )
     record, evidence = summarise(state, *scrapes)
     if record.total_output_tokens == 0:
         waited = loop.time() - state.w1
@@ -383,6 +391,7 @@ async def _measure(
     cell: CellSpec,
     say: Callable[[str], None],
     notice: Callable[[str], None],
+    stop: threading.Event | None = None,
 ) -> tuple[CellState, tuple[Scrapes, Scrapes]]:
     """The cell's requests, and its counters at the window's edges and at the cell's (``say``:
     its progress; ``notice``: why it waits past its window)."""
@@ -413,7 +422,8 @@ async def _measure(
         )
         say(f"{cell.name}: {cell.concurrency} streams, warm-up {cell.warmup_s:g}s")
         workers = [
-            asyncio.create_task(_stream_forever(client, state)) for _ in range(cell.concurrency)
+            asyncio.create_task(_stream_forever(client, state, stop))
+            for _ in range(cell.concurrency)
         ]
         try:
             await asyncio.sleep(max(0.0, state.w0 - loop.time()))
@@ -432,7 +442,7 @@ async def _measure(
                     break
                 # a stream whose request ended after the window stopped: it goes on again
                 workers = [
-                    asyncio.create_task(_stream_forever(client, state)) if w.done() else w
+                    asyncio.create_task(_stream_forever(client, state, stop)) if w.done() else w
                     for w in workers
                 ]
                 if not await _after_quiet(state, deadline, notice):
@@ -471,6 +481,7 @@ def run_cell(
     clocks: Callable[[], Sequence[NodeClockRecord]] | None = None,
     on_progress: Callable[[str], None] | None = None,
     on_notice: Callable[[str], None] | None = None,
+    stop: threading.Event | None = None,
 ) -> CellResultRecord:
     """Measure one cell (warm-up, then the window) and return what it measured.
 
@@ -483,15 +494,19 @@ def run_cell(
     reading. ``on_progress`` gets each step's line; ``on_notice`` (else ``on_progress``) the
     lines that say why the cell waits past its window or measures again: a round shows these
     (an engine silent for minutes is otherwise a screen that says nothing). Runs its own event
-    loop (call it from synchronous code).
+    loop (call it from synchronous code). ``stop`` (``cluster.cutoff``) set stops the cell
+    where it stands: no request more, its streams closed, nothing measured again.
 
     Raises:
         BenchError: the cell measured nothing (the endpoint is down or every request failed),
             or its engine stopped sending tokens mid-window and sent none by its deadline.
+        OwnershipLost: ``stop`` was set before the cell ended.
         Whatever ``clocks`` raises.
     """
+    cutoff.check(stop, cell.name)
     first = list(clocks()) if clocks is not None else []
-    record = _measured_undisturbed(base_url, model, cell, on_progress, on_notice)
+    record = _measured_undisturbed(base_url, model, cell, on_progress, on_notice, stop)
+    cutoff.check(stop, cell.name)
     last = list(clocks()) if clocks is not None else []
     if first or last:
         record = record.model_copy(update={"clocks": _worse(first, last)})
@@ -504,6 +519,7 @@ def _measured_undisturbed(
     cell: CellSpec,
     on_progress: Callable[[str], None] | None,
     on_notice: Callable[[str], None] | None = None,
+    stop: threading.Event | None = None,
 ) -> CellResultRecord:
     """The cell measured until a window is not disturbed by a stall of its client's or its
     engine's host (``cluster.stall``), at most ``stall.ATTEMPTS`` times; the one with the
@@ -519,8 +535,11 @@ def _measured_undisturbed(
     kept_key = (0, 0.0)
     reconnected = False
     for attempt in range(1, stall.ATTEMPTS + 1):
+        cutoff.check(stop, cell.name)  # a cell stopped is measured no more
         record, evidence = asyncio.run(
-            run_cell_async(base_url, model, cell, on_progress=on_progress, on_notice=on_notice)
+            run_cell_async(
+                base_url, model, cell, on_progress=on_progress, on_notice=on_notice, stop=stop
+            )
         )
         lost = int(evidence.get("connection_lost", 0))
         # the fewest requests lost with their connection, then the least stalled: an error

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -147,6 +147,8 @@ class MlflowSink:
         self._artifact_location = artifact_location(root)
         #: whether the last call found MLflow not answering (its next is a short try)
         self._away = False
+        #: asked before every write (``fence``)
+        self._fence: Callable[[], None] = _unfenced
         with self._translate("open the tracking store", first=True):
             _quiet_store_logs()
             probe_database(self.tracking_uri)
@@ -158,6 +160,13 @@ class MlflowSink:
             # a PostgreSQL store's connections bounded as the ledger's are (``ledger.libpq``)
             self._client: MlflowClient = MlflowClient(tracking_uri=bounded_uri(self.tracking_uri))
             self.experiment_id = self._find_or_create_experiment()
+
+    def fence(self, check: Callable[[], None] | None) -> None:
+        """Ask ``check`` before every write to MLflow from now on (``None``: nothing): what it
+        raises stops the write before MLflow is called. A process that lost its cluster to
+        another orchestrator writes nothing to MLflow either, as the ledger takes nothing more
+        of it (``orchestrator.lease.still_leased``)."""
+        self._fence = check or _unfenced
 
     # -- runs ---------------------------------------------------------------------------------
 
@@ -176,7 +185,7 @@ class MlflowSink:
             MlflowSinkError: MLflow refused or failed to create the run or log its params.
         """
         system = {TAG_ROUND: str(round_id), TAG_CLUSTER: cluster, TAG_KIND: "round"}
-        with self._translate("start round"):
+        with self._translate("start round", write=True):
             return self._create_run(
                 experiment_id=self.experiment_id,
                 run_name=f"round-{round_id}",
@@ -202,7 +211,7 @@ class MlflowSink:
             ValueError: two param or tag names become the same name once sanitised.
             MlflowSinkError: the parent run does not exist, or MLflow failed.
         """
-        with self._translate("start experiment"):
+        with self._translate("start experiment", write=True):
             parent = self._client.get_run(parent_run_id)
             system = {_PARENT_TAG: parent_run_id, TAG_EXPERIMENT: str(number), TAG_KIND: kind}
             round_tag = parent.data.tags.get(TAG_ROUND)
@@ -226,7 +235,7 @@ class MlflowSink:
             MlflowSinkError: MLflow failed (unknown run id included).
         """
         named = clean_keys(metrics, "metric")
-        with self._translate("log metrics"):
+        with self._translate("log metrics", write=True):
             from mlflow.entities import Metric
 
             now = int(time.time() * 1000)
@@ -249,7 +258,10 @@ class MlflowSink:
         if not texts:
             return
         redactor = Redactor.from_environment()
-        with self._translate("log texts"), tempfile.TemporaryDirectory(prefix="mlflow-") as tmp:
+        with (
+            self._translate("log texts", write=True),
+            tempfile.TemporaryDirectory(prefix="mlflow-") as tmp,
+        ):
             staging = Path(tmp)
             for key, text in texts.items():
                 target = staging.joinpath(*paths[key].parts)
@@ -272,7 +284,10 @@ class MlflowSink:
         if not files:
             return
         redactor = Redactor.from_environment()
-        with self._translate("log files"), tempfile.TemporaryDirectory(prefix="mlflow-") as tmp:
+        with (
+            self._translate("log files", write=True),
+            tempfile.TemporaryDirectory(prefix="mlflow-") as tmp,
+        ):
             for index, (key, local) in enumerate(files.items()):
                 source = Path(local)
                 redacted = redacted_copy(source, Path(tmp) / str(index), redactor)
@@ -287,7 +302,7 @@ class MlflowSink:
             MlflowSinkError: MLflow failed (unknown run id included).
         """
         entries = tag_entries(tags, Redactor.from_environment())
-        with self._translate("set tags"):
+        with self._translate("set tags", write=True):
             self._log_tags(run_id, entries)
 
     def rename(self, run_id: str, name: str) -> None:
@@ -297,7 +312,7 @@ class MlflowSink:
             MlflowSinkError: MLflow failed (unknown run id included).
         """
         text = truncate(Redactor.from_environment().text(name), MAX_RUN_NAME)
-        with self._translate("rename run"):
+        with self._translate("rename run", write=True):
             self._client.update_run(run_id, name=text)
 
     def finish(self, run_id: str, status: str = "FINISHED") -> None:
@@ -309,7 +324,7 @@ class MlflowSink:
         """
         if status not in _STATUSES:
             raise ValueError(f"status must be one of {sorted(_STATUSES)}, not {status!r}")
-        with self._translate("finish run"):
+        with self._translate("finish run", write=True):
             self._client.set_terminated(run_id, status=status)
 
     def run_state(self, run_id: str) -> RunState | None:
@@ -461,12 +476,18 @@ class MlflowSink:
         return experiment_id
 
     @contextmanager
-    def _translate(self, operation: str, *, first: bool = False) -> Iterator[None]:
+    def _translate(
+        self, operation: str, *, first: bool = False, write: bool = False
+    ) -> Iterator[None]:
         """Turn MLflow, SQLAlchemy, driver and filesystem errors into ``MlflowSinkError``;
         MLflow's requests bounded meanwhile (``mlflow_uri.bounded``): as a first contact, as a
         call to an MLflow that answers, or, after a call MLflow did not answer, as a short try
-        of whether it is back (a round that goes on without MLflow never waits long on it)."""
+        of whether it is back (a round that goes on without MLflow never waits long on it).
+        A ``write`` is fenced first (``fence``)."""
         from sqlalchemy.exc import SQLAlchemyError
+
+        if write:
+            self._fence()
 
         settings = FIRST_CONTACT if first else AWAY if self._away else ANSWERING
         try:
@@ -486,6 +507,10 @@ class MlflowSink:
                 raise error from e
             raise
         self._away = False
+
+
+def _unfenced() -> None:
+    """The fence of a sink no lease holder writes through: every write goes."""
 
 
 def _is_mlflow_exception(error: Exception) -> bool:

@@ -74,13 +74,17 @@ class Booter:
             self._serve(e, run_id, boot, config, role=role, deciding=deciding)
         except NodeError as err:
             failure = err
-        except BaseException:
+        except BaseException as stop:
             # an interrupt (Ctrl-C, SIGTERM) or an error of ours: the engines torn down and the
             # boot ended now, as a resume would end it, so that no GPU-hour is counted to a boot
             # nothing runs for until the resume; a signal meanwhile waits for both
-            with unbroken(), suppress(OwnershipLost):
-                if self._tear_down(e, run_id, boot.id) is None:
-                    self._ended_cut_short(boot.id)
+            with unbroken():
+                try:
+                    if self._tear_down(e, run_id, boot.id) is None:
+                        self._ended_cut_short(boot.id)
+                except OwnershipLost as lost:
+                    if isinstance(stop, OwnershipLost):
+                        raise lost from stop  # a cell stopped for it: the ledger's line
             raise
         with unbroken():  # a teardown that has begun finishes, and its boot is closed
             torn = self._tear_down(e, run_id, boot.id)

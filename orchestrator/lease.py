@@ -59,7 +59,14 @@ class ClusterLease:
     waking (``LeaseLost``), whatever it was doing.
     """
 
-    def __init__(self, ledger: Ledger, cluster: str, *, ttl_s: float = 120.0) -> None:
+    def __init__(
+        self,
+        ledger: Ledger,
+        cluster: str,
+        *,
+        ttl_s: float = 120.0,
+        gone: threading.Event | None = None,
+    ) -> None:
         self.ledger = ledger
         self.cluster = cluster
         self.ttl_s = ttl_s
@@ -67,6 +74,9 @@ class ClusterLease:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.lost: LeaseLost | None = None
+        #: set the moment the ledger says the lease is another's or gone, from whichever
+        #: thread learns it (the renewal's, on waking): a bench cell stops at it
+        self.gone = gone or threading.Event()
 
     def __enter__(self) -> ClusterLease:
         """Take the lease.
@@ -111,6 +121,7 @@ class ClusterLease:
             self.ledger.renew_lease(self.cluster, holder=self.holder, ttl_s=self.ttl_s)
         except LeaseLost as e:
             self.lost = e
+            self.gone.set()
         except LedgerError:
             pass  # the ledger did not answer: still this holder's, renewed when it answers
 
@@ -173,6 +184,7 @@ class Ownership:
         note: Callable[[str], None] | None = None,
         skip_unreachable: bool = False,
         ttl_s: float = 120.0,
+        gone: threading.Event | None = None,
     ) -> None:
         self.cluster = cluster
         self.holder = Holder.this_process(what, cluster.name, hidden_password(ledger_url))
@@ -182,6 +194,8 @@ class Ownership:
         self._note = note or (lambda _line: None)
         self.skip_unreachable = skip_unreachable
         self.ttl_s = ttl_s
+        #: set when the lease is found another's (``ClusterLease.gone``)
+        self.gone = gone or threading.Event()
         self.lease: ClusterLease | None = None
         self.claims: NodeClaims | None = None
         self._stack = ExitStack()
@@ -196,7 +210,9 @@ class Ownership:
         """
         with ExitStack() as stack:
             if self._lease_wanted:
-                lease = ClusterLease(self._ledger(), self.cluster.name, ttl_s=self.ttl_s)
+                lease = ClusterLease(
+                    self._ledger(), self.cluster.name, ttl_s=self.ttl_s, gone=self.gone
+                )
                 self.lease = stack.enter_context(lease)
             transports = {n.rank: open_transport(n, self.cluster.ssh) for n in self.cluster.nodes}
             for transport in transports.values():

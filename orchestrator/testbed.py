@@ -6,6 +6,7 @@ benchmark drives the same round loop against a simulated testbed and a ``NullSin
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol
@@ -13,7 +14,7 @@ from typing import Protocol
 from cluster.bench import run_cell, smoke
 from cluster.connect import open_transport
 from cluster.deploy import Deployer, Fence, Progress
-from cluster.errors import NodeError
+from cluster.errors import NodeError, OwnershipError
 from knobs.config import Config
 from knobs.records import CellResultRecord, CellSpec
 from ledger.mlflow_sink import RunState
@@ -203,12 +204,21 @@ class NullSink:
 
 
 class ClusterTestbed:
-    """A real cluster: deploy through its transports, measure with the bench client."""
+    """A real cluster: deploy through its transports, measure with the bench client. ``stop``
+    set (the lease's ``gone``: the cluster another's now) stops a cell where it stands."""
 
-    def __init__(self, deployer: Deployer, base_url: str, model: str) -> None:
+    def __init__(
+        self,
+        deployer: Deployer,
+        base_url: str,
+        model: str,
+        *,
+        stop: threading.Event | None = None,
+    ) -> None:
         self.deployer = deployer
         self.base_url = base_url
         self.model = model
+        self.stop = stop
 
     def deploy(self, config: Config) -> dict[int, str]:
         """Boot ``config`` (see ``Deployer.deploy``)."""
@@ -226,6 +236,7 @@ class ClusterTestbed:
                 engine found stopped (``Deployer.stopped_engine``: the node's), or
                 an engine found dead (``Deployer.died_measuring``: a worker lost is the
                 node's, an OOM the config's).
+            OwnershipLost: ``stop`` was set: the cell stopped, its streams closed.
         """
         try:
             return run_cell(
@@ -234,9 +245,10 @@ class ClusterTestbed:
                 cell,
                 clocks=self.deployer.clocks,
                 on_notice=self.deployer.progress,
+                stop=self.stop,
             )
-        except NodeError:
-            raise
+        except (NodeError, OwnershipError):
+            raise  # a cell stopped because the cluster is another's: nobody's failure
         except OrchestrateError as err:
             message = f"bench cell {cell.name} failed: {err}"
             # an engine that died of its node (an ECC error, a full disk) mid-cell: the node's

@@ -23,8 +23,9 @@ from typing import IO
 
 import pytest
 
+from cluster import prompts
 from cluster.claims import CLAIM_DIR
-from cluster.launcher import EVENTS
+from cluster.launcher import EVENTS, LOG
 from knobs.vocabulary import BootStatus, EventKind, State
 from ledger import Ledger
 from orchestrator.crashpoints import ENV, SIGNAL_ENV
@@ -102,17 +103,22 @@ def _env(root: Path) -> dict[str, str]:
     return env
 
 
-def _profile(root: Path) -> Path:
+def _profile(root: Path, cells: tuple[str, ...] = ("code-c1", "prose-c8"), **long: float) -> Path:
+    """The two-node twin with ``cells`` in that order (each ``long`` named lasts that many
+    seconds; the engines log each request when any does)."""
     data = twin_profile_data(nodes=2)
     argv = data["launcher"]["argv"]
     argv[argv.index("--tensor-parallel-size") + 1] = "2"
+    if long:
+        argv.append("--enable-log-requests")
     data["launcher"]["env"].update(TWIN_BOOT_SCALE="5000")
     data["gates"].update(clocks_command=None, recover_command=None)
-    data["cells"] = [c for c in data["cells"] if c["name"] in ("code-c1", "prose-c8")]
+    named = {c["name"]: c for c in data["cells"]}
+    data["cells"] = [named[name] for name in cells]
     for cell in data["cells"]:
         # long enough that a process is found mid-cell by its output
         cell["warmup_s"] = 0.1
-        cell["duration_s"] = 2.0
+        cell["duration_s"] = long.get(cell["name"].replace("-", "_"), 2.0)
     data["verdict"] = {
         "policy": "threshold",
         "threshold_pct": 2.0,
@@ -270,3 +276,92 @@ def test_a_round_woken_between_a_nodes_line_and_its_launch_launches_nothing(root
         assert ledger.unfinished_round(CLUSTER) is None
         boots = [x for e in ledger.experiments(cluster=CLUSTER) for x in ledger.boots(e.id)]
         assert [x.id for x in boots if x.status == BootStatus.FAILED] == []
+
+
+def _prose_requests(log: Path, since: int) -> int:
+    """Requests for prose prompts the head's engine logged past byte ``since`` of its log."""
+    prose = [
+        repr(prompts.build_prompt("prose", 0, i).text[:80])
+        for i in range(len(prompts.base_prompts("prose")))
+    ]
+    with log.open("rb") as f:
+        f.seek(since)
+        text = f.read().decode(errors="replace")
+    return sum(1 for line in text.splitlines() if any(p in line for p in prose))
+
+
+def test_a_cell_in_flight_as_its_round_wakes_taken_over_stops_its_requests(root: Path) -> None:
+    """A round suspended mid-cell and woken after another took the cluster over stops that
+    cell as soon as it learns the lease is gone: it does not go on loading the new owner's
+    engines with its requests for the rest of the cell (nor measure it again)."""
+    _profile(root, ("prose-c8", "code-c1"), prose_c8=4.0, code_c1=6.0)
+    env = _env(root)
+    args = ("round", "--budget", "1", "-p", "profile.yaml")
+    b = Watched(root, env, *args)
+    c: Watched | None = None
+    head_log = root / "nodes" / "node-0" / LOG
+    try:
+        # B measures its prose cell: suspended there
+        wait_until("B in its prose cell", lambda: b.said("cell 1 of 2: prose-c8"), timeout=120)
+        b.proc.send_signal(signal.SIGSTOP)
+        wait_until("B's lease and claims expired", lambda: _expired(root), timeout=4 * TTL_S)
+        c = Watched(root, env, *args)
+        took = wait_until("C taking over", lambda: c.said("taking over a stale claim"), 60)
+        # C in its code cell: any prose request its head sees from now on is B's
+        cell = wait_until("C's code cell", lambda: c.said("cell 2 of 2: code-c1", since=took), 120)
+        since = head_log.stat().st_size
+        b.proc.send_signal(signal.SIGCONT)
+        seen = 0
+
+        def over() -> bool:
+            nonlocal seen
+            seen = max(seen, _prose_requests(head_log, since))
+            return b.proc.poll() is not None or bool(c.said("tearing down", since=cell))
+
+        wait_until("B's end, or C's code cell's", over, timeout=120)
+        assert b.wait(timeout=120) == 8, "\n".join(b.out + b.err)
+        # at most the one request each of its 8 streams may have sent before the renewal found
+        # the lease gone; before, the cell went on for its window and measured again
+        assert seen <= 8, seen
+        assert c.wait(timeout=240) == 0, "\n".join(c.out + c.err)
+    finally:
+        b.kill()
+        if c is not None:
+            c.kill()
+
+
+def _launchers(root: Path) -> dict[Path, int]:
+    """Every launcher MLflow holds as an artifact, and when its file last changed."""
+    return {p: p.stat().st_ctime_ns for p in (root / "mlartifacts").rglob("launchers/*.sh")}
+
+
+def test_a_round_woken_after_a_takeover_writes_nothing_to_mlflow(root: Path) -> None:
+    """A round suspended between its boot's record and that boot's launchers logged to MLflow,
+    woken after another took the cluster over, writes nothing to MLflow (its launchers over
+    the new owner's, on the experiment's run they share), as it writes nothing to the ledger."""
+    _profile(root)
+    env = _env(root)
+    args = ("round", "--budget", "1", "-p", "profile.yaml")
+    b = Watched(root, {**env, ENV: "smoke.passed", SIGNAL_ENV: "SIGSTOP"}, *args)
+    c: Watched | None = None
+    try:
+        wait_until(
+            "B suspended with its boot up",
+            lambda: "crashpoint smoke.passed@1: SIGSTOP" in b.err and _suspended(b.proc),
+            timeout=120,
+        )
+        wait_until("B's lease and claims expired", lambda: _expired(root), timeout=4 * TTL_S)
+        c = Watched(root, env, *args)
+        took = wait_until("C taking over", lambda: c.said("taking over a stale claim"), 60)
+        wait_until("C measuring", lambda: c.said("cell ", since=took), timeout=120)
+        before = _launchers(root)
+        assert before, "C logged its boot's launchers"
+        b.proc.send_signal(signal.SIGCONT)
+        assert b.wait(timeout=120) == 8, "\n".join(b.out + b.err)
+        # (C's own next boot logs its launchers on another experiment's run)
+        assert {p: p.stat().st_ctime_ns for p in before} == before
+        assert c.wait(timeout=240) == 0, "\n".join(c.out + c.err)
+    finally:
+        b.kill()
+        if c is not None:
+            c.kill()

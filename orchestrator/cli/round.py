@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import json
 import sys
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, get_args
 
@@ -168,7 +169,11 @@ def round_(
         deployer = o.deployer(
             progress=deploy_progress(display.phase), fence=lambda: still_leased(ledger)
         )
-        testbed = ClusterTestbed(deployer, prof.cluster.base_url, prof.model)
+        # a cell stops where it stands the moment the lease is found another's, and MLflow
+        # takes no write from a process that lost the cluster, as the ledger takes none
+        gone = threading.Event()
+        testbed = ClusterTestbed(deployer, prof.cluster.base_url, prof.model, stop=gone)
+        sink.fence(lambda: still_leased(ledger))
         # the ledger's lease and a claim on every node before the first deploy (issue #17)
         owner = Ownership(
             prof.cluster,
@@ -177,6 +182,7 @@ def round_(
             ledger=o.ledger,
             note=display.note,
             ttl_s=lease_ttl_s(),
+            gone=gone,
         )
         runners: list[RoundRunner] = []
 
