@@ -32,7 +32,7 @@ from knobs.records import CellSpec
 from knobs.vocabulary import RoundStatus, State, Status
 from ledger import Ledger
 from orchestrator.cli.root import app
-from orchestrator.crashpoints import CRASHPOINTS, ENV, crashpoint
+from orchestrator.crashpoints import CRASHPOINTS, ENV, SIGNAL_ENV, crashpoint
 from orchestrator.errors import UsageError
 from orchestrator.measurements import read_measurements
 from orchestrator.verdict import objective, objective_of
@@ -306,3 +306,8 @@ def test_a_crash_point_fires_only_when_named(monkeypatch: pytest.MonkeyPatch) ->
         monkeypatch.setenv(ENV, wrong)
         with pytest.raises(UsageError, match=ENV):
             crashpoint("measured")
+    # a point suspends instead of killing with SIGSTOP, and no other signal is taken
+    monkeypatch.setenv(ENV, "measured")
+    monkeypatch.setenv(SIGNAL_ENV, "SIGTERM")
+    with pytest.raises(UsageError, match=SIGNAL_ENV):
+        crashpoint("measured")
