@@ -422,7 +422,7 @@ async def _measure(
         )
         say(f"{cell.name}: {cell.concurrency} streams, warm-up {cell.warmup_s:g}s")
         workers = [
-            asyncio.create_task(_stream_forever(client, state, stop))
+            _retrieved(asyncio.create_task(_stream_forever(client, state, stop)))
             for _ in range(cell.concurrency)
         ]
         try:
@@ -442,7 +442,9 @@ async def _measure(
                     break
                 # a stream whose request ended after the window stopped: it goes on again
                 workers = [
-                    asyncio.create_task(_stream_forever(client, state, stop)) if w.done() else w
+                    _retrieved(asyncio.create_task(_stream_forever(client, state, stop)))
+                    if w.done()
+                    else w
                     for w in workers
                 ]
                 if not await _after_quiet(state, deadline, notice):
@@ -456,6 +458,15 @@ async def _measure(
             await metrics.drain(client, metrics_url)
         closing = await metrics.scrape(client, metrics_url)
     return state, ((before, after), (opening, closing))
+
+
+def _retrieved(task: asyncio.Task[None]) -> asyncio.Task[None]:
+    """``task``, whose exception counts as seen once it ends: a stream's own failures are
+    the cell's evidence already, and an interrupt (Ctrl-C, SIGTERM) that landed in it is
+    the command's, raised where the loop runs; asyncio would log either, as a task's
+    exception nobody retrieved, once the interrupt left the loop."""
+    task.add_done_callback(lambda t: t.cancelled() or t.exception())
+    return task
 
 
 def _measured_any(state: CellState) -> bool:

@@ -36,19 +36,39 @@ def check(stop: threading.Event | None, cell: str) -> None:
 async def unless_stopped(
     stop: threading.Event | None, cell: str, work: Coroutine[Any, Any, T]
 ) -> T:
-    """``work``'s result; cancelled (its streams closed by its own ``finally``) within
-    ``POLL_S`` of ``stop`` being set.
+    """``work``'s result, awaited in this task; cancelled (its streams closed by its own
+    ``finally``) within ``POLL_S`` of ``stop`` being set. The event is looked at by a timer's
+    callback, not by a task of its own: an interrupt that lands in it (Ctrl-C, SIGTERM) leaves
+    no task behind with an exception nobody retrieves.
 
     Raises:
         OwnershipLost: ``stop`` was set before ``work`` ended.
     """
-    task = asyncio.ensure_future(work)
     if stop is None:
-        return await task
-    while not task.done():
+        return await work
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None  # called from a coroutine
+    stopped = False
+    timer: asyncio.TimerHandle | None = None
+
+    def look() -> None:
+        nonlocal stopped, timer
         if stop.is_set():
+            stopped = True
             task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-            check(stop, cell)
-        await asyncio.wait({task}, timeout=POLL_S)
-    return task.result()
+        else:
+            timer = loop.call_later(POLL_S, look)
+
+    look()
+    try:
+        return await work
+    except asyncio.CancelledError:
+        if not stopped:
+            raise
+        task.uncancel()
+        check(stop, cell)
+        raise  # not reached: ``stop`` is set
+    finally:
+        if timer is not None:
+            timer.cancel()

@@ -142,7 +142,7 @@ def test_a_signal_during_a_teardown_waits_for_every_node_and_the_boots_end(
                 stream.close()
     said = "\n".join(out + err)
     assert code == 130, said
-    assert "Traceback" not in said
+    assert "Traceback" not in said, said
     # every node was stopped, the one being stopped and the one after it
     assert engines_alive(root) == [], said
     assert (root / "stopping-1").exists(), said
