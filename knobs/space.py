@@ -211,22 +211,30 @@ class KnobSpace(BaseModel):
         fields: dict[str, dict[str, Value]] = {}
         env: dict[str, str] = {}
         for knob in self.knobs:
-            value = config[knob.name]
-            shown = knob.rendered(value)
-            how = knob.render
-            if how.kind == "flag":
-                assert how.flag is not None
-                argv += [how.flag, as_text(shown)]
-            elif how.kind == "switch":
-                argv += list(how.when_true if value else how.when_false)
-                env.update(how.env_when_true if value else how.env_when_false)
-            elif how.kind == "json_field":
-                assert how.flag is not None and how.field is not None
-                fields.setdefault(how.flag, {})[how.field] = shown
-            else:
-                assert how.env is not None
-                env[how.env] = as_text(shown)
+            piece = render_knob(knob, config[knob.name])
+            argv += piece.argv
+            for flag, values in piece.json_fields.items():
+                fields.setdefault(flag, {}).update(values)
+            env.update(piece.env)
         return RenderedKnobs(argv=tuple(argv), json_fields=fields, env=env)
+
+
+def render_knob(knob: KnobSpec, value: Value) -> RenderedKnobs:
+    """The launcher pieces of one knob at ``value``."""
+    shown = knob.rendered(value)
+    how = knob.render
+    if how.kind == "flag":
+        assert how.flag is not None
+        return RenderedKnobs(argv=(how.flag, as_text(shown)), json_fields={}, env={})
+    if how.kind == "switch":
+        tokens = how.when_true if value else how.when_false
+        env = how.env_when_true if value else how.env_when_false
+        return RenderedKnobs(argv=tokens, json_fields={}, env=dict(env))
+    if how.kind == "json_field":
+        assert how.flag is not None and how.field is not None
+        return RenderedKnobs(argv=(), json_fields={how.flag: {how.field: shown}}, env={})
+    assert how.env is not None
+    return RenderedKnobs(argv=(), json_fields={}, env={how.env: as_text(shown)})
 
 
 def render_clash(knobs: Sequence[KnobSpec]) -> str | None:

@@ -58,7 +58,7 @@ class RenderSpec(BaseModel):
       (``num_speculative_tokens`` inside ``--speculative-config``).
     - ``env``: an environment variable ``ENV=VALUE``.
     ``values`` maps a knob value (as its string) to what is rendered instead, e.g. an adapter
-    rank to the drafter directory it selects.
+    rank to the drafter directory it selects; a value it does not list renders as itself.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -325,17 +325,11 @@ class KnobSpec(BaseModel):
 
     # ---- rendering --------------------------------------------------------------------------
     def rendered(self, value: Value) -> Value:
-        """The value as the launcher sees it (after the ``values`` map, if any)."""
-        if self.render.values is not None:
-            key = _key(value)
-            if key not in self.render.values:
-                raise KnobError(
-                    f"knob {self.name}: no rendering for value {printable(value)}",
-                    knob=self.name,
-                    value=value,
-                )
-            return self.render.values[key]
-        return value
+        """The value as the launcher sees it: its entry in the ``values`` map, if it has one,
+        else the value itself (a partial map renders its unlisted values as themselves)."""
+        if self.render.values is None:
+            return value
+        return self.render.values.get(_key(value), value)
 
 
 def _key(value: Value) -> str:

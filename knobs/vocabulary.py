@@ -223,3 +223,19 @@ CUT_SHORT = {
     BOOT_INTERRUPTED: "cut short: the run was interrupted or killed before its teardown",
     BOOT_CLOSED_BY_DOWN: "cut short: a killed run left it up; `orchestrate cluster down` closed it",
 }
+#: The start of a boot's ``failure_detail`` where an error of orchestrate's (not the boot's,
+#: not an interrupt) stopped the round mid-boot, its engines torn down: ``error: `` and the
+#: error's first line, which the command printed too.
+BOOT_ERRORED = "error: "
+
+
+def cut_short(detail: str | None) -> str | None:
+    """What a person reads of a boot no failure of its own ended (``detail`` its
+    ``failure_detail``), if a run's stop ended it; else None."""
+    if detail is None:
+        return None
+    if detail.startswith(BOOT_ERRORED):
+        return (
+            f"cut short: an error of orchestrate's stopped the run: {detail[len(BOOT_ERRORED) :]}"
+        )
+    return CUT_SHORT.get(detail)

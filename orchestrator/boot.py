@@ -13,7 +13,14 @@ from contextlib import suppress
 
 from cluster.errors import NodeError, OwnershipLost
 from knobs.config import Config
-from knobs.vocabulary import BOOT_INTERRUPTED, INFRASTRUCTURE, BootRole, BootStatus, State
+from knobs.vocabulary import (
+    BOOT_ERRORED,
+    BOOT_INTERRUPTED,
+    INFRASTRUCTURE,
+    BootRole,
+    BootStatus,
+    State,
+)
 from ledger import BootRecord, ExperimentRecord, Ledger, LedgerError
 from orchestrator.crashpoints import crashpoint
 from orchestrator.display import RoundDisplay
@@ -82,7 +89,7 @@ class Booter:
             with unbroken():
                 try:
                     if self._tear_down(e, run_id, boot.id) is None:
-                        self._ended_cut_short(boot.id)
+                        self._ended_cut_short(boot.id, stop)
                 except OwnershipLost as lost:
                     if isinstance(stop, OwnershipLost):
                         raise lost from stop  # a cell stopped for it: the ledger's line
@@ -144,9 +151,9 @@ class Booter:
             raise lost
         try:
             self.runlog.boot_logs(e, run_id, boot_id, self.testbed.logs())
-        except BaseException:
+        except BaseException as stop:
             if self._stop_all() is None:
-                self._ended_cut_short(boot_id)
+                self._ended_cut_short(boot_id, stop)
             raise
         return self._stop_all()
 
@@ -159,13 +166,13 @@ class Booter:
             return err
         return None
 
-    def _ended_cut_short(self, boot_id: int) -> None:
-        """A boot torn down because something else stopped the round ends as ``interrupted``
-        (a ledger that does not answer leaves it open for the resume to close). A teardown
-        the interrupt cut short would have left it open: engines may run, and the resume
-        stops them (``stop_stale``)."""
+    def _ended_cut_short(self, boot_id: int, stop: BaseException) -> None:
+        """A boot torn down because something else stopped the round ends with what stopped it
+        (``_stopped_by``: an interrupt, or an error of ours); a ledger that does not answer
+        leaves it open for the resume to close. A teardown cut short would have left it open:
+        engines may run, and the resume stops them (``stop_stale``)."""
         with suppress(LedgerError):
-            self.ledger.end_boot(boot_id, status=BootStatus.DOWN, failure_detail=BOOT_INTERRUPTED)
+            self.ledger.end_boot(boot_id, status=BootStatus.DOWN, failure_detail=_stopped_by(stop))
 
     def _bench(self, experiment_id: int, boot_id: int, measurement: int) -> None:
         done = {
@@ -218,6 +225,15 @@ class Booter:
                     failure_class=None,
                     failure_detail=BOOT_INTERRUPTED,
                 )
+
+
+def _stopped_by(stop: BaseException) -> str:
+    """The ``failure_detail`` of a boot a run's stop ended: an interrupt (Ctrl-C, a SIGTERM
+    or SIGHUP taken as one, a kill) or an error of ours, with its first line."""
+    if not isinstance(stop, Exception):
+        return BOOT_INTERRUPTED
+    said = str(stop).strip().splitlines()
+    return BOOT_ERRORED + (said[0] if said else type(stop).__name__)
 
 
 def _blamed(failure: NodeError | None, teardown: NodeError) -> NodeError:

@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from knobs.records import CellResultRecord
-from knobs.vocabulary import CUT_SHORT
+from knobs.vocabulary import cut_short
 from ledger import BootRecord, ExperimentRecord, Ledger
 from orchestrator.errors import OrchestrateError
 from orchestrator.timestamps import utc_minute
@@ -155,8 +155,9 @@ def view_lines(view: dict[str, Any]) -> list[str]:
             head += f", {b['failure_class']}"
             head += "" if on is None else f" on node {on['rank']} ({on['host']})"
             head += "" if not b["failure_detail"] else f": {b['failure_detail']}"
-        if b["failure_class"] is None and b["failure_detail"] in CUT_SHORT:
-            head += f"; {CUT_SHORT[b['failure_detail']]}"
+        said = None if b["failure_class"] is not None else cut_short(b["failure_detail"])
+        if said is not None:
+            head += f"; {said}"
         if b["clocks_off"]:
             nodes = ", ".join(str(r) for r in b["clocks_off"])
             head += (

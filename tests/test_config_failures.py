@@ -28,6 +28,7 @@ from cluster.errors import DeployError, NodeError
 from cluster.gates import GateSpec
 from cluster.launcher import LOG, PIDFILE
 from knobs.config import Config
+from knobs.errors import ProfileError
 from knobs.vocabulary import (
     INFRASTRUCTURE,
     BootStatus,
@@ -36,6 +37,7 @@ from knobs.vocabulary import (
     Kind,
     State,
     Status,
+    cut_short,
 )
 from ledger import Ledger
 from orchestrator import policy
@@ -394,6 +396,40 @@ def test_a_kill_during_the_second_boot_resumes_counting_the_first_failure(
     verdict = again.ledger.verdict(candidate.id)
     assert verdict is not None and verdict.reason.startswith("failed twice: start, start")
     again.ledger.close()
+
+
+class Erring(Failing):
+    """Deploy ``n`` raises an error of orchestrate's (a launcher that does not render), after
+    which the boot is torn down as any is."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__(lambda k, c: None)
+        self.n = n
+
+    def deploy(self, config: Config) -> dict[int, str]:
+        if self.attempts + 1 == self.n:
+            self.attempts += 1
+            raise ProfileError("launcher of node-0: unknown placeholder {nope}")
+        return super().deploy(config)
+
+
+def test_a_boot_an_error_of_ours_stopped_is_closed_with_that_error_not_as_interrupted(
+    tmp_path: Path,
+) -> None:
+    """An error of ours mid-boot stops the round; its boot, torn down, is closed with the
+    error (``experiments show`` says what stopped it), not as a run interrupted or killed."""
+    loop = runner(tmp_path, Erring(3))  # deploys 1 and 2 are the baseline's
+    with pytest.raises(ProfileError):
+        loop.run(RoundOptions(budget=1, proposer="sweep", approve="auto"))
+    candidate = loop.ledger.experiments(cluster="scripted")[-1]
+    (boot,) = loop.ledger.boots(candidate.id)
+    assert (boot.status, boot.failure_class) == (BootStatus.DOWN, None)
+    assert boot.failure_detail == "error: launcher of node-0: unknown placeholder {nope}"
+    assert cut_short(boot.failure_detail) == (
+        "cut short: an error of orchestrate's stopped the run: launcher of node-0: unknown "
+        "placeholder {nope}"
+    )
+    loop.ledger.close()
 
 
 def test_the_baseline_gets_one_more_boot_too(tmp_path: Path) -> None:

@@ -15,7 +15,14 @@ from typing import Any
 
 import pytest
 
-from knobs.vocabulary import BOOT_CLOSED_BY_DOWN, BOOT_INTERRUPTED, BootRole, BootStatus, Kind
+from knobs.vocabulary import (
+    BOOT_CLOSED_BY_DOWN,
+    BOOT_ERRORED,
+    BOOT_INTERRUPTED,
+    BootRole,
+    BootStatus,
+    Kind,
+)
 from ledger import Ledger
 from orchestrator.cli import run
 from orchestrator.profile import load_profile
@@ -168,7 +175,8 @@ def test_a_boot_a_stopped_run_cut_short_says_so(
             champion_objective=None,
             description="baseline",
         )
-        for detail in (BOOT_INTERRUPTED, BOOT_CLOSED_BY_DOWN, None):
+        errored = BOOT_ERRORED + "launcher of node-0: unknown placeholder {nope}"
+        for detail in (BOOT_INTERRUPTED, BOOT_CLOSED_BY_DOWN, errored, None):
             boot = ledger.start_boot(e.id, config, role=BootRole.MEASURE, measurement=0)
             ledger.end_boot(boot.id, status=BootStatus.DOWN, failure_detail=detail)
     assert run(["experiments", "show", str(e.id)]) == 0
@@ -178,5 +186,7 @@ def test_a_boot_a_stopped_run_cut_short_says_so(
         "before its teardown",
         "boot 2 (measure, measurement 0): down; cut short: a killed run left it up; "
         "`orchestrate cluster down` closed it",
-        "boot 3 (measure, measurement 0): down",
+        "boot 3 (measure, measurement 0): down; cut short: an error of orchestrate's stopped "
+        "the run: launcher of node-0: unknown placeholder {nope}",
+        "boot 4 (measure, measurement 0): down",
     ], lines

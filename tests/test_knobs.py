@@ -143,6 +143,24 @@ def test_render_places_each_knob_where_the_launcher_expects_it() -> None:
     assert "--enforce-eager" not in graphs.argv
 
 
+def test_a_partial_values_map_renders_its_unlisted_values_as_themselves() -> None:
+    """docs/profile.md: ``render.values`` maps the values it lists; the others render as
+    themselves (an engine's backend renamed in one release, the rest as they are)."""
+    moe = KnobSpec(
+        name="moe_backend",
+        type="choice",
+        choices=("triton", "cutlass", "flashinfer"),
+        default="triton",
+        render=RenderSpec(
+            kind="flag", flag="--moe-backend", values={"triton": "triton", "cutlass": "cutlass_v2"}
+        ),
+    )
+    space = KnobSpace(knobs=(moe,))
+    assert [moe.rendered(v) for v in moe.domain()] == ["triton", "cutlass_v2", "flashinfer"]
+    flashinfer = space.render(space.config({"moe_backend": "flashinfer"}))
+    assert flashinfer.argv == ("--moe-backend", "flashinfer")
+
+
 def test_specs_refuse_unsafe_tokens_and_bad_domains() -> None:
     with pytest.raises(ValueError, match="not a safe token"):
         KnobSpec(

@@ -141,3 +141,35 @@ def test_a_domain_narrowed_under_the_profiles_own_champion_names_the_champion_bl
     path.write_text(yaml.safe_dump(data))
     with pytest.raises(ProfileError, match=r": proposer\.sweep: knob num_speculative_tokens: 6 "):
         load_profile(str(path))
+
+
+MOE: dict[str, Any] = {
+    "name": "moe_backend",
+    "new": True,
+    "type": "choice",
+    "choices": ["triton", "cutlass", "flashinfer"],
+    "default": "triton",
+    "render": {"kind": "flag", "flag": "--moe-backend", "values": {"triton": "triton"}},
+}
+
+
+def test_a_rendering_that_cannot_deploy_is_refused_as_the_profile_loads(tmp_path: Path) -> None:
+    """A value the proposer may pick mid-round whose rendering does not fill on a node (a
+    placeholder no node has) is refused at load, naming the key it comes from, not left to
+    stop a round; a partial ``values`` map is no such rendering (unlisted values render as
+    themselves)."""
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(profile(MOE)))
+    load_profile(str(path))  # flashinfer and cutlass render as themselves
+    mapped = {**MOE, "render": {**MOE["render"], "values": {"cutlass": "{nope}/cutlass"}}}
+    path.write_text(yaml.safe_dump(profile(mapped)))
+    with pytest.raises(ProfileError) as caught:
+        load_profile(str(path))
+    said = str(caught.value)
+    assert "\n" not in said
+    assert said.startswith(f"profile {path}: knobs.moe_backend.render.values: moe_backend cutlass")
+    assert "unknown placeholder {nope}" in said and "add the name to the nodes' vars" in said
+    chosen = {**MOE, "choices": ["triton", "{nope}"], "render": {"kind": "env", "env": "MOE"}}
+    path.write_text(yaml.safe_dump(profile(chosen)))
+    with pytest.raises(ProfileError, match=r"knobs\.moe_backend\.choices: moe_backend \{nope\}"):
+        load_profile(str(path))
