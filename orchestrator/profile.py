@@ -30,7 +30,7 @@ from knobs.space import (
     render_clash,
     render_knob,
 )
-from knobs.spec import KnobSpec, Value, as_text
+from knobs.spec import KnobSpec, Value, as_text, printable
 from orchestrator.profile_errors import first_error
 from orchestrator.profile_names import ApproveMode, ProposerKind, embedded_profiles
 
@@ -302,6 +302,7 @@ class Profile(BaseModel):
         clash = render_clash(knobs) or static_clash(self.launcher, knobs)
         if clash is not None:
             raise KnobError(clash)
+        _check_forbidden(self.forbidden, knobs)
         return self
 
     def _catalog_knobs(self) -> tuple[KnobSpec, ...]:
@@ -353,6 +354,42 @@ class Profile(BaseModel):
         """A short digest of the validated profile."""
         text = json.dumps(self.model_dump(mode="json"), sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _check_forbidden(rules: tuple[ForbiddenCombination, ...], knobs: tuple[KnobSpec, ...]) -> None:
+    """Each ``forbidden`` rule names knobs of the profile, with values of their domains.
+
+    Raises:
+        KnobError: a rule's knob the profile lacks, or a value outside its domain, said at the
+            rule's key (``forbidden[0].when``), with what to do.
+    """
+    by_name = {k.name: k for k in knobs}
+    for i, rule in enumerate(rules):
+        where = f"forbidden[{i}].when"
+        for name, value in rule.when.items():
+            spec = by_name.get(name)
+            if spec is None:
+                known = ", ".join(by_name)
+                hint = did_you_mean(name, by_name)
+                raise KnobError(
+                    f"{where}: unknown knob {printable(name)}; "
+                    + (
+                        f"known knobs: {known}"
+                        if hint is None
+                        else f"{hint} (known knobs: {known})"
+                    )
+                    + "; a rule names knobs of this profile: fix the name, or drop the rule",
+                    knob=name,
+                )
+            try:
+                spec.parse(value)
+            except KnobError as e:
+                raise KnobError(
+                    f"{where}: {e}; a rule names values the knob takes: fix the value, or drop "
+                    "the rule",
+                    knob=name,
+                    value=value,
+                ) from e
 
 
 def _merge_knob(knob: object, base: dict[str, KnobSpec], catalog_name: str) -> object:

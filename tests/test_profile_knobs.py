@@ -173,3 +173,45 @@ def test_a_rendering_that_cannot_deploy_is_refused_as_the_profile_loads(tmp_path
     path.write_text(yaml.safe_dump(profile(chosen)))
     with pytest.raises(ProfileError, match=r"knobs\.moe_backend\.choices: moe_backend \{nope\}"):
         load_profile(str(path))
+
+
+@pytest.mark.parametrize(
+    ("when", "said"),
+    [
+        (
+            {"nope": 1},
+            "forbidden[0].when: unknown knob 'nope'; known knobs: num_speculative_tokens, ",
+        ),
+        (
+            {"num_speculativ_tokens": 3},
+            "forbidden[0].when: unknown knob 'num_speculativ_tokens'; did you mean "
+            "num_speculative_tokens? (known knobs: ",
+        ),
+        (
+            {"num_speculative_tokens": 99},
+            "forbidden[0].when: knob num_speculative_tokens: 99 is not an integer from 1 to 7; "
+            "a rule names values the knob takes: fix the value, or drop the rule",
+        ),
+        (
+            {"moe_backend": "rocm"},
+            "forbidden[0].when: knob moe_backend: 'rocm' is not one of triton, cutlass, "
+            "flashinfer; a rule names values",
+        ),
+    ],
+)
+def test_a_bad_forbidden_rule_is_said_at_its_own_key_not_the_champions(
+    tmp_path: Path, when: dict[str, object], said: str
+) -> None:
+    """A ``forbidden`` rule naming a knob the profile lacks, or a value outside its domain, is
+    refused at ``forbidden[i].when``, with what to do; not as a mistake in ``champion``."""
+    data = profile(MOE)
+    data["forbidden"] = [{"when": {"cuda_graphs": True}, "reason": "fine"}]
+    data["forbidden"].insert(0, {"when": when, "reason": "x"})
+    path = tmp_path / "b.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ProfileError) as caught:
+        load_profile(str(path))
+    text = str(caught.value)
+    assert text.startswith(f"profile {path}: {said}"), text
+    assert "champion" not in text and "\n" not in text
+    assert "fix the " in text and "or drop the rule" in text
