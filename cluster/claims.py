@@ -35,9 +35,17 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from types import TracebackType
 
-from cluster.errors import ClaimHeld, DeployError, NodeError, NodeUnreachable, OwnershipLost
+from cluster.errors import (
+    ClaimHeld,
+    DeployError,
+    NodeError,
+    NodeUnreachable,
+    OwnershipLost,
+    WorkdirUnwritable,
+    tail,
+)
 from cluster.inventory import ClusterSpec, NodeSpec
-from cluster.transport import Transport, check
+from cluster.transport import CommandResult, Transport, check
 
 #: The claim's directory in a node's workdir.
 CLAIM_DIR = ".orchestrate-claim"
@@ -182,12 +190,15 @@ def _parse_seen(stdout: str) -> Seen:
 def _take_command(node: NodeSpec, holder: Holder, ttl_s: float) -> list[str]:
     d = _dir(node)
     body = (
+        # the node's own words for a refusal, in English and ASCII, whatever its locale
+        "LC_ALL=C; export LC_ALL; "
         f"mkdir -p {shlex.quote(node.workdir)} || exit 3; "
-        f"if mkdir {d} 2>/dev/null; then "
+        f"if said=$(mkdir {d} 2>&1); then "
         f"printf '%s\\n' {shlex.quote(holder.to_json())} >{d}/holder.json && "
         f"echo $(( $(date +%s) + {int(ttl_s)} )) >{d}/expires && "
         f"printf '%s\\n' {holder.id} >{d}/id && echo taken; exit $?; fi; "
-        f"[ -d {d} ] || exit 3; " + _show(d)
+        # not made and not there: why mkdir could not, for the error to say
+        f'[ -d {d} ] || {{ printf "%s\\n" "$said" >&2; exit 3; }}; ' + _show(d)
     )
     return ["sh", "-c", body]
 
@@ -211,6 +222,40 @@ def _remove_command(node: NodeSpec, holder_id: str, by: str, how: str) -> list[s
         f"mv {d} {trash} && rm -rf {trash} && echo {how}; exit 0"
     )
     return ["sh", "-c", body]
+
+
+#: What a node's shell says where its file system refuses a write, and the cause in words.
+_REFUSALS = {
+    "Read-only file system": "a read-only file system",
+    "Permission denied": "permission denied",
+}
+
+
+def _not_taken(node: NodeSpec, result: CommandResult) -> NodeError:
+    """Why a claim could not be made, as the node said it: a workdir that refuses writes
+    (``WorkdirUnwritable``, which no waiting fixes), else the remote's own last line."""
+    said = [line for line in result.stderr.splitlines() if line.strip()]
+    cause = _text(said[-1], 300) if said else "nothing on stderr"
+    refused = next((why for text, why in _REFUSALS.items() if text in result.stderr), None)
+    message = (
+        f"claiming the node failed on {node.name} ({node.host}) with exit code "
+        f"{result.returncode}: {cause}"
+        if refused is None
+        else f"{node.name} ({node.host}): its workdir {node.workdir} cannot be written "
+        f"({refused}: {cause}), and the claim and the engine's files go there; waiting will "
+        "not fix it: make the folder writable on the node, or point the node's workdir (the "
+        f"profile's cluster.nodes entry of rank {node.rank}; a relative one is under the "
+        "folder the command runs in) at a writable folder"
+    )
+    return (NodeError if refused is None else WorkdirUnwritable)(
+        message,
+        failure_class="remote_failed",
+        rank=node.rank,
+        host=node.host,
+        command=result.command,
+        returncode=result.returncode,
+        stderr_tail=tail(result.stderr, 15),
+    )
 
 
 class NodeClaims:
@@ -320,7 +365,9 @@ class NodeClaims:
     def _take(self, node: NodeSpec) -> Seen | None:
         """Make the claim: None when made, else the claim that is there."""
         argv = _take_command(node, self.holder, self.ttl_s)
-        result = check(self._t(node).run(argv, timeout=30), node, "claiming the node")
+        result = self._t(node).run(argv, timeout=30)
+        if result.returncode != 0:
+            raise _not_taken(node, result)
         if result.stdout.startswith("taken"):
             return None
         seen = _parse_seen(result.stdout)

@@ -57,6 +57,13 @@ class NodeUnreachable(NodeError):
     exit_code = 5
 
 
+class WorkdirUnwritable(NodeError):
+    """A node's workdir refuses writes (a read-only file system, a folder of another user's):
+    the node answered, and waiting for it does not help (exit 6)."""
+
+    exit_code = 6
+
+
 class DeployError(NodeError):
     """A boot failed: start, rendezvous, health, smoke, gates or clocks."""
 

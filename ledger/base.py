@@ -4,6 +4,7 @@ any point leaves the ledger at the last completed state change."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -79,6 +80,17 @@ class LedgerBase:
                 url=self.url,
                 # as SQLite's own "unable to open database file" is (a mount that went away)
                 unreachable=True,
+            )
+        writes = sqlite and not read_only and not rehearse
+        refused = _folder_unwritable(parsed.database) if writes else None
+        if refused is not None:
+            # SQLite says only "unable to open database file" (or "a readonly database")
+            raise LedgerError(
+                f"ledger {self.url}: the folder {refused[0]} cannot be written ({refused[1]}), "
+                "and SQLite writes the ledger and its journal there: make the folder writable, "
+                "or set ORCHESTRATE_LEDGER (or the profile's ledger_url) to a file in a "
+                "writable folder (sqlite:////abs/path/orchestrate.db)",
+                url=self.url,
             )
         try:
             if sqlite:
@@ -305,6 +317,21 @@ def _folder_missing(database: str | None) -> Path | None:
         return None
     folder = Path(database).parent
     return None if folder.is_dir() else folder
+
+
+def _folder_unwritable(database: str | None) -> tuple[Path, str] | None:
+    """The folder of a SQLite URL's database file, and why, when this process cannot write
+    there (a read-only file system, a folder of another user's); ``None`` where it can, where
+    the folder is not there (``_folder_missing`` says so) or for a database in memory or named
+    by a ``file:`` URI."""
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return None
+    folder = Path(database).absolute().parent
+    if not folder.is_dir() or os.access(folder, os.W_OK):
+        return None
+    if os.statvfs(folder).f_flag & os.ST_RDONLY:
+        return folder, "a read-only file system"
+    return folder, "permission denied"
 
 
 def _watched(sessions: sessionmaker[Session]) -> sessionmaker[Session]:

@@ -17,7 +17,7 @@ from types import TracebackType
 
 from cluster.claims import Holder, NodeClaims, Seen
 from cluster.connect import open_transport
-from cluster.errors import NodeError, NodeUnreachable, OwnershipLost
+from cluster.errors import NodeError, NodeUnreachable, OwnershipLost, WorkdirUnwritable
 from cluster.inventory import ClusterSpec, NodeSpec
 from knobs.vocabulary import EventKind
 from ledger import LeaseLost, LeaseRecord, Ledger, LedgerError
@@ -229,6 +229,8 @@ class Ownership:
             )
             try:
                 self.claims = stack.enter_context(claims)
+            except WorkdirUnwritable:
+                raise  # the node answered: no waiting for it fixes its folder
             except NodeError as err:
                 # the infrastructure's fault, before anything ran: said as such (exit 5)
                 raise NodeUnreachable(

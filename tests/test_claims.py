@@ -20,7 +20,7 @@ import pytest
 
 from cluster.claims import CLAIM_DIR, Holder, NodeClaims
 from cluster.connect import open_transport
-from cluster.errors import ClaimHeld, OwnershipLost
+from cluster.errors import ClaimHeld, NodeError, OwnershipLost, WorkdirUnwritable
 from cluster.gates import DEFAULT_FAILURE_PATTERNS
 from cluster.ports import PORTS_FILE
 from knobs.vocabulary import EventKind, Kind, ProposalStatus
@@ -353,3 +353,73 @@ def test_cluster_down_closes_the_boots_a_killed_run_left_open_unless_a_round_hol
     status = orchestrate(demo, "status", "-p", str(profile), env=env)
     assert status.returncode == 0, status.stderr
     assert "boot(s) open" not in status.stdout
+
+
+def test_a_claim_that_fails_says_what_the_node_said(tmp_path: Path) -> None:
+    """A claim the node's shell could not make is said with the node's own words (here a
+    workdir under a file), not only with an exit code."""
+    (tmp_path / "a-file").write_text("")
+    data = twin_profile_data()
+    data["cluster"]["nodes"] = [
+        {"rank": 0, "host": "127.0.0.1", "workdir": str(tmp_path / "a-file" / "node-0")}
+    ]
+    cluster = load_profile(str(write_profile(tmp_path, data))).cluster
+    (node,) = cluster.nodes
+    holder = Holder.this_process("round", cluster.name, "sqlite:///a.db")
+    with pytest.raises(NodeError) as caught:
+        NodeClaims(cluster, {0: open_transport(node, cluster.ssh)}, holder).__enter__()
+    assert not isinstance(caught.value, WorkdirUnwritable)
+    said = caught.value.message
+    assert said.startswith(
+        "claiming the node failed on node-0 (127.0.0.1) with exit code 3: mkdir: cannot "
+        f"create directory '{tmp_path}/a-file"
+    ), said
+    assert said.endswith(": Not a directory"), said
+
+
+def read_only(folder: Path, *argv: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``argv`` run in ``folder`` with a read-only file system mounted on it, in a mount
+    namespace of its own (as root; a user's own namespace otherwise): gone with the child."""
+    folder.mkdir()
+    unshare = ["unshare", "-m"] if os.geteuid() == 0 else ["unshare", "-Urm"]
+    mount = 'mount -t tmpfs -o ro,size=1m tmpfs "$1" && cd "$1" && shift && exec "$@"'
+    return subprocess.run(
+        [*unshare, "sh", "-c", mount, "sh", str(folder), *argv],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+
+
+def test_a_read_only_working_folder_is_said_as_such_not_as_a_node_away(tmp_path: Path) -> None:
+    """The twin's nodes' workdirs are under the folder the command runs in: a read-only one
+    is said as the node's file system refusing writes, with what to do (exit 6), not as a
+    node away to wait for (exit 5)."""
+    elsewhere = {**env_for(tmp_path), "COLUMNS": "400"}
+    done = read_only(tmp_path / "ro", *ORCHESTRATE, "round", "--budget", "1", env=elsewhere)
+    said = done.stderr.strip().splitlines()[-1]
+    assert done.returncode == 6, done.stderr[-2000:]
+    assert said.startswith(
+        f"Error: node-0 (127.0.0.1): its workdir {tmp_path}/ro/.orchestrate/twin/node-0 cannot "
+        "be written (a read-only file system: mkdir: cannot create directory "
+        f"'{tmp_path}/ro/.orchestrate': Read-only file system)"
+    ), said
+    assert "make the folder writable on the node, or point the node's workdir" in said
+    assert "once the node is back" not in said
+
+
+def test_a_ledger_in_a_read_only_folder_says_the_folder_and_what_to_set(tmp_path: Path) -> None:
+    """The default ledger (``orchestrate.db`` in the folder the command runs in) where that
+    folder is read-only: the folder, why, and where else to put the ledger (exit 4)."""
+    default = {k: v for k, v in env_for(tmp_path).items() if k != "ORCHESTRATE_LEDGER"}
+    done = read_only(tmp_path / "ro2", *ORCHESTRATE, "round", "--budget", "1", env=default)
+    said = done.stderr.strip().splitlines()[-1]
+    assert done.returncode == 4, done.stderr[-2000:]
+    assert said == (
+        f"Error: ledger sqlite:///orchestrate.db: the folder {tmp_path}/ro2 cannot be written "
+        "(a read-only file system), and SQLite writes the ledger and its journal there: make "
+        "the folder writable, or set ORCHESTRATE_LEDGER (or the profile's ledger_url) to a "
+        "file in a writable folder (sqlite:////abs/path/orchestrate.db)"
+    ), said
