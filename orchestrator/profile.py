@@ -31,6 +31,7 @@ from knobs.space import (
     render_knob,
 )
 from knobs.spec import KnobSpec, Value, as_text, printable
+from orchestrator.errors import UsageError
 from orchestrator.profile_errors import first_error
 from orchestrator.profile_names import ApproveMode, ProposerKind, embedded_profiles
 
@@ -521,7 +522,10 @@ def _check_renderings(profile: Profile, path: Path) -> None:
     """
     from orchestrator.settings import runtime_placeholders  # settings imports this module
 
-    runtime = runtime_placeholders()
+    try:
+        runtime = runtime_placeholders()
+    except UsageError:
+        return  # an engine's path set wrong in the environment: a boot's testbed says so
     nodes = [(n.name, placeholders(profile.cluster, n, runtime)) for n in profile.cluster.nodes]
     for knob in profile.space.knobs:
         for value in knob.domain():

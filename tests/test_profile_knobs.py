@@ -215,3 +215,13 @@ def test_a_bad_forbidden_rule_is_said_at_its_own_key_not_the_champions(
     assert text.startswith(f"profile {path}: {said}"), text
     assert "champion" not in text and "\n" not in text
     assert "fix the " in text and "or drop the rule" in text
+
+
+def test_a_bad_engine_path_in_the_environment_does_not_stop_a_profile_loading(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The renderings checked as the profile loads need this machine's placeholders; an
+    engine's path set wrong in the environment is said by a boot's testbed, not by every
+    command that loads the profile and boots nothing."""
+    monkeypatch.setenv("ORCHESTRATE_LLAMA_SERVER", "relative/llama-server")
+    assert load_profile("twin", base_dir=tmp_path).name == "twin"
