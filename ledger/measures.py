@@ -30,11 +30,12 @@ class Measures(LedgerBase):
         *,
         role: BootRole = BootRole.MEASURE,
         measurement: int | None = None,
+        rendering: str | None = None,
     ) -> BootRecord:
         """Record that a boot of ``config`` begins (stop-all is its first step).
 
         ``measurement`` continues an interrupted measurement; by default the boot starts the
-        experiment's next one.
+        experiment's next one. ``rendering``: a digest of the launchers it renders.
         """
         with self._session() as s:
             if measurement is None:
@@ -50,6 +51,7 @@ class Measures(LedgerBase):
                 role=str(role),
                 measurement=measurement,
                 status=str(BootStatus.BOOTING),
+                rendering=rendering,
             )
             s.add(row)
             s.flush()

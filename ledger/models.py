@@ -21,7 +21,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 #: The schema's number: the newest Alembic revision of ``ledger/migrations`` as an int, bumped
 #: with each new revision. ``alembic_version`` is the truth; the ``schema_version`` row mirrors
 #: this, so that an orchestrate from before the revisions refuses a newer ledger.
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 
 def utcnow() -> datetime:
@@ -169,6 +169,9 @@ class BootRow(Base):
     started_at: Mapped[datetime] = mapped_column(default=utcnow)
     healthy_at: Mapped[datetime | None]
     ended_at: Mapped[datetime | None]
+    # a digest of the launchers the boot rendered (schema 9; NULL before): a reading counts
+    # for a config only under the rendering it has now
+    rendering: Mapped[str | None] = mapped_column(String(64))
 
 
 class CellResultRow(Base):

@@ -158,6 +158,8 @@ class BootRecord(_Record):
     #: recorded before schema 6)
     failed_rank: int | None = None
     failed_host: str | None = None
+    #: a digest of the launchers the boot rendered (None: recorded before schema 9)
+    rendering: str | None = None
 
 
 class CellReading(NamedTuple):

@@ -182,6 +182,7 @@ def boot_record(row: BootRow) -> BootRecord:
         ended_at=aware(row.ended_at),
         failed_rank=row.failed_rank,
         failed_host=row.failed_host,
+        rendering=row.rendering,
     )
 
 

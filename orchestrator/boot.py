@@ -29,6 +29,7 @@ from orchestrator.interrupts import unbroken
 from orchestrator.lease import still_leased
 from orchestrator.measurements import read_measurements
 from orchestrator.profile import Profile
+from orchestrator.rendering import digest
 from orchestrator.runlog import RunLog
 from orchestrator.testbed import Testbed
 
@@ -75,7 +76,9 @@ class Booter:
         # recorded under an earlier profile: booted as this one renders it, a knob it lacks
         # from the champion it was proposed against (``evolution``)
         config = fit(self.profile.space, self.ledger, e).config
-        boot = self.ledger.start_boot(e.id, config, role=role, measurement=measurement)
+        boot = self.ledger.start_boot(
+            e.id, config, role=role, measurement=measurement, rendering=digest(self.profile, config)
+        )
         crashpoint("boot.started")
         failure: NodeError | None = None
         try:

@@ -20,6 +20,7 @@ from knobs.records import CellResultRecord
 from knobs.spec import EffectPrior, Value
 from knobs.vocabulary import BootRole, BootStatus, EventKind, Kind, State, Status
 from ledger import ChampionRecord, ExperimentRecord, Ledger
+from orchestrator import revision
 from orchestrator.acceptance import Null, acceptance_shift, counts, moved
 from orchestrator.evolution import fit, fit_champion, record_profile
 from orchestrator.measurements import Measurement, read_cluster_measurements, read_measurements
@@ -27,6 +28,16 @@ from orchestrator.noise import NoiseModel, learn
 from orchestrator.pooling import ValueBoots, pool
 from orchestrator.priors import MEASURING, base_prior, learned_prior
 from orchestrator.profile import Profile
+from orchestrator.rendering import (
+    digest,
+    dropped,
+    gained,
+    knob_events,
+    legacy_cut,
+    rendered_as,
+    revised,
+    stale_line,
+)
 from orchestrator.step_cost import LAW_HOLDS, draft_changes, law_null
 from orchestrator.verdict import (
     Assessment,
@@ -100,11 +111,47 @@ class ChampionEvidence:
             for event in self.ledger.events(self.cluster, EventKind.KEEP_BOOTS_SET_ASIDE)
         }
 
+    def rendered_now(self, champion: ChampionRecord) -> list[Measurement]:
+        """The champion's complete measurements of its launchers as the profile renders them
+        now (``rendering``: those of another rendering are set aside)."""
+        now = digest(self.profile, champion.config)
+        cut = legacy_cut(knob_events(self.ledger, self.cluster, champion.experiment_id))
+        ms = self.measurements(champion.experiment_id)
+        return [m for m in ms if m.complete and rendered_as(m, now, cut)]
+
+    def revised(self) -> list[str]:
+        """What the profile changes of how configs render against the last profile recorded
+        for the cluster (``rendering.revised``): asked before a round records it."""
+        return revised(self.profile, revision.last(self.ledger, self.cluster))
+
+    def restated(self, revised: Sequence[str] = ()) -> str | None:
+        """The line saying the champion is measured again because its launchers render
+        differently now than when it was last measured, and why (the knob changes recorded
+        since, and ``revised``: what ``revised`` said before the profile was recorded);
+        ``None`` when they do not."""
+        champion = self.fitted()
+        if champion is None:
+            return None
+        complete = [m for m in self.measurements(champion.experiment_id) if m.complete]
+        counted = {m.index for m in self.rendered_now(champion)}
+        if not complete or complete[-1].index in counted:
+            return None
+        since = complete[-1].boots[0][1]
+        events = knob_events(self.ledger, self.cluster, champion.experiment_id)
+        reasons = [*revised] + [
+            dropped(e.subject) if e.kind == EventKind.KNOB_REMOVED else gained(e.subject)
+            for e in events
+            if e.created_at >= since
+        ]
+        previous = sum(1 for m in complete if m.index not in counted)
+        return stale_line(list(dict.fromkeys(reasons)), previous)
+
     def level(self) -> list[Measurement]:
         """The champion's complete measurements with every node's clocks right, since its last
-        cut (``cuts``: a confirmed drift, or the boots that kept it set aside)."""
+        cut (``cuts``: a confirmed drift, or the boots that kept it set aside), of its launchers
+        as the profile renders them now (``rendered_now``)."""
         champion = self.current()
-        complete = [m for m in self.measurements(champion.experiment_id) if m.complete]
+        complete = self.rendered_now(champion)
         # a baseline measured only with a node's clocks off is all there is until re-measured
         measurements = [m for m in complete if self.trusted(m)] or complete
         cuts = self.cuts().get(champion.experiment_id)
@@ -152,13 +199,17 @@ class ChampionEvidence:
             if e.status in (Status.CRASH, Status.VETOED, Status.INVALID):
                 continue
             # a cut splits a config's boots: the level moved (or was chosen), not the noise
-            segments: dict[int, list[float]] = {}
+            segments: dict[tuple[int, tuple[str, ...]], list[float]] = {}
+            last: tuple[int, tuple[str, ...]] | None = None
             for m in measured.get(e.id, []):
                 if self.trusted(m):
-                    segment = sum(1 for c in cuts.get(e.id, []) if m.index >= c)
+                    # and another rendering (a knob's flag dropped) is another engine's level
+                    cut = sum(1 for c in cuts.get(e.id, []) if m.index >= c)
+                    segment = (cut, tuple(sorted({r or "" for r, _ in m.boots})))
                     segments.setdefault(segment, []).append(objective(m.cells))
-            if e.id == without and segments:
-                del segments[max(segments)]
+                    last = segment
+            if e.id == without and last is not None:
+                del segments[last]
             groups.extend(v for v in segments.values() if len(v) >= 2)
         cells = max(1, len(self.profile.cells))
         return learn(

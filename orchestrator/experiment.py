@@ -23,6 +23,7 @@ from orchestrator.history import monotone_classes
 from orchestrator.measurements import BootCount, Measurement
 from orchestrator.profile import Profile
 from orchestrator.remeasure import ChampionRemeasure
+from orchestrator.rendering import digest, rendered_as
 from orchestrator.runlog import RunLog
 from orchestrator.verdict import Assessment, accept_len, objective, objective_of
 
@@ -166,11 +167,14 @@ class ExperimentRunner:
 
     def _next_action(self, e: ExperimentRecord) -> policy.Action:
         """``policy``'s next step for ``e``, from the ledger's evidence."""
-        measurements = self.champion.measurements(e.id)
         baseline = e.kind == Kind.BASELINE
         failed, last_failed = self._config_failures(e)
         # as booted: fitted to the profile (``evolution``), for the knobs' monotone bounds
         fitted = e.model_copy(update={"config": fit(self.profile.space, self.ledger, e).config})
+        # a measurement of launchers the profile no longer renders so (a knob's flag dropped
+        # between a kill and its resume) is set aside: the next boot starts a new one
+        now = digest(self.profile, fitted.config)
+        measurements = [m for m in self.champion.measurements(e.id) if rendered_as(m, now)]
         progress = policy.Progress(
             baseline=baseline,
             measurements=measurements,

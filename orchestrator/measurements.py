@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from knobs.records import CellResultRecord, CellSpec
@@ -38,6 +38,8 @@ class Measurement:
     role: str
     cells: list[CellResultRecord]
     complete: bool = False
+    #: each boot's rendering (``BootRecord.rendering``) and start, in boot order
+    boots: list[tuple[str | None, datetime]] = field(default_factory=list)
 
     def trusted(self, min_matmul_rate: float) -> bool:
         """Complete, and every node's clocks were right: what a level or a noise estimate may
@@ -204,6 +206,7 @@ def _assembled(
     for boot in boots:
         m = out.setdefault(boot.measurement, Measurement(boot.measurement, boot.role, []))
         m.cells.extend(by_boot.get(boot.id, []))
+        m.boots.append((boot.rendering, boot.started_at))
     need = set(defined)
     for m in out.values():
         m.complete = need <= {c.cell for c in m.cells}

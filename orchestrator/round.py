@@ -202,6 +202,7 @@ class RoundRunner:
                 self.display.note(line)
         # the profile gained or lost a knob since the champion was recorded (``evolution``),
         # and the profile recorded (``revision``)
+        revised = self.champion.revised()  # before the profile is recorded: what it changed
         for line in self.champion.record_knob_changes():
             self.display.note(line)
         champion = self.champion.fitted()
@@ -211,6 +212,10 @@ class RoundRunner:
         # a cell redefined since it was measured is measured again (``measurements.counts``)
         for line in changed_cells(self.ledger, self.cluster, self.profile.cells).values():
             self.display.note(line)
+        # a knob's flag dropped or gained: measured again under it (``rendering``)
+        restated = self.champion.restated(revised)
+        if restated is not None:
+            self.display.note(restated)
         try:
             stopped_by = self._loop(rnd, started)
         except (OrchestrateError, KeyboardInterrupt) as err:

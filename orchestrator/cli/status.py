@@ -27,6 +27,7 @@ if TYPE_CHECKING:
         ProposalRecord,
         RoundRecord,
     )
+    from orchestrator.champion import ChampionEvidence
     from orchestrator.priors import Measured
     from orchestrator.profile import Profile
     from orchestrator.step_cost import StepCost
@@ -63,6 +64,8 @@ class _Seen:
     outside: dict[str, str]
     #: the cells redefined since their last reading
     redefined: dict[str, str]
+    #: why the champion is measured again: its launchers render differently now (or None)
+    restated: str | None
     running: RoundRecord | None
     lease: LeaseRecord | None
     #: a live holder (a round running now): a resume or `cluster down` would be refused
@@ -118,6 +121,8 @@ def _read(prof: Profile, ledger: Ledger) -> _Seen:
         outside={} if champion is None else outside_domain(prof.space, champion.config),
         # a cell redefined since it was measured: the next round measures it again
         redefined=changed_cells(ledger, name, prof.cells),
+        # a knob's flag dropped or gained since it was measured: the next round measures it
+        restated=_restated(ChampionEvidence(prof, ledger)),
         running=running,
         lease=lease,
         live=lease is not None and lease_held(lease),
@@ -187,6 +192,8 @@ def _as_data(prof: Profile, seen: _Seen, flag: str) -> dict[str, Any]:
         "gpu_hours": round(sum(seen.used.values()), 4),
         # the cells the profile redefined since their last reading (``changed_cells``)
         "changed_cells": list(seen.redefined),
+        # the champion's launchers render differently now: why it is measured again
+        "champion_measured_again": seen.restated,
         "held_for_mlflow": seen.held,
         "open_boots": len(seen.left_open),
         "lease": None
@@ -304,6 +311,13 @@ def _say_champion(console: Console, seen: _Seen) -> None:
         console.print(line, markup=False)
     for line in seen.redefined.values():
         console.print(line, markup=False)
+    if seen.restated is not None:
+        console.print(seen.restated, markup=False)
+
+
+def _restated(evidence: ChampionEvidence) -> str | None:
+    """Why the next round measures the champion again, if it does (``rendering``)."""
+    return evidence.restated(evidence.revised())
 
 
 def _say_round(console: Console, seen: _Seen, data: dict[str, Any], flag: str) -> None:

@@ -1,0 +1,120 @@
+"""What a boot rendered: a digest of its launchers, and whether a measurement counts for a
+config as the profile renders it now.
+
+A profile may change what a config runs without changing the config: a knob dropped (its flag
+no longer passed, so the engine's own default runs), a knob gained whose value renders a flag,
+a launcher edited. The boots before such a change measured another engine: their readings
+and greedy texts stay in the ledger, set aside, and the champion is measured again before a
+change is judged against it (``policy.next_action``, as for a cell redefined), and an
+interrupted measurement continues as a new one rather than across two launchers.
+
+Each boot records the digest of the launchers it rendered (schema 9, ``boot.rendering``). A
+boot recorded before has none: it counts unless the ledger recorded a knob dropped from or
+gained by the champion after it started (``legacy_cut``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import datetime
+
+from cluster.launcher import render_node
+from knobs.config import Config
+from knobs.errors import KnobError, ProfileError
+from knobs.vocabulary import EventKind
+from ledger import EventRecord, Ledger
+from orchestrator.measurements import Measurement
+from orchestrator.profile import Profile
+from orchestrator.revision import Revision
+from orchestrator.settings import runtime_placeholders
+
+_KNOB_EVENTS = (EventKind.KNOB_REMOVED, EventKind.KNOB_ADDED)
+
+
+def digest(profile: Profile, config: Config) -> str | None:
+    """A digest of every node's launcher for ``config`` (its argv and environment), the
+    machine's own paths left as their placeholders (a venv moved is the same engine); ``None``
+    where it cannot be rendered here."""
+    runtime = {k: "{" + k + "}" for k in runtime_placeholders()}
+    try:
+        rendered = [
+            render_node(profile.launcher, profile.space, config, profile.cluster, node, runtime)
+            for node in sorted(profile.cluster.nodes, key=lambda n: n.rank)
+        ]
+    except (ProfileError, KnobError):
+        return None
+    text = json.dumps([[r.rank, list(r.argv), sorted(r.env.items())] for r in rendered])
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def knob_events(ledger: Ledger, cluster: str, experiment_id: int) -> list[EventRecord]:
+    """The knobs dropped from or gained by champion ``experiment_id``, as recorded, oldest
+    first."""
+    out = [
+        e
+        for kind in _KNOB_EVENTS
+        for e in ledger.events(cluster, kind)
+        if e.detail.get("champion_experiment") == experiment_id
+    ]
+    return sorted(out, key=lambda e: e.id)
+
+
+def legacy_cut(events: list[EventRecord]) -> datetime | None:
+    """Before when a boot that recorded no rendering (before schema 9) measured another
+    launcher: the latest knob change of the champion recorded (``knob_events``)."""
+    return events[-1].created_at if events else None
+
+
+def rendered_as(m: Measurement, now: str | None, cut: datetime | None = None) -> bool:
+    """Whether every boot of ``m`` rendered what the config renders now (``now``: its
+    ``digest``; ``None``: not renderable here, every boot counts). A boot with no rendering
+    recorded counts unless it started before ``cut`` (``legacy_cut``)."""
+    for rendering, started in m.boots:
+        if rendering is None:
+            if cut is not None and started < cut:
+                return False
+        elif now is not None and rendering != now:
+            return False
+    return True
+
+
+def dropped(knob: str) -> str:
+    """The words for a knob the champion lost: its flag is no longer passed."""
+    return f"knob {knob} dropped, its flag no longer passed"
+
+
+def gained(knob: str) -> str:
+    """The words for a knob the champion gained."""
+    return f"knob {knob} gained"
+
+
+def revised(profile: Profile, previous: Revision | None) -> list[str]:
+    """What ``profile`` changes of how configs render against the ``previous`` profile
+    recorded (none recorded: nothing said), in words: the knobs dropped and gained, a knob
+    rendered otherwise, the launcher edited."""
+    if previous is None:
+        return []
+    now = {k.name: k for k in profile.space.knobs}
+    was = {k.name: k for k in previous.knobs}
+    out = [dropped(n) for n in was if n not in now]
+    out += [gained(n) for n in now if n not in was and n not in previous.unread_knobs]
+    out += [
+        f"knob {n} renders otherwise" for n in now if n in was and now[n].render != was[n].render
+    ]
+    launcher = Revision.of(profile).sections.get("launcher")
+    if previous.sections.get("launcher", launcher) != launcher:
+        out.append("the profile's launcher changed")
+    return out
+
+
+def stale_line(reasons: list[str], previous: int) -> str:
+    """The line a round's start and ``status`` say when the champion's measurements were of
+    another rendering (``previous``: how many are set aside)."""
+    why = "; ".join(reasons) or "the launcher the profile renders for it changed"
+    return (
+        f"the champion is measured again before any change is judged against it: its "
+        f"launchers render differently now than when it was measured ({why}); its "
+        f"{previous} measurement(s) and greedy texts of the old rendering stay in the ledger, "
+        "set aside"
+    )
