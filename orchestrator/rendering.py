@@ -9,8 +9,8 @@ change is judged against it (``policy.next_action``, as for a cell redefined), a
 interrupted measurement continues as a new one rather than across two launchers.
 
 Each boot records the digest of the launchers it rendered (schema 9, ``boot.rendering``). A
-boot recorded before has none: it counts unless the ledger recorded a knob dropped from or
-gained by the champion after it started (``legacy_cut``).
+boot recorded before has none: it counts unless the ledger recorded a knob dropped from the
+champion after it started (``legacy_cut``).
 """
 
 from __future__ import annotations
@@ -62,8 +62,12 @@ def knob_events(ledger: Ledger, cluster: str, experiment_id: int) -> list[EventR
 
 def legacy_cut(events: list[EventRecord]) -> datetime | None:
     """Before when a boot that recorded no rendering (before schema 9) measured another
-    launcher: the latest knob change of the champion recorded (``knob_events``)."""
-    return events[-1].created_at if events else None
+    launcher: the latest knob the champion lost (``knob_events``), whose flag it no longer
+    passes. A knob gained is not a cut for such a boot: nothing recorded says whether its
+    value renders what the engine ran by default (a ledger from before this release keeps its
+    champion's level, as it did)."""
+    removed = [e for e in events if e.kind == EventKind.KNOB_REMOVED]
+    return removed[-1].created_at if removed else None
 
 
 def rendered_as(m: Measurement, now: str | None, cut: datetime | None = None) -> bool:

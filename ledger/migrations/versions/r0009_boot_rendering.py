@@ -4,7 +4,7 @@ A reading counts for a config only under the rendering the profile gives it now:
 dropped (its flag no longer passed), a knob gained whose value renders a flag, a launcher
 edited, each makes the champion's earlier boots another engine's, measured again before a
 change is judged against it. The rows written before this revision keep NULL, and are judged
-by the knob changes the ledger recorded (``orchestrator.rendering``).
+by the knobs the ledger recorded as dropped from the champion (``orchestrator.rendering``).
 """
 
 from __future__ import annotations
