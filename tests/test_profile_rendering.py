@@ -6,17 +6,32 @@ through the CLI, under two profiles against one ledger."""
 from __future__ import annotations
 
 import copy
+import io
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from knobs.vocabulary import BootRole, Status
+import pytest
+from rich.console import Console
+
+from agents import SweepProposer
+from knobs.config import Config
+from knobs.records import CellResultRecord, CellSpec
+from knobs.space import KnobSpace
+from knobs.vocabulary import BootRole, State, Status
 from ledger import Ledger
+from orchestrator.approval import ApprovalGate
+from orchestrator.display import RoundDisplay
 from orchestrator.known_bad import barred_regions
 from orchestrator.profile import load_profile
+from orchestrator.round import RoundOptions, RoundRunner
+from orchestrator.testbed import NullSink
 from tests.fixtures.cli import orchestrate
 from tests.fixtures.profiles import twin_profile_data, write_profile
+from tests.test_profile_evolution import CELL, FOO, profile_data
+from tests.test_profile_evolution_under_way import MNBT, KillingTestbed
 
 CLUSTER = "g-twin"
 
@@ -77,3 +92,72 @@ def test_a_dropped_knob_measures_the_champion_again_before_a_change_is_judged(
         later = boots[before:]
         assert later and later[0].role == BootRole.REMEASURE
         assert later[0].rendering is not None and later[0].rendering != boots[0].rendering
+
+
+# ---- a measurement cut by a kill and continued under another rendering ------------------
+PROSE = CellSpec(name="prose-c1", category="prose", concurrency=1)
+
+
+class CutTestbed(KillingTestbed):
+    """``KillingTestbed`` that is Ctrl-C'd as a config ``cut`` picks benches its second cell
+    (its first cell recorded: a measurement left unfinished)."""
+
+    def __init__(self, space: KnobSpace, cut: Callable[[Config], bool]) -> None:
+        super().__init__(space)
+        self.cut = cut
+        self.config: Config | None = None
+        self.benched = 0
+
+    def deploy(self, config: Config) -> dict[int, str]:
+        self.config, self.benched = config, 0
+        return super().deploy(config)
+
+    def bench(self, cell: CellSpec) -> CellResultRecord:
+        self.benched += 1
+        if self.benched == 2 and self.config is not None and self.cut(self.config):
+            raise KeyboardInterrupt
+        return super().bench(cell)
+
+
+def _round(tmp_path: Path, data: dict[str, Any], testbed: Callable[[KnobSpace], Any]) -> str:
+    profile = load_profile(str(write_profile(tmp_path, data)), base_dir=tmp_path)
+    shown = io.StringIO()
+    with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
+        RoundRunner(
+            profile,
+            ledger,
+            NullSink(),
+            testbed(profile.space),
+            SweepProposer([{MNBT: 6144}]),
+            ApprovalGate(ledger, "auto"),
+            RoundDisplay(Console(file=shown, width=300)),
+        ).run(RoundOptions(budget=1, proposer="sweep", approve="auto"))
+    return " ".join(shown.getvalue().split())
+
+
+def test_a_measurement_cut_and_continued_under_another_rendering_starts_a_new_one(
+    tmp_path: Path,
+) -> None:
+    """Ctrl-C as the change MNBT 7168 → 6144 benches its second cell, under a profile with
+    knob foo (rendered --foo); the profile then loses foo. Before, the resume continued the
+    change's measurement: its first cell read with --foo and its second without, one
+    measurement across two launchers. Now the cut measurement is set aside and the change is
+    measured afresh, every cell under the launcher it renders now."""
+    with_foo = profile_data({**FOO, "new": True})
+    with_foo["cells"] = [CELL.model_dump(), PROSE.model_dump()]
+    with pytest.raises(KeyboardInterrupt):
+        _round(tmp_path, with_foo, lambda space: CutTestbed(space, lambda c: c[MNBT] == 6144))
+    without = {**profile_data(), "cells": with_foo["cells"]}
+    _round(tmp_path, without, lambda space: KillingTestbed(space))
+    with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
+        _, change = ledger.experiments(cluster="evolving")
+        assert change.knob == MNBT and change.state == State.DECIDED
+        boots = ledger.boots(change.id)
+        assert [b.measurement for b in boots] == [0, 1]
+        assert boots[0].rendering != boots[1].rendering
+        readings = ledger.cell_results(change.id)
+        assert sorted((r.boot_id, r.result.cell) for r in readings) == [
+            (boots[0].id, "code-c1"),
+            (boots[1].id, "code-c1"),
+            (boots[1].id, "prose-c1"),
+        ]
