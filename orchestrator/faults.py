@@ -436,6 +436,25 @@ def record_stop(
         )
 
 
+#: The exit code of a round stopped by its cap (``--max-hours``, ``--max-gpu-hours``): the
+#: command did what it was asked, and the round stays open for the same command to go on.
+CAPPED = 0
+
+
+def record_cap(ledger: Ledger, cluster: str, round_id: int, cap: str, line: str) -> None:
+    """Round ``round_id`` stopped by its cap ``cap`` (``max-hours``, ``max-gpu-hours``),
+    recorded as any stop short is (``round-stopped``, exit ``CAPPED``) with the line the
+    command ended with: ``status`` (and ``--json``), the report, the MLflow parent run's
+    ``stops`` and the resume say the cap stopped it and how to go on."""
+    ledger.add_event(
+        cluster,
+        EventKind.ROUND_STOPPED,
+        subject=str(round_id),
+        detail={"error": "RoundCapReached", "cap": cap, "exit_code": CAPPED},
+        reason=line,
+    )
+
+
 def last_stop(ledger: Ledger, cluster: str, round_id: int) -> EventRecord | None:
     """The last time round ``round_id`` stopped short of its end (``record_stop``), if
     nothing has booted for it since (a resume under way, or one that went on, makes it old

@@ -47,7 +47,13 @@ from orchestrator.display import (
 from orchestrator.errors import OrchestrateError
 from orchestrator.evolution import outside_domain
 from orchestrator.experiment import ExperimentRunner
-from orchestrator.faults import InfrastructureFaults, last_stop, record_stop, said_stop
+from orchestrator.faults import (
+    InfrastructureFaults,
+    last_stop,
+    record_cap,
+    record_stop,
+    said_stop,
+)
 from orchestrator.gpu_hours import gpu_hours
 from orchestrator.history import proposal_context
 from orchestrator.intake import Intake
@@ -230,7 +236,9 @@ class RoundRunner:
             crashpoint("round.finished")
             self.ledger.finish_round(rnd.id, RoundStatus.DONE)
         else:
-            self.display.note(stopped_by_cap(rnd, stopped_by, self._candidates_done(rnd), used))
+            line = stopped_by_cap(rnd, stopped_by, self._candidates_done(rnd), used)
+            record_cap(self.ledger, self.cluster, rnd.id, stopped_by, line)
+            self.display.note(line)
         return RoundReport(
             round=self.ledger.round(rnd.id),
             experiments=self.ledger.experiments(round_id=rnd.id),

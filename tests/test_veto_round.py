@@ -236,7 +236,9 @@ def test_the_queue_timeout_vetoes_then_pauses_and_the_round_resumes(workdir: Pat
     page = workdir / "reports" / "round-1" / "report.html"
     html = " ".join(page.read_text().split())
     summary = html[html.index("<h1>") : html.index("<h2>")]
-    assert "running, 0 of 1 experiments done (2 vetoed besides)," in summary, summary
+    # stopped (exit 130, nobody deciding) and not gone on since: the page's first line says so
+    assert "(open: the same command resumes it; see below), 0 of 1 experiments done (2 vetoed " \
+        "besides)," in summary, summary  # fmt: skip
     assert "The round ended with" not in html
     assert "The champion is still the one the round started from (the round is not over)." in html
     shown = orchestrate(workdir, "status", "--profile", "profile.yaml", "--json")

@@ -236,6 +236,16 @@ def _as_run(started: str, resumed: list[str | None]) -> str:
     return f"{started} (resumed with {', then '.join(others)})" if others else started
 
 
+def _state(data: ReportData) -> str:
+    """The round's state for the page's first line: ``done``, ``running``, or, for an open
+    round whose last stop short nothing went on from (its cap, a node away), ``stopped at …
+    UTC (open; see below)``."""
+    last = data.stops[-1] if data.stops else None
+    if data.round.status != RoundStatus.RUNNING or last is None or last.resumed_at is not None:
+        return data.round.status
+    return f"stopped at {utc_minute(last.at)} (open: the same command resumes it; see below)"
+
+
 def page(data: ReportData, pictures: Mapping[str, bytes]) -> str:
     """The whole HTML page."""
     rnd = data.round
@@ -248,7 +258,7 @@ def page(data: ReportData, pictures: Mapping[str, bytes]) -> str:
         else ""
     )
     summary = (
-        f"Profile {escape(data.profile)}; {escape(rnd.status)}, {data.done} of {rnd.budget} "
+        f"Profile {escape(data.profile)}; {escape(_state(data))}, {data.done} of {rnd.budget} "
         f"experiments done{vetoed}, "
         f"proposer {escape(_as_run(rnd.proposer, [r.proposer for r in data.resumes]))}, "
         f"approval {escape(_as_run(rnd.approve, [r.approve for r in data.resumes]))}"
