@@ -6,6 +6,7 @@ import json
 from datetime import datetime
 
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from knobs.spec import Value
 from knobs.vocabulary import ProposalStatus, RoundStatus
@@ -162,14 +163,17 @@ class Rounds(LedgerBase):
         by: str,
         reason: str | None = None,
         new_value: Value | None = None,
+        cluster: str | None = None,
     ) -> ProposalRecord:
-        """Approve, veto or reject a pending proposal (an edit approves a new value).
+        """Approve, veto or reject a pending proposal (an edit approves a new value); with
+        ``cluster``, only one of that cluster's rounds.
 
         Raises:
-            NotInLedger: no such proposal, or it was already decided.
+            NotInLedger: no such proposal, another cluster's, or it was already decided.
         """
         with self._session() as s:
             row = self._get(s, ProposalRow, proposal_id, lock=True)
+            self._of_cluster(s, row, cluster)
             if row.status != ProposalStatus.PENDING:
                 raise NotInLedger(
                     f"proposal {proposal_id} is already {row.status}: only a pending one is "
@@ -185,23 +189,50 @@ class Rounds(LedgerBase):
             s.flush()
             return proposal_record(row)
 
-    def proposal(self, proposal_id: int) -> ProposalRecord:
-        """Proposal ``proposal_id``.
+    def _of_cluster(self, s: Session, row: ProposalRow, cluster: str | None) -> None:
+        """Refuses proposal ``row`` of a cluster other than ``cluster`` (``None``: any), in
+        one line naming its cluster.
 
         Raises:
-            NotInLedger: no such proposal.
+            NotInLedger: it is another cluster's.
+        """
+        if cluster is None:
+            return
+        owner = self._get(s, RoundRow, row.round_id).cluster
+        if owner != cluster:
+            raise NotInLedger(
+                f"proposal {row.id} is cluster {owner}'s, not {cluster}'s: decide it with "
+                f"{owner}'s profile (`orchestrate proposals list -p …`)",
+                url=self.url,
+            )
+
+    def proposal(self, proposal_id: int, *, cluster: str | None = None) -> ProposalRecord:
+        """Proposal ``proposal_id`` (with ``cluster``: one of that cluster's rounds).
+
+        Raises:
+            NotInLedger: no such proposal, or another cluster's.
         """
         with self._session() as s:
-            return proposal_record(self._get(s, ProposalRow, proposal_id))
+            row = self._get(s, ProposalRow, proposal_id)
+            self._of_cluster(s, row, cluster)
+            return proposal_record(row)
 
     def proposals(
-        self, *, status: ProposalStatus | None = None, round_id: int | None = None
+        self,
+        *,
+        status: ProposalStatus | None = None,
+        round_id: int | None = None,
+        cluster: str | None = None,
     ) -> list[ProposalRecord]:
-        """Proposals, oldest first, optionally of one status or round."""
+        """Proposals, oldest first, optionally of one status, round or cluster."""
         query = select(ProposalRow).order_by(ProposalRow.id)
         if status is not None:
             query = query.where(ProposalRow.status == str(status))
         if round_id is not None:
             query = query.where(ProposalRow.round_id == round_id)
+        if cluster is not None:
+            query = query.join(RoundRow, RoundRow.id == ProposalRow.round_id).where(
+                RoundRow.cluster == cluster
+            )
         with self._session() as s:
             return [proposal_record(r) for r in s.scalars(query)]

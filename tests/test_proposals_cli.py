@@ -9,6 +9,7 @@ import pytest
 
 from ledger import Ledger
 from orchestrator.cli import run
+from tests.fixtures.profiles import twin_profile_data, write_profile
 
 
 def _pending(url: str) -> tuple[int, int]:
@@ -65,3 +66,44 @@ def test_proposals_are_listed_approved_and_vetoed_with_the_clis_arrow(
     assert capsys.readouterr().out == (
         f"vetoed proposal {two}: max_num_batched_tokens → 8192 + enable_chunked_prefill → true\n"
     )
+
+
+def test_proposals_are_the_profiles_clusters_on_a_shared_ledger(
+    tmp_path: Path,
+    pg_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Two clusters on one PostgreSQL ledger: the profile's cluster (twin-local) lists only
+    its own proposals, and approving or vetoing the other's is refused in one line naming
+    its cluster, exit 3 (as an unknown ID is); the other's profile decides it."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ORCHESTRATE_LEDGER", pg_url)
+    mine, _ = _pending(pg_url)
+    data = twin_profile_data()
+    data["cluster"]["name"] = "rack-b"
+    other_profile = str(write_profile(tmp_path, data, "b.yaml"))
+    with Ledger(pg_url) as ledger:
+        rnd = ledger.create_round(
+            cluster="rack-b", profile_name="b", profile_digest="d", budget=2,
+            proposer="claude", approve="queue", seed=0,
+        )  # fmt: skip
+        theirs = ledger.add_proposal(
+            round_id=rnd.id, source="claude", knob="num_speculative_tokens", old_value=7,
+            new_value=3, champion_key="c", hypothesis="K=3.",
+        ).id  # fmt: skip
+    assert run(["proposals", "list"]) == 0
+    listed = [line.split("\t")[0] for line in capsys.readouterr().out.splitlines()]
+    assert str(theirs) not in listed and str(mine) in listed, listed
+    for verb in (["approve"], ["veto", "--reason", "no"]):
+        assert run(["proposals", verb[0], str(theirs), *verb[1:]]) == 3
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [
+            f"Error: proposal {theirs} is cluster rack-b's, not twin-local's: decide it with "
+            "rack-b's profile (`orchestrate proposals list -p …`)"
+        ], err
+    with Ledger(pg_url) as ledger:
+        assert ledger.proposal(theirs).status == "pending"
+    assert run(["proposals", "veto", str(theirs), "--reason", "no", "-p", other_profile]) == 0
+    assert run(["proposals", "list", "-p", other_profile]) == 0
+    assert capsys.readouterr().out.endswith("no pending proposals\n")

@@ -32,7 +32,9 @@ def proposals_list(
 
     prof = load_profile(profile)
     with opened(prof) as o:
-        rows = o.ledger(create=False).proposals(status=None if all_ else ProposalStatus.PENDING)
+        rows = o.ledger(create=False).proposals(
+            status=None if all_ else ProposalStatus.PENDING, cluster=prof.cluster.name
+        )
     if as_json:
         typer.echo(json.dumps([p.model_dump(mode="json") for p in rows], indent=2))
         return
@@ -51,7 +53,7 @@ def proposals_approve(proposal_id: ProposalId, profile: ProfileOpt = None) -> No
     prof = load_profile(profile)
     with opened(prof) as o:
         p = o.ledger(create=False).decide_proposal(
-            proposal_id, status=ProposalStatus.APPROVED, by="person"
+            proposal_id, status=ProposalStatus.APPROVED, by="person", cluster=prof.cluster.name
         )
     typer.echo(f"approved proposal {p.id}: {_target(p)}")
 
@@ -69,7 +71,11 @@ def proposals_veto(
     prof = load_profile(profile)
     with opened(prof) as o:
         p = o.ledger(create=False).decide_proposal(
-            proposal_id, status=ProposalStatus.VETOED, by="person", reason=reason
+            proposal_id,
+            status=ProposalStatus.VETOED,
+            by="person",
+            reason=reason,
+            cluster=prof.cluster.name,
         )
     typer.echo(f"vetoed proposal {p.id}: {_target(p)}")
 
