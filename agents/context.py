@@ -77,14 +77,15 @@ class HistoryEntry(BaseModel):
         return self.objective is not None and self.status in MEASURED
 
     def describe(self) -> str:
-        """``#7 cuda_graphs=true: keep, 101.3 (+2.1%)`` for hypotheses and logs."""
+        """``experiment #7 cuda_graphs=true: keep, 101.3 (+2.1%)`` for hypotheses and logs:
+        the word names the ID's kind, for a prompt that shows a proposal's ID beside it."""
         what = "baseline" if self.knob is None else f"{self.knob}={_text(self.value)}"
         if self.coupled_knob is not None:
             what += f"+{self.coupled_knob}={_text(self.coupled_value)}"
         score = "" if self.objective is None else f", {self.objective:.4g}"
         delta = "" if self.delta_pct is None else f" ({self.delta_pct:+.1f}%)"
         why = f" [{self.failure_class}]" if self.failure_class else ""
-        return f"#{self.experiment} {what}: {self.status}{score}{delta}{why}"
+        return f"experiment #{self.experiment} {what}: {self.status}{score}{delta}{why}"
 
 
 class KnownBad(BaseModel):

@@ -65,6 +65,18 @@ class NobodyDeciding(OrchestrateError):
         self.timeout_s = timeout_s
 
 
+def waits_for_a_person(p: ProposalRecord, flag: str) -> str:
+    """``proposal 24 of round 6 waits for a person: knob 7 → 5 (optuna); decide with …``:
+    a queued proposal, its change and the commands that decide it (``flag``: the profile's
+    option, `` --profile PATH``, or empty), as ``status`` and the waiting round say it."""
+    return (
+        f"proposal {p.id} of round {p.round_id} waits for a person: "
+        f"{p.change.describe()} ({p.source}); decide with "
+        f"`orchestrate proposals approve {p.id}{flag}` or "
+        f"`orchestrate proposals veto {p.id} --reason TEXT{flag}`"
+    )
+
+
 class ApprovalGate:
     """Decides every proposal before anything is deployed; each decision is committed."""
 
@@ -78,12 +90,14 @@ class ApprovalGate:
         on_timeout: str = "veto",
         max_timeouts: int = 3,
         poll_s: float = 0.5,
+        on_queued: Callable[[ProposalRecord], None] = lambda _p: None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         """``queue_timeout_s`` (queue mode): how long a proposal may wait for a person;
         ``on_timeout``: then ``veto`` or ``approve`` it; ``max_timeouts``: timeout vetoes in a
-        row before the round stops. ``clock`` and ``sleep`` pace the queue's polling.
+        row before the round stops; ``on_queued``: told once of each proposal the queue waits
+        on (``waits_for_a_person``). ``clock`` and ``sleep`` pace the queue's polling.
 
         Raises:
             UsageError: an unknown mode or timeout action, a timeout that is not positive, or
@@ -113,6 +127,7 @@ class ApprovalGate:
         self._clock = clock
         self._sleep = sleep
         self._timeouts_in_a_row = 0
+        self._on_queued = on_queued
 
     def decide(self, proposal: ProposalRecord, context: ProposalContext) -> ProposalRecord:
         """The decided proposal (approved, possibly with an edited value, or vetoed).
@@ -174,6 +189,7 @@ class ApprovalGate:
     def _wait(self, proposal: ProposalRecord) -> ProposalRecord:
         timeout = self.queue_timeout_s
         deadline = None if timeout is None else self._clock() + timeout
+        self._on_queued(proposal)
         while True:
             current = self.ledger.proposal(proposal.id)
             if current.status != ProposalStatus.PENDING:

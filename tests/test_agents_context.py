@@ -176,7 +176,9 @@ def test_history_entries_are_frozen_and_know_their_statuses() -> None:
         failure_class="greedy-mismatch",
     )
     assert not entry.measured  # fast because wrong: never a measurement
-    assert entry.describe() == "#3 cuda_graphs=true: invalid, 140 (+40.0%) [greedy-mismatch]"
+    assert entry.describe() == (
+        "experiment #3 cuda_graphs=true: invalid, 140 (+40.0%) [greedy-mismatch]"
+    )
     with pytest.raises(ValidationError):
         entry.objective = 1.0  # type: ignore[misc]
     with pytest.raises(ValidationError):
@@ -199,8 +201,9 @@ def test_risk_names_past_failures_and_known_bad_regions() -> None:
     risk = context(history=(crash,), known_bad=(oom,)).risk_of(
         change("gpu_memory_utilization", 0.92)
     )
-    assert "gpu_memory_utilization failed before: #1 gpu_memory_utilization=0.93: crash [oom]" in (
-        risk
-    )
+    assert (
+        "gpu_memory_utilization failed before: experiment #1 gpu_memory_utilization=0.93: "
+        "crash [oom]"
+    ) in risk
     assert "known-bad regions on it: gpu_memory_utilization=0.93 (crash: OOM)" in risk
     assert "gpu_memory_utilization=0.92 was never run as a change" in risk

@@ -212,7 +212,7 @@ def test_the_model_sees_the_brief_and_a_digest_not_the_ledger(
         "- kv_cache_dtype=auto: auto KV doubles memory on our head node",
         "- gpu_memory_utilization=0.9 (crash: oom)",
         "- cuda_graphs: never changed",
-        "- #4 gpu_memory_utilization=0.9: crash [oom]",
+        "- experiment #4 gpu_memory_utilization=0.9: crash [oom]",
     ):
         assert line in prompt, line
     assert "\t" not in prompt  # no raw TSV

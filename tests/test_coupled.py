@@ -506,7 +506,8 @@ def test_the_llm_digest_lists_a_coupled_move_apart_from_its_first_knobs_values()
     text = digest(context(entries, (kv_short(0.85), kv_short(0.86))))
     [line] = [ln for ln in text.splitlines() if ln.startswith("- kv_cache_dtype:")]
     assert "crash×1" in line and "crash×2" not in line, line
-    assert "#3 kv_cache_dtype=auto+gpu_memory_utilization=0.86: crash [kv_capacity]" in text
+    said = "experiment #3 kv_cache_dtype=auto+gpu_memory_utilization=0.86: crash [kv_capacity]"
+    assert said in text
 
 
 def test_coupled_moves_lift_the_two_node_stacks_ceiling() -> None:

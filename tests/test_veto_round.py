@@ -169,6 +169,13 @@ def test_queue_waits_while_another_process_vetoes_then_approves(
             proc.stdout.close()  # a failed wait leaves the pipe unread
         log.close()
     assert proc.returncode == 0, (workdir / "round.log").read_text()
+    # the round's terminal names each proposal it waits on, its change and the commands that
+    # decide it, once
+    said = " ".join((workdir / "round.log").read_text().split())
+    for p, change in ((first, "num_speculative_tokens 7 → 5"), (second, "max_num_batched_tokens")):
+        line = f"proposal {p.id} of round 1 waits for a person: {change}"
+        assert said.count(line) == 1, said
+        assert said.count(f"`orchestrate proposals veto {p.id} --reason TEXT --profile ") == 1
     report = json.loads(out)
     assert [(e["kind"], e["status"]) for e in report["experiments"]][:2] == [
         ("baseline", "keep"),

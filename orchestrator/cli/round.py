@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import shlex
 import sys
 import threading
 from pathlib import Path
@@ -75,7 +76,7 @@ def round_(
     An interrupted round (killed, Ctrl-C) is resumed by running the command again.
     """
     from ledger.mlflow_sink import MlflowSink, mlflow_experiment
-    from orchestrator.approval import ApprovalGate
+    from orchestrator.approval import ApprovalGate, waits_for_a_person
     from orchestrator.contacts import ledger_reached
     from orchestrator.crashpoints import deploy_progress
     from orchestrator.display import RoundDisplay
@@ -151,6 +152,7 @@ def round_(
             queue_timeout_s=prof.approve.timeout_s,
             on_timeout=prof.approve.on_timeout,
             max_timeouts=prof.approve.max_timeouts,
+            on_queued=lambda p: display.note(waits_for_a_person(p, _profile_flag(profile))),
         )
         # one MLflow experiment per cluster: its rounds side by side, no other cluster's; a
         # tracking server that does not answer yet (restarting as a timer starts the night)
@@ -215,6 +217,11 @@ def round_(
             raise
         page = _write_report(prof, ledger, sink, report.round, display)
     _print_report(report, as_json, page)
+
+
+def _profile_flag(profile: str | None) -> str:
+    """`` --profile PATH`` for the commands a line suggests (empty: the default profile)."""
+    return "" if profile is None else f" --profile {shlex.quote(profile)}"
 
 
 def _report_stop(

@@ -322,6 +322,7 @@ def _restated(evidence: ChampionEvidence) -> str | None:
 
 def _say_round(console: Console, seen: _Seen, data: dict[str, Any], flag: str) -> None:
     """The unfinished round (running now, or to resume), and the proposals a person decides."""
+    from orchestrator.approval import waits_for_a_person
     from orchestrator.faults import said_stop
     from orchestrator.measurements import BootCount
     from orchestrator.timestamps import utc_minute
@@ -351,13 +352,7 @@ def _say_round(console: Console, seen: _Seen, data: dict[str, Any], flag: str) -
                 markup=False,
             )
     for p in seen.pending:
-        console.print(
-            f"proposal {p.id} of round {p.round_id} waits for a person: "
-            f"{p.change.describe()} ({p.source}); decide with "
-            f"`orchestrate proposals approve {p.id}{flag}` or "
-            f"`orchestrate proposals veto {p.id} --reason TEXT{flag}`",
-            markup=False,
-        )
+        console.print(waits_for_a_person(p, flag), markup=False)
 
 
 def _say_nodes(
