@@ -297,11 +297,7 @@ class ProposalContext(BaseModel):
                 return Refusal(kind="invalid", reason=why_not)
         candidate = self.champion.apply(valid)
         if candidate.key in self.decided_keys:
-            return Refusal(
-                kind="decided",
-                reason=f"{valid.describe()} was already decided under this champion "
-                f"(config {candidate.key})",
-            )
+            return Refusal(kind="decided", reason=self._decided_words(valid, candidate))
         for region in self.known_bad:
             if region.matches(candidate):
                 return Refusal(
@@ -338,6 +334,31 @@ class ProposalContext(BaseModel):
             if refused is not None:
                 counts[refused.kind] += 1
         return dict(sorted(counts.items()))
+
+    def _decided_words(self, change: Change, candidate: Config) -> str:
+        """Why ``change`` (to ``candidate``) is not proposed again under this champion: a
+        person's veto is named, with its reason and the command that lifts it."""
+        vetoed = [
+            e
+            for e in self.history
+            if e.status == Status.VETOED
+            and e.champion_key == self.champion.key
+            and Config(e.config).key == candidate.key
+        ]
+        if not vetoed:
+            return (
+                f"{change.describe()} was already decided under this champion "
+                f"(config {candidate.key})"
+            )
+        n = vetoed[-1].experiment
+        why = next(
+            (r.reason for r in self.known_bad if r.source == "veto" and r.matches(candidate)), None
+        )
+        said = f": {why}" if why else ""
+        return (
+            f"{change.describe()} was vetoed under this champion (experiment #{n}{said}); "
+            f"`orchestrate known-bad clear {n} --reason TEXT` lets it run again"
+        )
 
     def risk_of(self, change: Change) -> str:
         """What the history and the known-bad regions say about the risk of ``change``."""

@@ -164,9 +164,12 @@ class Rounds(LedgerBase):
         reason: str | None = None,
         new_value: Value | None = None,
         cluster: str | None = None,
+        hypothesis: str | None = None,
+        notes: dict[str, str] | None = None,
     ) -> ProposalRecord:
-        """Approve, veto or reject a pending proposal (an edit approves a new value); with
-        ``cluster``, only one of that cluster's rounds.
+        """Approve, veto or reject a pending proposal (an edit approves a new value, and may
+        give the hypothesis and notes that say so); with ``cluster``, only one of that
+        cluster's rounds.
 
         Raises:
             NotInLedger: no such proposal, another cluster's, or it was already decided.
@@ -186,6 +189,10 @@ class Rounds(LedgerBase):
             row.decided_at = utcnow()
             if new_value is not None:
                 row.new_value = json.dumps(new_value)
+            if hypothesis is not None:
+                row.hypothesis = hypothesis
+            if notes is not None:
+                row.notes = dict(notes)
             s.flush()
             return proposal_record(row)
 

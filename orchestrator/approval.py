@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from agents import ProposalContext
 from knobs.errors import KnobError
 from knobs.records import LlmUsage
-from knobs.spec import Value
+from knobs.spec import Value, as_text
 from knobs.vocabulary import ProposalStatus
 from ledger import Ledger, LedgerError, ProposalRecord
 from orchestrator.errors import OrchestrateError, UsageError
@@ -63,6 +63,17 @@ class NobodyDeciding(OrchestrateError):
         super().__init__(message)
         self.timeouts = timeouts
         self.timeout_s = timeout_s
+
+
+#: The note an edited proposal keeps its proposed value in (as text).
+EDITED_FROM = "edited_from"
+
+
+def edit_words(p: ProposalRecord) -> str:
+    """What an experiment's description says of a person's edit of its proposal:
+    ``, edited by person from 2048`` (nothing for one approved as proposed)."""
+    proposed = p.notes.get(EDITED_FROM)
+    return "" if proposed is None else f", edited by person from {proposed}"
 
 
 def waits_for_a_person(p: ProposalRecord, flag: str) -> str:
@@ -180,11 +191,23 @@ class ApprovalGate:
                 if refusal is not None:
                     problem = refusal.reason
                     continue
-                new: Value = change.new
-                return self.ledger.decide_proposal(
-                    proposal.id, status=ProposalStatus.APPROVED, by="person (edited)", new_value=new
-                )
+                return self._edited(proposal, change.new)
             problem = f"unknown answer {answer.action!r}: approve, edit or veto"
+
+    def _edited(self, proposal: ProposalRecord, new: Value) -> ProposalRecord:
+        """``proposal`` approved with a person's value ``new``: the value proposed kept in its
+        notes (``EDITED_FROM``: the experiment's description says the edit) and its
+        hypothesis marked as the proposer's, about the value proposed."""
+        proposed = as_text(proposal.new_value)
+        return self.ledger.decide_proposal(
+            proposal.id,
+            status=ProposalStatus.APPROVED,
+            by="person (edited)",
+            new_value=new,
+            hypothesis=f"edited by a person from {proposed} to {as_text(new)}; the proposer's "
+            f"hypothesis, about {proposed}: {proposal.hypothesis}",
+            notes={**proposal.notes, EDITED_FROM: proposed},
+        )
 
     def _wait(self, proposal: ProposalRecord) -> ProposalRecord:
         timeout = self.queue_timeout_s

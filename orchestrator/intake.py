@@ -14,6 +14,7 @@ from agents import Proposal
 from knobs.config import Change
 from knobs.vocabulary import Kind, Status
 from ledger import ExperimentRecord, Ledger, ProposalRecord, RoundRecord, VerdictRecord
+from orchestrator.approval import edit_words
 from orchestrator.champion import ChampionEvidence
 from orchestrator.closures import CLOSED_BY, Closure, close, closure
 from orchestrator.crashpoints import crashpoint
@@ -63,8 +64,9 @@ class Intake:
         """The experiment of an approved proposal, recorded. A change decided before under the
         same champion (a second look: one the verdict stopped for want of boots) says which
         look it is, in its description and so everywhere it is shown: ``(optuna, second
-        look)``."""
-        e = self._add(rnd, p, "({source}{look})")
+        look)``; one a person edited says so, and the value proposed: ``(optuna, edited by
+        person from 2048)``."""
+        e = self._add(rnd, p, "({source}{edit}{look})")
         crashpoint("experiment.recorded")
         return e
 
@@ -133,7 +135,11 @@ class Intake:
             else look_words(self.ledger.looks_at(self.cluster, config.key, champion.config.key))
         )
         told = how.format(
-            source=p.source, decided_by=p.decided_by, reason=p.reason or "", look=look
+            source=p.source,
+            decided_by=p.decided_by,
+            reason=p.reason or "",
+            look=look,
+            edit=edit_words(p),
         )
         return self.ledger.add_experiment(
             cluster=self.cluster,

@@ -276,3 +276,43 @@ def test_a_vetoed_change_says_its_reason_once(tmp_path: Path) -> None:
     [line] = [line for line in screen.getvalue().splitlines() if "vetoed" in line]
     assert line.count(why) == 1, line
     assert line.strip().startswith(f"#2 num_speculative_tokens 7 → 5 vetoed by person: {why}")
+
+
+def test_an_edited_proposal_says_its_edit_and_a_vetoed_value_names_its_veto(
+    tmp_path: Path,
+) -> None:
+    """A person vetoes K=5, then edits the next proposal (K=3) to 5: refused, naming the veto,
+    its reason and `orchestrate known-bad clear`; then to 4. The experiment is described as
+    edited, from the value proposed, and the proposer's hypothesis is kept, marked as about
+    the value it proposed."""
+    why = "too risky tonight"
+    answers = iter([Answer("veto", None, why), Answer("edit", "5"), Answer("edit", "4")])
+    problems: list[str | None] = []
+
+    def asker(p: ProposalRecord, problem: str | None) -> Answer:
+        problems.append(problem)
+        return next(answers)
+
+    with Ledger(f"sqlite:///{tmp_path / 'ledger.db'}") as ledger:
+        runner = RoundRunner(
+            profile(),
+            ledger,
+            NullSink(),
+            ScriptedTestbed(lambda config, n: 100.0),
+            SweepProposer([{"num_speculative_tokens": 5}, {"num_speculative_tokens": 3}]),
+            ApprovalGate(ledger, "ask", asker=asker),
+            RoundDisplay(Console(file=io.StringIO(), width=200)),
+        )
+        runner.run(RoundOptions(budget=1, proposer="sweep", approve="ask"))
+        vetoed, edited = ledger.experiments()[1:3]
+        proposal = ledger.proposal(edited.proposal_id or 0)
+    assert problems[2] == (
+        f"num_speculative_tokens 7 → 5 was vetoed under this champion (experiment "
+        f"#{vetoed.id}: {why}); `orchestrate known-bad clear {vetoed.id} --reason TEXT` lets "
+        "it run again"
+    ), problems
+    assert edited.description == "num_speculative_tokens 7 → 4 (sweep, edited by person from 3)"
+    assert proposal.hypothesis.startswith(
+        "edited by a person from 3 to 4; the proposer's hypothesis, about 3: "
+        "num_speculative_tokens 7 → 3"
+    ), proposal.hypothesis
