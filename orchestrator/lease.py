@@ -44,6 +44,18 @@ def held(lease: LeaseRecord | None) -> bool:
     return lease.expires_at > datetime.now(UTC) and not _process_gone(lease)
 
 
+def state(lease: LeaseRecord, now: datetime | None = None) -> str:
+    """``lease`` at ``now`` (default: now), in one word: ``held`` (``held``); ``gone`` (its
+    holder ran on this host and is gone); ``suspended`` (expired while its holder, a process
+    of this host, still exists: stopped, Ctrl-Z or a laptop asleep, and not renewing it); or
+    ``expired`` (another host's holder, which this host cannot see)."""
+    if _process_gone(lease):
+        return "gone"
+    if lease.expires_at > (now or datetime.now(UTC)):
+        return "held"
+    return "suspended" if lease.hostname == socket.gethostname() else "expired"
+
+
 class ClusterLease:
     """Holds a cluster's lease while in a ``with`` block, renewing it in the background.
 

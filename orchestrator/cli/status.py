@@ -70,6 +70,8 @@ class _Seen:
     lease: LeaseRecord | None
     #: a live holder (a round running now): a resume or `cluster down` would be refused
     live: bool
+    #: the lease's state, read once (``lease.state``: held, suspended, gone, expired)
+    lease_state: str | None
     #: boots no teardown closed
     left_open: list[BootRecord]
     rounds: list[RoundRecord]
@@ -96,7 +98,7 @@ def _read(prof: Profile, ledger: Ledger) -> _Seen:
     from orchestrator.evolution import fit_champion, knob_changes, outside_domain
     from orchestrator.faults import last_stop
     from orchestrator.gpu_hours import gpu_hours
-    from orchestrator.lease import held as lease_held
+    from orchestrator.lease import state as lease_state
     from orchestrator.measurements import changed_cells, clocks_off_counts
     from orchestrator.priors import measured
     from orchestrator.step_cost import learned
@@ -109,6 +111,7 @@ def _read(prof: Profile, ledger: Ledger) -> _Seen:
     champion = None if champion is None else fit_champion(prof.space, ledger, champion)
     running = ledger.unfinished_round(name)
     lease = ledger.lease(name)
+    state = None if lease is None else lease_state(lease)
     rounds = ledger.rounds(name)
     experiments = ledger.experiments(cluster=name)
     mine = {r.id for r in rounds}
@@ -125,7 +128,8 @@ def _read(prof: Profile, ledger: Ledger) -> _Seen:
         restated=_restated(ChampionEvidence(prof, ledger)),
         running=running,
         lease=lease,
-        live=lease is not None and lease_held(lease),
+        live=state == "held",
+        lease_state=state,
         # a run killed (kill -9, a power cut) left them, and their engines may still hold the
         # nodes' GPUs, unless a round holds the cluster right now
         left_open=ledger.open_boots(name),
@@ -156,7 +160,6 @@ def _read(prof: Profile, ledger: Ledger) -> _Seen:
 
 def _as_data(prof: Profile, seen: _Seen, flag: str) -> dict[str, Any]:
     """``status --json``: what ``seen`` says, for scripts."""
-    from orchestrator.lease import held as lease_held
     from orchestrator.priors import knob_priors
 
     champion, lease, step = seen.champion, seen.lease, seen.step
@@ -202,7 +205,10 @@ def _as_data(prof: Profile, seen: _Seen, flag: str) -> dict[str, Any]:
             "holder": lease.holder,
             "expires_at": lease.expires_at.isoformat(),
             # expired, or its holder a process of this host that is gone (a killed round)
-            "held": lease_held(lease),
+            "held": seen.live,
+            # held, suspended (expired, its process alive here: not renewing it), gone (its
+            # process of this host gone), expired (another host's)
+            "state": seen.lease_state,
         },
         "nodes": _nodes(prof, seen),
         # such failures the ledger names no node for (recorded before schema 6, or none named)
@@ -338,6 +344,8 @@ def _say_round(console: Console, seen: _Seen, data: dict[str, Any], flag: str) -
                 f"{utc_minute(lease.acquired_at)})",
                 markup=False,
             )
+        elif seen.lease_state == "suspended" and lease is not None:
+            console.print(f"round {running.id} {_suspended(lease, flag)}: {spent}", markup=False)
         else:
             console.print(
                 f"round {running.id} unfinished: {spent} (run `orchestrate round{flag}` to resume)",
@@ -355,12 +363,35 @@ def _say_round(console: Console, seen: _Seen, data: dict[str, Any], flag: str) -
         console.print(waits_for_a_person(p, flag), markup=False)
 
 
+def _suspended(lease: LeaseRecord, flag: str) -> str:
+    """A round whose lease expired while its process, on this host, still exists."""
+    return (
+        f"running, but its lease expired at {lease.expires_at:%H:%M:%S} UTC — its process "
+        f"(pid {lease.pid}) is alive and not renewing it (suspended?): `kill -CONT "
+        f"{lease.pid}` wakes it, or `orchestrate round{flag}` takes the round over (the "
+        "suspended one then stops on waking, exit 8)"
+    )
+
+
+def _lease_words(lease: LeaseRecord, state: str | None) -> str:
+    """The lease's line, as its state (``lease.state``) says it."""
+    until = f"{lease.holder} until {lease.expires_at:%H:%M:%S} UTC"
+    if state == "held":
+        return until
+    if state == "suspended":
+        return (
+            f"{lease.holder} expired at {lease.expires_at:%H:%M:%S} UTC (not held: its process "
+            "is alive and not renewing it, suspended?)"
+        )
+    why = "its process is gone" if state == "gone" else "expired"
+    return f"{until} (not held: {why})"
+
+
 def _say_nodes(
     console: Console, prof: Profile, seen: _Seen, data: dict[str, Any], flag: str
 ) -> None:
     """GPU-hours, what MLflow lacks, the nodes' troubles, open boots, the lease, the priors."""
     from orchestrator.gpu_hours import cluster_gpus
-    from orchestrator.lease import held as lease_held
     from orchestrator.step_cost import describe
 
     console.print(
@@ -405,10 +436,7 @@ def _say_nodes(
         )
     lease = seen.lease
     if lease is not None:
-        stale = "" if lease_held(lease) else " (not held: expired, or its process is gone)"
-        console.print(
-            f"lease: {lease.holder} until {lease.expires_at:%H:%M:%S} UTC{stale}", markup=False
-        )
+        console.print(f"lease: {_lease_words(lease, seen.lease_state)}", markup=False)
     console.print("effect priors in force (the verdict's and the proposer's):")
     for knob, p in data["knob_priors"].items():
         console.print(
