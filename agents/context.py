@@ -18,7 +18,7 @@ from agents import coupled
 from knobs.config import Change, Config
 from knobs.errors import KnobError
 from knobs.space import KnobSpace
-from knobs.spec import EffectPrior, Value, as_text
+from knobs.spec import EffectPrior, Value, as_text, objective_text
 from knobs.vocabulary import MEASURED, Status
 
 #: Where a known-bad region comes from.
@@ -82,7 +82,7 @@ class HistoryEntry(BaseModel):
         what = "baseline" if self.knob is None else f"{self.knob}={_text(self.value)}"
         if self.coupled_knob is not None:
             what += f"+{self.coupled_knob}={_text(self.coupled_value)}"
-        score = "" if self.objective is None else f", {self.objective:.4g}"
+        score = "" if self.objective is None else f", {objective_text(self.objective)}"
         delta = "" if self.delta_pct is None else f" ({self.delta_pct:+.1f}%)"
         why = f" [{self.failure_class}]" if self.failure_class else ""
         return f"experiment #{self.experiment} {what}: {self.status}{score}{delta}{why}"

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from agents.context import HistoryEntry, ProposalContext, describe_values, same_value
 from agents.draft_model import predict
 from agents.first_looks import open_changes
-from knobs.spec import KnobSpec, Value, as_text
+from knobs.spec import KnobSpec, Value, as_text, objective_text
 
 #: How many of the latest experiments are listed one per line.
 RECENT = 8
@@ -62,7 +62,7 @@ def _champion(context: ProposalContext) -> str:
     objective = (
         "not measured yet"
         if context.champion_objective is None
-        else f"{context.champion_objective:.4g}"
+        else objective_text(context.champion_objective)
     )
     return "\n".join(
         [

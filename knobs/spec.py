@@ -340,6 +340,12 @@ def _key(value: Value) -> str:
     return str(value)
 
 
+def objective_text(value: float) -> str:
+    """An objective as every line, table, report and proposal's text shows it: one decimal,
+    never an exponent (``10155.5``, as ``results.tsv`` has ``10155.50``)."""
+    return f"{value:.1f}"
+
+
 def as_text(value: Value) -> str:
     """A value as one command-line token or environment value."""
     return _key(value)

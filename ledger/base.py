@@ -60,6 +60,14 @@ class LedgerBase:
                 url=url,
             ) from e
         self.url = parsed.render_as_string(hide_password=True)
+        if parsed.get_backend_name() == "postgres":
+            # libpq's and Heroku's spelling, which SQLAlchemy does not know ("Can't load
+            # plugin: sqlalchemy.dialects:postgres")
+            raise LedgerError(
+                f"ledger URL {self.url!r}: SQLAlchemy does not know postgres://; write "
+                "postgresql+psycopg://… (the PostgreSQL driver orchestrate installs)",
+                url=self.url,
+            )
         sqlite = parsed.get_backend_name() == "sqlite"
         if read_only and sqlite and _file_missing(parsed.database):
             # connecting would create it

@@ -91,6 +91,15 @@ def closure(
 _CLOSED = "the change is closed without a verdict and not booted; nothing is barred"
 
 
+def _closed_after(booted: int) -> str:
+    """What a closure says of a change that booted ``booted`` times before it was closed (a
+    kill as it booted): its boots kept, none more — never "not booted" beside its boots."""
+    return (
+        f"the change is closed without a verdict, its {booted} boot(s) kept and no boot more; "
+        "nothing is barred"
+    )
+
+
 def closure_of(space: KnobSpace, ledger: Ledger, e: ExperimentRecord) -> Closure | None:
     """``closure`` of experiment ``e``'s change, its config fitted to ``space``.
 
@@ -112,11 +121,12 @@ def close(ledger: Ledger, e: ExperimentRecord, why: Closure) -> ExperimentRecord
     Raises:
         LedgerError: the ledger failed, or ``e`` is decided already.
     """
+    booted = len(ledger.boots(e.id))
     return close_undecided(
         ledger,
         e,
         rule=why.rule,
-        reason=why.reason,
+        reason=why.reason.replace(_CLOSED, _closed_after(booted)) if booted else why.reason,
         by=CLOSED_BY,
         description=f"{e.description}; closed: {why.said}",
         stats=why.stats,

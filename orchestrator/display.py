@@ -11,7 +11,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from knobs.spec import as_text
+from knobs.spec import as_text, objective_text
 from knobs.vocabulary import Kind, Status
 from ledger import ChampionRecord, ExperimentRecord, RoundRecord
 from orchestrator.measurements import BootCount
@@ -24,12 +24,6 @@ _STYLE: dict[str, str] = {
     Status.INCONCLUSIVE: "cyan",
     Status.VETOED: "dim",
 }
-
-
-def objective_text(value: float) -> str:
-    """An objective as every line, table and report shows it: one decimal, never an exponent
-    (``10155.5``, as ``results.tsv`` has ``10155.50``)."""
-    return f"{value:.1f}"
 
 
 def kept_on_resume(
@@ -166,11 +160,16 @@ class RoundDisplay:
         status = e.status or "?"
         objective = "" if e.objective is None else f" objective {objective_text(e.objective)}"
         delta = "" if e.delta_pct is None or e.kind == Kind.BASELINE else f" ({e.delta_pct:+.2f}%)"
+        change, by = describe(e), ""
+        if status == Status.VETOED and " vetoed by " in change:
+            # a person's veto: its description says who and why; the status word once, first
+            change, by = change.split(" vetoed by ", 1)
+            by = f" by {by}"
         self.console.print(
             Text.assemble(
-                f"  #{e.id} {describe(e)}: ",
+                f"  #{e.id} {change}: ",
                 (status, _STYLE.get(status, "")),
-                f"{objective}{delta}",
+                f"{by}{objective}{delta}",
                 (f"  {reason}" if reason else "", "dim"),
             )
         )

@@ -446,8 +446,9 @@ def profile_path(name_or_path: str | None) -> Path:
     candidate = Path(name)
     if candidate.suffix in (".yaml", ".yml") or candidate.exists():
         if not candidate.is_file():
+            what = "a directory, not a profile file" if candidate.is_dir() else "no such file"
             raise ProfileError(
-                f"profile {name}: no such file; give a path or one of "
+                f"profile {name}: {what}; give a profile's path (a .yaml file) or one of "
                 + ", ".join(embedded_profiles()),
                 path=name,
             )

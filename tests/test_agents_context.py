@@ -177,8 +177,11 @@ def test_history_entries_are_frozen_and_know_their_statuses() -> None:
     )
     assert not entry.measured  # fast because wrong: never a measurement
     assert entry.describe() == (
-        "experiment #3 cuda_graphs=true: invalid, 140 (+40.0%) [greedy-mismatch]"
+        "experiment #3 cuda_graphs=true: invalid, 140.0 (+40.0%) [greedy-mismatch]"
     )
+    # an objective as the tables show it (``objective_text``): never ``1.021e+04``
+    big = entry.model_copy(update={"objective": 10210.43, "status": "keep"})
+    assert big.describe().startswith("experiment #3 cuda_graphs=true: keep, 10210.4 (+40.0%)")
     with pytest.raises(ValidationError):
         entry.objective = 1.0  # type: ignore[misc]
     with pytest.raises(ValidationError):

@@ -201,7 +201,7 @@ def test_the_model_sees_the_brief_and_a_digest_not_the_ledger(
         "Focus on K first; our head node has 10% less memory.",
         "4 experiments left in this round",
         "LLM spend this round so far: $0.2500 of a $1.00 cap.",
-        "objective 1000 (higher is better)",
+        "objective 1000.0 (higher is better)",
         "- num_speculative_tokens [7]: an integer from 1 to 7 — K: draft tokens proposed per "
         "verify step; prior in force: 5% of its changes do nothing, the rest ±15.0% (K sets "
         "the accepted tokens per step",

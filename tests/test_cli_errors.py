@@ -125,3 +125,35 @@ def test_an_id_the_ledger_lacks_is_a_bad_value_exit_3_in_every_command(
         assert (code, len(errors)) == (3, 1), (argv, code, err)
         assert says in errors[0], (argv, errors)
     assert not (tmp_path / "reports").exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "code", "says"),
+    [
+        # a directory is not "no such file"
+        (["status", "-p", "{tmp}"], {}, 3, "profile {tmp}: a directory, not a profile file;"),
+        # libpq's spelling, which SQLAlchemy does not know: the driver orchestrate installs
+        (
+            ["status"],
+            {"ORCHESTRATE_LEDGER": "postgres://u:pw@127.0.0.1/db"},
+            4,
+            "SQLAlchemy does not know postgres://; write postgresql+psycopg://…",
+        ),
+    ],
+)
+def test_a_bad_profile_path_or_ledger_url_says_what_to_write(
+    argv: list[str],
+    env: dict[str, str],
+    code: int,
+    says: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert run([a.format(tmp=tmp_path) for a in argv]) == code
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and says.format(tmp=tmp_path) in lines[0], lines
+    assert "Can't load plugin" not in lines[0]

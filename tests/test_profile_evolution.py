@@ -349,7 +349,9 @@ def test_a_change_of_a_knob_the_profile_lost_under_way_is_closed_unbooted_on_res
         assert len(ledger.boots(change.id)) == 1
     shown, testbed = run_round(tmp_path, 1)
     said = " ".join(shown.split())
-    assert f"#{change.id} foo 3 → 2 (sweep): vetoed {CLOSED}" in said
+    # its one boot before the kill kept, and said: never "not booted" beside it
+    booted_once = CLOSED.replace(" and not booted;", ", its 1 boot(s) kept and no boot more;")
+    assert f"#{change.id} foo 3 → 2 (sweep): vetoed {booted_once}" in said
     # the next change, never foo=2, and the champion: foo's --foo is no longer rendered, so
     # it is measured again before the change is judged against it (``rendering``)
     assert [b["num_speculative_tokens"] for b in testbed.boots] == [1, 7]

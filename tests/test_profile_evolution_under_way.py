@@ -133,7 +133,13 @@ def test_a_change_outside_a_domain_narrowed_under_way_is_closed_unbooted_on_resu
     shown, testbed = round_of(
         tmp_path, profile_data(NARROWED), 1, SweepProposer([{MNBT: 12288}, {K: 3}])
     )
-    assert f"#{change.id} max_num_batched_tokens 7168 → 12288 (sweep): vetoed {OUTSIDE}" in shown
+    # it booted once before the kill: its line says so, never "not booted" beside its boot
+    booted_once = OUTSIDE.replace(
+        "and not booted;", ", its 1 boot(s) kept and no boot more;"
+    ).replace("verdict ,", "verdict,")
+    assert f"#{change.id} max_num_batched_tokens 7168 → 12288 (sweep): vetoed {booted_once}" in (
+        shown
+    ), shown
     assert testbed.boots and all(b[MNBT] == 7168 for b in testbed.boots)
     with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
         closed = ledger.experiment(change.id)
@@ -246,7 +252,11 @@ def test_a_change_under_way_that_a_forbidden_combination_added_since_matches_is_
     forbidding = {**profile_data(), "forbidden": [FORBIDS]}
     shown, testbed = round_of(tmp_path, forbidding, 1, SweepProposer([{K: 3}]))
     assert f"#{change.id} max_num_batched_tokens 7168 → 12288 (sweep): vetoed " in shown, shown
-    assert FORBIDDEN_LINE in shown, shown
+    # its one boot before the kill kept: said so, never "not booted"
+    assert (
+        FORBIDDEN_LINE.replace(" and not booted;", ", its 1 boot(s) kept and no boot more;")
+        in shown
+    ), shown
     assert testbed.boots and all(b[MNBT] == 7168 for b in testbed.boots)
     with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
         closed = ledger.experiment(change.id)

@@ -10,9 +10,8 @@ from collections.abc import Mapping
 from datetime import datetime
 from html import escape
 
-from knobs.spec import as_text
+from knobs.spec import as_text, objective_text
 from knobs.vocabulary import RoundStatus
-from orchestrator.display import objective_text
 from orchestrator.report.data import INFRASTRUCTURE_USES, USES, ReportData
 from orchestrator.timestamps import utc_minute
 

@@ -7,8 +7,8 @@ import io
 
 from matplotlib.figure import Figure
 
+from knobs.spec import objective_text
 from knobs.vocabulary import Status
-from orchestrator.display import objective_text
 from orchestrator.report.data import USES, ReportData
 
 #: Marker and colour per verdict (the progress plot's legend).
