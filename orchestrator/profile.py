@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from agents import ClaudeOptions
 from cluster.gates import GateSpec
 from cluster.inventory import ClusterSpec, NodeSpec
-from cluster.launcher import LauncherSpec, fill, placeholders, static_clash
+from cluster.launcher import LauncherSpec, static_clash
 from cluster.ports import resolve_auto_ports
 from knobs.catalog import catalog
 from knobs.config import Config
@@ -25,13 +25,11 @@ from knobs.records import CellSpec
 from knobs.space import (
     ForbiddenCombination,
     KnobSpace,
-    RenderedKnobs,
     overlay,
     render_clash,
-    render_knob,
 )
-from knobs.spec import KnobSpec, Value, as_text, printable
-from orchestrator.errors import UsageError
+from knobs.spec import KnobSpec, Value
+from orchestrator.profile_checks import check_forbidden, check_renderings
 from orchestrator.profile_errors import first_error
 from orchestrator.profile_names import ApproveMode, ProposerKind, embedded_profiles
 
@@ -303,7 +301,7 @@ class Profile(BaseModel):
         clash = render_clash(knobs) or static_clash(self.launcher, knobs)
         if clash is not None:
             raise KnobError(clash)
-        _check_forbidden(self.forbidden, knobs)
+        check_forbidden(self.forbidden, knobs)
         return self
 
     def _catalog_knobs(self) -> tuple[KnobSpec, ...]:
@@ -355,42 +353,6 @@ class Profile(BaseModel):
         """A short digest of the validated profile."""
         text = json.dumps(self.model_dump(mode="json"), sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def _check_forbidden(rules: tuple[ForbiddenCombination, ...], knobs: tuple[KnobSpec, ...]) -> None:
-    """Each ``forbidden`` rule names knobs of the profile, with values of their domains.
-
-    Raises:
-        KnobError: a rule's knob the profile lacks, or a value outside its domain, said at the
-            rule's key (``forbidden[0].when``), with what to do.
-    """
-    by_name = {k.name: k for k in knobs}
-    for i, rule in enumerate(rules):
-        where = f"forbidden[{i}].when"
-        for name, value in rule.when.items():
-            spec = by_name.get(name)
-            if spec is None:
-                known = ", ".join(by_name)
-                hint = did_you_mean(name, by_name)
-                raise KnobError(
-                    f"{where}: unknown knob {printable(name)}; "
-                    + (
-                        f"known knobs: {known}"
-                        if hint is None
-                        else f"{hint} (known knobs: {known})"
-                    )
-                    + "; a rule names knobs of this profile: fix the name, or drop the rule",
-                    knob=name,
-                )
-            try:
-                spec.parse(value)
-            except KnobError as e:
-                raise KnobError(
-                    f"{where}: {e}; a rule names values the knob takes: fix the value, or drop "
-                    "the rule",
-                    knob=name,
-                    value=value,
-                ) from e
 
 
 def _merge_knob(knob: object, base: dict[str, KnobSpec], catalog_name: str) -> object:
@@ -503,7 +465,7 @@ def load_profile(name_or_path: str | None = None, *, base_dir: Path | None = Non
             "allows, or leave the knob out for its default; a ledger's champion keeps its own)",
             path=str(path),
         ) from e
-    _check_renderings(profile, path)
+    check_renderings(profile, path)
     try:
         for entry in profile.proposer.sweep or ():
             for knob, value in entry.items():
@@ -511,51 +473,6 @@ def load_profile(name_or_path: str | None = None, *, base_dir: Path | None = Non
     except KnobError as e:
         raise ProfileError(f"profile {path}: proposer.sweep: {e}", path=str(path)) from e
     return profile
-
-
-def _check_renderings(profile: Profile, path: Path) -> None:
-    """Every value of every knob rendered once, on every node, as a boot would render it: a
-    rendering that cannot deploy (a placeholder no node has) is said now, with its profile
-    key, rather than when a proposer first picks the value, mid-round.
-
-    Raises:
-        ProfileError: a value whose rendering does not fill (names the knob, value, key).
-    """
-    from orchestrator.settings import runtime_placeholders  # settings imports this module
-
-    try:
-        runtime = runtime_placeholders()
-    except UsageError:
-        return  # an engine's path set wrong in the environment: a boot's testbed says so
-    nodes = [(n.name, placeholders(profile.cluster, n, runtime)) for n in profile.cluster.nodes]
-    for knob in profile.space.knobs:
-        for value in knob.domain():
-            for text in _texts(render_knob(knob, value)):
-                try:
-                    for name, values in nodes:
-                        fill(text, values, f"the launcher of {name}")
-                except ProfileError as e:
-                    raise ProfileError(
-                        f"profile {path}: {_rendering_key(knob, value)}: {knob.name} "
-                        f"{as_text(value)} renders as {text!r}, and {e} (render it with a "
-                        "placeholder a node has, or add the name to the nodes' vars)",
-                        path=str(path),
-                    ) from e
-
-
-def _texts(piece: RenderedKnobs) -> list[str]:
-    """The strings of a knob's launcher pieces that hold a placeholder."""
-    fields = [v for by in piece.json_fields.values() for v in by.values() if isinstance(v, str)]
-    return [t for t in (*piece.argv, *piece.env.values(), *fields) if "{" in t]
-
-
-def _rendering_key(knob: KnobSpec, value: Value) -> str:
-    """The profile key a knob's rendering of ``value`` comes from."""
-    if knob.render.values is not None and as_text(value) in knob.render.values:
-        return f"knobs.{knob.name}.render.values"
-    if knob.type == "choice":
-        return f"knobs.{knob.name}.choices"
-    return f"knobs.{knob.name}.render"
 
 
 class _UniqueKeys(yaml.SafeLoader):
