@@ -45,6 +45,7 @@ from orchestrator.verdict import (
     assess,
     irreproducible,
     objective,
+    objective_of,
 )
 
 
@@ -128,13 +129,16 @@ class ChampionEvidence:
         """The line saying the champion is measured again because its launchers render
         differently now than when it was last measured, and why (the knob changes recorded
         since, and ``revised``: what ``revised`` said before the profile was recorded);
-        ``None`` when they do not."""
+        ``None`` when they do not, or when one of its measurements rendered as now: that one
+        is its level (``level``), and it is not measured again."""
         champion = self.fitted()
         if champion is None:
             return None
         complete = [m for m in self.measurements(champion.experiment_id) if m.complete]
         counted = {m.index for m in self.rendered_now(champion)}
-        if not complete or complete[-1].index in counted:
+        # a measurement of the launchers as they render now (a knob put back as it was) is
+        # the champion's level again: nothing is measured again, and nothing is said
+        if not complete or counted:
             return None
         since = complete[-1].boots[0][1]
         events = knob_events(self.ledger, self.cluster, champion.experiment_id)
@@ -145,6 +149,22 @@ class ChampionEvidence:
         ]
         previous = sum(1 for m in complete if m.index not in counted)
         return stale_line(list(dict.fromkeys(reasons)), previous)
+
+    def realign(self) -> None:
+        """The champion's recorded objective set to its level where the rendering sets a later
+        measurement aside and keeps an earlier one (a knob put back as it was): the level in
+        force, not the set-aside measurement's, is what ``status``, the report and MLflow show
+        and what changes are compared with."""
+        champion = self.fitted()
+        if champion is None:
+            return
+        complete = [m for m in self.measurements(champion.experiment_id) if m.complete]
+        counted = {m.index for m in self.rendered_now(champion)}
+        if not counted or all(m.index in counted for m in complete):
+            return
+        trusted = [objective(m.cells) for m in self.level() if self.trusted(m)]
+        if trusted and objective_of(trusted) != champion.objective:
+            self.ledger.set_champion_objective(self.cluster, objective_of(trusted))
 
     def level(self) -> list[Measurement]:
         """The champion's complete measurements with every node's clocks right, since its last

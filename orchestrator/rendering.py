@@ -19,6 +19,7 @@ import hashlib
 import json
 from datetime import datetime
 
+from cluster.inventory import ClusterSpec
 from cluster.launcher import render_node
 from knobs.config import Config
 from knobs.errors import KnobError, ProfileError
@@ -37,15 +38,27 @@ def digest(profile: Profile, config: Config) -> str | None:
     machine's own paths left as their placeholders (a venv moved is the same engine); ``None``
     where it cannot be rendered here."""
     runtime = {k: "{" + k + "}" for k in runtime_placeholders()}
+    cluster = _placeless(profile.cluster)
     try:
         rendered = [
-            render_node(profile.launcher, profile.space, config, profile.cluster, node, runtime)
-            for node in sorted(profile.cluster.nodes, key=lambda n: n.rank)
+            render_node(profile.launcher, profile.space, config, cluster, node, runtime)
+            for node in sorted(cluster.nodes, key=lambda n: n.rank)
         ]
     except (ProfileError, KnobError):
         return None
     text = json.dumps([[r.rank, list(r.argv), sorted(r.env.items())] for r in rendered])
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _placeless(cluster: ClusterSpec) -> ClusterSpec:
+    """``cluster`` with where its engines run left as placeholders: each node's host and
+    workdir, and the ports (``port: auto`` picks a pair per folder). A folder moved, a ledger
+    run from another, or a node's address changed renders the same engine; what the engine is
+    told to run (its flags, its environment) is what the digest tells apart."""
+    nodes = tuple(
+        n.model_copy(update={"host": "{host}", "workdir": "{workdir}"}) for n in cluster.nodes
+    )
+    return cluster.model_copy(update={"nodes": nodes, "port": 1, "master_port": 1})
 
 
 def knob_events(ledger: Ledger, cluster: str, experiment_id: int) -> list[EventRecord]:

@@ -222,6 +222,7 @@ class RoundRunner:
         restated = self.champion.restated(revised)
         if restated is not None:
             self.display.note(restated)
+        self.champion.realign()  # a knob put back as it was: its earlier level in force again
         try:
             stopped_by = self._loop(rnd, started)
         except (OrchestrateError, KeyboardInterrupt) as err:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from rich.console import Console
 
 from agents import SweepProposer
@@ -48,6 +49,13 @@ def _profiles(tmp_path: Path) -> tuple[Path, Path]:
     del dropped["champion"]["cuda_graphs"]
     dropped["proposer"] = {"kind": "sweep", "sweep": [{"drafter_adapter_rank": 32}]}
     return write_profile(tmp_path, data, "g.yaml"), write_profile(tmp_path, dropped, "g2.yaml")
+
+
+def yaml_of(path: Path) -> dict[str, Any]:
+    """A profile file's data."""
+    data = yaml.safe_load(path.read_text())
+    assert isinstance(data, dict)
+    return data
 
 
 def test_a_dropped_knob_measures_the_champion_again_before_a_change_is_judged(
@@ -92,6 +100,33 @@ def test_a_dropped_knob_measures_the_champion_again_before_a_change_is_judged(
         later = boots[before:]
         assert later and later[0].role == BootRole.REMEASURE
         assert later[0].rendering is not None and later[0].rendering != boots[0].rendering
+        level_then = champion.objective
+        booted = len(boots)
+
+    # the knob put back as it was: the first measurement renders as now and is the level again;
+    # nothing is said to be measured again, and the champion's objective is that level's
+    # (before: the line said so at every round and status, nothing was booted, and the
+    # objective stayed the set-aside measurement's)
+    back = write_profile(
+        tmp_path,
+        {**yaml_of(g), "proposer": {"kind": "sweep", "sweep": [{"drafter_adapter_rank": 16}]}},
+        "g3.yaml",
+    )
+    third = orchestrate(tmp_path, "round", "--budget", "1", "-p", str(back), env=env)
+    assert third.returncode == 0, third.stderr[-3000:]
+    said = " ".join((third.stdout + third.stderr).split())
+    assert "profile gained knob cuda_graphs" in said, said
+    assert "the champion is measured again" not in said, said
+    status = orchestrate(tmp_path, "status", "-p", str(back), "--json", env=env)
+    assert json.loads(status.stdout)["champion_measured_again"] is None
+    with Ledger(env["ORCHESTRATE_LEDGER"]) as ledger:
+        now = ledger.champion(CLUSTER)
+        assert now is not None and now.experiment_id == champion.experiment_id
+        remeasured = [
+            b for b in ledger.boots(champion.experiment_id)[booted:] if b.role == BootRole.REMEASURE
+        ]
+        if not remeasured:  # no drift check in between: the first measurement's level
+            assert now.objective == pytest.approx(level_then, rel=1e-9)
 
 
 # ---- a measurement cut by a kill and continued under another rendering ------------------
