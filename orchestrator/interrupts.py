@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import stat
 import threading
 from collections.abc import Iterator
 from types import FrameType
@@ -40,11 +41,21 @@ _depth = 0
 
 def _quiet_terminal() -> None:
     """Nothing reads the terminal any more (SIGHUP): the rest of the output goes to
-    /dev/null, so that writing it cannot stop what the command still does."""
+    /dev/null, so that writing it cannot stop what the command still does. Output to a file
+    (`orchestrate round > night.log`) is kept: a file takes every line whoever hung up."""
     quiet = os.open(os.devnull, os.O_WRONLY)
     for fd in (1, 2):
-        os.dup2(quiet, fd)
+        if not _a_file(fd):
+            os.dup2(quiet, fd)
     os.close(quiet)
+
+
+def _a_file(fd: int) -> bool:
+    """Whether ``fd`` writes to a regular file (not a terminal, a pipe or a socket)."""
+    try:
+        return stat.S_ISREG(os.fstat(fd).st_mode)
+    except OSError:
+        return False
 
 
 @contextlib.contextmanager

@@ -5,7 +5,10 @@ this process (``signal.raise_signal``), its handlers restored afterwards."""
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from types import FrameType
 
 import pytest
@@ -57,3 +60,19 @@ def test_a_teardown_inside_another_holds_until_the_outer_one_ends(handlers: list
             signal.raise_signal(signal.SIGTERM)
         assert handlers == []  # the boot's end, after the nodes' stops, is not cut short
     assert handlers == [signal.SIGTERM]
+
+
+def test_a_hangup_silences_a_terminal_or_pipe_but_keeps_a_file(tmp_path: Path) -> None:
+    """After a SIGHUP nothing reads the terminal, so the rest of the output goes to /dev/null;
+    output sent to a file (`orchestrate round > night.log`) keeps every line (the QA pass:
+    the log ended at `tearing down`)."""
+    code = (
+        "from orchestrator.interrupts import _quiet_terminal; "
+        "print('before', flush=True); _quiet_terminal(); print('after', flush=True)"
+    )
+    log = tmp_path / "night.log"
+    with log.open("w") as out:
+        subprocess.run([sys.executable, "-c", code], stdout=out, check=True)
+    assert log.read_text().split() == ["before", "after"]
+    piped = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert piped.stdout.split() == ["before"]
