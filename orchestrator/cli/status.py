@@ -426,6 +426,13 @@ def _say_nodes(
             "lease now (`orchestrate cluster status` shows which nodes run)",
             markup=False,
         )
+    elif seen.left_open and seen.lease_state == "suspended":
+        console.print(
+            f"{len(seen.left_open)} boot(s) open: the engines of the suspended round above, "
+            "whose process is alive (`orchestrate cluster status` shows which nodes run); "
+            "wake it, or take the round over, before stopping them",
+            markup=False,
+        )
     elif seen.left_open:
         console.print(
             f"{len(seen.left_open)} boot(s) open: engines left by a run that was killed, which "
