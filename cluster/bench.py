@@ -31,7 +31,7 @@ from typing import Any
 
 import httpx
 
-from cluster import cutoff, metrics, prompts, stall
+from cluster import cutoff, metrics, prompts, signals, stall
 from cluster.errors import BenchError, describe
 from cluster.window import CellState, Request, Scrapes, spread_final_usage, summarise
 from knobs.records import CellResultRecord, CellSpec, NodeClockRecord
@@ -506,7 +506,8 @@ def run_cell(
     lines that say why the cell waits past its window or measures again: a round shows these
     (an engine silent for minutes is otherwise a screen that says nothing). Runs its own event
     loop (call it from synchronous code). ``stop`` (``cluster.cutoff``) set stops the cell
-    where it stands: no request more, its streams closed, nothing measured again.
+    where it stands: no request more, its streams closed, nothing measured again. A Ctrl-C
+    ends the cell as it stands, its loop closed whole (``signals.run_whole``).
 
     Raises:
         BenchError: the cell measured nothing (the endpoint is down or every request failed),
@@ -547,8 +548,8 @@ def _measured_undisturbed(
     reconnected = False
     for attempt in range(1, stall.ATTEMPTS + 1):
         cutoff.check(stop, cell.name)  # a cell stopped is measured no more
-        record, evidence = asyncio.run(
-            run_cell_async(
+        record, evidence = signals.run_whole(
+            lambda: run_cell_async(
                 base_url, model, cell, on_progress=on_progress, on_notice=on_notice, stop=stop
             )
         )

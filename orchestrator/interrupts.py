@@ -25,8 +25,7 @@ import threading
 from collections.abc import Iterator
 from types import FrameType
 
-#: The signals that end a command, in the order ``unbroken`` delivers those it held.
-ENDING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+from cluster.signals import held
 
 #: What a person (or a service manager's log) reads when a signal comes during a teardown.
 HELD = (
@@ -88,35 +87,27 @@ def ended_like_ctrl_c() -> Iterator[None]:
 def unbroken() -> Iterator[None]:
     """A teardown: SIGINT, SIGTERM and SIGHUP that arrive in the block are held until it ends,
     then delivered as they came (the first one's ``KeyboardInterrupt`` raised where the block
-    ends). The first Ctrl-C or SIGTERM held says ``HELD`` on stderr; a SIGHUP sends the rest of
-    the output to /dev/null at once, as it would have. Only a signal that would have
-    interrupted the command is held: one ignored stays ignored, one left to its default (a
-    library's caller that asked for no interrupt) keeps it. A block inside another holds
-    nothing more, and off the main thread (where no signal is handled) it holds nothing."""
+    ends; ``cluster.signals.held``). The first Ctrl-C or SIGTERM held says ``HELD`` on stderr;
+    a SIGHUP sends the rest of the output to /dev/null at once, as it would have. Only a
+    signal that would have interrupted the command is held: one ignored stays ignored, one
+    left to its default (a library's caller that asked for no interrupt) keeps it. A block
+    inside another holds nothing more, and off the main thread (where no signal is handled)
+    it holds nothing."""
     global _depth
     if _depth or threading.current_thread() is not threading.main_thread():
         yield
         return
-    held: list[int] = []
 
-    def hold(signum: int, _frame: FrameType | None) -> None:
+    def say(signum: int, before: list[int]) -> None:
         if signum == signal.SIGHUP:
             _quiet_terminal()
-        elif not any(s in _NAMES for s in held):
+        elif not any(s in _NAMES for s in before):
             with contextlib.suppress(OSError):
                 os.write(2, (HELD.format(name=_NAMES[signum]) + "\n").encode())
-        held.append(signum)
 
-    previous = {s: signal.getsignal(s) for s in ENDING}
-    interrupting = [int(s) for s, handler in previous.items() if callable(handler)]
     _depth += 1
     try:
-        for s in interrupting:
-            signal.signal(s, hold)
-        yield
+        with held(say):
+            yield
     finally:
-        for s in interrupting:
-            signal.signal(s, previous[signal.Signals(s)])
         _depth -= 1
-        for s in sorted(set(held), key=held.index):
-            signal.raise_signal(s)  # its handler raises here (the first one's ends the rest)
