@@ -115,7 +115,8 @@ class Blame:
             if found is not None:
                 return DeployError(
                     f"{message}; {node.name}'s engine was found stopped on {node.host}: "
-                    f"{found} (a SIGSTOP, a suspended host or a debugger, never the config)",
+                    f"{found} (a SIGSTOP, a `docker pause`, a suspended host or a debugger, never "
+                    "the config)",
                     failure_class="engine_stopped",
                     rank=node.rank,
                     host=node.host,

@@ -327,8 +327,14 @@ class Deployer:
             log_of=log_of,
             alive=self.alive,
             disk_free=self.disk_free,
-            stopped_of=lambda node: engine_process.stopped(self._t(node), node),
-            killed_of=lambda node: engine_process.killed_by(self._t(node), node),
+            stopped_of=lambda n: engine_process.stopped(self._t(n), n, self._container(n)),
+            killed_of=lambda n: engine_process.killed_by(self._t(n), n, self._container(n)),
+        )
+
+    def _container(self, node: NodeSpec) -> str | None:
+        """The container ``node``'s engine runs in, if its launcher names one."""
+        return engine_process.container_of(
+            self.launcher, self.gates.stop_hook, self.cluster, node, self.runtime
         )
 
     def _since_up(self, node: NodeSpec) -> str:

@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cluster.engine_process import DOCKER_SWITCHES
 from orchestrator.adopt.shell import Command, Script
 
 #: Options of `vllm serve` that take no value, for when the model follows one of them.
@@ -37,10 +38,6 @@ SWITCHES = frozenset(
         "--skip-tokenizer-init",
         "--enable-sleep-mode",
     }
-)
-#: ``docker run`` options that take no value (the rest take one, unless ``--opt=value``).
-_DOCKER_SWITCHES = frozenset(
-    {"-d", "--detach", "--rm", "-i", "--interactive", "-t", "--tty", "--privileged", "--init"}
 )
 #: ``docker run`` options a launcher drops: the engine runs in the foreground, its output is
 #: the node's log, and no terminal is attached (``-it`` without one fails).
@@ -145,7 +142,7 @@ def _docker(command: Command, rest: list[str], head: list[str]) -> Serve | None:
     i = 0
     while i < len(rest) and rest[i].startswith("-"):
         word = rest[i]
-        takes = word not in _DOCKER_SWITCHES and "=" not in word
+        takes = word not in DOCKER_SWITCHES and "=" not in word
         takes = takes and not re.fullmatch(r"-[dit]+", word)
         if word in _DETACHED or re.fullmatch(r"-[dit]+", word):
             dropped.append(word)
