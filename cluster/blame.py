@@ -105,9 +105,10 @@ class Blame:
     def stopped(self, message: str) -> DeployError | None:
         """``engine_stopped`` on the first node (the head, then the workers from the last rank)
         whose engine has a process found stopped as a boot hung or a cell failed
-        (``message``): a SIGSTOP, a suspended host or a debugger holds it, and a tensor-
-        parallel group waits on its slowest rank, so the head stops answering for it. No
-        config stops its own engine: the node's, never the config's. None when none is."""
+        (``message``), or whose container is paused: a SIGSTOP, a ``docker pause``, a
+        suspended host or a debugger holds it, and a tensor-parallel group waits on its
+        slowest rank, so the head stops answering for it. No config stops its own engine: the
+        node's, never the config's. None when none is."""
         if self._stopped_of is None:
             return None
         for node in [self.cluster.head, *self.cluster.workers_desc]:

@@ -244,7 +244,7 @@ def container_stopped(transport: Transport, container: str) -> str | None:
     if inspected is None:
         return None
     if inspected.group(1) == "paused":
-        return f"container {container} paused (docker pause)"
+        return f"container {container} paused"
     found = _STOPPED.match(lines[-1]) if len(lines) > 1 else None
     return None if found is None else f"{_in_words(*found.groups())} in container {container}"
 

@@ -207,7 +207,7 @@ def test_a_paused_or_stopped_container_is_its_nodes_and_a_native_hang_stays_the_
     assert err.failure_class in INFRASTRUCTURE and err.rank == 0
     assert err.message.startswith("node-0: boot wedged"), err.message
     assert f"node-0's engine was found stopped on {ssh_cluster.node(0).address}: " in err.message
-    assert f"container {NAME} paused (docker pause)" in err.message
+    assert f": container {NAME} paused (a SIGSTOP, a `docker pause`, " in err.message
     assert "inspect --type container --format" in "\n".join(runtime.calls())
     assert not (runtime.state / NAME).exists(), "the teardown's stop hook removed it"
 
