@@ -6,8 +6,9 @@ lands between any two bytecodes. Landing inside asyncio's loop constructor it le
 without its self-pipe, whose finaliser printed a traceback on the way out
 (``'_UnixSelectorEventLoop' object has no attribute '_ssock'``) beside a coroutine "never
 awaited": a person who pressed Ctrl-C once during a cell read both under the round's last
-line. ``held`` is the one way a signal is held here: the loop's construction and its close
-(``run_whole``), and the teardown that may not be cut short (``interrupts.unbroken``).
+line. ``held`` is the one way a signal is held here: the loop's construction, the unwinding
+of what it ran and its close (``run_whole``), and the teardown that may not be cut short
+(``interrupts.unbroken``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import contextlib
 import signal
 import threading
 from collections.abc import Callable, Coroutine, Iterator
+from inspect import CORO_CREATED, getcoroutinestate
 from types import FrameType
 from typing import Any, TypeVar
 
@@ -57,29 +59,28 @@ def held(on_hold: Callable[[int, list[int]], None] | None = None) -> Iterator[No
             signal.raise_signal(signum)  # its handler raises here (the first one's ends the rest)
 
 
-class _WholeLoop(asyncio.SelectorEventLoop):
-    """asyncio's loop, closed whole: a signal during ``close`` is delivered after it."""
-
-    def close(self) -> None:
-        with held():
-            super().close()
-
-
 def _whole_loop() -> asyncio.AbstractEventLoop:
     with held():  # built whole: a signal in the constructor is delivered after it
-        return _WholeLoop()
+        return asyncio.new_event_loop()
 
 
 def run_whole(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
     """``asyncio.run(make())``, in a loop of its own that a signal never leaves half-built
-    or half-closed, and with the coroutine closed if a signal comes before it is awaited.
-    While the coroutine runs, a Ctrl-C cancels it (asyncio's own handling) and
-    ``KeyboardInterrupt`` is raised once it has unwound."""
-    with asyncio.Runner(loop_factory=_whole_loop) as runner:
+    or half-closed. While the coroutine runs, a Ctrl-C cancels it (asyncio's own handling),
+    and a SIGTERM raises ``KeyboardInterrupt`` where it lands (``interrupts``); either way
+    the coroutine is then cancelled and unwinds (its streams closed) and the loop is closed
+    with the signals held, so that a second signal cannot cut that short: it is delivered
+    once they are done. A coroutine that a signal kept from starting is closed unstarted
+    (no "never awaited")."""
+    runner = asyncio.Runner(loop_factory=_whole_loop)
+    try:
         coroutine: Coroutine[Any, Any, T] | None = None
         try:
             coroutine = make()
             return runner.run(coroutine)
         finally:
-            if coroutine is not None:
-                coroutine.close()  # run, nothing; never awaited (a signal first), no warning
+            if coroutine is not None and getcoroutinestate(coroutine) == CORO_CREATED:
+                coroutine.close()
+    finally:
+        with held():
+            runner.close()  # cancels what still runs, lets it unwind, closes the loop

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from cluster.signals import held, run_whole
+from orchestrator.interrupts import ended_like_ctrl_c
 
 #: where the Ctrl-C lands: before the loop's self-pipe is made, or once it is closed and the
 #: rest of the loop is not
@@ -131,3 +132,26 @@ def test_held_delivers_each_signal_once_when_the_block_ends(ctrl_c_raises: None)
         signal.raise_signal(signal.SIGINT)
         arrivals.append((0, []))  # still in the block: nothing raised yet
     assert arrivals == [(signal.SIGINT, []), (signal.SIGINT, [signal.SIGINT]), (0, [])]
+
+
+def test_a_second_sigterm_while_the_cell_unwinds_is_held_until_it_has(
+    monkeypatch: pytest.MonkeyPatch, ctrl_c_raises: None
+) -> None:
+    """SIGTERM as a round has it (``ended_like_ctrl_c``: ``KeyboardInterrupt`` raised where it
+    lands, not asyncio's cancelling Ctrl-C), sent twice: the second while the cell closes its
+    streams. The reviewer's `kill -TERM; sleep 0.3; kill -TERM` printed "coroutine ignored
+    GeneratorExit" and the ledger blamed "an error of orchestrate's"."""
+    cleaned: list[str] = []
+
+    async def cell() -> None:
+        try:
+            asyncio.get_running_loop().call_soon(signal.raise_signal, signal.SIGTERM)
+            await asyncio.sleep(3600)
+        finally:
+            signal.raise_signal(signal.SIGTERM)  # the second, as the streams close
+            await asyncio.sleep(0)
+            cleaned.append("streams closed")
+
+    with ended_like_ctrl_c():
+        ignored, said = _the_aftermath(monkeypatch, lambda: run_whole(cell))
+    assert (ignored, said, cleaned) == ([], [], ["streams closed"])
