@@ -13,17 +13,29 @@ who presses Ctrl-C again is told so in one line; ``kill -9`` is the way to leave
 
 A signal ignored when the command started (``nohup``'s SIGHUP; SIGINT that a script's
 background job inherits ignored) stays ignored, in both.
+
+A reader of the output that goes away (``orchestrate status | head -1``; the ``tee`` of
+``orchestrate round | tee night.log`` killed) is a SIGHUP without the signal
+(``outliving_readers``): the rest of that output goes to /dev/null and the command goes on.
+Before, the first line written after it ended the command with exit code 1 and nothing said:
+a round, mid-boot, at once.
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import signal
 import stat
+import sys
 import threading
 from collections.abc import Iterator
 from types import FrameType
+from typing import TYPE_CHECKING, TextIO
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer
 
 from cluster.signals import held
 
@@ -42,11 +54,62 @@ def _quiet_terminal() -> None:
     """Nothing reads the terminal any more (SIGHUP): the rest of the output goes to
     /dev/null, so that writing it cannot stop what the command still does. Output to a file
     (`orchestrate round > night.log`) is kept: a file takes every line whoever hung up."""
-    quiet = os.open(os.devnull, os.O_WRONLY)
     for fd in (1, 2):
         if not _a_file(fd):
-            os.dup2(quiet, fd)
+            _to_devnull(fd)
+
+
+def _to_devnull(fd: int) -> None:
+    quiet = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(quiet, fd)
     os.close(quiet)
+
+
+class _Outliving(io.RawIOBase):
+    """A standard stream's descriptor whose reader may go away: the write its reader is gone
+    for goes to /dev/null, as every later one does (the descriptor is /dev/null's now)."""
+
+    def __init__(self, fd: int) -> None:
+        super().__init__()
+        self._fd = fd
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def writable(self) -> bool:
+        return True
+
+    def isatty(self) -> bool:
+        return os.isatty(self._fd)
+
+    def write(self, data: ReadableBuffer, /) -> int:
+        try:
+            return os.write(self._fd, data)
+        except BrokenPipeError:
+            _to_devnull(self._fd)
+            return memoryview(data).nbytes
+
+
+def _outliving(stream: TextIO) -> TextIO:
+    stream.flush()
+    return io.TextIOWrapper(
+        io.BufferedWriter(_Outliving(stream.fileno())),
+        encoding=stream.encoding,
+        errors=stream.errors,
+        line_buffering=bool(stream.line_buffering),
+        write_through=getattr(stream, "write_through", False),
+    )
+
+
+def outliving_readers() -> None:
+    """``sys.stdout`` and ``sys.stderr`` (the process's own, on descriptors 1 and 2) from now
+    on send what their reader is gone for to /dev/null, and the command goes on
+    (``| head``). Called once, by the command line's entry point."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        with contextlib.suppress(AttributeError, OSError, io.UnsupportedOperation):
+            if stream.fileno() in (1, 2):
+                setattr(sys, name, _outliving(stream))
 
 
 def _a_file(fd: int) -> bool:

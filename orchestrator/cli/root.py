@@ -21,6 +21,7 @@ from orchestrator.cli.status import status
 from orchestrator.cli.twin import twin_app
 from orchestrator.engines.cli import engines_app
 from orchestrator.exits import run_app
+from orchestrator.interrupts import outliving_readers
 
 app = typer.Typer(
     name="orchestrate",
@@ -52,5 +53,6 @@ def run(argv: list[str] | None = None) -> int:
 
 
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point: its output outlives its reader (``| head``)."""
+    outliving_readers()
     sys.exit(run())
