@@ -41,11 +41,10 @@ from cluster.errors import (
     NodeError,
     NodeUnreachable,
     OwnershipLost,
-    WorkdirUnwritable,
-    tail,
 )
 from cluster.inventory import ClusterSpec, NodeSpec
-from cluster.transport import CommandResult, Transport, check
+from cluster.transport import CommandResult, Transport, check, failed
+from cluster.workdir import last_words, refused
 
 #: The claim's directory in a node's workdir.
 CLAIM_DIR = ".orchestrate-claim"
@@ -224,37 +223,15 @@ def _remove_command(node: NodeSpec, holder_id: str, by: str, how: str) -> list[s
     return ["sh", "-c", body]
 
 
-#: What a node's shell says where its file system refuses a write, and the cause in words.
-_REFUSALS = {
-    "Read-only file system": "a read-only file system",
-    "Permission denied": "permission denied",
-}
-
-
 def _not_taken(node: NodeSpec, result: CommandResult) -> NodeError:
-    """Why a claim could not be made, as the node said it: a workdir that refuses writes
-    (``WorkdirUnwritable``, which no waiting fixes), else the remote's own last line."""
-    said = [line for line in result.stderr.splitlines() if line.strip()]
-    cause = _text(said[-1], 300) if said else "nothing on stderr"
-    refused = next((why for text, why in _REFUSALS.items() if text in result.stderr), None)
-    message = (
+    """Why a claim could not be made, as the node said it: a workdir its file system refuses
+    (``WorkdirUnwritable``: read-only, another user's, a file in its path, a full disk; no
+    waiting fixes it), else the node's own last line."""
+    return refused(node, result) or failed(
+        result,
+        node,
         f"claiming the node failed on {node.name} ({node.host}) with exit code "
-        f"{result.returncode}: {cause}"
-        if refused is None
-        else f"{node.name} ({node.host}): its workdir {node.workdir} cannot be written "
-        f"({refused}: {cause}), and the claim and the engine's files go there; waiting will "
-        "not fix it: make the folder writable on the node, or point the node's workdir (the "
-        f"profile's cluster.nodes entry of rank {node.rank}; a relative one is under the "
-        "folder the command runs in) at a writable folder"
-    )
-    return (NodeError if refused is None else WorkdirUnwritable)(
-        message,
-        failure_class="remote_failed",
-        rank=node.rank,
-        host=node.host,
-        command=result.command,
-        returncode=result.returncode,
-        stderr_tail=tail(result.stderr, 15),
+        f"{result.returncode}: {last_words(result)}",
     )
 
 

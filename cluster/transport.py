@@ -69,6 +69,22 @@ class Transport(Protocol):
         ...
 
 
+def failed(
+    result: CommandResult, node: NodeSpec, message: str, kind: type[NodeError] = NodeError
+) -> NodeError:
+    """The error (``kind``, class remote_failed) of a command that failed on ``node``, said in
+    ``message``, with the command, its exit code and the tail of its stderr as evidence."""
+    return kind(
+        message,
+        failure_class="remote_failed",
+        rank=node.rank,
+        host=node.host,
+        command=result.command,
+        returncode=result.returncode,
+        stderr_tail=tail(result.stderr, 15),
+    )
+
+
 def check(result: CommandResult, node: NodeSpec, what: str) -> CommandResult:
     """``result`` if it succeeded.
 
@@ -76,14 +92,10 @@ def check(result: CommandResult, node: NodeSpec, what: str) -> CommandResult:
         NodeError: non-zero exit (class remote_failed) with the command and stderr tail.
     """
     if result.returncode != 0:
-        raise NodeError(
+        raise failed(
+            result,
+            node,
             f"{what} failed on {node.name} ({node.host}) with exit code {result.returncode}",
-            failure_class="remote_failed",
-            rank=node.rank,
-            host=node.host,
-            command=result.command,
-            returncode=result.returncode,
-            stderr_tail=tail(result.stderr, 15),
         )
     return result
 

@@ -20,13 +20,14 @@ import pytest
 
 from cluster.claims import CLAIM_DIR, Holder, NodeClaims
 from cluster.connect import open_transport
-from cluster.errors import ClaimHeld, NodeError, OwnershipLost, WorkdirUnwritable
+from cluster.errors import ClaimHeld, OwnershipLost, WorkdirUnwritable
 from cluster.gates import DEFAULT_FAILURE_PATTERNS
 from cluster.ports import PORTS_FILE
 from knobs.vocabulary import EventKind, Kind, ProposalStatus
 from ledger import Ledger
 from orchestrator.profile import load_profile
 from tests.fixtures.cli import ORCHESTRATE, orchestrate
+from tests.fixtures.mounts import in_tmpfs
 from tests.fixtures.profiles import twin_profile_data, write_profile
 from tests.fixtures.sshd import SshCluster
 from tests.fixtures.wait import wait_until
@@ -357,7 +358,8 @@ def test_cluster_down_closes_the_boots_a_killed_run_left_open_unless_a_round_hol
 
 def test_a_claim_that_fails_says_what_the_node_said(tmp_path: Path) -> None:
     """A claim the node's shell could not make is said with the node's own words (here a
-    workdir under a file), not only with an exit code."""
+    workdir under a file), not only with an exit code, and as the setup's: no waiting for
+    the node fixes a file in its workdir's path."""
     (tmp_path / "a-file").write_text("")
     data = twin_profile_data()
     data["cluster"]["nodes"] = [
@@ -366,31 +368,21 @@ def test_a_claim_that_fails_says_what_the_node_said(tmp_path: Path) -> None:
     cluster = load_profile(str(write_profile(tmp_path, data))).cluster
     (node,) = cluster.nodes
     holder = Holder.this_process("round", cluster.name, "sqlite:///a.db")
-    with pytest.raises(NodeError) as caught:
+    with pytest.raises(WorkdirUnwritable) as caught:
         NodeClaims(cluster, {0: open_transport(node, cluster.ssh)}, holder).__enter__()
-    assert not isinstance(caught.value, WorkdirUnwritable)
     said = caught.value.message
     assert said.startswith(
-        "claiming the node failed on node-0 (127.0.0.1) with exit code 3: mkdir: cannot "
-        f"create directory '{tmp_path}/a-file"
+        f"node-0 (127.0.0.1): its workdir {tmp_path}/a-file/node-0 cannot be written (a "
+        f"regular file is in its path: mkdir: cannot create directory '{tmp_path}/a-file': "
+        "Not a directory)"
     ), said
-    assert said.endswith(": Not a directory"), said
+    assert "waiting will not fix it: move that file aside on the node" in said, said
+    assert caught.value.returncode == 3 and "Not a directory" in caught.value.stderr_tail
 
 
 def read_only(folder: Path, *argv: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """``argv`` run in ``folder`` with a read-only file system mounted on it, in a mount
-    namespace of its own (as root; a user's own namespace otherwise): gone with the child."""
-    folder.mkdir()
-    unshare = ["unshare", "-m"] if os.geteuid() == 0 else ["unshare", "-Urm"]
-    mount = 'mount -t tmpfs -o ro,size=1m tmpfs "$1" && cd "$1" && shift && exec "$@"'
-    return subprocess.run(
-        [*unshare, "sh", "-c", mount, "sh", str(folder), *argv],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
+    """``argv`` run in ``folder`` with a read-only file system mounted on it."""
+    return in_tmpfs(folder, *argv, env=env, read_only=True)
 
 
 def test_a_read_only_working_folder_is_said_as_such_not_as_a_node_away(tmp_path: Path) -> None:
