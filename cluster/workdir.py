@@ -6,15 +6,24 @@ a full disk. The node answered, so no waiting fixes it: ``refused`` reads the no
 (its shell runs in the C locale, so they are in English) and says the node, the path, why and
 what to do, as ``WorkdirUnwritable`` (exit 6). Words it does not know (an I/O error, a stale
 NFS handle) stay the node's: a failure the caller may wait out.
+
+``writable`` is the check's probe: over the node's own transport it creates the workdir and a
+file in it, and removes what it made, so a check leaves the node as it found it. Only POSIX
+sh tools run (sh, mkdir, touch, rm, rmdir, dirname); the workdir is validated by the
+inventory and every value is ``shlex.quote``d.
 """
 
 from __future__ import annotations
 
 import re
+import shlex
+import uuid
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 from cluster.errors import NodeError, WorkdirUnwritable
 from cluster.inventory import NodeSpec
-from cluster.transport import CommandResult, failed
+from cluster.transport import CommandResult, Transport, failed
 
 #: What a node's shell says where its file system refuses the workdir: the cause in words,
 #: and what a person does about it.
@@ -55,3 +64,56 @@ def refused(node: NodeSpec, result: CommandResult) -> NodeError | None:
         "writable folder",
         WorkdirUnwritable,
     )
+
+
+def _probe_command(node: NodeSpec) -> list[str]:
+    """sh that makes the workdir and a file in it, removes what it made, and prints
+    ``writable``; else exits 3 with the node's words on stderr."""
+    w = shlex.quote(node.workdir)
+    p = shlex.quote(f"{node.workdir}/.orchestrate-write-check.{uuid.uuid4().hex}")
+    body = (
+        "LC_ALL=C; export LC_ALL; "
+        # the topmost folder the probe makes (none where the workdir is there), to remove
+        f"top={w}; new=; "
+        'while [ ! -e "$top" ] && [ ! -L "$top" ]; do new=$top; top=$(dirname -- "$top"); done; '
+        f"said=$(mkdir -p -- {w} 2>&1 && touch -- {p} 2>&1); rc=$?; "
+        f"rm -f -- {p} 2>/dev/null; "
+        f'if [ -n "$new" ]; then d={w}; '
+        'while rmdir -- "$d" 2>/dev/null && [ "$d" != "$new" ]; do d=$(dirname -- "$d"); done; '
+        "fi; "
+        '[ "$rc" = 0 ] || { printf "%s\\n" "$said" >&2; exit 3; }; echo writable'
+    )
+    return ["sh", "-c", body]
+
+
+def writable(node: NodeSpec, transport: Transport) -> None:
+    """The node's workdir can be made and written (left as it was found).
+
+    Raises:
+        WorkdirUnwritable: the node's file system refuses it (exit 6).
+        NodeError: the node could not be reached, or the probe failed otherwise.
+    """
+    result = transport.run(_probe_command(node), timeout=60)
+    if result.returncode != 0:
+        raise refused(node, result) or failed(
+            result,
+            node,
+            f"writing to its workdir {node.workdir} failed on {node.name} ({node.host}) with "
+            f"exit code {result.returncode}: {last_words(result)}",
+        )
+
+
+def every_workdir(
+    nodes: Sequence[NodeSpec], transports: Mapping[int, Transport]
+) -> dict[int, NodeError | None]:
+    """``writable`` on every node at once: rank → its error, or None."""
+
+    def one(node: NodeSpec) -> NodeError | None:
+        try:
+            writable(node, transports[node.rank])
+        except NodeError as e:
+            return e
+        return None
+
+    with ThreadPoolExecutor(max_workers=max(1, len(nodes))) as pool:
+        return dict(zip((n.rank for n in nodes), pool.map(one, nodes), strict=True))

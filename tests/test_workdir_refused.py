@@ -57,6 +57,32 @@ def refusal(cluster: SshCluster, rank: int, blocker: Path) -> str:
     )
 
 
+def test_cluster_check_fails_a_node_whose_workdir_cannot_be_written(
+    ssh_cluster: SshCluster, tmp_path: Path
+) -> None:
+    data, blocker = under_a_file(ssh_cluster, tmp_path, 2)
+    fresh = tmp_path / "fresh" / "node-3"
+    data["cluster"]["nodes"][3]["workdir"] = str(fresh)
+    profile = str(write_profile(tmp_path, data))
+    env = env_for(tmp_path)
+    check = orchestrate(tmp_path, "cluster", "check", "--profile", profile, env=env)
+    assert check.returncode == 6, check.stdout + check.stderr
+    assert errors(check.stderr) == [refusal(ssh_cluster, 2, blocker)], check.stderr
+    assert "node(s) ready" not in check.stdout
+    # every other node was checked over its own connection, and said so
+    assert f"node-3: workdir {fresh} can be written" in check.stdout, check.stdout
+    assert f"node-0: workdir {ssh_cluster.node(0).workdir} can be written" in check.stdout
+    # the check changes nothing: the folders it made to write in are gone again
+    assert not (tmp_path / "fresh").exists()
+    # the file moved aside, the node passes, and its workdir is still not there
+    blocker.unlink()
+    again = orchestrate(tmp_path, "cluster", "check", "--profile", profile, env=env)
+    assert again.returncode == 0, again.stderr
+    assert "4 node(s) ready" in again.stdout
+    assert f"node-2: workdir {blocker}/work can be written" in again.stdout
+    assert not blocker.exists() and not (tmp_path / "fresh").exists()
+
+
 def test_a_claim_refused_by_a_nodes_file_system_is_said_at_once_not_waited_for(
     ssh_cluster: SshCluster, tmp_path: Path
 ) -> None:
@@ -76,6 +102,20 @@ def test_a_claim_refused_by_a_nodes_file_system_is_said_at_once_not_waited_for(
         assert ledger.experiments() == []
     assert ssh_cluster.engines() == {}
     assert not (ssh_cluster.node(0).workdir / ".orchestrate-claim").exists()
+
+
+def test_cluster_check_in_a_read_only_folder_says_so(tmp_path: Path) -> None:
+    """The twin's nodes' workdirs are under the folder the command runs in."""
+    folder = tmp_path / "ro"
+    done = in_tmpfs(folder, *ORCHESTRATE, "cluster", "check", env=env_for(tmp_path), read_only=True)
+    assert done.returncode == 6, done.stdout + done.stderr[-2000:]
+    [said] = errors(done.stderr)
+    assert said.startswith(
+        f"Error: node-0 (127.0.0.1): its workdir {folder}/.orchestrate/twin/node-0 cannot be "
+        "written (a read-only file system: mkdir: cannot create directory "
+        f"'{folder}/.orchestrate': Read-only file system)"
+    ), said
+    assert "waiting will not fix it: make the folder writable on the node" in said, said
 
 
 def test_a_claim_on_a_full_disk_is_said_at_once_not_waited_for(tmp_path: Path) -> None:

@@ -32,8 +32,10 @@ cluster_app = typer.Typer(help="Drive the profile's cluster by hand.", no_args_i
 
 @cluster_app.command("check")
 def cluster_check(profile: ProfileOpt = None) -> None:
-    """Preflight every node: reachable (SSH: host key, auth), its address on the cluster
-    interface, free memory settled, clocks healthy. Changes nothing."""
+    """Preflight every node: reachable (SSH: host key, auth), its workdir can be made and
+    written, its address on the cluster interface, free memory settled, clocks healthy.
+    Changes nothing (what the workdir check makes, it removes)."""
+    from cluster.workdir import every_workdir
     from orchestrator.profile import load_profile
 
     prof = load_profile(profile)
@@ -42,7 +44,16 @@ def cluster_check(profile: ProfileOpt = None) -> None:
         reached = deployer.reach()
         for rank, err in sorted(reached.items()):
             typer.echo(f"node-{rank}: " + ("reachable" if err is None else f"{err.message}"))
+        answered = [n for n in prof.cluster.nodes if reached[n.rank] is None]
+        written = every_workdir(answered, deployer.transports)
+        for node in sorted(answered, key=lambda n: n.rank):
+            err = written[node.rank]
+            typer.echo(
+                f"{node.name}: "
+                + (f"workdir {node.workdir} can be written" if err is None else err.message)
+            )
         failed = [e for _, e in sorted(reached.items()) if e is not None]
+        failed += [e for _, e in sorted(written.items()) if e is not None]
         if failed:
             raise failed[0]
         for clock in deployer.preflight():
