@@ -33,6 +33,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from types import TracebackType
 
 from cluster.errors import (
@@ -43,6 +44,7 @@ from cluster.errors import (
     OwnershipLost,
 )
 from cluster.inventory import ClusterSpec, NodeSpec
+from cluster.ports import PORTS_FILE
 from cluster.transport import CommandResult, Transport, check, failed
 from cluster.workdir import last_words, refused
 
@@ -404,6 +406,22 @@ class NodeClaims:
         return self.transports[node.rank]
 
 
+def _other_ports(cluster: ClusterSpec) -> str:
+    """How this cluster gets other ports: a ``port: auto`` one chose its pair once and keeps
+    it (``cluster.ports`` in a local head's workdir), so naming ``port: auto`` again is no
+    advice for it."""
+    if not cluster.auto_ports:
+        return "give this cluster other ports (cluster.port and cluster.master_port, or port: auto)"
+    if cluster.head.transport == "local":
+        kept = Path(cluster.head.workdir) / PORTS_FILE
+        return f"delete {kept} so that port: auto chooses a free pair again"
+    return (
+        "give this cluster ports of its own (cluster.port and cluster.master_port): port: auto "
+        "derives the pair from the cluster's name and nodes, and cannot check a head it "
+        "reaches over SSH"
+    )
+
+
 def ensure_ports_free(cluster: ClusterSpec, head: Transport) -> None:
     """Once this cluster's own engines are stopped, nothing may listen on the head's port or
     master port: whatever does is a foreign engine (another orchestrator's, another cluster's
@@ -426,8 +444,7 @@ def ensure_ports_free(cluster: ClusterSpec, head: Transport) -> None:
         raise DeployError(
             f"{node.name}: port {busy[0]} on {node.host} is in use by something that is not "
             "this cluster's engine (its own were just stopped): another orchestrator's engine, "
-            "or another program; free it, or give this cluster other ports (cluster.port and "
-            "cluster.master_port, or port: auto)",
+            f"or another program; free it, or {_other_ports(cluster)}",
             failure_class="port_in_use",
             rank=node.rank,
             host=node.host,

@@ -524,6 +524,38 @@ def test_a_deploy_onto_a_taken_port_is_port_in_use_naming_the_node_and_port(
     assert "Address already in use" in err.message
 
 
+def test_a_port_auto_cluster_whose_kept_pair_is_taken_is_told_how_to_choose_again(
+    tmp_path: Path,
+) -> None:
+    """``port: auto`` chose its pair once and keeps it (``cluster.ports``): the line that
+    refuses a taken port tells such a cluster how to choose again, not to say ``port: auto``,
+    which it says already (the review's busy-port night)."""
+    data = twin_profile_data(nodes=2)
+    data["cluster"]["port"] = "auto"
+    del data["cluster"]["master_port"]
+    head = tmp_path / "nodes" / "node-0"
+    head.mkdir(parents=True)
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        (head / "cluster.ports").write_text(f"{port} {port + 1}\n")
+        prof = load_profile(str(write_profile(tmp_path, data)), base_dir=tmp_path)
+        assert prof.cluster.port == port
+        deployer = deployer_for(prof)
+        try:
+            with pytest.raises(DeployError) as failed:
+                deployer.deploy(prof.initial_champion())
+        finally:
+            deployer.teardown()
+            deployer.close()
+    assert failed.value.failure_class == "port_in_use"
+    assert f"port {port} on 127.0.0.1 is in use" in failed.value.message
+    assert failed.value.message.endswith(
+        f"delete {head / 'cluster.ports'} so that port: auto chooses a free pair again"
+    )
+
+
 @pytest.mark.parametrize("stop", [BrokenPipeError, KeyboardInterrupt], ids=["pipe", "ctrl-c"])
 def test_an_error_of_orchestrates_own_or_ctrl_c_mid_boot_leaves_no_engine_up(
     tmp_path: Path, stop: type[BaseException]
