@@ -134,7 +134,9 @@ def round_(
         # ``RoundRunner``
         resumed = ledger.unfinished_round(prof.cluster.name)
         if resumed is not None:
-            kept = _as_started(options, resumed, proposer=proposer, seed=seed, approve=approve)
+            kept = _as_started(
+                options, resumed, budget=budget, proposer=proposer, seed=seed, approve=approve
+            )
             if (kept.proposer, kept.seed) != (options.proposer, options.seed):
                 first = [_proposer(prof, kept)]
         else:
@@ -305,19 +307,23 @@ def _as_started(
     options: RoundOptions,
     rnd: RoundRecord,
     *,
+    budget: int | None,
     proposer: str | None,
     seed: int | None,
     approve: str | None,
 ) -> RoundOptions:
-    """What unfinished round ``rnd``'s resume runs with: ``options``, its proposer, seed and
-    approval mode each the round's as it started unless this command gives its own
-    (``proposer``, ``seed``, ``approve``: the flags, ``None`` where not given). A bare
+    """What unfinished round ``rnd``'s resume runs with: ``options``, its budget, proposer,
+    seed and approval mode each the round's as it started unless this command gives its own
+    (``budget``, ``proposer``, ``seed``, ``approve``: the flags, ``None`` where not given; a
+    budget given is said and not taken, ``display.kept_on_resume``: a bare resume asked for
+    none, whatever the profile's is now). A bare
     ``orchestrate round`` (a timer's, or the line ``status`` prints) resuming a round started
     with ``--approve queue`` must not run it unvetoed at the profile's default, nor one
     started with Claude under Optuna; a person who passes ``--approve auto`` to get a paused
     queue going means it."""
     return dataclasses.replace(
         options,
+        budget=rnd.budget if budget is None else budget,
         proposer=rnd.proposer if proposer is None else proposer,
         seed=rnd.seed if seed is None else seed,
         approve=rnd.approve if approve is None else approve,
