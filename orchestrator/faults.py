@@ -41,6 +41,7 @@ from orchestrator import policy
 from orchestrator.display import RoundDisplay
 from orchestrator.errors import INTERRUPTED, OrchestrateError
 from orchestrator.evolution import refit_blame
+from orchestrator.interrupts import ended_by
 from orchestrator.measurements import clocks_off_counts, clocks_off_in_a_row
 from orchestrator.profile import Profile
 from orchestrator.timestamps import utc_minute
@@ -405,13 +406,6 @@ def _waited(
     return run()
 
 
-#: The line an interrupted round's stop is recorded with.
-INTERRUPTED_LINE = (
-    "interrupted (Ctrl-C, or SIGTERM or SIGHUP: a service manager, a closed terminal); run the "
-    "same command again to resume"
-)
-
-
 def record_stop(
     ledger: Ledger, cluster: str, round_id: int, err: OrchestrateError | KeyboardInterrupt
 ) -> None:
@@ -421,17 +415,18 @@ def record_stop(
     and the resume show it from here. A ledger that is itself what failed records nothing."""
     if isinstance(err, LedgerError):
         return
-    code, line = (
-        (INTERRUPTED, INTERRUPTED_LINE)
-        if isinstance(err, KeyboardInterrupt)
-        else (err.exit_code, err.message)
-    )
+    if isinstance(err, KeyboardInterrupt):
+        by = ended_by(err)
+        code, line = INTERRUPTED, f"interrupted by {by}; run the same command again to resume"
+        error = by.split(" ")[0]  # which signal, never the exception's class
+    else:
+        code, line, error = err.exit_code, err.message, type(err).__name__
     with suppress(LedgerError):
         ledger.add_event(
             cluster,
             EventKind.ROUND_STOPPED,
             subject=str(round_id),
-            detail={"error": type(err).__name__, "exit_code": code},
+            detail={"error": error, "exit_code": code},
             reason=Redactor.from_environment().text(line),
         )
 

@@ -120,6 +120,30 @@ def _a_file(fd: int) -> bool:
         return False
 
 
+class Ended(KeyboardInterrupt):
+    """A SIGTERM or SIGHUP, ending the command as Ctrl-C does (``ended_like_ctrl_c``); which
+    one it was is kept for the record (``ended_by``)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+#: What ended a command, in a person's words, by the signal (``ended_by``).
+_ENDED_BY = {
+    signal.SIGINT: "Ctrl-C",
+    signal.SIGTERM: "SIGTERM (a service manager's stop, `kill`)",
+    signal.SIGHUP: "SIGHUP (its terminal or SSH session closed)",
+}
+
+
+def ended_by(interrupt: KeyboardInterrupt) -> str:
+    """Which signal ended the command, in a person's words: Ctrl-C for a ``KeyboardInterrupt``
+    of Python's or asyncio's own (SIGINT), else the SIGTERM or SIGHUP ``Ended`` carries."""
+    signum = interrupt.signum if isinstance(interrupt, Ended) else signal.SIGINT
+    return _ENDED_BY.get(signal.Signals(signum), signal.Signals(signum).name)
+
+
 @contextlib.contextmanager
 def ended_like_ctrl_c() -> Iterator[None]:
     """SIGTERM and SIGHUP raise ``KeyboardInterrupt`` as Ctrl-C does, while in the block.
@@ -133,7 +157,7 @@ def ended_like_ctrl_c() -> Iterator[None]:
     def interrupt(signum: int, _frame: FrameType | None) -> None:
         if signum == signal.SIGHUP:
             _quiet_terminal()
-        raise KeyboardInterrupt
+        raise Ended(signum)
 
     # a signal set to be ignored stays so: `nohup orchestrate round …` asked to outlive its
     # terminal, and it does
