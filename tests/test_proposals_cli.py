@@ -61,10 +61,11 @@ def test_proposals_are_listed_approved_and_vetoed_with_the_clis_arrow(
         "false → true\tclaude\tMNBT 8192.",
     ], err
     assert run(["proposals", "approve", str(one)]) == 0
-    assert capsys.readouterr().out == f"approved proposal {one}: num_speculative_tokens → 5\n"
+    assert capsys.readouterr().out == f"approved proposal {one}: num_speculative_tokens 7 → 5\n"
     assert run(["proposals", "veto", str(two), "--reason", "too big"]) == 0
     assert capsys.readouterr().out == (
-        f"vetoed proposal {two}: max_num_batched_tokens → 8192 + enable_chunked_prefill → true\n"
+        f"vetoed proposal {two}: max_num_batched_tokens 2048 → 8192 + enable_chunked_prefill "
+        "false → true\n"
     )
 
 

@@ -154,7 +154,7 @@ def test_queue_waits_while_another_process_vetoes_then_approves(
             workdir, "proposals", "veto", str(first.id), "--reason", reason, "-p", "profile.yaml"
         )
         assert veto.returncode == 0, veto.stderr
-        assert veto.stdout == f"vetoed proposal {first.id}: num_speculative_tokens → 5\n"
+        assert veto.stdout == f"vetoed proposal {first.id}: num_speculative_tokens 7 → 5\n"
 
         second = wait_for("the next proposal", pending_proposal(workdir, first.id), proc)
         assert (second.knob, second.new_value) == ("max_num_batched_tokens", 8192)

@@ -4,14 +4,11 @@ another terminal."""
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
 from orchestrator.cli.common import JsonOpt, ProfileOpt, VetoReason, in_ledger, opened
-
-if TYPE_CHECKING:
-    from ledger import ProposalRecord
 
 proposals_app = typer.Typer(
     help="Proposals waiting for a person (--approve queue).", no_args_is_help=True
@@ -55,7 +52,7 @@ def proposals_approve(proposal_id: ProposalId, profile: ProfileOpt = None) -> No
         p = o.ledger(create=False).decide_proposal(
             proposal_id, status=ProposalStatus.APPROVED, by="person", cluster=prof.cluster.name
         )
-    typer.echo(f"approved proposal {p.id}: {_target(p)}")
+    typer.echo(f"approved proposal {p.id}: {p.change.describe()}")
 
 
 @proposals_app.command("veto")
@@ -77,15 +74,4 @@ def proposals_veto(
             reason=reason,
             cluster=prof.cluster.name,
         )
-    typer.echo(f"vetoed proposal {p.id}: {_target(p)}")
-
-
-def _target(p: ProposalRecord) -> str:
-    """``knob → value``, and ``+ knob → value`` for a coupled move's enabling knob (the arrow
-    the rest of the CLI prints)."""
-    from knobs.spec import as_text
-
-    text = f"{p.knob} → {as_text(p.new_value)}"
-    if p.coupled_knob is not None and p.coupled_new is not None:
-        text += f" + {p.coupled_knob} → {as_text(p.coupled_new)}"
-    return text
+    typer.echo(f"vetoed proposal {p.id}: {p.change.describe()}")
