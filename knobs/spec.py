@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from knobs.errors import KnobError
 from knobs.vocabulary import FAILURE_CLASSES, INFRASTRUCTURE, GuardrailRule
@@ -45,6 +45,14 @@ def printable(raw: object, limit: int = 60) -> str:
     return clipped(text, limit)
 
 
+def _launchable(mapped: Value) -> Value:
+    """A ``render.values`` entry a launcher can take; checked as one entry, so that a bad one
+    is placed at its own key (``render.values.cutlass``), not at the knob's whole rendering."""
+    if isinstance(mapped, str) and not SAFE_TOKEN.match(mapped):
+        raise ValueError(f"rendered value {mapped!r} has characters a launcher cannot take")
+    return mapped
+
+
 class RenderSpec(BaseModel):
     """How a knob's value reaches the engine's command line or environment.
 
@@ -71,7 +79,7 @@ class RenderSpec(BaseModel):
     when_false: tuple[str, ...] = ()
     env_when_true: dict[str, str] = Field(default_factory=dict)
     env_when_false: dict[str, str] = Field(default_factory=dict)
-    values: dict[str, Value] | None = None
+    values: dict[str, Annotated[Value, AfterValidator(_launchable)]] | None = None
 
     @model_validator(mode="after")
     def _complete(self) -> RenderSpec:
@@ -92,9 +100,6 @@ class RenderSpec(BaseModel):
                 raise ValueError(f"env name {name!r} is not an environment variable name")
             if not SAFE_TOKEN.match(value):
                 raise ValueError(f"env value {value!r} has characters a launcher cannot take")
-        for mapped in (self.values or {}).values():
-            if isinstance(mapped, str) and not SAFE_TOKEN.match(mapped):
-                raise ValueError(f"rendered value {mapped!r} has characters a launcher cannot take")
         return self
 
 

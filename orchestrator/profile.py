@@ -450,7 +450,9 @@ def load_profile(name_or_path: str | None = None, *, base_dir: Path | None = Non
     try:
         profile = Profile.model_validate(data)
     except ValidationError as e:
-        raise ProfileError(f"profile {path}: {first_error(e, Profile)}", path=str(path)) from e
+        raise ProfileError(
+            f"profile {path}: {first_error(e, Profile, data)}", path=str(path)
+        ) from e
     except KnobError as e:
         raise ProfileError(f"profile {path}: {e}", path=str(path)) from e
     profile = _resolve_workdirs(profile, base_dir or Path.cwd(), path)

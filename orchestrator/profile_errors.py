@@ -1,27 +1,49 @@
 """A profile's validation error in one line: where, what, how many more, and, for a key the
-profile's schema does not have there, the key it is a typo of (``knobs.names``' policy)."""
+profile's schema does not have there, the key it is a typo of (``knobs.names``' policy). A
+place under ``knobs:`` is named by its knob, as every other profile check names it
+(``knobs.moe_backend.render.values.cutlass``, not ``knobs.0.render``)."""
 
 from __future__ import annotations
 
-from typing import get_args
+import re
+from typing import Any, get_args
 
 from pydantic import BaseModel, ValidationError
 
 from knobs.names import did_you_mean
 
 
-def first_error(e: ValidationError, model: type[BaseModel] | None = None) -> str:
+#: A knob's name as a profile's ``knobs:`` entry may give it (``knobs.spec.KnobSpec.name``).
+_KNOB_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+
+
+def first_error(e: ValidationError, model: type[BaseModel] | None = None, data: Any = None) -> str:
     """A validation error in one line: where, what, and how many more; a key ``model`` does
     not have there that is a typo of one it has names that one (``verdikt``: did you mean
-    verdict?)."""
+    verdict?). ``data``: what was validated, whose ``knobs:`` entries name the place of an
+    error under one by its knob's name (its index where the entry has no valid name)."""
     err = e.errors()[0]
-    where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+    where = _where(err["loc"], data) or "(top level)"
     more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
     said = err["msg"].removeprefix("Value error, ")
     if err["type"] == "extra_forbidden" and model is not None and err["loc"]:
         hint = did_you_mean(err["loc"][-1], _keys_at(model, err["loc"][:-1]))
         said = f"{said}; {hint}" if hint else said
     return f"{where}: {said}{more}"
+
+
+def _where(loc: tuple[int | str, ...], data: Any) -> str:
+    """``loc`` in words: ``knobs.0.render`` as ``knobs.moe_backend.render`` where ``data``'s
+    first knobs entry is named moe_backend."""
+    steps = [str(p) for p in loc]
+    if len(loc) > 1 and loc[0] == "knobs" and isinstance(loc[1], int) and isinstance(data, dict):
+        entries = data.get("knobs")
+        if isinstance(entries, list | tuple) and 0 <= loc[1] < len(entries):
+            entry = entries[loc[1]]
+            name = entry.get("name") if isinstance(entry, dict) else None
+            if isinstance(name, str) and _KNOB_NAME.match(name):
+                steps[1] = name
+    return ".".join(steps)
 
 
 def _keys_at(model: type[BaseModel], loc: tuple[int | str, ...]) -> list[str]:

@@ -176,6 +176,37 @@ def test_a_rendering_that_cannot_deploy_is_refused_as_the_profile_loads(tmp_path
 
 
 @pytest.mark.parametrize(
+    ("render", "said"),
+    [
+        (
+            {**MOE["render"], "values": {"triton": "triton", "cutlass": "cut lass"}},
+            "knobs.moe_backend.render.values.cutlass: rendered value 'cut lass' has characters "
+            "a launcher cannot take",
+        ),
+        (
+            {**MOE["render"], "flag": "--moe backend"},
+            "knobs.moe_backend.render: render token '--moe backend' has characters a launcher "
+            "cannot take",
+        ),
+        ({"kind": "flag"}, "knobs.moe_backend.render: render kind 'flag' needs 'flag'"),
+    ],
+)
+def test_a_bad_rendering_is_placed_at_its_knob_and_value(
+    tmp_path: Path, render: dict[str, Any], said: str
+) -> None:
+    """A rendering a launcher cannot take is said at the knob's name (and, for a ``values``
+    entry, at the value it maps), as every other profile check names a knob, never at the
+    entry's index under ``knobs:``."""
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        yaml.safe_dump(profile({"name": "num_speculative_tokens"}, {**MOE, "render": render}))
+    )
+    with pytest.raises(ProfileError) as caught:
+        load_profile(str(path))
+    assert str(caught.value) == f"profile {path}: {said}"
+
+
+@pytest.mark.parametrize(
     ("when", "said"),
     [
         (

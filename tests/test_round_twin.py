@@ -205,7 +205,13 @@ def round_until(
         (lambda d: d["cells"][0].update(concurrency=0), "cells.0.concurrency"),
         (
             lambda d: d["knobs"][0].update(effect_prior={"p_null": 1.5, "effect_pct": 15}),
-            "knobs.0.effect_prior.p_null: Input should be less than 1",
+            "knobs.drafter_adapter_rank.effect_prior.p_null: Input should be less than 1",
+        ),
+        # a bad rendering is placed at its knob and value, as every other knob check is
+        (
+            lambda d: d["knobs"][0]["render"]["values"].update({"32": "/m/r32; rm -rf ~"}),
+            "bad.yaml: knobs.drafter_adapter_rank.render.values.32: rendered value "
+            "'/m/r32; rm -rf ~' has characters a launcher cannot take",
         ),
         (lambda d: d.pop("cells"), "cells: Field required"),
         (lambda d: d["cluster"]["nodes"][1].update(workdir="x; rm -rf /"), "not a safe path"),

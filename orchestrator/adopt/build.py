@@ -133,11 +133,12 @@ def adopt(
     body = yaml.safe_dump(
         data, sort_keys=False, width=100, default_flow_style=None, allow_unicode=True
     )
+    loaded = yaml.safe_load(body)
     try:
-        profile = Profile.model_validate(yaml.safe_load(body))
+        profile = Profile.model_validate(loaded)
     except ValidationError as e:  # a --name, --nodes address or served name a profile refuses
         raise ProfileError(
-            f"{path}: the profile would not load: {first_error(e, Profile)}"
+            f"{path}: the profile would not load: {first_error(e, Profile, loaded)}"
         ) from None
     _round_trip(profile, head, worker, found, runtime or {})
     return Adopted(profile=profile, text=header + body, recognised=found, head=head, notes=notes)
