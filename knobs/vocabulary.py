@@ -213,13 +213,17 @@ UNMEASURED = frozenset({Status.CRASH, Status.VETOED})
 #: config may carry a (fast, wrong) objective: it must never count as a measurement.
 MEASURED = frozenset({Status.KEEP, Status.DISCARD, Status.INCONCLUSIVE})
 
-#: A boot's ``failure_detail`` where no failure ended it but a run that stopped: Ctrl-C (or a
-#: kill) after its teardown, a resume's cleanup of a boot a killed run left open
-#: (``interrupted``), or ``orchestrate cluster down`` closing one (``cluster down``); and what
-#: a person reads of each.
+#: A boot's ``failure_detail`` where no failure ended it but a run that stopped: an interrupt
+#: (Ctrl-C, SIGTERM, SIGHUP) whose teardown ran and closed it (``interrupted; torn down``), a
+#: resume's cleanup of a boot a killed run left open (``interrupted``; a ledger from before
+#: the first holds it for both), or ``orchestrate cluster down`` closing one
+#: (``cluster down``); and what a person reads of each.
+BOOT_TORN_DOWN = "interrupted; torn down"
 BOOT_INTERRUPTED = "interrupted"
 BOOT_CLOSED_BY_DOWN = "cluster down"
 CUT_SHORT = {
+    BOOT_TORN_DOWN: "cut short: the run was interrupted (Ctrl-C, SIGTERM or SIGHUP); its "
+    "teardown ran and stopped its engines",
     BOOT_INTERRUPTED: "cut short: the run was interrupted or killed before its teardown",
     BOOT_CLOSED_BY_DOWN: "cut short: a killed run left it up; `orchestrate cluster down` closed it",
 }

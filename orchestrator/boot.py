@@ -16,6 +16,7 @@ from knobs.config import Config
 from knobs.vocabulary import (
     BOOT_ERRORED,
     BOOT_INTERRUPTED,
+    BOOT_TORN_DOWN,
     INFRASTRUCTURE,
     BootRole,
     BootStatus,
@@ -231,10 +232,10 @@ class Booter:
 
 
 def _stopped_by(stop: BaseException) -> str:
-    """The ``failure_detail`` of a boot a run's stop ended: an interrupt (Ctrl-C, a SIGTERM
-    or SIGHUP taken as one, a kill) or an error of ours, with its first line."""
+    """The ``failure_detail`` of a boot a run's stop ended, its teardown done: an interrupt
+    (Ctrl-C, a SIGTERM or SIGHUP taken as one) or an error of ours, with its first line."""
     if not isinstance(stop, Exception):
-        return BOOT_INTERRUPTED
+        return BOOT_TORN_DOWN
     said = str(stop).strip().splitlines()
     return BOOT_ERRORED + (said[0] if said else type(stop).__name__)
 

@@ -120,7 +120,7 @@ def of_round(ledger: Ledger, rnd: RoundRecord) -> list[Resume]:
     recorded = [True] * len(found)
     # and, before this release first ran on the cluster (its first profile recorded), those an
     # older one made, found by the boots they closed: a boot this release closes as
-    # interrupted is a Ctrl-C's (its stop recorded) or a resume's (recorded above)
+    # interrupted is a resume's (recorded above); a Ctrl-C's reads torn down
     first = next(iter(ledger.events(rnd.cluster, EventKind.PROFILE_REVISED)), None)
     older = [b for b in boots.values() if first is None or _ended_before(b, first.created_at)]
     for at, left in _inferred(older):

@@ -19,6 +19,7 @@ from knobs.vocabulary import (
     BOOT_CLOSED_BY_DOWN,
     BOOT_ERRORED,
     BOOT_INTERRUPTED,
+    BOOT_TORN_DOWN,
     BootRole,
     BootStatus,
     Kind,
@@ -150,8 +151,9 @@ def test_an_experiment_says_when_it_was_decided_as_the_rest_of_the_cli_does(
 def test_a_boot_a_stopped_run_cut_short_says_so(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A boot closed by no failure but by a run that stopped (interrupted, or left up by a
-    killed run and closed by `cluster down`) says it was cut short, not just "down"."""
+    """A boot closed by no failure but by a run that stopped (interrupted and torn down, left
+    up by a killed run and closed by a resume or by `cluster down`) says it was cut short, not
+    just "down", and how: only a boot whose teardown never ran reads as killed before it."""
     url = f"sqlite:///{tmp_path}/orchestrate.db"
     monkeypatch.setenv("ORCHESTRATE_LEDGER", url)
     prof = load_profile(None)
@@ -176,7 +178,7 @@ def test_a_boot_a_stopped_run_cut_short_says_so(
             description="baseline",
         )
         errored = BOOT_ERRORED + "launcher of node-0: unknown placeholder {nope}"
-        for detail in (BOOT_INTERRUPTED, BOOT_CLOSED_BY_DOWN, errored, None):
+        for detail in (BOOT_INTERRUPTED, BOOT_CLOSED_BY_DOWN, errored, None, BOOT_TORN_DOWN):
             boot = ledger.start_boot(e.id, config, role=BootRole.MEASURE, measurement=0)
             ledger.end_boot(boot.id, status=BootStatus.DOWN, failure_detail=detail)
     assert run(["experiments", "show", str(e.id)]) == 0
@@ -189,4 +191,6 @@ def test_a_boot_a_stopped_run_cut_short_says_so(
         "boot 3 (measure, measurement 0): down; cut short: an error of orchestrate's stopped "
         "the run: launcher of node-0: unknown placeholder {nope}",
         "boot 4 (measure, measurement 0): down",
+        "boot 5 (measure, measurement 0): down; cut short: the run was interrupted (Ctrl-C, "
+        "SIGTERM or SIGHUP); its teardown ran and stopped its engines",
     ], lines

@@ -257,7 +257,7 @@ def test_a_round_interrupted_mid_boot_is_said_stopped_not_killed_and_resumed(
         orchestrate(tmp_path, "cluster", "down", "--profile", profile, env=env)
     assert code == 130, (out[-2000:], err[-2000:])
     with Ledger(ledger_url, read_only=True) as ledger:
-        assert [b.failure_detail for b in ledger.boots(1)] == ["interrupted"]
+        assert [b.failure_detail for b in ledger.boots(1)] == ["interrupted; torn down"]
     html = " ".join((tmp_path / "reports" / "round-1" / "report.html").read_text().split())
     assert (
         "The round was stopped short 1 time(s) with a stop recorded and killed 0 time(s) "

@@ -339,9 +339,19 @@ def test_ctrl_c_mid_experiment_is_one_line_exit_130_and_resumes(workdir: Path) -
     assert "Traceback" not in err and out == ""
     # the boot in flight was torn down and ended then: no GPU-hour accrues to it overnight
     with sqlite3.connect(workdir / "orchestrate.db") as db:
-        boots = db.execute("select status, ended_at, failure_detail from boot").fetchall()
-    assert boots and all(ended is not None for _, ended, _ in boots), boots
-    assert boots[-1][0] == "down" and boots[-1][2] == "interrupted", boots
+        boots = db.execute(
+            "select status, ended_at, failure_detail, experiment_id, id from boot"
+        ).fetchall()
+    assert boots and all(b[1] is not None for b in boots), boots
+    assert boots[-1][0] == "down" and boots[-1][2] == "interrupted; torn down", boots
+    # and it reads as torn down by the interrupt, not as left by a run killed before that
+    shown = orchestrate(workdir, "experiments", "show", str(boots[-1][3]), "-p", str(profile))
+    assert shown.returncode == 0, shown.stderr
+    [line] = [ln.strip() for ln in shown.stdout.splitlines() if f"boot {boots[-1][4]} (" in ln]
+    assert line.endswith(
+        ": down; cut short: the run was interrupted (Ctrl-C, SIGTERM or SIGHUP); its teardown "
+        "ran and stopped its engines"
+    ), shown.stdout
     resumed = orchestrate(workdir, "round", "--budget", "1", "--profile", str(profile), "--json")
     assert resumed.returncode == 0, resumed.stderr
     assert json.loads(resumed.stdout)["resumed"] is True
