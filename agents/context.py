@@ -127,8 +127,29 @@ class KnownBad(BaseModel):
 
     def describe(self) -> str:
         """``gpu_memory_utilization=0.9 (crash: OOM on the head)``, or with bounds
-        ``kv_cache_dtype=auto, gpu_memory_utilization<=0.85 (crash: kv_capacity)``."""
-        return f"{self.region()} ({self.source}: {self.reason})"
+        ``kv_cache_dtype=auto, gpu_memory_utilization<=0.85 (crash: kv_capacity)``; a reason
+        that says no more than the source is not said twice (``(invalid)``)."""
+        said = self.reason.strip()
+        why = self.source if not said or said == self.source else f"{self.source}: {said}"
+        return f"{self.region()} ({why})"
+
+    def left_by(self, config: Mapping[str, Value]) -> dict[str, str]:
+        """The knobs by which ``config`` lies outside this region, each with its value against
+        the region's: ``{"max_num_batched_tokens": "max_num_batched_tokens 8192 (not 7168)",
+        "gpu_memory_utilization": "gpu_memory_utilization 0.88 (under 0.9)"}``; empty: the
+        region contains it."""
+        out: dict[str, str] = {}
+        for knob, value in self.when.items():
+            if knob not in config or not same_value(config[knob], value):
+                out[knob] = f"{knob} {_held(config, knob)} (not {as_text(value)})"
+        for bounds, inside, side in ((self.at_least, _ge, "under"), (self.at_most, _le, "over")):
+            for knob, bound in bounds.items():
+                held = config.get(knob)
+                if isinstance(held, bool) or not isinstance(held, int | float):
+                    out[knob] = f"{knob} {_held(config, knob)} (not a number)"
+                elif not inside(held, bound):
+                    out[knob] = f"{knob} {_held(config, knob)} ({side} {as_text(bound)})"
+        return out
 
     def region(self) -> str:
         """The region alone: ``knob=value, …, knob>=value, knob<=value``."""
@@ -140,6 +161,10 @@ class KnownBad(BaseModel):
     def constrains(self, knob: str) -> bool:
         """Whether ``knob`` is part of the region."""
         return knob in self.when or knob in self.at_least or knob in self.at_most
+
+
+def _held(config: Mapping[str, Value], knob: str) -> str:
+    return as_text(config[knob]) if knob in config else "unset"
 
 
 def _ge(value: float, bound: float) -> bool:
@@ -367,12 +392,32 @@ class ProposalContext(BaseModel):
         failed = [e for e in self.history if e.knob == knob and not e.measured]
         if failed:
             parts.append(f"{knob} failed before: " + "; ".join(e.describe() for e in failed[-3:]))
-        regions = [r for r in self.known_bad if r.constrains(knob)]
-        if regions:
-            parts.append("known-bad regions on it: " + "; ".join(r.describe() for r in regions[:3]))
+        near = self._regions_near(change)
+        if near:
+            parts.append("known-bad regions near it: " + "; ".join(near[:3]))
         if not self.tries(knob, change.new):
             parts.append(f"{knob}={_text(change.new)} was never run as a change")
         return "; ".join(parts) if parts else "low: this knob and value ran before without failing"
+
+    def _regions_near(self, change: Change) -> list[str]:
+        """The known-bad regions on a knob ``change`` moves that hold its new value (or bound
+        it), each said with how the config it makes stands to it: inside it, or outside it by
+        which knobs. A region of another value of a moved knob (a point ``K=5`` for a change to
+        4) says nothing of this change's risk, and is left out."""
+        candidate = self.champion.apply(change)
+        moved = [m.knob for m in change.moves()]
+        out: list[str] = []
+        for region in self.known_bad:
+            if not any(region.constrains(k) for k in moved):
+                continue
+            outside = region.left_by(candidate)
+            if any(k in region.when and k in outside for k in moved):
+                continue
+            if not outside:
+                out.append(f"{region.describe()}, which holds this config")
+            else:
+                out.append(f"{region.describe()}, outside it by " + ", ".join(outside.values()))
+        return out
 
     def tries(self, knob: str, value: Value | None = None) -> int:
         """How many history entries changed ``knob`` (to ``value``, when given)."""

@@ -257,7 +257,11 @@ def _barred(profile: Profile, ledger: Ledger, e: ExperimentRecord) -> KnownBad |
     when = e.config.as_dict() if e.status == Status.INVALID else {e.knob: e.value}
     if coupled is not None and e.status != Status.INVALID:
         when[coupled[0]] = coupled[1]  # a coupled move bars the pair, never its first knob alone
-    reason = e.failure_class or clipped(e.failure_detail or e.status, 200)
+    # why, in words that add to the source (never the status again: "invalid: invalid")
+    reason = e.failure_class or clipped(e.failure_detail or "", 200)
+    if e.status == Status.INVALID and not reason:
+        verdict = ledger.verdict(e.id)  # what the outputs did: the greedy texts that differed
+        reason = "" if verdict is None else clipped(verdict.reason, 200)
     if e.status == Status.VETOED:
         # the person's words, so every proposer learns why (the verdict's: a proposal's veto
         # or, for a change a stopped round left undecided, the experiment's)

@@ -208,5 +208,38 @@ def test_risk_names_past_failures_and_known_bad_regions() -> None:
         "gpu_memory_utilization failed before: experiment #1 gpu_memory_utilization=0.93: "
         "crash [oom]"
     ) in risk
-    assert "known-bad regions on it: gpu_memory_utilization=0.93 (crash: OOM)" in risk
+    # the point 0.93 is another value's region: it says nothing of 0.92 (its crash is said
+    # above, as a failure of the knob)
+    assert "known-bad" not in risk and "0.93 (crash" not in risk
     assert "gpu_memory_utilization=0.92 was never run as a change" in risk
+
+
+def test_a_risk_line_says_how_each_known_bad_region_it_names_stands_to_the_config() -> None:
+    """Only regions that hold the change's new value (or bound it) are named, each with the
+    knobs that keep the proposed config out of it; a point region of another value is not
+    named, and a region's reason is never its source said again ("invalid: invalid")."""
+    elsewhere = CHAMPION.apply(change("max_num_batched_tokens", 4096))
+    point = KnownBad(
+        when={**elsewhere.apply(change("num_speculative_tokens", 5)).as_dict()},
+        reason="invalid",
+        source="invalid",
+    )
+    other = KnownBad(
+        when={**elsewhere.apply(change("num_speculative_tokens", 3)).as_dict()},
+        reason="greedy outputs differ",
+        source="invalid",
+    )
+    oom = KnownBad(at_least={"gpu_memory_utilization": 0.95}, reason="oom", source="crash")
+    ctx = context(known_bad=(point, other, oom))
+    risk = ctx.risk_of(change("num_speculative_tokens", 5))
+    assert "invalid: invalid" not in risk and "(invalid)" in risk, risk
+    assert f"{point.region()} (invalid), outside it by max_num_batched_tokens " in risk, risk
+    assert risk.count("known-bad") == 1 and "num_speculative_tokens=3" not in risk, risk
+    # the point regions hold other values of K: a change to 4 has none near it
+    assert "known-bad" not in ctx.risk_of(change("num_speculative_tokens", 4))
+    # a bound the new value does not reach is said as such
+    near = ctx.risk_of(change("gpu_memory_utilization", 0.9))
+    assert (
+        "known-bad regions near it: gpu_memory_utilization>=0.95 (crash: oom), outside it by "
+        "gpu_memory_utilization 0.9 (under 0.95)"
+    ) in near, near

@@ -17,10 +17,13 @@ import yaml
 from rich.console import Console
 
 from agents import SweepProposer
-from knobs.vocabulary import EventKind, Status
-from ledger import Ledger
+from knobs.config import Change
+from knobs.vocabulary import EventKind, Kind, Status
+from ledger import Ledger, VerdictRecord
 from orchestrator.approval import ApprovalGate
+from orchestrator.champion import ChampionEvidence
 from orchestrator.display import RoundDisplay
+from orchestrator.history import proposal_context
 from orchestrator.profile import load_profile
 from orchestrator.round import RoundOptions, RoundRunner
 from orchestrator.testbed import NullSink
@@ -176,3 +179,65 @@ def test_clearing_what_bars_nothing_is_one_line(cli_workdir: Path) -> None:
     code, err = clear(str(k5.id), "--reason", "twice")
     assert code == 3 and "was cleared already" in err and len(err.splitlines()) == 1
     assert listed(cli_workdir)[0]["cleared"]["reason"] == "flaky"
+
+
+def test_an_invalid_configs_region_says_why_and_a_risk_line_says_how_it_stands(
+    cli_workdir: Path,
+) -> None:
+    """K 7 → 6 found invalid (its greedy texts differ), then MNBT 7168 → 8192 kept. Before,
+    the region K=6's verdict bars read "invalid: invalid" (the status as its own reason), and
+    the risk line of any K change named it, K=5 too, as if it held that config. Now its reason
+    is the verdict's words; a risk line names it only for K=6, with the knob that keeps that
+    config out of it."""
+    prof = load_profile(str(write_scripted_profile(cli_workdir)))
+    base = prof.initial_champion()
+    cluster = prof.cluster.name
+    mismatch = "greedy outputs differ from the champion's on 1 prompt(s): code-c1/p0"
+    with Ledger(os.environ["ORCHESTRATE_LEDGER"]) as ledger:
+        rnd = ledger.create_round(
+            cluster=cluster, profile_name="scripted", profile_digest="d", budget=2,
+            proposer="sweep", approve="auto", seed=0,
+        )  # fmt: skip
+
+        def decided(change: Change | None, status: Status, rule: str, reason: str) -> int:
+            e = ledger.add_experiment(
+                cluster=cluster,
+                round_id=rnd.id,
+                kind=Kind.BASELINE if change is None else Kind.CANDIDATE,
+                config=base if change is None else base.apply(change),
+                champion_key=None if change is None else base.key,
+                champion_objective=None if change is None else 100.0,
+                knob=None if change is None else change.knob,
+                value=None if change is None else change.new,
+            )
+            ledger.decide(
+                e.id,
+                verdict=VerdictRecord(status=status, rule=rule, reason=reason, stats={}),
+                objective=100.0,
+                delta_pct=None,
+                accept_len=None,
+                promote=status == Status.KEEP,
+            )
+            return e.id
+
+        decided(None, Status.KEEP, "baseline", "the baseline")
+        k6 = decided(
+            Change(knob="num_speculative_tokens", old=7, new=6), Status.INVALID,
+            "greedy-mismatch", mismatch,
+        )  # fmt: skip
+        decided(
+            Change(knob="max_num_batched_tokens", old=7168, new=8192), Status.KEEP, "keep", "+5%"
+        )
+    rows = listed(cli_workdir)
+    assert [(r["id"], r["source"], r["reason"]) for r in rows] == [(k6, "invalid", mismatch)]
+    with Ledger(os.environ["ORCHESTRATE_LEDGER"]) as ledger:
+        context = proposal_context(prof, ledger, ChampionEvidence(prof, ledger), rnd, 0)
+    risk = context.risk_of(Change(knob="num_speculative_tokens", old=7, new=6))
+    assert "invalid: invalid" not in risk, risk
+    assert (
+        "known-bad regions near it: cuda_graphs=false, drafter_adapter_rank=64, "
+        "gpu_memory_utilization=0.85, kv_cache_dtype=fp8_e4m3, max_num_batched_tokens=7168, "
+        f"num_speculative_tokens=6 (invalid: {mismatch}), outside it by "
+        "max_num_batched_tokens 8192 (not 7168)"
+    ) in risk, risk
+    assert "known-bad" not in context.risk_of(Change(knob="num_speculative_tokens", old=7, new=5))
