@@ -12,7 +12,6 @@ from pydantic import BaseModel, ValidationError
 
 from knobs.names import did_you_mean
 
-
 #: A knob's name as a profile's ``knobs:`` entry may give it (``knobs.spec.KnobSpec.name``).
 _KNOB_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 
