@@ -13,8 +13,9 @@ from typing import Protocol
 
 from cluster.bench import run_cell, smoke
 from cluster.connect import open_transport
-from cluster.deploy import Deployer, Fence, Progress
+from cluster.deploy import Deployer
 from cluster.errors import NodeError, OwnershipError
+from cluster.nodes import Fence, Progress
 from knobs.config import Config
 from knobs.records import CellResultRecord, CellSpec
 from ledger.mlflow_sink import RunState

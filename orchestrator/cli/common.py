@@ -21,7 +21,8 @@ from rich.console import Console
 from orchestrator.profile_names import embedded_profiles
 
 if TYPE_CHECKING:
-    from cluster.deploy import Deployer, Fence, Progress
+    from cluster.deploy import Deployer
+    from cluster.nodes import Fence, Progress
     from ledger import Ledger, LedgerNotReady
     from orchestrator.profile import Profile
 
