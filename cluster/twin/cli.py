@@ -15,8 +15,9 @@ import os
 import sys
 
 from cluster.twin import node
+from cluster.twin.environment import ENV_LANDSCAPE, ENV_NODE_DIR
 from cluster.twin.landscape import DEFAULT_LANDSCAPE, load_landscape
-from cluster.twin.serve import ENV_LANDSCAPE, ENV_NODE_DIR, main_serve
+from cluster.twin.serve import main_serve
 from orchestrator.errors import OrchestrateError
 
 USAGE = """usage: python -m cluster.twin {serve,clocks,power-cycle,optimum} ...

@@ -5,6 +5,12 @@ rank to join, then loads, compiles, profiles memory (an OOM or a too-small KV ca
 boot), captures graphs (or wedges, on stacks that declare it) and becomes healthy. Headless
 ranks initialise, print ``WORKER_READY_LINE``, join the head and stay until it goes away.
 Durations come from the landscape's boot section divided by its boot time scale.
+
+It owns a node's part in the group: the topology a rank may take, what every rank must agree
+on, the rendezvous and its wall-clock floors, serving until a signal or a lost rank, and the
+exit status each ending leaves. The boot phases after the rendezvous are
+``cluster.twin.phases``'; the ``TWIN_*`` settings ``cluster.twin.environment``'s; the signals
+``cluster.twin.stop``'s.
 """
 
 from __future__ import annotations
@@ -12,35 +18,23 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import signal
 import sys
-import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
-from pathlib import Path
-from types import FrameType
 
 from cluster.twin import args as serve_args
 from cluster.twin import node, noise
 from cluster.twin.engine import Engine
-from cluster.twin.landscape import DEFAULT_LANDSCAPE, Landscape, load_landscape
+from cluster.twin.environment import TwinEnv, twin_env
+from cluster.twin.landscape import Landscape
 from cluster.twin.log import EngineLog
-from cluster.twin.physics import BootStatus, Settings
+from cluster.twin.phases import boot
+from cluster.twin.physics import Settings
 from cluster.twin.rendezvous import SILENT_S, Head, RendezvousError, follow, join
 from cluster.twin.server import VLLM_VERSION, ServerState, start_server
+from cluster.twin.stop import Stop
 from knobs.errors import KnobError
-from orchestrator.errors import OrchestrateError, UsageError
-
-#: Environment of the twin (the command line stays a real ``vllm serve`` command line).
-ENV_LANDSCAPE = "TWIN_LANDSCAPE"
-ENV_NODE_DIR = "TWIN_NODE_DIR"
-ENV_SEED = "TWIN_SEED"
-ENV_NOISE = "TWIN_NOISE"
-ENV_BOOT_SCALE = "TWIN_BOOT_SCALE"
-ENV_RUN_SCALE = "TWIN_RUN_SCALE"
-#: the cluster's rendezvous token (issue #17): a head refuses a worker that brings another
-ENV_TOKEN = "TWIN_RENDEZVOUS_TOKEN"  # noqa: S105 - the variable's name, not a secret
+from orchestrator.errors import OrchestrateError
 
 #: Wall-clock floors of the rendezvous waits, whatever the boot time scale: a host under load
 #: must not turn a good start order into a failed one.
@@ -53,104 +47,7 @@ def rendezvous_window(landscape: Landscape) -> float:
     return max(landscape.scaled(landscape.boot.rendezvous_timeout_s), MIN_RENDEZVOUS_S)
 
 
-@dataclass(frozen=True)
-class TwinEnv:
-    """The twin-only settings, read from the environment."""
-
-    landscape: Landscape
-    node_dir: Path | None
-    seed: int
-    noise: bool
-    token: str = ""
-
-
-def _float_env(env: Mapping[str, str], name: str) -> float | None:
-    raw = env.get(name, "").strip()
-    if not raw:
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        raise UsageError(f"{name}={raw!r} is not a number") from None
-    if value <= 0:
-        raise UsageError(f"{name}={raw!r} must be positive")
-    return value
-
-
-def twin_env(env: Mapping[str, str]) -> TwinEnv:
-    """The landscape (with the environment's overrides), node directory, seed and noise switch.
-
-    Raises:
-        ProfileError: the landscape does not load.
-        UsageError: a malformed ``TWIN_SEED``, ``TWIN_NOISE`` or time-scale override.
-    """
-    landscape = load_landscape(env.get(ENV_LANDSCAPE) or DEFAULT_LANDSCAPE)
-    boot, run = _float_env(env, ENV_BOOT_SCALE), _float_env(env, ENV_RUN_SCALE)
-    if boot is not None or run is not None:
-        landscape = landscape.with_time_scale(boot=boot, run=run)
-    raw_seed = env.get(ENV_SEED, "0").strip() or "0"
-    try:
-        seed = int(raw_seed)
-    except ValueError:
-        raise UsageError(f"{ENV_SEED}={raw_seed!r} is not an integer") from None
-    raw_noise = env.get(ENV_NOISE, "1").strip().lower() or "1"
-    if raw_noise not in ("0", "1", "false", "true", "off", "on"):
-        raise UsageError(f"{ENV_NOISE}={raw_noise!r} must be 0 or 1")
-    quiet = raw_noise in ("0", "false", "off")
-    if quiet:
-        landscape = landscape.without_noise()
-    return TwinEnv(
-        landscape=landscape,
-        node_dir=node.node_dir(env.get(ENV_NODE_DIR)),
-        seed=seed,
-        noise=not quiet,
-        token=env.get(ENV_TOKEN, ""),
-    )
-
-
-class _Stop:
-    """SIGTERM / SIGINT → a flag every wait polls (the engine exits in well under a second)."""
-
-    def __init__(self) -> None:
-        self.event = threading.Event()
-        self.fatal: str | None = None
-        #: the signal that stopped the engine, if one did
-        self.signum: int | None = None
-
-    def install(self) -> None:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self._handle)
-
-    def _handle(self, signum: int, frame: FrameType | None) -> None:
-        self.signum = self.signum or signum
-        self.event.set()
-
-    def die_of_signal(self) -> None:
-        """After a clean shutdown on a signal, die of it (as uvicorn, and so vLLM's server,
-        re-raises the signals it captured once it has shut down): whoever waits on the engine
-        sees it killed by that signal, not exited 0."""
-        if self.signum is None:
-            return
-        sys.stdout.flush()
-        sys.stderr.flush()
-        signal.signal(self.signum, signal.SIG_DFL)
-        signal.raise_signal(self.signum)
-
-    def is_set(self) -> bool:
-        return self.event.is_set() or self.fatal is not None
-
-    def sleep(self, seconds: float) -> bool:
-        """Wait ``seconds``; ``False`` when stopped (or failed) meanwhile."""
-        deadline = time.monotonic() + seconds
-        while not self.is_set():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return True
-            self.event.wait(min(left, 0.05))
-        return False
-
-
-def serve(argv: list[str], env: Mapping[str, str], stop: _Stop | None = None) -> int:
+def serve(argv: list[str], env: Mapping[str, str], stop: Stop | None = None) -> int:
     """Run one node of the twin until SIGTERM, a failed boot, or a lost rank; the exit status
     (``stop``: the signals' flag, installed here).
 
@@ -164,7 +61,7 @@ def serve(argv: list[str], env: Mapping[str, str], stop: _Stop | None = None) ->
     args = serve_args.parse(argv)
     tenv = twin_env(env)
     log = EngineLog()
-    stop = stop or _Stop()
+    stop = stop or Stop()
     stop.install()
     landscape = tenv.landscape
     state = node.load(tenv.node_dir)
@@ -239,7 +136,7 @@ def _worker(
     args: serve_args.ServeArgs,
     tenv: TwinEnv,
     state: node.NodeState,
-    stop: _Stop,
+    stop: Stop,
     log: EngineLog,
     started_at: float,
 ) -> int:
@@ -293,7 +190,7 @@ def _head(
     args: serve_args.ServeArgs,
     tenv: TwinEnv,
     state: node.NodeState,
-    stop: _Stop,
+    stop: Stop,
     log: EngineLog,
     started_at: float,
 ) -> int:
@@ -389,7 +286,7 @@ def _gather(
     head: Head,
     args: serve_args.ServeArgs,
     landscape: Landscape,
-    stop: _Stop,
+    stop: Stop,
     log: EngineLog,
     rates: list[float],
 ) -> int | None:
@@ -447,14 +344,14 @@ def _boot_and_serve(
     settings: Settings,
     server_state: ServerState,
     speed: float,
-    stop: _Stop,
+    stop: Stop,
     log: EngineLog,
     head: Head | None,
 ) -> int:
     """Boot (after the rendezvous), then serve at ``speed`` until a signal or a lost rank."""
     landscape = tenv.landscape
     boot_factor = noise.boot_factor(tenv.seed, boots, landscape.noise.boot_to_boot)
-    code = _boot(args, landscape, settings, stop, log)
+    code = boot(args, landscape, settings, stop, log)
     if stop.fatal is not None:
         return _engine_dead(log, stop.fatal)
     if code is not None:
@@ -497,132 +394,10 @@ def _shutdown(log: EngineLog, head: Head | None) -> int:
     return 0
 
 
-def _boot(
-    args: serve_args.ServeArgs,
-    landscape: Landscape,
-    settings: Settings,
-    stop: _Stop,
-    log: EngineLog,
-) -> int | None:
-    """The boot phases after rendezvous; an exit status when the boot ends early, else None."""
-    b = landscape.boot
-    sleep = stop.sleep
-    if not sleep(landscape.scaled(b.load_s)):
-        return _stopped(log)
-    log.info(
-        "gpu_model_runner.py:2653",
-        f"Model loading took {b.weights_gib:.2f} GiB and {landscape.scaled(b.load_s):.2f} seconds",
-    )
-    if not _load_drafter(args, settings, b.mask_token_id, log):
-        return 1
-    if not sleep(landscape.scaled(b.compile_s)):
-        return _stopped(log)
-    log.info(
-        "backends.py:215",
-        f"Compiling a graph for dynamic shape takes {landscape.scaled(b.compile_s):.2f} s",
-    )
-    if not sleep(landscape.scaled(b.kv_profile_s)):
-        return _stopped(log)
-    status, reason = landscape.boot_status(settings)
-    if not _profile_memory(landscape, settings, status, reason, log):
-        return 1
-    if settings.cuda_graphs:
-        log.info(
-            "gpu_model_runner.py:3480", "Capturing CUDA graphs (mixed prefill-decode, PIECEWISE)"
-        )
-    else:
-        log.info("core.py:94", "Cudagraph is disabled under eager mode")
-    if status == "wedge":
-        # a wedge announces nothing: the boot just never finishes
-        while not stop.is_set():
-            stop.event.wait(0.05)
-        return _stopped(log)
-    if settings.cuda_graphs:
-        if not sleep(landscape.scaled(b.graph_capture_s)):
-            return _stopped(log)
-        log.info(
-            "gpu_model_runner.py:3562",
-            f"Graph capturing finished in {landscape.scaled(b.graph_capture_s):.2f} secs",
-        )
-    return None
-
-
-def _load_drafter(
-    args: serve_args.ServeArgs, settings: Settings, mask_token_id: int, log: EngineLog
-) -> bool:
-    """Log the drafter's loading (and its DFlash mask embedding); ``False`` (logged) when the
-    speculative config names a drafter directory that does not exist."""
-    drafter = args.drafter_dir
-    if args.speculative is None or (drafter is None and args.speculative.get("method") == "ngram"):
-        return True  # no drafter to load: no speculation, or n-gram lookup
-    method = args.speculative.get("method", "draft_model")
-    if drafter is None or not drafter.is_dir():
-        log.error(
-            "speculative.py:412",
-            f"ValueError: speculative model {str(drafter)!r} is not a directory",
-        )
-        return False
-    log.info(
-        "speculative.py:398",
-        f"Loading drafter ({method}) from {drafter} "
-        f"with num_speculative_tokens={settings.num_speculative_tokens}",
-    )
-    if (drafter / "mask_embedding.pt").is_file():
-        token = _mask_token(drafter, mask_token_id)
-        log.info(
-            "dflash.py:231",
-            f"Loaded DFlash mask embedding for mask_token_id {token} from mask_embedding.pt",
-        )
-    return True
-
-
-def _profile_memory(
-    landscape: Landscape, settings: Settings, status: BootStatus, reason: str, log: EngineLog
-) -> bool:
-    """The memory profile's outcome in vLLM's words; ``False`` (logged) when the boot dies of
-    it (out of memory, or too little KV cache for ``max_model_len``)."""
-    b = landscape.boot
-    free = b.device_gib * settings.gpu_memory_utilization - b.weights_gib
-    if status == "oom":
-        log.error(
-            "core.py:708",
-            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. "
-            "GPU 0 has a total "
-            f"capacity of {b.device_gib:.2f} GiB of which 1.21 GiB is free. ({reason})",
-        )
-        log.error("core.py:712", "EngineCore failed to start.")
-        return False
-    if status == "kv_capacity":
-        log.error(
-            "kv_cache_utils.py:716",
-            "ValueError: To serve at least one request with the models's max seq len "
-            f"({settings.max_model_len}), more KV cache memory is needed than the available "
-            f"{max(free, 0.0):.2f} GiB. Try increasing `gpu_memory_utilization` or decreasing "
-            f"`max_model_len` when initializing the engine. ({reason})",
-        )
-        return False
-    log.info("gpu_worker.py:298", f"Available KV cache memory: {free:.2f} GiB")
-    return True
-
-
-def _mask_token(drafter: Path, default: int) -> int:
-    try:
-        data = json.loads((drafter / "config.json").read_text())
-    except (OSError, ValueError):
-        return default
-    token = data.get("mask_token_id") if isinstance(data, dict) else None
-    return token if isinstance(token, int) and not isinstance(token, bool) else default
-
-
-def _stopped(log: EngineLog) -> int:
-    log.info("launcher.py:80", "Shutting down (signal during boot).")
-    return 0
-
-
 def main_serve(argv: list[str]) -> int:
     """``serve`` with the process environment; malformed twin settings exit 2 or 3. An engine
-    that shut down cleanly on a signal then dies of it (``_Stop.die_of_signal``)."""
-    stop = _Stop()
+    that shut down cleanly on a signal then dies of it (``Stop.die_of_signal``)."""
+    stop = Stop()
     try:
         code = serve(argv, os.environ, stop)
     except OrchestrateError as e:
