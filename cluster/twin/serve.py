@@ -9,7 +9,7 @@ Durations come from the landscape's boot section divided by its boot time scale.
 It owns a node's part in the group: the topology a rank may take, what every rank must agree
 on, the rendezvous and its wall-clock floors, serving until a signal or a lost rank, and the
 exit status each ending leaves. The boot phases after the rendezvous are
-``cluster.twin.phases``'; the ``TWIN_*`` settings ``cluster.twin.environment``'s; the signals
+``cluster.twin.phases``'s; the ``TWIN_*`` settings ``cluster.twin.environment``'s; the signals
 ``cluster.twin.stop``'s.
 """
 
