@@ -4,7 +4,7 @@ a greedy smoke generation → boot-log gates. Every failure is a typed ``DeployE
 It owns the boot's order and what follows a failure: a failed boot torn down on every node,
 its logs read, the champion booted again when asked (``Deployer.attempt``), and after a bench
 cell failed, whose fault it was by what the nodes logged and did since the boot came up. The
-nodes are driven through ``cluster.nodes``; each step's gate is ``cluster.boot``'s, the stop
+nodes are driven through ``cluster.nodes``; each step's gate is ``cluster.readiness``'s, the stop
 ``cluster.teardown``'s, the preflight gates ``cluster.preflight``'s; which node and class a
 failed boot is blamed on is ``cluster.blame``'s."""
 
@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from pydantic import BaseModel, ConfigDict
 
 from cluster import engine_process, teardown
-from cluster.boot import Boot, Smoke
 from cluster.claims import ensure_ports_free
 from cluster.errors import DeployError, NodeError
 from cluster.gates import GateSpec
@@ -27,6 +26,7 @@ from cluster.launcher import SCRIPT, LauncherSpec, RenderedLauncher, render_node
 from cluster.nodes import Fence, Nodes, Progress, Unbroken
 from cluster.ports import keep_ports
 from cluster.preflight import Preflight
+from cluster.readiness import Boot, Smoke
 from cluster.transport import Transport
 from knobs.config import Config
 from knobs.records import NodeClockRecord
@@ -184,7 +184,7 @@ class Deployer:
         """
         return self._preflight.run()
 
-    # ---- boot (each step's gate: ``cluster.boot``) ------------------------------------------
+    # ---- boot (each step's gate: ``cluster.readiness``) ------------------------------------------
     def deploy(self, config: Config) -> DeployResult:
         """Boot ``config`` on every node. The caller tears down on failure (``stop_all``).
 

@@ -1,6 +1,6 @@
 """How a boot is judged good (a profile's ``gates``): timeouts, readiness, the smoke generation,
 the boot log's gates and failure classes, clocks, and the preflight gates of issue #4.
-``cluster.boot``, ``cluster.teardown``, ``cluster.preflight`` and ``cluster.blame`` apply
+``cluster.readiness``, ``cluster.teardown``, ``cluster.preflight`` and ``cluster.blame`` apply
 them."""
 
 from __future__ import annotations

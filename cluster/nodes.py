@@ -4,7 +4,7 @@ the hooks the driving process is given (its progress line, the fence, the unbrok
 
 It owns how per-node steps run together: at once, the first error in rank order raised (or
 each node's ``NodeError`` kept as its result), or one node at a time for the baseline of
-``bench/deploy.py``. ``cluster.deploy``, ``cluster.boot`` and ``cluster.teardown`` drive
+``bench/deploy.py``. ``cluster.deploy``, ``cluster.readiness`` and ``cluster.teardown`` drive
 through it.
 """
 
