@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 
 from knobs.config import Config
 from knobs.spec import Value
@@ -88,12 +88,12 @@ class Experiments(LedgerBase):
         with self._session() as s:
             return [experiment_record(r) for r in s.scalars(query)]
 
-    def looks_at(self, cluster: str, config_key: str, champion_key: str) -> int:
-        """How many times ``cluster`` decided config ``config_key`` as a change of the champion
-        ``champion_key`` (a person's veto is no look: nothing was measured)."""
+    def looks_at(self, cluster: str, config_key: str, champion_key: str) -> list[int]:
+        """The experiments, oldest first, in which ``cluster`` decided config ``config_key`` as
+        a change of the champion ``champion_key`` (its looks at it; a person's veto is no look:
+        nothing was measured)."""
         query = (
-            select(func.count())
-            .select_from(ExperimentRow)
+            select(ExperimentRow.id)
             .where(
                 ExperimentRow.cluster == cluster,
                 ExperimentRow.config_key == config_key,
@@ -102,9 +102,10 @@ class Experiments(LedgerBase):
                 ExperimentRow.status.is_not(None),
                 ExperimentRow.status != str(Status.VETOED),
             )
+            .order_by(ExperimentRow.id)
         )
         with self._session() as s:
-            return int(s.scalar(query) or 0)
+            return [int(i) for i in s.scalars(query)]
 
     def set_state(self, experiment_id: int, state: State) -> None:
         """Move an undecided experiment to ``state``.

@@ -260,10 +260,11 @@ class ExperimentRunner:
         # nothing measured (a verdict reached without a boot of its own that came up)
         value = objective_of(per_boot) if per_boot else None
         delta = float(assessment.stats.get("delta_pct", 0.0))  # type: ignore[arg-type]
+        opened = self._open_for(e, assessment)
         verdict = VerdictRecord(
             status=assessment.status,
             rule=assessment.rule,
-            reason=assessment.reason,
+            reason=assessment.reason if opened is None else f"{assessment.reason}; {opened}",
             stats=dict(assessment.stats),
         )
         decided = self.ledger.decide(
@@ -274,6 +275,9 @@ class ExperimentRunner:
             accept_len=accept_len(cells),
             promote=verdict.status == Status.KEEP,
             failure_class="clocks_stuck" if verdict.rule == "clocks" else None,
+            description=None
+            if opened is None
+            else f"{describe(e)}; stopped for want of boots, " + opened,
         )
         crashpoint("verdict.committed")
         if verdict.status == Status.KEEP:
@@ -282,7 +286,19 @@ class ExperimentRunner:
         boots = BootCount.of(decided, self.ledger.boots(e.id))
         self.runlog.decided(run_id, decided, verdict, (value or 0.0, delta), first, cells, boots)
         crashpoint("mlflow.verdict")
-        self.display.decided(decided, verdict.reason, boots)
+        # its description says what look it is open for: the line says it once
+        self.display.decided(decided, assessment.reason, boots)
+
+    def _open_for(self, e: ExperimentRecord, assessment: Assessment) -> str | None:
+        """What a change the verdict stops for want of boots is open for, in its record's
+        words (``policy.open_for``: a second look, or a further one), or ``None``: the verdict
+        settles it under this champion. Its looks are the ledger's, this one included."""
+        if e.kind != Kind.CANDIDATE or e.knob is None or e.champion_key is None:
+            return None
+        if assessment.status not in (Status.DISCARD, Status.INCONCLUSIVE):
+            return None
+        looks = len(self.ledger.looks_at(self.champion.cluster, e.config.key, e.champion_key)) + 1
+        return policy.open_for(self.profile.verdict, assessment.rule, assessment.stats, looks)
 
 
 def _config_failed(boot: BootRecord) -> bool:

@@ -10,6 +10,8 @@ recorded as proposed, for the round to close it without a boot (``closures.closu
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from agents import Proposal
 from knobs.config import Change
 from knobs.vocabulary import Kind, Status
@@ -160,13 +162,19 @@ class Intake:
 _ORDINALS = ("second", "third", "fourth", "fifth", "sixth", "seventh", "eighth", "ninth")
 
 
-def look_words(earlier: int) -> str:
-    """What a change's description says of its ``earlier`` looks under the same champion:
-    nothing for a first look, ``, second look`` for the next, then ``, third look``…"""
-    if earlier <= 0:
+def look_words(earlier: Sequence[int]) -> str:
+    """What a change's description says of its ``earlier`` looks under the same champion (their
+    experiments, oldest first): nothing for a first look, ``, second look after #5`` for the
+    next, then ``, third look after #5 and #7``…: each look names those before it, so a change
+    recorded as stopped for want of boots (``experiment.look_note``) and the look it was given
+    after read as one story."""
+    n = len(earlier)
+    if n <= 0:
         return ""
-    nth = _ORDINALS[earlier - 1] if earlier <= len(_ORDINALS) else f"look {earlier + 1}"
-    return f", {nth} look" if earlier <= len(_ORDINALS) else f", {nth}"
+    nth = f"{_ORDINALS[n - 1]} look" if n <= len(_ORDINALS) else f"look {n + 1}"
+    ids = [f"#{i}" for i in earlier]
+    named = ids[0] if n == 1 else ", ".join(ids[:-1]) + " and " + ids[-1]
+    return f", {nth} after {named}"
 
 
 def _as_proposed(p: ProposalRecord) -> Change:

@@ -265,8 +265,9 @@ class RunLog:
     ) -> None:
         """A decided experiment's run: ``level`` (its objective and delta %), its boots (and
         how many failed), the verdict's statistics, the first boot's cells, the cells and
-        verdict as JSON, status and rule as tags; ended. ``present``: metrics the run has
-        already (a repair), not logged twice: a metric's history keeps one value per verdict."""
+        verdict as JSON, status, rule and description (results.tsv's) as tags; ended.
+        ``present``: metrics the run has already (a repair), not logged twice: a metric's
+        history keeps one value per verdict."""
         if run_id is None:
             return
         stats = verdict.stats
@@ -298,7 +299,14 @@ class RunLog:
             if metrics:
                 self.sink.log_metrics(run_id, metrics)
             self.sink.log_texts(run_id, texts)
-            self.sink.set_tags(run_id, {"status": verdict.status, "rule": verdict.rule})
+            # what results.tsv says of it now (the param is what it said when it opened: a
+            # change stopped for want of boots says which look it is open for once decided)
+            tags = {
+                "status": verdict.status,
+                "rule": verdict.rule,
+                "description": describe(decided),
+            }
+            self.sink.set_tags(run_id, tags)
             self.sink.rename(run_id, self._name(decided, verdict.status))
             self.sink.finish(run_id, "FINISHED")
 

@@ -53,6 +53,7 @@ from orchestrator.policy.looks import (
     OUT_OF_BOOTS,
     last_look,
     look_promise,
+    open_for,
     overshot,
     second_look,
 )
@@ -113,6 +114,7 @@ __all__ = [
     "last_look",
     "look_promise",
     "next_action",
+    "open_for",
     "overshot",
     "remeasure_due",
     "second_look",

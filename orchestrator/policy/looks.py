@@ -108,6 +108,27 @@ def second_look(
     return look_promise(spec, rule, stats) if looks <= spec.second_looks else None
 
 
+def open_for(spec: VerdictSpec, rule: str, stats: Mapping[str, object], looks: int) -> str | None:
+    """What a change the verdict just stopped for want of boots is open for, in its record's
+    words, looked at ``looks`` times under its champion (this look included): ``open for a
+    second look (it still promises +1.2%)`` while ``second_look`` gives it one, ``open for a
+    further look if it promises more than a change not yet looked at (…)`` once those are
+    spent (``look_promise``); ``None`` when no other look is open (the verdict settles the
+    change under this champion, until nothing is left untried: ``last_look``). The status
+    stays the verdict's (results.tsv's contract): these words say the search is not done with
+    the change, so a second look that follows at once reads as what it is."""
+    again = second_look(spec, rule, stats, looks)
+    if again is not None:
+        return f"open for a second look (it still promises {math.expm1(again) * 100:+.1f}%)"
+    later = look_promise(spec, rule, stats)
+    if later is not None:
+        return (
+            "open for a further look if it promises more than a change not yet looked at "
+            f"(it still promises {math.expm1(later) * 100:+.1f}%)"
+        )
+    return None
+
+
 def overshot(rule: str, stats: Mapping[str, object]) -> bool:
     """Whether a discard says its change went too far: past a guardrail (``GUARDRAIL_RULES``),
     or worse than the champion by the posterior (``verdict.worse``). For an ordered knob a
