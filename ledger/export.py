@@ -1,10 +1,12 @@
 """``results.tsv``: one row per decided experiment, oldest first; the same ledger gives the
 same bytes. A coupled move (``agents.coupled``) reads ``a+b`` in the knob column and ``v+w``
-in the value column; its description has both knobs' old and new values."""
+in the value column; its description has both knobs' old and new values. A row's columns are
+what its verdict recorded; ``notes`` add what a person must read beside them (the champion's
+level in force, measured again since: ``orchestrator.champion_level``)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from knobs.spec import as_text
 from knobs.vocabulary import UNMEASURED, State
@@ -27,8 +29,11 @@ def _clean(text: str) -> str:
     return " ".join(text.split())
 
 
-def tsv_rows(experiments: Iterable[ExperimentRecord]) -> list[str]:
-    """The lines of results.tsv (header first), without trailing newlines."""
+def tsv_rows(
+    experiments: Iterable[ExperimentRecord], notes: Mapping[int, str] | None = None
+) -> list[str]:
+    """The lines of results.tsv (header first), without trailing newlines; ``notes``: by
+    experiment, what its description adds after ``; ``."""
     lines = ["\t".join(HEADER)]
     for e in experiments:
         if e.state != State.DECIDED or e.status is None:
@@ -43,6 +48,9 @@ def tsv_rows(experiments: Iterable[ExperimentRecord]) -> list[str]:
         if e.coupled_knob is not None and e.coupled_value is not None:
             # a coupled move: both knobs and both values, ``a+b`` and ``v+w``
             value += f"+{as_text(e.coupled_value)}"
+        description = _clean(e.description) or "-"
+        if notes and e.id in notes:
+            description = f"{description}; {_clean(notes[e.id])}"
         lines.append(
             "\t".join(
                 (
@@ -53,13 +61,15 @@ def tsv_rows(experiments: Iterable[ExperimentRecord]) -> list[str]:
                     e.status,
                     _clean(knob),
                     _clean(value),
-                    _clean(e.description) or "-",
+                    description,
                 )
             )
         )
     return lines
 
 
-def tsv_text(experiments: Iterable[ExperimentRecord]) -> str:
-    """The whole results.tsv as text."""
-    return "\n".join(tsv_rows(experiments)) + "\n"
+def tsv_text(
+    experiments: Iterable[ExperimentRecord], notes: Mapping[int, str] | None = None
+) -> str:
+    """The whole results.tsv as text (``notes``: as ``tsv_rows``)."""
+    return "\n".join(tsv_rows(experiments, notes)) + "\n"

@@ -36,6 +36,7 @@ from orchestrator import budget, resumes, revision
 from orchestrator.approval import ApprovalGate
 from orchestrator.boot import Booter
 from orchestrator.champion import ChampionEvidence
+from orchestrator.champion_level import LevelInForce, level_in_force
 from orchestrator.closures import CLOSED_BY
 from orchestrator.crashpoints import crashpoint
 from orchestrator.display import (
@@ -92,6 +93,8 @@ class RoundReport:
     stopped_by: str
     #: the round's GPU-hours (every boot's wall time × the cluster's GPUs)
     gpu_hours: float = 0.0
+    #: the champion's level in force where it is not what its row records (measured again)
+    level: LevelInForce | None = None
 
 
 class RoundRunner:
@@ -247,6 +250,7 @@ class RoundRunner:
             resumed=existing is not None,
             stopped_by=stopped_by,
             gpu_hours=used,
+            level=level_in_force(self.champion),
         )
 
     def _profile_change(self, rnd: RoundRecord) -> str | None:

@@ -73,10 +73,20 @@ def test_an_old_ledger_with_a_grown_profile_resumes_its_champion(tmp_path: Path)
     assert json.loads(after.stdout)["gpu_hours"] > now["gpu_hours"]
     exported = orchestrate(tmp_path, "export", "-", "--profile", str(profile), env=env)
     assert exported.returncode == 0, exported.stderr
-    # every old row exactly as the old release exported it, the new experiment after them
-    old_tsv = (LEDGERS / "schema1.results.tsv").read_text()
-    assert exported.stdout.startswith(old_tsv)
-    assert len(exported.stdout.splitlines()) == len(old_tsv.splitlines()) + 1
+    # every old row as the old release exported it, the new experiment after them; the
+    # champion's row, measured again since its verdict, adds the level in force to its
+    # description (``champion_level``)
+    old_tsv = (LEDGERS / "schema1.results.tsv").read_text().splitlines()
+    lines = exported.stdout.splitlines()
+    assert len(lines) == len(old_tsv) + 1
+    with Ledger(f"sqlite:///{tmp_path}/orchestrate.db") as ledger:
+        champion = ledger.champion("twin-local")
+    assert champion is not None
+    for line, was in zip(lines, old_tsv, strict=False):
+        if line.split("\t")[0] == str(champion.experiment_id) and line != was:
+            assert line.startswith(f"{was}; champion, measured again since: "), line
+        else:
+            assert line == was
 
 
 def _tsv(path: Path) -> list[dict[str, int]]:

@@ -31,6 +31,7 @@ from orchestrator.round import RoundOptions, RoundRunner
 from orchestrator.testbed import NullSink
 from tests.fixtures.cli import orchestrate
 from tests.fixtures.profiles import twin_profile_data, write_profile
+from tests.test_champion_level import rows_of
 from tests.test_profile_evolution import CELL, FOO, profile_data
 from tests.test_profile_evolution_under_way import MNBT, KillingTestbed
 
@@ -58,6 +59,7 @@ def yaml_of(path: Path) -> dict[str, Any]:
     return data
 
 
+@pytest.mark.timeout(900)  # three rounds on the twin through the CLI
 def test_a_dropped_knob_measures_the_champion_again_before_a_change_is_judged(
     tmp_path: Path,
 ) -> None:
@@ -66,7 +68,7 @@ def test_a_dropped_knob_measures_the_champion_again_before_a_change_is_judged(
     champion's on 32 prompt(s)`, and its region barred for good."""
     env = {**os.environ, "ORCHESTRATE_LEDGER": f"sqlite:///{tmp_path}/orchestrate.db"}
     g, g2 = _profiles(tmp_path)
-    first = orchestrate(tmp_path, "round", "--budget", "1", "-p", str(g), env=env)
+    first = orchestrate(tmp_path, "round", "--budget", "1", "-p", str(g), env=env, timeout=600)
     assert first.returncode == 0, first.stderr[-3000:]
     with Ledger(env["ORCHESTRATE_LEDGER"]) as ledger:
         champion = ledger.champion(CLUSTER)
@@ -78,7 +80,7 @@ def test_a_dropped_knob_measures_the_champion_again_before_a_change_is_judged(
     again = json.loads(status.stdout)["champion_measured_again"]
     assert again is not None and "knob cuda_graphs dropped" in again, again
 
-    second = orchestrate(tmp_path, "round", "--budget", "1", "-p", str(g2), env=env)
+    second = orchestrate(tmp_path, "round", "--budget", "1", "-p", str(g2), env=env, timeout=600)
     assert second.returncode == 0, second.stderr[-3000:]
     said = " ".join((second.stdout + second.stderr).split())
     assert "knob cuda_graphs is no longer in the profile" in said, said
@@ -102,6 +104,7 @@ def test_a_dropped_knob_measures_the_champion_again_before_a_change_is_judged(
         assert later[0].rendering is not None and later[0].rendering != boots[0].rendering
         level_then = champion.objective
         booted = len(boots)
+    _says_its_new_level(tmp_path, g2, second.stdout, env)
 
     # the knob put back as it was: the first measurement renders as now and is the level again;
     # nothing is said to be measured again, and the champion's objective is that level's
@@ -112,7 +115,7 @@ def test_a_dropped_knob_measures_the_champion_again_before_a_change_is_judged(
         {**yaml_of(g), "proposer": {"kind": "sweep", "sweep": [{"drafter_adapter_rank": 16}]}},
         "g3.yaml",
     )
-    third = orchestrate(tmp_path, "round", "--budget", "1", "-p", str(back), env=env)
+    third = orchestrate(tmp_path, "round", "--budget", "1", "-p", str(back), env=env, timeout=600)
     assert third.returncode == 0, third.stderr[-3000:]
     said = " ".join((third.stdout + third.stderr).split())
     assert "profile gained knob cuda_graphs" in said, said
@@ -127,6 +130,35 @@ def test_a_dropped_knob_measures_the_champion_again_before_a_change_is_judged(
         ]
         if not remeasured:  # no drift check in between: the first measurement's level
             assert now.objective == pytest.approx(level_then, rel=1e-9)
+
+
+def _says_its_new_level(tmp_path: Path, g2: Path, ended: str, env: dict[str, str]) -> None:
+    """The champion measured again for its rendering: verdicts compare with the new level.
+    Before, results.tsv's row showed the old rendering's objective and said nothing, nor did
+    the report; the row keeps its measurement and says the level in force, as status, the
+    report and the round's last lines (``ended``) do (``champion_level``)."""
+    with Ledger(env["ORCHESTRATE_LEDGER"]) as ledger:
+        champion = ledger.champion(CLUSTER)
+        assert champion is not None
+        row = ledger.experiment(champion.experiment_id).objective
+        [change] = ledger.experiments(round_id=ledger.rounds(CLUSTER)[-1].id)
+        verdict = ledger.verdict(change.id)
+    assert row is not None and verdict is not None
+    compared = verdict.stats["champion_objective"]  # the new level, not the row's
+    assert isinstance(compared, float) and abs(compared / row - 1) > 0.05
+    words = f"its level in force is {champion.objective:.2f} over "
+    kept = f"{row:.2f}, what its verdict measured"
+    assert f"measured again since its verdict: {words}" in " ".join(ended.split()), ended
+    exported = orchestrate(tmp_path, "export", "-", "-p", str(g2), env=env)
+    mine = rows_of(exported.stdout)[champion.experiment_id]
+    assert mine[1] == f"{row:.2f}", mine  # its measurement stays recorded
+    assert f"champion, measured again since: {words}" in mine[7], mine
+    assert f"(this row keeps {kept})" in mine[7], mine
+    shown = " ".join(orchestrate(tmp_path, "status", "-p", str(g2), env=env).stdout.split())
+    assert f"measured again since its verdict: {words}" in shown, shown
+    assert f"keeps {kept}" in shown, shown
+    page = " ".join((tmp_path / "reports" / "round-2" / "report.html").read_text().split())
+    assert f"The champion, measured again since its verdict: {words}" in page
 
 
 # ---- a measurement cut by a kill and continued under another rendering ------------------

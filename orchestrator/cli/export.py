@@ -48,11 +48,15 @@ def export(
     trial each, a re-export adds the new ones."""
     from agents.study_export import export_study
     from ledger import tsv_text
+    from orchestrator.champion_level import row_notes
     from orchestrator.profile import load_profile
 
     prof = load_profile(profile)
     with opened(prof) as o:
-        experiments = o.ledger(create=False).experiments(cluster=prof.cluster.name)
+        ledger = o.ledger(create=False)
+        experiments = ledger.experiments(cluster=prof.cluster.name)
+        # the champion's row says its level in force where it was measured again since
+        notes = row_notes(prof, ledger)
     if optuna_storage is not None:
         name = study or prof.cluster.name
         done = export_study(optuna_storage, name, prof.space, list(_trials(experiments)))
@@ -63,7 +67,7 @@ def export(
         )
         if path is None:
             return
-    text = tsv_text(experiments)
+    text = tsv_text(experiments, notes)
     path = path or "results.tsv"
     if path == "-":
         try:

@@ -279,6 +279,7 @@ def _write_report(
     be written is said in one line: the round's record is complete without it, and
     ``orchestrate report`` writes it again."""
     from ledger import tsv_text
+    from orchestrator.champion_level import row_notes
     from orchestrator.report import write_report
     from orchestrator.report.data import launchers, summary
 
@@ -291,7 +292,8 @@ def _write_report(
             sink.log_metrics(run_id, summary(written.data))
             for path in (written.page, *written.pictures):
                 sink.log_files(run_id, {"report": path})
-            texts = {"results.tsv": tsv_text(ledger.experiments(cluster=prof.cluster.name))}
+            experiments = ledger.experiments(cluster=prof.cluster.name)
+            texts = {"results.tsv": tsv_text(experiments, row_notes(prof, ledger))}
             champion = written.data.champion_config
             if champion is not None:
                 for rank, script in launchers(prof, champion).items():
@@ -367,6 +369,8 @@ def _print_report(report: RoundReport, as_json: bool, page: Path | None) -> None
                 "experiment": report.champion.experiment_id,
                 "objective": report.champion.objective,
                 "config": report.champion.config.as_dict(),
+                # measured again since its verdict: what its row in results.tsv keeps
+                "measured_again": None if report.level is None else report.level.as_json(),
             },
         }
         typer.echo(json.dumps(payload, indent=2))
@@ -390,6 +394,8 @@ def _print_report(report: RoundReport, as_json: bool, page: Path | None) -> None
             f"champion: experiment #{report.champion.experiment_id}, objective "
             f"{report.champion.objective:.1f}  ({settings_text})"
         )
+        if report.level is not None:
+            console.print(f"  {report.level.words()}", markup=False)
     if page is not None:
         console.print(f"report: {page}")
 

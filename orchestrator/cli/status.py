@@ -28,6 +28,7 @@ if TYPE_CHECKING:
         RoundRecord,
     )
     from orchestrator.champion import ChampionEvidence
+    from orchestrator.champion_level import LevelInForce
     from orchestrator.priors import Measured
     from orchestrator.profile import Profile
     from orchestrator.step_cost import StepCost
@@ -66,6 +67,8 @@ class _Seen:
     redefined: dict[str, str]
     #: why the champion is measured again: its launchers render differently now (or None)
     restated: str | None
+    #: the champion's level in force where it is not what its row records (measured again)
+    level: LevelInForce | None
     running: RoundRecord | None
     lease: LeaseRecord | None
     #: a live holder (a round running now): a resume or `cluster down` would be refused
@@ -95,6 +98,7 @@ def _read(prof: Profile, ledger: Ledger) -> _Seen:
     from agents.draft_model import draft_knob
     from knobs.vocabulary import ProposalStatus, State
     from orchestrator.champion import ChampionEvidence
+    from orchestrator.champion_level import level_in_force
     from orchestrator.evolution import fit_champion, knob_changes, outside_domain
     from orchestrator.faults import last_stop
     from orchestrator.gpu_hours import gpu_hours
@@ -126,6 +130,7 @@ def _read(prof: Profile, ledger: Ledger) -> _Seen:
         redefined=changed_cells(ledger, name, prof.cells),
         # a knob's flag dropped or gained since it was measured: the next round measures it
         restated=_restated(ChampionEvidence(prof, ledger)),
+        level=level_in_force(ChampionEvidence(prof, ledger)),
         running=running,
         lease=lease,
         live=state == "held",
@@ -175,6 +180,8 @@ def _as_data(prof: Profile, seen: _Seen, flag: str) -> dict[str, Any]:
             "keep_boots_set_aside": seen.set_aside.get(champion.experiment_id),
             # the knobs whose value the profile's domain no longer has (``outside_domain``)
             "outside_domain": list(seen.outside),
+            # measured again since its verdict: what its row in results.tsv keeps
+            "measured_again": None if seen.level is None else seen.level.as_json(),
         },
         "rounds": len(seen.rounds),
         "experiments": len(seen.experiments),
@@ -304,6 +311,8 @@ def _say_champion(console: Console, seen: _Seen) -> None:
             f"champion: experiment #{champion.experiment_id}, objective {champion.objective:.1f}: "
             + ", ".join(f"{k}={as_text(v)}" for k, v in champion.config.items())
         )
+        if seen.level is not None:
+            console.print(f"  {seen.level.words()}", markup=False)
         aside = seen.set_aside.get(champion.experiment_id)
         if aside is not None:
             console.print(

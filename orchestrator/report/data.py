@@ -10,7 +10,7 @@ import difflib
 import math
 from collections import Counter, defaultdict
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 from cluster.launcher import render_node
@@ -30,6 +30,8 @@ from knobs.vocabulary import (
 )
 from ledger import BootRecord, ChampionRecord, ExperimentRecord, Ledger, RoundRecord
 from orchestrator import budget, resumes
+from orchestrator.champion import ChampionEvidence
+from orchestrator.champion_level import LevelInForce, level_in_force
 from orchestrator.display import describe
 from orchestrator.errors import OrchestrateError
 from orchestrator.evolution import fit_champion
@@ -149,6 +151,9 @@ class ReportData:
     #: the round's boots that failed for the infrastructure's reasons, by their class and
     #: their message's first line (which names the node)
     infrastructure_failures: Counter[tuple[str, str]] = field(default_factory=Counter)
+    #: the round's last champion, where it is the cluster's and was measured again since the
+    #: verdict its row records (``champion_level``)
+    level: LevelInForce | None = None
 
     @property
     def gpu_hours(self) -> float:
@@ -201,6 +206,17 @@ def collect(profile: Profile, ledger: Ledger, round_id: int | None = None) -> Re
         done=budget.done(every),
     )
     data.stops = _stops(ledger, rnd, data.resumes)
+    # the champion's row and the champion say its level in force, as results.tsv and status
+    level = level_in_force(ChampionEvidence(profile, ledger))
+    last = _champions(ledger, cluster, rnd)[1]
+    if level is not None and last is not None and last.experiment_id == level.experiment:
+        data.level = level
+        data.points = [
+            p
+            if p.experiment != level.experiment
+            else replace(p, label=f"{p.label}; {level.row_words()}")
+            for p in data.points
+        ]
     data.champion_after = _champion_path(ledger, cluster, rnd, experiments)
     data.knobs = _knob_rows(profile, ledger, data.points)
     _boots(ledger, rnd, experiments, data, profile.gates.min_matmul_rate, every)

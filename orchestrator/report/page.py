@@ -219,7 +219,8 @@ def _champion(data: ReportData) -> str:
         else "The champion is still the one the round started from (the round is not over)."
     )
     diff = f"<pre>{escape(data.launcher_diff)}</pre>" if data.launcher_diff else f"<p>{same}</p>"
-    return f"<p><code>{escape(settings)}</code></p>{diff}"
+    level = "" if data.level is None else f"<p>The champion, {escape(data.level.words())}.</p>"
+    return f"<p><code>{escape(settings)}</code></p>{level}{diff}"
 
 
 def _as_run(started: str, resumed: list[str | None]) -> str:

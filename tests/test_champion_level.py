@@ -1,0 +1,67 @@
+"""The champion's level in force against what its own row records (``champion_level``): its
+row in results.tsv keeps what its verdict measured, and every place that shows the champion
+(results.tsv's row, ``status``, the report, the round's last lines) says the level changes are
+compared with, and that it was measured again. A real ledger an older release wrote, through
+the CLI (a champion measured again for its rendering: ``test_profile_rendering``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+from ledger import Ledger
+from tests.fixtures.cli import orchestrate
+from tests.test_migrations import CLUSTER, LEDGERS, _upgraded_release
+
+
+def rows_of(text: str) -> dict[int, list[str]]:
+    """results.tsv's rows, by experiment."""
+    return {int(r.split("\t")[0]): r.split("\t") for r in text.splitlines()[1:]}
+
+
+def test_an_old_ledger_s_champion_row_says_the_level_that_status_shows(tmp_path: Path) -> None:
+    """Schema 7's champion, the baseline, was measured again after its verdict: its level is
+    11184.7 (what ``status`` showed and changes were compared with) while results.tsv's row said
+    10125.50 and nothing else. Now the row keeps 10125.50 and says the level in force; status
+    shows the level and names the row's measurement; every other row is as the release
+    exported it."""
+    url, _ = _upgraded_release("schema7", tmp_path)
+    shutil.copyfile(LEDGERS / "schema7.profile.yaml", tmp_path / "profile.yaml")
+    env = {**os.environ, "ORCHESTRATE_LEDGER": url}
+    with Ledger(url) as ledger:
+        champion = ledger.champion(CLUSTER)
+        assert champion is not None
+        row = ledger.experiment(champion.experiment_id).objective
+        assert row is not None and abs(champion.objective / row - 1) > 0.01
+    level, kept = f"{champion.objective:.2f}", f"{row:.2f}"
+
+    shown = orchestrate(tmp_path, "status", "-p", "profile.yaml", env=env)
+    assert shown.returncode == 0, shown.stderr
+    said = " ".join(shown.stdout.split())
+    assert f"objective {champion.objective:.1f}" in said, said
+    assert re.search(
+        rf"measured again since its verdict: its level in force is {level} over \d+ boot\(s\), "
+        rf"what changes are compared with; its row in results.tsv \(#{champion.experiment_id}\) "
+        rf"keeps {kept}, what its verdict measured",
+        said,
+    ), said
+    data = json.loads(
+        orchestrate(tmp_path, "status", "--json", "-p", "profile.yaml", env=env).stdout
+    )
+    assert data["champion"]["objective"] == champion.objective
+    assert data["champion"]["measured_again"]["row_objective"] == row
+
+    exported = orchestrate(tmp_path, "export", "-", "-p", "profile.yaml", env=env)
+    assert exported.returncode == 0, exported.stderr
+    now, then = rows_of(exported.stdout), rows_of((LEDGERS / "schema7.results.tsv").read_text())
+    mine = now.pop(champion.experiment_id)
+    old = then.pop(champion.experiment_id)
+    assert now == then  # every other row as the release exported it
+    assert mine[:7] == old[:7] and mine[1] == kept  # its measurement stays recorded
+    assert mine[7].startswith(
+        f"{old[7]}; champion, measured again since: its level in force is {level} over "
+    )
+    assert f"(this row keeps {kept}, what its verdict measured)" in mine[7]
