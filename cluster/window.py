@@ -74,7 +74,7 @@ class CellState:
     #: no error the engine answered: a network's blip or an engine gone, not a bad answer
     lost: int = 0
     #: why the cell is failed though its window has tokens: the engine stopped sending them
-    #: and sent none by the cell's deadline (a hung engine, ``cluster.bench``)
+    #: and sent none by the cell's deadline (a hung engine, ``cluster.silence``)
     hung: str | None = None
 
     def failed(self, why: str) -> None:

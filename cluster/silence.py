@@ -1,0 +1,119 @@
+"""A bench cell's window on a silent engine (``cluster.bench`` runs the cell and sets its
+deadline, ``cold_start_limit_s`` past the warm-up): when the window opens, and what a window
+with no token in it, or none in its last half, waits for.
+
+An engine that compiles on first use answers its first request late: the window opens at its
+first token, not at the warm-up's end. A window that closed with no token and no failure (a
+decode path compiled after the first token, a host that kept the engine off the CPU) opens
+again at the next token. A window whose tokens stopped for its last half waits for the next
+one; with none by the deadline the engine is hung (``CellState.hung``). The streams go on
+all the while; a failure ends every wait (it is the cell's evidence), and so does the deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+from collections.abc import Callable
+
+from cluster.window import CellState
+
+
+async def cold_start(state: CellState, deadline: float, say: Callable[[str], None]) -> None:
+    """The window opens at the warm-up's end, or, on an engine that has sent neither a token
+    nor a failure by then, at its first token: a backend that compiles on first use answers
+    its first request late, and a window spent waiting for it would measure the compile, not
+    the config. A failure ends the wait, and so does the ``deadline``: the window is then the
+    one the cell had (failures are its evidence, as on a warm engine)."""
+    if not state.news.is_set():
+        await _reopen_at_token(state, deadline, say, "no token after the warm-up", "first")
+
+
+def fell_silent(state: CellState) -> float | None:
+    """When the window's tokens stopped for its last half or more, with no failure anywhere:
+    the time of its last token (an engine that stopped answering mid-window, or one that
+    paused to compile a path it met late); else None."""
+    if state.errors:
+        return None
+    inside = [t for r in state.requests for t, _ in r.chunks if state.w0 <= t < state.w1]
+    if not inside or state.w1 - max(inside) < state.cell.duration_s / 2:
+        return None
+    return max(inside)
+
+
+async def after_silence(
+    state: CellState, last: float, deadline: float, say: Callable[[str], None]
+) -> None:
+    """A window that fell silent (``fell_silent``, at ``last``) waits, with the streams going
+    on, up to the cell's ``deadline`` for the engine's next token or failure: either ends the
+    wait and the window stands as measured (the silence was the config's); with neither by the
+    deadline the engine is hung (``CellState.hung``): a cell that stopped measuring then would
+    report a fraction of the config's throughput as its measurement."""
+    state.news.clear()
+    why = f"no token for the window's last {state.w1 - last:.0f}s"
+    if await _wait_for_token(state, deadline, say, why, "next") is not None or state.errors:
+        return
+    state.hung = (
+        f"the engine stopped sending tokens {last - state.w0:.1f}s into the "
+        f"{state.cell.duration_s:g}s window and sent none in the "
+        f"{asyncio.get_running_loop().time() - last:.0f}s "
+        "after (hung, or its host stopped)"
+    )
+
+
+def went_quiet(state: CellState) -> bool:
+    """The window closed with no token in it and no failure anywhere: an engine that is
+    alive and silent (a decode path compiled on first use after the first token, a host that
+    kept it off the CPU), not a measurement of the config and not a failed one."""
+    if state.errors:
+        return False
+    return not any(state.w0 <= t < state.w1 for r in state.requests for t, _ in r.chunks)
+
+
+async def after_quiet(state: CellState, deadline: float, say: Callable[[str], None]) -> bool:
+    """A quiet window (``went_quiet``) waits, up to the ``deadline``, for the engine's next
+    token, and re-opens at it (True); on a failure or at the deadline the window stays the
+    quiet one (False), and the cell measured nothing."""
+    if asyncio.get_running_loop().time() >= deadline:
+        return False
+    state.news.clear()
+    return await _reopen_at_token(state, deadline, say, "no token in the window", "next")
+
+
+async def _reopen_at_token(
+    state: CellState, deadline: float, say: Callable[[str], None], why: str, which: str
+) -> bool:
+    """Waits, with the streams going on, for a token or a failure until the ``deadline``; at a
+    token the window opens there, for the cell's duration (True); at a failure or the deadline
+    the window stays as planned (False)."""
+    since = await _wait_for_token(state, deadline, say, why, which)
+    if since is None:
+        return False  # a failure ended the wait (it is the cell's evidence), or the deadline
+    now = asyncio.get_running_loop().time()
+    state.extended_s += now - since
+    state.w0, state.w1 = now, now + state.cell.duration_s
+    return True
+
+
+async def _wait_for_token(
+    state: CellState, deadline: float, say: Callable[[str], None], why: str, which: str
+) -> float | None:
+    """Says ``why`` the cell waits, then waits, with the streams going on, for a token or a
+    failure until the ``deadline``: when it began, if a token came; None at a failure or the
+    deadline. The window stays as planned."""
+    loop = asyncio.get_running_loop()
+    since, planned = loop.time(), state.w1
+    say(
+        f"{state.cell.name}: {why}; waiting up to {max(0.0, deadline - since):.0f}s for the {which}"
+    )
+    state.w1 = math.inf  # the streams go on while the engine is silent
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(state.news.wait(), timeout=max(0.0, deadline - since))
+    state.w1 = planned
+    return since if any(t >= since for r in state.requests for t, _ in r.chunks) else None
+
+
+def measured_any(state: CellState) -> bool:
+    """A token arrived inside the window (a silent engine answers no greedy probe)."""
+    return any(state.w0 <= t < state.w1 for r in state.requests for t, _ in r.chunks)
