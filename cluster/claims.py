@@ -239,7 +239,11 @@ def _not_taken(node: NodeSpec, result: CommandResult) -> NodeError:
 
 class NodeClaims:
     """Claims every node of ``cluster`` for ``holder`` while in a ``with`` block, renewing the
-    claims in the background; ``check()`` renews them at once and says if one was lost."""
+    claims in the background; ``check()`` renews them at once and says if one was lost.
+    ``gone`` is set the moment a renewal finds a claim another's or gone, from whichever thread
+    finds it (the renewal's, on waking from a suspension): a bench cell in flight stops at it
+    (``cluster.cutoff``), as it does at a lost lease; ``check()`` then says which node's claim
+    and who holds it now."""
 
     def __init__(
         self,
@@ -252,6 +256,7 @@ class NodeClaims:
         note: Note | None = None,
         broken: Callable[[NodeSpec, Seen, str], None] | None = None,
         skip_unreachable: bool = False,
+        gone: threading.Event | None = None,
     ) -> None:
         self.cluster = cluster
         self.transports = dict(transports)
@@ -263,6 +268,7 @@ class NodeClaims:
         self.skip_unreachable = skip_unreachable
         self.held: list[NodeSpec] = []
         self.lost: str | None = None
+        self.gone = gone or threading.Event()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -393,6 +399,7 @@ class NodeClaims:
                         f"{node.name} ({node.host}): this orchestrator lost its claim on the "
                         f"node ({now})"
                     )
+                    self.gone.set()  # after ``lost``: whoever stops at it finds why
 
     def _release_all(self) -> None:
         with self._lock:

@@ -1,6 +1,7 @@
 """A cell's cutoff: the event that stops a bench cell where it stands, handed in by whoever
 runs it (``orchestrator.lease``: the lease's renewal sets it when the ledger says the cluster is
-another orchestrator's now). A process suspended mid-cell and woken after another took the
+another orchestrator's now, and the node claims' renewal when a node's claim is another's or
+gone, ``cluster.claims``). A process suspended mid-cell and woken after another took the
 cluster over must not go on loading the new owner's engines (its requests lowered that one's
 readings by about a tenth): the cell sends no request more once the event is set, and its
 streams are closed within ``POLL_S``. ``cluster`` imports nothing of the orchestrator's: the

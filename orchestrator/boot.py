@@ -64,9 +64,10 @@ class Booter:
 
         Raises:
             OwnershipLost: the guard found the cluster no longer ours, before the boot or
-                before its teardown, or a cell stopped the moment the lease was found another's
-                (``ClusterLease.gone``): nothing was recorded; a boot under way is neither torn
-                down nor ended: its engines and the boot's record are the new holder's.
+                before its teardown, or a cell stopped the moment the lease or a node's claim
+                was found another's (``Ownership.gone``): nothing was recorded; a boot under
+                way is neither torn down nor ended: its engines and the boot's record are the
+                new holder's.
             LeaseLost: a write found the lease another's (``Ledger.fence``): nothing was
                 recorded, nothing torn down.
         """

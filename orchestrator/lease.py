@@ -206,7 +206,8 @@ class Ownership:
         self._note = note or (lambda _line: None)
         self.skip_unreachable = skip_unreachable
         self.ttl_s = ttl_s
-        #: set when the lease is found another's (``ClusterLease.gone``)
+        #: set when the lease is found another's (``ClusterLease.gone``) or a node's claim
+        #: another's or gone (``NodeClaims.gone``): the one cutoff a bench cell stops at
         self.gone = gone or threading.Event()
         self.lease: ClusterLease | None = None
         self.claims: NodeClaims | None = None
@@ -238,6 +239,7 @@ class Ownership:
                 note=self._note,
                 broken=self._record,
                 skip_unreachable=self.skip_unreachable,
+                gone=self.gone,
             )
             try:
                 self.claims = stack.enter_context(claims)
@@ -269,9 +271,10 @@ class Ownership:
         before a boot's teardown).
 
         Raises:
-            OwnershipLost: one of them was lost; nothing of this round runs on the nodes now.
-                The lease lost is said as the ledger says it (taken over: the round goes on
-                under the one that took it).
+            OwnershipLost: one of them was lost; nothing of this round runs on the nodes now
+                (a cell under way stopped at ``gone``). The lease lost is said as the ledger
+                says it (taken over: the round goes on under the one that took it); a claim
+                lost names the node and who holds it now.
         """
         if self.lease is not None:
             self.lease.check()
@@ -280,8 +283,9 @@ class Ownership:
                 self.claims.check()
         except OwnershipLost as e:
             raise OwnershipLost(
-                f"{e.message}; stopped before the next boot, the experiment left undecided: "
-                "run the same command to resume once the cluster is yours again"
+                f"{e.message}; the round stopped there, sending nothing more to the nodes, "
+                "the experiment left undecided: run the same command to resume once the "
+                "cluster is yours again"
             ) from e
 
     def _record(self, node: NodeSpec, seen: Seen, why: str) -> None:

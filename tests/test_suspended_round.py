@@ -1,7 +1,8 @@
 """A round suspended past its lease (Ctrl-Z, a laptop asleep: SIGSTOP here) while another
 ``orchestrate round`` took the cluster over and went on with the round: on waking (SIGCONT)
 it writes nothing more to the ledger, tears nothing down, and exits 8 with one line; the round
-goes on under the one that took it over, undisturbed.
+goes on under the one that took it over, undisturbed. A round whose claim on a node another
+orchestrator (of another ledger) took while it was suspended stops its cell as it wakes too.
 
 Real processes throughout: a two-node twin cluster, a SQLite ledger, an MLflow sqlite store.
 The lease's TTL is shortened (``ORCHESTRATE_LEASE_TTL_S``) so that the takeover comes in
@@ -11,7 +12,9 @@ seconds; every wait is on what the processes say or what the ledger and the node
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -32,6 +35,7 @@ from orchestrator.crashpoints import ENV, SIGNAL_ENV
 from tests.fixtures.cli import ORCHESTRATE, orchestrate
 from tests.fixtures.profiles import twin_profile_data, write_profile
 from tests.fixtures.wait import wait_until
+from tests.test_claims import write_claim
 from tests.test_round_twin import engines_alive
 
 CLUSTER = "twin-local"
@@ -328,6 +332,71 @@ def test_a_cell_in_flight_as_its_round_wakes_taken_over_stops_its_requests(root:
         b.kill()
         if c is not None:
             c.kill()
+
+
+def test_a_cell_in_flight_as_its_node_claim_is_found_taken_stops_its_requests(root: Path) -> None:
+    """A round suspended mid-cell, whose claim on the head node another orchestrator took
+    meanwhile (one of another ledger: the lease stays this round's), stops that cell as soon
+    as it learns the claim is lost, as it does for a lost lease: its requests would load an
+    engine that may be the new holder's now. Its line names the node and who holds it; the
+    ledger blames no config for it."""
+    _profile(root, ("prose-c8", "code-c1"), prose_c8=20.0)
+    env = _env(root)
+    b = Watched(root, env, "round", "--budget", "1", "-p", "profile.yaml")
+    head = root / "nodes" / "node-0"
+    try:
+        wait_until("B in its prose cell", lambda: b.said("cell 1 of 2: prose-c8"), timeout=120)
+        b.proc.send_signal(signal.SIGSTOP)
+        wait_until("B's lease and claims expired", lambda: _expired(root), timeout=4 * TTL_S)
+        # another orchestrator breaks the stale claim on the head and takes it for itself
+        shutil.rmtree(head / CLAIM_DIR)
+        write_claim(
+            head,
+            what="round",
+            pid=os.getpid(),
+            host=socket.gethostname(),
+            expires=int(time.time()) + 3600,
+        )
+        since = (head / LOG).stat().st_size
+        b.proc.send_signal(signal.SIGCONT)
+        seen = 0
+
+        def over() -> bool:
+            nonlocal seen
+            seen = max(seen, _prose_requests(head / LOG, since))
+            return b.proc.poll() is not None
+
+        wait_until("B's end", over, timeout=240)
+        assert b.wait(timeout=60) == 8, "\n".join(b.out + b.err)
+    finally:
+        b.kill()
+    # at most the one request each of its 8 streams may have sent before the renewal found
+    # the claim taken; before, the cell went on for its window and the next cell after it
+    assert seen <= 8, seen
+    errors = [line for line in b.err if line.startswith("Error:")]
+    assert len(errors) == 1, "\n".join(b.err)
+    assert "node-0 (127.0.0.1): this orchestrator lost its claim on the node" in errors[0]
+    assert "it is now claimed by round of cluster elsewhere by someone@" in errors[0], errors[0]
+    assert "ledger sqlite:///x.db" in errors[0], errors[0]
+    assert "the experiment left undecided" in errors[0], errors[0]
+    with Ledger(env["ORCHESTRATE_LEDGER"]) as ledger:
+        # nobody's verdict: no boot failed, nothing decided, the round left to resume
+        assert ledger.unfinished_round(CLUSTER) is not None
+        experiments = ledger.experiments(cluster=CLUSTER)
+        assert [e.id for e in experiments if e.state == State.DECIDED] == []
+        boots = [x for e in experiments for x in ledger.boots(e.id)]
+        assert [x.id for x in boots if x.status == BootStatus.FAILED] == []
+    # the engines it left are brought down, the claim on the head broken by force
+    down = orchestrate(
+        root,
+        "cluster",
+        "down",
+        "--force",
+        "-p",
+        "profile.yaml",
+        env={**env, "ORCHESTRATE_LEASE_TTL_S": ""},
+    )
+    assert down.returncode == 0, down.stderr
 
 
 def _launchers(root: Path) -> dict[Path, int]:

@@ -173,8 +173,9 @@ def round_(
         deployer = o.deployer(
             progress=deploy_progress(display.phase), fence=lambda: still_leased(ledger)
         )
-        # a cell stops where it stands the moment the lease is found another's, and MLflow
-        # takes no write from a process that lost the cluster, as the ledger takes none
+        # a cell stops where it stands the moment the lease or a node's claim is found
+        # another's, and MLflow takes no write from a process that lost the cluster, as the
+        # ledger takes none
         gone = threading.Event()
         testbed = ClusterTestbed(deployer, prof.cluster.base_url, prof.model, stop=gone)
         sink.fence(lambda: still_leased(ledger))
