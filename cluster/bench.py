@@ -306,7 +306,7 @@ def _measured_undisturbed(
         lost = int(evidence.get("connection_lost", 0))
         # the fewest requests lost with their connection, then the least stalled: an error
         # the engine answered is the config's evidence, and never what a window is kept for
-        key = (lost, stalled(record))
+        key = (lost, stall.stalled(record))
         if kept is None or key < kept_key:
             kept, kept_key = record, key
         if record.errors and lost == record.errors and not reconnected:
@@ -318,11 +318,11 @@ def _measured_undisturbed(
                     f"measuring again ({attempt + 1}/{stall.ATTEMPTS})"
                 )
                 continue
-        if not stall.disturbed(stalled(record), record.duration):
+        if not stall.disturbed(stall.stalled(record), record.duration):
             break
         again = attempt < stall.ATTEMPTS
         say(
-            f"{cell.name}: stalled {stalled(record):.2f}s around the {record.duration:g}s "
+            f"{cell.name}: stalled {stall.stalled(record):.2f}s around the {record.duration:g}s "
             f"window (client {record.client_stall_s:.2f}s, engine {record.engine_stall_s:.2f}s:"
             " a busy host), "
             + (
@@ -333,8 +333,3 @@ def _measured_undisturbed(
         )
     assert kept is not None
     return kept.model_copy(update={"measured_again": attempt - 1})
-
-
-def stalled(record: CellResultRecord) -> float:
-    """Seconds the cell's window was disturbed by its hosts: the client's and the engine's."""
-    return record.client_stall_s + record.engine_stall_s

@@ -23,6 +23,8 @@ from __future__ import annotations
 import threading
 import time
 
+from knobs.records import CellResultRecord
+
 #: seconds between the watch's wake-ups
 TICK_S = 0.01
 #: a wake-up this much later than its deadline (seconds) is a stall, not the GIL's turn (the
@@ -79,3 +81,8 @@ class StallWatch:
 def disturbed(stalled_s: float, window_s: float) -> bool:
     """Whether a window of ``window_s`` seconds stalled for ``stalled_s`` is the host's reading."""
     return window_s > 0 and stalled_s > DISTURBED_FRACTION * window_s
+
+
+def stalled(record: CellResultRecord) -> float:
+    """Seconds the cell's window was disturbed by its hosts: the client's and the engine's."""
+    return record.client_stall_s + record.engine_stall_s

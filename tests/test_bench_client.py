@@ -22,9 +22,10 @@ from typing import ClassVar
 import pytest
 
 from cluster import prompts, stall
-from cluster.bench import run_cell, smoke, stalled
+from cluster.bench import run_cell, smoke
 from cluster.errors import BenchError
 from cluster.metrics import scrape_metrics
+from cluster.stall import stalled
 from cluster.twin import noise, text
 from cluster.twin.landscape import load_landscape
 from cluster.twin.physics import window_tokens

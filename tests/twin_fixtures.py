@@ -25,7 +25,7 @@ import httpx
 import yaml
 
 from cluster import stall
-from cluster.bench import stalled
+from cluster.stall import stalled
 from cluster.twin import HEAD_READY_LINE, WORKER_READY_LINE, models_dir
 from cluster.twin.landscape import landscape_path
 from knobs.records import CellResultRecord
