@@ -6,7 +6,8 @@ profile's cells of decode tok/s. The champion has its own boots. ``assess`` comp
 1. invalid — greedy outputs differ from the champion's (speculative decoding is lossless, so a
    difference is a bug however fast it is), or a node's clocks were off while measuring;
 2. guardrails — errors, or a TTFT p90 regression beyond the profile's limit (in percent, and
-   more than a few milliseconds: ``ttft_p90_min_increase_ms``): discard;
+   more than a few milliseconds: ``ttft_p90_min_increase_ms``): discard (``guardrails``: a
+   cell whose window a busy host stalled judges no guardrail, and the verdict says so);
 3. the gain ``δ = log(candidate / champion)``: with a spike-and-slab prior (a share
    ``prior_null`` of changes do nothing; the rest spread ``prior_effect_pct``; a one-knob
    change is judged with its knob's ``effect_prior`` when the knob spec declares one) and the
@@ -37,13 +38,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Literal
 
 from knobs.records import NONDETERMINISTIC, CellResultRecord
 from knobs.spec import EffectPrior, Value
 from knobs.vocabulary import Status, Undecided
 from orchestrator.acceptance import NullSource
+from orchestrator.guardrails import guard
 from orchestrator.noise import NoiseModel
 from orchestrator.posterior import Prior, posterior, predictive_keep
 from orchestrator.profile import VerdictSpec
@@ -260,43 +262,6 @@ def worse(g: float, se: float) -> bool:
     return g < -se
 
 
-def _guardrails(spec: VerdictSpec, ev: Evidence, stats: dict[str, object]) -> Assessment | None:
-    requests = sum(c.completed + c.errors for c in ev.candidate_cells)
-    errors = sum(c.errors for c in ev.candidate_cells)
-    if requests and errors / requests > spec.max_error_rate:
-        samples = [m for c in ev.candidate_cells for m in c.error_samples]
-        return Assessment(
-            Status.DISCARD,
-            "errors",
-            f"{errors} of {requests} requests failed" + (f": {samples[0]}" if samples else ""),
-            {**stats, "errors": errors, "error_samples": samples[:5]},
-        )
-    if spec.ttft_p90_regression_pct is None:
-        return None
-    mine: dict[str, list[float]] = {}
-    theirs: dict[str, list[float]] = {}
-    for c in ev.candidate_cells:
-        mine.setdefault(c.cell, []).append(c.p90_ttft_ms)
-    for c in ev.champion_cells:
-        theirs.setdefault(c.cell, []).append(c.p90_ttft_ms)
-    for name in sorted(mine.keys() & theirs.keys()):
-        a = sum(mine[name]) / len(mine[name])
-        b = sum(theirs[name]) / len(theirs[name])
-        if (
-            b > 0
-            and (a / b - 1) * 100 > spec.ttft_p90_regression_pct
-            and a - b > spec.ttft_p90_min_increase_ms
-        ):
-            return Assessment(
-                Status.DISCARD,
-                "ttft-guardrail",
-                f"TTFT p90 of {name} grew {(a / b - 1) * 100:+.0f}% "
-                f"(limit +{spec.ttft_p90_regression_pct:g}%)",
-                {**stats, "ttft_cell": name},
-            )
-    return None
-
-
 def assess(
     spec: VerdictSpec,
     ev: Evidence,
@@ -327,19 +292,25 @@ def assess(
     invalid = _validity(spec, ev, stats)
     if invalid is not None:
         return invalid
-    guard = _guardrails(spec, ev, stats)
-    if guard is not None:
-        return guard
-    if spec.policy == "threshold":
+    guarded = guard(spec, ev.candidate_cells, ev.champion_cells)
+    if guarded.unjudged:  # a cell whose window a busy host stalled: the verdict says so
+        stats["ttft_unjudged"] = {k: round(s, 2) for k, (s, _) in guarded.unjudged.items()}
+    if guarded.breach is not None:
+        b = guarded.breach
+        verdict = Assessment(Status.DISCARD, b.rule, b.reason, {**stats, **b.stats})
+    elif spec.policy == "threshold":
         status = Status.KEEP if delta_pct > spec.threshold_pct else Status.DISCARD
         relation = ">" if status == Status.KEEP else "not >"
-        return Assessment(
+        verdict = Assessment(
             status,
             "threshold",
             f"{delta_pct:+.2f}% vs champion ({relation} +{spec.threshold_pct:g}%, one run)",
             stats,
         )
-    return _sequential(spec, ev, noise, prior, stats, pooled)
+    else:
+        verdict = _sequential(spec, ev, noise, prior, stats, pooled)
+    said = guarded.words()
+    return replace(verdict, reason=f"{verdict.reason}; {said}") if said else verdict
 
 
 def _sequential(

@@ -1,0 +1,112 @@
+"""The verdict's guardrails: errors, and the time to first token (TTFT) p90 of each cell.
+
+A change whose requests fail beyond ``max_error_rate``, or whose TTFT p90 in some cell grows
+beyond ``ttft_p90_regression_pct`` (and by more than ``ttft_p90_min_increase_ms``) over the
+champion's, is discarded whatever its objective (``verdict.assess``).
+
+A latency read from a window its host stalled for seconds measures the host, not the config: a
+client off the CPU reads every first token late, an engine's scheduler woken late sends it late.
+Such a cell is still kept for the objective (``cluster.bench``: three measurements, the least
+stalled kept; setting them all aside would reboot most configs on a busy host), but a reading
+whose window is disturbed (``cluster.stall.disturbed``, the one predicate) judges no guardrail,
+on either side: the TTFT guardrail compares a cell's undisturbed readings only, and a cell
+with none on one side is not judged (``Guarded.unjudged``, said in the verdict's words). So a
+busy host never discards a change through the guardrail, nor bars a value through a guardrail
+declared monotone (``history.guardrail_region``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from cluster import stall
+from knobs.records import CellResultRecord
+from knobs.vocabulary import GuardrailRule
+from orchestrator.profile import VerdictSpec
+
+
+@dataclass(frozen=True)
+class Breach:
+    """A guardrail a change broke: the rule, in words, and what the verdict records of it."""
+
+    rule: GuardrailRule
+    reason: str
+    stats: dict[str, object] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Guarded:
+    """What the guardrails found: a breach or none, and the cells whose TTFT was not judged
+    because their windows were disturbed, with the seconds the most stalled one lost and
+    whose window it was."""
+
+    breach: Breach | None
+    unjudged: dict[str, tuple[float, str]] = field(default_factory=dict)
+
+    def words(self) -> str:
+        """The unjudged cells in words (empty when every cell was judged)."""
+        return "; ".join(
+            f"TTFT guardrail not judged on {name}: {side} window stalled {s:.2f} s by a busy host"
+            for name, (s, side) in sorted(self.unjudged.items())
+        )
+
+
+def _undisturbed(
+    cells: Sequence[CellResultRecord],
+) -> tuple[dict[str, list[float]], dict[str, float]]:
+    """Each cell's TTFT p90 readings from undisturbed windows, and each cell's most stalled
+    disturbed reading (seconds)."""
+    kept: dict[str, list[float]] = {}
+    worst: dict[str, float] = {}
+    for c in cells:
+        lost = stall.stalled(c)
+        if stall.disturbed(lost, c.duration):
+            worst[c.cell] = max(worst.get(c.cell, 0.0), lost)
+        else:
+            kept.setdefault(c.cell, []).append(c.p90_ttft_ms)
+    return kept, worst
+
+
+def guard(
+    spec: VerdictSpec, candidate: Sequence[CellResultRecord], champion: Sequence[CellResultRecord]
+) -> Guarded:
+    """The guardrails on a candidate's cells against the champion's."""
+    requests = sum(c.completed + c.errors for c in candidate)
+    errors = sum(c.errors for c in candidate)
+    if requests and errors / requests > spec.max_error_rate:
+        samples = [m for c in candidate for m in c.error_samples]
+        return Guarded(
+            Breach(
+                "errors",
+                f"{errors} of {requests} requests failed" + (f": {samples[0]}" if samples else ""),
+                {"errors": errors, "error_samples": samples[:5]},
+            )
+        )
+    if spec.ttft_p90_regression_pct is None:
+        return Guarded(None)
+    mine, my_stalls = _undisturbed(candidate)
+    theirs, their_stalls = _undisturbed(champion)
+    unjudged: dict[str, tuple[float, str]] = {}
+    for name in sorted({c.cell for c in candidate} & {c.cell for c in champion}):
+        if name not in mine:
+            unjudged[name] = (my_stalls[name], "its")
+        elif name not in theirs:
+            unjudged[name] = (their_stalls[name], "the champion's")
+    breach = None
+    for name in sorted(mine.keys() & theirs.keys()):
+        a = sum(mine[name]) / len(mine[name])
+        b = sum(theirs[name]) / len(theirs[name])
+        if (
+            b > 0
+            and (a / b - 1) * 100 > spec.ttft_p90_regression_pct
+            and a - b > spec.ttft_p90_min_increase_ms
+        ):
+            breach = Breach(
+                "ttft-guardrail",
+                f"TTFT p90 of {name} grew {(a / b - 1) * 100:+.0f}% "
+                f"(limit +{spec.ttft_p90_regression_pct:g}%)",
+                {"ttft_cell": name},
+            )
+            break
+    return Guarded(breach, unjudged)
