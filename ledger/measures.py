@@ -66,11 +66,16 @@ class Measures(LedgerBase):
         failure_detail: str | None = None,
         rank: int | None = None,
         host: str | None = None,
-    ) -> None:
+        if_open: bool = False,
+    ) -> bool:
         """Mark a boot ``up`` (healthy), ``failed`` or ``down`` (torn down after use); a
-        failed one with the node its error named (``rank``, ``host``), if it named one."""
+        failed one with the node its error named (``rank``, ``host``), if it named one. With
+        ``if_open``, a boot already ended is left as it is (whoever ended it first, said so):
+        whether it was marked."""
         with self._session() as s:
             row = self._get(s, BootRow, boot_id)
+            if if_open and row.status not in (str(BootStatus.BOOTING), str(BootStatus.UP)):
+                return False
             row.status = str(status)
             if status == BootStatus.UP:
                 row.healthy_at = utcnow()
@@ -80,6 +85,7 @@ class Measures(LedgerBase):
             row.failure_detail = failure_detail or row.failure_detail
             row.failed_rank = rank if rank is not None else row.failed_rank
             row.failed_host = host or row.failed_host
+        return True
 
     def boots(self, experiment_id: int) -> list[BootRecord]:
         """The boots of an experiment, oldest first."""
