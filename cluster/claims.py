@@ -38,10 +38,10 @@ from types import TracebackType
 
 from cluster.errors import (
     ClaimHeld,
+    ClaimLost,
     DeployError,
     NodeError,
     NodeUnreachable,
-    OwnershipLost,
 )
 from cluster.inventory import ClusterSpec, NodeSpec
 from cluster.ports import PORTS_FILE
@@ -267,7 +267,7 @@ class NodeClaims:
         self._broken = broken or (lambda _node, _seen, _why: None)
         self.skip_unreachable = skip_unreachable
         self.held: list[NodeSpec] = []
-        self.lost: str | None = None
+        self.lost: ClaimLost | None = None
         self.gone = gone or threading.Event()
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -365,12 +365,12 @@ class NodeClaims:
         """Renew every claim now (a safe point of the round).
 
         Raises:
-            OwnershipLost: a node's claim is now another's, or gone.
+            ClaimLost: a node's claim is now another's, or gone.
         """
         if self.lost is None:
             self._renew_all()
         if self.lost is not None:
-            raise OwnershipLost(self.lost)
+            raise self.lost
 
     def _renew_loop(self) -> None:
         while not self._stop.wait(self.ttl_s / 3):
@@ -395,9 +395,12 @@ class NodeClaims:
                         if seen.holder is None and seen.left_s is None
                         else (f"it is now claimed by {seen.describe()}")
                     )
-                    self.lost = (
+                    self.lost = ClaimLost(
                         f"{node.name} ({node.host}): this orchestrator lost its claim on the "
-                        f"node ({now})"
+                        f"node ({now})",
+                        rank=node.rank,
+                        host=node.host,
+                        holder=None if seen.holder is None else seen.describe(),
                     )
                     self.gone.set()  # after ``lost``: whoever stops at it finds why
 

@@ -92,6 +92,30 @@ class OwnershipLost(OwnershipError):
     stops at its next safe point, the experiment left undecided."""
 
 
+class ClaimLost(OwnershipLost):
+    """A node's claim was lost while this orchestrator ran (another took it, or it is gone),
+    its ledger lease still its own: carries the node, who holds the claim now (``holder``,
+    None when nobody does), who broke it where the ledger says (``by``, in words), and what
+    was lost said without where the round stopped (``said``)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        rank: int,
+        host: str,
+        holder: str | None,
+        by: str | None = None,
+        said: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.host = host
+        self.holder = holder
+        self.by = by
+        self.said = message if said is None else said
+
+
 class BenchError(OrchestrateError):
     """A bench request or scrape failed: carries the URL, the HTTP status if any, the evidence."""
 

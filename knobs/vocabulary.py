@@ -231,6 +231,11 @@ CUT_SHORT = {
 #: not an interrupt) stopped the round mid-boot, its engines torn down: ``error: `` and the
 #: error's first line, which the command printed too.
 BOOT_ERRORED = "error: "
+#: The start of a boot's ``failure_detail`` where its round lost the nodes mid-boot (a node's
+#: claim broken, by ``orchestrate cluster down|up --force`` or another orchestrator): ``claim
+#: lost: `` and who broke it and stopped its engines, as far as known. Ended by whichever
+#: learns it first: the command that broke the claim, or the round at its next safe point.
+BOOT_CLAIM_LOST = "claim lost: "
 
 
 def cut_short(detail: str | None) -> str | None:
@@ -238,6 +243,8 @@ def cut_short(detail: str | None) -> str | None:
     ``failure_detail``), if a run's stop ended it; else None."""
     if detail is None:
         return None
+    if detail.startswith(BOOT_CLAIM_LOST):
+        return f"cut short: its round lost the nodes: {detail[len(BOOT_CLAIM_LOST) :]}"
     if detail.startswith(BOOT_ERRORED):
         return (
             f"cut short: an error of orchestrate's stopped the run: {detail[len(BOOT_ERRORED) :]}"

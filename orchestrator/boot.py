@@ -11,9 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import suppress
 
-from cluster.errors import NodeError, OwnershipLost
+from cluster.errors import ClaimLost, NodeError, OwnershipLost
 from knobs.config import Config
 from knobs.vocabulary import (
+    BOOT_CLAIM_LOST,
     BOOT_ERRORED,
     BOOT_INTERRUPTED,
     BOOT_TORN_DOWN,
@@ -27,7 +28,7 @@ from orchestrator.crashpoints import crashpoint
 from orchestrator.display import RoundDisplay
 from orchestrator.evolution import fit
 from orchestrator.interrupts import unbroken
-from orchestrator.lease import still_leased
+from orchestrator.lease import lost_at, still_leased
 from orchestrator.measurements import read_measurements
 from orchestrator.profile import Profile
 from orchestrator.rendering import digest
@@ -55,6 +56,8 @@ class Booter:
         self.display = display
         # the safe point before every boot: raises when the cluster is no longer ours (#17)
         self.guard = guard or (lambda: None)
+        #: where the boot under way is (``deploying``, ``cell 2 of 3 (…)``), for a line
+        self._at = "its deploy"
 
     def measure(
         self, e: ExperimentRecord, run_id: str | None, *, role: BootRole, measurement: int | None
@@ -130,6 +133,7 @@ class Booter:
     ) -> None:
         """Deploy ``config``, then bench the cells its measurement still lacks."""
         self.display.phase(f"deploying ({role})")
+        self._at = "its deploy"
         launchers = self.testbed.deploy(config)
         self.ledger.end_boot(boot.id, status=BootStatus.UP)
         crashpoint("smoke.passed")
@@ -153,7 +157,7 @@ class Booter:
         """
         lost = self._lost()
         if lost is not None:
-            raise lost
+            raise self._lost_mid_boot(e, boot_id, lost)
         try:
             self.runlog.boot_logs(e, run_id, boot_id, self.testbed.logs())
         except BaseException as stop:
@@ -193,8 +197,32 @@ class Booter:
             # a process woken after another took the cluster over measures no cell more
             still_leased(self.ledger)
             self.display.phase(f"cell {i} of {len(cells)}: {cell.name}")
+            self._at = f"cell {i} of {len(cells)} ({cell.name})"
             self.ledger.add_cell_result(experiment_id, boot_id, self.testbed.bench(cell), spec=cell)
             crashpoint("cell.recorded")
+        self._at = "its teardown, its cells done"
+
+    def _lost_mid_boot(
+        self, e: ExperimentRecord, boot_id: int, lost: OwnershipLost
+    ) -> OwnershipLost:
+        """What to raise for ``lost``, found at a boot's teardown. A node's claim lost with
+        the lease still ours (``cluster down --force`` broke it and stopped the engines, or
+        another orchestrator took the node): the engines are not this round's now, so its
+        boot is ended here, as far as the ledger knows who did it, unless the one that broke
+        the claim ended it first; the line says where the round was. A lease lost: nothing
+        written (the new holder's), the ledger's line."""
+        if not isinstance(lost, ClaimLost):
+            return lost
+        closed = False
+        with suppress(LedgerError):  # a lease lost meanwhile too: fenced, nothing written
+            closed = self.ledger.end_boot(
+                boot_id,
+                status=BootStatus.DOWN,
+                failure_detail=BOOT_CLAIM_LOST + (lost.by or lost.said),
+                if_open=True,
+            )
+            closed = closed or all(b.id != boot_id for b in self.ledger.open_boots())
+        return lost_at(lost, f"mid-boot, during {self._at} of experiment #{e.id}", closed=closed)
 
     def _lost(self) -> OwnershipLost | None:
         """The guard's finding, if the cluster is no longer ours (the lease and the node

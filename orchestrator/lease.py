@@ -17,10 +17,22 @@ from types import TracebackType
 
 from cluster.claims import Holder, NodeClaims, Seen
 from cluster.connect import open_transport
-from cluster.errors import NodeError, NodeUnreachable, OwnershipLost, WorkdirUnwritable
+from cluster.errors import (
+    ClaimLost,
+    NodeError,
+    NodeUnreachable,
+    OwnershipLost,
+    WorkdirUnwritable,
+)
 from cluster.inventory import ClusterSpec, NodeSpec
 from knobs.vocabulary import EventKind
-from ledger import LeaseLost, LeaseRecord, Ledger, LedgerError
+from ledger import EventRecord, LeaseLost, LeaseRecord, Ledger, LedgerError
+from orchestrator.timestamps import utc_minute
+
+#: What a round that lost the cluster is told to do, whatever it was doing.
+UNDECIDED = (
+    "the experiment left undecided: run the same command to resume once the cluster is yours again"
+)
 
 
 def _process_gone(lease: LeaseRecord) -> bool:
@@ -211,6 +223,8 @@ class Ownership:
         self.gone = gone or threading.Event()
         self.lease: ClusterLease | None = None
         self.claims: NodeClaims | None = None
+        #: the holders whose claims this one broke (``force``)
+        self.broken: list[Holder] = []
         self._stack = ExitStack()
 
     def __enter__(self) -> Ownership:
@@ -281,21 +295,89 @@ class Ownership:
         try:
             if self.claims is not None:
                 self.claims.check()
-        except OwnershipLost as e:
-            raise OwnershipLost(
-                f"{e.message}; the round stopped there, sending nothing more to the nodes, "
-                "the experiment left undecided: run the same command to resume once the "
-                "cluster is yours again"
+        except ClaimLost as e:
+            by = self._broken_by()
+            said = e.message if by is None else f"{e.message}: {by}"
+            raise ClaimLost(
+                f"{said}; stopped before the next boot, {UNDECIDED}",
+                rank=e.rank,
+                host=e.host,
+                holder=e.holder,
+                by=by,
+                said=said,
             ) from e
+
+    def _broken_by(self) -> str | None:
+        """Who broke this holder's claims, as the ledger recorded it (``cluster down|up
+        --force`` of the same ledger), in words; None where it did not (another ledger's, a
+        claim removed by hand) or the ledger does not answer now."""
+        try:
+            events = self._ledger().events(self.cluster.name, EventKind.CLAIM_BROKEN)
+        except LedgerError:
+            return None
+        for event in reversed(events):
+            old = event.detail.get("holder")
+            if isinstance(old, dict) and old.get("id") == self.holder.id:
+                return breaker(event)
+        return None
+
+    def broke(self, lease: LeaseRecord | None) -> Holder | None:
+        """The holder whose claims this one broke that holds ``lease`` (the same process:
+        host and pid), if any: the round whose engines this command stops."""
+        if lease is None:
+            return None
+        return next(
+            (h for h in self.broken if (h.hostname, h.pid) == (lease.hostname, lease.pid)),
+            None,
+        )
 
     def _record(self, node: NodeSpec, seen: Seen, why: str) -> None:
         old = asdict(seen.holder) if seen.holder is not None else {}
+        if seen.holder is not None:
+            self.broken.append(seen.holder)
         self._ledger().add_event(
             self.cluster.name,
             EventKind.CLAIM_BROKEN,
             subject=f"node {node.rank} {node.host}",
-            detail={"holder": old, "expires_in_s": seen.left_s},
+            detail={"holder": old, "expires_in_s": seen.left_s, "by": asdict(self.holder)},
             reason=why,
             actor=f"{self.holder.user}@{self.holder.hostname} ({self.holder.what})",
         )
         self._note(f"{node.name}: broke the claim of {seen.describe()} ({why}); recorded")
+
+
+def forced(what: str, user: str, hostname: str, pid: int) -> str:
+    """A command that broke claims by force, in words: ```orchestrate cluster down --force`
+    (user@host, pid N)``."""
+    return f"`orchestrate {what} --force` ({user}@{hostname}, pid {pid})"
+
+
+def breaker(event: EventRecord) -> str:
+    """Who broke a claim (a ``claim-broken`` event) and when, in words; an event of an older
+    release, which did not record the breaker's pid, names it as it was recorded."""
+    by = event.detail.get("by")
+    if isinstance(by, dict):
+        pid = by.get("pid")
+        who = forced(
+            str(by.get("what", "?")),
+            str(by.get("user", "?")),
+            str(by.get("hostname", "?")),
+            pid if isinstance(pid, int) else -1,
+        )
+    else:
+        who = f"{event.actor} with --force"
+    return f"{who} broke it at {utc_minute(event.created_at)}"
+
+
+def lost_at(lost: ClaimLost, where: str, *, closed: bool) -> ClaimLost:
+    """``lost`` said where the round was when it learned it (``where``: ``mid-boot, during
+    cell 1 of 3 (…) of experiment #4``), and whether it closed its boot (``closed``)."""
+    boot = "; its boot is closed in the ledger" if closed else ""
+    return ClaimLost(
+        f"{lost.said}; stopped {where}{boot}: {UNDECIDED}",
+        rank=lost.rank,
+        host=lost.host,
+        holder=lost.holder,
+        by=lost.by,
+        said=lost.said,
+    )

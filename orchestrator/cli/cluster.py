@@ -243,37 +243,51 @@ def cluster_down(profile: ProfileOpt = None, force: ForceOpt = False) -> None:
     # once the stops begin, a signal waits for them and for the boots' closing
     with (
         opened(prof) as o,
-        _owned(o, "cluster down", force, typer.echo, lease=False),
+        _owned(o, "cluster down", force, typer.echo, lease=False) as owner,
         unbroken(),
     ):
         outcomes, errors = o.deployer().stop_each()
         for rank, how in sorted(outcomes.items()):
             typer.echo(f"node-{rank}: {how}")
         if not errors:
-            _close_left_open(o, typer.echo)
+            _close_left_open(o, owner, typer.echo)
     if errors:
         raise errors[0]
 
 
-def _close_left_open(o: Opened, note: Callable[[str], None]) -> None:
+def _close_left_open(o: Opened, owner: Ownership, note: Callable[[str], None]) -> None:
     """Every node stopped: the boots a killed run left open in the ledger are closed (``down``,
     as a resume's cleanup closes them), so ``status`` stops calling them open and they stop
     counting GPU-hours. Nothing where there is no ledger yet (none is created) or a round holds
-    the cluster's lease (its boots are its own); a ledger that does not answer leaves them for
-    the next round's cleanup, said in a line, and the command still succeeds."""
-    from knobs.vocabulary import BOOT_CLOSED_BY_DOWN, BootStatus
+    the cluster's lease (its boots are its own), unless this command broke that round's claims
+    (``--force``): it stopped that round's engines, so it closes its boots, naming itself (the
+    round stops at its next safe point). A ledger that does not answer leaves them for the next
+    round's cleanup, said in a line, and the command still succeeds."""
+    from knobs.vocabulary import BOOT_CLAIM_LOST, BOOT_CLOSED_BY_DOWN, BootStatus
     from ledger import Ledger, LedgerError, LedgerNotReady
-    from orchestrator.lease import held
+    from orchestrator.lease import forced, held
 
     try:
         Ledger(o.settings.ledger_url, read_only=True).close()
         ledger = o.ledger()
         cluster = o.profile.cluster.name
-        if held(ledger.lease(cluster)):
+        lease = ledger.lease(cluster)
+        broke = owner.broke(lease)
+        if held(lease) and broke is None:
             return
-        left = ledger.open_boots(cluster)
-        for boot in left:
-            ledger.end_boot(boot.id, status=BootStatus.DOWN, failure_detail=BOOT_CLOSED_BY_DOWN)
+        me = owner.holder
+        detail = (
+            BOOT_CLOSED_BY_DOWN
+            if broke is None
+            else BOOT_CLAIM_LOST
+            + f"{forced(me.what, me.user, me.hostname, me.pid)} broke the claims of its "
+            f"{broke.what} (pid {broke.pid}) and stopped its engines"
+        )
+        left = [
+            boot
+            for boot in ledger.open_boots(cluster)
+            if ledger.end_boot(boot.id, status=BootStatus.DOWN, failure_detail=detail, if_open=True)
+        ]
     except LedgerNotReady:
         return  # no ledger here (or one an older release wrote, which the next round upgrades)
     except LedgerError as e:
@@ -282,7 +296,12 @@ def _close_left_open(o: Opened, note: Callable[[str], None]) -> None:
             "open there until the next round's cleanup"
         )
         return
-    if left:
+    if left and broke is not None:
+        note(
+            f"closed {len(left)} boot(s) of the {broke.what} whose claims this command broke "
+            f"(pid {broke.pid} on {broke.hostname}): it stops at its next safe point"
+        )
+    elif left:
         note(f"closed {len(left)} boot(s) a killed run had left open in the ledger")
 
 

@@ -1,0 +1,153 @@
+"""`orchestrate cluster down --force` under a round that is mid-cell: the command breaks the
+round's claims and stops its engines, and the round stops at its next safe point (exit 8).
+Before, nobody closed the round's boot: `status` said it was open, "left by a run that was
+killed", its GPU-hours climbed with every node stopped, the resume "stopped engines left by an
+interrupted run" (a resume does that only for an open boot), and the round's line said
+"stopped before the next boot" of a round stopped mid-cell, without saying who broke its claim.
+
+Real processes: `orchestrate round` on a two-node twin, `orchestrate cluster down --force`
+beside it, a SQLite ledger.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
+
+import pytest
+
+from knobs.vocabulary import EventKind
+from ledger import Ledger
+from tests.fixtures.cli import ORCHESTRATE, orchestrate
+from tests.fixtures.profiles import twin_profile_data, write_profile
+from tests.fixtures.wait import wait_until
+from tests.test_round_twin import engines_alive
+
+CLUSTER = "twin-local"
+
+
+def _read(stream: IO[str], into: list[str]) -> None:
+    for line in stream:
+        into.append(line.rstrip("\n"))
+
+
+@pytest.fixture
+def root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    monkeypatch.setenv("ORCHESTRATE_LEDGER", f"sqlite:///{tmp_path}/orchestrate.db")
+    monkeypatch.setenv("ORCHESTRATE_ARTIFACTS", str(tmp_path / "mlartifacts"))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    data = twin_profile_data(nodes=2)
+    argv = data["launcher"]["argv"]
+    argv[argv.index("--tensor-parallel-size") + 1] = "2"
+    data["gates"].update(clocks_command=None, recover_command=None)
+    data["cells"] = data["cells"][:1]
+    data["cells"][0].update(warmup_s=0.1, duration_s=30.0)  # the round is found mid-cell
+    data["verdict"] = {"policy": "threshold", "threshold_pct": 2.0}
+    write_profile(tmp_path, data)
+    yield tmp_path
+    if engines_alive(tmp_path):
+        orchestrate(tmp_path, "cluster", "down", "--force", "-p", "profile.yaml")
+
+
+def _status(root: Path) -> dict[str, object]:
+    said = orchestrate(root, "status", "-p", "profile.yaml", "--json")
+    assert said.returncode == 0, said.stderr
+    data: dict[str, object] = json.loads(said.stdout)
+    return data
+
+
+@pytest.mark.parametrize("whose", ["same", "another"])
+def test_cluster_down_force_mid_cell_closes_the_rounds_boot_and_says_who(
+    root: Path, whose: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """With the round's ledger, `cluster down --force` closes the boot it stopped and the
+    round's line names it; with another ledger's (it cannot see the round's boot), the round
+    closes its boot itself, as far as it knows who took its node."""
+    other = tmp_path_factory.mktemp("other-ledger")
+    env = (
+        dict(os.environ)
+        if whose == "same"
+        else {**os.environ, "ORCHESTRATE_LEDGER": f"sqlite:///{other}/orchestrate.db"}
+    )
+    proc = subprocess.Popen(
+        [*ORCHESTRATE, "round", "--budget", "1", "-p", "profile.yaml"],
+        cwd=root,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    out: list[str] = []
+    err: list[str] = []
+    readers = [
+        threading.Thread(target=_read, args=(proc.stdout, out), daemon=True),
+        threading.Thread(target=_read, args=(proc.stderr, err), daemon=True),
+    ]
+    for reader in readers:
+        reader.start()
+    try:
+        wait_until("the baseline mid-cell", lambda: any("cell 1 of 1" in x for x in out), 180)
+        down = orchestrate(root, "cluster", "down", "--force", "-p", "profile.yaml", env=env)
+        code = proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for reader in readers:
+            reader.join(timeout=10)
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+    said = "\n".join(out + err)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert "node-0: broke the claim of round of cluster twin-local" in down.stdout, down.stdout
+    assert code == 8, said
+    assert engines_alive(root) == [], said
+    errors = [x for x in err if x.startswith("Error:")]
+    assert len(errors) == 1, said
+    [line] = errors
+    # where the round was, and who broke its claim
+    assert "lost its claim on the node" in line, line
+    assert "mid-boot, during cell 1 of 1" in line, line
+    assert "before the next boot" not in line, line
+    if whose == "same":
+        assert "`orchestrate cluster down --force`" in line, line
+        assert f"pid {down_pid(os.environ['ORCHESTRATE_LEDGER'])}" in line, line
+    assert "the experiment left undecided: run the same command to resume" in line, line
+
+    # the boot is closed, naming the command that stopped its engines
+    with Ledger(os.environ["ORCHESTRATE_LEDGER"]) as ledger:
+        assert ledger.open_boots(CLUSTER) == []
+        [e] = ledger.experiments(cluster=CLUSTER)
+        [boot] = ledger.boots(e.id)
+        assert boot.status == "down" and boot.ended_at is not None
+    shown = orchestrate(root, "experiments", "show", str(e.id), "-p", "profile.yaml").stdout
+    assert "cut short: its round lost the nodes: " in shown, shown
+    assert "interrupted or killed" not in shown, shown
+    if whose == "same":
+        assert "`orchestrate cluster down --force`" in shown, shown
+
+    # nothing accrues once the engines are stopped, and `status` says what happened
+    first, second = _status(root), _status(root)
+    assert first["open_boots"] == 0, first
+    assert first["gpu_hours"] == second["gpu_hours"], (first, second)
+    text = orchestrate(root, "status", "-p", "profile.yaml")
+    assert "boot(s) open" not in text.stdout, text.stdout
+    assert "run that was killed" not in text.stdout, text.stdout
+    assert "lost its claim on the node" in text.stdout, text.stdout
+
+
+def down_pid(url: str) -> int:
+    """The pid of the `cluster down --force` that broke the round's claims, as recorded."""
+    with Ledger(url) as ledger:
+        events = ledger.events(CLUSTER, EventKind.CLAIM_BROKEN)
+    assert events
+    by = events[0].detail.get("by")
+    assert isinstance(by, dict), events[0].detail
+    pid = by["pid"]
+    assert isinstance(pid, int)
+    return pid
