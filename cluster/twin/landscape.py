@@ -2,8 +2,12 @@
 
 A landscape (YAML, one file per stack) holds every number of the model (docs/twin.md says what
 each field is and where it comes from); ``Landscape`` answers what a configuration does on it:
-whether it boots, its noise-free truth per cell, one noisy measurement, its boot time. The
-equations are ``cluster.twin.physics``'s; the exhaustive search for the optimum is
+whether it boots, its noise-free truth per cell, one noisy measurement, its boot time. This
+module owns the landscape as a whole (its sections consistent with each other, a configuration
+resolved against its knob space, the truth of a configuration on a cell) and where landscapes
+are found and how one is loaded. What each section's fields accept is
+``cluster.twin.sections``'s; the equations are ``cluster.twin.physics``'s; a noisy measurement
+is ``cluster.twin.measurement``'s; the exhaustive search for the optimum is
 ``cluster.twin.optimum``'s.
 
 Imports the standard library, ``yaml``, ``pydantic``, ``knobs`` and ``cluster.prompts`` only: it
@@ -13,17 +17,16 @@ runs on every node (an import contract in pyproject.toml checks the twin's impor
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import random
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+from pydantic import Field, PrivateAttr, ValidationError, model_validator
 
 from cluster import prompts
-from cluster.twin import noise, optimum, text
+from cluster.twin import measurement, noise, optimum
 from cluster.twin.physics import (
     BootGate,
     BootStatus,
@@ -32,9 +35,22 @@ from cluster.twin.physics import (
     Settings,
     window_tokens,
 )
+from cluster.twin.sections import (
+    KNOBS,
+    Acceptance,
+    Boot,
+    Decode,
+    EngineDefaults,
+    Noise,
+    Prefill,
+    StrictModel,
+    TimeScale,
+    Topology,
+    Trap,
+)
 from knobs.catalog import catalog
 from knobs.errors import KnobError, ProfileError
-from knobs.records import Category, CellResultRecord, CellSpec
+from knobs.records import CellResultRecord, CellSpec
 from knobs.space import KnobSpace
 from knobs.spec import Value
 
@@ -44,160 +60,8 @@ LANDSCAPES_DIR = Path(__file__).resolve().parent / "landscapes"
 #: The landscape a bare ``optimum`` (and a twin launcher without ``TWIN_LANDSCAPE``) uses.
 DEFAULT_LANDSCAPE = "vllm-dflash2-tp4"
 
-#: The knob names of the catalog the twin understands (others are accepted and have no effect).
-KNOBS = (
-    "num_speculative_tokens",
-    "max_num_batched_tokens",
-    "cuda_graphs",
-    "drafter_adapter_rank",
-    "kv_cache_dtype",
-    "gpu_memory_utilization",
-)
 
-
-class _Model(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class TimeScale(_Model):
-    """Real seconds per twin second: boots and token rates run this many times faster."""
-
-    boot: float = Field(gt=0)
-    run: float = Field(gt=0)
-
-
-class Topology(_Model):
-    """The stack's shape: one GPU per node (DGX Spark), TP across nodes."""
-
-    tensor_parallel_size: int = Field(ge=1)
-    nnodes: int = Field(ge=1)
-    gpus_per_node: int = Field(default=1, ge=1)
-
-
-class EngineDefaults(_Model):
-    """What the engine uses for a flag the command line leaves out (vLLM's defaults)."""
-
-    max_num_batched_tokens: int = Field(default=8192, ge=1)
-    kv_cache_dtype: str = "auto"
-    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
-    max_model_len: int = Field(default=262144, ge=1)
-
-
-class Acceptance(_Model):
-    """Per-category per-position acceptance at K=7 and the multipliers that act on it."""
-
-    positions: dict[Category, tuple[float, ...]]
-    adapter_rank: dict[int, float] = Field(default_factory=dict)
-    kv_cache_dtype: dict[str, float] = Field(default_factory=dict)
-
-    @model_validator(mode="after")
-    def _shape(self) -> Acceptance:
-        missing = [c for c in prompts.CATEGORIES if c not in self.positions]
-        if missing:
-            raise ValueError(f"positions lacks categories: {', '.join(missing)}")
-        for category, values in self.positions.items():
-            if not values or any(not 0 <= p <= 1 for p in values):
-                raise ValueError(f"positions.{category}: every value must lie in [0, 1]")
-            if any(b > a + 1e-12 for a, b in itertools.pairwise(values)):
-                raise ValueError(f"positions.{category}: acceptance cannot rise with position")
-        return self
-
-
-class KvDecode(_Model):
-    """A KV dtype's effect on a decode step: on the context (KV read) term and on the whole."""
-
-    context: float = Field(default=1.0, gt=0)
-    step: float = Field(default=1.0, gt=0)
-
-
-class Decode(_Model):
-    """Step time of one verify step, in real milliseconds (see docs/twin.md for the equation)."""
-
-    base_ms: float = Field(gt=0)
-    draft_ms: float = Field(ge=0)
-    draft_step_ms: float = Field(default=0.0, ge=0)
-    verify_token_ms: float = Field(ge=0)
-    draft_token_ms: float = Field(ge=0)
-    request_ms: float = Field(ge=0)
-    context_ms_per_1k: float = Field(ge=0)
-    cuda_graphs_factor: float = Field(gt=0)
-    cuda_graphs_factor_per_request: float = 0.0
-    kv_cache_dtype: dict[str, KvDecode] = Field(default_factory=dict)
-    mnbt_reference: int = Field(default=8192, ge=1)
-    mnbt_penalty_per_1k: float = Field(default=0.0, ge=0)
-    #: adapter rank → a factor on the drafter's share of a step (``draft_ms``, ``draft_step_ms``
-    #: and ``draft_token_ms``; missing: 1.0): a bigger adapter drafts slower
-    adapter_rank_draft: dict[int, Annotated[float, Field(gt=0)]] = Field(default_factory=dict)
-
-
-class Cliff(_Model):
-    """A prefill cliff: prompts of ``min_context`` tokens or more with MNBT below ``below_mnbt``."""
-
-    min_context: int = Field(ge=1)
-    below_mnbt: int = Field(ge=1)
-    factor: float = Field(ge=1)
-
-
-class Prefill(_Model):
-    """Prefill time of one prompt, chunked by MNBT, in real milliseconds."""
-
-    base_ms: float = Field(ge=0)
-    chunk_ms: float = Field(ge=0)
-    tokens_per_s: float = Field(gt=0)
-    superlinear: float = Field(default=0.0, ge=0)
-    kv_cache_dtype: dict[str, float] = Field(default_factory=dict)
-    cliff: Cliff | None = None
-    #: seconds added to the first prefill after boot: a backend that compiles its batch
-    #: shapes on first use (vLLM's CPU backend) answers its first request late
-    cold_first_s: float = Field(default=0.0, ge=0)
-    #: seconds added to the first decode step after boot, for every request in flight: a
-    #: backend that compiles its decode path on first use goes quiet after the first token
-    cold_decode_s: float = Field(default=0.0, ge=0)
-
-
-class Boot(_Model):
-    """Boot phases (real seconds), rendezvous timing and the ways a boot fails."""
-
-    worker_init_s: float = Field(ge=0)
-    rendezvous_timeout_s: float = Field(gt=0)
-    worker_wait_s: float = Field(gt=0)
-    load_s: float = Field(ge=0)
-    compile_s: float = Field(ge=0)
-    kv_profile_s: float = Field(ge=0)
-    graph_capture_s: float = Field(ge=0)
-    oom_gpu_memory_utilization: float = Field(gt=0, le=1.01)
-    weights_fraction: float = Field(ge=0, lt=1)
-    kv_min_utilization: dict[str, float] = Field(default_factory=dict)
-    device_gib: float = Field(default=119.7, gt=0)
-    weights_gib: float = Field(default=58.6, gt=0)
-    mask_token_id: int = 154856
-    requires: dict[str, tuple[Value, ...]] = Field(default_factory=dict)
-
-
-class Noise(_Model):
-    """Spreads (relative standard deviations) and the stuck-clock fault."""
-
-    run_to_run: float = Field(default=0.02, ge=0, le=1)
-    boot_to_boot: float = Field(default=0.05, ge=0, le=1)
-    acceptance: float = Field(default=0.004, ge=0, le=1)
-    stuck_clock_probability: float = Field(default=0.0, ge=0, le=1)
-    stuck_clock_rate: float = Field(default=0.75, gt=0, le=1)
-
-
-class Trap(_Model):
-    """A configuration that is fast because it is wrong: position 0 pinned, greedy text changed."""
-
-    when: dict[str, Value] = Field(min_length=1)
-    position_0: float = Field(default=1.0, ge=0, le=1)
-    step_factor: float = Field(default=1.0, gt=0)
-    reason: str
-
-    def matches(self, config: Mapping[str, Value]) -> bool:
-        """Whether ``config`` falls in this trap."""
-        return all(k in config and config[k] == v for k, v in self.when.items())
-
-
-class Landscape(_Model):
+class Landscape(StrictModel):
     """One stack's performance landscape (see docs/twin.md for every field and its source)."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
@@ -305,26 +169,9 @@ class Landscape(_Model):
         """
         if not self._defaults:
             self._defaults.update({k.name: k.default for k in self.knob_space().knobs})
-        defaults = self._defaults
-
-        def get(name: str) -> object:
-            return config[name] if name in config else defaults.get(name)
-
         try:
-            return Settings(
-                num_speculative_tokens=_as_int(
-                    get("num_speculative_tokens"), "num_speculative_tokens"
-                ),
-                max_num_batched_tokens=_as_int(
-                    get("max_num_batched_tokens"), "max_num_batched_tokens"
-                ),
-                cuda_graphs=_as_bool(get("cuda_graphs"), "cuda_graphs"),
-                drafter_adapter_rank=_as_int(get("drafter_adapter_rank"), "drafter_adapter_rank"),
-                kv_cache_dtype=_kv_name(str(get("kv_cache_dtype"))),
-                gpu_memory_utilization=_as_float(
-                    get("gpu_memory_utilization"), "gpu_memory_utilization"
-                ),
-                max_model_len=max_model_len or self.engine_defaults.max_model_len,
+            return Settings.resolve(
+                config, self._defaults, max_model_len or self.engine_defaults.max_model_len
             )
         except (TypeError, ValueError) as e:
             raise KnobError(f"landscape {self.name}: {e}") from None
@@ -488,54 +335,12 @@ class Landscape(_Model):
         Throughput is the truth × ``boot_factor`` × a run-to-run factor drawn from ``rng``;
         accepted draft tokens per step get their own run-to-run factor. Fingerprints are the
         greedy texts' digests of the category's prompts (the trap's differ). ``None`` when the
-        config does not boot.
+        config does not boot (``cluster.twin.measurement``).
 
         Raises:
             KnobError: a value of the wrong type for its knob.
         """
-        settings = self.settings(config)
-        t = self._truth(settings, cell)
-        if not t.boots:
-            return None
-        speed = noise.lognormal(rng, self.noise.run_to_run) * boot_factor
-        acc = noise.lognormal(rng, self.noise.acceptance)
-        k = len(t.per_position)
-        positions = tuple(min(1.0, p * acc) for p in t.per_position)
-        accepted = 1.0 + sum(positions)
-        scale = (accepted / t.accepted_per_step) * speed
-        tok_s = t.output_tok_s * scale
-        completed = max(1, round(tok_s * cell.duration_s / cell.max_tokens))
-        decode_s = max(t.step_s / speed, 1e-9)
-        ttft_ms = t.ttft_s / speed * 1000.0
-        trap = t.invalid
-        fingerprints = {}
-        for i in range(len(prompts.base_prompts(cell.category))):
-            p = prompts.build_prompt(cell.category, cell.context_tokens, i)
-            fingerprints[p.id] = text.fingerprint(
-                text.greedy_text(p.text, cell.max_tokens, trap=trap)
-            )
-        return CellResultRecord(
-            cell=cell.name,
-            category=cell.category,
-            concurrency=cell.concurrency,
-            context_tokens=cell.context_tokens,
-            duration=cell.duration_s,
-            completed=completed,
-            errors=0,
-            total_output_tokens=round(tok_s * cell.duration_s),
-            output_throughput=tok_s,
-            per_request_throughput=accepted / decode_s,
-            mean_ttft_ms=ttft_ms,
-            median_ttft_ms=ttft_ms,
-            p90_ttft_ms=ttft_ms,
-            p99_ttft_ms=ttft_ms,
-            median_itl_ms=decode_s * 1000.0,
-            effective_concurrency=float(cell.concurrency),
-            accepted_per_step=accepted if k else None,
-            acceptance_rate=(accepted - 1) / k if k else None,
-            per_position_acceptance=positions,
-            fingerprints=fingerprints,
-        )
+        return measurement.sample(self, config, cell, rng, boot_factor)
 
     # ---- boot timing (twin seconds) --------------------------------------------------------
     def boot_seconds(self, settings: Settings) -> float:
@@ -552,34 +357,6 @@ class Landscape(_Model):
     def scaled(self, real_seconds: float) -> float:
         """A boot duration in twin seconds."""
         return real_seconds / self.time_scale.boot
-
-
-def _as_int(value: object, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | float | str):
-        raise TypeError(f"{name}: {value!r} is not an integer")
-    number = float(value)
-    if not number.is_integer():
-        raise ValueError(f"{name}: {value!r} is not an integer")
-    return int(number)
-
-
-def _as_float(value: object, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float | str):
-        raise TypeError(f"{name}: {value!r} is not a number")
-    return float(value)
-
-
-def _as_bool(value: object, name: str) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.lower() in ("true", "false"):
-        return value.lower() == "true"
-    raise TypeError(f"{name}: {value!r} is not true or false")
-
-
-def _kv_name(value: str) -> str:
-    """vLLM's spellings of the KV dtype, as the catalog names them."""
-    return {"fp8": "fp8_e4m3", "bfloat16": "auto", "bf16": "auto"}.get(value, value)
 
 
 def shipped() -> list[str]:

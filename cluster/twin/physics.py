@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
@@ -19,7 +20,8 @@ from knobs.records import Category, CellSpec
 from knobs.spec import Value
 
 if TYPE_CHECKING:
-    from cluster.twin.landscape import Landscape, Trap
+    from cluster.twin.landscape import Landscape
+    from cluster.twin.sections import Trap
 
 BootStatus = Literal["ok", "oom", "kv_capacity", "wedge"]
 
@@ -36,6 +38,32 @@ class Settings:
     gpu_memory_utilization: float
     max_model_len: int
 
+    @classmethod
+    def resolve(
+        cls, config: Mapping[str, object], defaults: Mapping[str, Value], max_model_len: int
+    ) -> Settings:
+        """``config`` resolved: a knob it leaves out takes its value in ``defaults``; a knob the
+        twin does not know is ignored; vLLM's spellings of the KV dtype are the catalog's.
+
+        Raises:
+            TypeError, ValueError: a value of the wrong type for its knob (the message names it).
+        """
+
+        def get(name: str) -> object:
+            return config[name] if name in config else defaults.get(name)
+
+        return cls(
+            num_speculative_tokens=_as_int(get("num_speculative_tokens"), "num_speculative_tokens"),
+            max_num_batched_tokens=_as_int(get("max_num_batched_tokens"), "max_num_batched_tokens"),
+            cuda_graphs=_as_bool(get("cuda_graphs"), "cuda_graphs"),
+            drafter_adapter_rank=_as_int(get("drafter_adapter_rank"), "drafter_adapter_rank"),
+            kv_cache_dtype=_kv_name(str(get("kv_cache_dtype"))),
+            gpu_memory_utilization=_as_float(
+                get("gpu_memory_utilization"), "gpu_memory_utilization"
+            ),
+            max_model_len=max_model_len,
+        )
+
     def as_config(self) -> dict[str, Value]:
         """The six knobs as a config mapping."""
         return {
@@ -46,6 +74,34 @@ class Settings:
             "kv_cache_dtype": self.kv_cache_dtype,
             "gpu_memory_utilization": self.gpu_memory_utilization,
         }
+
+
+def _as_int(value: object, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise TypeError(f"{name}: {value!r} is not an integer")
+    number = float(value)
+    if not number.is_integer():
+        raise ValueError(f"{name}: {value!r} is not an integer")
+    return int(number)
+
+
+def _as_float(value: object, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise TypeError(f"{name}: {value!r} is not a number")
+    return float(value)
+
+
+def _as_bool(value: object, name: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    raise TypeError(f"{name}: {value!r} is not true or false")
+
+
+def _kv_name(value: str) -> str:
+    """vLLM's spellings of the KV dtype, as the catalog names them."""
+    return {"fp8": "fp8_e4m3", "bfloat16": "auto", "bf16": "auto"}.get(value, value)
 
 
 @dataclass(frozen=True)
