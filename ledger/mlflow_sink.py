@@ -6,12 +6,15 @@ no global active run that could leak between rounds or tests, and a resumed roun
 runs it created before.
 
 Secrets never reach MLflow: params, tags and texts are redacted before they are logged (see
-``Redactor``). Every MLflow, database and filesystem failure comes out as ``MlflowSinkError``.
+``Redactor``). Every MLflow, database and filesystem failure comes out as ``MlflowSinkError``
+(``mlflow_failures`` words it). This module owns the runs: what a round's and an experiment's
+run are named and tagged, what is logged to them and in what batches, how a resume finds them
+again, and when a call is fenced or bounded; opening the store and the experiment is
+``mlflow_open``'s, what MLflow is handed made acceptable is ``mlflow_values``'s.
 """
 
 from __future__ import annotations
 
-import logging
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -19,22 +22,17 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Final, TypeVar
+from typing import TYPE_CHECKING, Final
 
-from knobs.spec import clipped
-from ledger.base import did_not_answer
 from ledger.errors import MlflowSinkError
-from ledger.libpq import bounded_uri
+from ledger.mlflow_failures import is_mlflow_exception, sink_error
+from ledger.mlflow_open import find_or_create_experiment, new_artifact_location, open_store
 from ledger.mlflow_uri import (
     ANSWERING,
     AWAY,
     DEFAULT_TRACKING_URI,
     FIRST_CONTACT,
-    artifact_location,
     bounded,
-    created_whole,
-    display_uri,
-    probe_database,
     resolve_tracking_uri,
 )
 from ledger.mlflow_values import (
@@ -53,8 +51,6 @@ from ledger.redact import Redactor, redacted_copy
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
 
-_T = TypeVar("_T")
-
 __all__ = ["DEFAULT_TRACKING_URI", "MlflowSink", "MlflowSinkError", "RunState"]
 
 TAG_ROUND: Final = "orchestrate.round"
@@ -63,16 +59,9 @@ TAG_EXPERIMENT: Final = "orchestrate.experiment"
 TAG_KIND: Final = "orchestrate.kind"
 _PARENT_TAG: Final = "mlflow.parentRunId"
 
-#: MLflow's loggers that say, at INFO, what its store does as it is opened ("Creating initial
-#: MLflow database tables...", alembic's migrations): WARNING and above still reach the terminal.
-_STORE_LOGGERS: Final = ("mlflow.store.db.utils", "mlflow.store.db_migrations", "alembic")
-
 _STATUSES: Final = frozenset({"FINISHED", "FAILED", "KILLED"})
 _EMPTY: Final[Mapping[str, str]] = MappingProxyType({})
 
-#: The experiment tag MLflow 3's UI reads to choose its view, and the value for runs tables.
-EXPERIMENT_KIND_TAG: Final = "mlflow.experimentKind"
-EXPERIMENT_KIND: Final = "custom_model_development"
 # MLflow's own batch limits (mlflow.utils.validation), restated so that importing this module
 # does not import mlflow; tests/test_mlflow_sink.py checks they still match the installed one.
 _MAX_PARAMS_TAGS_PER_BATCH: Final = 100
@@ -84,18 +73,6 @@ def mlflow_experiment(cluster: str) -> str:
     older orchestrate, in the shared experiment ``orchestrate``, goes on in it: its children
     follow its parent run."""
     return f"orchestrate/{cluster}"
-
-
-def _quiet_store_logs() -> None:
-    """The terminal keeps to orchestrate's own lines: MLflow's INFO lines about its store
-    (created, migrated) are not shown; its warnings and errors are. Set after mlflow is
-    imported, which configures its loggers as it is."""
-    import mlflow  # noqa: F401  (its loggers configured first, then quieted)
-
-    for name in _STORE_LOGGERS:
-        logger = logging.getLogger(name)
-        if logger.getEffectiveLevel() < logging.WARNING:
-            logger.setLevel(logging.WARNING)
 
 
 @dataclass(frozen=True)
@@ -136,30 +113,16 @@ class MlflowSink:
         """
         self.tracking_uri, default_artifacts = resolve_tracking_uri(tracking_uri)
         self.experiment_name = experiment_name
-        root = artifact_root if artifact_root is not None else default_artifacts
-        local = root is not None and not (isinstance(root, str) and "://" in root)
-        if self.tracking_uri.startswith(("http://", "https://")) and (
-            local or str(root).startswith("file:")
-        ):
-            # a tracking server keeps the artifacts (``mlflow server --serve-artifacts``): a
-            # path of this machine would be a dead link for everyone else
-            root = None
-        self._artifact_location = artifact_location(root)
+        location = new_artifact_location(self.tracking_uri, artifact_root, default_artifacts)
         #: whether the last call found MLflow not answering (its next is a short try)
         self._away = False
         #: asked before every write (``fence``)
         self._fence: Callable[[], None] = _unfenced
         with self._translate("open the tracking store", first=True):
-            _quiet_store_logs()
-            probe_database(self.tracking_uri)
-            created_whole(self.tracking_uri)
-            # Imported here: importing mlflow costs about a second, and code that only needs
-            # MlflowSinkError (the CLI, for one) should not pay it.
-            from mlflow.tracking import MlflowClient
-
-            # a PostgreSQL store's connections bounded as the ledger's are (``ledger.libpq``)
-            self._client: MlflowClient = MlflowClient(tracking_uri=bounded_uri(self.tracking_uri))
-            self.experiment_id = self._find_or_create_experiment()
+            self._client: MlflowClient = open_store(self.tracking_uri)
+            self.experiment_id = find_or_create_experiment(
+                self._client, self.experiment_name, location, self.tracking_uri
+            )
 
     def fence(self, check: Callable[[], None] | None) -> None:
         """Ask ``check`` before every write to MLflow from now on (``None``: nothing): what it
@@ -441,40 +404,6 @@ class MlflowSink:
         for chunk in chunks(tags, _MAX_PARAMS_TAGS_PER_BATCH):
             self._client.log_batch(run_id, tags=chunk, synchronous=True)
 
-    def _find_or_create_experiment(self) -> str:
-        from mlflow.exceptions import MlflowException
-
-        experiment = self._client.get_experiment_by_name(self.experiment_name)
-        if experiment is None:
-            try:
-                created: str = self._client.create_experiment(
-                    self.experiment_name,
-                    artifact_location=self._artifact_location,
-                    # MLflow 3's UI opens a "machine learning" experiment on its runs table
-                    # (a GenAI one on traces, which a round has none of)
-                    tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND},
-                )
-                return created
-            except MlflowException as e:
-                # Another orchestrator sharing this store created it first.
-                if e.error_code != "RESOURCE_ALREADY_EXISTS":
-                    raise
-                experiment = self._client.get_experiment_by_name(self.experiment_name)
-                if experiment is None:
-                    raise
-        if experiment.lifecycle_stage != "active":
-            raise MlflowSinkError(
-                f"MLflow experiment {self.experiment_name!r} is deleted: restore it "
-                f"(`mlflow experiments restore --experiment-id {experiment.experiment_id}`) "
-                "or choose another experiment name",
-                tracking_uri=display_uri(self.tracking_uri),
-                operation="open the experiment",
-            )
-        experiment_id: str = experiment.experiment_id
-        if EXPERIMENT_KIND_TAG not in experiment.tags:  # one an older orchestrate created
-            self._client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
-        return experiment_id
-
     @contextmanager
     def _translate(
         self, operation: str, *, first: bool = False, write: bool = False
@@ -497,12 +426,12 @@ class MlflowSink:
             self._away = e.unreachable
             raise
         except (SQLAlchemyError, OSError, ImportError) as e:
-            error = _sink_error(self.tracking_uri, operation, e)
+            error = sink_error(self.tracking_uri, operation, e)
             self._away = error.unreachable
             raise error from e
         except Exception as e:
-            if _is_mlflow_exception(e):
-                error = _sink_error(self.tracking_uri, operation, e)
+            if is_mlflow_exception(e):
+                error = sink_error(self.tracking_uri, operation, e)
                 self._away = error.unreachable
                 raise error from e
             raise
@@ -511,54 +440,3 @@ class MlflowSink:
 
 def _unfenced() -> None:
     """The fence of a sink no lease holder writes through: every write goes."""
-
-
-def _is_mlflow_exception(error: Exception) -> bool:
-    from mlflow.exceptions import MlflowException
-
-    return isinstance(error, MlflowException)
-
-
-#: What MLflow's HTTP client says when the tracking server did not answer (MLflow words the
-#: requests/urllib3 failure into its own exception) or a gateway in front of it had no server.
-_AWAY = (
-    "max retries exceeded",
-    "connection refused",
-    "connection reset",
-    "connection aborted",
-    "failed to establish a new connection",
-    "timed out",
-    "error code 502",
-    "error code 503",
-    "error code 504",
-)
-
-
-def _did_not_answer(error: BaseException) -> bool:
-    """Whether ``error`` says MLflow (its server or its database) did not answer."""
-    from sqlalchemy.exc import SQLAlchemyError
-
-    if isinstance(error, SQLAlchemyError):
-        return did_not_answer(error)
-    if isinstance(error.__cause__, SQLAlchemyError):
-        # MLflow's SQL store words its database's failure as its own: the driver's says
-        return did_not_answer(error.__cause__)
-    if isinstance(error, ConnectionError | TimeoutError):
-        return True
-    away = any(w in str(error).lower() for w in _AWAY)
-    return isinstance(error, Exception) and _is_mlflow_exception(error) and away
-
-
-def _sink_error(uri: str, operation: str, error: BaseException) -> MlflowSinkError:
-    shown = display_uri(uri)
-    first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
-    reason = clipped(Redactor.from_environment().text(first_line), 500)
-    hint = ""
-    if isinstance(error, ImportError) and "psycopg2" in str(error):
-        hint = " (psycopg 3 is installed: write the URI as postgresql+psycopg://…)"
-    return MlflowSinkError(
-        f"MLflow could not {operation} at {shown}: {type(error).__name__}: {reason}{hint}",
-        tracking_uri=shown,
-        operation=operation,
-        unreachable=_did_not_answer(error),
-    )

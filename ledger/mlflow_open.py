@@ -1,0 +1,120 @@
+"""Opening MLflow for the sink: where a new experiment's artifacts go, the store opened (its
+INFO lines kept off the terminal, a server database probed once, a new SQLite store created
+whole, its connections bounded), and the experiment found or created.
+
+The policies it owns: a tracking server keeps its own artifacts (never a path of this machine);
+an experiment another orchestrator created first is the one used; a deleted experiment is
+refused with the way to restore it; every experiment carries the tag MLflow 3's UI reads to
+open it on its runs table. Importing it does not import mlflow.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Final
+
+from ledger.errors import MlflowSinkError
+from ledger.libpq import bounded_uri
+from ledger.mlflow_uri import artifact_location, created_whole, display_uri, probe_database
+
+if TYPE_CHECKING:
+    from mlflow.tracking import MlflowClient
+
+#: MLflow's loggers that say, at INFO, what its store does as it is opened ("Creating initial
+#: MLflow database tables...", alembic's migrations): WARNING and above still reach the terminal.
+_STORE_LOGGERS: Final = ("mlflow.store.db.utils", "mlflow.store.db_migrations", "alembic")
+
+#: The experiment tag MLflow 3's UI reads to choose its view, and the value for runs tables.
+EXPERIMENT_KIND_TAG: Final = "mlflow.experimentKind"
+EXPERIMENT_KIND: Final = "custom_model_development"
+
+
+def new_artifact_location(
+    tracking_uri: str, artifact_root: str | Path | None, default_artifacts: Path | None
+) -> str | None:
+    """Where the artifacts of an experiment created on ``tracking_uri`` go: ``artifact_root``
+    when given, else ``default_artifacts`` (``mlflow_uri.resolve_tracking_uri``'s); ``None``
+    (the server chooses) for a tracking server unless the root is a remote URI (``s3://``)."""
+    root = artifact_root if artifact_root is not None else default_artifacts
+    local = root is not None and not (isinstance(root, str) and "://" in root)
+    if tracking_uri.startswith(("http://", "https://")) and (
+        local or str(root).startswith("file:")
+    ):
+        # a tracking server keeps the artifacts (``mlflow server --serve-artifacts``): a
+        # path of this machine would be a dead link for everyone else
+        root = None
+    return artifact_location(root)
+
+
+def open_store(tracking_uri: str) -> MlflowClient:
+    """The client of the tracking store at ``tracking_uri``, its schema migrated if it is new.
+
+    Raises:
+        sqlalchemy.exc.SQLAlchemyError, ImportError, OSError, MlflowException: as the store
+            or its driver failed (the sink translates them).
+    """
+    _quiet_store_logs()
+    probe_database(tracking_uri)
+    created_whole(tracking_uri)
+    # Imported here: importing mlflow costs about a second, and code that only needs
+    # MlflowSinkError (the CLI, for one) should not pay it.
+    from mlflow.tracking import MlflowClient
+
+    # a PostgreSQL store's connections bounded as the ledger's are (``ledger.libpq``)
+    return MlflowClient(tracking_uri=bounded_uri(tracking_uri))
+
+
+def _quiet_store_logs() -> None:
+    """The terminal keeps to orchestrate's own lines: MLflow's INFO lines about its store
+    (created, migrated) are not shown; its warnings and errors are. Set after mlflow is
+    imported, which configures its loggers as it is."""
+    import mlflow  # noqa: F401  (its loggers configured first, then quieted)
+
+    for name in _STORE_LOGGERS:
+        logger = logging.getLogger(name)
+        if logger.getEffectiveLevel() < logging.WARNING:
+            logger.setLevel(logging.WARNING)
+
+
+def find_or_create_experiment(
+    client: MlflowClient, name: str, artifact_location: str | None, tracking_uri: str
+) -> str:
+    """The id of the active experiment ``name``, created (at ``artifact_location``) if none.
+
+    Raises:
+        MlflowSinkError: the experiment exists but is deleted.
+        MlflowException: MLflow failed.
+    """
+    from mlflow.exceptions import MlflowException
+
+    experiment = client.get_experiment_by_name(name)
+    if experiment is None:
+        try:
+            created: str = client.create_experiment(
+                name,
+                artifact_location=artifact_location,
+                # MLflow 3's UI opens a "machine learning" experiment on its runs table
+                # (a GenAI one on traces, which a round has none of)
+                tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND},
+            )
+            return created
+        except MlflowException as e:
+            # Another orchestrator sharing this store created it first.
+            if e.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+            experiment = client.get_experiment_by_name(name)
+            if experiment is None:
+                raise
+    if experiment.lifecycle_stage != "active":
+        raise MlflowSinkError(
+            f"MLflow experiment {name!r} is deleted: restore it "
+            f"(`mlflow experiments restore --experiment-id {experiment.experiment_id}`) "
+            "or choose another experiment name",
+            tracking_uri=display_uri(tracking_uri),
+            operation="open the experiment",
+        )
+    experiment_id: str = experiment.experiment_id
+    if EXPERIMENT_KIND_TAG not in experiment.tags:  # one an older orchestrate created
+        client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
+    return experiment_id
