@@ -102,13 +102,17 @@ def _outliving(stream: TextIO) -> TextIO:
 
 
 def outliving_readers() -> None:
-    """``sys.stdout`` and ``sys.stderr`` (the process's own, on descriptors 1 and 2) from now
-    on send what their reader is gone for to /dev/null, and the command goes on
-    (``| head``). Called once, by the command line's entry point."""
+    """``sys.stdout`` and ``sys.stderr`` (the process's own, on descriptors 1 and 2), where
+    they are a pipe or a socket (what has a reader that can go away), from now on send what
+    their reader is gone for to /dev/null, and the command goes on (``| head``). A terminal,
+    a file or a device keeps Python's own stream and its errors (``export -`` to a full disk
+    says so in one line). Called once, by the command line's entry point."""
     for name in ("stdout", "stderr"):
         stream = getattr(sys, name)
         with contextlib.suppress(AttributeError, OSError, io.UnsupportedOperation):
-            if stream.fileno() in (1, 2):
+            fd = stream.fileno()
+            mode = os.fstat(fd).st_mode
+            if fd in (1, 2) and (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
                 setattr(sys, name, _outliving(stream))
 
 
