@@ -13,27 +13,19 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
 
 import pytest
 
 from knobs.vocabulary import EventKind
 from ledger import Ledger
-from tests.fixtures.cli import ORCHESTRATE, orchestrate
+from tests.fixtures.cli import orchestrate, watched
 from tests.fixtures.profiles import twin_profile_data, write_profile
 from tests.fixtures.wait import wait_until
 from tests.test_round_twin import engines_alive
 
 CLUSTER = "twin-local"
-
-
-def _read(stream: IO[str], into: list[str]) -> None:
-    for line in stream:
-        into.append(line.rstrip("\n"))
 
 
 @pytest.fixture
@@ -74,34 +66,11 @@ def test_cluster_down_force_mid_cell_closes_the_rounds_boot_and_says_who(
         if whose == "same"
         else {**os.environ, "ORCHESTRATE_LEDGER": f"sqlite:///{other}/orchestrate.db"}
     )
-    proc = subprocess.Popen(
-        [*ORCHESTRATE, "round", "--budget", "1", "-p", "profile.yaml"],
-        cwd=root,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    out: list[str] = []
-    err: list[str] = []
-    readers = [
-        threading.Thread(target=_read, args=(proc.stdout, out), daemon=True),
-        threading.Thread(target=_read, args=(proc.stderr, err), daemon=True),
-    ]
-    for reader in readers:
-        reader.start()
-    try:
-        wait_until("the baseline mid-cell", lambda: any("cell 1 of 1" in x for x in out), 180)
+    with watched(root, "round", "--budget", "1", "-p", "profile.yaml") as run:
+        wait_until("the baseline mid-cell", lambda: any("cell 1 of 1" in x for x in run.out), 180)
         down = orchestrate(root, "cluster", "down", "--force", "-p", "profile.yaml", env=env)
-        code = proc.wait(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        for reader in readers:
-            reader.join(timeout=10)
-        for stream in (proc.stdout, proc.stderr):
-            if stream is not None:
-                stream.close()
+        code = run.proc.wait(timeout=120)
+    out, err = run.out, run.err
     said = "\n".join(out + err)
     assert down.returncode == 0, down.stdout + down.stderr
     assert "node-0: broke the claim of round of cluster twin-local" in down.stdout, down.stdout

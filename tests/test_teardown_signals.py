@@ -14,17 +14,14 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
 
 import pytest
 
 from ledger import Ledger
 from orchestrator.interrupts import HELD
-from tests.fixtures.cli import ORCHESTRATE, orchestrate
+from tests.fixtures.cli import orchestrate, watched
 from tests.fixtures.profiles import twin_profile_data, write_profile
 from tests.fixtures.wait import wait_until
 from tests.test_round_twin import engines_alive
@@ -44,11 +41,6 @@ def _signals_at_default() -> None:
     # (and SIGHUP) ignored, and the round would never see them
     for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
         signal.signal(sig, signal.SIG_DFL)
-
-
-def _read(stream: IO[str], into: list[str]) -> None:
-    for line in stream:
-        into.append(line.rstrip("\n"))
 
 
 @pytest.fixture
@@ -97,23 +89,10 @@ def test_a_signal_during_a_teardown_waits_for_every_node_and_the_boots_end(
     root: Path, first: signal.Signals, second: signal.Signals
 ) -> None:
     _profile(root)
-    proc = subprocess.Popen(
-        [*ORCHESTRATE, "round", "--budget", "1", "-p", "profile.yaml"],
-        cwd=root,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=_signals_at_default,
-    )
-    out: list[str] = []
-    err: list[str] = []
-    readers = [
-        threading.Thread(target=_read, args=(proc.stdout, out), daemon=True),
-        threading.Thread(target=_read, args=(proc.stderr, err), daemon=True),
-    ]
-    for reader in readers:
-        reader.start()
-    try:
+    with watched(
+        root, "round", "--budget", "1", "-p", "profile.yaml", preexec_fn=_signals_at_default
+    ) as run:
+        proc, out, err = run.proc, run.out, run.err
         wait_until("the baseline mid-cell", lambda: any("cell 1 of 2" in x for x in out), 180)
         (root / "hold").touch()
         proc.send_signal(first)
@@ -131,15 +110,6 @@ def test_a_signal_during_a_teardown_waits_for_every_node_and_the_boots_end(
         wait_until("the second signal seen", lambda: proc.poll() is not None or seen(), 60)
         (root / "go").touch()
         code = proc.wait(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        for reader in readers:
-            reader.join(timeout=10)
-        for stream in (proc.stdout, proc.stderr):
-            if stream is not None:
-                stream.close()
     said = "\n".join(out + err)
     assert code == 130, said
     assert "Traceback" not in said, said
