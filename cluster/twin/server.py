@@ -1,10 +1,11 @@
 """The head's HTTP surface: the part of vLLM's OpenAI server the orchestrator uses.
 
 ``/health`` (503 until the boot is done), ``/v1/models`` (answers from the start, as vLLM's
-does while loading), ``/version``, ``/metrics`` (Prometheus text, vLLM's names), and
-``/v1/completions`` / ``/v1/chat/completions`` with SSE streaming (``data: {…}`` then
-``data: [DONE]``), ``stream_options.include_usage`` and vLLM's ``continuous_usage_stats``.
-Generation is always greedy (the twin has one text per prompt) and always runs to
+does while loading), ``/version``, ``/metrics`` (``cluster.twin.metrics``), and
+``/v1/completions`` / ``/v1/chat/completions``, streamed as SSE or whole (their wire format:
+``cluster.twin.completions``). This module owns the connection: HTTP/1.1 keep-alive, the
+chunks handed over as the engine delivers them, and a client gone mid-stream aborting its
+request. Generation is always greedy (the twin has one text per prompt) and always runs to
 ``max_tokens`` (finish reason ``length``).
 """
 
@@ -16,21 +17,27 @@ import select
 import socket
 import threading
 import time
-import uuid
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from cluster import prompts
-from cluster.stall import ENGINE_STALL_METRIC
 from cluster.twin import text
-from cluster.twin.engine import Chunk, Counters, Engine, Request
+from cluster.twin.completions import (
+    ROLE_CHOICE,
+    BadRequest,
+    delta_payload,
+    parse_request,
+    sse,
+    stream_end,
+    stream_ids,
+    usage_of,
+    whole_payload,
+)
+from cluster.twin.engine import Chunk, Engine, Request
 from cluster.twin.log import EngineLog
+from cluster.twin.metrics import metrics_text
 
 VLLM_VERSION = "0.11.1"
-
-#: Default ``max_tokens`` of a chat request that sets none (vLLM would use the whole context).
-CHAT_DEFAULT_MAX_TOKENS = 256
 
 
 @dataclass
@@ -50,199 +57,6 @@ class ServerState:
     def ready(self) -> bool:
         """Whether the boot is complete (``/health`` answers 200)."""
         return self.engine is not None
-
-
-class _BadRequest(Exception):
-    def __init__(self, message: str, status: int = 400, kind: str = "BadRequestError") -> None:
-        super().__init__(message)
-        self.status = status
-        self.kind = kind
-
-
-#: One Prometheus metric: name, type, help text, and its samples (extra labels, value).
-_Metric = tuple[str, str, str, list[tuple[str, float]]]
-
-
-def metrics_text(state: ServerState, counters: Counters | None) -> str:
-    """``/metrics`` in Prometheus text format, vLLM v1 names (counters end in ``_total``)."""
-    c = counters or Counters(per_position=[0] * state.k)
-    labels = f'engine="0",model_name="{state.served_model_name}"'
-    metrics = _engine_metrics(c) + (_spec_decode_metrics(c) if state.k > 0 else [])
-    lines = [line for metric in metrics for line in _metric_lines(labels, *metric)]
-    return "\n".join(lines) + "\n"
-
-
-def _metric_lines(
-    labels: str, name: str, kind: str, help_text: str, samples: list[tuple[str, float]]
-) -> list[str]:
-    """One metric's ``# HELP`` and ``# TYPE`` lines and its samples."""
-    lines = [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
-    suffix = "_total" if kind == "counter" else ""
-    for extra, value in samples:
-        lab = labels + ("," + extra if extra else "")
-        lines.append(f"{name}{suffix}{{{lab}}} {float(value)}")
-    return lines
-
-
-def _engine_metrics(c: Counters) -> list[_Metric]:
-    """The scheduler's gauges and the token and request counters."""
-    return [
-        (
-            "vllm:num_requests_running",
-            "gauge",
-            "Number of requests in model execution batches.",
-            [("", c.running)],
-        ),
-        (
-            "vllm:num_requests_waiting",
-            "gauge",
-            "Number of requests waiting to be processed.",
-            [("", c.waiting)],
-        ),
-        (
-            "vllm:kv_cache_usage_perc",
-            "gauge",
-            "KV-cache usage. 1 means 100 percent usage.",
-            [("", min(1.0, (c.running + c.waiting) / 64.0))],
-        ),
-        (
-            "vllm:prompt_tokens",
-            "counter",
-            "Number of prefill tokens processed.",
-            [("", c.prompt_tokens)],
-        ),
-        (
-            "vllm:generation_tokens",
-            "counter",
-            "Number of generation tokens processed.",
-            [("", c.generation_tokens)],
-        ),
-        (
-            "vllm:request_success",
-            "counter",
-            "Count of successfully processed requests.",
-            [('finished_reason="length"', c.requests_ok)],
-        ),
-        (
-            "vllm:num_preemptions",
-            "counter",
-            "Cumulative number of preemption from the engine.",
-            [("", 0)],
-        ),
-        (
-            # the twin's own, not vLLM's: a bench cell reads it as the engine host's stall
-            # (cluster.bench: such a cell is measured again, as for a stalled client)
-            ENGINE_STALL_METRIC,
-            "counter",
-            "Seconds the twin's scheduler woke later than a delivery was due (its host was busy).",
-            [("", c.stall_s)],
-        ),
-    ]
-
-
-def _spec_decode_metrics(c: Counters) -> list[_Metric]:
-    """The speculative-decoding counters (only when the engine drafts, k > 0)."""
-    return [
-        (
-            "vllm:spec_decode_num_drafts",
-            "counter",
-            "Number of spec decoding drafts.",
-            [("", c.drafts)],
-        ),
-        (
-            "vllm:spec_decode_num_draft_tokens",
-            "counter",
-            "Number of draft tokens.",
-            [("", c.draft_tokens)],
-        ),
-        (
-            "vllm:spec_decode_num_accepted_tokens",
-            "counter",
-            "Number of accepted tokens.",
-            [("", c.accepted)],
-        ),
-        (
-            "vllm:spec_decode_num_accepted_tokens_per_pos",
-            "counter",
-            "Accepted tokens per draft position.",
-            [(f'position="{i}"', v) for i, v in enumerate(c.per_position)],
-        ),
-    ]
-
-
-@dataclass(frozen=True)
-class _StreamIds:
-    """The fields every chunk of one stream repeats."""
-
-    id: str
-    object: str
-    created: int
-    model: str
-
-    def payload(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
-        """A chunk with these fields and ``choices``."""
-        return {
-            "id": self.id,
-            "object": self.object,
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-        }
-
-
-#: A chat stream's first chunk's choice: the assistant's role, no content yet.
-_ROLE_CHOICE: dict[str, Any] = {
-    "index": 0,
-    "delta": {"role": "assistant", "content": ""},
-    "logprobs": None,
-    "finish_reason": None,
-}
-
-
-def _sse(payload: object) -> bytes:
-    """One ``data: …`` event (JSON, or ``payload`` as is when bytes) as an HTTP chunk."""
-    data = (
-        b"data: "
-        + (payload if isinstance(payload, bytes) else json.dumps(payload).encode())
-        + b"\n\n"
-    )
-    return f"{len(data):X}\r\n".encode() + data + b"\r\n"
-
-
-def _usage(req: Request, total: int) -> dict[str, int]:
-    """OpenAI ``usage`` after ``total`` generated tokens of ``req``."""
-    return {
-        "prompt_tokens": req.prompt_tokens,
-        "total_tokens": req.prompt_tokens + total,
-        "completion_tokens": total,
-    }
-
-
-def _delta_payload(
-    ids: _StreamIds, chunks: list[Chunk], req: Request, *, chat: bool, continuous: bool
-) -> dict[str, Any]:
-    """The stream chunk carrying ``chunks``' tokens (with running usage when ``continuous``)."""
-    tokens = tuple(t for c in chunks for t in c.tokens)
-    last = chunks[-1]
-    reason = "length" if last.finished else None
-    choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": reason}
-    if chat:
-        choice["delta"] = {"content": text.join(tokens)}
-    else:
-        choice["text"] = text.join(tokens)
-        choice["stop_reason"] = None
-    payload = ids.payload([choice])
-    if continuous:
-        payload["usage"] = _usage(req, last.total)
-    return payload
-
-
-def _stream_end(ids: _StreamIds, req: Request, total: int, *, usage: bool) -> bytes:
-    """What follows the last token chunk: the usage chunk if asked for, ``[DONE]``, the end."""
-    out = b""
-    if usage:
-        out += _sse({**ids.payload([]), "usage": _usage(req, total)})
-    return out + _sse(b"[DONE]") + b"0\r\n\r\n"
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -343,13 +157,13 @@ class Handler(BaseHTTPRequestHandler):
         try:
             body = json.loads(raw or b"{}")
             if not isinstance(body, dict):
-                raise _BadRequest("the request body must be a JSON object")
+                raise BadRequest("the request body must be a JSON object")
             chat = path == "/v1/chat/completions"
-            prompt, max_tokens = self._parse(body, chat)
+            prompt, max_tokens = parse_request(self.state, body, chat)
         except json.JSONDecodeError as e:
             self._error(400, f"invalid JSON body: {e.msg}", "BadRequestError")
             return
-        except _BadRequest as e:
+        except BadRequest as e:
             self._error(e.status, str(e), e.kind)
             return
         if self.state.requests_log is not None:
@@ -369,52 +183,6 @@ class Handler(BaseHTTPRequestHandler):
             )
         else:
             self._whole(engine, req, chat)
-
-    def _parse(self, body: dict[str, Any], chat: bool) -> tuple[str, int]:
-        state = self.state
-        model = body.get("model", state.served_model_name)
-        if model != state.served_model_name:
-            raise _BadRequest(f"The model `{model}` does not exist.", 404, "NotFoundError")
-        if body.get("n", 1) != 1:
-            raise _BadRequest("the twin serves n=1 only")
-        if chat:
-            messages = body.get("messages")
-            if not isinstance(messages, list) or not messages:
-                raise _BadRequest("messages must be a non-empty list")
-            parts: list[str] = []
-            for m in messages:
-                content = m.get("content") if isinstance(m, dict) else None
-                if isinstance(content, list):
-                    content = " ".join(
-                        str(p.get("text", "")) for p in content if isinstance(p, dict)
-                    )
-                if not isinstance(content, str):
-                    raise _BadRequest("every message needs a string content")
-                parts.append(content)
-            prompt = prompts.SEPARATOR.join(parts)
-            raw_max = body.get(
-                "max_completion_tokens", body.get("max_tokens", CHAT_DEFAULT_MAX_TOKENS)
-            )
-        else:
-            prompt_field = body.get("prompt")
-            if isinstance(prompt_field, list) and len(prompt_field) == 1:
-                prompt_field = prompt_field[0]
-            if not isinstance(prompt_field, str):
-                raise _BadRequest("prompt must be a string")
-            prompt = prompt_field
-            raw_max = body.get("max_tokens", 16)
-        if raw_max is None:
-            raw_max = CHAT_DEFAULT_MAX_TOKENS if chat else 16
-        if not isinstance(raw_max, int) or isinstance(raw_max, bool) or raw_max < 1:
-            raise _BadRequest(f"max_tokens must be a positive integer, not {raw_max!r}")
-        used = prompts.count_tokens(prompt)
-        if used + raw_max > state.max_model_len:
-            raise _BadRequest(
-                f"This model's maximum context length is {state.max_model_len} tokens. However, "
-                f"you requested {used + raw_max} tokens ({used} in the messages, {raw_max} in the "
-                "completion). Please reduce the length of the messages or completion."
-            )
-        return prompt, raw_max
 
     def _next(self, engine: Engine, req: Request) -> list[Chunk] | None:
         """The chunks ready for ``req`` (waiting for one); ``None`` when the client went away."""
@@ -437,28 +205,23 @@ class Handler(BaseHTTPRequestHandler):
     def _stream(
         self, engine: Engine, req: Request, chat: bool, usage: bool, continuous: bool
     ) -> None:
-        ids = _StreamIds(
-            id=("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex,
-            created=int(time.time()),
-            object="chat.completion.chunk" if chat else "text_completion",
-            model=self.state.served_model_name,
-        )
+        ids = stream_ids(self.state.served_model_name, chat=chat)
         self._start_sse()
         try:
             if chat:
-                self.wfile.write(_sse(ids.payload([_ROLE_CHOICE])))
+                self.wfile.write(sse(ids.payload([ROLE_CHOICE])))
             while True:
                 chunks = self._next(engine, req)
                 if chunks is None:
                     return
                 last = chunks[-1]
-                out = _sse(_delta_payload(ids, chunks, req, chat=chat, continuous=continuous))
+                out = sse(delta_payload(ids, chunks, req, chat=chat, continuous=continuous))
                 if self._client_gone():
                     engine.abort(req)
                     self.close_connection = True
                     return
                 if last.finished:
-                    out += _stream_end(ids, req, last.total, usage=usage)
+                    out += stream_end(ids, req, last.total, usage=usage)
                 self.wfile.write(out)
                 if last.finished:
                     return
@@ -488,43 +251,9 @@ class Handler(BaseHTTPRequestHandler):
                 total = c.total
             if chunks[-1].finished:
                 break
-        content = text.join(tokens)
-        usage = _usage(req, total)
-        created = int(time.time())
-        if chat:
-            payload: dict[str, Any] = {
-                "id": "chatcmpl-" + uuid.uuid4().hex,
-                "object": "chat.completion",
-                "created": created,
-                "model": state.served_model_name,
-                "choices": [
-                    {
-                        "index": 0,
-                        "message": {"role": "assistant", "content": content},
-                        "logprobs": None,
-                        "finish_reason": "length",
-                        "stop_reason": None,
-                    }
-                ],
-                "usage": usage,
-            }
-        else:
-            payload = {
-                "id": "cmpl-" + uuid.uuid4().hex,
-                "object": "text_completion",
-                "created": created,
-                "model": state.served_model_name,
-                "choices": [
-                    {
-                        "index": 0,
-                        "text": content,
-                        "logprobs": None,
-                        "finish_reason": "length",
-                        "stop_reason": None,
-                    }
-                ],
-                "usage": usage,
-            }
+        payload = whole_payload(
+            state.served_model_name, text.join(tokens), usage_of(req, total), chat=chat
+        )
         try:
             self._json(200, payload)
         except OSError:
