@@ -70,7 +70,8 @@ from orchestrator.approval import ApprovalGate
 from orchestrator.display import RoundDisplay
 from orchestrator.errors import OrchestrateError
 from orchestrator.faults import ClocksOff
-from orchestrator.profile import Profile, VerdictSpec
+from orchestrator.profile import Profile
+from orchestrator.profile_sections import VerdictSpec
 from orchestrator.round import RoundOptions, RoundRunner
 from orchestrator.testbed import NullSink
 from orchestrator.verdict import objective

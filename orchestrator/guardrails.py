@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from cluster import stall
 from knobs.records import CellResultRecord
 from knobs.vocabulary import GuardrailRule
-from orchestrator.profile import VerdictSpec
+from orchestrator.profile_sections import VerdictSpec
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,7 @@ from orchestrator.acceptance import NullSource
 from orchestrator.guardrails import guard
 from orchestrator.noise import NoiseModel
 from orchestrator.posterior import Prior, posterior, predictive_keep
-from orchestrator.profile import VerdictSpec
+from orchestrator.profile_sections import VerdictSpec
 
 if TYPE_CHECKING:
     from orchestrator.pooling import Pooled

@@ -46,7 +46,8 @@ from orchestrator.display import RoundDisplay
 from orchestrator.experiment import BaselineFailed
 from orchestrator.faults import ChampionFailing, InfrastructureFault
 from orchestrator.policy import BootCandidate, BootChampion, BootFailure, Crash, Progress
-from orchestrator.profile import VerdictSpec, load_profile
+from orchestrator.profile import load_profile
+from orchestrator.profile_sections import VerdictSpec
 from orchestrator.round import RoundOptions, RoundRunner
 from orchestrator.testbed import ClusterTestbed, NullSink, deployer_for
 from tests.fixtures.profiles import twin_profile_data, write_profile

@@ -19,7 +19,7 @@ from ledger import Ledger
 from orchestrator.approval import ApprovalGate
 from orchestrator.display import RoundDisplay
 from orchestrator.known_bad import barred_regions
-from orchestrator.profile import VerdictSpec
+from orchestrator.profile_sections import VerdictSpec
 from orchestrator.round import RoundOptions, RoundRunner
 from orchestrator.testbed import NullSink
 from orchestrator.verdict import Evidence, assess

@@ -25,7 +25,7 @@ from orchestrator import policy
 from orchestrator.approval import ApprovalGate
 from orchestrator.display import RoundDisplay
 from orchestrator.faults import InfrastructureFault, last_stop
-from orchestrator.profile import VerdictSpec
+from orchestrator.profile_sections import VerdictSpec
 from orchestrator.report import write_report
 from orchestrator.round import RoundOptions, RoundRunner
 from orchestrator.testbed import NullSink, Sink

@@ -13,7 +13,7 @@ from knobs.vocabulary import BootRole, Status, Undecided
 from orchestrator import policy
 from orchestrator.measurements import Measurement
 from orchestrator.policy import BootCandidate, BootChampion, Decide, Progress
-from orchestrator.profile import VerdictSpec
+from orchestrator.profile_sections import VerdictSpec
 from orchestrator.verdict import Assessment
 from tests.test_verdict import cell
 

@@ -29,7 +29,8 @@ from orchestrator.noise import NoiseModel
 from orchestrator.policy import FAIR_TRIAL, look_promise, second_look
 from orchestrator.pooling import ValueBoots, pool, position
 from orchestrator.posterior import Posterior, Prior, posterior
-from orchestrator.profile import Profile, VerdictSpec
+from orchestrator.profile import Profile
+from orchestrator.profile_sections import VerdictSpec
 from orchestrator.round import RoundOptions, RoundRunner
 from orchestrator.testbed import NullSink
 from orchestrator.verdict import BALANCE_LOOKS, Assessment, Evidence, assess

@@ -18,7 +18,7 @@ from knobs.vocabulary import Kind, Status
 from ledger import Ledger, VerdictRecord
 from orchestrator.noise import NoiseModel
 from orchestrator.priors import MEASURING
-from orchestrator.profile import VerdictSpec
+from orchestrator.profile_sections import VerdictSpec
 from orchestrator.step_cost import (
     LAW_HOLDS,
     MODEL_ERROR,

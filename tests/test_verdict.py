@@ -11,7 +11,7 @@ from knobs.records import NONDETERMINISTIC, CellResultRecord, NodeClockRecord
 from knobs.spec import EffectPrior
 from orchestrator.noise import NoiseModel, learn, pooled
 from orchestrator.posterior import Prior, posterior, predictive_keep
-from orchestrator.profile import VerdictSpec
+from orchestrator.profile_sections import VerdictSpec
 from orchestrator.verdict import Assessment, Evidence, assess, objective
 
 SPEC = VerdictSpec()

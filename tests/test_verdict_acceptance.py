@@ -12,7 +12,7 @@ from knobs.spec import EffectPrior
 from orchestrator.acceptance import ACCEPTANCE_CV_FLOOR, acceptance_shift
 from orchestrator.noise import NoiseModel
 from orchestrator.policy import look_promise
-from orchestrator.profile import VerdictSpec
+from orchestrator.profile_sections import VerdictSpec
 from orchestrator.verdict import Evidence, assess
 from tests.test_verdict import cell as verdict_cell
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from knobs.vocabulary import BootRole, Status, Undecided
 from orchestrator.measurements import Measurement
-from orchestrator.profile import VerdictSpec
+from orchestrator.profile_sections import VerdictSpec
 from orchestrator.verdict import Assessment, slow_ranks
 
 #: The champion may be booted at most this many times ``max_boots`` for one verdict.

@@ -12,7 +12,7 @@ import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-from orchestrator.profile import VerdictSpec
+from orchestrator.profile_sections import VerdictSpec
 
 #: Seconds the round waits for a ledger that does not answer before it resumes, wait after
 #: wait (about half an hour in all; then it stops, exit 4, for the same command to resume);

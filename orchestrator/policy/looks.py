@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 from knobs.vocabulary import GUARDRAIL_RULES
 from orchestrator.posterior import Posterior
-from orchestrator.profile import VerdictSpec
+from orchestrator.profile_sections import VerdictSpec
 from orchestrator.verdict import BALANCE_LOOKS, worse
 
 #: A change whose boots over its looks under one champion reach this many times the most the
