@@ -36,7 +36,7 @@ from orchestrator import budget, resumes, revision
 from orchestrator.approval import ApprovalGate
 from orchestrator.boot import Booter
 from orchestrator.champion import ChampionEvidence
-from orchestrator.champion_level import LevelInForce, level_in_force
+from orchestrator.champion_level import CellsChanged, LevelInForce, level_in_force, shown
 from orchestrator.closures import CLOSED_BY
 from orchestrator.crashpoints import crashpoint
 from orchestrator.display import (
@@ -95,6 +95,8 @@ class RoundReport:
     gpu_hours: float = 0.0
     #: the champion's level in force where it is not what its row records (measured again)
     level: LevelInForce | None = None
+    #: the cells the profile removed or added since the champion was measured
+    cells: CellsChanged | None = None
 
 
 class RoundRunner:
@@ -243,14 +245,16 @@ class RoundRunner:
             line = stopped_by_cap(rnd, stopped_by, self._candidates_done(rnd), used)
             record_cap(self.ledger, self.cluster, rnd.id, stopped_by, line)
             self.display.note(line)
+        champion, cells = shown(self.champion)  # its objective over the cells of now
         return RoundReport(
             round=self.ledger.round(rnd.id),
             experiments=self.ledger.experiments(round_id=rnd.id),
-            champion=self.champion.fitted(),
+            champion=champion,
             resumed=existing is not None,
             stopped_by=stopped_by,
             gpu_hours=used,
             level=level_in_force(self.champion),
+            cells=cells,
         )
 
     def _profile_change(self, rnd: RoundRecord) -> str | None:

@@ -65,3 +65,57 @@ def test_an_old_ledger_s_champion_row_says_the_level_that_status_shows(tmp_path:
         f"{old[7]}; champion, measured again since: its level in force is {level} over "
     )
     assert f"(this row keeps {kept}, what its verdict measured)" in mine[7]
+
+
+def test_cells_removed_or_added_since_the_champion_was_measured_are_said_with_its_objective(
+    tmp_path: Path,
+) -> None:
+    """A profile that drops a cell after the champion was measured: the verdict compares with
+    its level over the cells left, and ``status`` and the report showed the old cells' sum, the
+    removal unsaid. Now they show the level over the cells of now and name the cell removed;
+    a cell added is named, with the number shown said to be over the cells of then."""
+    url, _ = _upgraded_release("schema7", tmp_path)
+    env = {**os.environ, "ORCHESTRATE_LEDGER": url}
+    text = (LEDGERS / "schema7.profile.yaml").read_text()
+    agentic = next(line for line in text.splitlines() if "name: agentic-c4-8k" in line)
+    (tmp_path / "profile.yaml").write_text(text.replace(agentic + "\n", ""))
+    with Ledger(url) as ledger:
+        champion = ledger.champion(CLUSTER)
+        assert champion is not None
+    data = json.loads(
+        orchestrate(tmp_path, "status", "--json", "-p", "profile.yaml", env=env).stdout
+    )
+    shown = data["champion"]["objective"]
+    assert shown < champion.objective * 0.97, (shown, champion.objective)  # three cells' sum
+    assert data["champion"]["cells_changed"] == {
+        "removed": ["agentic-c4-8k"],
+        "added": [],
+        "recorded_objective": champion.objective,
+    }
+    said = " ".join(orchestrate(tmp_path, "status", "-p", "profile.yaml", env=env).stdout.split())
+    assert f"objective {shown:.1f}:" in said, said
+    assert (
+        f"the profile removed agentic-c4-8k since the champion was measured: its objective "
+        f"{shown:.1f} is over the cells of now, what changes are compared with (the ledger's "
+        f"{champion.objective:.1f} was over the cells of then)"
+    ) in said, said
+    report = orchestrate(tmp_path, "report", "--out", "out", "-p", "profile.yaml", env=env)
+    assert report.returncode == 0, report.stderr
+    page = " ".join((tmp_path / "out" / "report.html").read_text().split())
+    assert "The profile removed agentic-c4-8k since the champion was measured" in page, page
+
+    added = agentic.replace("agentic-c4-8k", "agentic-c2-8k").replace(
+        "concurrency: 4", "concurrency: 2"
+    )
+    (tmp_path / "profile.yaml").write_text(text.replace(agentic, f"{agentic}\n{added}"))
+    data = json.loads(
+        orchestrate(tmp_path, "status", "--json", "-p", "profile.yaml", env=env).stdout
+    )
+    assert data["champion"]["objective"] == champion.objective
+    assert data["champion"]["cells_changed"]["added"] == ["agentic-c2-8k"]
+    said = " ".join(orchestrate(tmp_path, "status", "-p", "profile.yaml", env=env).stdout.split())
+    assert (
+        f"the profile added agentic-c2-8k since the champion was measured: its objective "
+        f"{champion.objective:.1f} is over the cells of then; it has none over the cells of now "
+        "until the next round measures it again"
+    ) in said, said

@@ -372,6 +372,7 @@ def _print_report(report: RoundReport, as_json: bool, page: Path | None) -> None
                 "config": report.champion.config.as_dict(),
                 # measured again since its verdict: what its row in results.tsv keeps
                 "measured_again": None if report.level is None else report.level.as_json(),
+                "cells_changed": None if report.cells is None else report.cells.as_json(),
             },
         }
         typer.echo(json.dumps(payload, indent=2))
@@ -395,8 +396,9 @@ def _print_report(report: RoundReport, as_json: bool, page: Path | None) -> None
             f"champion: experiment #{report.champion.experiment_id}, objective "
             f"{report.champion.objective:.1f}  ({settings_text})"
         )
-        if report.level is not None:
-            console.print(f"  {report.level.words()}", markup=False)
+        for said in (report.level, report.cells):
+            if said is not None:
+                console.print(f"  {said.words()}", markup=False)
     if page is not None:
         console.print(f"report: {page}")
 

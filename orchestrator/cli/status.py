@@ -27,8 +27,7 @@ if TYPE_CHECKING:
         ProposalRecord,
         RoundRecord,
     )
-    from orchestrator.champion import ChampionEvidence
-    from orchestrator.champion_level import LevelInForce
+    from orchestrator.champion_level import CellsChanged, LevelInForce
     from orchestrator.priors import Measured
     from orchestrator.profile import Profile
     from orchestrator.step_cost import StepCost
@@ -69,6 +68,8 @@ class _Seen:
     restated: str | None
     #: the champion's level in force where it is not what its row records (measured again)
     level: LevelInForce | None
+    #: the cells the profile removed or added since the champion was measured
+    cells: CellsChanged | None
     running: RoundRecord | None
     lease: LeaseRecord | None
     #: a live holder (a round running now): a resume or `cluster down` would be refused
@@ -98,8 +99,8 @@ def _read(prof: Profile, ledger: Ledger) -> _Seen:
     from agents.draft_model import draft_knob
     from knobs.vocabulary import ProposalStatus, State
     from orchestrator.champion import ChampionEvidence
-    from orchestrator.champion_level import level_in_force
-    from orchestrator.evolution import fit_champion, knob_changes, outside_domain
+    from orchestrator.champion_level import level_in_force, shown
+    from orchestrator.evolution import knob_changes, outside_domain
     from orchestrator.faults import last_stop
     from orchestrator.gpu_hours import gpu_hours
     from orchestrator.lease import state as lease_state
@@ -108,11 +109,12 @@ def _read(prof: Profile, ledger: Ledger) -> _Seen:
     from orchestrator.step_cost import learned
 
     name = prof.cluster.name
-    champion = ledger.champion(name)
     # the profile gained or lost a knob since: the champion as this profile sees it, and
-    # what fitting it changed that no round or ``cluster up`` has recorded yet
+    # what fitting it changed that no round or ``cluster up`` has recorded yet; its objective
+    # over the profile's cells of now, and the cells it removed or added since
     changes = knob_changes(prof.space, ledger, name, record=False)
-    champion = None if champion is None else fit_champion(prof.space, ledger, champion)
+    evidence = ChampionEvidence(prof, ledger)
+    champion, cells = shown(evidence)
     running = ledger.unfinished_round(name)
     lease = ledger.lease(name)
     state = None if lease is None else lease_state(lease)
@@ -129,8 +131,9 @@ def _read(prof: Profile, ledger: Ledger) -> _Seen:
         # a cell redefined since it was measured: the next round measures it again
         redefined=changed_cells(ledger, name, prof.cells),
         # a knob's flag dropped or gained since it was measured: the next round measures it
-        restated=_restated(ChampionEvidence(prof, ledger)),
-        level=level_in_force(ChampionEvidence(prof, ledger)),
+        restated=evidence.restated(evidence.revised()),
+        level=level_in_force(evidence),
+        cells=cells,
         running=running,
         lease=lease,
         live=state == "held",
@@ -141,7 +144,7 @@ def _read(prof: Profile, ledger: Ledger) -> _Seen:
         rounds=rounds,
         experiments=experiments,
         effects=measured(ledger, experiments),  # each knob's measured changes, for its prior
-        set_aside=ChampionEvidence(prof, ledger).set_aside(),  # its keep's boots, if they left
+        set_aside=evidence.set_aside(),  # its keep's boots, if they left
         draft=None if (spec := draft_knob(prof.space)) is None else spec.name,
         # the step cost a K change's verdict subtracts from its counters (``step_cost``)
         step=learned(ledger, prof.space, experiments),
@@ -182,6 +185,8 @@ def _as_data(prof: Profile, seen: _Seen, flag: str) -> dict[str, Any]:
             "outside_domain": list(seen.outside),
             # measured again since its verdict: what its row in results.tsv keeps
             "measured_again": None if seen.level is None else seen.level.as_json(),
+            # the cells the profile removed or added since it was measured (``champion_level``)
+            "cells_changed": None if seen.cells is None else seen.cells.as_json(),
         },
         "rounds": len(seen.rounds),
         "experiments": len(seen.experiments),
@@ -311,8 +316,9 @@ def _say_champion(console: Console, seen: _Seen) -> None:
             f"champion: experiment #{champion.experiment_id}, objective {champion.objective:.1f}: "
             + ", ".join(f"{k}={as_text(v)}" for k, v in champion.config.items())
         )
-        if seen.level is not None:
-            console.print(f"  {seen.level.words()}", markup=False)
+        for said in (seen.level, seen.cells):
+            if said is not None:
+                console.print(f"  {said.words()}", markup=False)
         aside = seen.set_aside.get(champion.experiment_id)
         if aside is not None:
             console.print(
@@ -328,11 +334,6 @@ def _say_champion(console: Console, seen: _Seen) -> None:
         console.print(line, markup=False)
     if seen.restated is not None:
         console.print(seen.restated, markup=False)
-
-
-def _restated(evidence: ChampionEvidence) -> str | None:
-    """Why the next round measures the champion again, if it does (``rendering``)."""
-    return evidence.restated(evidence.revised())
 
 
 def _say_round(console: Console, seen: _Seen, data: dict[str, Any], flag: str) -> None:

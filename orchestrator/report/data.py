@@ -31,7 +31,7 @@ from knobs.vocabulary import (
 from ledger import BootRecord, ChampionRecord, ExperimentRecord, Ledger, RoundRecord
 from orchestrator import budget, resumes
 from orchestrator.champion import ChampionEvidence
-from orchestrator.champion_level import LevelInForce, level_in_force
+from orchestrator.champion_level import CellsChanged, LevelInForce, cells_changed, level_in_force
 from orchestrator.display import describe
 from orchestrator.errors import OrchestrateError
 from orchestrator.evolution import fit_champion
@@ -154,6 +154,8 @@ class ReportData:
     #: the round's last champion, where it is the cluster's and was measured again since the
     #: verdict its row records (``champion_level``)
     level: LevelInForce | None = None
+    #: the cells the profile removed or added since the round's last champion was measured
+    cells: CellsChanged | None = None
 
     @property
     def gpu_hours(self) -> float:
@@ -209,6 +211,9 @@ def collect(profile: Profile, ledger: Ledger, round_id: int | None = None) -> Re
     # the champion's row and the champion say its level in force, as results.tsv and status
     level = level_in_force(ChampionEvidence(profile, ledger))
     last = _champions(ledger, cluster, rnd)[1]
+    now = ledger.champion(cluster)
+    if last is not None and now is not None and last.experiment_id == now.experiment_id:
+        data.cells = cells_changed(ChampionEvidence(profile, ledger))
     if level is not None and last is not None and last.experiment_id == level.experiment:
         data.level = level
         data.points = [

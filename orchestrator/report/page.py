@@ -220,6 +220,9 @@ def _champion(data: ReportData) -> str:
     )
     diff = f"<pre>{escape(data.launcher_diff)}</pre>" if data.launcher_diff else f"<p>{same}</p>"
     level = "" if data.level is None else f"<p>The champion, {escape(data.level.words())}.</p>"
+    if data.cells is not None:
+        said = data.cells.words()
+        level += f"<p>{escape(said[:1].upper() + said[1:])}.</p>"
     return f"<p><code>{escape(settings)}</code></p>{level}{diff}"
 
 
