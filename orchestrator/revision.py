@@ -31,6 +31,7 @@ from knobs.space import ForbiddenCombination, KnobSpace
 from knobs.spec import KnobSpec, as_text
 from knobs.vocabulary import EventKind
 from ledger import EventRecord, Ledger
+from ledger.redact import is_secret_name
 from orchestrator.measurements import cell_diff
 from orchestrator.profile import Profile
 from orchestrator.salvage import salvaged
@@ -40,6 +41,10 @@ from orchestrator.salvage import salvaged
 _IN_WORDS = frozenset(
     {"name", "knob_catalog", "untuned", "knobs", "forbidden", "cells", "objective"}
 )
+#: A setting as ``Revision.settings`` records it.
+Setting = float | int | bool | str | None
+#: A setting one revision has and the other lacks.
+_UNSET = object()
 #: A knob spec's fields that ``differences`` says in words of their own.
 _DOMAIN = frozenset({"name", "type", "low", "high", "step", "choices", "default"})
 
@@ -58,6 +63,11 @@ class Revision(BaseModel):
     objective: dict[str, object] = {}
     #: a digest of each top-level section of the profile, by its name
     sections: dict[str, str] = {}
+    #: each setting of the sections not said in words of their own, by its dotted key
+    #: (``verdict.noise.run_to_run``): a number's, a bool's or a null's value as it is; any
+    #: other value (a text, a list: a launcher's env may hold a secret) only a digest of it.
+    #: Recorded from this release on (none: the sections are named by their digest alone)
+    settings: dict[str, Setting] = {}
     #: the id of the event that recorded it (0: not recorded)
     event: int = 0
     #: what of the record this release could not read (a later release's fields), in words:
@@ -78,6 +88,12 @@ class Revision(BaseModel):
             cells=profile.cells,
             objective=dumped["objective"],
             sections={k: _digest(v) for k, v in sorted(dumped.items())},
+            settings={
+                key: value
+                for section, v in sorted(dumped.items())
+                if section not in _IN_WORDS
+                for key, value in _settings(section, v)
+            },
         )
 
     @classmethod
@@ -97,6 +113,11 @@ class Revision(BaseModel):
         forbidden = _read(ForbiddenCombination, detail.get("forbidden"), "forbidden combination")
         cells = _read(CellSpec, detail.get("cells"), "cell")
         objective, sections = detail.get("objective"), detail.get("sections")
+        settings = detail.get("settings")
+        if not isinstance(settings, dict) or not all(
+            v is None or isinstance(v, bool | int | float | str) for v in settings.values()
+        ):
+            settings = {}
         try:
             return cls(
                 name=detail.get("name"),
@@ -106,6 +127,7 @@ class Revision(BaseModel):
                 cells=tuple(cells.read),
                 objective=objective if isinstance(objective, dict) else {},
                 sections=sections if isinstance(sections, dict) else {},
+                settings=settings,
                 event=event.id,
                 unread=(*knobs.unread, *forbidden.unread, *cells.unread),
                 unread_knobs=tuple(knobs.lost),
@@ -154,6 +176,19 @@ def _read(model: type[M], value: object, what: str) -> _Read[M]:
             out.read.append(item)
             out.unread += [f"{label}'s {_and(left)}"] if left else []
     return out
+
+
+def _settings(key: str, value: object) -> list[tuple[str, Setting]]:
+    """``value``'s settings under ``key``, each by its dotted key: a mapping's entries in turn,
+    a number, a bool or a null as it is, a setting named as a secret's (``HF_TOKEN``) as
+    ``secret``, nothing of it, any other value (a text, a list) as a digest."""
+    if isinstance(value, dict):
+        return [s for k, v in sorted(value.items()) for s in _settings(f"{key}.{k}", v)]
+    if is_secret_name(key.rsplit(".", 1)[-1]):
+        return [(key, "secret")]
+    if value is None or isinstance(value, bool | int | float):
+        return [(key, value)]
+    return [(key, f"digest {_digest(value)}")]
 
 
 def _and(words: list[str]) -> str:
@@ -246,7 +281,9 @@ def differences(old: Revision, new: Revision) -> list[str]:
         for k in set(old.sections) | set(new.sections)
         if k not in _IN_WORDS and old.sections.get(k) != new.sections.get(k)
     )
-    if other and old.sections:
+    if other and old.settings and new.settings:
+        out += _changed_settings(old.settings, new.settings, other)
+    elif other and old.sections:
         out.append(f"{', '.join(other)} changed")
     unread = (*old.unread, *(u for u in new.unread if u not in old.unread))
     if unread:
@@ -275,6 +312,28 @@ def _knob(old: KnobSpec, new: KnobSpec) -> list[str]:
     if other:
         out.append(f"knob {new.name}'s {', '.join(other)} changed")
     return out
+
+
+def _changed_settings(
+    old: dict[str, Setting], new: dict[str, Setting], sections: list[str]
+) -> list[str]:
+    """What ``new`` changed of ``old``'s settings in ``sections``, by dotted key:
+    ``verdict.noise.run_to_run 0.02 → 0.03`` where both values are recorded as they are, else
+    ``launcher.argv changed``; a section whose change no setting shows (a secret's) by name."""
+    out, said = [], set()
+    for key in sorted(set(old) | set(new)):
+        section = key.split(".")[0]
+        was, now = old.get(key, _UNSET), new.get(key, _UNSET)
+        if section not in sections or (was == now and type(was) is type(now)):
+            continue
+        said.add(section)
+        shown = not isinstance(was, str) and not isinstance(now, str)
+        out.append(f"{key} {_value(was)} → {_value(now)}" if shown else f"{key} changed")
+    return out + [f"{section} changed" for section in sections if section not in said]
+
+
+def _value(value: object) -> str:
+    return "(unset)" if value is _UNSET else json.dumps(value)
 
 
 def _words(objective: dict[str, object]) -> str:

@@ -48,7 +48,7 @@ def test_a_resume_under_another_profile_says_what_changed_not_two_digests(
         f"→ an integer from 1 to 4; knob {K}'s default ",
         f"forbidden combination added: {K}=3, cuda_graphs=true: wedges the engine",
         "cell code-c1 redefined (concurrency 1 → 4)",
-        "verdict changed: the round goes on under the profile as it is now",
+        "verdict.threshold_pct 2.0 → 3.0: the round goes on under the profile as it is now",
     ):
         assert words in shown, (words, shown)
     with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
@@ -69,6 +69,36 @@ def test_a_new_round_under_an_edited_profile_says_what_changed_since_the_last_ru
     ) in shown, shown
     shown, _ = round_of(tmp_path, edited, 1)  # said once
     assert "the profile changed" not in shown
+
+
+def test_the_settings_an_edit_changed_are_named_by_their_keys_not_their_section(
+    tmp_path: Path,
+) -> None:
+    """The verdict's noise and a gate edited between two rounds: the line said `verdict,
+    gates changed`, which names no setting. Now it names each (``verdict.noise.run_to_run
+    0.02 → 0.03``) with the cell added, on one line; a launcher's text is named, not shown."""
+    run_round(tmp_path, 1)
+    added = {**CELL.model_dump(), "name": "prose-c2", "category": "prose"}
+    edited = {
+        **profile_data(),
+        "verdict": {
+            "policy": "threshold",
+            "threshold_pct": 2.0,
+            "noise": {"run_to_run": 0.03, "boot_to_boot": 0.05},
+        },
+        "gates": {"min_matmul_rate": 0.8},
+        "launcher": {"argv": ["true"], "env": {"HF_TOKEN": "hf_abcdefghijklmnopqrstuvwx"}},
+        "cells": [CELL.model_dump(), added],
+    }
+    shown, _ = round_of(tmp_path, edited, 1)
+    assert (
+        "the profile changed since evolving last ran (p): cell prose-c2 added; "
+        "gates.min_matmul_rate 0.9 → 0.8; launcher.env.HF_TOKEN changed; "
+        "verdict.noise.run_to_run 0.02 → 0.03 re-measuring the champion"
+    ) in shown, shown
+    with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
+        events = ledger.events("evolving", EventKind.PROFILE_REVISED)
+    assert "hf_abcdefghijklmnopqrstuvwx" not in str([e.detail for e in events])
 
 
 def knob_events(tmp_path: Path) -> list[tuple[str, str, object]]:
