@@ -143,7 +143,12 @@ class Profile(BaseModel):
                     knob=name,
                 )
             if any(k.name == name for k in self.knobs):
-                raise KnobError(f"untuned: {name!r} is also defined under knobs:", knob=name)
+                raise KnobError(
+                    f"knob {name!r} is both under untuned: (left to the launcher, never tuned) "
+                    "and under knobs: (tuned): take it out of untuned: to tune it, or out of "
+                    "knobs: to leave it to the launcher",
+                    knob=name,
+                )
         return tuple(k for k in base if k.name not in self.untuned)
 
     @property

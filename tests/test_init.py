@@ -259,6 +259,23 @@ def test_untuned_must_name_catalog_knobs(tmp_path: Path) -> None:
     assert "max_num_batched_tokens" not in profile.space.names
 
 
+def test_a_knob_both_untuned_and_under_knobs_says_what_to_do(tmp_path: Path) -> None:
+    """The twin's drafter_adapter_rank put under untuned: too: the line said `untuned:
+    'drafter_adapter_rank' is also defined under knobs:`, and stopped there. Now it says which
+    list means what and to take it out of one of them, on one line."""
+    twin = Path(__file__).parents[1] / "orchestrator" / "profiles" / "twin.yaml"
+    data = yaml.safe_load(twin.read_text())
+    data["untuned"] = ["drafter_adapter_rank"]
+    (tmp_path / "both.yaml").write_text(yaml.safe_dump(data))
+    done = orchestrate(tmp_path, "status", "--profile", str(tmp_path / "both.yaml"))
+    assert done.returncode == 3, done.stderr
+    assert done.stderr.strip() == (
+        f"Error: profile {tmp_path / 'both.yaml'}: knob 'drafter_adapter_rank' is both under "
+        "untuned: (left to the launcher, never tuned) and under knobs: (tuned): take it out of "
+        "untuned: to tune it, or out of knobs: to leave it to the launcher"
+    ), done.stderr
+
+
 def test_every_node_works_in_the_workdir_asked_for(tmp_path: Path) -> None:
     """`--workdir` is every node's directory (launchers, logs, pid files, the claim); without
     it, /var/lib/orchestrate/NAME. One a remote shell could not take as one word is refused in
