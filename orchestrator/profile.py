@@ -38,7 +38,7 @@ from knobs.space import (
 )
 from knobs.spec import KnobSpec, Value
 from orchestrator.profile_checks import check_forbidden, check_renderings
-from orchestrator.profile_errors import first_error
+from orchestrator.profile_errors import first_error, starting_champion
 from orchestrator.profile_names import embedded_profiles
 from orchestrator.profile_sections import ApproveSpec, ObjectiveSpec, ProposerSpec, VerdictSpec
 
@@ -288,11 +288,8 @@ def load_profile(name_or_path: str | None = None, *, base_dir: Path | None = Non
         profile.initial_champion()
     except KnobError as e:
         # a domain narrowed under the profile's own starting champion: say where it is
-        raise ProfileError(
-            f"profile {path}: champion: {e} (the starting config: give it a value the knob "
-            "allows, or leave the knob out for its default; a ledger's champion keeps its own)",
-            path=str(path),
-        ) from e
+        said = starting_champion(e, profile.space, profile.champion)
+        raise ProfileError(f"profile {path}: {said}", path=str(path)) from e
     check_renderings(profile, path)
     try:
         for entry in profile.proposer.sweep or ():

@@ -10,7 +10,10 @@ from typing import Any, get_args
 
 from pydantic import BaseModel, ValidationError
 
+from knobs.errors import KnobError
 from knobs.names import did_you_mean
+from knobs.space import KnobSpace
+from knobs.spec import as_text
 
 #: A knob's name as a profile's ``knobs:`` entry may give it (``knobs.spec.KnobSpec.name``).
 _KNOB_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
@@ -74,3 +77,39 @@ def _model_in(annotation: object) -> type[BaseModel] | None:
         if found is not None:
             return found
     return None
+
+
+def starting_champion(e: KnobError, space: KnobSpace, champion: dict[str, Any]) -> str:
+    """What ``champion:`` got wrong (``e``) and what to do, in one line. ``champion:`` is the
+    starting config of a cluster the ledger has no champion for; one that has keeps its own,
+    and a value outside a domain narrowed under it reaches the domain only by a change a
+    verdict keeps (``evolution.outside_domain``): a value outside the domain says so, and the
+    ways that do move it."""
+    knob = e.knob
+    if (
+        knob is None
+        or knob not in space.names
+        or knob not in champion
+        or _allowed(space, knob, champion[knob])
+    ):
+        return (
+            f"champion: {e} (the starting config: give it a value the knob allows, or leave the "
+            "knob out for its default; a ledger's champion keeps its own)"
+        )
+    default = as_text(space.spec(knob).default)
+    return (
+        f"champion: {e}: champion: starts only a cluster the ledger has no champion for: give "
+        f"it a value the knob allows, or leave {knob} out (its default {default}); a cluster the "
+        "ledger has a champion for keeps its value, measured, whatever champion: says, and its "
+        f"rounds move {knob} into the domain only by a change a verdict keeps; to start inside "
+        "the domain at once, run under a new ledger (ORCHESTRATE_LEDGER, ledger_url:) or "
+        f"another cluster.name; to keep {as_text(champion[knob])} in reach, widen the domain again"
+    )
+
+
+def _allowed(space: KnobSpace, knob: str, value: object) -> bool:
+    try:
+        space.spec(knob).parse(value)
+    except KnobError:
+        return False
+    return True

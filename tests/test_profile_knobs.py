@@ -3,6 +3,7 @@ description, effect prior, draft role, monotone failures) comes from the catalog
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,8 @@ from knobs.catalog import catalog
 from knobs.errors import KnobError, ProfileError
 from knobs.spec import KnobSpec
 from orchestrator.profile import Profile, load_profile
+from tests.fixtures.cli import orchestrate
+from tests.test_migrations import LEDGERS, _upgraded_release
 
 CATALOG = {k.name: k for k in catalog("vllm-dflash2")}
 
@@ -117,6 +120,48 @@ def test_a_bad_inherited_knob_is_one_line(tmp_path: Path) -> None:
     assert "role draft_tokens needs a count of draft tokens" in str(caught.value)
 
 
+STARTS_ONLY = "champion: starts only a cluster the ledger has no champion for: give"
+KEEPS = (
+    "a cluster the ledger has a champion for keeps its value, measured, whatever champion: "
+    "says, and its rounds move"
+)
+AFRESH = (
+    "to start inside the domain at once, run under a new ledger (ORCHESTRATE_LEDGER, "
+    "ledger_url:) or another cluster.name;"
+)
+
+
+def test_a_domain_narrowed_under_a_ledgers_champion_says_what_works_not_to_edit_champion(
+    tmp_path: Path,
+) -> None:
+    """The twin's ledger has a champion at K=7 and the profile narrows K to 1–5. The line said
+    to give ``champion:`` a value the knob allows, and a user who did so found the ledger's
+    champion still at 7: ``champion:`` starts only a ledger without one. Now the line says so,
+    and what does move it (a kept change of K, a new ledger or cluster name, or a wider
+    domain); done as it says, the ledger's champion keeps its 7, as the line said."""
+    url, _ = _upgraded_release("schema7", tmp_path)
+    env = {**os.environ, "ORCHESTRATE_LEDGER": url}
+    data = yaml.safe_load((LEDGERS / "schema7.profile.yaml").read_text())
+    data["knobs"].append({"name": "num_speculative_tokens", "high": 5, "default": 4})
+    path = tmp_path / "narrowed.yaml"
+    path.write_text(yaml.safe_dump(data))
+    done = orchestrate(tmp_path, "status", "--profile", str(path), env=env)
+    assert done.returncode == 3, done.stderr
+    assert done.stderr.strip() == (
+        f"Error: profile {path}: champion: knob num_speculative_tokens: 7 is not an integer "
+        f"from 1 to 5: {STARTS_ONLY} it a value the knob allows, or leave "
+        f"num_speculative_tokens out (its default 4); {KEEPS} num_speculative_tokens into the "
+        f"domain only by a change a verdict keeps; {AFRESH} to keep 7 in reach, widen the "
+        "domain again"
+    ), done.stderr
+    del data["champion"]["num_speculative_tokens"]
+    path.write_text(yaml.safe_dump(data))
+    done = orchestrate(tmp_path, "status", "--profile", str(path), env=env)
+    said = " ".join(done.stdout.split())
+    assert "num_speculative_tokens=7" in said, said
+    assert "the champion's num_speculative_tokens 7 is outside the profile's domain now" in said
+
+
 def test_a_domain_narrowed_under_the_profiles_own_champion_names_the_champion_block(
     tmp_path: Path,
 ) -> None:
@@ -133,8 +178,9 @@ def test_a_domain_narrowed_under_the_profiles_own_champion_names_the_champion_bl
         load_profile(str(path))
     assert str(caught.value) == (
         f"profile {path}: champion: knob num_speculative_tokens: 7 is not an integer from 1 to "
-        "4 (the starting config: give it a value the knob allows, or leave the knob out for its "
-        "default; a ledger's champion keeps its own)"
+        f"4: {STARTS_ONLY} it a value the knob allows, or leave num_speculative_tokens out (its "
+        f"default 2); {KEEPS} num_speculative_tokens into the domain only by a change a verdict "
+        f"keeps; {AFRESH} to keep 7 in reach, widen the domain again"
     )
     data["champion"] = {}
     data["proposer"] = {"kind": "sweep", "sweep": [{"num_speculative_tokens": 6}]}
