@@ -3,6 +3,7 @@ ledger; a bench request's, its URL and status)."""
 
 from __future__ import annotations
 
+import re
 from typing import ClassVar
 
 from knobs.vocabulary import FailureClass
@@ -128,6 +129,21 @@ class BenchError(OrchestrateError):
         self.url = url
         self.status = status
         self.evidence = evidence
+
+
+def of_node(name: str, text: str, what: str = "") -> str:
+    """``text`` (a node's error, or its state) as one line of node ``name``, which names the
+    node once, first: ``node-2: text``; a text that begins with the node already (an SSH
+    error's ``node-2 (root@host:22): connect: …``) as it is; with ``what`` (``unreachable``,
+    ``not claimed``), ``node-2: unreachable (root@host:22): connect: …``. The one place a
+    node's line is prefixed (``cluster check|status|down|up``)."""
+    own = re.match(rf"{re.escape(name)}(?: \(([^()]*)\))?: (.*)\Z", text, re.DOTALL)
+    if not what:
+        return text if own else f"{name}: {text}"
+    if own is None:
+        return f"{name}: {what}: {text}"
+    where, rest = own.groups()
+    return f"{name}: {what}{f' ({where})' if where else ''}: {rest}"
 
 
 def describe(e: BaseException) -> str:

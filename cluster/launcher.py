@@ -267,9 +267,22 @@ def marked(node: NodeSpec, argv: Sequence[str]) -> list[str]:
     return ["bash", "-c", mark + 'exec "$@"', "stop-hook", *argv]
 
 
+#: Shell that prints ``exited AGE`` for the engine ``$pid`` whose group is gone: AGE the seconds
+#: since its wrapper wrote its exit status (``EXIT``), by the node's own clock; ``exited``
+#: alone where none was written for it (its wrapper killed too, a reboot).
+_EXITED = (
+    f'read -r xpid _ <{EXIT} 2>/dev/null || xpid=""; '
+    f'if [ "$xpid" = "$pid" ] && m=$(stat -c %Y {EXIT} 2>/dev/null); '
+    'then echo "exited $(( $(date +%s) - m ))"; else echo exited; fi; '
+)
+
+
 def stop_command(node: NodeSpec, grace_s: float) -> list[str]:
     """argv that stops the node's engine: SIGTERM to its process group, SIGKILL after
-    ``grace_s``, and confirms it is gone. Prints ``absent``, ``stopped`` or ``killed``."""
+    ``grace_s``, and confirms it is gone. Prints ``stopped`` or ``killed``; ``exited AGE``
+    (or ``exited``) where the engine the pid file names had already exited, AGE seconds ago
+    (``cluster.teardown`` says whether with its head); ``absent`` where no engine of ours was
+    there (no workdir or pid file, or a pid another process took over)."""
     wd = shlex.quote(node.workdir)
     ticks = max(1, int(grace_s * 10))
     body = (
@@ -279,8 +292,9 @@ def stop_command(node: NodeSpec, grace_s: float) -> list[str]:
         + f'case "$pid" in ""|*[!0-9]*) rm -f {PIDFILE}; echo absent; exit 0;; esac; '
         # a pid another process took over is no engine of ours: never signalled
         f"ours || {{ rm -f {PIDFILE}; echo absent; exit 0; }}; "
+        # ours, and gone before this stop: it exited (with its head, or on its own)
         'kill -0 -- "-$pid" 2>/dev/null || '
-        f"{{ rm -f {PIDFILE}; echo absent; exit 0; }}; "
+        f"{{ rm -f {PIDFILE}; {_EXITED}exit 0; }}; "
         # ours from here on (``STOPPING``): an engine that dies of it was not killed from outside
         f'echo "$pid" >{STOPPING}; '
         # a stopped engine (SIGSTOP) is continued to act on its SIGTERM: a graceful stop

@@ -9,9 +9,10 @@ node's stop goes out, and once begun no signal cuts the teardown short. ``Deploy
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 
-from cluster.errors import NodeError
+from cluster.errors import NodeError, of_node
 from cluster.gates import GateSpec
 from cluster.inventory import NodeSpec
 from cluster.launcher import fill, journaled, marked, placeholders, stop_command
@@ -22,8 +23,10 @@ from cluster.transport import check
 def stop_each(
     nodes: Nodes, gates: GateSpec, runtime: Mapping[str, str]
 ) -> tuple[dict[int, str], list[NodeError]]:
-    """Stop every node: rank → ``absent``/``stopped``/``killed``, or ``unreachable: …``/
-    ``failed: …`` for a node that could not be stopped, and every node's error.
+    """Stop every node: rank → ``stopped``/``killed``, ``exited with the head``/``exited …
+    before this stop`` (its engine had exited: ``exited``), ``absent`` (none there), or
+    ``unreachable: …``/``failed: …`` for a node that could not be stopped, and every node's
+    error (``said`` puts an outcome in a line).
 
     Raises:
         Whatever the fence raises, right before a node's stop would go out: that node and the
@@ -47,6 +50,7 @@ def _stop_reached(
     reached = nodes.reach()
     outcomes: dict[int, str] = {}
     errors: list[NodeError] = []
+    head_stopped: float | None = None  # when the head's stop went out, if it found an engine
     for node in sorted(nodes.cluster.nodes, key=lambda n: n.rank):
         unreachable = reached[node.rank]
         if unreachable is not None:
@@ -54,12 +58,65 @@ def _stop_reached(
             errors.append(unreachable)
             continue
         nodes.progress(f"stopping {node.name}")
+        sent = time.monotonic()
         try:
-            outcomes[node.rank] = _stop(nodes, gates, runtime, node)
+            how = _stop(nodes, gates, runtime, node)
         except NodeError as e:
             outcomes[node.rank] = f"failed: {e.message}"
             errors.append(e)
+            continue
+        if node.rank == 0 and how in ("stopped", "killed"):
+            head_stopped = sent
+        since = None if head_stopped is None else time.monotonic() - head_stopped
+        outcomes[node.rank] = _exited(how, since) if how.startswith("exited") else how
     return outcomes, errors
+
+
+def _exited(how: str, since_head: float | None) -> str:
+    """A stop's ``exited AGE`` (or ``exited``) in words: ``exited with the head`` where it
+    exited after the head's stop went out (``since_head`` seconds ago, by this process's
+    clock; AGE is by the node's, whole seconds, so one more is allowed), else ``exited …
+    before this stop``: on its own, or with a head that had itself exited."""
+    age = how.removeprefix("exited").strip()
+    if not age.lstrip("-").isdigit():
+        return "exited before this stop"
+    seconds = max(0, int(age))
+    if since_head is not None and seconds <= since_head + 1:
+        return "exited with the head"
+    return f"exited {_span(seconds)} before this stop"
+
+
+def _span(seconds: int) -> str:
+    """``seconds`` in words: ``42s``, ``7m 05s``, ``3h 12m``, ``2d 4h``."""
+    minutes, hours, days = seconds // 60, seconds // 3600, seconds // 86400
+    if seconds < 60:
+        return f"{seconds}s"
+    if hours < 1:
+        return f"{minutes}m {seconds % 60:02d}s"
+    if days < 1:
+        return f"{hours}h {minutes % 60:02d}m"
+    return f"{days}d {hours % 24}h"
+
+
+#: What a stop's outcome tells the person reading ``cluster down`` (or the teardown of a
+#: failed ``cluster up``), where its word alone would not.
+_WORDS = {
+    "absent": "absent (no engine of ours there)",
+    "exited with the head": "exited with the head (the head's stop ended it)",
+}
+
+
+def said(name: str, how: str) -> str:
+    """Node ``name``'s teardown outcome ``how`` (``stop_each``) as one line that names the node
+    once: ``node-1: exited with the head (the head's stop ended it)``, ``node-1: unreachable
+    (root@host:22): connect: …``."""
+    for what in ("unreachable", "failed"):
+        if how.startswith(f"{what}: "):
+            return of_node(name, how.removeprefix(f"{what}: "), what)
+    words = _WORDS.get(how)
+    if words is None and how.startswith("exited "):
+        words = f"{how} (nothing left to stop)"
+    return of_node(name, words or how)
 
 
 def _stop(nodes: Nodes, gates: GateSpec, runtime: Mapping[str, str], node: NodeSpec) -> str:

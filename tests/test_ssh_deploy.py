@@ -91,7 +91,8 @@ def test_workers_start_first_and_stop_last_as_the_nodes_journals_show(
         assert f"Starting node rank {h.rank} of 4" in log
     outcomes = d.teardown()
     assert outcomes[0] == "stopped"
-    assert all(outcomes[r] in ("stopped", "absent") for r in (1, 2, 3))
+    # a worker exits once its head is gone: found so, or still going and stopped
+    assert all(outcomes[r] in ("stopped", "exited with the head") for r in (1, 2, 3)), outcomes
     assert ssh_cluster.engines() == {}
     # each node stamps its own journal when a start or a stop is confirmed on it
     assert ranks_in_order(ssh_cluster, "start") == [3, 2, 1, 0]
@@ -266,7 +267,7 @@ def test_fault_is_classified_torn_down_and_the_champion_restored(
         if rank == fault.rank and fault.failure_class in NODE_ACCESS:
             assert how.startswith("unreachable: "), how
         else:
-            assert how in ("absent", "stopped", "killed"), (rank, how)
+            assert how in ("absent", "stopped", "killed") or how.startswith("exited "), (rank, how)
     assert seen["left"] == list(fault.left_running)
     # the champion is back: healthy, greedy generation works, every node runs its launcher
     assert attempt.restore_failure is None, attempt.restore_failure.evidence()

@@ -98,6 +98,7 @@ def cluster_up(
     (exit 3, the line naming the knob).
     """
     from cluster.launcher import render_node
+    from cluster.teardown import said
     from orchestrator.evolution import fit_champion, record_profile
     from orchestrator.profile import load_profile
     from orchestrator.settings import runtime_placeholders
@@ -143,7 +144,7 @@ def cluster_up(
             )
     if attempt.failure is not None:
         for rank, how in sorted(attempt.teardown.items()):
-            console.print(f"  node-{rank}: {how}")
+            console.print(f"  {said(f'node-{rank}', how)}", markup=False)
         if attempt.restored is not None:
             console.print(f"champion restored at {prof.cluster.base_url} (config {base.key})")
         elif attempt.restore_failure is not None:
@@ -236,6 +237,7 @@ def cluster_down(profile: ProfileOpt = None, force: ForceOpt = False) -> None:
     """Stop the engine on every node (head first), confirming each is gone; a node that
     cannot be reached is reported and the others are still stopped. Refused while another
     orchestrator (a running round) claims the nodes, unless --force."""
+    from cluster.teardown import said
     from orchestrator.interrupts import unbroken
     from orchestrator.profile import load_profile
 
@@ -248,7 +250,7 @@ def cluster_down(profile: ProfileOpt = None, force: ForceOpt = False) -> None:
     ):
         outcomes, errors = o.deployer().stop_each()
         for rank, how in sorted(outcomes.items()):
-            typer.echo(f"node-{rank}: {how}")
+            typer.echo(said(f"node-{rank}", how))
         if not errors:
             _close_left_open(o, owner, typer.echo)
     if errors:
