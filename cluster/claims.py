@@ -42,6 +42,7 @@ from cluster.errors import (
     DeployError,
     NodeError,
     NodeUnreachable,
+    of_node,
 )
 from cluster.inventory import ClusterSpec, NodeSpec
 from cluster.ports import PORTS_FILE
@@ -289,7 +290,7 @@ class NodeClaims:
                 except NodeUnreachable as e:
                     if not self.skip_unreachable:
                         raise
-                    self._note(f"{node.name} ({node.host}): not claimed: {e.message}")
+                    self._note(of_node(node.name, e.message, "not claimed"))
                     continue
                 self.held.append(node)
         except BaseException:

@@ -161,3 +161,32 @@ def test_cluster_check_refuses_an_unknown_host_key_in_one_line(
     assert "Traceback" not in check.stderr
     # the other nodes were still checked and said so
     assert "node-0: reachable" in check.stdout and "node-3: reachable" in check.stdout
+    # each line names its node once: the SSH error already begins with it
+    said = [x for x in check.stdout.splitlines() if x.startswith("node-2")]
+    assert len(said) == 1, check.stdout
+    assert said[0].startswith(
+        f"node-2 ({ssh_cluster.user}@{node.address}:{node.port}): connect: unknown host key"
+    ), check.stdout
+
+
+def test_cluster_commands_name_an_unreachable_node_once_per_line(
+    ssh_cluster: SshCluster, tmp_path: Path
+) -> None:
+    """`cluster status` and `cluster down` say a node whose sshd is gone in one line that
+    names it once (before, "node-1 (addr): node-1 (root@addr:port): connect: …")."""
+    profile = str(write_profile(tmp_path, ssh_cluster.profile_data()))
+    host = ssh_cluster.node(1)
+    host.stop_sshd()
+    where = f"({ssh_cluster.user}@{host.address}:{host.port})"
+    status = orchestrate(tmp_path, "cluster", "status", "--profile", profile)
+    down = orchestrate(tmp_path, "cluster", "down", "--profile", profile)
+    assert status.returncode == 5 and down.returncode == 5, status.stderr + down.stderr
+    said = [x for x in status.stdout.splitlines() + down.stdout.splitlines() if "node-1" in x]
+    assert said == [
+        f"node-1 {where}: connect: connection refused on port {host.port}: no sshd listening "
+        "(is sshd running on the node? is the port right?)",
+        f"node-1: not claimed {where}: connect: connection refused on port {host.port}: no "
+        "sshd listening (is sshd running on the node? is the port right?)",
+        f"node-1: unreachable {where}: connect: connection refused on port {host.port}: no "
+        "sshd listening (is sshd running on the node? is the port right?)",
+    ], said

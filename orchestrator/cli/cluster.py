@@ -35,6 +35,7 @@ def cluster_check(profile: ProfileOpt = None) -> None:
     """Preflight every node: reachable (SSH: host key, auth), its workdir can be made and
     written, its address on the cluster interface, free memory settled, clocks healthy.
     Changes nothing (what the workdir check makes, it removes)."""
+    from cluster.errors import of_node
     from cluster.workdir import every_workdir
     from orchestrator.profile import load_profile
 
@@ -43,14 +44,16 @@ def cluster_check(profile: ProfileOpt = None) -> None:
         deployer = o.deployer()
         reached = deployer.reach()
         for rank, err in sorted(reached.items()):
-            typer.echo(f"node-{rank}: " + ("reachable" if err is None else f"{err.message}"))
+            typer.echo(of_node(f"node-{rank}", "reachable" if err is None else err.message))
         answered = [n for n in prof.cluster.nodes if reached[n.rank] is None]
         written = every_workdir(answered, deployer.transports)
         for node in sorted(answered, key=lambda n: n.rank):
             err = written[node.rank]
             typer.echo(
-                f"{node.name}: "
-                + (f"workdir {node.workdir} can be written" if err is None else err.message)
+                of_node(
+                    node.name,
+                    f"workdir {node.workdir} can be written" if err is None else err.message,
+                )
             )
         failed = [e for _, e in sorted(reached.items()) if e is not None]
         failed += [e for _, e in sorted(written.items()) if e is not None]
@@ -310,6 +313,7 @@ def _close_left_open(o: Opened, owner: Ownership, note: Callable[[str], None]) -
 @cluster_app.command("status")
 def cluster_status(profile: ProfileOpt = None) -> None:
     """Which nodes have an engine running (and which cannot be reached)."""
+    from cluster.errors import of_node
     from orchestrator.profile import load_profile
 
     prof = load_profile(profile)
@@ -318,8 +322,10 @@ def cluster_status(profile: ProfileOpt = None) -> None:
         reached = deployer.reach()
         for node in sorted(prof.cluster.nodes, key=lambda n: n.rank):
             err = reached[node.rank]
-            state = err.message if err else ("running" if deployer.alive(node) else "stopped")
-            typer.echo(f"{node.name} ({node.host}): {state}")
+            state = "running" if err is None and deployer.alive(node) else "stopped"
+            typer.echo(
+                of_node(node.name, err.message) if err else f"{node.name} ({node.host}): {state}"
+            )
     if not any(reached.values()):
         note = _never_deployed(prof)
         if note:
