@@ -407,26 +407,35 @@ def _waited(
 
 
 def record_stop(
-    ledger: Ledger, cluster: str, round_id: int, err: OrchestrateError | KeyboardInterrupt
+    ledger: Ledger,
+    cluster: str,
+    round_id: int | None,
+    err: OrchestrateError | KeyboardInterrupt,
 ) -> None:
     """What stopped round ``round_id`` short of its end (a node away, a champion that stopped
     booting, the lease lost, an interrupt), recorded for the morning (``round-stopped``): the
     line the command ended with went to a terminal or a timer's log; ``orchestrate status``
-    and the resume show it from here. A ledger that is itself what failed records nothing."""
+    and the resume show it from here. A node's failure names the node (``node``, with its
+    ``failure_class``). ``round_id`` None: a round command stopped before any round began
+    (``before_a_round``). A ledger that is itself what failed records nothing."""
     if isinstance(err, LedgerError):
         return
+    detail: dict[str, object]
     if isinstance(err, KeyboardInterrupt):
         by = ended_by(err)
         code, line = INTERRUPTED, f"interrupted by {by}; run the same command again to resume"
-        error = by.split(" ")[0]  # which signal, never the exception's class
+        detail = {"error": by.split(" ")[0]}  # which signal, never the exception's class
     else:
-        code, line, error = err.exit_code, err.message, type(err).__name__
+        code, line, detail = err.exit_code, err.message, {"error": type(err).__name__}
+        failure = err.failure if isinstance(err, InfrastructureFault) else err
+        if isinstance(failure, NodeError) and failure.rank is not None:
+            detail.update(node=f"node-{failure.rank}", failure_class=failure.failure_class)
     with suppress(LedgerError):
         ledger.add_event(
             cluster,
             EventKind.ROUND_STOPPED,
-            subject=str(round_id),
-            detail={"error": error, "exit_code": code},
+            subject="" if round_id is None else str(round_id),
+            detail={**detail, "exit_code": code},
             reason=Redactor.from_environment().text(line),
         )
 

@@ -215,7 +215,12 @@ def test_a_node_that_stays_away_stops_the_round_undecided_and_the_same_command_r
     (stop,) = ledger.events("scripted", EventKind.ROUND_STOPPED)
     assert stop.subject == str(ledger.rounds("scripted")[-1].id)
     assert stop.reason == stopped.value.message
-    assert stop.detail == {"error": "InfrastructureFault", "exit_code": 5}
+    assert stop.detail == {
+        "error": "InfrastructureFault",
+        "node": "node-2",
+        "failure_class": "unreachable",
+        "exit_code": 5,
+    }
     assert last_stop(ledger, "scripted", int(stop.subject)) == stop
     ledger.close()
 

@@ -350,3 +350,90 @@ def _listen(cluster: SshCluster, host: SshHost, port: int) -> subprocess.Popen[b
     with socket.create_connection((host.address, port), timeout=5):
         pass
     return proc
+
+
+def _status(cwd: Path, profile: Path, *json_flag: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "ORCHESTRATE_LEDGER": f"sqlite:///{cwd}/orchestrate.db"}
+    return subprocess.run(
+        [*ORCHESTRATE, "status", "--profile", str(profile), *json_flag],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def _stops(cwd: Path) -> list[dict[str, Any]]:
+    with Ledger(f"sqlite:///{cwd}/orchestrate.db") as ledger:
+        return [
+            {"subject": ev.subject, **ev.detail}
+            for ev in ledger.events("twin-ssh")
+            if ev.kind == "round-stopped"
+        ]
+
+
+def test_a_node_away_as_a_new_round_starts_is_said_by_status_in_the_morning(
+    ssh_cluster: SshCluster, tmp_path: Path
+) -> None:
+    """No round began (the claims met the node away), yet `status` and the ledger's events
+    say which node stopped the night, once however often a timer tried; nothing is barred,
+    and the same command runs the round once the node is back. Before, nothing was kept."""
+    profile = fault_profile(ssh_cluster, tmp_path)
+    ssh_cluster.node(2).kill_sshd()
+    for tag in ("night", "timer"):  # a timer tries again while the node is still away
+        rc, err = start_round(tmp_path, profile, tag).wait()
+        assert_stopped_by(rc, err, 2, "unreachable")
+        assert "before anything started" in err
+    assert experiments(tmp_path) == []
+    assert _stops(tmp_path) == [
+        {
+            "subject": "",
+            "error": "NodeUnreachable",
+            "node": "node-2",
+            "failure_class": "unreachable",
+            "exit_code": 5,
+        }
+    ]
+    said = _status(tmp_path, profile, "--json")
+    assert said.returncode == 0, said.stderr
+    data = json.loads(said.stdout)
+    assert data["running_round"] is None
+    assert data["not_started"]["node"] == "node-2" and data["not_started"]["exit_code"] == 5
+    assert "before anything started" in data["not_started"]["reason"]
+    text = _status(tmp_path, profile).stdout
+    assert f"no round began: the last `orchestrate round --profile {profile}` stopped at" in text
+    assert "(exit 5): node 2 (" in text, text
+    assert_resumes_and_finishes(ssh_cluster, tmp_path, profile, None)
+    assert json.loads(_status(tmp_path, profile, "--json").stdout)["not_started"] is None
+
+
+def test_a_node_away_as_a_round_resumes_is_its_stop_for_status_and_the_report(
+    ssh_cluster: SshCluster, tmp_path: Path
+) -> None:
+    """A round its cap stopped after the baseline, taken up again with a node away: its
+    recorded stop becomes the node's (before, `status` still said the cap stopped it)."""
+    profile = fault_profile(ssh_cluster, tmp_path)
+    env = {**os.environ, "ORCHESTRATE_LEDGER": f"sqlite:///{tmp_path}/orchestrate.db"}
+    capped = subprocess.run(
+        [*ORCHESTRATE, "round", "--budget", "1", "--max-hours", "0.0001", "-p", str(profile)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert capped.returncode == 0, capped.stderr[-3000:]
+    ssh_cluster.node(2).kill_sshd()
+    rc, err = start_round(tmp_path, profile, "resume").wait()
+    assert_stopped_by(rc, err, 2, "unreachable")
+    data = json.loads(_status(tmp_path, profile, "--json").stdout)
+    stopped = data["running_round"]["stopped"]
+    assert "before anything started" in stopped["reason"], stopped
+    assert stopped["node"] == "node-2" and stopped["exit_code"] == 5, stopped
+    assert [s["subject"] for s in _stops(tmp_path)] == ["1", "1"]
+    assert not any(e.status == Status.CRASH for e in experiments(tmp_path))
+    page = tmp_path / "reports" / "round-1" / "report.html"
+    assert "node 2 (" in page.read_text(), "the report does not say the node"

@@ -75,8 +75,10 @@ def round_(
 
     An interrupted round (killed, Ctrl-C) is resumed by running the command again.
     """
+    from cluster.errors import NodeError
     from ledger.mlflow_sink import MlflowSink, mlflow_experiment
     from orchestrator.approval import ApprovalGate, waits_for_a_person
+    from orchestrator.away import record_away_at_start
     from orchestrator.contacts import ledger_reached
     from orchestrator.crashpoints import deploy_progress
     from orchestrator.display import RoundDisplay
@@ -215,6 +217,10 @@ def round_(
         except (OrchestrateError, KeyboardInterrupt) as stop:
             # the claims and the lease released first: the nodes are free while it is written
             round_id = runners[-1].round_id if runners else None
+            if not runners and isinstance(stop, NodeError):
+                # stopped as it claimed the nodes (a node away), before its round ran a step:
+                # recorded as a stop mid-round is, for `status`, the report and the resume
+                round_id = record_away_at_start(ledger, prof.cluster.name, resumed, stop)
             if round_id is not None:
                 _report_stop(prof, ledger, sink, round_id, stop, display)
             raise

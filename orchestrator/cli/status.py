@@ -88,6 +88,7 @@ class _Seen:
     held: list[int]
     pending: list[ProposalRecord]
     stopped: EventRecord | None
+    not_started: EventRecord | None  # a round command stopped before any round (a node away)
     counted: int
     off: dict[int, int]
     failed: dict[int | None, Counter[str]]
@@ -98,6 +99,7 @@ def _read(prof: Profile, ledger: Ledger) -> _Seen:
     """Everything ``status`` says, read from ``ledger``."""
     from agents.draft_model import draft_knob
     from knobs.vocabulary import ProposalStatus, State
+    from orchestrator.away import before_a_round
     from orchestrator.champion import ChampionEvidence
     from orchestrator.champion_level import level_in_force, shown
     from orchestrator.evolution import knob_changes, outside_domain
@@ -153,6 +155,7 @@ def _read(prof: Profile, ledger: Ledger) -> _Seen:
         # proposals of this cluster's rounds a person has not decided (``--approve queue``)
         pending=[p for p in ledger.proposals(status=ProposalStatus.PENDING) if p.round_id in mine],
         stopped=None if running is None else last_stop(ledger, name, running.id),
+        not_started=before_a_round(ledger, name) if running is None else None,
         # each node's clocks over the cluster's measurements (``policy.flaky_nodes``)
         counted=counted,
         off=off,
@@ -168,6 +171,7 @@ def _read(prof: Profile, ledger: Ledger) -> _Seen:
 
 def _as_data(prof: Profile, seen: _Seen, flag: str) -> dict[str, Any]:
     """``status --json``: what ``seen`` says, for scripts."""
+    from orchestrator.away import stop_data
     from orchestrator.priors import knob_priors
 
     champion, lease, step = seen.champion, seen.lease, seen.step
@@ -191,6 +195,7 @@ def _as_data(prof: Profile, seen: _Seen, flag: str) -> dict[str, Any]:
         "rounds": len(seen.rounds),
         "experiments": len(seen.experiments),
         "running_round": _running(seen),
+        "not_started": stop_data(seen.not_started),  # before any round began: a node away
         "pending_proposals": [
             {
                 "proposal": p.id,
@@ -252,6 +257,7 @@ def _as_data(prof: Profile, seen: _Seen, flag: str) -> dict[str, Any]:
 def _running(seen: _Seen) -> dict[str, Any] | None:
     """The unfinished round, for ``status --json``."""
     from orchestrator import budget
+    from orchestrator.away import stop_data
 
     running, stopped, lease = seen.running, seen.stopped, seen.lease
     if running is None:
@@ -263,14 +269,7 @@ def _running(seen: _Seen) -> dict[str, Any] | None:
         "gpu_hours": round(seen.used[running.id], 4),
         "max_gpu_hours": running.max_gpu_hours,
         # why it stopped short, when nothing has booted for it since (``round-stopped``)
-        "stopped": None
-        if stopped is None
-        else {
-            "at": stopped.created_at.isoformat(),
-            "exit_code": stopped.detail.get("exit_code"),
-            "error": stopped.detail.get("error"),
-            "reason": stopped.reason,
-        },
+        "stopped": stop_data(stopped),
         "undecided": seen.undecided,
         # whether it runs now: the lease held live (its holder, since when)
         "live": seen.live,
@@ -369,6 +368,11 @@ def _say_round(console: Console, seen: _Seen, data: dict[str, Any], flag: str) -
                 f"  under way: experiment #{u['experiment']} ({u['change']}), {boots}",
                 markup=False,
             )
+    elif seen.not_started is not None:
+        console.print(
+            f"no round began: the last `orchestrate round{flag}` {said_stop(seen.not_started)}",
+            markup=False,
+        )
     for p in seen.pending:
         console.print(waits_for_a_person(p, flag), markup=False)
 
