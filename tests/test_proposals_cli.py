@@ -56,9 +56,11 @@ def test_proposals_are_listed_approved_and_vetoed_with_the_clis_arrow(
     assert run(["proposals", "list"]) == 0
     out, err = capsys.readouterr()
     assert out.splitlines() == [
-        f"{one}\tpending\tnum_speculative_tokens 7 → 5\tclaude\tK=5 drafts fewer rejected tokens.",
-        f"{two}\tpending\tmax_num_batched_tokens 2048 → 8192 + enable_chunked_prefill "
-        "false → true\tclaude\tMNBT 8192.",
+        "proposal\tstatus\texperiment\tchange\tsource\treason\thypothesis",
+        f"{one}\tpending\t-\tnum_speculative_tokens 7 → 5\tclaude\t-\t"
+        "K=5 drafts fewer rejected tokens.",
+        f"{two}\tpending\t-\tmax_num_batched_tokens 2048 → 8192 + enable_chunked_prefill "
+        "false → true\tclaude\t-\tMNBT 8192.",
     ], err
     assert run(["proposals", "approve", str(one)]) == 0
     assert capsys.readouterr().out == f"approved proposal {one}: num_speculative_tokens 7 → 5\n"
@@ -94,7 +96,7 @@ def test_proposals_are_the_profiles_clusters_on_a_shared_ledger(
             new_value=3, champion_key="c", hypothesis="K=3.",
         ).id  # fmt: skip
     assert run(["proposals", "list"]) == 0
-    listed = [line.split("\t")[0] for line in capsys.readouterr().out.splitlines()]
+    listed = [line.split("\t")[0] for line in capsys.readouterr().out.splitlines()[1:]]
     assert str(theirs) not in listed and str(mine) in listed, listed
     for verb in (["approve"], ["veto", "--reason", "no"]):
         assert run(["proposals", verb[0], str(theirs), *verb[1:]]) == 3

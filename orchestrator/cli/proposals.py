@@ -14,6 +14,10 @@ proposals_app = typer.Typer(
     help="Proposals waiting for a person (--approve queue).", no_args_is_help=True
 )
 
+#: ``proposals list``'s header: a reason is a veto's (or a rejection's), ``-`` when none; the
+#: experiment is the one the proposal became (results.tsv's), ``-`` while it waits
+COLUMNS = ("proposal", "status", "experiment", "change", "source", "reason", "hypothesis")
+
 ProposalId = Annotated[int, typer.Argument(min=1, callback=in_ledger, help="the proposal's ID")]
 
 
@@ -29,16 +33,36 @@ def proposals_list(
 
     prof = load_profile(profile)
     with opened(prof) as o:
-        rows = o.ledger(create=False).proposals(
+        ledger = o.ledger(create=False)
+        rows = ledger.proposals(
             status=None if all_ else ProposalStatus.PENDING, cluster=prof.cluster.name
         )
+        # the experiment each became (approved, or vetoed: a ``vetoed`` row of results.tsv)
+        became = {
+            e.proposal_id: e.id
+            for e in ledger.experiments(cluster=prof.cluster.name)
+            if e.proposal_id is not None
+        }
     if as_json:
-        typer.echo(json.dumps([p.model_dump(mode="json") for p in rows], indent=2))
+        shown = [p.model_dump(mode="json") | {"experiment": became.get(p.id)} for p in rows]
+        typer.echo(json.dumps(shown, indent=2))
         return
     if not rows:
-        typer.echo("no pending proposals")
+        typer.echo("no pending proposals" if not all_ else "no proposals")
+        return
+    typer.echo("\t".join(COLUMNS))
     for p in rows:
-        typer.echo(f"{p.id}\t{p.status}\t{p.change.describe()}\t{p.source}\t{p.hypothesis}")
+        experiment = became.get(p.id)
+        fields = (
+            str(p.id),
+            str(p.status),
+            "-" if experiment is None else f"#{experiment}",
+            p.change.describe(),
+            p.source,
+            p.reason or "-",
+            p.hypothesis,
+        )
+        typer.echo("\t".join(" ".join(f.split()) for f in fields))
 
 
 @proposals_app.command("approve")
