@@ -78,6 +78,8 @@ def _experiment(e: ExperimentRecord) -> dict[str, Any]:
         "id": e.id,
         "cluster": e.cluster,
         "round": e.round_id,
+        # the proposal it came from (None: a baseline)
+        "proposal": e.proposal_id,
         "kind": str(e.kind),
         "description": e.description,
         "knob": e.label,
@@ -134,6 +136,8 @@ def view_lines(view: dict[str, Any]) -> list[str]:
     """``experiment_view``'s data as the lines ``orchestrate experiments show`` prints."""
     status = view["status"] or f"{view['state']} (not decided)"
     lines = [f"experiment #{view['id']} of cluster {view['cluster']}, round {view['round']}"]
+    if view["proposal"] is not None:
+        lines[0] += f", proposal {view['proposal']}"
     lines.append(f"  {view['description']}")
     measured = ""
     if view["objective"] is not None:

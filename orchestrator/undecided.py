@@ -12,8 +12,10 @@ veto takes the cluster's lease for its one transaction.
 
 from __future__ import annotations
 
+from typing import Any
+
 from knobs.vocabulary import Kind, State, Status
-from ledger import ExperimentRecord, Ledger, VerdictRecord
+from ledger import BootRecord, ExperimentRecord, Ledger, VerdictRecord
 from orchestrator.errors import OrchestrateError, UsageError
 from orchestrator.experiment_view import named_experiment
 from orchestrator.lease import ClusterLease
@@ -133,3 +135,17 @@ def _undecided(ledger: Ledger, cluster: str, experiment_id: int) -> ExperimentRe
             experiment=e.id,
         )
     return e
+
+
+def under_way(e: ExperimentRecord, boots: list[BootRecord]) -> dict[str, Any]:
+    """An experiment the unfinished round has not decided: what it changes, its boots, and how
+    those that failed failed (a stop's, or a kill's; ``orchestrate experiments veto`` takes it)."""
+    count = BootCount.of(e, boots)
+    return {
+        "experiment": e.id,
+        "proposal": e.proposal_id,
+        "change": e.description,
+        "state": str(e.state),
+        "boots": count.boots,
+        "failed": dict(count.failed),
+    }

@@ -99,9 +99,12 @@ def test_a_change_that_only_the_infrastructure_fails_is_vetoed_and_the_round_goe
     [under] = json.loads(shown.stdout)["running_round"]["undecided"]
     assert (under["experiment"], under["boots"], under["failed"]) == (k5.id, 2, {"network": 2})
     said = " ".join(orchestrate(cli_workdir, "status", "-p", PROFILE).stdout.split())
-    assert f"under way: experiment #{k5.id} ({k5.description}), 2 boot(s), failed: network ×2" in (
-        said
-    )
+    # with the proposal it came from (``proposals list`` names the experiment it became)
+    assert (
+        f"under way: experiment #{k5.id} (proposal {k5.proposal_id}: {k5.description}), "
+        "2 boot(s), failed: network ×2"
+    ) in said
+    assert under["proposal"] == k5.proposal_id is not None
     why = "K=5's drafter is not on the nodes' disks and the hub is away this week"
     # not while a round holds the cluster: it may be booting this very change
     with ClusterLease(ledger, "scripted"):

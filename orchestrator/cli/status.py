@@ -109,6 +109,7 @@ def _read(prof: Profile, ledger: Ledger) -> _Seen:
     from orchestrator.measurements import changed_cells, clocks_off_counts
     from orchestrator.priors import measured
     from orchestrator.step_cost import learned
+    from orchestrator.undecided import under_way
 
     name = prof.cluster.name
     # the profile gained or lost a knob since: the champion as this profile sees it, and
@@ -181,6 +182,7 @@ def _as_data(prof: Profile, seen: _Seen, flag: str) -> dict[str, Any]:
         if champion is None
         else {
             "experiment": champion.experiment_id,
+            "proposal": _proposal_of(seen, champion.experiment_id),
             "objective": champion.objective,
             "config": champion.config.as_dict(),
             # the boots that kept it, if they left its level (``remeasure``)
@@ -311,8 +313,11 @@ def _say_champion(console: Console, seen: _Seen) -> None:
     if champion is None:
         console.print("champion: none yet (the next round measures the baseline first)")
     else:
+        proposal = _proposal_of(seen, champion.experiment_id)
         console.print(
-            f"champion: experiment #{champion.experiment_id}, objective {champion.objective:.1f}: "
+            f"champion: experiment #{champion.experiment_id}"
+            + ("" if proposal is None else f" (proposal {proposal})")
+            + f", objective {champion.objective:.1f}: "
             + ", ".join(f"{k}={as_text(v)}" for k, v in champion.config.items())
         )
         for said in (seen.level, seen.cells):
@@ -333,6 +338,11 @@ def _say_champion(console: Console, seen: _Seen) -> None:
         console.print(line, markup=False)
     if seen.restated is not None:
         console.print(seen.restated, markup=False)
+
+
+def _proposal_of(seen: _Seen, experiment: int) -> int | None:
+    """The proposal experiment ``experiment`` came from (``None``: a baseline's, or none)."""
+    return next((e.proposal_id for e in seen.experiments if e.id == experiment), None)
 
 
 def _say_round(console: Console, seen: _Seen, data: dict[str, Any], flag: str) -> None:
@@ -364,8 +374,9 @@ def _say_round(console: Console, seen: _Seen, data: dict[str, Any], flag: str) -
             console.print(f"  it {said_stop(seen.stopped)}", markup=False)
         for u in seen.undecided:
             boots = BootCount(u["boots"], u["failed"]).words()
+            of = "" if u["proposal"] is None else f"proposal {u['proposal']}: "
             console.print(
-                f"  under way: experiment #{u['experiment']} ({u['change']}), {boots}",
+                f"  under way: experiment #{u['experiment']} ({of}{u['change']}), {boots}",
                 markup=False,
             )
     elif seen.not_started is not None:
@@ -482,21 +493,6 @@ def failed_by_node(ledger: Ledger, cluster: str) -> dict[int | None, Counter[str
             if b.status == BootStatus.FAILED and b.failure_class in INFRASTRUCTURE:
                 failed.setdefault(b.failed_rank, Counter())[b.failure_class] += 1
     return failed
-
-
-def under_way(e: ExperimentRecord, boots: list[BootRecord]) -> dict[str, Any]:
-    """An experiment the unfinished round has not decided: what it changes, its boots, and how
-    those that failed failed (a stop's, or a kill's; ``orchestrate experiments veto`` takes it)."""
-    from orchestrator.measurements import BootCount
-
-    count = BootCount.of(e, boots)
-    return {
-        "experiment": e.id,
-        "change": e.description,
-        "state": str(e.state),
-        "boots": count.boots,
-        "failed": dict(count.failed),
-    }
 
 
 def _counted(classes: dict[str, int]) -> str:

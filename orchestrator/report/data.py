@@ -88,6 +88,8 @@ class Point:
     #: how its boot failed (a crash's class, or one that did not reproduce)
     failure: str | None = None
     failed_boots: int = 0
+    #: the proposal it came from (``None``: a baseline)
+    proposal: int | None = None
 
 
 @dataclass(frozen=True)
@@ -262,6 +264,7 @@ def _point(ledger: Ledger, e: ExperimentRecord) -> Point:
         if e.coupled_knob is None or e.value is None
         else f"{as_text(e.value)}+{as_text(e.coupled_value or '')}",
         failure=e.failure_class,
+        proposal=e.proposal_id,
     )
 
 

@@ -65,7 +65,9 @@ def _experiments(data: ReportData) -> str:
         rule = p.rule if p.failure is None else f"{p.rule} ({p.failure})"
         rows.append(
             "<tr>"
-            f'<td class="n">#{p.experiment}</td><td>{escape(p.label)}</td>'
+            f'<td class="n">#{p.experiment}</td>'
+            f'<td class="n">{"" if p.proposal is None else p.proposal}</td>'
+            f"<td>{escape(p.label)}</td>"
             f'<td class="{escape(p.status)}">{escape(p.status)}</td>'
             f'<td class="n">{_objective(p.objective)}</td>'
             f'<td class="n">{_delta(p.delta_pct)}</td>'
@@ -74,8 +76,8 @@ def _experiments(data: ReportData) -> str:
             "</tr>"
         )
     head = (
-        "<tr><th>#</th><th>change</th><th>verdict</th><th>objective</th><th>Δ %</th>"
-        "<th>95 % interval</th><th>boots</th><th>rule</th></tr>"
+        "<tr><th>#</th><th>proposal</th><th>change</th><th>verdict</th><th>objective</th>"
+        "<th>Δ %</th><th>95 % interval</th><th>boots</th><th>rule</th></tr>"
     )
     return f"<table>{head}{''.join(rows)}</table>"
 
