@@ -43,7 +43,7 @@ from optuna.distributions import (
 from optuna.trial import TrialState, create_trial
 
 from agents.context import HistoryEntry, ProposalContext, same_value
-from agents.draft_model import predict
+from agents.draft_model import DraftPrediction, predict
 from agents.first_looks import DRAFT_LOOK_FLOOR as DRAFT_LOOK_FLOOR  # re-exported
 from agents.first_looks import first_look as first_look  # re-exported
 from agents.first_looks import further_look, open_changes, second_look, seed_for, why
@@ -220,7 +220,7 @@ class OptunaProposer:
                 "first_look": _first_look_note(context, first[0]),
                 "draft_model": model.describe(int(change.new)),
             }
-            return self._proposal(context, change, completed, notes, skipped)
+            return self._proposal(context, change, completed, notes, skipped, model)
         for asks in range(1, MAX_ASKS + 1):
             asked = _params(context.space, study.ask(dists).params)
             if asked is None:  # unreachable: TPE samples inside the distributions
@@ -339,7 +339,10 @@ class OptunaProposer:
         completed: int,
         notes: dict[str, str],
         skipped: int,
+        model: DraftPrediction | None = None,
     ) -> Proposal:
+        """The proposal of ``change``, in words; ``model``: the draft-length model that chose
+        it, whose prediction is both the hypothesis's reason and the expected effect."""
         spec = context.space.spec(change.knob)
         target = f"{change.knob}={as_text(change.new)}"
         if notes["sampler"] == "draft model":
@@ -377,7 +380,10 @@ class OptunaProposer:
             change=change,
             source=self.name,
             hypothesis=hypothesis,
-            expected_effect=_expected(evidence, change, spec, self.direction),
+            expected_effect=_expected(evidence, change, spec, self.direction)
+            if model is None
+            else f"{_versus(model.change_pct[int(change.new)], self.direction)}: "
+            f"{notes['draft_model']}; a model, not a measurement",
             risk=context.risk_of(change),
             estimated_cost=ONE_EXPERIMENT,
             notes=notes,
@@ -423,18 +429,24 @@ def _expected(
             "a first look at this region"
         )
     mean = sum(deltas) / len(deltas)
-    if abs(mean) < 0.5:
-        word = "about the same as the champion"
-    elif (mean > 0) == (direction == "maximize"):
-        word = "better than the champion"
-    else:
-        word = "worse than the champion so far, though TPE still ranks the region high"
+    word = _versus(mean, direction)
+    if word.startswith("worse"):
+        word += " so far, though TPE still ranks the region high"
     exact = any(same_value(e.config.get(spec.name), change.new) for e in evidence)
     where = "at this value" if exact else "at the nearest measured values"
     return (
         f"{word}: objective {mean:+.1f}% on average over {len(deltas)} measurement(s) {where}, "
         "each against the champion of its time"
     )
+
+
+def _versus(pct: float, direction: Direction) -> str:
+    """An objective change of ``pct`` % against the champion, in words."""
+    if abs(pct) < 0.5:
+        return "about the same as the champion"
+    if (pct > 0) == (direction == "maximize"):
+        return "better than the champion"
+    return "worse than the champion"
 
 
 def _params(space: KnobSpace, config: Mapping[str, object]) -> dict[str, Value] | None:

@@ -310,3 +310,32 @@ def test_the_digest_shows_the_prediction_as_a_model_not_a_measurement(exl3: Land
     assert "a model, not a measurement" in text
     assert "num_speculative_tokens=2 predicted +" in text
     assert "Draft length" not in digest(context.model_copy(update={"champion_cells": ()}))
+
+
+def test_a_K_look_expects_what_its_hypothesis_predicts(exl3: Landscape) -> None:
+    """The draft-length model chose the value and says what it predicts: the proposal's
+    expected effect is that prediction (``proposals list --json``, the ``ask`` prompt, MLflow),
+    not "unknown" beside a hypothesis that names a number; better or worse as the number is."""
+    context = truth_context(exl3, {"cuda_graphs": True})
+    graphs_off = Config(dict(context.champion) | {"cuda_graphs": False})
+    context = context.model_copy(update={"decided_keys": context.decided_keys | {graphs_off.key}})
+    vllm = load_landscape("vllm-dflash2-tp4").without_noise()
+    worse = truth_context(vllm)  # K=7 is best there: every K look is predicted worse
+    others = {
+        worse.champion.apply(c).key
+        for c in worse.candidates()
+        if c.knob != "num_speculative_tokens"
+    }
+    worse = worse.model_copy(update={"decided_keys": worse.decided_keys | others})
+    for ctx, word in ((context, "better"), (worse, "worse")):
+        model = predict(ctx)
+        assert model is not None
+        proposal = OptunaProposer(seed=3).propose(ctx)
+        assert proposal.notes["sampler"] == "draft model"
+        value = int(proposal.change.new)
+        assert (model.change_pct[value] > 0) == (word == "better")
+        said = model.describe(value)
+        assert said in proposal.hypothesis
+        assert proposal.expected_effect == (
+            f"{word} than the champion: {said}; a model, not a measurement"
+        )
