@@ -201,6 +201,7 @@ def experiments_table(
     table = Table(title=title, title_justify="left")
     for column, justify in (
         ("#", "right"),
+        ("proposal", "right"),
         ("change", "left"),
         ("objective", "right"),
         ("Δ%", "right"),
@@ -216,6 +217,7 @@ def experiments_table(
             note = (note + " champion").strip()
         table.add_row(
             str(e.id),
+            "-" if e.proposal_id is None else str(e.proposal_id),
             describe(e),
             "-" if e.objective is None else objective_text(e.objective),
             "-" if e.delta_pct is None or e.kind == Kind.BASELINE else f"{e.delta_pct:+.2f}",

@@ -17,9 +17,9 @@ from agents import SweepProposer
 from knobs.vocabulary import Kind, Status
 from ledger import Ledger, ProposalRecord
 from orchestrator.approval import Answer, ApprovalGate
-from orchestrator.display import RoundDisplay
+from orchestrator.display import RoundDisplay, experiments_table
 from orchestrator.profile import load_profile
-from orchestrator.round import RoundOptions, RoundRunner
+from orchestrator.round import RoundOptions, RoundReport, RoundRunner
 from orchestrator.testbed import NullSink
 from tests.fixtures.cli import orchestrate
 from tests.test_known_bad_cli import PROFILE, write_scripted_profile
@@ -35,13 +35,13 @@ def _answer(p: ProposalRecord, problem: str | None) -> Answer:
     return Answer("approve")
 
 
-def _round(directory: Path) -> None:
+def _round(directory: Path) -> RoundReport:
     """A round on the CLI's ledger: K=5 vetoed, K=6 approved and kept (120 tok/s against the
     baseline's 100)."""
     write_scripted_profile(directory)
     ledger = Ledger(os.environ["ORCHESTRATE_LEDGER"])
     try:
-        RoundRunner(
+        return RoundRunner(
             load_profile(str(directory / PROFILE)),
             ledger,
             NullSink(),
@@ -61,7 +61,7 @@ def _cli(directory: Path, *args: str) -> str:
 
 
 def test_proposals_and_experiments_name_each_other(cli_workdir: Path) -> None:
-    _round(cli_workdir)
+    report = _round(cli_workdir)
     with Ledger(os.environ["ORCHESTRATE_LEDGER"]) as ledger:
         vetoed, kept = ledger.proposals()
         became = {e.proposal_id: e for e in ledger.experiments(cluster="scripted")}
@@ -104,3 +104,12 @@ def test_proposals_and_experiments_name_each_other(cli_workdir: Path) -> None:
     assert (str(k5.id), str(vetoed.id)) in cells and (str(k6.id), str(kept.id)) in cells, cells
     baseline = next(e for e in became.values() if e.kind == Kind.BASELINE)
     assert (str(baseline.id), "") in cells, cells
+
+    # the round's own table at its end: each experiment's proposal beside its number
+    console = Console(file=io.StringIO(), width=200)
+    console.print(experiments_table(report.experiments, report.champion, "Round 1"))
+    table = console.file.getvalue()  # type: ignore[attr-defined]
+    header = next(line for line in table.splitlines() if " change " in line)
+    assert [c.strip() for c in header.split("┃")[1:3]] == ["#", "proposal"], header
+    for e, p in ((k5, vetoed), (k6, kept)):
+        assert re.search(rf"│\s+{e.id} │\s+{p.id} │ num_speculative", table), table
