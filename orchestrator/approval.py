@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from agents import ProposalContext
+from agents import COUPLED_NOTE, ProposalContext
 from knobs.errors import KnobError
 from knobs.records import LlmUsage
 from knobs.spec import Value, as_text
@@ -74,6 +74,22 @@ def edit_words(p: ProposalRecord) -> str:
     ``, edited by person from 2048`` (nothing for one approved as proposed)."""
     proposed = p.notes.get(EDITED_FROM)
     return "" if proposed is None else f", edited by person from {proposed}"
+
+
+def proposal_rows(p: ProposalRecord) -> list[tuple[str, str]]:
+    """A proposal's reasoning as labelled rows, as the ``ask`` prompt and ``orchestrate
+    proposals show`` print them: a coupled move's note and the LLM's spend only when there is
+    one, ``-`` for any other field left empty."""
+    rows = [
+        # a coupled move says so, and which failure it answers (``agents.coupled``)
+        ("coupled", p.notes.get(COUPLED_NOTE, "") if p.coupled_knob else ""),
+        ("hypothesis", p.hypothesis),
+        ("expected", p.expected_effect),
+        ("risk", p.risk),
+        ("cost", p.estimated_cost),
+        ("llm", llm_summary(p.notes)),
+    ]
+    return [(k, v or "-") for k, v in rows if v or k not in ("llm", "coupled")]
 
 
 def waits_for_a_person(p: ProposalRecord, flag: str) -> str:

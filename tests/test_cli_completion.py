@@ -50,7 +50,7 @@ def _offers(home: Path, *words: str) -> list[str]:
 
 def test_bash_completes_commands_options_and_values(tmp_path: Path) -> None:
     assert _offers(tmp_path, "ro") == ["round"]
-    assert _offers(tmp_path, "proposals", "") == ["list", "approve", "veto"]
+    assert _offers(tmp_path, "proposals", "") == ["list", "show", "approve", "veto"]
     assert "--budget" in _offers(tmp_path, "round", "--b")
     assert _offers(tmp_path, "round", "--proposer", "") == ["optuna", "sweep", "claude", "hybrid"]
     assert _offers(tmp_path, "round", "--approve", "q") == ["queue"]

@@ -114,6 +114,7 @@ def test_an_id_the_ledger_lacks_is_a_bad_value_exit_3_in_every_command(
         (["experiments", "show", "999"], "has no experiment #999"),
         (["experiments", "veto", "999", "--reason", "why"], "has no experiment #999"),
         (["known-bad", "clear", "999", "--reason", "why"], "experiment #999 bars nothing"),
+        (["proposals", "show", "999"], "no proposal 999 in ledger"),
         (["proposals", "approve", "999"], "no proposal 999 in ledger"),
         (["proposals", "veto", "999", "--reason", "why"], "no proposal 999 in ledger"),
         (["proposals", "approve", "1"], "proposal 1 is already approved"),

@@ -21,6 +21,7 @@ READERS = [
     ["experiments", "show", "1"],
     ["experiments", "veto", "1", "--reason", "x"],
     ["proposals", "list"],
+    ["proposals", "show", "1"],
     ["proposals", "approve", "1"],
     ["proposals", "veto", "99", "--reason", "x"],
     ["known-bad", "list"],

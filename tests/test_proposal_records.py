@@ -87,6 +87,19 @@ def test_proposals_and_experiments_name_each_other(cli_workdir: Path) -> None:
         (kept.id, k6.id, None),
     ]
 
+    # one proposal in full: its decision with the veto's words, its experiment, its reasoning
+    said = _cli(cli_workdir, "proposals", "show", str(vetoed.id)).splitlines()
+    assert said[:3] == [
+        f"proposal {vetoed.id} of round 1 (sweep): num_speculative_tokens 7 → 5",
+        "  status:     vetoed by person: K=5 wedged rank 2 last week",
+        f"  experiment: #{k5.id}",
+    ], said
+    assert [line.split(":")[0].strip() for line in said[3:]] == [
+        "hypothesis", "expected", "risk", "cost"
+    ]  # fmt: skip
+    one = json.loads(_cli(cli_workdir, "proposals", "show", str(kept.id), "--json"))
+    assert (one["id"], one["status"], one["experiment"]) == (kept.id, "approved", k6.id)
+
     # the experiment a person reads names the proposal it came from
     said = " ".join(_cli(cli_workdir, "status").split())
     assert f"champion: experiment #{k6.id} (proposal {kept.id}), objective 120.0" in said, said

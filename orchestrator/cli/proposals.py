@@ -4,11 +4,14 @@ another terminal."""
 from __future__ import annotations
 
 import json
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from orchestrator.cli.common import JsonOpt, ProfileOpt, VetoReason, in_ledger, opened
+from orchestrator.cli.common import JsonOpt, ProfileOpt, VetoReason, in_ledger, opened, out
+
+if TYPE_CHECKING:
+    from ledger import Ledger
 
 proposals_app = typer.Typer(
     help="Proposals waiting for a person (--approve queue).", no_args_is_help=True
@@ -37,12 +40,7 @@ def proposals_list(
         rows = ledger.proposals(
             status=None if all_ else ProposalStatus.PENDING, cluster=prof.cluster.name
         )
-        # the experiment each became (approved, or vetoed: a ``vetoed`` row of results.tsv)
-        became = {
-            e.proposal_id: e.id
-            for e in ledger.experiments(cluster=prof.cluster.name)
-            if e.proposal_id is not None
-        }
+        became = _became(ledger, prof.cluster.name)
     if as_json:
         shown = [p.model_dump(mode="json") | {"experiment": became.get(p.id)} for p in rows]
         typer.echo(json.dumps(shown, indent=2))
@@ -63,6 +61,47 @@ def proposals_list(
             p.hypothesis,
         )
         typer.echo("\t".join(" ".join(f.split()) for f in fields))
+
+
+@proposals_app.command("show")
+def proposals_show(
+    proposal_id: ProposalId, profile: ProfileOpt = None, as_json: JsonOpt = False
+) -> None:
+    """One proposal: its change, its decision (a veto's reason), the experiment it became,
+    and its reasoning (hypothesis, expected effect, risk, cost)."""
+    from orchestrator.approval import proposal_rows
+    from orchestrator.profile import load_profile
+
+    prof = load_profile(profile)
+    with opened(prof) as o:
+        ledger = o.ledger(create=False)
+        p = ledger.proposal(proposal_id, cluster=prof.cluster.name)
+        experiment = _became(ledger, prof.cluster.name).get(p.id)
+    if as_json:
+        typer.echo(json.dumps(p.model_dump(mode="json") | {"experiment": experiment}, indent=2))
+        return
+    decided = "" if p.decided_by is None else f" by {p.decided_by}"
+    rows = [
+        ("status", f"{p.status}{decided}" + ("" if p.reason is None else f": {p.reason}")),
+        ("experiment", "-" if experiment is None else f"#{experiment}"),
+        *proposal_rows(p),
+    ]
+    console = out()
+    console.print(
+        f"proposal {p.id} of round {p.round_id} ({p.source}): {p.change.describe()}", markup=False
+    )
+    for label, value in rows:
+        # proposal texts may come from an LLM: data, never console markup
+        console.print(f"  {label + ':':<11} {' '.join(value.split())}", markup=False)
+
+
+def _became(ledger: Ledger, cluster: str) -> dict[int, int]:
+    """Each proposal's experiment: approved, or vetoed (a ``vetoed`` row of results.tsv)."""
+    return {
+        e.proposal_id: e.id
+        for e in ledger.experiments(cluster=cluster)
+        if e.proposal_id is not None
+    }
 
 
 @proposals_app.command("approve")

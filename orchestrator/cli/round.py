@@ -440,8 +440,7 @@ def _ask_at_terminal(console: Console, display: RoundDisplay) -> Any:
 
 
 def _ask(console: Console, p: ProposalRecord, problem: str | None) -> Answer:
-    from agents import COUPLED_NOTE
-    from orchestrator.approval import Answer, llm_summary
+    from orchestrator.approval import Answer, proposal_rows
 
     # proposal texts may come from an LLM: shown as data, never as console markup
     if problem:
@@ -449,18 +448,8 @@ def _ask(console: Console, p: ProposalRecord, problem: str | None) -> Answer:
     else:
         console.print(Text(f"\nProposal {p.id} ({p.source}): ", style="bold"), end="")
         console.print(Text(p.change.describe()))
-        rows = [
-            # a coupled move says so, and which failure it answers (``agents.coupled``)
-            ("coupled", p.notes.get(COUPLED_NOTE, "") if p.coupled_knob else ""),
-            ("hypothesis", p.hypothesis),
-            ("expected", p.expected_effect),
-            ("risk", p.risk),
-            ("cost", p.estimated_cost),
-            ("llm", llm_summary(p.notes)),
-        ]
-        for label, value in rows:
-            if value or label not in ("llm", "coupled"):
-                console.print(Text(f"  {label + ':':<11} {value or '-'}"))
+        for label, value in proposal_rows(p):
+            console.print(Text(f"  {label + ':':<11} {value}"))
     action = typer.prompt("approve, edit or veto", default="approve").strip().lower()
     action = {"a": "approve", "e": "edit", "v": "veto"}.get(action, action)
     if action == "edit":
