@@ -88,13 +88,13 @@ def test_proposals_and_experiments_name_each_other(cli_workdir: Path) -> None:
     ]
 
     # one proposal in full: its decision with the veto's words, its experiment, its reasoning
-    said = _cli(cli_workdir, "proposals", "show", str(vetoed.id)).splitlines()
-    assert said[:3] == [
+    lines = _cli(cli_workdir, "proposals", "show", str(vetoed.id)).splitlines()
+    assert lines[:3] == [
         f"proposal {vetoed.id} of round 1 (sweep): num_speculative_tokens 7 → 5",
         "  status:     vetoed by person: K=5 wedged rank 2 last week",
         f"  experiment: #{k5.id}",
-    ], said
-    assert [line.split(":")[0].strip() for line in said[3:]] == [
+    ], lines
+    assert [line.split(":")[0].strip() for line in lines[3:]] == [
         "hypothesis", "expected", "risk", "cost"
     ]  # fmt: skip
     one = json.loads(_cli(cli_workdir, "proposals", "show", str(kept.id), "--json"))
