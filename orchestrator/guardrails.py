@@ -68,6 +68,35 @@ def _undisturbed(
     return kept, worst
 
 
+_Side = tuple[dict[str, list[float]], dict[str, float]]
+
+
+def _unjudged(name: str, mine: _Side, theirs: _Side) -> tuple[float, str] | None:
+    """Whether cell ``name``'s TTFT goes unjudged: the seconds its most stalled reading lost
+    and whose window it was, where a side has no undisturbed reading of it."""
+    if name not in mine[0] and name in mine[1]:
+        return mine[1][name], "its"
+    if name not in theirs[0] and name in theirs[1]:
+        return theirs[1][name], "the champion's"
+    return None
+
+
+def stalled_breach(
+    name: str, candidate: Sequence[CellResultRecord], champion: Sequence[CellResultRecord]
+) -> tuple[float, str] | None:
+    """Whether a TTFT guardrail breach recorded in cell ``name`` (by any release) rests on a
+    window a busy host stalled, by today's rule (``guard``): the stall's seconds and whose
+    window it was, where the candidate's readings of it (``candidate``) or the champion's
+    (``champion``) have none undisturbed; ``None`` where both sides have one. Such a breach is
+    not judged again in the record (a ledger's verdicts are never rewritten), but bars no
+    value (``history.guardrail_region``)."""
+    return _unjudged(
+        name,
+        _undisturbed([c for c in candidate if c.cell == name]),
+        _undisturbed([c for c in champion if c.cell == name]),
+    )
+
+
 def guard(
     spec: VerdictSpec, candidate: Sequence[CellResultRecord], champion: Sequence[CellResultRecord]
 ) -> Guarded:
@@ -89,10 +118,9 @@ def guard(
     theirs, their_stalls = _undisturbed(champion)
     unjudged: dict[str, tuple[float, str]] = {}
     for name in sorted({c.cell for c in candidate} & {c.cell for c in champion}):
-        if name not in mine:
-            unjudged[name] = (my_stalls[name], "its")
-        elif name not in theirs:
-            unjudged[name] = (their_stalls[name], "the champion's")
+        stalled = _unjudged(name, (mine, my_stalls), (theirs, their_stalls))
+        if stalled is not None:
+            unjudged[name] = stalled
     breach = None
     for name in sorted(mine.keys() & theirs.keys()):
         a = sum(mine[name]) / len(mine[name])

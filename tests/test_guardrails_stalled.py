@@ -6,6 +6,8 @@ guardrail declared monotone (MNBT's time to first token)."""
 from __future__ import annotations
 
 import io
+import json
+import sqlite3
 from pathlib import Path
 
 from rich.console import Console
@@ -159,3 +161,56 @@ def test_a_stalled_cell_bars_no_value_through_a_monotone_guardrail(tmp_path: Pat
     assert first.rule != "ttft-guardrail", first.reason
     assert "TTFT guardrail not judged on" in first.reason, first.reason
     assert all(r.experiment.id != candidates[0].id for r in regions), regions
+
+
+def test_an_older_releases_stalled_guardrail_discard_bars_nothing(tmp_path: Path) -> None:
+    """A ledger an earlier release wrote: MNBT 4096 measured on a busy host, every window
+    stalled, and discarded by the TTFT guardrail of prose-c8 (as the forty-sixth session's
+    release judged stalled windows; its readings carry the stalls). MNBT declares that
+    guardrail monotone, so the discard barred every smaller MNBT when a newer release opened
+    the ledger: 3072 was skipped. Today's rule decides what a record bars, whatever release
+    wrote it: the discard stays in the record as it was, and bars nothing; 3072 is measured."""
+    prof = profile(tmp_path)
+    url = f"sqlite:///{tmp_path}/ledger.db"
+
+    def round_of(*values: int) -> None:
+        with Ledger(url) as ledger:
+            RoundRunner(
+                prof,
+                ledger,
+                NullSink(),
+                BusyHost(4096, seed=0),
+                SweepProposer([{MNBT: v} for v in values]),
+                ApprovalGate(ledger, "auto"),
+                RoundDisplay(Console(file=io.StringIO())),
+            ).run(RoundOptions(budget=len(values), proposer="sweep", approve="auto", seed=0))
+
+    round_of(4096)
+    reason = "TTFT p90 of prose-c8 grew +676% (limit +50%)"
+    with Ledger(url) as ledger:
+        [first] = [e for e in ledger.experiments() if e.kind == Kind.CANDIDATE]
+        assert first.status != "keep", first  # the champion stays 7168, as it did then
+        stats = {k: v for k, v in first_stats(ledger, first.id).items() if k != "ttft_unjudged"}
+    # what the earlier release recorded of it: a discard by the TTFT guardrail
+    with sqlite3.connect(tmp_path / "ledger.db") as db:
+        db.execute(
+            "UPDATE verdict SET status = 'discard', rule = 'ttft-guardrail', reason = ?, "
+            "stats = ? WHERE experiment_id = ?",
+            (reason, json.dumps({**stats, "ttft_cell": "prose-c8"}), first.id),
+        )
+        db.execute("UPDATE experiment SET status = 'discard' WHERE id = ?", (first.id,))
+    with Ledger(url) as ledger:
+        regions = [r for r in barred_regions(prof, ledger) if r.region.source == "guardrail"]
+        recorded = ledger.verdict(first.id)
+    assert regions == [], [r.region.region() for r in regions]
+    assert recorded is not None and (recorded.rule, recorded.reason) == ("ttft-guardrail", reason)
+    round_of(3072)
+    with Ledger(url) as ledger:
+        values = [e.value for e in ledger.experiments() if e.kind == Kind.CANDIDATE]
+    assert values == [4096, 3072]
+
+
+def first_stats(ledger: Ledger, experiment: int) -> dict[str, object]:
+    verdict = ledger.verdict(experiment)
+    assert verdict is not None
+    return dict(verdict.stats)
