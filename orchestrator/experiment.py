@@ -237,7 +237,7 @@ class ExperimentRunner:
         crashpoint("verdict.committed")
         self.runlog.crashed(run_id, decided, err)
         crashpoint("mlflow.verdict")
-        boots = BootCount.of(decided, self.ledger.boots(e.id))
+        boots = BootCount.of(decided, self.ledger.boots(e.id), verdict)
         self.display.decided(decided, f"{err.failure_class}: {crash.reason}", boots)
         if e.kind == Kind.CANDIDATE:
             self.booter.restore(self.champion.config())
@@ -283,7 +283,7 @@ class ExperimentRunner:
         if verdict.status == Status.KEEP:
             crashpoint("champion.promoted")
         first = measurements[0].cells if measurements else []
-        boots = BootCount.of(decided, self.ledger.boots(e.id))
+        boots = BootCount.of(decided, self.ledger.boots(e.id), verdict)
         self.runlog.decided(run_id, decided, verdict, (value or 0.0, delta), first, cells, boots)
         crashpoint("mlflow.verdict")
         # its description says what look it is open for: the line says it once

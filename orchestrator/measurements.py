@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from knobs.records import CellResultRecord, CellSpec
-from knobs.vocabulary import BootStatus
-from ledger import BootRecord, CellReading, ExperimentRecord, Ledger
+from knobs.vocabulary import BootStatus, Status
+from ledger import BootRecord, CellReading, ExperimentRecord, Ledger, VerdictRecord
 from orchestrator.verdict import slow_ranks
 
 
@@ -50,21 +50,41 @@ class Measurement:
 @dataclass(frozen=True)
 class BootCount:
     """The boots an experiment took, from its boot rows: how many, and how those that failed
-    failed (each class and how many boots failed with it)."""
+    failed (each class and how many boots failed with it); and the measurements its verdict
+    weighed. The two differ, and both are said, each by its name: a boot is what the cluster
+    paid (its time is its GPU-hours), a measurement what the verdict judged. A measurement
+    interrupted mid-cells and finished on a new boot (a resume measures only the cells it
+    lacks) is two boots and one measurement; a boot that failed, or whose nodes' clocks were
+    off, is a boot with no measurement. Every count of an experiment's boots (its decided line,
+    the report, MLflow, ``status``) is this one."""
 
     boots: int
     failed: Mapping[str, int]
+    #: the measurements the verdict weighed (its ``candidate_boots``, the name a verdict has
+    #: recorded them under since the first release), else those its boots made: one for each
+    #: measurement index with a boot that did not fail
+    measurements: int = 0
 
     @classmethod
-    def of(cls, e: ExperimentRecord, boots: Sequence[BootRecord]) -> BootCount:
+    def of(
+        cls, e: ExperimentRecord, boots: Sequence[BootRecord], verdict: VerdictRecord | None = None
+    ) -> BootCount:
         """``e``'s boots (``boots``: its rows) up to its verdict, every one of them while it
         is undecided: a failed boot counts as a boot, and a champion's later re-measurements
-        are other verdicts' boots, not its."""
+        are other verdicts' boots, not its. ``verdict``: ``e``'s, whose statistics say how many
+        measurements it weighed (a crash's and a veto's weighed none)."""
         mine = [b for b in boots if e.decided_at is None or b.started_at <= e.decided_at]
         failed = Counter(
             b.failure_class or "unknown" for b in mine if b.status == BootStatus.FAILED
         )
-        return cls(len(mine), dict(sorted(failed.items())))
+        weighed = None if verdict is None else verdict.stats.get("candidate_boots")
+        if isinstance(weighed, int) and not isinstance(weighed, bool):
+            measurements = weighed
+        elif verdict is not None and verdict.status in (Status.CRASH, Status.VETOED):
+            measurements = 0
+        else:
+            measurements = len({b.measurement for b in mine if b.status != BootStatus.FAILED})
+        return cls(len(mine), dict(sorted(failed.items())), measurements)
 
     @property
     def failures(self) -> int:

@@ -264,8 +264,9 @@ class RunLog:
         present: frozenset[str] = frozenset(),
     ) -> None:
         """A decided experiment's run: ``level`` (its objective and delta %), its boots (and
-        how many failed), the verdict's statistics, the first boot's cells, the cells and
-        verdict as JSON, status, rule and description (results.tsv's) as tags; ended.
+        how many failed) and the measurements its verdict weighed (``BootCount``), the
+        verdict's statistics, the first boot's cells, the cells and verdict as JSON, status,
+        rule and description (results.tsv's) as tags; ended.
         ``present``: metrics the run has already (a repair), not logged twice: a metric's
         history keeps one value per verdict."""
         if run_id is None:
@@ -277,6 +278,8 @@ class RunLog:
             "delta_pct": delta,
             "boots": boots.boots,
             "failed_boots": boots.failures,
+            # what the verdict weighed: a measurement resumed on a new boot is two boots
+            "measurements": boots.measurements,
         }
         for name in ("p_gain", "p_worth", "se", "boot_cv"):
             stat = stats.get(name)
@@ -382,7 +385,7 @@ class RunLog:
             (e.objective or 0.0, e.delta_pct or 0.0),
             [c for m, c in cells if m == first],
             [c for _, c in cells],
-            BootCount.of(e, boots),
+            BootCount.of(e, boots, verdict),
             present,
         )
 

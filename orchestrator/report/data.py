@@ -80,7 +80,8 @@ class Point:
     delta_pct: float | None
     #: the verdict's 95 % interval of the change, percent (``None``: no such evidence)
     interval: tuple[float, float] | None
-    #: the boots it took to its verdict (``BootCount``), and how many of them failed
+    #: the boots it took to its verdict (``BootCount``: what the cluster paid), and how many
+    #: of them failed
     boots: int
     rule: str
     knob: str | None
@@ -90,6 +91,9 @@ class Point:
     failed_boots: int = 0
     #: the proposal it came from (``None``: a baseline)
     proposal: int | None = None
+    #: the measurements its verdict weighed (``BootCount``: a measurement resumed on a new
+    #: boot is one of two boots)
+    measurements: int = 0
 
 
 @dataclass(frozen=True)
@@ -107,6 +111,7 @@ class KnobRow:
     verdicts: str
     prior: EffectPrior | None
     failed_boots: int = 0
+    measurements: int = 0
 
 
 @dataclass(frozen=True)
@@ -245,7 +250,7 @@ def _point(ledger: Ledger, e: ExperimentRecord) -> Point:
     interval = None
     if isinstance(g, int | float) and isinstance(se, int | float) and se > 0:
         interval = (math.expm1(g - Z95 * se) * 100, math.expm1(g + Z95 * se) * 100)
-    boots = BootCount.of(e, ledger.boots(e.id))
+    boots = BootCount.of(e, ledger.boots(e.id), verdict)
     assert e.status is not None
     return Point(
         experiment=e.id,
@@ -257,6 +262,7 @@ def _point(ledger: Ledger, e: ExperimentRecord) -> Point:
         interval=interval,
         boots=boots.boots,
         failed_boots=boots.failures,
+        measurements=boots.measurements,
         rule=verdict.rule if verdict is not None else "",
         # a coupled move is a row of its own: ``a+b`` at ``v+w``
         knob=e.label,
@@ -320,6 +326,7 @@ def _knob_rows(profile: Profile, ledger: Ledger, points: list[Point]) -> list[Kn
                 interval=last,
                 boots=sum(p.boots for p in ps),
                 failed_boots=sum(p.failed_boots for p in ps),
+                measurements=sum(p.measurements for p in ps),
                 verdicts=", ".join(f"{n} {s}" for s, n in sorted(verdicts.items())),
                 prior=priors.get(knob),
             )

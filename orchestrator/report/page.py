@@ -72,12 +72,15 @@ def _experiments(data: ReportData) -> str:
             f'<td class="n">{_objective(p.objective)}</td>'
             f'<td class="n">{_delta(p.delta_pct)}</td>'
             f'<td class="n">{_interval(p.interval)}</td>'
-            f'<td class="n">{_boots(p.boots, p.failed_boots)}</td><td>{escape(rule)}</td>'
+            f'<td class="n">{_boots(p.boots, p.failed_boots)}</td>'
+            f'<td class="n">{p.measurements}</td><td>{escape(rule)}</td>'
             "</tr>"
         )
+    # boots: what the cluster paid (its GPU-hours); measurements: what the verdict weighed (a
+    # measurement interrupted and finished on a new boot is two boots, one measurement)
     head = (
         "<tr><th>#</th><th>proposal</th><th>change</th><th>verdict</th><th>objective</th>"
-        "<th>Δ %</th><th>95 % interval</th><th>boots</th><th>rule</th></tr>"
+        "<th>Δ %</th><th>95 % interval</th><th>boots</th><th>measurements</th><th>rule</th></tr>"
     )
     return f"<table>{head}{''.join(rows)}</table>"
 
@@ -95,12 +98,13 @@ def _knobs(data: ReportData) -> str:
         rows.append(
             f"<tr><td>{escape(r.knob)}</td><td>{escape(r.value)}</td>"
             f'<td class="n">{escape(effects)}</td><td class="n">{_interval(r.interval)}</td>'
-            f'<td class="n">{_boots(r.boots, r.failed_boots)}</td><td>{escape(r.verdicts)}</td>'
+            f'<td class="n">{_boots(r.boots, r.failed_boots)}</td>'
+            f'<td class="n">{r.measurements}</td><td>{escape(r.verdicts)}</td>'
             f"<td>{escape(prior)}</td></tr>"
         )
     head = (
         "<tr><th>knob</th><th>value</th><th>measured Δ %</th><th>95 % interval</th>"
-        "<th>boots</th><th>verdicts</th><th>prior in force</th></tr>"
+        "<th>boots</th><th>measurements</th><th>verdicts</th><th>prior in force</th></tr>"
     )
     return f"<table>{head}{''.join(rows)}</table>"
 

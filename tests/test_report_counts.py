@@ -1,0 +1,67 @@
+"""What a round's records count and show of a verdict: a measurement interrupted mid-cells and
+finished on a new boot is two boots paid and one measurement weighed, in the report and in
+MLflow alike (``measurements.BootCount``, the one count)."""
+
+from __future__ import annotations
+
+import html
+import re
+from pathlib import Path
+
+from mlflow.tracking import MlflowClient
+
+from ledger import Ledger
+from tests.fixtures.cli import orchestrate
+from tests.fixtures.profiles import write_profile
+from tests.test_kill_points import CLUSTER, Site, _profile_data
+
+HEAD = "<th>95 % interval</th><th>boots</th><th>measurements</th>"
+
+
+def _rows(page: str) -> dict[int, list[str]]:
+    """The experiments table of a report page: each experiment's cells as text, by its id."""
+    table = page[page.index("<h2>Experiments</h2>") : page.index("<h2>Per knob and value</h2>")]
+    rows: dict[int, list[str]] = {}
+    for row in re.findall(r"<tr>(.*?)</tr>", table, flags=re.S)[1:]:
+        cells = [html.unescape(c) for c in re.findall(r"<td[^>]*>(.*?)</td>", row, flags=re.S)]
+        rows[int(cells[0].lstrip("#"))] = cells
+    return rows
+
+
+def test_a_measurement_resumed_on_a_new_boot_is_two_boots_and_one_measurement(
+    tmp_path: Path,
+) -> None:
+    """A twin round SIGKILLed after the change's first cell (``cell.recorded@3``: the baseline
+    measured cells 1 and 2), then resumed: the resume measures the cell it lacks on a new boot,
+    and the verdict weighs one measurement over two boots. The report said "2" boots and MLflow
+    ``boots`` 2, with nothing saying the verdict weighed one; now both show the boots paid and
+    the measurements weighed, each by its name."""
+    site = Site(tmp_path)
+    write_profile(site.root, _profile_data(champion_boots=1))
+    try:
+        killed = site.round({"ORCHESTRATE_CRASHPOINT": "cell.recorded@3"})
+        assert killed.returncode == -9, killed.stderr
+        resumed = site.round()
+        assert resumed.returncode == 0, resumed.stderr
+    finally:
+        orchestrate(tmp_path, "cluster", "down", "--profile", "profile.yaml", env=site.env)
+    with Ledger(site.ledger_url) as ledger:
+        baseline, change = ledger.experiments(cluster=CLUSTER)
+        boots = ledger.boots(change.id)
+        verdict = ledger.verdict(change.id)
+        runs = {
+            e.id: MlflowClient(site.env["MLFLOW_TRACKING_URI"]).get_run(str(e.mlflow_run_id))
+            for e in (baseline, change)
+        }
+    assert [b.measurement for b in boots] == [0, 0], boots  # stitched: one measurement
+    assert verdict is not None and verdict.stats["candidate_boots"] == 1, verdict
+    page = (tmp_path / "reports" / "round-1" / "report.html").read_text()
+    assert HEAD in page
+    rows = _rows(page)
+    # the change: two boots paid, one measurement weighed
+    assert rows[change.id][6:8] == ["2", "1"], rows
+    assert runs[change.id].data.metrics["boots"] == 2
+    assert runs[change.id].data.metrics["measurements"] == 1
+    # the baseline: one boot, one measurement
+    assert rows[baseline.id][6:8] == ["1", "1"], rows
+    assert runs[baseline.id].data.metrics["measurements"] == 1
