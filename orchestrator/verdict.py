@@ -37,7 +37,7 @@ profile's cells of decode tok/s. The champion has its own boots. ``assess`` comp
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Literal
 
@@ -454,6 +454,34 @@ def _more_or_stop(
     stats.update(next_boot="candidate")
     reason = f"{where}: undecided, another boot"
     return Assessment(Undecided.MORE, "posterior", reason, stats, next_boot="candidate")
+
+
+def interval_pct(stats: Mapping[str, object], z: float) -> tuple[float, float] | None:
+    """The change's interval of ``z`` standard errors, percent, from what its verdict recorded:
+    the posterior's ``g`` and ``se`` where it ran; else, for a verdict decided before it (a
+    guardrail, the threshold policy's one run), the log ratio it measured (``objective`` vs
+    ``champion_objective``) with the noise model's ``boot_cv`` it recorded, over the
+    measurements it weighed (``NoiseModel.se``). ``None`` where it recorded neither (a
+    baseline, a crash, a veto, a release that recorded no noise)."""
+    g, se = stats.get("g"), stats.get("se")
+    if not _number(g) or not _number(se):
+        cand, champ = stats.get("objective"), stats.get("champion_objective")
+        cv, n, m = (stats.get(k) for k in ("boot_cv", "candidate_boots", "champion_boots"))
+        if not all(_number(v) for v in (cand, champ, cv, n, m)):
+            return None
+        assert isinstance(cand, int | float) and isinstance(champ, int | float)
+        assert isinstance(cv, int | float) and isinstance(n, int) and isinstance(m, int)
+        if cand <= 0 or champ <= 0:
+            return None
+        g, se = math.log(cand / champ), NoiseModel(float(cv), 0.0, 0, 0).se(n, m)
+    assert isinstance(g, int | float) and isinstance(se, int | float)
+    if se <= 0:
+        return None
+    return math.expm1(g - z * se) * 100, math.expm1(g + z * se) * 100
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def objective_of(per_boot: Sequence[float]) -> float:

@@ -1,19 +1,33 @@
 """What a round's records count and show of a verdict: a measurement interrupted mid-cells and
 finished on a new boot is two boots paid and one measurement weighed, in the report and in
-MLflow alike (``measurements.BootCount``, the one count)."""
+MLflow alike (``measurements.BootCount``, the one count); and the report's 95 % interval cell
+says what the verdict measured, never nothing: the interval of a guardrail's discard or of a
+one-run verdict (the noise model's, over what was measured), or why there is none."""
 
 from __future__ import annotations
 
 import html
+import io
 import re
 from pathlib import Path
 
 from mlflow.tracking import MlflowClient
+from rich.console import Console
 
+from agents.sweep import SweepProposer
+from cluster.simulated import SimulatedTestbed
+from cluster.twin.landscape import load_landscape
+from knobs.vocabulary import Kind
 from ledger import Ledger
+from orchestrator.approval import ApprovalGate
+from orchestrator.display import RoundDisplay
+from orchestrator.report import write_report
+from orchestrator.round import RoundOptions, RoundRunner
+from orchestrator.testbed import NullSink
 from tests.fixtures.cli import orchestrate
 from tests.fixtures.profiles import write_profile
 from tests.test_kill_points import CLUSTER, Site, _profile_data
+from tests.test_pooling import profile
 
 HEAD = "<th>95 % interval</th><th>boots</th><th>measurements</th>"
 
@@ -35,7 +49,9 @@ def test_a_measurement_resumed_on_a_new_boot_is_two_boots_and_one_measurement(
     measured cells 1 and 2), then resumed: the resume measures the cell it lacks on a new boot,
     and the verdict weighs one measurement over two boots. The report said "2" boots and MLflow
     ``boots`` 2, with nothing saying the verdict weighed one; now both show the boots paid and
-    the measurements weighed, each by its name."""
+    the measurements weighed, each by its name. Its one-run (threshold) verdict's interval
+    cell, empty before, is the noise model's interval, said so; the baseline's says why it has
+    none."""
     site = Site(tmp_path)
     write_profile(site.root, _profile_data(champion_boots=1))
     try:
@@ -65,3 +81,40 @@ def test_a_measurement_resumed_on_a_new_boot_is_two_boots_and_one_measurement(
     # the baseline: one boot, one measurement
     assert rows[baseline.id][6:8] == ["1", "1"], rows
     assert runs[baseline.id].data.metrics["measurements"] == 1
+    # the intervals: the one run's, from the noise model; none for the baseline, said why
+    assert re.fullmatch(
+        r"[+-]\d+\.\d … [+-]\d+\.\d \(one run: the noise model's\)", rows[change.id][5]
+    ), rows[change.id]
+    assert rows[baseline.id][5] == "—, the champion's own measurement, nothing to compare"
+
+
+def test_a_guardrail_discard_shows_the_interval_it_measured(tmp_path: Path) -> None:
+    """MNBT 7168 → 4096 on the simulated ``far-k`` stack is discarded by the TTFT guardrail
+    before the posterior runs: the report's interval cell was empty. It shows the interval of
+    what was measured, with the noise model the verdict recorded, and the guardrail that
+    decided; the knob's row shows it too."""
+    prof = profile(tmp_path)
+    with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
+        RoundRunner(
+            prof,
+            ledger,
+            NullSink(),
+            SimulatedTestbed(load_landscape("far-k"), 0),
+            SweepProposer([{"max_num_batched_tokens": 4096}]),
+            ApprovalGate(ledger, "auto"),
+            RoundDisplay(Console(file=io.StringIO())),
+        ).run(RoundOptions(budget=1, proposer="sweep", approve="auto", seed=0))
+        [change] = [e for e in ledger.experiments() if e.kind == Kind.CANDIDATE]
+        verdict = ledger.verdict(change.id)
+        written = write_report(prof, ledger, out=tmp_path / "report")
+    assert verdict is not None and verdict.rule == "ttft-guardrail", verdict
+    assert "g" not in verdict.stats  # decided before the posterior
+    page = written.page.read_text()
+    cell = _rows(page)[change.id][5]
+    assert re.fullmatch(
+        r"[+-]\d+\.\d … [+-]\d+\.\d \(decided by guardrail ttft-guardrail\)", cell
+    ), cell
+    low, high = (float(x) for x in re.findall(r"[+-]\d+\.\d", cell))
+    assert low < change.delta_pct < high  # type: ignore[operator]
+    knobs = page[page.index("<h2>Per knob and value</h2>") :]
+    assert f'<td class="n">{cell.split(" (")[0]}</td>' in knobs

@@ -7,7 +7,6 @@ the LLM spend, and the champion's launcher against the one the round started fro
 from __future__ import annotations
 
 import difflib
-import math
 from collections import Counter, defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -41,7 +40,7 @@ from orchestrator.priors import knob_priors, measured
 from orchestrator.profile import Profile
 from orchestrator.resumes import Resume
 from orchestrator.settings import runtime_placeholders
-from orchestrator.verdict import slow_ranks
+from orchestrator.verdict import interval_pct, slow_ranks
 
 #: Where a boot's time went (the report's categories), in the order the plot stacks them: the
 #: config's uses, then the boots the cluster cost (a boot that failed for the config's reasons,
@@ -245,11 +244,7 @@ def collect(profile: Profile, ledger: Ledger, round_id: int | None = None) -> Re
 
 def _point(ledger: Ledger, e: ExperimentRecord) -> Point:
     verdict = ledger.verdict(e.id)
-    stats = verdict.stats if verdict is not None else {}
-    g, se = stats.get("g"), stats.get("se")
-    interval = None
-    if isinstance(g, int | float) and isinstance(se, int | float) and se > 0:
-        interval = (math.expm1(g - Z95 * se) * 100, math.expm1(g + Z95 * se) * 100)
+    interval = None if verdict is None else interval_pct(verdict.stats, Z95)
     boots = BootCount.of(e, ledger.boots(e.id), verdict)
     assert e.status is not None
     return Point(

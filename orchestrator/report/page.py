@@ -11,8 +11,8 @@ from datetime import datetime
 from html import escape
 
 from knobs.spec import as_text, objective_text
-from knobs.vocabulary import RoundStatus
-from orchestrator.report.data import INFRASTRUCTURE_USES, USES, ReportData
+from knobs.vocabulary import GUARDRAIL_RULES, Kind, RoundStatus, Status
+from orchestrator.report.data import INFRASTRUCTURE_USES, USES, Point, ReportData
 from orchestrator.timestamps import utc_minute
 
 CSS = """
@@ -49,6 +49,36 @@ def _interval(value: tuple[float, float] | None) -> str:
     return "" if value is None else f"{value[0]:+.1f} … {value[1]:+.1f}"
 
 
+def _measured(p: Point) -> str:
+    """An experiment's interval cell: the verdict's 95 % interval, with the rule that decided
+    when it was not the posterior's (a guardrail or a check decides whatever the gain, the
+    threshold policy on one run: the interval is then the noise model's of what was measured);
+    or, never an empty cell, why there is none."""
+    if p.rule in GUARDRAIL_RULES:
+        rule = f"decided by guardrail {p.rule}"
+    elif p.rule in _CHECKS:
+        rule = f"decided by its {p.rule} check"
+    else:
+        rule = "one run: the noise model's" if p.rule == "threshold" else ""
+    if p.interval is not None:
+        return f"{_interval(p.interval)} ({rule})" if rule else _interval(p.interval)
+    if p.kind == Kind.BASELINE:
+        why = "the champion's own measurement, nothing to compare"
+    elif p.status == Status.CRASH:
+        why = "crashed: nothing measured"
+    elif p.status == Status.VETOED:
+        why = "vetoed: not judged on a measurement"
+    elif p.rule == "threshold":
+        why = "one run, no noise estimate recorded"
+    else:
+        why = f"{rule}, no noise estimate recorded" if rule else "no noise estimate recorded"
+    return f"—, {why}"
+
+
+#: the verdict's checks that decide before the gain is weighed (``verdict._validity``)
+_CHECKS = ("greedy-mismatch", "greedy-unchecked", "clocks")
+
+
 def _boots(boots: int, failed: int) -> str:
     """A boots cell: ``2 (1 failed)``."""
     return f"{boots} ({failed} failed)" if failed else str(boots)
@@ -71,7 +101,7 @@ def _experiments(data: ReportData) -> str:
             f'<td class="{escape(p.status)}">{escape(p.status)}</td>'
             f'<td class="n">{_objective(p.objective)}</td>'
             f'<td class="n">{_delta(p.delta_pct)}</td>'
-            f'<td class="n">{_interval(p.interval)}</td>'
+            f'<td class="n">{escape(_measured(p))}</td>'
             f'<td class="n">{_boots(p.boots, p.failed_boots)}</td>'
             f'<td class="n">{p.measurements}</td><td>{escape(rule)}</td>'
             "</tr>"
@@ -97,7 +127,7 @@ def _knobs(data: ReportData) -> str:
         effects = ", ".join(f"{e:+.1f}" for e in r.effects)
         rows.append(
             f"<tr><td>{escape(r.knob)}</td><td>{escape(r.value)}</td>"
-            f'<td class="n">{escape(effects)}</td><td class="n">{_interval(r.interval)}</td>'
+            f'<td class="n">{escape(effects)}</td><td class="n">{_interval(r.interval) or "—"}</td>'
             f'<td class="n">{_boots(r.boots, r.failed_boots)}</td>'
             f'<td class="n">{r.measurements}</td><td>{escape(r.verdicts)}</td>'
             f"<td>{escape(prior)}</td></tr>"
