@@ -54,15 +54,24 @@ def llm_summary(notes: Mapping[str, str]) -> str:
 
 class NobodyDeciding(OrchestrateError):
     """The queue's timeout vetoed ``timeouts`` proposals in a row: the round stops where it
-    is (resumable, like an interruption) instead of proposing forever. Carries the count and
-    the timeout."""
+    is (resumable, like an interruption) instead of proposing forever. Carries the count, the
+    timeout and the last proposal the timeout vetoed (``decided``: committed to the ledger, for
+    the round to record as its experiment before it stops)."""
 
     exit_code = 130
 
-    def __init__(self, message: str, *, timeouts: int, timeout_s: float) -> None:
+    def __init__(
+        self, message: str, *, timeouts: int, timeout_s: float, decided: ProposalRecord
+    ) -> None:
         super().__init__(message)
         self.timeouts = timeouts
         self.timeout_s = timeout_s
+        self.decided = decided
+
+
+#: Who decided a proposal the queue's timeout decided (``ProposalRecord.decided_by``, and the
+#: ``by`` of its vetoed experiment's verdict): nobody judged its value (``history.timed_out``).
+TIMEOUT_BY = "timeout"
 
 
 #: The note an edited proposal keeps its proposed value in (as text).
@@ -244,7 +253,7 @@ class ApprovalGate:
             decided = self.ledger.decide_proposal(
                 proposal.id,
                 status=status,
-                by="timeout",
+                by=TIMEOUT_BY,
                 reason=f"no decision within {timeout:g}s (the profile's on_timeout: "
                 f"{self.on_timeout})",
             )
@@ -262,9 +271,12 @@ class ApprovalGate:
         if self._timeouts_in_a_row >= self.max_timeouts:
             raise NobodyDeciding(
                 f"{self._timeouts_in_a_row} proposals in a row were vetoed by the queue's "
-                f"{timeout:g}s timeout: nobody is deciding, so the round is paused; decide "
-                "with `orchestrate proposals`, then run the same command to resume",
+                f"{timeout:g}s timeout: nobody is deciding, so the round is paused; run the "
+                "same command to resume once someone can decide (a change the timeout vetoed "
+                "may be proposed again), or set the profile's approve.timeout_s longer or "
+                "approve.on_timeout: approve",
                 timeouts=self._timeouts_in_a_row,
                 timeout_s=timeout,
+                decided=decided,
             )
         return decided

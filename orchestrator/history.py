@@ -1,18 +1,23 @@
 """What a proposer sees: the ledger's history as a ``ProposalContext``.
 
 Every decided experiment of the cluster becomes a history entry; crashes, invalid outputs and
-vetoes become known-bad regions (with the person's words for a veto); the configs decided
-under the current champion are not proposed again. A failure of the infrastructure's (stuck
-clocks, a node unreachable: ``INFRASTRUCTURE``) is never the config's: such an experiment bars
-nothing and may run again (a ledger from before such failures stopped the round has them).
-A region a person cleared (``orchestrate known-bad clear``, an event in the ledger) bars
-nothing either, and its config may run again; the verdict that barred it stays as it was.
-When every one-knob change of the champion is decided or barred, the changes the verdict
-stopped for want of boots or found not worth a change that still promise a gain are open again
-(``policy.last_look``): the budget left goes to them before a round ends with nothing to try.
+a person's vetoes become known-bad regions (with the person's words for a veto), held under
+every later champion until a person clears them; the configs decided under the current
+champion are not proposed again. A veto of the queue's timeout is no one's judgement: it bars
+no region, and holds only for the rest of the sitting that vetoed it (``timed_out``). A
+failure of the infrastructure's (stuck clocks, a node unreachable: ``INFRASTRUCTURE``) is
+never the config's: such an experiment bars nothing and may run again (a ledger from before
+such failures stopped the round has them). A region a person cleared (``orchestrate known-bad
+clear``, an event in the ledger) bars nothing either, and its config may run again; the
+verdict that barred it stays as it was. When every one-knob change of the champion is decided
+or barred, the changes the verdict stopped for want of boots or found not worth a change that
+still promise a gain are open again (``policy.last_look``): the budget left goes to them
+before a round ends with nothing to try.
 """
 
 from __future__ import annotations
+
+from datetime import datetime
 
 from agents import HistoryEntry, KnownBad, KnownBadSource, ProposalContext, round_spend
 from knobs.config import Config
@@ -22,6 +27,7 @@ from knobs.spec import Value, clipped
 from knobs.vocabulary import INFRASTRUCTURE, UNMEASURED, EventKind, State, Status
 from ledger import EventRecord, ExperimentRecord, Ledger, RoundRecord, VerdictRecord
 from orchestrator import policy
+from orchestrator.approval import TIMEOUT_BY
 from orchestrator.champion import ChampionEvidence
 from orchestrator.closures import CLOSED_RULES
 from orchestrator.evolution import Lineage, fit
@@ -59,6 +65,7 @@ def proposal_context(
     # (or while it was out of the profile) is still decided after, under the same champion
     lineage = Lineage.read(profile.space, ledger, profile.cluster.name, experiments)
     cleared = cleared_regions(ledger, profile.cluster.name)
+    sitting = sitting_start(ledger, rnd)
     for e in experiments:
         if e.state != State.DECIDED or e.status is None:
             continue
@@ -69,6 +76,9 @@ def proposal_context(
             and e.failure_class not in INFRASTRUCTURE
             # closed by the profile (``closures.closure``): nobody judged it, it may run again
             and not _closed(ledger, e)
+            # vetoed by the queue's timeout: nobody judged it either; held for the rest of
+            # this sitting only, so the proposer does not offer it again at once
+            and (not timed_out(ledger, e) or _this_sitting(e, rnd, sitting))
         )
         if here:
             looks[fitted.config.key] = looks.get(fitted.config.key, 0) + 1
@@ -267,8 +277,10 @@ def _barred(profile: Profile, ledger: Ledger, e: ExperimentRecord) -> KnownBad |
     if e.status == Status.VETOED:
         # the person's words, so every proposer learns why (the verdict's: a proposal's veto
         # or, for a change a stopped round left undecided, the experiment's)
-        if _closed(ledger, e):
-            return None  # closed because the profile could not run it: no one judged its value
+        if _closed(ledger, e) or timed_out(ledger, e):
+            # closed because the profile could not run it, or vetoed by the queue's timeout:
+            # no one judged its value
+            return None
         verdict = ledger.verdict(e.id)
         reason = "vetoed" if verdict is None else verdict.reason
     region = (
@@ -277,6 +289,36 @@ def _barred(profile: Profile, ledger: Ledger, e: ExperimentRecord) -> KnownBad |
         else KnownBad(when=when, reason=reason, source=source)
     )
     return region.model_copy(update={"reason": reason, "source": source})
+
+
+def timed_out(ledger: Ledger, e: ExperimentRecord) -> bool:
+    """Whether decided ``e`` was vetoed by the queue's timeout (``approve.on_timeout: veto``):
+    no one judged its value, so it bars no region, and it is held (not proposed again) only
+    for the rest of the sitting that vetoed it (``sitting_start``): a resume, the person
+    back, may be offered it again, and a later round or champion always may."""
+    if e.status != Status.VETOED:
+        return False
+    verdict = ledger.verdict(e.id)
+    return verdict is not None and verdict.stats.get("by") == TIMEOUT_BY
+
+
+def sitting_start(ledger: Ledger, rnd: RoundRecord) -> datetime | None:
+    """When round ``rnd``'s current run began: its latest resume (``resumes.record``), else
+    ``None`` (the round's start)."""
+    resumed = [
+        ev.created_at
+        for ev in ledger.events(rnd.cluster, EventKind.ROUND_RESUMED)
+        if ev.subject == str(rnd.id)
+    ]
+    return max(resumed) if resumed else None
+
+
+def _this_sitting(e: ExperimentRecord, rnd: RoundRecord, sitting: datetime | None) -> bool:
+    """Whether ``e`` was decided by round ``rnd``'s current run (``sitting_start``)."""
+    if e.round_id != rnd.id:
+        return False
+    decided = e.decided_at or e.created_at
+    return sitting is None or decided >= sitting
 
 
 def _closed(ledger: Ledger, e: ExperimentRecord) -> bool:

@@ -33,7 +33,7 @@ from ledger import (
     RoundRecord,
 )
 from orchestrator import budget, resumes, revision
-from orchestrator.approval import ApprovalGate
+from orchestrator.approval import ApprovalGate, NobodyDeciding
 from orchestrator.boot import Booter
 from orchestrator.champion import ChampionEvidence
 from orchestrator.champion_level import CellsChanged, LevelInForce, level_in_force, shown
@@ -405,7 +405,13 @@ class RoundRunner:
             return None
         # the gate's mode: a resume's ``--approve`` runs it, whatever the round started with
         self.display.phase(f"waiting for approval ({self.gate.mode})")
-        decision = self.gate.decide(record, self.context(rnd))
+        try:
+            decision = self.gate.decide(record, self.context(rnd))
+        except NobodyDeciding as paused:
+            # the timeout's veto is committed: its experiment row before the round stops
+            # (results.tsv, MLflow and known-bad have it, not only after a resume)
+            self.intake.veto(rnd, paused.decided)
+            raise
         crashpoint("proposal.approved")
         if decision.status == ProposalStatus.VETOED:
             self.intake.veto(rnd, decision)

@@ -223,9 +223,12 @@ def test_timeout_vetoes_in_a_row_pause_the_round(ledger: Ledger) -> None:
     assert caught.value.exit_code == 130
     assert str(caught.value) == (
         "2 proposals in a row were vetoed by the queue's 5s timeout: nobody is deciding, so "
-        "the round is paused; decide with `orchestrate proposals`, then run the same command "
-        "to resume"
+        "the round is paused; run the same command to resume once someone can decide (a "
+        "change the timeout vetoed may be proposed again), or set the profile's "
+        "approve.timeout_s longer or approve.on_timeout: approve"
     )
+    # the last one the timeout vetoed, for the round to record before it stops
+    assert caught.value.decided.status == ProposalStatus.VETOED
     assert ledger.proposals(status=ProposalStatus.PENDING) == []
 
 

@@ -224,16 +224,30 @@ def test_the_queue_timeout_vetoes_then_pauses_and_the_round_resumes(workdir: Pat
     assert paused.returncode == 130, paused.stderr
     assert paused.stderr.endswith(
         "Error: 2 proposals in a row were vetoed by the queue's 0.2s timeout: nobody is "
-        "deciding, so the round is paused; decide with `orchestrate proposals`, then run the "
-        "same command to resume\n"
+        "deciding, so the round is paused; run the same command to resume once someone can "
+        "decide (a change the timeout vetoed may be proposed again), or set the profile's "
+        "approve.timeout_s longer or approve.on_timeout: approve\n"
     )
+    # both timeouts are rows before the round resumes (the second was only recorded by the
+    # resume): results.tsv has them as they are
+    why = "no decision within 0.2s (the profile's on_timeout: veto)"
+    rows = results(workdir)
+    told = [(r["status"], r["knob"], r["description"].partition(" vetoed ")[2]) for r in rows]
+    assert told[1:] == [
+        ("vetoed", "num_speculative_tokens", f"by timeout: {why}"),
+        ("vetoed", "max_num_batched_tokens", f"by timeout: {why}"),
+    ]  # fmt: skip
+    # and nobody judged them: they bar nothing (known-bad listed them, under every champion,
+    # as a person's veto)
+    known = orchestrate(workdir, "known-bad", "list", "--profile", "profile.yaml")
+    assert known.returncode == 0, known.stderr
+    assert "timeout" not in known.stdout and "vetoed" not in known.stdout, known.stdout
     ledger = Ledger(os.environ["ORCHESTRATE_LEDGER"])
     try:
         decided = [(p.knob, p.status, p.decided_by, p.reason) for p in ledger.proposals()]
         assert ledger.unfinished_round("twin-local") is not None
     finally:
         ledger.close()
-    why = "no decision within 0.2s (the profile's on_timeout: veto)"
     assert decided == [
         ("num_speculative_tokens", "vetoed", "timeout", why),
         ("max_num_batched_tokens", "vetoed", "timeout", why),
@@ -262,6 +276,7 @@ def test_the_queue_timeout_vetoes_then_pauses_and_the_round_resumes(workdir: Pat
         ("vetoed", "num_speculative_tokens"),
         ("vetoed", "max_num_batched_tokens"),
     ]
+    # the sweep's list is tried once each entry (a timeout's entry included)
     assert rows[3]["knob"] == "cuda_graphs" and rows[3]["status"] != "vetoed"
     assert len(rows) == 4
     html = " ".join(page.read_text().split())
@@ -284,6 +299,41 @@ def test_the_queue_timeout_vetoes_then_pauses_and_the_round_resumes(workdir: Pat
         ("vetoed", "FINISHED"),
         ("vetoed", "FINISHED"),
     ]
+
+
+def test_a_change_the_queue_timeout_vetoed_is_proposed_again_once_the_round_resumes(
+    workdir: Path,
+) -> None:
+    # the champion's neighbours in order: the first one is the first change proposed
+    fast_profile(
+        workdir,
+        proposer={"kind": "sweep"},
+        approve={"mode": "queue", "timeout_s": 0.2, "on_timeout": "veto", "max_timeouts": 1},
+    )
+    paused = orchestrate(workdir, "round", "--budget", "1", "--profile", "profile.yaml")
+    assert paused.returncode == 130, paused.stderr
+    with Ledger(os.environ["ORCHESTRATE_LEDGER"]) as ledger:
+        [timed_out] = ledger.proposals()
+    assert timed_out.decided_by == "timeout"
+    # nobody judged it: it bars no value (it was a known-bad region under every champion)
+    known = orchestrate(workdir, "known-bad", "list", "--profile", "profile.yaml")
+    assert known.returncode == 0, known.stderr
+    assert "no decision within" not in known.stdout, known.stdout
+    # the person is back: the change is offered again (it was held under this champion, so
+    # the knobs that matter most, proposed first, were gone from every round after)
+    resumed = orchestrate(
+        workdir, "round", "--budget", "1", "--approve", "auto", "--profile", "profile.yaml"
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    with Ledger(os.environ["ORCHESTRATE_LEDGER"]) as ledger:
+        last = ledger.proposals()[-1]
+        run = [e for e in ledger.experiments(round_id=1) if e.proposal_id == last.id]
+    assert (last.knob, last.new_value, last.status) == (
+        timed_out.knob,
+        timed_out.new_value,
+        ProposalStatus.APPROVED,
+    )
+    assert len(run) == 1 and run[0].status != "vetoed"
 
 
 def test_a_bare_resume_runs_the_round_as_it_started_and_a_flag_given_runs_it_its_way(
