@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from agents import COUPLED_NOTE, ProposalContext
 from knobs.errors import KnobError
 from knobs.records import LlmUsage
-from knobs.spec import Value, as_text
+from knobs.spec import as_text
 from knobs.vocabulary import ProposalStatus
 from ledger import Ledger, LedgerError, ProposalRecord
 from orchestrator.errors import OrchestrateError, UsageError
@@ -113,6 +113,49 @@ def waits_for_a_person(p: ProposalRecord, flag: str) -> str:
     )
 
 
+def approve_edited(
+    ledger: Ledger,
+    proposal: ProposalRecord,
+    context: ProposalContext,
+    value: object,
+    *,
+    cluster: str | None = None,
+) -> ProposalRecord:
+    """``proposal`` approved with a person's ``value`` instead of the one proposed (the ``ask``
+    prompt's ``edit``, ``orchestrate proposals approve N --value V``): validated against the
+    knob's domain and the profile's forbidden combinations (``KnobSpace.change``) and allowed
+    now (``context.refusal``: not decided under this champion, not vetoed, not known-bad);
+    the value proposed kept in its notes (``EDITED_FROM``: the experiment's description says
+    the edit) and its hypothesis marked as the proposer's, about the value proposed.
+
+    Raises:
+        KnobError: a coupled move (approved or vetoed as proposed), a value out of the
+            knob's domain, the champion's own, a forbidden result, or a change refused now.
+        LedgerError: the proposal is no longer pending, or another ``cluster``'s.
+    """
+    if proposal.coupled_knob is not None:
+        raise KnobError(
+            "a coupled move is approved or vetoed as proposed: its second knob's value "
+            "is the one its failure asks for (veto it, and propose a one-knob change)",
+            knob=proposal.knob,
+        )
+    change = context.space.change(context.champion, proposal.knob, value)
+    refusal = context.refusal(change)
+    if refusal is not None:
+        raise KnobError(refusal.reason, knob=proposal.knob)
+    proposed = as_text(proposal.new_value)
+    return ledger.decide_proposal(
+        proposal.id,
+        status=ProposalStatus.APPROVED,
+        by="person (edited)",
+        new_value=change.new,
+        hypothesis=f"edited by a person from {proposed} to {as_text(change.new)}; the "
+        f"proposer's hypothesis, about {proposed}: {proposal.hypothesis}",
+        notes={**proposal.notes, EDITED_FROM: proposed},
+        cluster=cluster,
+    )
+
+
 class ApprovalGate:
     """Decides every proposal before anything is deployed; each decision is committed."""
 
@@ -200,39 +243,13 @@ class ApprovalGate:
                 return self.ledger.decide_proposal(
                     proposal.id, status=ProposalStatus.VETOED, by="person", reason=reason
                 )
-            if answer.action == "edit" and proposal.coupled_knob is not None:
-                problem = (
-                    "a coupled move is approved or vetoed as proposed: its second knob's value "
-                    "is the one its failure asks for (veto it, and propose a one-knob change)"
-                )
-                continue
             if answer.action == "edit":
                 try:
-                    change = context.space.change(context.champion, proposal.knob, answer.value)
+                    return approve_edited(self.ledger, proposal, context, answer.value)
                 except KnobError as e:
                     problem = e.message
                     continue
-                refusal = context.refusal(change)
-                if refusal is not None:
-                    problem = refusal.reason
-                    continue
-                return self._edited(proposal, change.new)
             problem = f"unknown answer {answer.action!r}: approve, edit or veto"
-
-    def _edited(self, proposal: ProposalRecord, new: Value) -> ProposalRecord:
-        """``proposal`` approved with a person's value ``new``: the value proposed kept in its
-        notes (``EDITED_FROM``: the experiment's description says the edit) and its
-        hypothesis marked as the proposer's, about the value proposed."""
-        proposed = as_text(proposal.new_value)
-        return self.ledger.decide_proposal(
-            proposal.id,
-            status=ProposalStatus.APPROVED,
-            by="person (edited)",
-            new_value=new,
-            hypothesis=f"edited by a person from {proposed} to {as_text(new)}; the proposer's "
-            f"hypothesis, about {proposed}: {proposal.hypothesis}",
-            notes={**proposal.notes, EDITED_FROM: proposed},
-        )
 
     def _wait(self, proposal: ProposalRecord) -> ProposalRecord:
         timeout = self.queue_timeout_s

@@ -26,10 +26,11 @@ from knobs.space import Reconciled
 from knobs.spec import Value, clipped
 from knobs.vocabulary import INFRASTRUCTURE, UNMEASURED, EventKind, State, Status
 from ledger import EventRecord, ExperimentRecord, Ledger, RoundRecord, VerdictRecord
-from orchestrator import policy
+from orchestrator import budget, policy
 from orchestrator.approval import TIMEOUT_BY
 from orchestrator.champion import ChampionEvidence
 from orchestrator.closures import CLOSED_RULES
+from orchestrator.errors import UsageError
 from orchestrator.evolution import Lineage, fit
 from orchestrator.guardrails import stalled_breach
 from orchestrator.priors import interacting, knob_priors, measured
@@ -122,6 +123,20 @@ def proposal_context(
         step_cost=None if step is None else step.belief(),
     )
     return _last_looks(context, lasts) if not context.candidates() else context
+
+
+def proposal_context_of(profile: Profile, ledger: Ledger, round_id: int) -> ProposalContext:
+    """What the proposer of round ``round_id`` sees now (``proposal_context``), for a command
+    that decides one of its proposals from another terminal (``proposals approve --value``)."""
+    rnd = ledger.round(round_id)
+    done = budget.done(ledger.experiments(round_id=rnd.id))
+    champion = ChampionEvidence(profile, ledger)
+    if champion.fitted() is None:
+        raise UsageError(
+            f"cluster {profile.cluster.name} has no champion yet to check an edited value "
+            "against: approve the proposal as proposed, or veto it"
+        )
+    return proposal_context(profile, ledger, champion, rnd, done)
 
 
 def _last_looks(

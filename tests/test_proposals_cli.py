@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from ledger import Ledger
+from knobs.vocabulary import Kind, Status
+from ledger import Ledger, VerdictRecord
 from orchestrator.cli import run
+from orchestrator.profile import load_profile
 from tests.fixtures.profiles import twin_profile_data, write_profile
 
 
@@ -110,3 +112,60 @@ def test_proposals_are_the_profiles_clusters_on_a_shared_ledger(
     assert run(["proposals", "veto", str(theirs), "--reason", "no", "-p", other_profile]) == 0
     assert run(["proposals", "list", "-p", other_profile]) == 0
     assert capsys.readouterr().out.endswith("no pending proposals\n")
+
+
+def test_a_proposal_is_approved_with_an_edited_value_checked_as_the_ask_prompts_edit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``proposals approve N --value V``: a value out of the knob's domain, the champion's own,
+    one the profile forbids, or an edit of a coupled move is refused in one line (exit 3) and
+    the proposal stays pending; an allowed one is approved as an edit, recorded as the ask
+    prompt's edit is (``person (edited)``, the value proposed kept)."""
+    monkeypatch.chdir(tmp_path)
+    url = f"sqlite:///{tmp_path / 'orchestrate.db'}"
+    monkeypatch.setenv("ORCHESTRATE_LEDGER", url)
+    data = twin_profile_data()
+    data["forbidden"] = [{"when": {"num_speculative_tokens": 3}, "reason": "K=3 wedges rank 2"}]
+    path = write_profile(tmp_path, data, "profile.yaml")
+    one, two = _pending(url)
+    with Ledger(url) as ledger:  # the round's baseline, its champion
+        champion = load_profile(str(path)).initial_champion()
+        base = ledger.add_experiment(
+            cluster="twin-local", round_id=1, kind=Kind.BASELINE, config=champion,
+            champion_key=None, champion_objective=None,
+        )  # fmt: skip
+        keep = VerdictRecord(status=Status.KEEP, rule="baseline", reason="baseline", stats={})
+        ledger.decide(
+            base.id, verdict=keep, objective=1000.0, delta_pct=None, accept_len=None, promote=True
+        )
+    refused = {
+        "7; reboot": "knob num_speculative_tokens: '7; reboot' is not an integer from 1 to 7",
+        "7": "knob num_speculative_tokens: 7 is already the champion's value",
+        "3": "forbidden combination num_speculative_tokens=3: K=3 wedges rank 2",
+    }
+    for value, why in refused.items():
+        assert run(["proposals", "approve", str(one), "--value", value, "-p", str(path)]) == 3
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"Error: {why}"), err
+    assert run(["proposals", "approve", str(two), "--value", "4096", "-p", str(path)]) == 3
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "Error: a coupled move is approved or vetoed as proposed: its second knob's value is "
+        "the one its failure asks for (veto it, and propose a one-knob change)"
+    ], err
+    with Ledger(url) as ledger:
+        assert [ledger.proposal(i).status for i in (one, two)] == ["pending", "pending"]
+    assert run(["proposals", "approve", str(one), "--value", "4", "-p", str(path)]) == 0
+    assert capsys.readouterr().out == f"approved proposal {one}: num_speculative_tokens 7 → 4\n"
+    with Ledger(url) as ledger:
+        p = ledger.proposal(one)
+    assert (p.status, p.decided_by, p.new_value, p.notes["edited_from"]) == (
+        "approved",
+        "person (edited)",
+        4,
+        "5",
+    )
+    assert p.hypothesis.startswith("edited by a person from 5 to 4; the proposer's hypothesis")
+    # decided: a second approve is refused as a plain one is
+    assert run(["proposals", "approve", str(one), "--value", "6", "-p", str(path)]) == 3
+    assert "already approved" in capsys.readouterr().err

@@ -13,6 +13,10 @@ from orchestrator.cli.common import JsonOpt, ProfileOpt, VetoReason, in_ledger, 
 if TYPE_CHECKING:
     from ledger import Ledger
 
+if TYPE_CHECKING:
+    from ledger import Ledger, ProposalRecord
+    from orchestrator.profile import Profile
+
 proposals_app = typer.Typer(
     help="Proposals waiting for a person (--approve queue).", no_args_is_help=True
 )
@@ -105,16 +109,30 @@ def _became(ledger: Ledger, cluster: str) -> dict[int, int]:
 
 
 @proposals_app.command("approve")
-def proposals_approve(proposal_id: ProposalId, profile: ProfileOpt = None) -> None:
-    """Approve a pending proposal; the waiting round deploys it."""
+def proposals_approve(
+    proposal_id: ProposalId,
+    profile: ProfileOpt = None,
+    value: Annotated[
+        str | None,
+        typer.Option(
+            "--value",
+            help="approve it with this value instead (checked as the ask prompt's edit is)",
+        ),
+    ] = None,
+) -> None:
+    """Approve a pending proposal (as proposed, or edited); the waiting round deploys it."""
     from knobs.vocabulary import ProposalStatus
     from orchestrator.profile import load_profile
 
     prof = load_profile(profile)
     with opened(prof) as o:
-        p = o.ledger(create=False).decide_proposal(
-            proposal_id, status=ProposalStatus.APPROVED, by="person", cluster=prof.cluster.name
-        )
+        ledger = o.ledger(create=False)
+        if value is None:
+            p = ledger.decide_proposal(
+                proposal_id, status=ProposalStatus.APPROVED, by="person", cluster=prof.cluster.name
+            )
+        else:
+            p = _approve_edited(prof, ledger, proposal_id, value)
     typer.echo(f"approved proposal {p.id}: {p.change.describe()}")
 
 
@@ -138,3 +156,19 @@ def proposals_veto(
             cluster=prof.cluster.name,
         )
     typer.echo(f"vetoed proposal {p.id}: {p.change.describe()}")
+
+
+def _approve_edited(prof: Profile, ledger: Ledger, proposal_id: int, value: str) -> ProposalRecord:
+    """Proposal ``proposal_id`` approved with ``value`` (``approval.approve_edited``), checked
+    against what the proposer of its round sees now."""
+    from knobs.vocabulary import ProposalStatus
+    from orchestrator.approval import approve_edited
+    from orchestrator.history import proposal_context_of
+
+    p = ledger.proposal(proposal_id, cluster=prof.cluster.name)
+    if p.status != ProposalStatus.PENDING:  # refused as a plain approve is, in its words
+        return ledger.decide_proposal(
+            proposal_id, status=ProposalStatus.APPROVED, by="person", cluster=prof.cluster.name
+        )
+    context = proposal_context_of(prof, ledger, p.round_id)
+    return approve_edited(ledger, p, context, value, cluster=prof.cluster.name)
