@@ -362,7 +362,8 @@ class ProposalContext(BaseModel):
 
     def _decided_words(self, change: Change, candidate: Config) -> str:
         """Why ``change`` (to ``candidate``) is not proposed again under this champion: a
-        person's veto is named, with its reason and the command that lifts it."""
+        person's veto is named, with its reason and the command that lifts it; a veto of the
+        queue's timeout (one that bars no region) says so."""
         vetoed = [
             e
             for e in self.history
@@ -379,6 +380,14 @@ class ProposalContext(BaseModel):
         why = next(
             (r.reason for r in self.known_bad if r.source == "veto" and r.matches(candidate)), None
         )
+        if why is None:
+            # a veto that bars no region: the queue's timeout's (``history.timed_out``), held
+            # for the rest of its sitting; nobody judged it, and there is nothing to clear
+            return (
+                f"{change.describe()} was vetoed under this champion by the queue's timeout "
+                f"(experiment #{n}: nobody decided it); it may be proposed again once the "
+                "round resumes"
+            )
         said = f": {why}" if why else ""
         return (
             f"{change.describe()} was vetoed under this champion (experiment #{n}{said}); "

@@ -243,3 +243,28 @@ def test_a_risk_line_says_how_each_known_bad_region_it_names_stands_to_the_confi
         "known-bad regions near it: gpu_memory_utilization>=0.95 (crash: oom), outside it by "
         "gpu_memory_utilization 0.9 (under 0.95)"
     ) in near, near
+
+
+def test_a_change_the_queue_timeout_vetoed_is_refused_as_nobodys_veto() -> None:
+    """Held for the rest of the sitting, a change the queue's timeout vetoed (a vetoed entry
+    with no veto region: nobody judged it) is refused as such, not as a person's veto that
+    ``known-bad clear`` would lift (the timeout bars no region to clear)."""
+    config = CHAMPION.apply(change("num_speculative_tokens", 5))
+    held = HistoryEntry(
+        experiment=4,
+        config=config.as_dict(),
+        knob="num_speculative_tokens",
+        value=5,
+        status="vetoed",
+        objective=None,
+        delta_pct=None,
+        champion_key=CHAMPION.key,
+    )
+    refused = context(decided=frozenset({config.key}), history=(held,)).refusal(
+        change("num_speculative_tokens", 5)
+    )
+    assert refused is not None
+    assert refused.reason == (
+        "num_speculative_tokens 7 → 5 was vetoed under this champion by the queue's timeout "
+        "(experiment #4: nobody decided it); it may be proposed again once the round resumes"
+    )
