@@ -31,6 +31,8 @@ _WORD_BOUNDARY: Final = re.compile(r"[^A-Za-z0-9]+|(?<=[a-z0-9])(?=[A-Z])")
 # text: replacing every "1234" in every log would destroy the logs and protect nothing.
 _MIN_SECRET_IN_TEXT: Final = 8
 _MIN_SECRET_VALUE: Final = 6
+# How far back a masked value's closing ``)`` looks for the parenthesis it closes.
+_PAREN_LOOKBACK: Final = 500
 
 _VALUE: Final = r"\"[^\"\n]*\"|'[^'\n]*'"
 # Each pattern starts only where a name can start (the lookbehinds): without that a long run of
@@ -65,7 +67,26 @@ def is_secret_name(name: str) -> bool:
 def _masked(match: re.Match[str]) -> str:
     value = match["value"]
     quote = value[0] if value[:1] in ("'", '"') else ""
-    return match.group(0)[: match.start("value") - match.start()] + f"{quote}{REDACTED}{quote}"
+    closing = "" if quote else _closing(match)
+    head = match.group(0)[: match.start("value") - match.start()]
+    return f"{head}{quote}{REDACTED}{quote}{closing}"
+
+
+def _closing(match: re.Match[str]) -> str:
+    """The ``)`` an unquoted value ends with that close a parenthesis opened before its name
+    (``(… x-api-key: ***)``): kept, not masked. Only as many as the value itself leaves
+    unbalanced and the text before it left open, so a secret with ``)`` in it is masked whole
+    (``password=ab)cd``, ``password=abc)`` at the top level)."""
+    value = match["value"]
+    trailing = len(value) - len(value.rstrip(")"))
+    unbalanced = value.count(")") - value.count("(")
+    if min(trailing, unbalanced) <= 0:
+        return ""
+    # the line before it, at most _PAREN_LOOKBACK characters: linear on any text
+    start = match.start()
+    before = match.string[max(0, start - _PAREN_LOOKBACK) : start].rpartition("\n")[2]
+    still_open = before.count("(") - before.count(")")
+    return ")" * max(0, min(trailing, unbalanced, still_open))
 
 
 def _masked_if_secret(match: re.Match[str]) -> str:
