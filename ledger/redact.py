@@ -1,4 +1,5 @@
-"""Secrets never reach MLflow: what ``Redactor`` masks in params, tags, texts and files."""
+"""Secrets never reach MLflow or the ledger: what ``Redactor`` masks in params, tags, texts
+and files, and in a proposal's words (a model's) before the ledger stores them."""
 
 from __future__ import annotations
 

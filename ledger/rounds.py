@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping
 from datetime import datetime
 
 from sqlalchemy import select
@@ -14,6 +15,7 @@ from ledger.base import LedgerBase
 from ledger.errors import NotInLedger
 from ledger.models import BootRow, ExperimentRow, ProposalRow, RoundRow, utcnow
 from ledger.records import BootRecord, ProposalRecord, RoundRecord
+from ledger.redact import Redactor
 from ledger.rows import boot_record, proposal_record, round_record
 
 
@@ -132,7 +134,9 @@ class Rounds(LedgerBase):
         coupled: tuple[str, Value, Value] | None = None,
     ) -> ProposalRecord:
         """Record a proposal as pending; ``coupled``: a coupled move's enabling knob, its old
-        and its new value."""
+        and its new value. Its texts and notes (a model's words: ``agents.llm``) are stored
+        redacted (``Redactor``): a secret the model repeats never reaches the ledger."""
+        redact = Redactor.from_environment().text
         with self._session() as s:
             row = ProposalRow(
                 round_id=round_id,
@@ -141,11 +145,11 @@ class Rounds(LedgerBase):
                 old_value=json.dumps(old_value),
                 new_value=json.dumps(new_value),
                 champion_key=champion_key,
-                hypothesis=hypothesis,
-                expected_effect=expected_effect,
-                risk=risk,
-                estimated_cost=estimated_cost,
-                notes=dict(notes or {}),
+                hypothesis=redact(hypothesis),
+                expected_effect=redact(expected_effect),
+                risk=redact(risk),
+                estimated_cost=redact(estimated_cost),
+                notes=_redacted(notes or {}, redact),
                 coupled_knob=None if coupled is None else coupled[0],
                 coupled_old=None if coupled is None else json.dumps(coupled[1]),
                 coupled_new=None if coupled is None else json.dumps(coupled[2]),
@@ -189,10 +193,11 @@ class Rounds(LedgerBase):
             row.decided_at = utcnow()
             if new_value is not None:
                 row.new_value = json.dumps(new_value)
+            redact = Redactor.from_environment().text
             if hypothesis is not None:
-                row.hypothesis = hypothesis
+                row.hypothesis = redact(hypothesis)
             if notes is not None:
-                row.notes = dict(notes)
+                row.notes = _redacted(notes, redact)
             s.flush()
             return proposal_record(row)
 
@@ -243,3 +248,9 @@ class Rounds(LedgerBase):
             )
         with self._session() as s:
             return [proposal_record(r) for r in s.scalars(query)]
+
+
+def _redacted(notes: Mapping[str, str], redact: Callable[[str], str]) -> dict[str, str]:
+    """A proposal's notes with every value redacted (``llm_rejections`` and ``llm_fallback``
+    quote the model)."""
+    return {key: redact(value) for key, value in notes.items()}
