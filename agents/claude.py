@@ -8,11 +8,12 @@ digest of the ledger (``agents.digest``), never the raw ledger.
 Everything the model returns is untrusted. The knob and value pass ``KnobSpace.change`` (a
 finite domain: nothing else can get through) and ``ProposalContext.refusal`` (decided,
 known-bad, vetoed) before a ``Proposal`` exists; the free text (hypothesis, risk, cost) is
-cleaned of control characters, cut to length, and only ever stored and shown as data. A
+cleaned of control characters, cut to length, and only ever stored (redacted, by the ledger)
+and shown as data. A
 refused proposal goes back to the model as a tool error carrying the reason, up to
 ``max_tries`` times; then, or when the API stays unavailable after the SDK's retries, or when
 the round's LLM spend cap is reached, the proposal comes from the fallback proposer (Optuna)
-and its notes say why (``llm_fallback``).
+and its notes say why (``llm_fallback``; classified by ``agents.llm_fallback``).
 
 Token usage and cost of every proposal are in its notes (``llm_*`` keys, see ``llm_notes``).
 The API key is read by the SDK from the environment and never copied anywhere by this module."""

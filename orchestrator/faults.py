@@ -22,6 +22,7 @@ MLflow away is ``orchestrator.mirror``'s.)
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from contextlib import suppress
 from typing import TypeVar
@@ -480,3 +481,14 @@ def said_stop(stop: EventRecord) -> str:
         f"stopped at {utc_minute(stop.created_at)} "
         f"(exit {stop.detail.get('exit_code')}): {stop.reason}"
     )
+
+
+def failed_by_node(ledger: Ledger, cluster: str) -> dict[int | None, Counter[str]]:
+    """The boots of ``cluster`` that failed for the infrastructure's reasons, by the node they
+    failed on (``None``: the ledger names none) and class (``orchestrate status``)."""
+    failed: dict[int | None, Counter[str]] = {}
+    for boots in ledger.cluster_boots(cluster).values():
+        for b in boots:
+            if b.status == BootStatus.FAILED and b.failure_class in INFRASTRUCTURE:
+                failed.setdefault(b.failed_rank, Counter())[b.failure_class] += 1
+    return failed

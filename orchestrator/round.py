@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from agents import ProposalContext, ProposalExhausted, Proposer
+from agents.llm_fallback import fallback_line
 from knobs.vocabulary import (
     INFRASTRUCTURE,
     Kind,
@@ -393,6 +394,9 @@ class RoundRunner:
             record = self.intake.record(rnd, proposal)
             crashpoint("proposal.recorded")
         self.display.experiment(index, rnd.budget, record.change.describe())
+        fell_back = fallback_line(record.source, record.notes)
+        if fell_back is not None:  # the LLM did not steer this one: said, with why
+            self.display.note(f"  {fell_back}")
         why = self.intake.closure(record)
         if why is not None and record.status == ProposalStatus.PENDING:
             # a change the profile can no longer run (a knob lost, a domain narrowed since:

@@ -17,6 +17,7 @@ from orchestrator.cli.common import JsonOpt, ProfileOpt, opened, out
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from agents.llm_fallback import Fallbacks
     from ledger import (
         BootRecord,
         ChampionRecord,
@@ -93,17 +94,19 @@ class _Seen:
     off: dict[int, int]
     failed: dict[int | None, Counter[str]]
     undecided: list[dict[str, Any]]
+    fallbacks: Fallbacks  # the last round's LLM proposals and its fallbacks (``llm_fallback``)
 
 
 def _read(prof: Profile, ledger: Ledger) -> _Seen:
     """Everything ``status`` says, read from ``ledger``."""
     from agents.draft_model import draft_knob
+    from agents.llm_fallback import Fallbacks
     from knobs.vocabulary import ProposalStatus, State
     from orchestrator.away import before_a_round
     from orchestrator.champion import ChampionEvidence
     from orchestrator.champion_level import level_in_force, shown
     from orchestrator.evolution import knob_changes, outside_domain
-    from orchestrator.faults import last_stop
+    from orchestrator.faults import failed_by_node, last_stop
     from orchestrator.gpu_hours import gpu_hours
     from orchestrator.lease import state as lease_state
     from orchestrator.measurements import changed_cells, clocks_off_counts
@@ -167,6 +170,12 @@ def _read(prof: Profile, ledger: Ledger) -> _Seen:
             for e in experiments
             if running is not None and e.round_id == running.id and e.state != State.DECIDED
         ],
+        fallbacks=Fallbacks.of(
+            ((p.source, p.notes) for p in ledger.proposals(round_id=rounds[-1].id)),
+            round_id=rounds[-1].id,
+        )
+        if rounds
+        else Fallbacks(),
     )
 
 
@@ -198,6 +207,8 @@ def _as_data(prof: Profile, seen: _Seen, flag: str) -> dict[str, Any]:
         "experiments": len(seen.experiments),
         "running_round": _running(seen),
         "not_started": stop_data(seen.not_started),  # before any round began: a node away
+        # the last round's: how many of its LLM proposals fell back, and why
+        "llm_fallbacks": seen.fallbacks.as_json(),
         "pending_proposals": [
             {
                 "proposal": p.id,
@@ -384,6 +395,8 @@ def _say_round(console: Console, seen: _Seen, data: dict[str, Any], flag: str) -
             f"no round began: the last `orchestrate round{flag}` {said_stop(seen.not_started)}",
             markup=False,
         )
+    if (fell_back := seen.fallbacks.words()) is not None:
+        console.print(f"round {seen.fallbacks.round_id}: {fell_back}", markup=False)
     for p in seen.pending:
         console.print(waits_for_a_person(p, flag), markup=False)
 
@@ -480,19 +493,6 @@ def _say_nodes(
         console.print(
             f"step cost of {seen.draft} (its verdicts' null): {describe(seen.step)}", markup=False
         )
-
-
-def failed_by_node(ledger: Ledger, cluster: str) -> dict[int | None, Counter[str]]:
-    """The boots of ``cluster`` that failed for the infrastructure's reasons, by the node they
-    failed on (``None``: the ledger names none) and class."""
-    from knobs.vocabulary import INFRASTRUCTURE, BootStatus
-
-    failed: dict[int | None, Counter[str]] = {}
-    for boots in ledger.cluster_boots(cluster).values():
-        for b in boots:
-            if b.status == BootStatus.FAILED and b.failure_class in INFRASTRUCTURE:
-                failed.setdefault(b.failed_rank, Counter())[b.failure_class] += 1
-    return failed
 
 
 def _counted(classes: dict[str, int]) -> str:

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
+from agents.llm_fallback import Fallbacks
 from cluster.launcher import render_node
 from knobs.config import Config
 from knobs.errors import KnobError, ProfileError
@@ -162,6 +163,8 @@ class ReportData:
     level: LevelInForce | None = None
     #: the cells the profile removed or added since the round's last champion was measured
     cells: CellsChanged | None = None
+    #: the round's proposals an LLM was asked for, and those it fell back on, and why
+    fallbacks: Fallbacks = field(default_factory=Fallbacks)
 
     @property
     def gpu_hours(self) -> float:
@@ -231,13 +234,15 @@ def collect(profile: Profile, ledger: Ledger, round_id: int | None = None) -> Re
     data.champion_after = _champion_path(ledger, cluster, rnd, experiments)
     data.knobs = _knob_rows(profile, ledger, data.points)
     _boots(ledger, rnd, experiments, data, profile.gates.min_matmul_rate, every)
-    for p in ledger.proposals(round_id=rnd.id):
+    proposals = ledger.proposals(round_id=rnd.id)
+    for p in proposals:
         if p.status == ProposalStatus.VETOED:
             data.vetoed += 1
         usage = LlmUsage.from_notes(p.notes)
         if usage is not None:
             data.llm_usd += usage.cost_usd
             data.llm_calls += usage.requests
+    data.fallbacks = Fallbacks.of(((p.source, p.notes) for p in proposals), round_id=rnd.id)
     data.launcher_diff = _launcher_diff(profile, start, end)
     return data
 

@@ -147,6 +147,9 @@ def _spend(data: ReportData) -> str:
         if data.llm_calls
         else "no LLM was asked"
     )
+    fell_back = data.fallbacks.words()
+    if fell_back is not None:  # a night the LLM did not steer is not one it did
+        llm = f"{llm}; {fell_back}"
     booted = sum(data.boots_by_use.values())
     return (
         f"<p>{booted} boot{'' if booted == 1 else 's'} ({escape(by_use)}); "

@@ -1,0 +1,118 @@
+"""Why an LLM proposer fell back, in a word, and a round's fallbacks counted: the one home of
+that classification, for the round's line, ``status`` and the report.
+
+It reads the proposals' notes as the ledger keeps them (``llm_fallback``: the reason
+``agents.llm_conversation`` gave, in the words it always had), so a ledger of an older release
+is counted the same way."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from agents.llm import clip
+
+#: The classes, in the order they are listed, each with the words of the reason that say it.
+_CLASSES: Final = (
+    ("rate limited", re.compile(r"\bHTTP 429\b")),
+    ("overloaded", re.compile(r"\bHTTP 529\b")),
+    ("API unavailable", re.compile(r"^Claude API unavailable\b")),
+    ("timed out", re.compile(r"^Claude API timed out\b")),
+    ("unreachable", re.compile(r"^Claude API unreachable\b")),
+    ("spend cap", re.compile(r"^LLM spend cap reached\b")),
+    ("refused", re.compile(r"^\d+ of \d+ proposals refused\b")),
+)
+#: A reason none of the classes says (a release's words this one does not know).
+OTHER: Final = "other"
+#: Longest reason the round's line quotes.
+MAX_SAID = 200
+_FALLBACK_FROM: Final = re.compile(r"^(?P<by>.+?) \(fallback from (?P<llm>[^()]+)\)$")
+
+
+def fallback_class(reason: str) -> str:
+    """``rate limited``, ``overloaded``, ``API unavailable``, ``timed out``, ``unreachable``,
+    ``spend cap``, ``refused`` (the model's proposals were refused, its replies malformed or
+    without a tool call) or ``other``."""
+    for name, pattern in _CLASSES:
+        if pattern.search(reason):
+            return name
+    return OTHER
+
+
+def fallback_line(source: str, notes: Mapping[str, str]) -> str | None:
+    """The round's line for a proposal another proposer made because the LLM's failed
+    (``claude fell back to optuna (rate limited): Claude API unavailable (HTTP 429 …) after 3
+    attempts``); ``None`` for any other proposal."""
+    reason = notes.get("llm_fallback")
+    if reason is None:
+        return None
+    by, llm = _who(source)
+    return f"{llm} fell back to {by} ({fallback_class(reason)}): {clip(reason, MAX_SAID)}"
+
+
+def _who(source: str) -> tuple[str, str]:
+    """The proposer that made it and the LLM proposer that fell back, from its source
+    (``optuna (fallback from claude)``)."""
+    match = _FALLBACK_FROM.match(source)
+    return ("optuna", "the LLM") if match is None else (match["by"], match["llm"])
+
+
+@dataclass
+class Fallbacks:
+    """A round's proposals an LLM proposer was asked for, and those it fell back on."""
+
+    round_id: int | None = None
+    asked: int = 0
+    #: by class (``fallback_class``)
+    by_class: Counter[str] = field(default_factory=Counter)
+    #: the proposers that made them instead
+    to: set[str] = field(default_factory=set)
+
+    @classmethod
+    def of(
+        cls, proposals: Iterable[tuple[str, Mapping[str, str]]], *, round_id: int | None = None
+    ) -> Fallbacks:
+        """Counted from round ``round_id``'s proposals' sources and notes (an LLM was asked
+        where the notes name its model: ``llm_model``)."""
+        seen = cls(round_id=round_id)
+        for source, notes in proposals:
+            if "llm_model" not in notes:
+                continue
+            seen.asked += 1
+            reason = notes.get("llm_fallback")
+            if reason is not None:
+                seen.by_class[fallback_class(reason)] += 1
+                seen.to.add(_who(source)[0])
+        return seen
+
+    @property
+    def fell_back(self) -> int:
+        return sum(self.by_class.values())
+
+    def words(self) -> str | None:
+        """``2 of 6 proposals fell back to optuna: rate limited ×1, refused ×1`` (of those
+        an LLM was asked for); ``None`` when no LLM was asked."""
+        if not self.asked:
+            return None
+        if not self.fell_back:
+            return f"none of {self.asked} proposals fell back: the LLM made each one"
+        by = " or ".join(sorted(self.to))
+        counted = ", ".join(f"{c} ×{n}" for c, n in sorted(self.by_class.items(), key=_order))
+        return f"{self.fell_back} of {self.asked} proposals fell back to {by}: {counted}"
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "round": self.round_id,
+            "asked": self.asked,
+            "fell_back": self.fell_back,
+            "by_class": dict(sorted(self.by_class.items(), key=_order)),
+            "words": self.words(),
+        }
+
+
+def _order(item: tuple[str, int]) -> tuple[int, str]:
+    """Most first, then by name."""
+    return (-item[1], item[0])
