@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -31,25 +30,12 @@ from tests.fixtures.messages_api import (
 from tests.fixtures.profiles import fast_profile
 from tests.test_claude_proposer import context
 from tests.test_claude_proposer import good as good_change
+from tests.test_claude_round import good
 
 
 @pytest.fixture
 def workdir(cli_workdir: Path) -> Path:
     return cli_workdir
-
-
-def good(**fields: Any) -> dict[str, Any]:
-    data: dict[str, Any] = {
-        "knob": "num_speculative_tokens",
-        "value": 5,
-        "hypothesis": "K=5 drafts fewer rejected tokens.",
-        "expected_direction": "higher",
-        "expected_size_pct": 3.0,
-        "risk": "low",
-        "estimated_cost": "1 boot",
-    }
-    data.update(fields)
-    return data
 
 
 RATE_LIMITED = (
