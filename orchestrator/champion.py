@@ -23,6 +23,7 @@ from ledger import ChampionRecord, ExperimentRecord, Ledger
 from orchestrator import revision
 from orchestrator.acceptance import Null, acceptance_shift, counts, moved
 from orchestrator.evolution import fit, fit_champion, record_profile
+from orchestrator.host_stalls import boot_error, disturbed
 from orchestrator.measurements import Measurement, read_cluster_measurements, read_measurements
 from orchestrator.noise import NoiseModel, learn
 from orchestrator.pooling import ValueBoots, pool
@@ -210,7 +211,9 @@ class ChampionEvidence:
     def noise(self, without: int | None = None) -> NoiseModel:
         """The cluster's noise model: the profile's prior and the ledger's repeated boots
         (``without``: an experiment whose boots since its last re-base are left out — the drift
-        sentinel's, which a drift under test would otherwise pass off as noise)."""
+        sentinel's, which a drift under test would otherwise pass off as noise). A boot whose
+        hosts' stalls may have moved its objective (``host_stalls.disturbed``) teaches nothing:
+        its scatter is the host's."""
         spec = self.profile.verdict.noise
         cuts = self.cuts()
         groups: list[list[float]] = []
@@ -222,7 +225,8 @@ class ChampionEvidence:
             segments: dict[tuple[int, tuple[str, ...]], list[float]] = {}
             last: tuple[int, tuple[str, ...]] | None = None
             for m in measured.get(e.id, []):
-                if self.trusted(m):
+                # a boot a busy host may have moved measured the host: not the cluster's noise
+                if self.trusted(m) and not disturbed(m.cells):
                     # and another rendering (a knob's flag dropped) is another engine's level
                     cut = sum(1 for c in cuts.get(e.id, []) if m.index >= c)
                     segment = (cut, tuple(sorted({r or "" for r, _ in m.boots})))
@@ -301,6 +305,8 @@ class ChampionEvidence:
                 null_from="counters" if null is None else null.source,
                 counters=counters,
                 held=held,
+                candidate_stalls=[boot_error(m.cells) for m in measurements],
+                champion_stalls=[boot_error(m.cells) for m in champion],
             ),
             noise,
             prior,

@@ -11,7 +11,9 @@ profile's cells of decode tok/s. The champion has its own boots. ``assess`` comp
 3. the gain ``δ = log(candidate / champion)``: with a spike-and-slab prior (a share
    ``prior_null`` of changes do nothing; the rest spread ``prior_effect_pct``; a one-knob
    change is judged with its knob's ``effect_prior`` when the knob spec declares one) and the
-   observed mean log ratio ``g ~ N(δ, se²)`` whose ``se`` comes from the noise model,
+   observed mean log ratio ``g ~ N(δ, se²)`` whose ``se`` comes from the noise model (and
+   what a busy host's stalls may have cost the readings: ``host_stalls``, which also makes a
+   keep and either discard hold at the least and most favourable readings the stalls allow),
    ``P(δ > 0 | g)`` and ``P(δ > equivalence | g)`` follow in closed form (``posterior``).
    Where the acceptance counters say what the change does (``Evidence.acceptance``,
    ``orchestrator.acceptance``), the null is that: the spike sits at their shift. The prior
@@ -46,6 +48,7 @@ from knobs.spec import EffectPrior, Value
 from knobs.vocabulary import Status, Undecided
 from orchestrator.acceptance import NullSource
 from orchestrator.guardrails import guard
+from orchestrator.host_stalls import HostError
 from orchestrator.noise import NoiseModel
 from orchestrator.posterior import Prior, posterior, predictive_keep
 from orchestrator.profile_sections import VerdictSpec
@@ -180,6 +183,10 @@ class Evidence:
     #: the cells of every champion boot the verdict weighs, for the greedy check (a prompt
     #: whose text the champion did not reproduce judges nothing); empty: ``champion_cells``
     champion_texts: Sequence[CellResultRecord] = ()
+    #: per boot of each side, what its hosts' stalls may have cost its objective, relative
+    #: (``host_stalls.boot_error``); empty: nothing stalled
+    candidate_stalls: Sequence[float] = ()
+    champion_stalls: Sequence[float] = ()
 
 
 #: Whose boot an undecided verdict wants next.
@@ -327,7 +334,12 @@ def _sequential(
         prior = EffectPrior(p_null=spec.prior_null, effect_pct=spec.prior_effect_pct)
     prior_sd = math.log1p(prior.effect_pct / 100)
     g = _mean_log(ev.candidate) - _mean_log(ev.champion)
-    se = noise.se(len(ev.candidate), len(ev.champion))
+    # what a busy host may have cost the readings widens their error (``host_stalls``)
+    host = HostError.of(ev.candidate_stalls, ev.champion_stalls)
+    noise_se = noise.se(len(ev.candidate), len(ev.champion))
+    se = math.hypot(noise_se, host.se)
+    if pooled is not None and host.disturbed:
+        pooled = None  # the other values' boots would pass the host's reading off as the knob's
     spike, spike_sd = ev.acceptance if ev.acceptance is not None else (0.0, 0.0)
     # what the boots still to come update: the knob's prior, or the other values' evidence
     ahead = Prior(p_null=prior.p_null, sd=prior_sd, spike=spike, spike_sd=spike_sd)
@@ -346,6 +358,13 @@ def _sequential(
     equivalence = math.log1p(spec.equivalence_pct / 100)
     p_gain = post.p_above(0.0)
     p_worth = post.p_above(equivalence)
+    # a keep must hold at the least favourable reading the stalls allow, a discard at the
+    # most favourable: a reading its host may have made decides nothing either way
+    keep_p, discard_p = (
+        host.judged(g, noise_se, ahead, equivalence, p_gain, p_worth)
+        if host.bound > 0 and pooled is None
+        else (p_gain, p_worth)
+    )
     stats.update(
         g=g,
         se=se,
@@ -359,6 +378,8 @@ def _sequential(
         post_mean=post.mean,
         post_sd=post.sd,
     )
+    if host.se > 0:
+        stats.update(host.stats(noise_se, keep_p, discard_p))
     if ev.counters is not None:
         stats.update(counters_shift=ev.counters[0], counters_se=ev.counters[1])
     if ev.held is not None:
@@ -380,22 +401,32 @@ def _sequential(
     )
     if pooled is not None:
         where += " with " + _pooled_words(pooled)
+    if host.said:
+        where += host.words(keep_p, discard_p, spec.equivalence_pct)
     if ev.acceptance is not None:
         what = "counters less the step cost" if ev.null_from == "draft law" else "counters"
         where += (
             f", its acceptance {what} say {math.expm1(spike) * 100:+.1f}% (±{spike_sd * 100:.1f}%)"
         )
-    if p_gain >= spec.confidence:
+    if keep_p >= spec.confidence:
         if ev.confirmations >= spec.confirm_boots:
             return Assessment(Status.KEEP, "posterior", f"{where}: confirmed gain", stats)
         return Assessment(Undecided.CONFIRM, "posterior", f"{where}: promising, confirming", stats)
-    if p_worth < spec.futility:
+    if discard_p < spec.futility:
         why = "worse" if worse(g, se) else "not worth a change"
         return Assessment(Status.DISCARD, "posterior", f"{where}: {why}", stats)
     side = len(ev.candidate) + (pooled.same if pooled is not None else 0)
     stats.update(value_boots=side)
     return _more_or_stop(
-        spec, noise, ahead, g, len(ev.candidate), len(ev.champion), where, stats, side=side
+        spec,
+        noise,
+        ahead,
+        g + host.bound,
+        len(ev.candidate),
+        len(ev.champion),
+        where,
+        stats,
+        side=side,
     )
 
 
@@ -412,7 +443,9 @@ def _more_or_stop(
     side: int,
 ) -> Assessment:
     """Undecided by the posterior: inconclusive at the boot cap, a discard when a keep is out
-    of reach within it (predictive futility), else another boot and whose."""
+    of reach within it (predictive futility), else another boot and whose. ``g``: the reading
+    at its most favourable that the hosts' stalls allow (the reading itself where none
+    stalled)."""
     balance_to = max(spec.max_boots, min(side, BALANCE_LOOKS * spec.max_boots))
     champion_more = max(0, balance_to - m) if spec.balance_boots else 0
     if n >= spec.max_boots and champion_more == 0:

@@ -16,7 +16,7 @@ from agents.llm_fallback import Fallbacks
 from cluster.launcher import render_node
 from knobs.config import Config
 from knobs.errors import KnobError, ProfileError
-from knobs.records import LlmUsage
+from knobs.records import CellResultRecord, LlmUsage
 from knobs.spec import EffectPrior, Value, as_text, clipped
 from knobs.vocabulary import (
     INFRASTRUCTURE,
@@ -29,7 +29,7 @@ from knobs.vocabulary import (
     Status,
 )
 from ledger import BootRecord, ChampionRecord, ExperimentRecord, Ledger, RoundRecord
-from orchestrator import budget, resumes
+from orchestrator import budget, host_stalls, resumes
 from orchestrator.champion import ChampionEvidence
 from orchestrator.champion_level import CellsChanged, LevelInForce, cells_changed, level_in_force
 from orchestrator.display import describe
@@ -158,6 +158,9 @@ class ReportData:
     #: the round's boots that failed for the infrastructure's reasons, by their class and
     #: their message's first line (which names the node)
     infrastructure_failures: Counter[tuple[str, str]] = field(default_factory=Counter)
+    #: the round's boots whose windows a busy host disturbed (``host_stalls.disturbed``): kept,
+    #: their verdicts' error widened by what the stalls may have cost them
+    disturbed_boots: int = 0
     #: the round's last champion, where it is the cluster's and was measured again since the
     #: verdict its row records (``champion_level``)
     level: LevelInForce | None = None
@@ -361,8 +364,10 @@ def _boots(
     baseline's first boot, cut short, is the baseline's."""
     end_of_round = rnd.finished_at or datetime.now(UTC)
     slow: dict[int, set[int]] = {}  # boot → the nodes whose clocks were off in its cells
+    by_boot: dict[int, list[CellResultRecord]] = {}
     for cells in ledger.cluster_cell_results(rnd.cluster).values():
         for r in cells:
+            by_boot.setdefault(r.boot_id, []).append(r.result)
             ranks = slow_ranks([r.result], min_matmul_rate)
             if ranks:
                 slow.setdefault(r.boot_id, set()).update(ranks)
@@ -379,6 +384,8 @@ def _boots(
             owner = running[-1] if running else (order[0] if order else None)
         use = _use(boot, kinds.get(boot.experiment_id), slow)
         data.boots_by_use[use] += 1
+        if boot.id not in slow and host_stalls.disturbed(by_boot.get(boot.id, [])):
+            data.disturbed_boots += 1
         if use == "clocks off: set aside":
             data.clocks_off_by_node.update(slow[boot.id])
         elif use == "failed: the infrastructure's":
@@ -459,6 +466,8 @@ def summary(data: ReportData) -> dict[str, float]:
             sum(n for use, n in data.boots_by_use.items() if use.startswith("failed"))
         ),
         "infrastructure_boots": float(sum(data.boots_by_use[u] for u in INFRASTRUCTURE_USES)),
+        # kept, but their windows a busy host disturbed (``host_stalls``)
+        "disturbed_boots": float(data.disturbed_boots),
         "stops": float(len(data.stops)),
         "resumes": float(len(data.resumes)),
         "gpu_hours": data.gpu_hours,

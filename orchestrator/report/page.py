@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from html import escape
 
+from cluster.stall import DISTURBED_FRACTION
 from knobs.spec import as_text, objective_text
 from knobs.vocabulary import GUARDRAIL_RULES, Kind, RoundStatus, Status
 from orchestrator.report.data import INFRASTRUCTURE_USES, USES, Point, ReportData
@@ -166,9 +167,18 @@ def _infrastructure(data: ReportData) -> str:
         f"<p>{cost} boot(s) were the infrastructure's, not a config's ({hours * scale:.2f} "
         f"{unit}): failed for a node's reasons, or set aside for a node's clocks.</p>"
         if cost
+        else "<p>No boot failed for a node's reasons or was set aside for a node's clocks.</p>"
+        if data.disturbed_boots
         else "<p>No boot was the infrastructure's: none failed for a node's reasons or was set "
         "aside for a node's clocks.</p>"
     ]
+    if data.disturbed_boots:
+        lines.append(
+            f"<p>{data.disturbed_boots} boot(s) measured in windows a busy host disturbed (its "
+            "stalls may have moved the objective by more than "
+            f"{DISTURBED_FRACTION:.0%}): kept, their verdicts' error widened by what the stalls "
+            "may have cost them.</p>"
+        )
     if data.infrastructure_failures:
         failed = "".join(
             f"<li>{escape(cls)}: {escape(detail)} (×{n})</li>"
