@@ -23,6 +23,7 @@ from ledger import ChampionRecord, ExperimentRecord, Ledger
 from orchestrator import revision
 from orchestrator.acceptance import Null, acceptance_shift, counts, moved
 from orchestrator.evolution import fit, fit_champion, record_profile
+from orchestrator.greedy import irreproducible
 from orchestrator.host_stalls import boot_error, disturbed
 from orchestrator.measurements import Measurement, read_cluster_measurements, read_measurements
 from orchestrator.noise import NoiseModel, learn
@@ -40,14 +41,7 @@ from orchestrator.rendering import (
     stale_line,
 )
 from orchestrator.step_cost import LAW_HOLDS, draft_changes, law_null
-from orchestrator.verdict import (
-    Assessment,
-    Evidence,
-    assess,
-    irreproducible,
-    objective,
-    objective_of,
-)
+from orchestrator.verdict import Assessment, Evidence, assess, objective, objective_of
 
 
 class ChampionEvidence:
@@ -402,7 +396,7 @@ class ChampionEvidence:
 
     def irreproducible_texts(self) -> tuple[list[tuple[str, str]], int]:
         """The champion's greedy texts, as (cell, prompt) pairs, when its measurements at its
-        level reproduced none of them (``verdict.irreproducible``; else none), and how many
+        level reproduced none of them (``greedy.irreproducible``; else none), and how many
         measurements those are."""
         level = self.level()
         return irreproducible([c for m in level for c in m.cells]), len(level)
