@@ -29,12 +29,14 @@ def root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     argv[argv.index("--tensor-parallel-size") + 1] = "3"
     data["gates"].update(clocks_command=None, recover_command=None)
     write_profile(tmp_path, data)
-    up = orchestrate(tmp_path, "cluster", "up", "-p", "profile.yaml")
-    assert up.returncode == 0, up.stdout + up.stderr
-    assert [r for r in engines_alive(tmp_path) if r >= 0] == [0, 1, 2]
-    yield tmp_path
-    if engines_alive(tmp_path):
-        orchestrate(tmp_path, "cluster", "down", "-p", "profile.yaml")
+    try:
+        up = orchestrate(tmp_path, "cluster", "up", "-p", "profile.yaml")
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert [r for r in engines_alive(tmp_path) if r >= 0] == [0, 1, 2]
+        yield tmp_path
+    finally:  # an up that failed half way leaves no engine behind either
+        if engines_alive(tmp_path):
+            orchestrate(tmp_path, "cluster", "down", "-p", "profile.yaml")
 
 
 def _down(root: Path) -> list[str]:
