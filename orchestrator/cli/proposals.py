@@ -11,9 +11,6 @@ import typer
 from orchestrator.cli.common import JsonOpt, ProfileOpt, VetoReason, in_ledger, opened, out
 
 if TYPE_CHECKING:
-    from ledger import Ledger
-
-if TYPE_CHECKING:
     from ledger import Ledger, ProposalRecord
     from orchestrator.profile import Profile
 
