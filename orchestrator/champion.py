@@ -164,7 +164,8 @@ class ChampionEvidence:
     def level(self) -> list[Measurement]:
         """The champion's complete measurements with every node's clocks right, since its last
         cut (``cuts``: a confirmed drift, or the boots that kept it set aside), of its launchers
-        as the profile renders them now (``rendered_now``)."""
+        as the profile renders them now (``rendered_now``); of those, the ones no busy host
+        disturbed (``host_stalls.disturbed``) while there is one."""
         champion = self.current()
         complete = self.rendered_now(champion)
         # a baseline measured only with a node's clocks off is all there is until re-measured
@@ -172,7 +173,8 @@ class ChampionEvidence:
         cuts = self.cuts().get(champion.experiment_id)
         if cuts:
             measurements = [m for m in measurements if m.index >= max(cuts)] or measurements
-        return measurements
+        # a boot a busy host disturbed measured the host: not the level while another is there
+        return [m for m in measurements if not disturbed(m.cells)] or measurements
 
     def cells(self) -> tuple[ChampionCell, ...]:
         """The champion's cells, each averaged over its trusted measurements: throughput and,

@@ -25,6 +25,7 @@ from orchestrator.boot import Booter
 from orchestrator.champion import ChampionEvidence
 from orchestrator.crashpoints import crashpoint
 from orchestrator.display import RoundDisplay
+from orchestrator.host_stalls import boot_error, disturbed
 from orchestrator.measurements import Measurement
 from orchestrator.runlog import RunLog
 from orchestrator.verdict import objective, objective_of, slow_ranks
@@ -122,6 +123,9 @@ class ChampionRemeasure:
         failure, latest = self._boot(e, run_id, BootRole.REMEASURE)
         if latest is None:
             return failure
+        if disturbed(latest.cells):  # a busy host's boot: no drift test, nor a keep's test
+            self._record_busy(e.id, run_id, latest, "re-measurement")
+            return None
         if self._set_aside_keep_boots(e, run_id, latest):
             return self._measure_afresh(e, run_id)
         flag = self._record_remeasure(e.id, run_id, latest)
@@ -138,8 +142,27 @@ class ChampionRemeasure:
         failure, confirmation = self._boot(e, run_id, BootRole.CONFIRM)
         if confirmation is None:
             return failure
+        if disturbed(confirmation.cells):  # it neither confirms the flag nor clears it
+            self._record_busy(e.id, run_id, confirmation, "drift confirmation")
+            return None
         self._record_confirmation(e.id, run_id, flag, confirmation)
         return None
+
+    def _record_busy(
+        self, experiment_id: int, run_id: str | None, m: Measurement, what: str
+    ) -> None:
+        """Record a re-measurement whose hosts' stalls may have moved its objective
+        (``host_stalls.disturbed``): it tests no drift (the sentinel's tests read undisturbed
+        boots only, ``_trusted_level``) and stays in the champion's level with the error its
+        stalls carry into every verdict (``host_stalls.side_error``), as any boot of a side."""
+        ms, _ = self._trusted_level()
+        before = objective_of([objective(x.cells) for x in ms]) if ms else objective(m.cells)
+        self._add_drift(experiment_id, m, before, significant=False)
+        self.runlog.remeasured(run_id, objective(m.cells), m.index)
+        self.display.note(
+            f"  the champion's {what} ran on a busy host (its stalls may have moved it "
+            f"{100 * boot_error(m.cells):.0f}%): it is no drift test"
+        )
 
     def _boot(
         self, e: ExperimentRecord, run_id: str | None, role: BootRole
@@ -182,10 +205,13 @@ class ChampionRemeasure:
             self.ledger.set_champion_objective(self.cluster, level)
 
     def _trusted_level(self) -> tuple[list[Measurement], int | None]:
-        """The champion's trusted measurements since its last re-base, oldest first, and the
-        position among them of its last flagged boot not confirmed (the re-measurement just
+        """The champion's trusted measurements since its last re-base that no busy host
+        disturbed (``host_stalls.disturbed``: what the drift sentinel tests), oldest first, and
+        the position among them of its last flagged boot not confirmed (the re-measurement just
         before a drift confirmation boot: a ``confirm`` boot after a ``remeasure`` one)."""
-        ms = [m for m in self.evidence.level() if self.evidence.trusted(m)]
+        ms = [
+            m for m in self.evidence.level() if self.evidence.trusted(m) and not disturbed(m.cells)
+        ]
         flagged: int | None = None
         remeasured = False
         for i, m in enumerate(ms):
