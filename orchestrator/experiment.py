@@ -20,6 +20,7 @@ from orchestrator.errors import OrchestrateError
 from orchestrator.evolution import fit
 from orchestrator.faults import InfrastructureFaults
 from orchestrator.history import monotone_classes
+from orchestrator.host_stalls import busy_words
 from orchestrator.measurements import BootCount, Measurement
 from orchestrator.profile import Profile
 from orchestrator.remeasure import ChampionRemeasure
@@ -275,9 +276,7 @@ class ExperimentRunner:
             accept_len=accept_len(cells),
             promote=verdict.status == Status.KEEP,
             failure_class="clocks_stuck" if verdict.rule == "clocks" else None,
-            description=None
-            if opened is None
-            else f"{describe(e)}; stopped for want of boots, " + opened,
+            description=self._description(e, assessment, measurements, opened),
         )
         crashpoint("verdict.committed")
         if verdict.status == Status.KEEP:
@@ -288,6 +287,22 @@ class ExperimentRunner:
         crashpoint("mlflow.verdict")
         # its description says what look it is open for: the line says it once
         self.display.decided(decided, assessment.reason, boots)
+
+    @staticmethod
+    def _description(
+        e: ExperimentRecord,
+        assessment: Assessment,
+        measurements: Sequence[Measurement],
+        opened: str | None,
+    ) -> str | None:
+        """The record's description where the verdict adds to it (``None``: as proposed): what
+        look the change is open for, and that a busy host disturbed every boot of a change it
+        left undecided or discarded (``host_stalls.busy_words``)."""
+        said = [] if opened is None else [f"stopped for want of boots, {opened}"]
+        busy = busy_words([m.cells for m in measurements])
+        if busy is not None and assessment.status in (Status.DISCARD, Status.INCONCLUSIVE):
+            said.append(busy)
+        return "; ".join([describe(e), *said]) if said else None
 
     def _open_for(self, e: ExperimentRecord, assessment: Assessment) -> str | None:
         """What a change the verdict stops for want of boots is open for, in its record's

@@ -79,6 +79,19 @@ def disturbed(cells: Sequence[CellResultRecord]) -> bool:
     return disturbed_any([boot_error(cells)])
 
 
+def busy_words(boots: Sequence[Sequence[CellResultRecord]]) -> str | None:
+    """What a record says of a change none of whose boots (``boots``: each boot's cells) a
+    busy host left undisturbed: its objective is the host's as much as the config's. ``None``
+    where a boot was undisturbed, or there was none."""
+    errors = [boot_error(cells) for cells in boots]
+    if not errors or not all(e > stall.DISTURBED_FRACTION for e in errors):
+        return None
+    return (
+        f"every boot measured on a busy host (its stalls may have moved the objective up to "
+        f"±{100 * max(errors):.0f}%): the host's reading, not the change's"
+    )
+
+
 @dataclass(frozen=True)
 class HostError:
     """What the hosts' stalls may have done to a verdict's log ratio: ``se``, the error they

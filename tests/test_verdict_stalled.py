@@ -187,6 +187,8 @@ def test_a_busy_hosts_boots_teach_nothing_and_the_report_counts_them(tmp_path: P
     assert verdict is not None
     assert candidate.status not in ("discard", "keep"), verdict.reason
     assert "a busy host widened the error" in verdict.reason, verdict.reason
+    # its record (results.tsv's description, ``experiments show``) says whose reading it is
+    assert "every boot measured on a busy host" in candidate.description, candidate.description
     assert verdict.stats["stall_se"] > 0.5, verdict.stats  # type: ignore[operator]
     base = base_prior(prof, MNBT)
     assert prior is not None
