@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import difflib
 from collections import Counter, defaultdict
-from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
@@ -16,20 +15,11 @@ from agents.llm_fallback import Fallbacks
 from cluster.launcher import render_node
 from knobs.config import Config
 from knobs.errors import KnobError, ProfileError
-from knobs.records import CellResultRecord, LlmUsage
+from knobs.records import LlmUsage
 from knobs.spec import EffectPrior, Value, as_text, clipped
-from knobs.vocabulary import (
-    INFRASTRUCTURE,
-    BootRole,
-    BootStatus,
-    EventKind,
-    Kind,
-    ProposalStatus,
-    State,
-    Status,
-)
-from ledger import BootRecord, ChampionRecord, ExperimentRecord, Ledger, RoundRecord
-from orchestrator import budget, host_stalls, resumes
+from knobs.vocabulary import BootRole, EventKind, Kind, ProposalStatus, State, Status
+from ledger import ChampionRecord, ExperimentRecord, Ledger, RoundRecord
+from orchestrator import budget, resumes
 from orchestrator.champion import ChampionEvidence
 from orchestrator.champion_level import CellsChanged, LevelInForce, cells_changed, level_in_force
 from orchestrator.display import describe
@@ -40,23 +30,10 @@ from orchestrator.measurements import BootCount
 from orchestrator.priors import knob_priors, measured
 from orchestrator.profile import Profile
 from orchestrator.resumes import Resume
+from orchestrator.round_boots import INFRASTRUCTURE_USES, RoundBoots, RoundTally
 from orchestrator.settings import runtime_placeholders
-from orchestrator.verdict import interval_pct, slow_ranks
+from orchestrator.verdict import interval_pct
 
-#: Where a boot's time went (the report's categories), in the order the plot stacks them: the
-#: config's uses, then the boots the cluster cost (a boot that failed for the config's reasons,
-#: one that failed for the infrastructure's, one measured with a node's clocks off: set aside).
-USES = (
-    "baseline",
-    "candidate",
-    "confirmation",
-    "champion re-measure",
-    "failed: the config's",
-    "failed: the infrastructure's",
-    "clocks off: set aside",
-)
-#: The uses that are the infrastructure's, never the config's.
-INFRASTRUCTURE_USES = ("failed: the infrastructure's", "clocks off: set aside")
 #: A two-sided 95 % interval, in standard errors.
 Z95 = 1.96
 
@@ -136,7 +113,7 @@ class ReportData:
     #: the champion's objective after each point (the step line)
     champion_after: list[float | None]
     knobs: list[KnobRow]
-    #: per experiment number, hours of boots by use (``USES``)
+    #: per experiment number, hours of boots by use (``round_boots.USES``)
     boot_hours: dict[int, dict[str, float]]
     boots_by_use: Counter[str]
     gpus: int
@@ -147,6 +124,9 @@ class ReportData:
     champion_config: Config | None
     #: what stopped the round short, oldest first
     stops: list[Stop]
+    #: its boots paid, measurements weighed and boots a busy host disturbed (``round_boots``,
+    #: as ``status`` counts them)
+    tally: RoundTally
     #: each time the round was taken up again, oldest first (``resumes``)
     resumes: list[Resume] = field(default_factory=list)
     #: the round's experiments done against its budget (``budget``), and its proposals vetoed
@@ -158,9 +138,6 @@ class ReportData:
     #: the round's boots that failed for the infrastructure's reasons, by their class and
     #: their message's first line (which names the node)
     infrastructure_failures: Counter[tuple[str, str]] = field(default_factory=Counter)
-    #: the round's boots whose windows a busy host disturbed (``host_stalls.disturbed``): kept,
-    #: their verdicts' error widened by what the stalls may have cost them
-    disturbed_boots: int = 0
     #: the round's last champion, where it is the cluster's and was measured again since the
     #: verdict its row records (``champion_level``)
     level: LevelInForce | None = None
@@ -172,6 +149,12 @@ class ReportData:
     @property
     def gpu_hours(self) -> float:
         return sum(sum(c.values()) for c in self.boot_hours.values()) * self.gpus
+
+    @property
+    def disturbed_boots(self) -> int:
+        """The round's boots whose windows a busy host disturbed (``host_stalls.disturbed``):
+        kept, their verdicts' error widened by what the stalls may have cost them."""
+        return self.tally.disturbed
 
 
 def collect(profile: Profile, ledger: Ledger, round_id: int | None = None) -> ReportData:
@@ -200,11 +183,12 @@ def collect(profile: Profile, ledger: Ledger, round_id: int | None = None) -> Re
         None if c is None else fit_champion(profile.space, ledger, c).config
         for c in _champions(ledger, cluster, rnd)
     )
+    seen = RoundBoots.read(ledger, rnd, profile.gates.min_matmul_rate, every)
     data = ReportData(
         profile=profile.name,
         cluster=cluster,
         round=rnd,
-        points=[_point(ledger, e) for e in experiments],
+        points=[_point(ledger, e, seen.counts[e.id]) for e in experiments],
         champion_after=[],
         knobs=[],
         boot_hours={},
@@ -217,6 +201,7 @@ def collect(profile: Profile, ledger: Ledger, round_id: int | None = None) -> Re
         champion_config=end,
         resumes=resumes.of_round(ledger, rnd),
         stops=[],
+        tally=seen.tally(),
         done=budget.done(every),
     )
     data.stops = _stops(ledger, rnd, data.resumes)
@@ -236,7 +221,7 @@ def collect(profile: Profile, ledger: Ledger, round_id: int | None = None) -> Re
         ]
     data.champion_after = _champion_path(ledger, cluster, rnd, experiments)
     data.knobs = _knob_rows(profile, ledger, data.points)
-    _boots(ledger, rnd, experiments, data, profile.gates.min_matmul_rate, every)
+    _boots(rnd, experiments, data, seen)
     proposals = ledger.proposals(round_id=rnd.id)
     for p in proposals:
         if p.status == ProposalStatus.VETOED:
@@ -250,10 +235,10 @@ def collect(profile: Profile, ledger: Ledger, round_id: int | None = None) -> Re
     return data
 
 
-def _point(ledger: Ledger, e: ExperimentRecord) -> Point:
+def _point(ledger: Ledger, e: ExperimentRecord, boots: BootCount) -> Point:
+    """``boots``: what it paid and weighed (``RoundBoots.counts``)."""
     verdict = ledger.verdict(e.id)
     interval = None if verdict is None else interval_pct(verdict.stats, Z95)
-    boots = BootCount.of(e, ledger.boots(e.id), verdict)
     assert e.status is not None
     return Point(
         experiment=e.id,
@@ -337,57 +322,25 @@ def _knob_rows(profile: Profile, ledger: Ledger, points: list[Point]) -> list[Kn
     return rows
 
 
-def _use(boot: BootRecord, e: ExperimentRecord | None, slow: Mapping[int, set[int]]) -> str:
-    if boot.status == BootStatus.FAILED:
-        infrastructure = boot.failure_class in INFRASTRUCTURE
-        return "failed: the infrastructure's" if infrastructure else "failed: the config's"
-    if boot.id in slow:
-        return "clocks off: set aside"
-    if boot.role == BootRole.REMEASURE:
-        return "champion re-measure"
-    if boot.role == BootRole.CONFIRM:
-        return "confirmation"
-    return "baseline" if e is not None and e.kind == Kind.BASELINE else "candidate"
-
-
 def _boots(
-    ledger: Ledger,
-    rnd: RoundRecord,
-    experiments: list[ExperimentRecord],
-    data: ReportData,
-    min_matmul_rate: float,
-    every: list[ExperimentRecord],
+    rnd: RoundRecord, experiments: list[ExperimentRecord], data: ReportData, seen: RoundBoots
 ) -> None:
-    """Every boot of the round by use, in hours, charged to the experiment it served (a
-    champion's re-measurement to the experiment that was running when it was booted). A boot
-    is its experiment's kind's, decided or not (``every``: the round's experiments): the
-    baseline's first boot, cut short, is the baseline's."""
+    """Every boot of the round by use (``round_boots``), in hours, charged to the experiment it
+    served (a champion's re-measurement to the experiment that was running when it was
+    booted)."""
     end_of_round = rnd.finished_at or datetime.now(UTC)
-    slow: dict[int, set[int]] = {}  # boot → the nodes whose clocks were off in its cells
-    by_boot: dict[int, list[CellResultRecord]] = {}
-    for cells in ledger.cluster_cell_results(rnd.cluster).values():
-        for r in cells:
-            by_boot.setdefault(r.boot_id, []).append(r.result)
-            ranks = slow_ranks([r.result], min_matmul_rate)
-            if ranks:
-                slow.setdefault(r.boot_id, set()).update(ranks)
     mine = {e.id: e for e in experiments}
-    kinds = {e.id: e for e in every}
     order = sorted(experiments, key=lambda e: e.created_at)
-    for boot in ledger.boots_since(rnd.cluster, rnd.started_at):
-        if boot.started_at > end_of_round:
-            break
+    for rb in seen.boots:
+        boot, use = rb.boot, rb.use
         hours = ((boot.ended_at or end_of_round) - boot.started_at).total_seconds() / 3600
         owner = mine.get(boot.experiment_id)
         if owner is None or boot.role == BootRole.REMEASURE:
             running = [e for e in order if e.created_at <= boot.started_at]
             owner = running[-1] if running else (order[0] if order else None)
-        use = _use(boot, kinds.get(boot.experiment_id), slow)
         data.boots_by_use[use] += 1
-        if boot.id not in slow and host_stalls.disturbed(by_boot.get(boot.id, [])):
-            data.disturbed_boots += 1
         if use == "clocks off: set aside":
-            data.clocks_off_by_node.update(slow[boot.id])
+            data.clocks_off_by_node.update(rb.slow)
         elif use == "failed: the infrastructure's":
             said = (boot.failure_detail or "").strip().splitlines()
             detail = clipped(said[0], 240) if said else ""
@@ -461,13 +414,13 @@ def summary(data: ReportData) -> dict[str, float]:
         "keeps": float(
             sum(1 for p in data.points if p.kind == Kind.CANDIDATE and p.status == Status.KEEP)
         ),
-        "boots": float(sum(data.boots_by_use.values())),
-        "failed_boots": float(
-            sum(n for use, n in data.boots_by_use.items() if use.startswith("failed"))
-        ),
+        # as ``status`` counts them (``round_boots``): boots paid, measurements weighed
+        "boots": float(data.tally.boots),
+        "measurements": float(data.tally.measurements),
+        "failed_boots": float(data.tally.failed),
         "infrastructure_boots": float(sum(data.boots_by_use[u] for u in INFRASTRUCTURE_USES)),
         # kept, but their windows a busy host disturbed (``host_stalls``)
-        "disturbed_boots": float(data.disturbed_boots),
+        "disturbed_boots": float(data.tally.disturbed),
         "stops": float(len(data.stops)),
         "resumes": float(len(data.resumes)),
         "gpu_hours": data.gpu_hours,

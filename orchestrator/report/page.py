@@ -10,10 +10,10 @@ from collections.abc import Mapping
 from datetime import datetime
 from html import escape
 
-from cluster.stall import DISTURBED_FRACTION
 from knobs.spec import as_text, objective_text
 from knobs.vocabulary import GUARDRAIL_RULES, Kind, RoundStatus, Status
-from orchestrator.report.data import INFRASTRUCTURE_USES, USES, Point, ReportData
+from orchestrator.report.data import Point, ReportData
+from orchestrator.round_boots import INFRASTRUCTURE_USES, USES
 from orchestrator.timestamps import utc_minute
 
 CSS = """
@@ -151,9 +151,10 @@ def _spend(data: ReportData) -> str:
     fell_back = data.fallbacks.words()
     if fell_back is not None:  # a night the LLM did not steer is not one it did
         llm = f"{llm}; {fell_back}"
-    booted = sum(data.boots_by_use.values())
+    booted = data.tally.boots  # as ``status`` counts them (``round_boots``)
+    weighed = f"{data.tally.measurements} measurement(s) weighed by its verdicts"
     return (
-        f"<p>{booted} boot{'' if booted == 1 else 's'} ({escape(by_use)}); "
+        f"<p>{booted} boot{'' if booted == 1 else 's'} ({escape(by_use)}), {weighed}; "
         f"{data.gpu_hours:.2f} GPU-hours on {escape(gpus)}; {escape(llm)}.</p>"
     )
 
@@ -172,13 +173,8 @@ def _infrastructure(data: ReportData) -> str:
         else "<p>No boot was the infrastructure's: none failed for a node's reasons or was set "
         "aside for a node's clocks.</p>"
     ]
-    if data.disturbed_boots:
-        lines.append(
-            f"<p>{data.disturbed_boots} boot(s) measured in windows a busy host disturbed (its "
-            "stalls may have moved the objective by more than "
-            f"{DISTURBED_FRACTION:.0%}): kept, their verdicts' error widened by what the stalls "
-            "may have cost them.</p>"
-        )
+    if (disturbed := data.tally.disturbed_words()) is not None:
+        lines.append(f"<p>{escape(disturbed)}.</p>")
     if data.infrastructure_failures:
         failed = "".join(
             f"<li>{escape(cls)}: {escape(detail)} (×{n})</li>"
