@@ -153,9 +153,10 @@ class RoundDisplay:
 
     def decided(self, e: ExperimentRecord, reason: str, boots: BootCount | None = None) -> None:
         """An experiment was decided, and why (``""``: its description says it already);
-        ``boots``: the boots it took, said where one of them failed (the verdict's reason
-        counts only the measurements it weighs)."""
-        if boots is not None and boots.failed:
+        ``boots``: the boots it paid and the measurements it weighed, said where they differ
+        or a boot failed (``BootCount.said``: the verdict's reason counts only the
+        measurements it weighs)."""
+        if boots is not None and boots.said:
             reason = f"{reason}; {boots.words()}" if reason else boots.words()
         status = e.status or "?"
         objective = "" if e.objective is None else f" objective {objective_text(e.objective)}"

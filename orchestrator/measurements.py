@@ -91,10 +91,20 @@ class BootCount:
         """How many of the boots failed."""
         return sum(self.failed.values())
 
+    @property
+    def said(self) -> bool:
+        """Whether a decided line says the count: a boot failed, or the boots paid are not the
+        measurements weighed (a measurement resumed on a new boot, a boot set aside for a
+        node's clocks). A crash's or a veto's none weighed, with no boot failed, is its
+        reason's to say."""
+        return bool(self.failed) or 0 < self.measurements != self.boots
+
     def words(self) -> str:
-        """``2 boot(s), failed: unreachable ×1``, as a person reads it."""
+        """``2 boot(s) paid for 1 measurement(s), failed: unreachable ×1``, as a person reads
+        it (the report's ``boots`` and ``measurements`` columns)."""
         failed = ", ".join(f"{cls} ×{n}" for cls, n in self.failed.items())
-        return f"{self.boots} boot(s)" + (f", failed: {failed}" if failed else "")
+        paid = f"{self.boots} boot(s) paid for {self.measurements} measurement(s)"
+        return paid + (f", failed: {failed}" if failed else "")
 
 
 #: what a reading recorded before schema 7 says of the definition it was measured under

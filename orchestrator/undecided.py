@@ -138,8 +138,9 @@ def _undecided(ledger: Ledger, cluster: str, experiment_id: int) -> ExperimentRe
 
 
 def under_way(e: ExperimentRecord, boots: list[BootRecord]) -> dict[str, Any]:
-    """An experiment the unfinished round has not decided: what it changes, its boots, and how
-    those that failed failed (a stop's, or a kill's; ``orchestrate experiments veto`` takes it)."""
+    """An experiment the unfinished round has not decided: what it changes, its boots, how
+    those that failed failed (a stop's, or a kill's; ``orchestrate experiments veto`` takes it),
+    and the measurements they made."""
     count = BootCount.of(e, boots)
     return {
         "experiment": e.id,
@@ -148,4 +149,6 @@ def under_way(e: ExperimentRecord, boots: list[BootRecord]) -> dict[str, Any]:
         "state": str(e.state),
         "boots": count.boots,
         "failed": dict(count.failed),
+        # its boots' measurements so far (``BootCount``: a failed boot made none)
+        "measurements": count.measurements,
     }

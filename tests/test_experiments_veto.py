@@ -98,11 +98,12 @@ def test_a_change_that_only_the_infrastructure_fails_is_vetoed_and_the_round_goe
     assert shown.returncode == 0, shown.stderr
     [under] = json.loads(shown.stdout)["running_round"]["undecided"]
     assert (under["experiment"], under["boots"], under["failed"]) == (k5.id, 2, {"network": 2})
+    assert under["measurements"] == 0  # both failed: nothing measured
     said = " ".join(orchestrate(cli_workdir, "status", "-p", PROFILE).stdout.split())
     # with the proposal it came from (``proposals list`` names the experiment it became)
     assert (
         f"under way: experiment #{k5.id} (proposal {k5.proposal_id}: {k5.description}), "
-        "2 boot(s), failed: network ×2"
+        "2 boot(s) paid for 0 measurement(s), failed: network ×2"
     ) in said
     assert under["proposal"] == k5.proposal_id is not None
     why = "K=5's drafter is not on the nodes' disks and the hub is away this week"

@@ -137,10 +137,11 @@ def test_a_measurement_on_a_boot_after_a_failed_one_is_two_boots_one_failed(
         BootStatus.FAILED,
         BootStatus.DOWN,
     ]
-    # its decided line: the verdict weighed one measurement, the change took two boots
+    # its decided line: the change took two boots, the verdict weighed one measurement
     text = " ".join(said.getvalue().split())
     decided = text.split(f" #{change.id} ")[1].split(" #")[0]
-    assert decided.endswith("; 2 boot(s), failed: unreachable ×1"), decided
+    said_both = "; 2 boot(s) paid for 1 measurement(s), failed: unreachable ×1"
+    assert decided.endswith(said_both), decided
     assert change.mlflow_run_id is not None
     metrics = MlflowClient(mlflow_db.tracking_uri).get_run(change.mlflow_run_id).data.metrics
     assert (metrics["boots"], metrics["failed_boots"]) == (2, 1)

@@ -1,8 +1,9 @@
 """What a round's records count and show of a verdict: a measurement interrupted mid-cells and
-finished on a new boot is two boots paid and one measurement weighed, in the report and in
-MLflow alike (``measurements.BootCount``, the one count); and the report's 95 % interval cell
-says what the verdict measured, never nothing: the interval of a guardrail's discard or of a
-one-run verdict (the noise model's, over what was measured), or why there is none."""
+finished on a new boot is two boots paid and one measurement weighed, in the report, in MLflow
+and in the round's decided line alike (``measurements.BootCount``, the one count); and the
+report's 95 % interval cell says what the verdict measured, never nothing: the interval of a
+guardrail's discard or of a one-run verdict (the noise model's, over what was measured), or
+why there is none."""
 
 from __future__ import annotations
 
@@ -70,6 +71,9 @@ def test_a_measurement_resumed_on_a_new_boot_is_two_boots_and_one_measurement(
             for e in (baseline, change)
         }
     assert [b.measurement for b in boots] == [0, 0], boots  # stitched: one measurement
+    # the resume's decided line says both, as the report does (it said neither: no boot failed)
+    decided = " ".join(resumed.stderr.split()).split(f" #{change.id} ")[1].split(" #")[0]
+    assert "; 2 boot(s) paid for 1 measurement(s)" in decided, decided
     assert verdict is not None and verdict.stats["candidate_boots"] == 1, verdict
     page = (tmp_path / "reports" / "round-1" / "report.html").read_text()
     assert HEAD in page

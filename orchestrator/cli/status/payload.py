@@ -39,6 +39,9 @@ def as_data(prof: Profile, seen: Seen, flag: str) -> dict[str, Any]:
         "not_started": stop_data(seen.not_started),  # before any round began: a node away
         # the last round's: how many of its LLM proposals fell back, and why
         "llm_fallbacks": seen.fallbacks.as_json(),
+        # the last round's boots paid, measurements weighed and boots a busy host disturbed,
+        # as its report counts them (``round_boots``)
+        "last_round": None if seen.tally is None else seen.tally.as_json(),
         "pending_proposals": [
             {
                 "proposal": p.id,

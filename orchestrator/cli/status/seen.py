@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from orchestrator.champion_level import CellsChanged, LevelInForce
     from orchestrator.priors import Measured
     from orchestrator.profile import Profile
+    from orchestrator.round_boots import RoundTally
     from orchestrator.step_cost import StepCost
 
 
@@ -68,6 +69,9 @@ class Seen:
     failed: dict[int | None, Counter[str]]
     undecided: list[dict[str, Any]]
     fallbacks: Fallbacks  # the last round's LLM proposals and its fallbacks (``llm_fallback``)
+    #: the last round's boots paid, measurements weighed and boots a busy host disturbed, as
+    #: its report counts them (``round_boots``); ``None``: no round yet
+    tally: RoundTally | None
 
     def proposal_of(self, experiment: int) -> int | None:
         """The proposal experiment ``experiment`` came from (``None``: a baseline's, or none)."""
@@ -88,6 +92,7 @@ def read(prof: Profile, ledger: Ledger) -> Seen:
     from orchestrator.lease import state as lease_state
     from orchestrator.measurements import changed_cells, clocks_off_counts
     from orchestrator.priors import measured
+    from orchestrator.round_boots import RoundBoots
     from orchestrator.step_cost import learned
     from orchestrator.undecided import under_way
 
@@ -153,4 +158,7 @@ def read(prof: Profile, ledger: Ledger) -> Seen:
         )
         if rounds
         else Fallbacks(),
+        tally=RoundBoots.read(ledger, rounds[-1], prof.gates.min_matmul_rate).tally()
+        if rounds
+        else None,
     )

@@ -53,7 +53,8 @@ def say_champion(console: Console, seen: Seen) -> None:
 
 
 def say_round(console: Console, seen: Seen, data: dict[str, Any], flag: str) -> None:
-    """The unfinished round (running now, or to resume), and the proposals a person decides."""
+    """The unfinished round (running now, or to resume), the last round's boots (as its report
+    counts them), and the proposals a person decides."""
     from orchestrator.approval import waits_for_a_person
     from orchestrator.faults import said_stop
     from orchestrator.measurements import BootCount
@@ -80,7 +81,7 @@ def say_round(console: Console, seen: Seen, data: dict[str, Any], flag: str) -> 
         if seen.stopped is not None:
             console.print(f"  it {said_stop(seen.stopped)}", markup=False)
         for u in seen.undecided:
-            boots = BootCount(u["boots"], u["failed"]).words()
+            boots = BootCount(u["boots"], u["failed"], u["measurements"]).words()
             of = "" if u["proposal"] is None else f"proposal {u['proposal']}: "
             console.print(
                 f"  under way: experiment #{u['experiment']} ({of}{u['change']}), {boots}",
@@ -93,6 +94,13 @@ def say_round(console: Console, seen: Seen, data: dict[str, Any], flag: str) -> 
         )
     if (fell_back := seen.fallbacks.words()) is not None:
         console.print(f"round {seen.fallbacks.round_id}: {fell_back}", markup=False)
+    if (tally := seen.tally) is not None:
+        disturbed = tally.disturbed_words()
+        console.print(
+            f"round {tally.round}: {tally.words()}"
+            + ("" if disturbed is None else f"; {disturbed}"),
+            markup=False,
+        )
     for p in seen.pending:
         console.print(waits_for_a_person(p, flag), markup=False)
 
