@@ -17,8 +17,8 @@ and the predictive futility reads ``g + bound``): a stall can neither keep a cha
 keep out of reach. The verdict's ``se`` is the widened one, so the knob's learned prior
 (``priors``) weighs such a change as little as it told. A boot whose error
 is more than ``stall.DISTURBED_FRACTION`` of its objective (``disturbed``) teaches the noise
-model nothing and is counted in the report's infrastructure share. Where no cell stalled every
-error is 0 and nothing changes.
+model nothing and is counted, once, by ``round_boots`` (the report's infrastructure share, its
+MLflow summary, ``status``). Where no cell stalled every error is 0 and nothing changes.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """``orchestrate status``: the champion, the unfinished round (and why it stopped short, if it
-did), what MLflow still lacks, a node whose clocks are off more often than chance explains,
-the boots each node failed for the infrastructure's reasons, and the lease.
+did), the last round's boots paid, measurements weighed and boots a busy host disturbed (as
+its report counts them), what MLflow still lacks, a node whose clocks are off more often than
+chance explains, the boots each node failed for the infrastructure's reasons, and the lease.
 
 ``seen`` reads the ledger once, ``payload`` makes ``--json`` of it, ``text`` says it."""
 
