@@ -77,7 +77,7 @@ def test_a_dropped_knob_measures_the_champion_again_before_a_change_is_judged(
 
     status = orchestrate(tmp_path, "status", "-p", str(g2), "--json", env=env)
     assert status.returncode == 0, status.stderr
-    again = json.loads(status.stdout)["champion_measured_again"]
+    again = json.loads(status.stdout)["champion_to_measure_again"]
     assert again is not None and "knob cuda_graphs dropped" in again, again
 
     second = orchestrate(tmp_path, "round", "--budget", "1", "-p", str(g2), env=env, timeout=600)
@@ -121,7 +121,7 @@ def test_a_dropped_knob_measures_the_champion_again_before_a_change_is_judged(
     assert "profile gained knob cuda_graphs" in said, said
     assert "the champion is measured again" not in said, said
     status = orchestrate(tmp_path, "status", "-p", str(back), "--json", env=env)
-    assert json.loads(status.stdout)["champion_measured_again"] is None
+    assert json.loads(status.stdout)["champion_to_measure_again"] is None
     with Ledger(env["ORCHESTRATE_LEDGER"]) as ledger:
         now = ledger.champion(CLUSTER)
         assert now is not None and now.experiment_id == champion.experiment_id

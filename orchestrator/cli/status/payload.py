@@ -59,7 +59,7 @@ def as_data(prof: Profile, seen: Seen, flag: str) -> dict[str, Any]:
         # the cells the profile redefined since their last reading (``changed_cells``)
         "changed_cells": list(seen.redefined),
         # the champion's launchers render differently now: why it is measured again
-        "champion_measured_again": seen.restated,
+        "champion_to_measure_again": seen.restated,
         "held_for_mlflow": seen.held,
         "open_boots": len(seen.left_open),
         "lease": None
