@@ -70,6 +70,10 @@ class HistoryEntry(BaseModel):
     #: champion (``orchestrator.policy.overshot``): for an ordered knob, a value nearer the
     #: champion's may still gain (``first_looks.step_back``).
     overshot: bool = False
+    #: ``False`` for a decision nobody made on the value (``orchestrator.history``: a veto of
+    #: the queue's timeout, a closure by the profile, a failure of the infrastructure's): it
+    #: bars nothing, and the change may be proposed again once the context allows it.
+    judged: bool = True
 
     @property
     def measured(self) -> bool:
@@ -428,12 +432,15 @@ class ProposalContext(BaseModel):
                 out.append(f"{region.describe()}, outside it by " + ", ".join(outside.values()))
         return out
 
-    def tries(self, knob: str, value: Value | None = None) -> int:
-        """How many history entries changed ``knob`` (to ``value``, when given)."""
+    def tries(self, knob: str, value: Value | None = None, *, judged: bool = False) -> int:
+        """How many history entries changed ``knob`` (to ``value``, when given); ``judged``:
+        only those whose value was judged (``HistoryEntry.judged``)."""
         return sum(
             1
             for e in self.history
-            if e.knob == knob and (value is None or same_value(e.value, value))
+            if e.knob == knob
+            and (value is None or same_value(e.value, value))
+            and (e.judged or not judged)
         )
 
 

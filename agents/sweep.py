@@ -17,11 +17,14 @@ class SweepProposer:
     of the moment; without a list, every ``space.neighbours(champion)`` in order.
 
     Stateless: the position comes from the context. A list entry is done once any experiment
-    in the history changed that knob to that value (so a list is walked once, even across
-    champion changes); the next entry that is not done is proposed unless it is not allowed now
-    (unknown knob, bad value, no change against this champion, forbidden, decided, known-bad),
-    in which case it is skipped. Without a list, the first allowed neighbour is proposed: a
-    coordinate sweep that starts again around each new champion.
+    in the history judged that knob at that value (so a list is walked once, even across
+    champion changes); an experiment nobody judged (``HistoryEntry.judged``: a veto of the
+    queue's timeout, a closure by the profile, a failure of the infrastructure's) leaves it
+    to do. The next entry that is not done is proposed unless it is not allowed now (unknown
+    knob, bad value, no change against this champion, forbidden, decided, known-bad; a
+    timeout's veto is decided for the rest of its sitting), in which case it is skipped and
+    the proposal's ``skipped`` note says why. Without a list, the first allowed neighbour is
+    proposed: a coordinate sweep that starts again around each new champion.
     """
 
     name = "sweep"
@@ -60,7 +63,7 @@ class SweepProposer:
                 refusals["invalid"] += 1
                 skipped.append(f"{what}: {e.message}")
                 continue
-            if context.tries(knob, value):
+            if context.tries(knob, value, judged=True):
                 refusals["done"] += 1
                 continue
             change = Change(knob=knob, old=context.champion[knob], new=value)

@@ -4,7 +4,7 @@ Every decided experiment of the cluster becomes a history entry; crashes, invali
 a person's vetoes become known-bad regions (with the person's words for a veto), held under
 every later champion until a person clears them; the configs decided under the current
 champion are not proposed again. A veto of the queue's timeout is no one's judgement: it bars
-no region, and holds only for the rest of the sitting that vetoed it (``timed_out``). A
+no region, and holds only for the rest of the sitting that vetoed it (``unjudged``). A
 failure of the infrastructure's (stuck clocks, a node unreachable: ``INFRASTRUCTURE``) is
 never the config's: such an experiment bars nothing and may run again (a ledger from before
 such failures stopped the round has them). A region a person cleared (``orchestrate known-bad
@@ -17,8 +17,6 @@ before a round ends with nothing to try.
 
 from __future__ import annotations
 
-from datetime import datetime
-
 from agents import HistoryEntry, KnownBad, KnownBadSource, ProposalContext, round_spend
 from knobs.config import Config
 from knobs.records import CellResultRecord
@@ -27,15 +25,14 @@ from knobs.spec import Value, clipped
 from knobs.vocabulary import INFRASTRUCTURE, UNMEASURED, EventKind, State, Status
 from ledger import EventRecord, ExperimentRecord, Ledger, RoundRecord, VerdictRecord
 from orchestrator import budget, policy
-from orchestrator.approval import TIMEOUT_BY
 from orchestrator.champion import ChampionEvidence
-from orchestrator.closures import CLOSED_RULES
 from orchestrator.errors import UsageError
 from orchestrator.evolution import Lineage, fit
 from orchestrator.guardrails import stalled_breach
 from orchestrator.priors import interacting, knob_priors, measured
 from orchestrator.profile import Profile
 from orchestrator.step_cost import learned
+from orchestrator.unjudged import closed, sitting_start, this_sitting, timed_out, unjudged
 
 #: What a decided status bars, as a known-bad region's source.
 _BARS: dict[Status, KnownBadSource] = {
@@ -72,14 +69,12 @@ def proposal_context(
             continue
         fitted = lineage.fit(e)
         champion_key = lineage.champion_key(e)
-        here = (
-            champion_key == current.config.key
-            and e.failure_class not in INFRASTRUCTURE
-            # closed by the profile (``closures.closure``): nobody judged it, it may run again
-            and not _closed(ledger, e)
-            # vetoed by the queue's timeout: nobody judged it either; held for the rest of
-            # this sitting only, so the proposer does not offer it again at once
-            and (not timed_out(ledger, e) or _this_sitting(e, rnd, sitting))
+        judged = not unjudged(ledger, e)
+        here = champion_key == current.config.key and (
+            judged
+            # vetoed by the queue's timeout: nobody judged it; held for the rest of this
+            # sitting only, so the proposer does not offer it again at once
+            or (timed_out(ledger, e) and this_sitting(e, rnd, sitting))
         )
         if here:
             looks[fitted.config.key] = looks.get(fitted.config.key, 0) + 1
@@ -88,7 +83,8 @@ def proposal_context(
             if here
             else (None, None, None, False)
         )
-        history.append(_entry(e, fitted, champion_key, again, overshot, further))
+        entry = _entry(e, fitted, champion_key, again, overshot, further)
+        history.append(entry if judged else entry.model_copy(update={"judged": False}))
         if e.id in cleared:  # a person cleared its region: it bars nothing, and may run again
             continue
         # a failure of the infrastructure's (stuck clocks, a node unreachable) measured the
@@ -292,7 +288,7 @@ def _barred(profile: Profile, ledger: Ledger, e: ExperimentRecord) -> KnownBad |
     if e.status == Status.VETOED:
         # the person's words, so every proposer learns why (the verdict's: a proposal's veto
         # or, for a change a stopped round left undecided, the experiment's)
-        if _closed(ledger, e) or timed_out(ledger, e):
+        if closed(ledger, e) or timed_out(ledger, e):
             # closed because the profile could not run it, or vetoed by the queue's timeout:
             # no one judged its value
             return None
@@ -304,45 +300,6 @@ def _barred(profile: Profile, ledger: Ledger, e: ExperimentRecord) -> KnownBad |
         else KnownBad(when=when, reason=reason, source=source)
     )
     return region.model_copy(update={"reason": reason, "source": source})
-
-
-def timed_out(ledger: Ledger, e: ExperimentRecord) -> bool:
-    """Whether decided ``e`` was vetoed by the queue's timeout (``approve.on_timeout: veto``):
-    no one judged its value, so it bars no region, and it is held (not proposed again) only
-    for the rest of the sitting that vetoed it (``sitting_start``): a resume, the person
-    back, may be offered it again, and a later round or champion always may."""
-    if e.status != Status.VETOED:
-        return False
-    verdict = ledger.verdict(e.id)
-    return verdict is not None and verdict.stats.get("by") == TIMEOUT_BY
-
-
-def sitting_start(ledger: Ledger, rnd: RoundRecord) -> datetime | None:
-    """When round ``rnd``'s current run began: its latest resume (``resumes.record``), else
-    ``None`` (the round's start)."""
-    resumed = [
-        ev.created_at
-        for ev in ledger.events(rnd.cluster, EventKind.ROUND_RESUMED)
-        if ev.subject == str(rnd.id)
-    ]
-    return max(resumed) if resumed else None
-
-
-def _this_sitting(e: ExperimentRecord, rnd: RoundRecord, sitting: datetime | None) -> bool:
-    """Whether ``e`` was decided by round ``rnd``'s current run (``sitting_start``)."""
-    if e.round_id != rnd.id:
-        return False
-    decided = e.decided_at or e.created_at
-    return sitting is None or decided >= sitting
-
-
-def _closed(ledger: Ledger, e: ExperimentRecord) -> bool:
-    """Whether decided ``e`` was closed by the profile without a verdict (a knob it lost, a
-    value outside a domain it narrowed: ``closures.closure``)."""
-    if e.status != Status.VETOED:
-        return False
-    verdict = ledger.verdict(e.id)
-    return verdict is not None and verdict.rule in CLOSED_RULES
 
 
 def guardrail_region(profile: Profile, ledger: Ledger, e: ExperimentRecord) -> KnownBad | None:

@@ -245,6 +245,7 @@ def test_the_queue_timeout_vetoes_then_pauses_and_the_round_resumes(workdir: Pat
     ledger = Ledger(os.environ["ORCHESTRATE_LEDGER"])
     try:
         decided = [(p.knob, p.status, p.decided_by, p.reason) for p in ledger.proposals()]
+        skipped = ledger.proposals()[1].notes.get("skipped")
         assert ledger.unfinished_round("twin-local") is not None
     finally:
         ledger.close()
@@ -252,6 +253,13 @@ def test_the_queue_timeout_vetoes_then_pauses_and_the_round_resumes(workdir: Pat
         ("num_speculative_tokens", "vetoed", "timeout", why),
         ("max_num_batched_tokens", "vetoed", "timeout", why),
     ]
+    # the sweep's second proposal passed over the first entry for the rest of the sitting, and
+    # said why (it had counted the timeout's veto as the entry done, for good)
+    assert skipped == (
+        "entry 1 (num_speculative_tokens=5): num_speculative_tokens 7 → 5 was vetoed under "
+        "this champion by the queue's timeout (experiment #2: nobody decided it); it may be "
+        "proposed again once the round resumes"
+    )
     # the report as far as it got counts as the budget does: the vetoes are not experiments
     # done (it said "running, 2 of 1 experiments decided", and that the round "ended")
     page = workdir / "reports" / "round-1" / "report.html"
@@ -276,8 +284,10 @@ def test_the_queue_timeout_vetoes_then_pauses_and_the_round_resumes(workdir: Pat
         ("vetoed", "num_speculative_tokens"),
         ("vetoed", "max_num_batched_tokens"),
     ]
-    # the sweep's list is tried once each entry (a timeout's entry included)
-    assert rows[3]["knob"] == "cuda_graphs" and rows[3]["status"] != "vetoed"
+    # nobody judged the first entry: the resumed round offers it again, as the Optuna and
+    # Claude proposers would (the sweep counted it as done and went on to cuda_graphs)
+    assert (rows[3]["knob"], rows[3]["value"]) == ("num_speculative_tokens", "5")
+    assert rows[3]["status"] != "vetoed"
     assert len(rows) == 4
     html = " ".join(page.read_text().split())
     summary = html[html.index("<h1>") : html.index("<h2>")]
