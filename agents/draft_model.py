@@ -33,6 +33,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from agents.context import ChampionCell, ProposalContext, StepCostBelief
+from agents.proposal import Direction, versus
 from knobs.config import Change
 from knobs.space import KnobSpace
 from knobs.spec import KnobSpec
@@ -67,6 +68,15 @@ class DraftPrediction:
     def best_of(self, changes: Sequence[Change]) -> Change:
         """The change of the draft knob among ``changes`` predicted best (the first on a tie)."""
         return max(changes, key=lambda c: (self.change_pct[int(c.new)], -changes.index(c)))
+
+    def expected(self, value: int, direction: Direction) -> str:
+        """The expected effect of a change to ``value`` whose value this model picked: its
+        prediction, ``better than the champion: K=2 predicted +18.3 % …; a model, not a
+        measurement`` (the Optuna and hybrid proposers' K looks alike)."""
+        return (
+            f"{versus(self.change_pct[value], direction)}: {self.describe(value)}; "
+            "a model, not a measurement"
+        )
 
     def describe(self, value: int) -> str:
         """``K=2 predicted +18.3 % … (γ 0.090 ± 0.020 from 1 K change(s) measured …)``."""

@@ -9,8 +9,11 @@ then samples that knob alone; the first sample that lands among the allowed valu
 direction is the change (after a dozen misses: the allowed value nearest the champion that
 way). For the draft length (``role: draft_tokens``) the value is the one the draft-length model
 predicts best in that direction, from the champion's per-position acceptance
-(``agents.draft_model``), as in the Optuna proposer's first looks. When Claude gives no usable
-choice, the Optuna proposer proposes on its own, recorded as a fallback.
+(``agents.draft_model``), as in the Optuna proposer's first looks, and the expected effect is
+the model's prediction as the Optuna proposer says it: Claude's own expectation stays in the
+notes (``expected_direction``, ``expected_size_pct``), and is said beside the model's where
+their directions differ. When Claude gives no usable choice, the Optuna proposer proposes on
+its own, recorded as a fallback.
 """
 
 from __future__ import annotations
@@ -19,11 +22,11 @@ from typing import TYPE_CHECKING, Any
 
 from agents.claude import SYSTEM, LLMProposer
 from agents.context import ProposalContext, same_value
-from agents.draft_model import predict
+from agents.draft_model import DraftPrediction, predict
 from agents.llm import ClaudeOptions
 from agents.llm_tool import EFFECT_PROPERTIES, Effect, one_knob_problem, read_effect, tool_schema
 from agents.optuna_proposer import MAX_ASKS, OptunaProposer, distributions
-from agents.proposal import Proposal, open_coupled
+from agents.proposal import Direction, Proposal, open_coupled
 from knobs.config import Change
 from knobs.errors import KnobError
 from knobs.space import KnobSpace
@@ -175,14 +178,16 @@ class HybridProposer(LLMProposer):
         inside: list[Change],
         effect: Effect,
     ) -> Proposal:
-        change, how = self._value(context, spec, inside)
+        change, how, model = self._value(context, spec, inside)
         choices = ", ".join(as_text(c.new) for c in inside)
         return Proposal(
             change=change,
             source=self.name,
             hypothesis=f"{effect.hypothesis} [Claude chose {spec.name} {way}; {how} picked "
             f"{as_text(change.new)} among {choices}.]",
-            expected_effect=effect.expected(),
+            expected_effect=effect.expected()
+            if model is None
+            else _expected(model, int(change.new), self.optuna.direction, effect),
             risk=effect.risk,
             estimated_cost=effect.estimated_cost,
             notes={**effect.notes(), "direction": way, "value_by": how},
@@ -190,14 +195,14 @@ class HybridProposer(LLMProposer):
 
     def _value(
         self, context: ProposalContext, spec: KnobSpec, inside: list[Change]
-    ) -> tuple[Change, str]:
+    ) -> tuple[Change, str, DraftPrediction | None]:
         """The draft-length model's best value among ``inside`` for the draft knob (when the
         Optuna proposer uses the model), else TPE's value among ``inside``, or the one nearest
-        the champion."""
+        the champion; how it was picked, and the model when the model picked it."""
         model = predict(context) if self.optuna.draft_model else None
         if model is not None and model.knob == spec.name:
             best = model.best_of(inside)
-            return best, f"the draft-length model ({model.describe(int(best.new))})"
+            return best, f"the draft-length model ({model.describe(int(best.new))})", model
         dists = distributions(context.space)
         study, _ = self.optuna._study(context, dists)
         for asks in range(1, MAX_ASKS + 1):
@@ -208,7 +213,29 @@ class HybridProposer(LLMProposer):
                 continue
             for change in inside:
                 if same_value(change.new, value):
-                    return change, f"TPE (ask {asks})"
+                    return change, f"TPE (ask {asks})", None
         here = _place(spec, context.champion[spec.name])
         nearest = min(inside, key=lambda c: abs((_place(spec, c.new) or 0.0) - (here or 0.0)))
-        return nearest, f"the nearest allowed value (TPE missed {MAX_ASKS} times)"
+        return nearest, f"the nearest allowed value (TPE missed {MAX_ASKS} times)", None
+
+
+def _expected(model: DraftPrediction, value: int, direction: Direction, effect: Effect) -> str:
+    """The expected effect of a K value the draft-length model picked: the model's prediction
+    (``DraftPrediction.expected``), with Claude's own expectation beside it where it points
+    another way (the model says better while Claude said lower, say)."""
+    said = model.expected(value, direction)
+    pct = model.change_pct[value]
+    way = "unchanged" if abs(pct) < 0.5 else "higher" if pct > 0 else "lower"
+    agrees = (
+        abs(pct) <= max(effect.size_pct, 0.5)
+        if effect.direction == "unchanged"
+        else effect.direction == way
+    )
+    if agrees:
+        return said
+    claude = (
+        f"unchanged (within about {effect.size_pct:g}%)"
+        if effect.direction == "unchanged"
+        else f"{effect.direction} by about {effect.size_pct:g}%"
+    )
+    return f"{said}; Claude expected the objective {claude}"

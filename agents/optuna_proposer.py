@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Literal
 
 import optuna
 from optuna.distributions import (
@@ -47,14 +46,19 @@ from agents.draft_model import DraftPrediction, predict
 from agents.first_looks import DRAFT_LOOK_FLOOR as DRAFT_LOOK_FLOOR  # re-exported
 from agents.first_looks import first_look as first_look  # re-exported
 from agents.first_looks import further_look, open_changes, second_look, seed_for, why
-from agents.proposal import ONE_EXPERIMENT, Proposal, ProposalExhausted, open_coupled
+from agents.proposal import (
+    ONE_EXPERIMENT,
+    Direction,
+    Proposal,
+    ProposalExhausted,
+    open_coupled,
+    versus,
+)
 from knobs.config import Change, Config
 from knobs.errors import KnobError
 from knobs.space import KnobSpace
 from knobs.spec import KnobSpec, Value, as_text
 from knobs.vocabulary import INFRASTRUCTURE, Status
-
-Direction = Literal["maximize", "minimize"]
 
 #: How many times ``study.ask`` is tried before the deterministic fallback. Each extra ask sees
 #: the earlier ones as running trials (TPE's constant liar), so it lands somewhere else.
@@ -382,8 +386,7 @@ class OptunaProposer:
             hypothesis=hypothesis,
             expected_effect=_expected(evidence, change, spec, self.direction)
             if model is None
-            else f"{_versus(model.change_pct[int(change.new)], self.direction)}: "
-            f"{notes['draft_model']}; a model, not a measurement",
+            else model.expected(int(change.new), self.direction),
             risk=context.risk_of(change),
             estimated_cost=ONE_EXPERIMENT,
             notes=notes,
@@ -429,7 +432,7 @@ def _expected(
             "a first look at this region"
         )
     mean = sum(deltas) / len(deltas)
-    word = _versus(mean, direction)
+    word = versus(mean, direction)
     if word.startswith("worse"):
         word += " so far, though TPE still ranks the region high"
     exact = any(same_value(e.config.get(spec.name), change.new) for e in evidence)
@@ -438,15 +441,6 @@ def _expected(
         f"{word}: objective {mean:+.1f}% on average over {len(deltas)} measurement(s) {where}, "
         "each against the champion of its time"
     )
-
-
-def _versus(pct: float, direction: Direction) -> str:
-    """An objective change of ``pct`` % against the champion, in words."""
-    if abs(pct) < 0.5:
-        return "about the same as the champion"
-    if (pct > 0) == (direction == "maximize"):
-        return "better than the champion"
-    return "worse than the champion"
 
 
 def _params(space: KnobSpace, config: Mapping[str, object]) -> dict[str, Value] | None:

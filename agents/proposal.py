@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Protocol, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
 
@@ -16,6 +16,18 @@ from orchestrator.errors import OrchestrateError
 #: What a proposal's estimated cost says when the proposer knows nothing more specific: every
 #: change redeploys the cluster and measures the profile's cells once.
 ONE_EXPERIMENT = "1 boot (all nodes, workers first) + 1 pass of the profile's bench cells"
+
+#: Which way the objective improves.
+Direction = Literal["maximize", "minimize"]
+
+
+def versus(pct: float, direction: Direction) -> str:
+    """An objective change of ``pct`` % against the champion, in words."""
+    if abs(pct) < 0.5:
+        return "about the same as the champion"
+    if (pct > 0) == (direction == "maximize"):
+        return "better than the champion"
+    return "worse than the champion"
 
 
 class Proposal(BaseModel):

@@ -15,6 +15,7 @@ from agents import (
     OptunaProposer,
     ProposalContext,
 )
+from agents.draft_model import predict
 from cluster.twin.landscape import load_landscape
 from knobs import KnobSpace, catalog
 from knobs.config import Config
@@ -191,3 +192,41 @@ def test_claude_picks_k_and_the_draft_length_model_the_value(messages_api: Messa
         base_url=messages_api.url,
     ).propose(with_cells)
     assert blind.notes["value_by"].startswith("TPE (ask ")
+
+
+def test_a_K_value_the_model_picked_expects_the_models_number(messages_api: MessagesApi) -> None:
+    """The draft-length model picked K=2: the expected effect is its prediction, as the Optuna
+    proposer's K look says it (it was Claude's "objective higher by about 4%" beside the
+    model's number in the hypothesis). Claude's expectation stays in the notes, and is said
+    beside the model's where their directions differ; a value TPE picked keeps Claude's."""
+    exl3 = load_landscape("exl3-tp4").without_noise()
+    cells = tuple(
+        ChampionCell(
+            cell=t.cell, output_throughput=t.output_tok_s, per_position_acceptance=t.per_position
+        )
+        for t in (exl3.truth(CHAMPION, c) for c in exl3.cells())
+    )
+    with_cells = context().model_copy(update={"champion_cells": cells})
+    model = predict(with_cells)
+    assert model is not None and model.change_pct[2] > 0.5
+    said = f"better than the champion: {model.describe(2)}; a model, not a measurement"
+    k_down = choice(knob="num_speculative_tokens", direction="down")
+    doubting = choice(knob="num_speculative_tokens", direction="down", expected_direction="lower")
+    messages_api.script(
+        tool_use(k_down, name="choose_knob"), tool_use(doubting, name="choose_knob")
+    )
+    agreed = hybrid(messages_api).propose(with_cells)
+    assert agreed.change.new == 2 and agreed.expected_effect == said
+    assert (agreed.notes["expected_direction"], agreed.notes["expected_size_pct"]) == (
+        "higher",
+        "4",
+    )
+    differed = hybrid(messages_api).propose(with_cells)
+    assert differed.change.new == 2
+    assert differed.expected_effect == f"{said}; Claude expected the objective lower by about 4%"
+    assert differed.notes["expected_direction"] == "lower"
+
+    messages_api.script(tool_use(choice(), name="choose_knob"))
+    tpe = hybrid(messages_api).propose(with_cells)
+    assert tpe.notes["value_by"].startswith("TPE (ask ")
+    assert tpe.expected_effect == "objective higher by about 4%"
