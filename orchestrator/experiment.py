@@ -263,7 +263,9 @@ class ExperimentRunner:
         delta = float(assessment.stats.get("delta_pct", 0.0))  # type: ignore[arg-type]
         opened = self._open_for(e, assessment)
         verdict = VerdictRecord(
-            status=assessment.status,
+            # open for another look: nothing concluded of it, whatever rule stopped it
+            # (``policy.open_for``)
+            status=assessment.status if opened is None else Status.INCONCLUSIVE,
             rule=assessment.rule,
             reason=assessment.reason if opened is None else f"{assessment.reason}; {opened}",
             stats=dict(assessment.stats),

@@ -21,6 +21,7 @@ from agents import (
 from agents.first_looks import boots_per_decision
 from knobs import Change, Config, ForbiddenCombination, KnobError, KnobSpace, catalog
 from knobs.spec import Value
+from knobs.vocabulary import Status
 
 CATALOG = KnobSpace(knobs=catalog("vllm-dflash2"))
 CONSTRAINED = KnobSpace(
@@ -617,3 +618,41 @@ def test_without_a_list_the_sweep_takes_the_champions_neighbours_in_order() -> N
 def test_a_sweep_entry_must_name_exactly_one_knob() -> None:
     with pytest.raises(KnobError, match="sweep entry 2 must name exactly one knob"):
         SweepProposer([{"cuda_graphs": True}, {"cuda_graphs": True, "num_speculative_tokens": 5}])
+
+
+def test_a_sweep_entry_nobody_judged_is_not_done() -> None:
+    """A veto of the queue's timeout (or a closure by the profile, an infrastructure failure)
+    judged nothing: past its sitting, the entry is proposed again. A person's veto is done."""
+    champion = CATALOG.default_config()
+    vetoed = champion.apply(CATALOG.change(champion, "num_speculative_tokens", 6))
+
+    def context(judged: bool) -> ProposalContext:
+        entry = HistoryEntry(
+            experiment=2,
+            config=vetoed.as_dict(),
+            knob="num_speculative_tokens",
+            value=6,
+            status=Status.VETOED,
+            objective=None,
+            delta_pct=None,
+            champion_key=champion.key,
+            judged=judged,
+        )
+        return ProposalContext(
+            space=CATALOG,
+            champion=champion,
+            champion_objective=100.0,
+            history=(entry,),
+            known_bad=(),
+            decided_keys=frozenset({champion.key}),
+            budget_left=3,
+            seed=0,
+        )
+
+    sweep = SweepProposer([{"num_speculative_tokens": 6}, {"cuda_graphs": True}])
+    again = sweep.propose(context(judged=False))
+    assert (again.change.describe(), again.notes["position"]) == (
+        "num_speculative_tokens 7 → 6",
+        "1",
+    )
+    assert sweep.propose(context(judged=True)).change.describe() == "cuda_graphs false → true"

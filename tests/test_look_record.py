@@ -1,8 +1,9 @@
 """A change the verdict stops for want of boots, and the second look it is given: the record
-says both as one story. Its status stays the verdict's (``discard`` or ``inconclusive``,
-results.tsv's contract); its description and reason say it is open for a second look, and the
-second look's description names the look before it — in results.tsv, the report, the verdict
-and MLflow alike. A real round on the simulated two-node stack, a real ledger and MLflow."""
+says both as one story. Its status is ``inconclusive`` (a status word of results.tsv's
+contract), not ``discard``, which reads as barred: nothing was concluded of it; its
+description and reason say it is open for a second look, and the second look's description
+names the look before it — in results.tsv, the report, the verdict and MLflow alike. A real
+round on the simulated two-node stack, a real ledger and MLflow."""
 
 from __future__ import annotations
 
@@ -60,6 +61,7 @@ def test_a_change_stopped_for_want_of_boots_says_its_second_look_which_names_it(
     client = MlflowClient(tracking_uri=mlflow_db.tracking_uri)
 
     seconds = 0
+    rules = set()
     for e in experiments:
         earlier = [
             x
@@ -72,8 +74,10 @@ def test_a_change_stopped_for_want_of_boots_says_its_second_look_which_names_it(
         [first] = earlier
         verdict = verdicts[first.id]
         assert verdict is not None and verdict.rule in ("futility", "max-boots")
-        # still the verdict's status: the search's record and results.tsv's contract
-        assert first.status in (Status.DISCARD, Status.INCONCLUSIVE)
+        rules.add(verdict.rule)
+        # open for another look, nothing concluded: inconclusive, by the futility rule too
+        # (it read `discard`, and a user of results.tsv took the value for barred)
+        assert first.status == verdict.status == Status.INCONCLUSIVE, (first.id, verdict)
         opened = "stopped for want of boots, open for a second look (it still promises +"
         assert f"(optuna); {opened}" in first.description, first.description
         assert "; open for a second look (it still promises +" in verdict.reason, verdict.reason
@@ -83,5 +87,8 @@ def test_a_change_stopped_for_want_of_boots_says_its_second_look_which_names_it(
             assert tsv[x.id][4] == x.status and tsv[x.id][7] == x.description
             assert labels[x.id] == x.description
             assert x.mlflow_run_id is not None
-            assert client.get_run(x.mlflow_run_id).data.tags["description"] == x.description
+            tags = client.get_run(x.mlflow_run_id).data.tags
+            assert (tags["description"], tags["status"]) == (x.description, x.status)
+        assert tsv[first.id][4] == "inconclusive"
     assert seconds, [(e.id, e.description) for e in experiments]
+    assert "futility" in rules, rules

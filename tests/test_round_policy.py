@@ -679,8 +679,8 @@ def test_an_undecided_candidate_boots_the_champion_when_it_has_fewer_boots(
     """+6 % at 2 % boot noise (a knob without a prior of its own: the profile's) is undecided
     on one boot a side. The candidate is booted again, then the champion (it now has fewer
     boots), then each in turn: three boots a side make it a keep. With ``balance_boots`` off,
-    the futility rule counts on the one-boot champion it would keep and discards the gain at
-    once (a keep within three boots: P = 0.06)."""
+    the futility rule counts on the one-boot champion it would keep and stops the gain at once
+    (a keep within three boots: P = 0.06): inconclusive, open for a second look."""
 
     def speed(config: Config, n: int) -> float:
         return 106.0 if config["kv_cache_dtype"] == "auto" else 100.0
@@ -699,8 +699,9 @@ def test_an_undecided_candidate_boots_the_champion_when_it_has_fewer_boots(
         tmp_path / "off", testbed, changes, budget=1, champion_boots=1, balance_boots=False
     ) as ledger:
         candidate = ledger.experiments()[1]
-        assert candidate.status == "discard"
+        assert candidate.status == "inconclusive"
         assert ledger.verdict(candidate.id).rule == "futility"  # type: ignore[union-attr]
+        assert "open for a second look" in candidate.description
     assert len(testbed.boots) == 2
 
 

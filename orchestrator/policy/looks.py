@@ -114,9 +114,11 @@ def open_for(spec: VerdictSpec, rule: str, stats: Mapping[str, object], looks: i
     second look (it still promises +1.2%)`` while ``second_look`` gives it one, ``open for a
     further look if it promises more than a change not yet looked at (…)`` once those are
     spent (``look_promise``); ``None`` when no other look is open (the verdict settles the
-    change under this champion, until nothing is left untried: ``last_look``). The status
-    stays the verdict's (results.tsv's contract): these words say the search is not done with
-    the change, so a second look that follows at once reads as what it is."""
+    change under this champion, until nothing is left untried: ``last_look``). These words
+    say the search is not done with the change, so a second look that follows at once reads
+    as what it is; and such a change is recorded ``inconclusive`` whichever rule stopped it
+    (``experiment``): a futility stop's ``discard`` read as a value barred, in results.tsv and
+    MLflow, while nothing was concluded of it (``inconclusive`` is results.tsv's word)."""
     again = second_look(spec, rule, stats, looks)
     if again is not None:
         return f"open for a second look (it still promises {math.expm1(again) * 100:+.1f}%)"
