@@ -204,7 +204,7 @@ class HybridProposer(LLMProposer):
             best = model.best_of(inside)
             return best, f"the draft-length model ({model.describe(int(best.new))})", model
         dists = distributions(context.space)
-        study, _ = self.optuna._study(context, dists)
+        study, _ = self.optuna.study(context, dists)
         for asks in range(1, MAX_ASKS + 1):
             raw = study.ask({spec.name: dists[spec.name]}).params[spec.name]
             try:

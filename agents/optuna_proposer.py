@@ -4,27 +4,7 @@ Stateless between calls: every ``propose`` rebuilds an in-memory study from the 
 history, so a killed round resumes with nothing to restore and the same context always gives
 the same proposal.
 
-How history becomes trials:
-
-- a measured entry (keep, discard or inconclusive, with an objective) is a COMPLETE trial with
-  that objective; so is the champion's own measurement when no history entry carries it;
-- a config that failed on its own (a crash of the config's class, an invalid output) is an
-  infeasible trial: PRUNED, with a violated constraint and no objective. TPE puts infeasible
-  trials in its "bad" density (Optuna's constrained TPE), so it learns where configs fail
-  without a fake objective on the surface: the memory fraction that OOMed at 0.90 and 0.92
-  steers its draws away from 0.91 as well, where before it walked down one OOM at a time
-  (docs/benchmarks-history.md, "TPE learns where configs fail"). A crash another knob explains
-  (the KV dtype's ``kv_capacity``, which a larger memory fraction cures) is infeasible too: the
-  pair's way out is the coupled move (``agents.coupled``), not TPE, and keeping it out of TPE's
-  model cost a boot failure a run on ``sm121-2node`` (tried). The values themselves are barred
-  exactly through ``known_bad``; this only shapes where TPE looks next;
-- a crash of the infrastructure's (a node unreachable, stuck clocks: ``INFRASTRUCTURE``) and a
-  veto are FAIL trials, which TPE ignores: the first says nothing of the config, the second is a
-  person's judgement, not a measurement. Keeping them in the study as FAIL, rather than dropping
-  them, keeps the study a full mirror of the decided history (one trial per experiment, in
-  order), which an RDB-backed study shared between clusters will want;
-- an entry whose config no longer fits the space (the profile changed) is skipped and counted
-  in the proposal's notes.
+How history becomes trials: ``agents.tpe_study``.
 """
 
 from __future__ import annotations
@@ -33,13 +13,8 @@ import math
 from collections.abc import Mapping, Sequence
 
 import optuna
-from optuna.distributions import (
-    BaseDistribution,
-    CategoricalDistribution,
-    FloatDistribution,
-    IntDistribution,
-)
-from optuna.trial import TrialState, create_trial
+from optuna.distributions import BaseDistribution
+from optuna.trial import TrialState
 
 from agents.context import HistoryEntry, ProposalContext, same_value
 from agents.draft_model import DraftPrediction, predict
@@ -54,44 +29,14 @@ from agents.proposal import (
     open_coupled,
     versus,
 )
-from knobs.config import Change, Config
-from knobs.errors import KnobError
-from knobs.space import KnobSpace
+from agents.tpe_study import History, as_params, infeasible, study_of
+from agents.tpe_study import distributions as distributions  # re-exported
+from knobs.config import Change
 from knobs.spec import KnobSpec, Value, as_text
-from knobs.vocabulary import INFRASTRUCTURE, Status
 
 #: How many times ``study.ask`` is tried before the deterministic fallback. Each extra ask sees
 #: the earlier ones as running trials (TPE's constant liar), so it lands somewhere else.
 MAX_ASKS = 12
-
-
-def _infeasible(entry: HistoryEntry) -> bool:
-    """A config that failed for its own reasons: it crashed (not for the infrastructure's) or
-    its outputs were wrong."""
-    if entry.status == Status.CRASH:
-        return entry.failure_class not in INFRASTRUCTURE
-    return entry.status == Status.INVALID
-
-
-def distributions(space: KnobSpace) -> dict[str, BaseDistribution]:
-    """One Optuna distribution per knob: int → Int, float → Float (both stepped), else categorical.
-
-    ``high`` is the last value of the knob's domain, so Optuna never has to adjust it.
-    """
-    out: dict[str, BaseDistribution] = {}
-    for spec in space.knobs:
-        values = spec.domain()
-        if spec.type == "int":
-            step = int(spec.step or 1)
-            out[spec.name] = IntDistribution(int(values[0]), int(values[-1]), step=step)
-        elif spec.type == "float":
-            assert spec.step is not None
-            out[spec.name] = FloatDistribution(
-                float(values[0]), float(values[-1]), step=float(spec.step)
-            )
-        else:
-            out[spec.name] = CategoricalDistribution(values)
-    return out
 
 
 class OptunaProposer:
@@ -178,7 +123,7 @@ class OptunaProposer:
             )
         dists = distributions(context.space)
         sampler_seed = seed_for(self.seed, context.seed, len(context.history))
-        study, skipped = self._study(context, dists)
+        study, read = self.study(context, dists)
         completed = sum(1 for t in study.trials if t.state == TrialState.COMPLETE)
         model = predict(context) if self.first_looks and self.draft_model else None
         first = first_look(context, allowed, sampler_seed, model) if self.first_looks else None
@@ -191,7 +136,7 @@ class OptunaProposer:
                 "second_look": f"stopped for want of boots, it still promises "
                 f"{math.expm1(again[1]) * 100:+.1f}% (E[max(0, gain)]); its earlier boots count",
             }
-            return self._proposal(context, again[0], completed, notes, skipped)
+            return self._proposal(context, again[0], completed, notes, read)
         later = (
             further_look(context, allowed, model) if self.first_looks and first is None else None
         )
@@ -208,7 +153,7 @@ class OptunaProposer:
                 else "nothing is left untried under this champion, and its boots did not "
                 f"settle it: it still promises {promise}; its earlier boots count",
             }
-            return self._proposal(context, later[0], completed, notes, skipped)
+            return self._proposal(context, later[0], completed, notes, read)
         # a change open for another look is taken on what it promises (above), not TPE's
         reopened = set(open_changes(context)) if self.first_looks else set()
         fresh = [c for c in allowed if context.champion.apply(c).key not in reopened]
@@ -224,9 +169,9 @@ class OptunaProposer:
                 "first_look": _first_look_note(context, first[0]),
                 "draft_model": model.describe(int(change.new)),
             }
-            return self._proposal(context, change, completed, notes, skipped, model)
+            return self._proposal(context, change, completed, notes, read, model)
         for asks in range(1, MAX_ASKS + 1):
-            asked = _params(context.space, study.ask(dists).params)
+            asked = as_params(context.space, study.ask(dists).params)
             if asked is None:  # unreachable: TPE samples inside the distributions
                 continue
             moved = self._moved(context, asked, sampler_seed)
@@ -250,44 +195,21 @@ class OptunaProposer:
                         notes["tpe_also_moved"] = ", ".join(others)
                     if first is not None:
                         notes["first_look"] = _first_look_note(context, first[0])
-                    return self._proposal(context, change, completed, notes, skipped)
+                    return self._proposal(context, change, completed, notes, read)
         if first is not None:
-            return self._fallback(context, looks, sampler_seed, completed, skipped, first[0])
-        return self._fallback(context, allowed, sampler_seed, completed, skipped)
+            return self._fallback(context, looks, sampler_seed, completed, read, first[0])
+        return self._fallback(context, allowed, sampler_seed, completed, read)
 
     # ---- the study -----------------------------------------------------------------------------
-    def _study(
+    def study(
         self, context: ProposalContext, dists: dict[str, BaseDistribution]
-    ) -> tuple[optuna.Study, int]:
-        sampler_seed = seed_for(self.seed, context.seed, len(context.history))
-        sampler = optuna.samplers.TPESampler(seed=sampler_seed, n_startup_trials=self.n_startup)
-        study = optuna.create_study(direction=self.direction, sampler=sampler)
-        skipped = 0
-        measured: set[str] = set()
-        for entry in context.history:
-            params = _params(context.space, entry.config)
-            if params is None:
-                skipped += 1
-                continue
-            if entry.measured:
-                measured.add(Config(params).key)
-                trial = create_trial(params=params, distributions=dists, value=entry.objective)
-            elif _infeasible(entry):
-                trial = create_trial(
-                    state=TrialState.PRUNED,
-                    params=params,
-                    distributions=dists,
-                    constraints={"config_failed": 1.0},
-                )
-            else:
-                trial = create_trial(state=TrialState.FAIL, params=params, distributions=dists)
-            study.add_trial(trial)
-        champion = _params(context.space, context.champion)
-        objective = context.champion_objective
-        if champion is not None and objective is not None and context.champion.key not in measured:
-            # the champion's measurement, when the history does not carry it (a fresh ledger)
-            study.add_trial(create_trial(params=champion, distributions=dists, value=objective))
-        return study, skipped
+    ) -> tuple[optuna.Study, History]:
+        """The context's history as this proposer's study (``agents.tpe_study.study_of``),
+        its sampler seeded as ``propose``'s."""
+        seed = seed_for(self.seed, context.seed, len(context.history))
+        return study_of(
+            context, dists, seed=seed, n_startup=self.n_startup, direction=self.direction
+        )
 
     # ---- which knob ----------------------------------------------------------------------------
     def _moved(
@@ -316,7 +238,7 @@ class OptunaProposer:
         allowed: Sequence[Change],
         sampler_seed: int,
         completed: int,
-        skipped: int,
+        read: History,
         first: str | None = None,
     ) -> Proposal:
 
@@ -333,7 +255,7 @@ class OptunaProposer:
         }
         if first is not None:
             notes["first_look"] = _first_look_note(context, first)
-        return self._proposal(context, min(allowed, key=rank), completed, notes, skipped)
+        return self._proposal(context, min(allowed, key=rank), completed, notes, read)
 
     # ---- the words -----------------------------------------------------------------------------
     def _proposal(
@@ -342,7 +264,7 @@ class OptunaProposer:
         change: Change,
         completed: int,
         notes: dict[str, str],
-        skipped: int,
+        read: History,
         model: DraftPrediction | None = None,
     ) -> Proposal:
         """The proposal of ``change``, in words; ``model``: the draft-length model that chose
@@ -362,7 +284,7 @@ class OptunaProposer:
             failed = sum(
                 1
                 for e in context.history
-                if _infeasible(e) and _params(context.space, e.config) is not None
+                if infeasible(e) and as_params(context.space, e.config) is not None
             )
             if failed:
                 notes["infeasible_trials"] = str(failed)
@@ -378,8 +300,7 @@ class OptunaProposer:
         hypothesis = f"{change.describe()}: {how}."
         if evidence:
             hypothesis += " Nearest evidence: " + "; ".join(_line(e, spec) for e in evidence) + "."
-        if skipped:
-            notes["skipped_history"] = f"{skipped} entries no longer fit the knob space"
+        notes.update(read.notes())
         return Proposal(
             change=change,
             source=self.name,
@@ -441,17 +362,6 @@ def _expected(
         f"{word}: objective {mean:+.1f}% on average over {len(deltas)} measurement(s) {where}, "
         "each against the champion of its time"
     )
-
-
-def _params(space: KnobSpace, config: Mapping[str, object]) -> dict[str, Value] | None:
-    """``config`` as typed values of the space's domains (TPE's floats rounded onto the grid),
-    or ``None`` when it does not assign exactly the space's knobs or a value is outside."""
-    if set(config) != set(space.names):
-        return None
-    try:
-        return {spec.name: spec.parse(config[spec.name]) for spec in space.knobs}
-    except KnobError:
-        return None
 
 
 def _move(spec: KnobSpec, old: Value, new: Value) -> float:

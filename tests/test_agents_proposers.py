@@ -656,3 +656,37 @@ def test_a_sweep_entry_nobody_judged_is_not_done() -> None:
         "1",
     )
     assert sweep.propose(context(judged=True)).change.describe() == "cuda_graphs false → true"
+
+
+def test_tpe_keeps_learning_from_trials_outside_a_narrowed_domain_and_never_proposes_there() -> (
+    None
+):
+    """A profile narrows two knobs under a history of 25 experiments: the adapter rank to
+    0/16/32 (a categorical, which an Optuna study cannot narrow under its trials) while the
+    champion runs 64, and MNBT to at most 6144 while it runs 8192-odd. Before, every entry
+    with a value outside a domain was skipped whole; the champion's are all such, so TPE was
+    left with next to no trial and drew at random again ("random (startup)", 24 of 26 entries
+    skipped). Now each entry stays a real Optuna trial without the value the profile no longer
+    allows, TPE models the surface from them, and no proposal leaves the narrowed domains."""
+    loop = Loop(CATALOG, peaked, seed=1).run(OptunaProposer(seed=1), 25)
+    assert loop.champion["drafter_adapter_rank"] == 64
+    assert int(loop.champion["max_num_batched_tokens"]) > 6144
+    loop.space = KnobSpace(
+        knobs=tuple(
+            k.model_copy(update={"choices": (0, 16, 32), "default": 16})
+            if k.name == "drafter_adapter_rank"
+            else k.model_copy(update={"high": 6144, "default": 4096})
+            if k.name == "max_num_batched_tokens"
+            else k
+            for k in catalog("vllm-dflash2")
+        )
+    )
+    trials = len(loop.history)
+    loop.run(OptunaProposer(seed=1), 8)
+    for context, proposal in loop.proposals[25:]:
+        assert_sound(context, proposal)
+        notes = proposal.notes
+        assert notes["sampler"] != "random (startup)", notes
+        assert int(notes["completed_trials"]) >= trials - 1, notes
+        assert "skipped_history" not in notes, notes
+        assert "drafter_adapter_rank=64" in notes["outside_domain"], notes
