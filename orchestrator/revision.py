@@ -66,7 +66,8 @@ class Revision(BaseModel):
     #: each setting of the sections not said in words of their own, by its dotted key
     #: (``verdict.noise.run_to_run``): a number's, a bool's or a null's value as it is; any
     #: other value (a text, a list: a launcher's env may hold a secret) only a digest of it.
-    #: Recorded from this release on (none: the sections are named by their digest alone)
+    #: Recorded from the forty-eighth session's release on (``settings_recorded``); a revision
+    #: an earlier release recorded has none, and ``record`` records its settings once
     settings: dict[str, Setting] = {}
     #: the id of the event that recorded it (0: not recorded)
     event: int = 0
@@ -114,10 +115,9 @@ class Revision(BaseModel):
         cells = _read(CellSpec, detail.get("cells"), "cell")
         objective, sections = detail.get("objective"), detail.get("sections")
         settings = detail.get("settings")
-        if not isinstance(settings, dict) or not all(
+        readable = isinstance(settings, dict) and all(
             v is None or isinstance(v, bool | int | float | str) for v in settings.values()
-        ):
-            settings = {}
+        )
         try:
             return cls(
                 name=detail.get("name"),
@@ -127,13 +127,19 @@ class Revision(BaseModel):
                 cells=tuple(cells.read),
                 objective=objective if isinstance(objective, dict) else {},
                 sections=sections if isinstance(sections, dict) else {},
-                settings=settings,
+                **({"settings": settings} if readable else {}),
                 event=event.id,
                 unread=(*knobs.unread, *forbidden.unread, *cells.unread),
                 unread_knobs=tuple(knobs.lost),
             )
         except ValidationError:
             return None
+
+    @property
+    def settings_recorded(self) -> bool:
+        """Whether its settings were recorded: false for a revision a release before the
+        forty-eighth session's recorded (its sections' digests alone)."""
+        return "settings" in self.model_fields_set
 
     @property
     def names(self) -> list[str]:
@@ -223,12 +229,16 @@ def last(ledger: Ledger, cluster: str) -> Revision | None:
 
 def record(ledger: Ledger, cluster: str, profile: Profile) -> Revision:
     """``profile``'s revision, recorded for ``cluster`` unless it is the last one recorded.
+    The last one an earlier release recorded without its settings (``settings_recorded``) is
+    recorded again, settings and all, the first time this release runs under it unchanged:
+    so the next change is named by key (``differences``), not by its section.
 
     Raises:
         LedgerError: the ledger failed.
     """
     previous = last(ledger, cluster)
-    if previous is not None and previous.digest == profile.digest:
+    same = previous is not None and previous.digest == profile.digest
+    if previous is not None and same and previous.settings_recorded:
         return previous
     now = Revision.of(profile)
     detail = now.model_dump(mode="json", exclude={"event", "unread", "unread_knobs"})
@@ -237,7 +247,8 @@ def record(ledger: Ledger, cluster: str, profile: Profile) -> Revision:
         EventKind.PROFILE_REVISED,
         subject=now.digest,
         detail=detail,
-        reason=f"ran under profile {now.name}",
+        reason=f"ran under profile {now.name}"
+        + (", unchanged: its settings recorded, which an earlier release did not" if same else ""),
     )
     return now.model_copy(update={"event": event.id})
 
@@ -281,10 +292,15 @@ def differences(old: Revision, new: Revision) -> list[str]:
         for k in set(old.sections) | set(new.sections)
         if k not in _IN_WORDS and old.sections.get(k) != new.sections.get(k)
     )
-    if other and old.settings and new.settings:
+    if other and old.settings_recorded and new.settings_recorded:
         out += _changed_settings(old.settings, new.settings, other)
     elif other and old.sections:
-        out.append(f"{', '.join(other)} changed")
+        out.append(
+            f"{', '.join(other)} changed (which setting{'s' if len(other) > 1 else ''} cannot "
+            "be said: the release that recorded the profile then kept a digest of each section, "
+            "not its settings; they are recorded from now on, and a later change is named by "
+            "its key)"
+        )
     unread = (*old.unread, *(u for u in new.unread if u not in old.unread))
     if unread:
         out.append(

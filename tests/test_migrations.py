@@ -3,8 +3,9 @@ place on open, SQLite and PostgreSQL, and nothing is lost.
 
 ``fixtures/ledgers/schema1.sqlite`` was written by the release at c70919d, ``schema2.sqlite``
 by the one at 8ccca75, ``schema3.sqlite`` by aaa0a6c, ``schema4.sqlite`` by 914026e,
-``schema5.sqlite`` by 0093711, ``schema6.sqlite`` by ec2db7a and ``schema7.sqlite`` by fe44184
-(their README says how);
+``schema5.sqlite`` by 0093711, ``schema6.sqlite`` by ec2db7a, ``schema7.sqlite`` by fe44184
+and ``schema9.sqlite`` by aab6a58 (their README says how; ``tests/test_profile_upgrade.py``
+opens the last);
 ``schemaN.results.tsv`` is that release's ``orchestrate export`` of it.
 """
 
@@ -31,6 +32,7 @@ from knobs.vocabulary import BootRole, BootStatus, EventKind, Kind, Status
 from ledger import Ledger, LedgerError, LedgerNotReady, VerdictRecord, reading, tsv_text
 from ledger.models import SCHEMA_VERSION, Base, SchemaRow
 from ledger.schema import head, scripts
+from orchestrator.champion_level import row_notes
 from orchestrator.evolution import Lineage
 from orchestrator.measurements import changed_cells, read_measurements
 from orchestrator.profile import load_profile
@@ -169,7 +171,11 @@ RELEASES = {
     "schema5": ("0005", CLUSTER, ["keep", "invalid", "crash"]),
     "schema6": ("0006", CLUSTER, ["keep", "invalid", "vetoed", "discard", "discard"]),
     "schema7": ("0007", CLUSTER, ["keep", "invalid", "crash", "discard"]),
+    "schema9": ("0009", CLUSTER, ["keep", "invalid"]),
 }
+#: the releases whose export adds the champion's level in force to its row (``row_notes``,
+#: under the fixture's profile): their champion was measured again after its verdict
+NOTED = {"schema9"}
 
 
 def _upgraded_release(name: str, tmp_path: Path) -> tuple[str, str]:
@@ -207,7 +213,10 @@ def _upgraded_release(name: str, tmp_path: Path) -> tuple[str, str]:
         now["event"] = now["event"][: len(before["event"])]
         assert now == before
         experiments = ledger.experiments(cluster=cluster)
-        assert tsv_text(experiments) == (LEDGERS / f"{name}.results.tsv").read_text()
+        notes = None
+        if name in NOTED:
+            notes = row_notes(load_profile(str(LEDGERS / f"{name}.profile.yaml")), ledger)
+        assert tsv_text(experiments, notes) == (LEDGERS / f"{name}.results.tsv").read_text()
         assert [e.status for e in experiments] == statuses
         status = json.loads((LEDGERS / f"{name}.status.json").read_text())
         champion = ledger.champion(cluster)
