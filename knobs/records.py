@@ -33,6 +33,15 @@ class CellSpec(BaseModel):
     max_tokens: int = Field(default=128, ge=1, le=65_536)
     warmup_s: float = Field(default=1.0, ge=0, le=3600)
     duration_s: float = Field(default=5.0, gt=0, le=3600)
+    #: the name it was measured under before (``renamed_from:``): its readings under that name
+    #: count as its own where the definitions match (``orchestrator.cell_renames``). Not part
+    #: of what it measures, so never dumped: not in a reading's recorded definition, nor in a
+    #: profile's digest or revision
+    renamed_from: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]{1,64}$", exclude=True)
+
+    def same_definition(self, other: CellSpec) -> bool:
+        """Whether ``other`` measures what this measures: every field but the names."""
+        return self.model_dump(exclude={"name"}) == other.model_dump(exclude={"name"})
 
 
 class NodeClockRecord(BaseModel):

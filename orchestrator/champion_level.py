@@ -24,6 +24,7 @@ import math
 from dataclasses import dataclass
 
 from ledger import ChampionRecord, Ledger
+from orchestrator.cell_renames import resolved
 from orchestrator.champion import ChampionEvidence
 from orchestrator.profile import Profile
 from orchestrator.verdict import objective, objective_of
@@ -117,7 +118,9 @@ def cells_changed(evidence: ChampionEvidence) -> CellsChanged | None:
     if not readings:
         return None
     last = max(m for m, _ in readings)
-    then = list(dict.fromkeys(cell for m, cell in readings if m == last))
+    # a cell renamed (``cell_renames``) is neither removed nor added
+    renamed = {c.renamed_from: c.name for c in evidence.profile.cells if c.renamed_from}
+    then = list(dict.fromkeys(renamed.get(cell, cell) for m, cell in readings if m == last))
     now = [c.name for c in evidence.profile.cells]
     removed = tuple(c for c in then if c not in now)
     added = tuple(c for c in now if c not in then)
@@ -158,5 +161,6 @@ def level_in_force(evidence: ChampionEvidence) -> LevelInForce | None:
 def row_notes(profile: Profile, ledger: Ledger) -> dict[int, str]:
     """What results.tsv adds to a row's description, by experiment: the champion's level in
     force (``LevelInForce.row_words``) where it was measured again since its verdict."""
+    profile, _ = resolved(profile, ledger)  # a cell renamed: its readings its own
     level = level_in_force(ChampionEvidence(profile, ledger))
     return {} if level is None else {level.experiment: level.row_words()}

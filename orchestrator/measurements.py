@@ -112,14 +112,14 @@ _RECORDED = ("category", "concurrency", "context_tokens")
 
 
 def counts(cell: CellSpec, reading: CellReading) -> bool:
-    """Whether ``reading`` measured ``cell`` as the profile defines it now: the same name, and
-    the definition it was measured under is ``cell``. A reading recorded before the ledger
-    kept definitions (schema 7) is judged on what it recorded of it: category, concurrency
-    and context."""
-    if reading.result.cell != cell.name:
+    """Whether ``reading`` measured ``cell`` as the profile defines it now: the same name (or
+    the one it was renamed from), and the definition it was measured under is ``cell``'s. A
+    reading recorded before the ledger kept definitions (schema 7) is judged on what it
+    recorded of it: category, concurrency and context."""
+    if reading.result.cell not in (cell.name, cell.renamed_from):
         return False
     if reading.spec is not None:
-        return reading.spec == cell
+        return cell.same_definition(reading.spec)
     return all(getattr(reading.result, f) == getattr(cell, f) for f in _RECORDED)
 
 
@@ -139,7 +139,8 @@ def changed_cells(ledger: Ledger, cluster: str, cells: Sequence[CellSpec]) -> di
                 latest[r.result.cell] = r
     lines: dict[str, str] = {}
     for cell in cells:
-        last = latest.get(cell.name)
+        mine = [latest[n] for n in (cell.name, cell.renamed_from) if n in latest]
+        last = max(mine, key=lambda r: r.boot_id, default=None)
         if last is None or counts(cell, last):
             continue
         was = last.spec.model_dump() if last.spec is not None else last.result.model_dump()
@@ -227,11 +228,16 @@ def _assembled(
     boots: Sequence[BootRecord], readings: Sequence[CellReading], cells: Sequence[CellSpec]
 ) -> list[Measurement]:
     defined = {c.name: c for c in cells}
+    # a cell renamed: its readings under the old name are its own, under its name now
+    renamed = {c.renamed_from: c for c in cells if c.renamed_from is not None}
     by_boot: dict[int, list[CellResultRecord]] = {}
     for r in readings:
-        cell = defined.get(r.result.cell)
+        cell = defined.get(r.result.cell) or renamed.get(r.result.cell)
         if cell is not None and counts(cell, r):
-            by_boot.setdefault(r.boot_id, []).append(r.result)
+            result = r.result
+            if result.cell != cell.name:  # renamed since
+                result = result.model_copy(update={"cell": cell.name})
+            by_boot.setdefault(r.boot_id, []).append(result)
     out: dict[int, Measurement] = {}
     for boot in boots:
         m = out.setdefault(boot.measurement, Measurement(boot.measurement, boot.role, []))

@@ -37,7 +37,7 @@ from knobs.space import (
     render_clash,
 )
 from knobs.spec import KnobSpec, Value
-from orchestrator.profile_checks import check_forbidden, check_renderings
+from orchestrator.profile_checks import check_forbidden, check_renamed, check_renderings
 from orchestrator.profile_errors import first_error, starting_champion
 from orchestrator.profile_names import embedded_profiles
 from orchestrator.profile_sections import ApproveSpec, ObjectiveSpec, ProposerSpec, VerdictSpec
@@ -116,6 +116,7 @@ class Profile(BaseModel):
         names = [c.name for c in self.cells]
         if len(set(names)) != len(names):
             raise ValueError("cell names must be unique")
+        check_renamed(self.cells)
         if self.knob_catalog is None and not self.knobs:
             raise ValueError("a profile needs knob_catalog or knobs")
         knobs = overlay(self._catalog_knobs(), self.knobs)

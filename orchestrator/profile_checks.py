@@ -1,16 +1,19 @@
 """What a profile is checked for beyond its fields' own validation, said at the key a person
 wrote: each ``forbidden`` rule names knobs of the profile and values of their domains
 (``check_forbidden``), and every value of every knob renders into a launcher every node can
-fill (``check_renderings``)."""
+fill (``check_renderings``), and a cell's ``renamed_from`` names no cell of the profile
+(``check_renamed``)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cluster.launcher import fill, placeholders
 from knobs.errors import KnobError, ProfileError
 from knobs.names import did_you_mean
+from knobs.records import CellSpec
 from knobs.space import ForbiddenCombination, RenderedKnobs, render_knob
 from knobs.spec import KnobSpec, Value, as_text, printable
 from orchestrator.errors import UsageError
@@ -53,6 +56,32 @@ def check_forbidden(rules: tuple[ForbiddenCombination, ...], knobs: tuple[KnobSp
                     knob=name,
                     value=value,
                 ) from e
+
+
+def check_renamed(cells: Sequence[CellSpec]) -> None:
+    """Each ``renamed_from`` names another name than the profile's cells have, once.
+
+    Raises:
+        ValueError: a cell renamed from its own name, from another cell's, or two from one.
+    """
+    names = {c.name for c in cells}
+    seen: dict[str, str] = {}
+    for cell in cells:
+        was = cell.renamed_from
+        if was is None:
+            continue
+        if was in names:
+            what = "its own name" if was == cell.name else f"the name of cell {was}, still here"
+            raise ValueError(
+                f"cell {cell.name}: renamed_from: {was} is {what}; renamed_from names the cell "
+                "as the ledger's readings call it before the rename"
+            )
+        if was in seen:
+            raise ValueError(
+                f"cells {seen[was]} and {cell.name} are both renamed_from: {was}; one cell's "
+                "readings carry over to one cell"
+            )
+        seen[was] = cell.name
 
 
 def check_renderings(profile: Profile, path: Path) -> None:

@@ -278,13 +278,20 @@ def differences(old: Revision, new: Revision) -> list[str]:
     out += [f"no longer forbidden: {r.describe()}" for r in old.forbidden if r not in new.forbidden]
     was = {c.name: c for c in old.cells}
     now = {c.name: c for c in new.cells}
+    renamed = {}  # a cell renamed (``cell_renames``): neither removed nor added
     for name, cell in now.items():
         before = was.get(name)
-        if before is None:
+        if before is None and cell.renamed_from in was and cell.renamed_from not in now:
+            before = was[cell.renamed_from]
+            renamed[cell.renamed_from] = name
+            out.append(f"cell {cell.renamed_from} renamed {name}")
+            if not before.same_definition(cell):
+                out[-1] += f" and redefined ({cell_diff(before.model_dump(), cell)})"
+        elif before is None:
             out.append(f"cell {name} added")
-        elif before != cell:
+        elif not before.same_definition(cell):
             out.append(f"cell {name} redefined ({cell_diff(before.model_dump(), cell)})")
-    out += [f"cell {name} removed" for name in was if name not in now]
+    out += [f"cell {name} removed" for name in was if name not in now and name not in renamed]
     if old.objective != new.objective:
         out.append(f"objective {_words(old.objective)} → {_words(new.objective)}")
     other = sorted(

@@ -33,7 +33,7 @@ from ledger import (
     Ledger,
     RoundRecord,
 )
-from orchestrator import budget, resumes, revision
+from orchestrator import budget, cell_renames, resumes, revision
 from orchestrator.approval import ApprovalGate, NobodyDeciding
 from orchestrator.boot import Booter
 from orchestrator.champion import ChampionEvidence
@@ -118,6 +118,9 @@ class RoundRunner:
         guard: Callable[[], None] | None = None,
         mlflow_retry_s: float = RETRY_S,
     ) -> None:
+        # a cell renamed: its readings carry over (``cell_renames``; said as the round starts)
+        cell_renames.check(profile, ledger)
+        profile, self._renamed = cell_renames.resolved(profile, ledger)
         self.profile = profile
         self.ledger = ledger
         self.proposer = proposer
@@ -221,6 +224,8 @@ class RoundRunner:
         if champion is not None:  # a domain narrowed under it: kept, and said (``evolution``)
             for line in outside_domain(self.profile.space, champion.config).values():
                 self.display.note(line)
+        for line in self._renamed:
+            self.display.note(line)
         # a cell redefined since it was measured is measured again (``measurements.counts``)
         for line in changed_cells(self.ledger, self.cluster, self.profile.cells).values():
             self.display.note(line)

@@ -20,6 +20,7 @@ from knobs.spec import EffectPrior, Value, as_text, clipped
 from knobs.vocabulary import BootRole, EventKind, Kind, ProposalStatus, State, Status
 from ledger import ChampionRecord, ExperimentRecord, Ledger, RoundRecord
 from orchestrator import budget, resumes
+from orchestrator.cell_renames import resolved
 from orchestrator.champion import ChampionEvidence
 from orchestrator.champion_level import CellsChanged, LevelInForce, cells_changed, level_in_force
 from orchestrator.display import describe
@@ -163,6 +164,7 @@ def collect(profile: Profile, ledger: Ledger, round_id: int | None = None) -> Re
     Raises:
         NothingToReport: no such round, or the ledger has none.
     """
+    profile, _ = resolved(profile, ledger)  # a cell renamed: its readings its own
     cluster = profile.cluster.name
     rounds = ledger.rounds(cluster)
     if not rounds:

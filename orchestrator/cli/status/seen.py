@@ -84,6 +84,7 @@ def read(prof: Profile, ledger: Ledger) -> Seen:
     from agents.llm_fallback import Fallbacks
     from knobs.vocabulary import ProposalStatus, State
     from orchestrator.away import before_a_round
+    from orchestrator.cell_renames import resolved
     from orchestrator.champion import ChampionEvidence
     from orchestrator.champion_level import level_in_force, shown
     from orchestrator.evolution import knob_changes, outside_domain
@@ -96,6 +97,7 @@ def read(prof: Profile, ledger: Ledger) -> Seen:
     from orchestrator.step_cost import learned
     from orchestrator.undecided import under_way
 
+    prof, _ = resolved(prof, ledger)  # a cell renamed: its readings its own (``cell_renames``)
     name = prof.cluster.name
     # the profile gained or lost a knob since: the champion as this profile sees it, and
     # what fitting it changed that no round or ``cluster up`` has recorded yet; its objective
