@@ -27,7 +27,7 @@ from ledger import BootRecord, ExperimentRecord, Ledger, LedgerError
 from orchestrator.crashpoints import crashpoint
 from orchestrator.display import RoundDisplay
 from orchestrator.evolution import fit
-from orchestrator.interrupts import unbroken
+from orchestrator.interrupts import stop_if_unread, unbroken
 from orchestrator.lease import lost_at, still_leased
 from orchestrator.measurements import read_measurements
 from orchestrator.profile import Profile
@@ -73,8 +73,11 @@ class Booter:
                 new holder's.
             LeaseLost: a write found the lease another's (``Ledger.fence``): nothing was
                 recorded, nothing torn down.
+            Ended: the reader of the command's output went away (``stop_if_unread``):
+                nothing started, every earlier boot torn down and recorded.
         """
         self.guard()
+        stop_if_unread()  # nobody reads the round any more: no boot is paid for nothing
         deciding = e.state != State.DECIDED  # the champion's re-measurements boot a decided one
         if deciding:
             self.ledger.set_state(e.id, State.DEPLOYING)

@@ -16,9 +16,12 @@ background job inherits ignored) stays ignored, in both.
 
 A reader of the output that goes away (``orchestrate status | head -1``; the ``tee`` of
 ``orchestrate round | tee night.log`` killed) is a SIGHUP without the signal
-(``outliving_readers``): the rest of that output goes to /dev/null and the command goes on.
-Before, the first line written after it ended the command with exit code 1 and nothing said:
-a round, mid-boot, at once.
+(``outliving_readers``): the rest of that output goes to /dev/null, and a command that pays
+for nothing goes on. Before, the first line written after it ended the command with exit code
+1 and nothing said: a round, mid-boot, at once. A round stops at its next safe point, before
+its next boot (``stop_if_unread``), as a SIGHUP would have stopped it: nobody reads what it
+does, and every boot after it is paid for nothing (``orchestrate round | head -3`` spent its
+whole budget).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import select
 import signal
 import stat
 import sys
@@ -48,6 +52,10 @@ HELD = (
 
 _NAMES: dict[int, str] = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
 _depth = 0
+#: The descriptors ``outliving_readers`` looks after (a pipe's or a socket's), and those of
+#: them whose reader was found gone (``stop_if_unread``).
+_watched: set[int] = set()
+_unread: set[int] = set()
 
 
 def _quiet_terminal() -> None:
@@ -86,6 +94,7 @@ class _Outliving(io.RawIOBase):
         try:
             return os.write(self._fd, data)
         except BrokenPipeError:
+            _unread.add(self._fd)
             _to_devnull(self._fd)
             return memoryview(data).nbytes
 
@@ -114,6 +123,41 @@ def outliving_readers() -> None:
             mode = os.fstat(fd).st_mode
             if fd in (1, 2) and (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
                 setattr(sys, name, _outliving(stream))
+                _watched.add(fd)
+
+
+def _reader_gone(fd: int) -> bool:
+    """Whether ``fd``'s reader went away: a write to it met a broken pipe, or (nothing
+    written since) the pipe says it has no reader (``POLLERR`` on its write end)."""
+    if fd in _unread:
+        return True
+    if fd not in _watched:
+        return False
+    try:
+        events = select.poll()
+        events.register(fd, select.POLLOUT)
+        gone = any(e & (select.POLLERR | select.POLLHUP) for _, e in events.poll(0))
+    except (OSError, ValueError):
+        return False
+    if gone:
+        _unread.add(fd)
+        _to_devnull(fd)
+    return gone
+
+
+def stop_if_unread() -> None:
+    """A round's safe point before its next boot: where the reader of its standard output
+    went away (``orchestrate round | head -3``; the ``tee`` of ``| tee night.log`` ended),
+    the round stops here as a SIGHUP would have stopped it, with nothing in flight (every
+    earlier boot torn down and recorded), for the same command to resume. Only a command
+    whose stdout ``outliving_readers`` looks after (the console entry point's pipe or
+    socket) is ever stopped so.
+
+    Raises:
+        Ended: SIGPIPE, its reader gone (``ended_by`` says so).
+    """
+    if _reader_gone(1):
+        raise Ended(signal.SIGPIPE)
 
 
 def _a_file(fd: int) -> bool:
@@ -125,8 +169,9 @@ def _a_file(fd: int) -> bool:
 
 
 class Ended(KeyboardInterrupt):
-    """A SIGTERM or SIGHUP, ending the command as Ctrl-C does (``ended_like_ctrl_c``); which
-    one it was is kept for the record (``ended_by``)."""
+    """A SIGTERM or SIGHUP, ending the command as Ctrl-C does (``ended_like_ctrl_c``), or a
+    SIGPIPE without the signal (``stop_if_unread``); which one it was is kept for the record
+    (``ended_by``)."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
@@ -138,6 +183,10 @@ _ENDED_BY = {
     signal.SIGINT: "Ctrl-C",
     signal.SIGTERM: "SIGTERM (a service manager's stop, `kill`)",
     signal.SIGHUP: "SIGHUP (its terminal or SSH session closed)",
+    signal.SIGPIPE: (
+        "SIGPIPE (the reader of its output went away: `| head`, a `tee` that ended; it "
+        "stopped before its next boot)"
+    ),
 }
 
 
