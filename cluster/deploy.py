@@ -164,7 +164,7 @@ class Deployer:
 
     def stop_each(self) -> tuple[dict[int, str], list[NodeError]]:
         """Stop every node (see ``stop_all``): rank → outcome, and every node's error."""
-        return teardown.stop_each(self._nodes, self.gates, self.runtime)
+        return teardown.stop_each(self._nodes, self.gates, self.runtime, self._container)
 
     # ---- preflight (``cluster.preflight``) ------------------------------------------------
     def clocks(self) -> list[NodeClockRecord]:

@@ -216,6 +216,30 @@ def _inspect(container: str) -> str:
     )
 
 
+#: A container state in which its engine may still hold the GPUs and serve.
+_UP_STATES = "running|paused|restarting"
+
+
+def container_stop_command(container: str, grace_s: float) -> list[str]:
+    """argv that makes sure ``container`` is not up once the launcher's own stop is done:
+    prints ``gone`` where the runtime says it is not running (exited, removed, never made,
+    or no runtime that answers), else stops it (``docker stop``: SIGTERM, SIGKILL after
+    ``grace_s``) and prints ``stopped`` once the runtime says it is down, or ``up STATE``
+    (exit 1) where it is still up. An engine started with ``docker run -d``, or a ``docker
+    run`` client that died of the launcher's SIGTERM without passing it on, leaves its
+    container serving after its launcher's process group is gone."""
+    name = shlex.quote(container)
+    state = f"docker inspect --type container --format '{{{{.State.Status}}}}' {name} 2>/dev/null"
+    body = (
+        f's=$({state}) || {{ echo gone; exit 0; }}; case "$s" in {_UP_STATES}) ;; '
+        "*) echo gone; exit 0;; esac; "
+        f"said=$(docker stop -t {max(1, int(grace_s))} {name} 2>&1 >/dev/null); "
+        f's=$({state}) || {{ echo stopped; exit 0; }}; case "$s" in {_UP_STATES}) '
+        'echo "up $s: $(printf "%s" "$said" | tail -n 1)"; exit 1;; esac; echo stopped'
+    )
+    return ["bash", "-c", body]
+
+
 def container_stopped(transport: Transport, container: str) -> str | None:
     """``container`` paused (``docker pause``: its processes frozen, none in state T), or the
     first of its processes found stopped (a SIGSTOP sent to the container's own process, which

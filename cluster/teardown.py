@@ -10,23 +10,33 @@ node's stop goes out, and once begun no signal cuts the teardown short. ``Deploy
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
+from cluster.engine_process import CONTAINER_NAME, container_stop_command
 from cluster.errors import NodeError, of_node
 from cluster.gates import GateSpec
 from cluster.inventory import NodeSpec
 from cluster.launcher import fill, journaled, marked, placeholders, stop_command
 from cluster.nodes import Nodes
-from cluster.transport import check
+from cluster.transport import check, failed
+
+#: The container a node's engine runs in, if its launcher names one (``container_of``).
+ContainerOf = Callable[[NodeSpec], str | None]
 
 
 def stop_each(
-    nodes: Nodes, gates: GateSpec, runtime: Mapping[str, str]
+    nodes: Nodes,
+    gates: GateSpec,
+    runtime: Mapping[str, str],
+    container_of: ContainerOf = lambda _node: None,
 ) -> tuple[dict[int, str], list[NodeError]]:
     """Stop every node: rank → ``stopped``/``killed``, ``exited with the head``/``exited …
     before this stop`` (its engine had exited: ``exited``), ``absent`` (none there), or
     ``unreachable: …``/``failed: …`` for a node that could not be stopped, and every node's
-    error (``said`` puts an outcome in a line).
+    error (``said`` puts an outcome in a line). A node whose engine runs in a container
+    (``container_of``) is not stopped until the container runtime says that container is
+    down: one that outlived its launcher's process group is stopped through the runtime,
+    and said so (``stopped: container NAME outlived …``), never ``stopped`` while it serves.
 
     Raises:
         Whatever the fence raises, right before a node's stop would go out: that node and the
@@ -41,11 +51,11 @@ def stop_each(
     # nothing costs one round trip, so stopping at once would save little and lose the
     # order the nodes' journals show (0, 1, …, N-1). Once begun, no signal cuts it short.
     with nodes.unbroken():
-        return _stop_reached(nodes, gates, runtime)
+        return _stop_reached(nodes, gates, runtime, container_of)
 
 
 def _stop_reached(
-    nodes: Nodes, gates: GateSpec, runtime: Mapping[str, str]
+    nodes: Nodes, gates: GateSpec, runtime: Mapping[str, str], container_of: ContainerOf
 ) -> tuple[dict[int, str], list[NodeError]]:
     reached = nodes.reach()
     outcomes: dict[int, str] = {}
@@ -61,11 +71,12 @@ def _stop_reached(
         sent = time.monotonic()
         try:
             how = _stop(nodes, gates, runtime, node)
+            how = _container_down(nodes, gates, node, container_of(node), how)
         except NodeError as e:
             outcomes[node.rank] = f"failed: {e.message}"
             errors.append(e)
             continue
-        if node.rank == 0 and how in ("stopped", "killed"):
+        if node.rank == 0 and how.startswith(("stopped", "killed")):
             head_stopped = sent
         since = None if head_stopped is None else time.monotonic() - head_stopped
         outcomes[node.rank] = _exited(how, since) if how.startswith("exited") else how
@@ -133,3 +144,37 @@ def _stop(nodes: Nodes, gates: GateSpec, runtime: Mapping[str, str], node: NodeS
     check(result, node, "stopping the engine")
     lines = result.stdout.strip().splitlines()
     return lines[-1] if lines else ""
+
+
+def _container_down(
+    nodes: Nodes, gates: GateSpec, node: NodeSpec, container: str | None, how: str
+) -> str:
+    """``how`` once ``container`` (``node``'s engine's, if any) is down too: a container
+    that outlived its launcher's stop (``docker run -d``; a client that did not pass the
+    SIGTERM on) still serves and holds the GPUs, so it is stopped through the runtime and
+    said so, or the node's stop fails.
+
+    Raises:
+        NodeError: the container is still up after ``docker stop`` (with the runtime's words).
+    """
+    if container is None or not CONTAINER_NAME.match(container):
+        return how
+    nodes.fence()
+    result = nodes.transport(node).run(
+        container_stop_command(container, gates.stop_grace_s), timeout=gates.stop_grace_s + 60
+    )
+    last = (result.stdout.strip().splitlines() or [""])[-1]
+    if result.returncode != 0 or last not in ("gone", "stopped"):
+        raise failed(
+            result,
+            node,
+            f"{node.name} ({node.host}): its engine's container {container} is still up after "
+            f"the stop ({last or 'the runtime did not say'}): stop it on the node (`docker "
+            f"stop {container}`)",
+        )
+    if last == "gone":
+        return how
+    return (
+        f"stopped: its container {container} outlived its launcher's stop ({how}) and was "
+        "still up; stopped with `docker stop`"
+    )

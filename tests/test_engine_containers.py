@@ -306,3 +306,43 @@ def test_the_container_is_the_one_an_adopted_launcher_names_and_a_native_one_nam
     twin = load_profile(str(write_profile(tmp_path, twin_profile_data(nodes=2))))
     for node in twin.cluster.nodes:
         assert container_of(twin.launcher, None, twin.cluster, node, runtime_placeholders()) is None
+
+
+#: An engine that takes its SIGTERM as a clean stop: it exits 0.
+CATCHER = (
+    "import signal, sys, time; "
+    "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0)); time.sleep(600)"
+)
+
+
+def test_a_container_that_outlives_its_launchers_stop_is_stopped_before_the_node_is(
+    ssh_cluster: SshCluster, runtime: Runtime, tmp_path: Path
+) -> None:
+    """``docker run -d`` then ``docker wait``, and no stop hook: the stop's SIGTERM ends the
+    launcher's group (``docker wait``) and never reaches the container, which serves on.
+    The teardown said ``stopped`` all the same, and the next boot met its port taken, said
+    as "not this cluster's engine". Now the runtime is asked once the group is gone: the
+    container still up is stopped with ``docker stop`` (its engine takes the SIGTERM and
+    exits 0) and the node's line says so; a second teardown finds nothing left."""
+    (tmp_path / "boot").mkdir()
+    data = profile_data(ssh_cluster, container=True)
+    data["launcher"]["argv"][2] = data["launcher"]["argv"][2].replace(SLEEPER, CATCHER)
+    data["gates"].pop("stop_hook")
+    prof = load_profile(str(write_profile(tmp_path / "boot", data)))
+    deployer = deployer_for(prof)
+    try:
+        failed_boot(deployer, prof.initial_champion())
+        engine = runtime.container_pid()
+        outcomes = deployer.teardown()
+        engine_gone = not Path(f"/proc/{engine}").exists()
+        again = deployer.teardown()
+    finally:
+        deployer.close()
+    assert outcomes[0] == (
+        f"stopped: its container {NAME} outlived its launcher's stop (stopped) and was still "
+        "up; stopped with `docker stop`"
+    ), outcomes
+    assert engine_gone, "the container's engine serves on after the node's stop"
+    assert (runtime.state / NAME).read_text().split()[:3] == ["exited", "0", "0"]
+    assert f"stop -t {int(prof.gates.stop_grace_s)} {NAME}" in runtime.calls()
+    assert again[0] == "absent", again
