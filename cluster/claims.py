@@ -8,6 +8,9 @@ cluster, the ledger URL with its password hidden, user, host and pid: never a se
 ``id`` (the holder id, written last: a claim without it is being made, or its maker died
 making it). The holder renews ``expires`` every third of the TTL and at each of the round's
 safe points, checking that ``id`` is still its own, and removes the directory when it is done.
+A renewal that finds the claim gone or another's says what it found there and when (the
+round then says whether anyone recorded breaking it); one the node's file system refuses (an
+I/O error, a stale NFS handle) is no claim lost: ``check`` says it once, in the node's words.
 
 A claim is stale when ``expires`` has passed on the node's clock, when its holder ran on this
 machine and that process is gone, or when it was never finished: it is taken over, with a line
@@ -33,19 +36,16 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from types import TracebackType
 
 from cluster.errors import (
     ClaimHeld,
     ClaimLost,
-    DeployError,
     NodeError,
     NodeUnreachable,
     of_node,
 )
 from cluster.inventory import ClusterSpec, NodeSpec
-from cluster.ports import PORTS_FILE
 from cluster.transport import CommandResult, Transport, check, failed
 from cluster.workdir import last_words, refused
 
@@ -165,6 +165,22 @@ class Seen:
         return None
 
 
+def _same_process(a: Holder, b: Holder) -> bool:
+    """``a`` and ``b`` name the same process (whatever their ids)."""
+    return (a.what, a.cluster, a.user, a.hostname, a.pid) == (
+        b.what,
+        b.cluster,
+        b.user,
+        b.hostname,
+        b.pid,
+    )
+
+
+def _utc(when: float) -> str:
+    """Unix seconds as ``2026-12-07 08:41:09 UTC``."""
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(when))
+
+
 def _dir(node: NodeSpec) -> str:
     return shlex.quote(f"{node.workdir}/{CLAIM_DIR}")
 
@@ -206,9 +222,15 @@ def _take_command(node: NodeSpec, holder: Holder, ttl_s: float) -> list[str]:
 
 
 def _renew_command(node: NodeSpec, holder: Holder, ttl_s: float) -> list[str]:
+    """sh that renews the claim while its id is ``holder``'s, else shows the claim there
+    (``_show``). An id the node's file system cannot read (an I/O error, a stale NFS handle)
+    is no claim lost: exit 3 with the node's words."""
     d = _dir(node)
     body = (
-        f'[ "$(cat {d}/id 2>/dev/null)" = {holder.id} ] || {{ {_show(d)}; }}; '
+        "LC_ALL=C; export LC_ALL; "
+        f'if ! got=$(cat {d}/id 2>&1); then case "$got" in '
+        '*"No such file or directory"*) got=;; *) printf "%s\n" "$got" >&2; exit 3;; esac; fi; '
+        f'[ "$got" = {holder.id} ] || {{ {_show(d)}; }}; '
         f"echo $(( $(date +%s) + {int(ttl_s)} )) >{d}/expires.tmp && "
         f"mv -f {d}/expires.tmp {d}/expires && echo renewed"
     )
@@ -270,6 +292,12 @@ class NodeClaims:
         self.held: list[NodeSpec] = []
         self.lost: ClaimLost | None = None
         self.gone = gone or threading.Event()
+        #: when each node's claim (by rank) was last renewed or made, by this machine's clock
+        self._renewed: dict[int, float] = {}
+        #: the node's words where its claim's last renewal failed (by rank), and the nodes
+        #: whose failure ``check`` has said
+        self._failing: dict[int, str] = {}
+        self._said: set[int] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -293,6 +321,7 @@ class NodeClaims:
                     self._note(of_node(node.name, e.message, "not claimed"))
                     continue
                 self.held.append(node)
+                self._renewed[node.rank] = time.time()
         except BaseException:
             self._release_all()
             raise
@@ -372,6 +401,15 @@ class NodeClaims:
             self._renew_all()
         if self.lost is not None:
             raise self.lost
+        for node in self.held:
+            words = self._failing.get(node.rank)
+            if words is not None and node.rank not in self._said:
+                self._said.add(node.rank)
+                self._note(
+                    f"{node.name} ({node.host}): its claim could not be renewed: {words}; the "
+                    "node's file system, not the config: it goes on, renewed again once the "
+                    "node answers"
+                )
 
     def _renew_loop(self) -> None:
         while not self._stop.wait(self.ttl_s / 3):
@@ -391,19 +429,40 @@ class NodeClaims:
                     continue  # unreachable for now: renewed when it answers again
                 if result.stdout.startswith("held"):
                     seen = _parse_seen(result.stdout)
-                    now = (
-                        "its claim is gone"
-                        if seen.holder is None and seen.left_s is None
-                        else (f"it is now claimed by {seen.describe()}")
-                    )
                     self.lost = ClaimLost(
                         f"{node.name} ({node.host}): this orchestrator lost its claim on the "
-                        f"node ({now})",
+                        f"node ({self._found(node, seen)})",
                         rank=node.rank,
                         host=node.host,
                         holder=None if seen.holder is None else seen.describe(),
                     )
                     self.gone.set()  # after ``lost``: whoever stops at it finds why
+                elif result.returncode == 0:
+                    self._renewed[node.rank] = time.time()
+                    self._failing.pop(node.rank, None)
+                else:  # the node's file system refused (its words): tried again next time
+                    self._failing.setdefault(node.rank, last_words(result))
+
+    def _found(self, node: NodeSpec, seen: Seen) -> str:
+        """What a renewal found in place of this holder's claim on ``node``, and when: no
+        claim, a claim whose ``id`` another wrote over this holder's ``holder.json``, or
+        another holder's."""
+        if seen.holder is None:
+            found = (
+                "no claim is there any more"
+                if seen.left_s is None
+                else "a claim being made by another (no holder yet)"
+            )
+        elif _same_process(seen.holder, self.holder):
+            found = (
+                f"its id file now reads {seen.holder.id}, and its holder.json still names "
+                f"this {self.holder.what}: another program wrote over it"
+            )
+        else:
+            found = f"it is now claimed by {seen.describe()}"
+        renewed = self._renewed.get(node.rank)
+        since = "" if renewed is None else f", last renewed at {_utc(renewed)}"
+        return f"{found}; found at {_utc(time.time())}{since}"
 
     def _release_all(self) -> None:
         with self._lock:
@@ -415,48 +474,3 @@ class NodeClaims:
 
     def _t(self, node: NodeSpec) -> Transport:
         return self.transports[node.rank]
-
-
-def _other_ports(cluster: ClusterSpec) -> str:
-    """How this cluster gets other ports: a ``port: auto`` one chose its pair once and keeps
-    it (``cluster.ports`` in a local head's workdir), so naming ``port: auto`` again is no
-    advice for it."""
-    if not cluster.auto_ports:
-        return "give this cluster other ports (cluster.port and cluster.master_port, or port: auto)"
-    if cluster.head.transport == "local":
-        kept = Path(cluster.head.workdir) / PORTS_FILE
-        return f"delete {kept} so that port: auto chooses a free pair again"
-    return (
-        "give this cluster ports of its own (cluster.port and cluster.master_port): port: auto "
-        "derives the pair from the cluster's name and nodes, and cannot check a head it "
-        "reaches over SSH"
-    )
-
-
-def ensure_ports_free(cluster: ClusterSpec, head: Transport) -> None:
-    """Once this cluster's own engines are stopped, nothing may listen on the head's port or
-    master port: whatever does is a foreign engine (another orchestrator's, another cluster's
-    on the same machine) or another program, and a boot now would meet it. That is the
-    host's fault, never the config's (class ``port_in_use``: retried, then the round stops).
-
-    Raises:
-        DeployError: a port is taken (class ``port_in_use``; names the node and the port).
-        NodeError: the check could not run on the head.
-    """
-    node = cluster.head
-    host = shlex.quote(node.host)
-    body = (
-        f"for p in {int(cluster.port)} {int(cluster.master_port)}; do "
-        f'(exec 3<>"/dev/tcp/"{host}"/$p") 2>/dev/null && echo "$p"; done; exit 0'
-    )
-    result = check(head.run(["bash", "-c", body], timeout=30), node, "checking the ports")
-    busy = [int(w) for w in result.stdout.split() if w.isdigit()]
-    if busy:
-        raise DeployError(
-            f"{node.name}: port {busy[0]} on {node.host} is in use by something that is not "
-            "this cluster's engine (its own were just stopped): another orchestrator's engine, "
-            f"or another program; free it, or {_other_ports(cluster)}",
-            failure_class="port_in_use",
-            rank=node.rank,
-            host=node.host,
-        )

@@ -18,13 +18,12 @@ from dataclasses import dataclass, field
 from pydantic import BaseModel, ConfigDict
 
 from cluster import engine_process, teardown
-from cluster.claims import ensure_ports_free
 from cluster.errors import DeployError, NodeError
 from cluster.gates import GateSpec
 from cluster.inventory import ClusterSpec, NodeSpec
 from cluster.launcher import SCRIPT, LauncherSpec, RenderedLauncher, render_node
 from cluster.nodes import Fence, Nodes, Progress, Unbroken
-from cluster.ports import keep_ports
+from cluster.ports import ensure_ports_free, keep_ports
 from cluster.preflight import Preflight
 from cluster.readiness import Boot, Smoke
 from cluster.transport import Transport

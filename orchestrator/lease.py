@@ -33,6 +33,17 @@ from orchestrator.timestamps import utc_minute
 UNDECIDED = (
     "the experiment left undecided: run the same command to resume once the cluster is yours again"
 )
+#: A claim lost with no breaker in this ledger: whose doing it was, as far as anyone can say.
+UNRECORDED = (
+    "nobody recorded breaking it (no `orchestrate cluster down|up --force` of this ledger): a "
+    "person, a cleanup job or an orchestrator of another ledger changed the node's "
+    "claim; the node's, not the config's"
+)
+#: A boot cut short by a claim lost with no breaker: nobody recorded stopping its engines.
+LEFT_UP = (
+    "; it did not stop its engines (a node it no longer holds is not touched): `orchestrate "
+    "cluster down` stops any left once the cluster is yours"
+)
 
 
 def _process_gone(lease: LeaseRecord) -> bool:
@@ -297,7 +308,7 @@ class Ownership:
                 self.claims.check()
         except ClaimLost as e:
             by = self._broken_by()
-            said = e.message if by is None else f"{e.message}: {by}"
+            said = f"{e.message}: {by or UNRECORDED}"
             raise ClaimLost(
                 f"{said}; stopped before the next boot, {UNDECIDED}",
                 rank=e.rank,
@@ -373,6 +384,7 @@ def lost_at(lost: ClaimLost, where: str, *, closed: bool) -> ClaimLost:
     """``lost`` said where the round was when it learned it (``where``: ``mid-boot, during
     cell 1 of 3 (…) of experiment #4``), and whether it closed its boot (``closed``)."""
     boot = "; its boot is closed in the ledger" if closed else ""
+    boot += LEFT_UP if lost.by is None else ""
     return ClaimLost(
         f"{lost.said}; stopped {where}{boot}: {UNDECIDED}",
         rank=lost.rank,

@@ -1,0 +1,107 @@
+"""A node's claim lost mid-round with no breaker recorded: its claim folder removed (by hand,
+a cleanup job, a reimaged node) or its files overwritten by another program. The round stops
+where it stands, names the node, what it found there (no claim; another holder; a claim whose
+files disagree) and when it found it, and says that nobody recorded breaking it. Nothing is
+blamed on the config: the boot is closed as cut short by the lost node, the experiment left
+undecided for the resume.
+
+Real processes: `orchestrate round` on a two-node twin, a SQLite ledger, the claim's files
+changed on the node's disk as another program would change them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cluster.claims import CLAIM_DIR
+from ledger import Ledger
+from tests.fixtures.cli import orchestrate, watched
+from tests.fixtures.profiles import twin_profile_data, write_profile
+from tests.fixtures.wait import wait_until
+from tests.test_round_twin import engines_alive
+
+CLUSTER = "twin-local"
+
+
+@pytest.fixture
+def root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    monkeypatch.setenv("ORCHESTRATE_LEDGER", f"sqlite:///{tmp_path}/orchestrate.db")
+    monkeypatch.setenv("ORCHESTRATE_ARTIFACTS", str(tmp_path / "mlartifacts"))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    monkeypatch.setenv("ORCHESTRATE_LEASE_TTL_S", "6")  # renewed every 2 s
+    data = twin_profile_data(nodes=2)
+    argv = data["launcher"]["argv"]
+    argv[argv.index("--tensor-parallel-size") + 1] = "2"
+    data["gates"].update(clocks_command=None, recover_command=None)
+    data["cells"] = data["cells"][:1]
+    data["cells"][0].update(warmup_s=0.1, duration_s=60.0)  # the claim is lost mid-cell
+    data["verdict"] = {"policy": "threshold", "threshold_pct": 2.0}
+    write_profile(tmp_path, data)
+    yield tmp_path
+    if engines_alive(tmp_path):
+        orchestrate(tmp_path, "cluster", "down", "--force", "-p", "profile.yaml")
+
+
+def _removed(claim: Path) -> str:
+    shutil.rmtree(claim)
+    return "no claim is there any more"
+
+
+def _taken(claim: Path) -> str:
+    holder = json.loads((claim / "holder.json").read_text())
+    holder.update(id="f" * 32, what="sweep", user="ops", hostname="elsewhere", pid=4242)
+    (claim / "holder.json").write_text(json.dumps(holder) + "\n")
+    (claim / "id").write_text("f" * 32 + "\n")
+    return f"it is now claimed by sweep of cluster {CLUSTER} by ops@elsewhere (pid 4242)"
+
+
+def _id_only(claim: Path) -> str:
+    (claim / "id").write_text("e" * 32 + "\n")
+    return f"its id file now reads {'e' * 32}, and its holder.json still names this round"
+
+
+@pytest.mark.parametrize("change", [_removed, _taken, _id_only], ids=["removed", "taken", "id"])
+def test_a_claim_lost_with_no_breaker_is_named_with_when_and_never_the_configs(
+    root: Path, change: object
+) -> None:
+    with watched(root, "round", "--budget", "1", "-p", "profile.yaml") as run:
+        wait_until("the baseline mid-cell", lambda: any("cell 1 of 1" in x for x in run.out), 180)
+        found = change(root / "nodes" / "node-1" / CLAIM_DIR)  # type: ignore[operator]
+        code = run.proc.wait(timeout=120)
+    said = "\n".join(run.out + run.err)
+    assert code == 8, said
+    [line] = [x for x in run.err if x.startswith("Error:")]
+    assert line.startswith(
+        "Error: node-1 (127.0.0.1): this orchestrator lost its claim on the node"
+    ), line
+    assert found in line, line
+    assert re.search(
+        r"; found at \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC, last renewed at \d{4}-", line
+    ), line
+    assert "nobody recorded breaking it" in line, line
+    assert "mid-boot, during cell 1 of 1" in line, line
+    assert "`orchestrate cluster down` stops any left once the cluster is yours" in line, line
+    assert "the experiment left undecided: run the same command to resume" in line, line
+    with Ledger(os.environ["ORCHESTRATE_LEDGER"]) as ledger:
+        assert ledger.open_boots(CLUSTER) == []
+        [e] = ledger.experiments(cluster=CLUSTER)
+        assert e.decided_at is None and e.status is None, e
+        [boot] = ledger.boots(e.id)
+        assert boot.failure_class is None, boot
+        assert boot.status == "down" and boot.ended_at is not None
+    shown = orchestrate(root, "experiments", "show", str(e.id), "-p", "profile.yaml").stdout
+    assert "cut short: its round lost the nodes: " in shown, shown
+    assert "nobody recorded breaking it" in shown, shown
+    # what it says is so: the engines are there until `cluster down` (the node is free now)
+    assert engines_alive(root) != [], said
+    if change is _removed:
+        down = orchestrate(root, "cluster", "down", "-p", "profile.yaml")
+        assert down.returncode == 0, down.stdout + down.stderr
+        assert engines_alive(root) == []
