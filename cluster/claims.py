@@ -298,6 +298,8 @@ class NodeClaims:
         #: whose failure ``check`` has said
         self._failing: dict[int, str] = {}
         self._said: set[int] = set()
+        #: stale claims taken over while claiming (node name, claim, why): said once, together
+        self._taken: list[tuple[str, Seen, str]] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -322,7 +324,9 @@ class NodeClaims:
                     continue
                 self.held.append(node)
                 self._renewed[node.rank] = time.time()
+            self._say_taken()
         except BaseException:
+            self._say_taken()
             self._release_all()
             raise
         self._thread = threading.Thread(target=self._renew_loop, name="claims", daemon=True)
@@ -339,6 +343,19 @@ class NodeClaims:
         if self._thread is not None:
             self._thread.join()
         self._release_all()
+
+    def _say_taken(self) -> None:
+        """Say the stale claims taken over, one line per holder and reason: a kill -9's four
+        nodes are one line, not four alike but for their seconds left."""
+        groups: dict[tuple[str, str], list[tuple[str, Seen]]] = {}
+        for name, seen, why in self._taken:
+            holder = seen.holder.describe() if seen.holder is not None else seen.describe()
+            groups.setdefault((holder, why), []).append((name, seen))
+        self._taken.clear()
+        for (holder, why), nodes in groups.items():
+            said = nodes[0][1].describe() if len(nodes) == 1 else holder
+            names = ", ".join(name for name, _ in nodes)
+            self._note(f"{names}: taking over a stale claim ({said}): {why}")
 
     # ---- taking -----------------------------------------------------------------------------
     def _claim(self, node: NodeSpec) -> None:
@@ -361,8 +378,8 @@ class NodeClaims:
                 )
             if self.force:
                 self._broken(node, seen, why or "broken by --force while live")
-            else:
-                self._note(f"{node.name}: taking over a stale claim ({seen.describe()}): {why}")
+            elif why is not None:  # stale (a live claim raised above)
+                self._taken.append((node.name, seen, why))
             old = seen.holder.id if seen.holder is not None else ""
             check(
                 self._t(node).run(_remove_command(node, old, self.holder.id, "broken"), timeout=30),

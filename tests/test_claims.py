@@ -186,6 +186,33 @@ def test_a_stale_claim_is_taken_over_with_a_line(demo: Path) -> None:
     assert not (demo / "orchestrate.db").exists(), "nothing to record: no ledger opened"
 
 
+def test_one_holders_stale_claims_are_taken_over_in_one_line(demo: Path) -> None:
+    """A round killed -9 leaves a claim on every node, its process gone: taking them over is
+    said once, naming every node (the review: four lines alike but for their seconds left)."""
+    profile = quick_profile(demo)
+    probe = subprocess.Popen(["true"])
+    probe.wait()
+    nodes = load_profile(str(profile)).cluster.nodes
+    assert len(nodes) >= 2, nodes
+    for node in nodes:
+        write_claim(
+            demo / "nodes" / node.name,
+            what="round",
+            pid=probe.pid,
+            host=socket.gethostname(),
+            expires=int(time.time()) + 600,
+        )
+    down = orchestrate(demo, "cluster", "down", "-p", str(profile), env=env_for(demo))
+    assert down.returncode == 0, down.stderr
+    lines = [line for line in down.stdout.splitlines() if "taking over a stale claim" in line]
+    names = ", ".join(node.name for node in nodes)
+    assert len(lines) == 1, down.stdout
+    assert lines[0].startswith(f"{names}: taking over a stale claim (round of cluster elsewhere"), (
+        lines
+    )
+    assert lines[0].endswith(f"its process {probe.pid} on this machine is gone"), lines
+
+
 def test_two_twin_demos_side_by_side(demo: Path) -> None:
     dirs = [demo / "a", demo / "b"]
     procs = []
