@@ -24,7 +24,7 @@ from orchestrator import revision
 from orchestrator.acceptance import Null, acceptance_shift, counts, moved
 from orchestrator.evolution import fit, fit_champion, record_profile
 from orchestrator.greedy import irreproducible
-from orchestrator.host_stalls import boot_error, disturbed
+from orchestrator.host_stalls import boot_error, disturbed, reusable
 from orchestrator.measurements import Measurement, read_cluster_measurements, read_measurements
 from orchestrator.noise import NoiseModel, learn
 from orchestrator.pooling import ValueBoots, pool
@@ -245,7 +245,9 @@ class ChampionEvidence:
         the noise estimate, with its knob's effect prior as this cluster's decided changes of
         it taught (``priors``; ``None`` for a knob the profile no longer has: the profile's
         prior) and, for an ordered knob, the other values of it measured against this champion
-        (``pooling``; their changes then leave the prior, which would count them twice). A
+        (``pooling``; their changes then leave the prior, which would count them twice; their
+        boots, as every boot the verdict weighs, each with its stall error, a boot a busy host
+        disturbed left out: ``host_stalls.reusable``). A
         coupled move is judged with the prior of the knob whose value failed (``e.knob``), alone
         (``siblings``). Where the acceptance counters say what the change does (``null``),
         that is the verdict's null, and the change is judged alone: its counters measure it
@@ -258,6 +260,9 @@ class ChampionEvidence:
         held = self.current().config.as_dict().get(knob) if knob is not None else None
         counters = acceptance_shift([m.cells for m in measurements], [m.cells for m in champion])
         siblings = self.siblings(e) if in_space and self.profile.verdict.pool_values else []
+        # their boots as pooling reuses them: a disturbed one left out, any other with its error
+        others = {s.id: self.value_boots(s.id, s.value) for s in siblings if s.value is not None}
+        siblings = [s for s in siblings if s.id in others and others[s.id].logs]
         null = self.null(e, counters, held, pooled=bool(siblings))
         if null is not None:  # judged alone: the counters measure it better than its neighbours
             siblings = []
@@ -270,22 +275,22 @@ class ChampionEvidence:
         )
         noise = self.noise()
         champion_logs = [math.log(objective(m.cells)) for m in champion]
+        candidate_stalls = [boot_error(m.cells) for m in measurements]
+        champion_stalls = [boot_error(m.cells) for m in champion]
         pooled = None
         if siblings and knob is not None and e.value is not None and held is not None:
             base = prior or base_prior(self.profile, knob)
+            logs = tuple(math.log(objective(m.cells)) for m in measurements)
             pooled = pool(
                 self.profile.space.spec(knob),
                 held,
                 champion_logs,
-                ValueBoots(e.value, tuple(math.log(objective(m.cells)) for m in measurements)),
-                [
-                    ValueBoots(s.value, self.trusted_logs(s.id))
-                    for s in siblings
-                    if s.value is not None
-                ],
+                ValueBoots(e.value, logs, tuple(candidate_stalls)),
+                [others[s.id] for s in siblings],
                 boot_cv=noise.boot_cv,
                 p_null=base.p_null,
                 tau=math.log1p(base.effect_pct / 100),
+                champion_errors=champion_stalls,
             )
         return assess(
             self.profile.verdict,
@@ -301,8 +306,8 @@ class ChampionEvidence:
                 null_from="counters" if null is None else null.source,
                 counters=counters,
                 held=held,
-                candidate_stalls=[boot_error(m.cells) for m in measurements],
-                champion_stalls=[boot_error(m.cells) for m in champion],
+                candidate_stalls=candidate_stalls,
+                champion_stalls=champion_stalls,
             ),
             noise,
             prior,
@@ -388,13 +393,16 @@ class ChampionEvidence:
                 out.append(s)
         return out
 
-    def trusted_logs(self, experiment_id: int) -> tuple[float, ...]:
-        """The log objectives of an experiment's trusted measurements."""
-        return tuple(
-            math.log(objective(m.cells))
+    def value_boots(self, experiment_id: int, value: Value) -> ValueBoots:
+        """An earlier experiment's trusted measurements as a later verdict reuses them
+        (``pooling``): each one's log objective with its stall error, a measurement a busy host
+        disturbed left out (``host_stalls.reusable``)."""
+        kept = [
+            (math.log(objective(m.cells)), error)
             for m in self.measurements(experiment_id)
-            if self.trusted(m)
-        )
+            if self.trusted(m) and (error := reusable(m.cells)) is not None
+        ]
+        return ValueBoots(value, tuple(g for g, _ in kept), tuple(x for _, x in kept))
 
     def irreproducible_texts(self) -> tuple[list[tuple[str, str]], int]:
         """The champion's greedy texts, as (cell, prompt) pairs, when its measurements at its

@@ -18,7 +18,9 @@ keep out of reach. The verdict's ``se`` is the widened one, so the knob's learne
 (``priors``) weighs such a change as little as it told. A boot whose error
 is more than ``stall.DISTURBED_FRACTION`` of its objective (``disturbed``) teaches the noise
 model nothing and is counted, once, by ``round_boots`` (the report's infrastructure share, its
-MLflow summary, ``status``). Where no cell stalled every error is 0 and nothing changes.
+MLflow summary, ``status``). A boot reused in a later verdict (``pooling``: an earlier look at
+the value, another value of the knob) carries its error there, or, disturbed, is left out
+(``reusable``). Where no cell stalled every error is 0 and nothing changes.
 """
 
 from __future__ import annotations
@@ -52,6 +54,17 @@ def boot_error(cells: Sequence[CellResultRecord]) -> float:
         total += throughput
         moved += throughput * fraction
     return moved / total if total > 0 else 0.0
+
+
+def reusable(cells: Sequence[CellResultRecord]) -> float | None:
+    """The stall error a boot carries where its objective is reused beyond the verdict that
+    booted it (``pooling``: its value's earlier look pooled into a later one, or another value
+    of its knob): its ``boot_error``; ``None`` where it is ``disturbed``, which leaves it out
+    (it measured the host: as the noise model, a pooled prior has no bound to read it at). The
+    one rule every reuse of a boot's objective follows; a verdict's own boots and the
+    champion's are weighed with their errors and bounds (``HostError``) instead."""
+    error = boot_error(cells)
+    return None if disturbed_any([error]) else error
 
 
 def side_error(errors: Sequence[float]) -> float:

@@ -24,6 +24,11 @@ knob's effect below 5 is not a coin toss for any of them. The model, on the log 
   says, under a smooth trend, that MNBT above it gains; the values above, measured flat or
   worse, then weigh for the kink, and each side is judged by its own values.
 
+A boot's hosts may have stalled its windows (``host_stalls``): the error that adds to its log
+objective adds to its value's mean's variance (and the champion's, to the shared term), as in
+the boot's own verdict; a boot the host disturbed is not pooled (``host_stalls.reusable``).
+Where nothing stalled, nothing changes.
+
 A knob without an order (CUDA graphs, a KV dtype) has unrelated values: they share only the
 spike and the champion's error, and a value looked at again (``policy.second_look``) pools all
 its looks' boots — exactly as one experiment with every boot would be judged.
@@ -46,6 +51,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from knobs.spec import KnobSpec, Value
+from orchestrator.host_stalls import side_error
 from orchestrator.posterior import Posterior
 
 #: Length scales of the slab's Gaussian process, in units of the knob's whole domain.
@@ -58,10 +64,17 @@ _JITTER = 1e-10
 
 @dataclass(frozen=True)
 class ValueBoots:
-    """A value of the knob and the log objectives of its trusted boots under the champion."""
+    """A value of the knob and the log objectives of its trusted boots under the champion, with
+    what each boot's hosts' stalls may have cost it (``host_stalls.boot_error``, relative; empty:
+    nothing stalled), which adds to its error as in the verdict (``host_stalls.side_error``)."""
 
     value: Value
     logs: tuple[float, ...]
+    errors: tuple[float, ...] = ()
+
+    def stalls(self) -> tuple[float, ...]:
+        """Each boot's stall error (0 where none was recorded)."""
+        return self.errors or (0.0,) * len(self.logs)
 
 
 @dataclass(frozen=True)
@@ -107,20 +120,26 @@ def pool(
     boot_cv: float,
     p_null: float,
     tau: float,
+    champion_errors: Sequence[float] = (),
 ) -> Pooled | None:
     """The candidate's pooled effect; None when there is nothing to pool (no other value with
     a boot, a value off the domain, no champion boot). The values of a knob without an order
     are unrelated: they share only the spike (whether the knob does anything here) and the
-    champion's error, and the same value measured before pools its boots."""
+    champion's error, and the same value measured before pools its boots. A boot's stall error
+    (``ValueBoots.errors``; the champion's: ``champion_errors``) adds to its mean's variance as
+    the verdict adds it (``host_stalls.side_error``); a boot a busy host disturbed is left out
+    by the caller (``host_stalls.reusable``)."""
     x0 = position(spec, champion_value)
     xc = position(spec, candidate.value)
     if x0 is None or xc is None or not champion_logs or not candidate.logs:
         return None
     merged: dict[float, list[float]] = {}
+    stalls: dict[float, list[float]] = {}
     for vb in others:
         x = position(spec, vb.value)
         if x is not None and x != x0 and vb.logs:
             merged.setdefault(x, []).extend(vb.logs)
+            stalls.setdefault(x, []).extend(vb.stalls())
     if not merged:
         return None
     prior_points = sorted(merged)
@@ -129,10 +148,15 @@ def pool(
         if spec.ordered
         else [(UNRELATED, False)]
     )
-    prior = _fit(prior_points, merged, xc, x0, champion_logs, boot_cv, p_null, tau, shapes)
+    champion = (champion_logs, champion_errors)
+    prior = _fit(prior_points, merged, stalls, xc, x0, champion, boot_cv, p_null, tau, shapes)
     both = {x: list(v) for x, v in merged.items()}
     both.setdefault(xc, []).extend(candidate.logs)
-    posterior = _fit(sorted(both), both, xc, x0, champion_logs, boot_cv, p_null, tau, shapes)
+    both_stalls = {x: list(v) for x, v in stalls.items()}
+    both_stalls.setdefault(xc, []).extend(candidate.stalls())
+    posterior = _fit(
+        sorted(both), both, both_stalls, xc, x0, champion, boot_cv, p_null, tau, shapes
+    )
     return Pooled(
         posterior=posterior,
         prior=prior,
@@ -161,21 +185,28 @@ def _conditioned(xs: np.ndarray, x0: float, length: float, kink: bool) -> np.nda
 def _fit(
     points: list[float],
     boots: dict[float, list[float]],
+    stalls: dict[float, list[float]],
     xc: float,
     x0: float,
-    champion_logs: Sequence[float],
+    champion: tuple[Sequence[float], Sequence[float]],
     cv: float,
     p_null: float,
     tau: float,
     shapes: Sequence[tuple[float, bool]],
 ) -> Posterior:
     """The spike-and-slab posterior of ``δ(xc)`` given the contrasts at ``points``, the slab
-    a mixture over ``shapes`` (a length scale, and whether the curve has a kink at ``x0``)."""
+    a mixture over ``shapes`` (a length scale, and whether the curve has a kink at ``x0``).
+    ``stalls``: each point's boots' stall errors; ``champion``: its log objectives and theirs."""
+    champion_logs, champion_errors = champion
     champ = float(np.mean(champion_logs))
     m = len(champion_logs)
     g = np.array([float(np.mean(boots[x])) - champ for x in points])
     n = np.array([len(boots[x]) for x in points], dtype=float)
     noise = cv**2 * (np.diag(1.0 / n) + np.full((len(points), len(points)), 1.0 / m))
+    own = np.array([side_error(stalls.get(x, ())) for x in points])
+    shared = side_error(champion_errors)
+    if own.any() or shared:  # what the hosts' stalls may have cost the means, as the verdict
+        noise = noise + np.diag(own**2) + shared**2
     xs = np.array([*points, xc])
     log_null = _log_density(g, noise)
     logs, means, variances = [], [], []

@@ -1,0 +1,99 @@
+"""A boot a busy host disturbed is evidence only where its stall error goes with it: a later
+verdict that pools an earlier boot (another value of the knob, the value's own earlier look)
+carries each boot's stall error, or leaves a disturbed boot out (``host_stalls.reusable``);
+and a keep or discard an earlier release decided on such windows, without the stall rule, is
+read by today's rule (``stalled_verdicts``): the discard bars nothing, neither teaches the
+knob's prior, and the report's row says how it was decided."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+from rich.console import Console
+
+from agents.sweep import SweepProposer
+from knobs.vocabulary import Kind
+from ledger import Ledger
+from orchestrator.approval import ApprovalGate
+from orchestrator.display import RoundDisplay
+from orchestrator.host_stalls import boot_error, reusable
+from orchestrator.pooling import ValueBoots, pool
+from orchestrator.round import RoundOptions, RoundRunner
+from orchestrator.testbed import NullSink
+from tests.test_pooling import CV, TAU, K, profile
+from tests.test_verdict_stalled import MNBT, BusyHost, boot
+
+#: The far-k stack's champion's MNBT.
+CHAMPION = 7168
+
+
+def run(tmp: Path, *values: int) -> None:
+    """A round on the simulated far-k stack that sweeps MNBT through ``values``, its host busy
+    for every boot of MNBT 4096 (reading it 45 % low, then 10 % low: ``BusyHost``)."""
+    with Ledger(f"sqlite:///{tmp}/ledger.db") as ledger:
+        RoundRunner(
+            profile(tmp),
+            ledger,
+            NullSink(),
+            BusyHost(4096, (0.55, 0.9), seed=0),
+            SweepProposer([{MNBT: v} for v in values]),
+            ApprovalGate(ledger, "auto"),
+            RoundDisplay(Console(file=io.StringIO())),
+        ).run(RoundOptions(budget=len(values), proposer="sweep", approve="auto", seed=0))
+
+
+def test_another_values_disturbed_boots_are_not_pooled_as_clean(tmp_path: Path) -> None:
+    """MNBT 4096 measured on a busy host ends undecided at the boot cap (its verdict a
+    measured one, so MNBT's next value is judged with it); 8704, measured on a quiet host,
+    is then judged on its own boots: 4096's boots measured the host, and pooled they would
+    pass a −45 % reading off as MNBT's curve."""
+    run(tmp_path, 4096, 8704)
+    with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
+        first, second = [e for e in ledger.experiments() if e.kind == Kind.CANDIDATE]
+        earlier, later = ledger.verdict(first.id), ledger.verdict(second.id)
+    assert (first.value, second.value) == (4096, 8704)
+    assert earlier is not None and later is not None
+    assert (earlier.status, earlier.rule) == ("inconclusive", "max-boots"), earlier.reason
+    assert "pooled_values" not in later.stats, later.reason
+    assert "other value(s) of the knob" not in later.reason, later.reason
+
+
+def test_a_pooled_boot_carries_its_stall_error_and_a_disturbed_one_is_left_out() -> None:
+    """A boot stalled a little enters a later look with its error, as in its own verdict: K's
+    neighbours that gained +8 % lift a candidate less when their boots (or the champion's)
+    were stalled, and not at all past what their errors allow; errors of 0 change nothing. A
+    boot the host disturbed is not reused at all."""
+    champion = [0.0, 0.01, -0.01]
+    candidate = ValueBoots(5, (0.02,))
+    neighbours = [ValueBoots(v, (0.077, 0.077)) for v in (6, 4)]
+
+    def judged(
+        errors: tuple[float, ...] = (), champion_errors: tuple[float, ...] = ()
+    ) -> tuple[float, float]:
+        others = [ValueBoots(n.value, n.logs, errors) for n in neighbours]
+        pooled = pool(
+            K,
+            7,
+            champion,
+            candidate,
+            others,
+            boot_cv=CV,
+            p_null=0.1,
+            tau=TAU,
+            champion_errors=champion_errors,
+        )
+        assert pooled is not None
+        return pooled.posterior.p_above(0.0), pooled.prior.sd
+
+    clean = judged()
+    assert judged((0.0, 0.0), (0.0, 0.0, 0.0)) == clean
+    stalled = judged((0.06, 0.06))
+    assert stalled[0] < clean[0] and stalled[1] > clean[1], (stalled, clean)
+    shared = judged(champion_errors=(0.06, 0.06, 0.06))
+    assert shared[0] < clean[0], (shared, clean)
+    # what each boot carries: its error where the host barely touched it, nothing disturbed
+    small = boot(1.0, {"code-c8": 0.05})
+    assert reusable(small) == boot_error(small) and 0 < boot_error(small) < 0.01
+    assert reusable(boot(1.0)) == 0.0
+    assert reusable(boot(0.55, {"*": 5.72})) is None
