@@ -19,18 +19,17 @@ from __future__ import annotations
 
 from agents import HistoryEntry, KnownBad, KnownBadSource, ProposalContext, round_spend
 from knobs.config import Config
-from knobs.records import CellResultRecord
 from knobs.space import Reconciled
 from knobs.spec import Value, clipped
 from knobs.vocabulary import INFRASTRUCTURE, UNMEASURED, EventKind, State, Status
-from ledger import EventRecord, ExperimentRecord, Ledger, RoundRecord, VerdictRecord
+from ledger import EventRecord, ExperimentRecord, Ledger, RoundRecord
 from orchestrator import budget, policy
 from orchestrator.champion import ChampionEvidence
 from orchestrator.errors import UsageError
 from orchestrator.evolution import Lineage, fit
-from orchestrator.guardrails import stalled_breach
 from orchestrator.priors import interacting, knob_priors, measured
 from orchestrator.profile import Profile
+from orchestrator.stalled_verdicts import busy_decided, guardrail_stalled
 from orchestrator.step_cost import learned
 from orchestrator.unjudged import closed, sitting_start, this_sitting, timed_out, unjudged
 
@@ -64,12 +63,15 @@ def proposal_context(
     lineage = Lineage.read(profile.space, ledger, profile.cluster.name, experiments)
     cleared = cleared_regions(ledger, profile.cluster.name)
     sitting = sitting_start(ledger, rnd)
+    busy = busy_decided(ledger, ((e, ledger.verdict(e.id)) for e in experiments))
     for e in experiments:
         if e.state != State.DECIDED or e.status is None:
             continue
         fitted = lineage.fit(e)
         champion_key = lineage.champion_key(e)
-        judged = not unjudged(ledger, e)
+        # decided by an earlier release on a busy host's windows: it measured the host, and
+        # nobody judged the value either (``stalled_verdicts``)
+        judged = not unjudged(ledger, e) and e.id not in busy
         here = champion_key == current.config.key and (
             judged
             # vetoed by the queue's timeout: nobody judged it; held for the rest of this
@@ -319,7 +321,7 @@ def guardrail_region(profile: Profile, ledger: Ledger, e: ExperimentRecord) -> K
     side = next((s for rule, s in declared if verdict is not None and rule == verdict.rule), None)
     if verdict is None or side is None or not _past_champion(ledger, e, value, side):
         return None
-    if verdict.rule == "ttft-guardrail" and _stalled(ledger, e, verdict) is not None:
+    if verdict.rule == "ttft-guardrail" and guardrail_stalled(ledger, e, verdict) is not None:
         return None  # a busy host's window, by today's rule: whatever release judged it
     bound = {e.knob: value}
     return KnownBad(
@@ -329,32 +331,6 @@ def guardrail_region(profile: Profile, ledger: Ledger, e: ExperimentRecord) -> K
         reason=clipped(f"{verdict.rule} against its champion: {verdict.reason}", 200),
         source="guardrail",
     )
-
-
-def _stalled(
-    ledger: Ledger, e: ExperimentRecord, verdict: VerdictRecord
-) -> tuple[float, str] | None:
-    """Whether ``e``'s TTFT guardrail discard rests on a window a busy host stalled
-    (``guardrails.stalled_breach``), from the readings its record holds: its own of the cell
-    that breached, and the champion's latest of it, both from boots before the verdict. An
-    earlier release judged such windows; the record keeps what it said, but today's rule
-    decides what it bars."""
-    cell = verdict.stats.get("ttft_cell")
-    if not isinstance(cell, str) or e.decided_at is None:
-        return None
-    at = e.decided_at
-
-    def readings(experiment: int) -> list[CellResultRecord]:
-        before = {b.id for b in ledger.boots(experiment) if b.started_at <= at}
-        return [
-            r.result
-            for r in ledger.cell_results(experiment)
-            if r.boot_id in before and r.result.cell == cell
-        ]
-
-    held = [c for c in ledger.champion_history(e.cluster) if c.since <= at]
-    champion = readings(held[-1].experiment_id)[-1:] if held else []
-    return stalled_breach(cell, readings(e.id), champion)
 
 
 def _past_champion(ledger: Ledger, e: ExperimentRecord, value: float, side: str) -> bool:

@@ -13,7 +13,9 @@ posterior geometric-mean ``τ`` (no evidence: the prior back): a knob the card c
 measures +10 % twice, or −15 %, is judged as a knob that matters; one measured null many times
 keeps (or gains) a high ``π``. Only decided experiments count, so the experiment being judged
 is never in the prior it is judged with; a failure of the infrastructure's, a crash, an invalid
-output, a guardrail or a veto measured no effect and adds nothing.
+output, a guardrail or a veto measured no effect and adds nothing; nor does a verdict an
+earlier release decided on a busy host's windows (``stalled_verdicts``). Today's verdict on
+such windows teaches through its ``se``, which their stalls widened (``host_stalls``).
 
 Two priors per knob, from the same changes. What a change of the knob does to the objective
 (``knob_priors``, and ``learned_prior``: the proposers' promise, the digest, ``orchestrate
@@ -38,8 +40,9 @@ import numpy as np
 
 from knobs.spec import EffectPrior, Value, as_text
 from knobs.vocabulary import INFRASTRUCTURE, MEASURED, State
-from ledger import ExperimentRecord, Ledger
+from ledger import ExperimentRecord, Ledger, VerdictRecord
 from orchestrator.profile import Profile
+from orchestrator.stalled_verdicts import busy_decided
 
 #: How many changes' worth of evidence the catalog's (or profile's) prior counts as.
 PRIOR_CHANGES = 3.0
@@ -75,8 +78,10 @@ class Measured:
 
 
 def measured(ledger: Ledger, experiments: Iterable[ExperimentRecord]) -> list[Measured]:
-    """The decided one-knob changes among ``experiments`` whose verdict measured an effect."""
-    out: list[Measured] = []
+    """The decided one-knob changes among ``experiments`` whose verdict measured an effect;
+    not one an earlier release decided on a busy host's windows (``stalled_verdicts``: its
+    effect is the host's as much as the knob's)."""
+    judged: list[tuple[ExperimentRecord, VerdictRecord]] = []
     for e in experiments:
         if (
             e.state != State.DECIDED
@@ -89,10 +94,14 @@ def measured(ledger: Ledger, experiments: Iterable[ExperimentRecord]) -> list[Me
         ):
             continue
         verdict = ledger.verdict(e.id)
-        if verdict is None or verdict.rule not in MEASURING:
-            continue
+        if verdict is not None and verdict.rule in MEASURING:
+            judged.append((e, verdict))
+    busy = busy_decided(ledger, judged)
+    out: list[Measured] = []
+    for e, verdict in judged:
         effect = _effect(verdict.stats)
-        if effect is not None:
+        if effect is not None and e.id not in busy:
+            assert e.knob is not None and e.value is not None
             out.append(Measured(e.id, e.knob, e.value, e.champion_key or "", *effect))
     return out
 

@@ -51,8 +51,9 @@ from agents import StepCostBelief
 from agents.draft_model import GAMMA_PRIOR, draft_knob
 from knobs.space import KnobSpace
 from knobs.vocabulary import INFRASTRUCTURE, MEASURED, State
-from ledger import ExperimentRecord, Ledger
+from ledger import ExperimentRecord, Ledger, VerdictRecord
 from orchestrator.priors import MEASURING
+from orchestrator.stalled_verdicts import busy_decided
 
 #: The law's error per change (one sd of the log effect) before the ledger's residuals say
 #: otherwise, and how far it may be off (one sd of its log): a step linear in K describes a
@@ -209,8 +210,9 @@ def draft_changes(
     ``rules``: one that measured an effect) recorded the counters' shift and the K it changed
     from (``counters_shift``, ``counters_se``, ``from_value``: verdicts of an older release
     record none, and teach nothing here); its champion's share of its error from the boots'
-    scatter over the champion's boots (``boot_cv``, ``champion_boots``)."""
-    out: list[DraftChange] = []
+    scatter over the champion's boots (``boot_cv``, ``champion_boots``). Not one an earlier
+    release decided on a busy host's windows (``stalled_verdicts``)."""
+    judged: list[tuple[ExperimentRecord, VerdictRecord]] = []
     for e in experiments:
         if (
             e.knob != knob
@@ -223,7 +225,12 @@ def draft_changes(
         ):
             continue
         verdict = ledger.verdict(e.id)
-        if verdict is None or verdict.rule not in rules:
+        if verdict is not None and verdict.rule in rules:
+            judged.append((e, verdict))
+    busy = busy_decided(ledger, judged)
+    out: list[DraftChange] = []
+    for e, verdict in judged:
+        if e.id in busy or not isinstance(e.value, int):
             continue
         s = verdict.stats
         keys = ("g", "se", "counters_shift", "counters_se", "boot_cv", "champion_boots")

@@ -8,6 +8,9 @@ knob's prior, and the report's row says how it was decided."""
 from __future__ import annotations
 
 import io
+import json
+import math
+import sqlite3
 from pathlib import Path
 
 from rich.console import Console
@@ -17,9 +20,14 @@ from knobs.vocabulary import Kind
 from ledger import Ledger
 from orchestrator.approval import ApprovalGate
 from orchestrator.display import RoundDisplay
+from orchestrator.history import proposal_context_of
 from orchestrator.host_stalls import boot_error, reusable
 from orchestrator.pooling import ValueBoots, pool
+from orchestrator.priors import MEASURING, measured
+from orchestrator.report.data import collect
 from orchestrator.round import RoundOptions, RoundRunner
+from orchestrator.stalled_verdicts import WORDS
+from orchestrator.step_cost import draft_changes
 from orchestrator.testbed import NullSink
 from tests.test_pooling import CV, TAU, K, profile
 from tests.test_verdict_stalled import MNBT, BusyHost, boot
@@ -97,3 +105,50 @@ def test_a_pooled_boot_carries_its_stall_error_and_a_disturbed_one_is_left_out()
     assert reusable(small) == boot_error(small) and 0 < boot_error(small) < 0.01
     assert reusable(boot(1.0)) == 0.0
     assert reusable(boot(0.55, {"*": 5.72})) is None
+
+
+def test_an_earlier_releases_discard_on_a_busy_hosts_windows_bars_nothing(
+    tmp_path: Path,
+) -> None:
+    """A ledger an earlier release wrote: MNBT 4096 measured on a busy host, every window
+    stalled, and discarded at −45 % as "worse" by the posterior, with no stall error (as the
+    releases before the forty-eighth session judged such windows). Opened now, the record
+    keeps what it said, but the discard bars nothing: 4096 may be proposed again under the
+    same champion; MNBT's learned prior (nor the step cost's fit) does not learn −45 % from it;
+    the report's row says it was decided on a busy host's windows."""
+    run(tmp_path, 4096)
+    url = f"sqlite:///{tmp_path}/ledger.db"
+    with Ledger(url) as ledger:
+        [first] = [e for e in ledger.experiments() if e.kind == Kind.CANDIDATE]
+        verdict = ledger.verdict(first.id)
+        assert verdict is not None and "stall_se" in verdict.stats, verdict
+        assert first.round_id is not None
+    # what the earlier release recorded of it: the same readings, judged without the stalls
+    stats = {
+        k: v
+        for k, v in verdict.stats.items()
+        if not k.startswith("stall_") and k not in ("noise_se", "p_reach", "next_boot")
+    }
+    g = verdict.stats["g"]
+    assert isinstance(g, float) and g < math.log(0.8), g
+    reason = f"{math.expm1(g) * 100:+.2f}% over 3 measurement(s) vs 3; P(gain)=0.00: worse"
+    with sqlite3.connect(tmp_path / "ledger.db") as db:
+        db.execute(
+            "UPDATE verdict SET status = 'discard', rule = 'posterior', reason = ?, stats = ? "
+            "WHERE experiment_id = ?",
+            (reason, json.dumps({**stats, "se": 0.03}), first.id),
+        )
+        db.execute("UPDATE experiment SET status = 'discard' WHERE id = ?", (first.id,))
+    prof = profile(tmp_path)
+    with Ledger(url) as ledger:
+        recorded = ledger.verdict(first.id)
+        context = proposal_context_of(prof, ledger, first.round_id)
+        changes = measured(ledger, ledger.experiments())
+        steps = draft_changes(ledger, ledger.experiments(), MNBT, MEASURING)
+        data = collect(prof, ledger)
+    assert recorded is not None and (recorded.status, recorded.reason) == ("discard", reason)
+    assert first.config.key not in context.decided_keys
+    assert [c for c in changes if c.experiment == first.id] == []
+    assert steps == []  # nor the step cost a K change's counters are read with
+    [row] = [p for p in data.points if p.experiment == first.id]
+    assert row.status == "discard" and row.label.endswith(f"; {WORDS}"), row.label

@@ -19,7 +19,7 @@ from knobs.records import LlmUsage
 from knobs.spec import EffectPrior, Value, as_text, clipped
 from knobs.vocabulary import BootRole, EventKind, Kind, ProposalStatus, State, Status
 from ledger import ChampionRecord, ExperimentRecord, Ledger, RoundRecord
-from orchestrator import budget, resumes
+from orchestrator import budget, resumes, stalled_verdicts
 from orchestrator.cell_renames import resolved
 from orchestrator.champion import ChampionEvidence
 from orchestrator.champion_level import CellsChanged, LevelInForce, cells_changed, level_in_force
@@ -186,11 +186,13 @@ def collect(profile: Profile, ledger: Ledger, round_id: int | None = None) -> Re
         for c in _champions(ledger, cluster, rnd)
     )
     seen = RoundBoots.read(ledger, rnd, profile.gates.min_matmul_rate, every)
+    # decided by an earlier release on a busy host's windows: the row says so (a keep stays)
+    busy = stalled_verdicts.busy_decided(ledger, [(e, ledger.verdict(e.id)) for e in experiments])
     data = ReportData(
         profile=profile.name,
         cluster=cluster,
         round=rnd,
-        points=[_point(ledger, e, seen.counts[e.id]) for e in experiments],
+        points=[_point(ledger, e, seen.counts[e.id], e.id in busy) for e in experiments],
         champion_after=[],
         knobs=[],
         boot_hours={},
@@ -237,14 +239,15 @@ def collect(profile: Profile, ledger: Ledger, round_id: int | None = None) -> Re
     return data
 
 
-def _point(ledger: Ledger, e: ExperimentRecord, boots: BootCount) -> Point:
-    """``boots``: what it paid and weighed (``RoundBoots.counts``)."""
+def _point(ledger: Ledger, e: ExperimentRecord, boots: BootCount, busy: bool) -> Point:
+    """``boots``: what it paid and weighed (``RoundBoots.counts``); ``busy``: decided by an
+    earlier release on a busy host's windows (``stalled_verdicts``)."""
     verdict = ledger.verdict(e.id)
     interval = None if verdict is None else interval_pct(verdict.stats, Z95)
     assert e.status is not None
     return Point(
         experiment=e.id,
-        label=describe(e),
+        label=describe(e) + (f"; {stalled_verdicts.WORDS}" if busy else ""),
         kind=e.kind,
         status=e.status,
         objective=e.objective if e.status not in (Status.CRASH, Status.VETOED) else None,
