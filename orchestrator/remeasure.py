@@ -8,7 +8,10 @@ unconfirmed flag's boots stay in the level). A kept change is booted once as cha
 after its keep: when that boot of its own reads too far below the boots that kept it
 (``policy.keep_boots_inflated``: they were chosen for reading high), they leave its level (an
 event in the ledger) and it is measured afresh. What counts as a drift or an inflated keep is
-``policy``'s to say; this module boots, records, and reads the level from ``champion``.
+``policy``'s to say; this module boots, records, and reads the level from ``champion``. A boot
+whose windows a busy host disturbed (``host_stalls.reusable``) measured the host: it stays in
+the level (each verdict weighs it with its stall error) but tests nothing here, neither
+flagging nor confirming a drift, nor setting a keep's boots aside, nor as their history.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from orchestrator.boot import Booter
 from orchestrator.champion import ChampionEvidence
 from orchestrator.crashpoints import crashpoint
 from orchestrator.display import RoundDisplay
-from orchestrator.host_stalls import boot_error, disturbed
+from orchestrator.host_stalls import reusable
 from orchestrator.measurements import Measurement
 from orchestrator.runlog import RunLog
 from orchestrator.verdict import objective, objective_of, slow_ranks
@@ -123,9 +126,6 @@ class ChampionRemeasure:
         failure, latest = self._boot(e, run_id, BootRole.REMEASURE)
         if latest is None:
             return failure
-        if disturbed(latest.cells):  # a busy host's boot: no drift test, nor a keep's test
-            self._record_busy(e.id, run_id, latest, "re-measurement")
-            return None
         if self._set_aside_keep_boots(e, run_id, latest):
             return self._measure_afresh(e, run_id)
         flag = self._record_remeasure(e.id, run_id, latest)
@@ -142,27 +142,8 @@ class ChampionRemeasure:
         failure, confirmation = self._boot(e, run_id, BootRole.CONFIRM)
         if confirmation is None:
             return failure
-        if disturbed(confirmation.cells):  # it neither confirms the flag nor clears it
-            self._record_busy(e.id, run_id, confirmation, "drift confirmation")
-            return None
         self._record_confirmation(e.id, run_id, flag, confirmation)
         return None
-
-    def _record_busy(
-        self, experiment_id: int, run_id: str | None, m: Measurement, what: str
-    ) -> None:
-        """Record a re-measurement whose hosts' stalls may have moved its objective
-        (``host_stalls.disturbed``): it tests no drift (the sentinel's tests read undisturbed
-        boots only, ``_trusted_level``) and stays in the champion's level with the error its
-        stalls carry into every verdict (``host_stalls.side_error``), as any boot of a side."""
-        ms, _ = self._trusted_level()
-        before = objective_of([objective(x.cells) for x in ms]) if ms else objective(m.cells)
-        self._add_drift(experiment_id, m, before, significant=False)
-        self.runlog.remeasured(run_id, objective(m.cells), m.index)
-        self.display.note(
-            f"  the champion's {what} ran on a busy host (its stalls may have moved it "
-            f"{100 * boot_error(m.cells):.0f}%): it is no drift test"
-        )
 
     def _boot(
         self, e: ExperimentRecord, run_id: str | None, role: BootRole
@@ -205,13 +186,11 @@ class ChampionRemeasure:
             self.ledger.set_champion_objective(self.cluster, level)
 
     def _trusted_level(self) -> tuple[list[Measurement], int | None]:
-        """The champion's trusted measurements since its last re-base that no busy host
-        disturbed (``host_stalls.disturbed``: what the drift sentinel tests), oldest first, and
-        the position among them of its last flagged boot not confirmed (the re-measurement just
-        before a drift confirmation boot: a ``confirm`` boot after a ``remeasure`` one)."""
-        ms = [
-            m for m in self.evidence.level() if self.evidence.trusted(m) and not disturbed(m.cells)
-        ]
+        """The champion's trusted measurements since its last re-base, oldest first, and the
+        position among them of its last flagged boot not confirmed (the re-measurement just
+        before a drift confirmation boot: a ``confirm`` boot after a ``remeasure`` one). Not a
+        boot a busy host disturbed: the drift sentinel reads the cluster, not the host."""
+        ms = [m for m in self.evidence.level() if self.evidence.trusted(m) and not _busy(m)]
         flagged: int | None = None
         remeasured = False
         for i, m in enumerate(ms):
@@ -235,12 +214,12 @@ class ChampionRemeasure:
         aside: an event in the ledger, the level from ``latest`` on (it is then measured again
         until it has ``champion_boots`` boots of its own). Whether it did; this boot is no drift
         test either way when it did."""
-        if e.kind != Kind.CANDIDATE:
+        if e.kind != Kind.CANDIDATE or _busy(latest):
             return False
         ms = [m for m in self.evidence.level() if self.evidence.trusted(m)]
         own = self._own(ms)
-        keep = ms[: len(ms) - len(own)]
-        if len(own) != 1 or own[0].index != latest.index:
+        keep = [m for m in ms[: len(ms) - len(own)] if not _busy(m)]
+        if len(own) != 1 or own[0].index != latest.index or not keep:
             return False
         boot_cv = self.evidence.noise(e.id).boot_cv
         test = policy.keep_boots_inflated(
@@ -292,14 +271,19 @@ class ChampionRemeasure:
     def _record_remeasure(
         self, experiment_id: int, run_id: str | None, latest: Measurement
     ) -> policy.Shift | None:
-        """Record a re-measurement (never a re-base on its own); the suspected drift it flags."""
+        """Record a re-measurement (never a re-base on its own); the suspected drift it flags
+        (none where a busy host disturbed it)."""
         ms, flagged = self._trusted_level()
         level = [objective(m.cells) for m in ms]
-        before = objective_of(level[:-1]) if len(level) > 1 else level[-1]
-        flag = policy.suspected_drift(level, self.evidence.noise(experiment_id).boot_cv, flagged)
+        busy = _busy(latest)
+        earlier = level if busy else level[:-1]
+        before = objective_of(earlier) if earlier else objective(latest.cells)
         self._add_drift(experiment_id, latest, before, significant=False)
         self.runlog.remeasured(run_id, objective(latest.cells), latest.index)
-        return flag
+        if busy:
+            self.display.note(_BUSY_WORDS.format(what="re-measurement"))
+            return None
+        return policy.suspected_drift(level, self.evidence.noise(experiment_id).boot_cv, flagged)
 
     def _record_confirmation(
         self, experiment_id: int, run_id: str | None, flag: policy.Shift, confirmation: Measurement
@@ -309,9 +293,13 @@ class ChampionRemeasure:
         of them: ``level`` starts there)."""
         ms, _ = self._trusted_level()
         level = [objective(m.cells) for m in ms]
-        rebase = policy.drift_confirmed(level, flag, self.evidence.noise(experiment_id).boot_cv)
+        busy = _busy(confirmation)
+        boot_cv = self.evidence.noise(experiment_id).boot_cv
+        rebase = None if busy else policy.drift_confirmed(level, flag, boot_cv)
         self._add_drift(experiment_id, confirmation, flag.before, significant=False)
         self.runlog.remeasured(run_id, objective(confirmation.cells), confirmation.index)
+        if busy:
+            self.display.note(_BUSY_WORDS.format(what="confirmation"))
         if rebase is None:
             self.display.note(
                 "  not confirmed: the champion's level keeps its history, these boots included"
@@ -341,3 +329,15 @@ class ChampionRemeasure:
         trusted = [objective(m.cells) for m in self.evidence.level()]
         self.ledger.set_champion_objective(self.cluster, objective_of(trusted))
         crashpoint("champion.rebased")
+
+
+#: What a round says of a champion's boot a busy host disturbed.
+_BUSY_WORDS = (
+    "  a busy host disturbed the champion's {what} (its stalls may have moved its objective): "
+    "it tests no drift"
+)
+
+
+def _busy(m: Measurement) -> bool:
+    """Whether a busy host disturbed measurement ``m``'s windows (``host_stalls.reusable``)."""
+    return reusable(m.cells) is None

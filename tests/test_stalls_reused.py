@@ -3,7 +3,8 @@ verdict that pools an earlier boot (another value of the knob, the value's own e
 carries each boot's stall error, or leaves a disturbed boot out (``host_stalls.reusable``);
 and a keep or discard an earlier release decided on such windows, without the stall rule, is
 read by today's rule (``stalled_verdicts``): the discard bars nothing, neither teaches the
-knob's prior, and the report's row says how it was decided."""
+knob's prior, and the report's row says how it was decided. A champion's boot a busy host
+disturbed tests nothing of its level (``remeasure``): no drift, no keep's boots set aside."""
 
 from __future__ import annotations
 
@@ -16,7 +17,11 @@ from pathlib import Path
 from rich.console import Console
 
 from agents.sweep import SweepProposer
-from knobs.vocabulary import Kind
+from cluster.simulated import SimulatedTestbed
+from cluster.twin.landscape import load_landscape
+from knobs.config import Config
+from knobs.records import CellResultRecord, CellSpec
+from knobs.vocabulary import BootRole, EventKind, Kind
 from ledger import Ledger
 from orchestrator.approval import ApprovalGate
 from orchestrator.display import RoundDisplay
@@ -24,6 +29,7 @@ from orchestrator.history import proposal_context_of
 from orchestrator.host_stalls import boot_error, reusable
 from orchestrator.pooling import ValueBoots, pool
 from orchestrator.priors import MEASURING, measured
+from orchestrator.profile import Profile
 from orchestrator.report.data import collect
 from orchestrator.round import RoundOptions, RoundRunner
 from orchestrator.stalled_verdicts import WORDS
@@ -152,3 +158,93 @@ def test_an_earlier_releases_discard_on_a_busy_hosts_windows_bars_nothing(
     assert steps == []  # nor the step cost a K change's counters are read with
     [row] = [p for p in data.points if p.experiment == first.id]
     assert row.status == "discard" and row.label.endswith(f"; {WORDS}"), row.label
+
+
+class BusyLater(SimulatedTestbed):
+    """The simulated far-k stack whose host turns busy after the ``quiet`` first boots of MNBT
+    ``mnbt`` (which read ``scale`` × what the stack says): every later boot of it comes back
+    with every window stalled 3 windows long and reading 45 % low."""
+
+    def __init__(self, mnbt: int, quiet: int, seed: int, scale: float = 1.0) -> None:
+        super().__init__(load_landscape("far-k"), seed)
+        self.mnbt, self.quiet, self.scale = mnbt, quiet, scale
+        self.booted = 0
+
+    def deploy(self, config: Config) -> dict[int, str]:
+        if config.as_dict()[MNBT] == self.mnbt:
+            self.booted += 1
+        return super().deploy(config)
+
+    def bench(self, cell: CellSpec) -> CellResultRecord:
+        record = super().bench(cell)
+        config = self._config
+        if config is None or config.as_dict()[MNBT] != self.mnbt:
+            return record
+        if self.booted <= self.quiet:
+            return record.model_copy(
+                update={"output_throughput": record.output_throughput * self.scale}
+            )
+        return record.model_copy(
+            update={
+                "client_stall_s": 3.0 * record.duration,
+                "output_throughput": record.output_throughput * 0.55,
+            }
+        )
+
+
+def busy_round(tmp: Path, testbed: BusyLater, prof: Profile, *values: int) -> str:
+    """A round that sweeps MNBT through ``values`` on ``testbed``: what it said."""
+    out = io.StringIO()
+    with Ledger(f"sqlite:///{tmp}/ledger.db") as ledger:
+        RoundRunner(
+            prof,
+            ledger,
+            NullSink(),
+            testbed,
+            SweepProposer([{MNBT: v} for v in values]),
+            ApprovalGate(ledger, "auto"),
+            RoundDisplay(Console(file=out, width=400)),
+        ).run(RoundOptions(budget=len(values), proposer="sweep", approve="auto", seed=0))
+    return out.getvalue()
+
+
+def test_a_champion_boot_a_busy_host_disturbed_tests_no_drift(tmp_path: Path) -> None:
+    """The drift sentinel re-measures the champion after every decided change
+    (``drift_every: 1``); from its third boot on its host is busy and reads it 45 % low. Such
+    a boot measured the host: it flags no drift (no confirmation boot), re-bases nothing, and
+    the round says why; the re-measurement is recorded as any other."""
+    base = profile(tmp_path)
+    prof = base.model_copy(update={"verdict": base.verdict.model_copy(update={"drift_every": 1})})
+    testbed = BusyLater(CHAMPION, quiet=2, seed=0)
+    said = busy_round(tmp_path, testbed, prof, 8704, 9728)
+    with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
+        champion = ledger.champion(prof.cluster.name)
+        assert champion is not None
+        boots = ledger.boots(champion.experiment_id)
+        drifts = ledger.drifts(prof.cluster.name)
+    assert champion.config.as_dict()[MNBT] == CHAMPION
+    assert testbed.booted > 2, testbed.booted
+    assert [b.role for b in boots if b.role == BootRole.CONFIRM] == [], boots
+    assert not any(d.significant for d in drifts), drifts
+    assert len(drifts) >= testbed.booted - 1, drifts
+    assert "a busy host disturbed the champion's re-measurement" in said, said
+
+
+def test_a_kept_changes_first_boot_a_busy_host_disturbed_sets_no_boots_aside(
+    tmp_path: Path,
+) -> None:
+    """MNBT 8704 reads 30 % high on its two boots as a candidate and is kept; its first boot of
+    its own as champion, which tests whether those boots read high, comes from a busy host
+    and reads 45 % low. It measured the host: the boots that kept it stay in its level, no
+    drift is flagged, and the round says why."""
+    prof = profile(tmp_path)
+    said = busy_round(tmp_path, BusyLater(8704, quiet=2, seed=0, scale=1.3), prof, 8704)
+    with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
+        champion = ledger.champion(prof.cluster.name)
+        assert champion is not None
+        boots = ledger.boots(champion.experiment_id)
+        set_aside = ledger.events(prof.cluster.name, EventKind.KEEP_BOOTS_SET_ASIDE)
+    assert champion.config.as_dict()[MNBT] == 8704
+    assert [b.role for b in boots] == [BootRole.MEASURE, BootRole.CONFIRM, BootRole.REMEASURE]
+    assert set_aside == [], set_aside
+    assert "a busy host disturbed the champion's re-measurement" in said, said
