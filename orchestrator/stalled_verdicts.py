@@ -80,16 +80,21 @@ def busy_decided(
         and v.rule in OBJECTIVE_RULES
         and "stall_se" not in v.stats
     ]
-    if not suspects:
-        return frozenset()
-    cluster = suspects[0].cluster
+    out: set[int] = set()
+    for cluster in sorted({e.cluster for e in suspects}):
+        out |= _busy_decided(ledger, cluster, [e for e in suspects if e.cluster == cluster])
+    return frozenset(out)
+
+
+def _busy_decided(ledger: Ledger, cluster: str, suspects: list[ExperimentRecord]) -> set[int]:
+    """``busy_decided`` of one cluster's ``suspects``."""
     by_boot: dict[int, list[CellResultRecord]] = {}
     for readings in ledger.cluster_cell_results(cluster).values():
         for r in readings:
             by_boot.setdefault(r.boot_id, []).append(r.result)
     busy = {boot for boot, cells in by_boot.items() if disturbed(cells)}
     if not busy:
-        return frozenset()
+        return set()
     boots = ledger.cluster_boots(cluster)
     champions = ledger.champion_history(cluster)
     out: set[int] = set()
@@ -100,4 +105,4 @@ def busy_decided(
         weighed = {b.id for x in (e.id, *held[-1:]) for b in boots.get(x, []) if b.started_at <= at}
         if weighed & busy:
             out.add(e.id)
-    return frozenset(out)
+    return out
