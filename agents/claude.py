@@ -11,9 +11,10 @@ known-bad, vetoed) before a ``Proposal`` exists; the free text (hypothesis, risk
 cleaned of control characters, cut to length, and only ever stored (redacted, by the ledger)
 and shown as data. A
 refused proposal goes back to the model as a tool error carrying the reason, up to
-``max_tries`` times; then, or when the API stays unavailable after the SDK's retries, or when
-the round's LLM spend cap is reached, the proposal comes from the fallback proposer (Optuna)
-and its notes say why (``llm_fallback``; classified by ``agents.llm_fallback``).
+``max_tries`` times; then, or when the API stays unavailable after the SDK's retries, or gives
+no answer within the proposal's deadline (``api_deadline_s``), or when the round's LLM spend
+cap is reached, the proposal comes from the fallback proposer (Optuna) and its notes say why
+(``llm_fallback``; classified by ``agents.llm_fallback``).
 
 Token usage and cost of every proposal are in its notes (``llm_*`` keys, see ``llm_notes``).
 The API key is read by the SDK from the environment and never copied anywhere by this module."""
@@ -92,29 +93,30 @@ class LLMProposer:
         *,
         fallback: Proposer,
         base_url: str | None = None,
-        client: anthropic.Anthropic | None = None,
     ) -> None:
         """``base_url`` defaults to ``$ANTHROPIC_BASE_URL``, then Anthropic's API; the key
         comes from ``$ANTHROPIC_API_KEY`` (or ``$ANTHROPIC_AUTH_TOKEN``), read by the SDK.
 
         Raises:
-            MissingApiKey: no client is given and neither variable is set.
+            MissingApiKey: neither variable is set.
             UsageError: the brief file cannot be read.
         """
-        if client is None:
-            import anthropic  # lazy: see the TYPE_CHECKING import
-
-            require_api_key(self.name)
-            client = anthropic.Anthropic(
-                base_url=base_url,
-                max_retries=options.api_retries,
-                timeout=options.api_timeout_s,
-            )
+        require_api_key(self.name)
         self.options = options
         self.fallback = fallback
-        self.client = client
+        self._base_url = base_url
+        self.client = self._open()
         self._brief = Brief(options.brief)
         self._spent = 0.0
+
+    def _open(self) -> anthropic.Anthropic:
+        import anthropic  # lazy: see the TYPE_CHECKING import
+
+        return anthropic.Anthropic(
+            base_url=self._base_url,
+            max_retries=self.options.api_retries,
+            timeout=self.options.api_timeout_s,
+        )
 
     def close(self) -> None:
         """Close the API client's connections."""
@@ -134,6 +136,8 @@ class LLMProposer:
             LLMError: the API refused the request for a reason a retry cannot fix.
         """
         exhausted(self.name, context)
+        if self.client.is_closed():  # a conversation past its deadline closed it under its call
+            self.client = self._open()
         spent = max(context.llm_spend_usd, self._spent)
         prompt = user_prompt(context, self._brief.text(context), self.options, spent)
         conversation = ToolConversation(self.client, self.options, tool, system)

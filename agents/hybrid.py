@@ -18,7 +18,7 @@ its own, recorded as a fallback.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from agents.claude import SYSTEM, LLMProposer
 from agents.context import ProposalContext, same_value
@@ -31,9 +31,6 @@ from knobs.config import Change
 from knobs.errors import KnobError
 from knobs.space import KnobSpace
 from knobs.spec import KnobSpec, Value, as_text, printable
-
-if TYPE_CHECKING:
-    import anthropic
 
 #: The tool Claude must call in hybrid mode.
 TOOL = "choose_knob"
@@ -115,13 +112,12 @@ class HybridProposer(LLMProposer):
         *,
         optuna: OptunaProposer,
         base_url: str | None = None,
-        client: anthropic.Anthropic | None = None,
     ) -> None:
         """Raises:
-        MissingApiKey: no client is given and no API key is set.
+        MissingApiKey: no API key is set.
         UsageError: the brief file cannot be read.
         """
-        super().__init__(options, fallback=optuna, base_url=base_url, client=client)
+        super().__init__(options, fallback=optuna, base_url=base_url)
         self.optuna = optuna
 
     def propose(self, context: ProposalContext) -> Proposal:

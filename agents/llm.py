@@ -84,8 +84,12 @@ class ClaudeOptions(BaseModel):
     #: Retries of the SDK (with exponential backoff, honouring ``retry-after``) on 408, 409,
     #: 429, 5xx (529 overloaded included), timeouts and connection errors.
     api_retries: int = Field(default=2, ge=0, le=10)
-    #: Seconds one HTTP request may take.
+    #: Seconds one HTTP request may stay silent (the SDK's timeout: it bounds each wait for
+    #: bytes, not a request, and each retry waits again).
     api_timeout_s: float = Field(default=60.0, gt=0, le=3600)
+    #: Seconds one proposal may wait on the API in all (every request, the SDK's retries and
+    #: their backoff together); past it the fallback proposer takes over ("timed out").
+    api_deadline_s: float = Field(default=180.0, gt=0, le=3600)
     #: Ask the API to enforce the tool's input schema (structured outputs).
     strict_tools: bool = True
     input_usd_per_mtok: float | None = Field(default=None, ge=0)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from agents.llm import ClaudeOptions, LLMError, Usage, clean_text
+from agents.llm_deadline import Deadline, DeadlinePassed
 from knobs.spec import printable
 
 if TYPE_CHECKING:  # the SDK takes seconds to import: only a Claude proposer pays for it
@@ -51,7 +52,10 @@ class ToolConversation:
 
     The SDK retries 408/409/429/5xx (529 included), timeouts and connection errors with
     exponential backoff (``api_retries`` times, honouring ``retry-after``); past that the
-    conversation gives up with a ``fallback`` reason rather than failing the round. An error a
+    conversation gives up with a ``fallback`` reason rather than failing the round. The whole
+    conversation waits on the API at most ``api_deadline_s`` (``agents.llm_deadline``): a
+    server that never answers, or trickles its answer, ends it with a ``fallback`` reason too,
+    and the client is closed (the proposer opens another for its next proposal). An error a
     retry cannot fix (401, 403, 404, 400 …) raises ``LLMError``.
     """
 
@@ -85,6 +89,7 @@ class ToolConversation:
         outcome: Outcome[T] = Outcome(value=None)
         name = self.tool["name"]
         messages: list[dict[str, Any]] = [{"role": "user", "content": prompt}]
+        deadline = Deadline(self.options.api_deadline_s)
         cap = self.options.max_usd_per_round
         prices = self.options.prices()
         while outcome.tries < self.options.max_tries:
@@ -93,7 +98,7 @@ class ToolConversation:
                 outcome.fallback = f"LLM spend cap reached: ${spent:.4f} of ${cap:.2f} this round"
                 return outcome
             outcome.tries += 1
-            reply = self._call(messages, outcome)
+            reply = self._call(messages, outcome, deadline)
             if isinstance(reply, Failure):
                 if reply.again:
                     outcome.rejections.append(reply.reason)
@@ -151,7 +156,7 @@ class ToolConversation:
         return None
 
     def _call(
-        self, messages: list[dict[str, Any]], outcome: Outcome[T]
+        self, messages: list[dict[str, Any]], outcome: Outcome[T], deadline: Deadline
     ) -> tuple[list[object], object] | Failure:
         """The reply's content blocks and stop reason, or why there is none.
 
@@ -159,6 +164,8 @@ class ToolConversation:
             LLMError: the API refused the request for a reason a retry cannot fix.
         """
         usage = outcome.usage
+        if deadline.left() <= 0:  # spent by the tries before: ask no more
+            return Failure(_past(deadline))
         usage.requests += 1
         # the SDK retried transient failures before giving up (at most this many attempts)
         attempts = self.options.api_retries + 1
@@ -176,10 +183,15 @@ class ToolConversation:
         }
         import anthropic  # lazy: see the TYPE_CHECKING import
 
-        try:
+        def create() -> tuple[int, object]:
             raw = self.client.messages.with_raw_response.create(**request)
-            usage.api_retries += raw.retries_taken
-            message = raw.parse()
+            return raw.retries_taken, raw.parse()
+
+        try:
+            retries, message = deadline.run(create, abandon=self.client.close)
+            usage.api_retries += retries
+        except DeadlinePassed:
+            return Failure(_past(deadline))
         except anthropic.APIStatusError as e:
             status = e.status_code
             error_type, detail = _error_of(e.body)
@@ -211,6 +223,12 @@ class ToolConversation:
         if not isinstance(content, list):
             return Failure("malformed response from the API (no content list)", again=True)
         return content, getattr(message, "stop_reason", None)
+
+
+def _past(deadline: Deadline) -> str:
+    return (
+        f"Claude API timed out (no answer within the {deadline.seconds:g}s deadline of a proposal)"
+    )
 
 
 def _kind(block: object) -> object:

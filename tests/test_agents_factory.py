@@ -144,7 +144,7 @@ def test_an_option_no_proposer_takes_is_a_usage_error() -> None:
     with pytest.raises(UsageError) as caught:
         make_proposer("optuna", seed=0, options={"trials": 5, "n_startup": 2})
     assert str(caught.value) == (
-        "unknown proposer options: trials (accepted: api_retries, api_timeout_s, brief, "
-        "changes, direction, draft_model, first_looks, input_usd_per_mtok, max_tokens, max_tries, "
-        "max_usd_per_round, model, n_startup, output_usd_per_mtok, strict_tools)"
+        "unknown proposer options: trials (accepted: api_deadline_s, api_retries, api_timeout_s, "
+        "brief, changes, direction, draft_model, first_looks, input_usd_per_mtok, max_tokens, "
+        "max_tries, max_usd_per_round, model, n_startup, output_usd_per_mtok, strict_tools)"
     )
