@@ -5,8 +5,10 @@ server's requests may wait (``bounded``), and the URI as shown (its password mas
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from types import MappingProxyType
 from typing import Final
@@ -91,6 +93,13 @@ def probe_database(uri: str) -> None:
         engine.dispose()
 
 
+#: The MLflow HTTP settings ``bounded`` sets.
+HTTP_SETTINGS: Final = (
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT",
+)
+
 #: MLflow's HTTP settings for the first contact with a tracking server (``bounded``): two
 #: retries 2 s apart, 10 s for each request. MLflow's own (7 retries, a backoff doubling from
 #: 2 s, 120 s a request) held a tracking server that is not there for 4 minutes (a refused
@@ -128,24 +137,60 @@ AWAY: Final[Mapping[str, str]] = MappingProxyType(
 )
 
 
+#: The settings for the calls of this context (thread): ``bounded``'s, read by MLflow
+#: through ``_Scoped``.
+_SCOPED: ContextVar[Mapping[str, str]] = ContextVar(
+    "mlflow_http_settings", default=MappingProxyType({})
+)
+_SCOPING = threading.Lock()
+
+
 @contextmanager
 def bounded(uri: str, settings: Mapping[str, str]) -> Iterator[None]:
     """MLflow's HTTP requests to a tracking server (``http(s)://``) bounded by ``settings``
-    (``FIRST_CONTACT``, ``ANSWERING``, ``AWAY``) while the block runs, each setting the
-    environment does not set already: the user's own ``MLFLOW_HTTP_REQUEST_*`` win, and
-    nothing outlives the block. Another URI is left as it is (a database is probed once as
-    it is opened, ``probe_database``, and a PostgreSQL one has libpq's bounds,
-    ``ledger.libpq``)."""
+    (``FIRST_CONTACT``, ``ANSWERING``, ``AWAY``) while the block runs, in this thread only,
+    each setting the environment does not set: the user's own ``MLFLOW_HTTP_REQUEST_*`` win.
+    The environment is never written: another thread (its own settings, or MLflow's), a
+    child process, and whatever runs after the block see it as it was. Blocks nest (the
+    inner one's settings, then the outer's again). Another URI is left as it is (a database
+    is probed once as it is opened, ``probe_database``, and a PostgreSQL one has libpq's
+    bounds, ``ledger.libpq``)."""
     if urlsplit(uri).scheme.lower() not in ("http", "https"):
         yield
         return
-    added = {name: value for name, value in settings.items() if name not in os.environ}
-    os.environ.update(added)
+    _scope_mlflow_settings()
+    token = _SCOPED.set(MappingProxyType(dict(settings)))
     try:
         yield
     finally:
-        for name in added:
-            os.environ.pop(name, None)
+        _SCOPED.reset(token)
+
+
+def _scope_mlflow_settings() -> None:
+    """MLflow 3 reads ``MLFLOW_HTTP_REQUEST_*`` from the environment at each request (its
+    REST store passes ``http_request`` no timeout or retries, and no client takes them), so
+    these settings' readers (``mlflow.environment_variables``: the objects its REST calls and
+    artifact uploads read) are given this context's ``bounded`` settings where the
+    environment sets none. Done once; tests/test_mlflow_http_scope.py checks MLflow still
+    reads them this way."""
+    from mlflow import environment_variables
+
+    with _SCOPING:
+        for name in HTTP_SETTINGS:
+            variable = getattr(environment_variables, name)
+            if not isinstance(variable.__dict__.get("get_raw"), _Scoped):
+                variable.get_raw = _Scoped(name)
+
+
+class _Scoped:
+    """A setting's reader: the environment's value, else this context's ``bounded`` one."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __call__(self) -> str | None:
+        value = os.environ.get(self.name)
+        return value if value is not None else _SCOPED.get().get(self.name)
 
 
 def display_uri(uri: str) -> str:
