@@ -3,7 +3,9 @@
 statistics, and each boot with its role, how it ended, the node a failed one failed on
 (schema 6; a boot recorded before names its node only in its message), the nodes whose clocks
 were off while it measured (its cells then measure the node, and no verdict counts them), and
-the cells it measured. Read only: nothing is written.
+the cells it measured, with the seconds its hosts stalled each one's window and what those
+stalls may have cost the boot's objective (``host_stalls``: its stall error, and whether a busy
+host disturbed it). Read only: nothing is written.
 """
 
 from __future__ import annotations
@@ -12,9 +14,11 @@ import json
 from datetime import datetime
 from typing import Any
 
+from cluster.stall import DISTURBED_FRACTION, stalled
 from knobs.records import CellResultRecord
 from knobs.vocabulary import cut_short
 from ledger import BootRecord, ExperimentRecord, Ledger
+from orchestrator import host_stalls
 from orchestrator.errors import OrchestrateError
 from orchestrator.timestamps import utc_minute
 from orchestrator.verdict import slow_ranks
@@ -103,6 +107,7 @@ def _boot(
     b: BootRecord, cells: list[tuple[int, CellResultRecord]], min_matmul_rate: float
 ) -> dict[str, Any]:
     node = None if b.failed_rank is None else {"rank": b.failed_rank, "host": b.failed_host}
+    records = [c for _, c in cells]
     return {
         "id": b.id,
         "role": str(b.role),
@@ -114,7 +119,12 @@ def _boot(
         "started_at": _when(b.started_at),
         "healthy_at": _when(b.healthy_at),
         "ended_at": _when(b.ended_at),
-        "clocks_off": slow_ranks([c for _, c in cells], min_matmul_rate),
+        "clocks_off": slow_ranks(records, min_matmul_rate),
+        # what its hosts' stalls may have moved its objective by (relative), and whether that
+        # makes it a busy host's reading (``host_stalls``, the verdict's one home)
+        "stalled_s": sum(stalled(c) for c in records),
+        "stall_error": host_stalls.boot_error(records),
+        "disturbed": host_stalls.disturbed(records),
         "cells": [
             {
                 "cell": c.cell,
@@ -122,10 +132,46 @@ def _boot(
                 "output_throughput": c.output_throughput,
                 "accepted_per_step": c.accepted_per_step,
                 "errors": c.errors,
+                "duration": c.duration,
+                "client_stall_s": c.client_stall_s,
+                "engine_stall_s": c.engine_stall_s,
+                "measured_again": c.measured_again,
             }
             for repeat, c in cells
         ],
     }
+
+
+def _stalls(b: dict[str, Any]) -> str:
+    """A boot's stalls as its line says them (nothing where none)."""
+    if b["stalled_s"] <= 0:
+        return ""
+    cost = (
+        f"its hosts stalled its cells' windows {b['stalled_s']:.2f} s in all, which may have "
+        f"moved its objective by up to {b['stall_error'] * 100:.1f}%"
+    )
+    if b["disturbed"]:
+        return (
+            f"; disturbed by a busy host: {cost} (over {DISTURBED_FRACTION:.0%}: the host's "
+            "reading, not the config's alone)"
+        )
+    return f"; {cost}"
+
+
+def _cell(c: dict[str, Any]) -> str:
+    """A cell's line: its tok/s, its errors, and its window's stalls where any."""
+    line = f"      {c['cell']}: {c['output_throughput']:.1f} tok/s"
+    line += "" if not c["errors"] else f", {c['errors']} error(s)"
+    stalls = [
+        f"{c[key]:.2f} s ({who})"
+        for key, who in (("client_stall_s", "client"), ("engine_stall_s", "engine"))
+        if c[key] > 0
+    ]
+    if stalls:
+        line += f", stalled {' + '.join(stalls)} around its {c['duration']:g} s window"
+    if c["measured_again"]:
+        line += f"; measured again {c['measured_again']} time(s)"
+    return line
 
 
 def _when(at: datetime | None) -> str | None:
@@ -167,10 +213,6 @@ def view_lines(view: dict[str, Any]) -> list[str]:
             head += (
                 f"; clocks off on node(s) {nodes}: it measured the node, and no verdict counts it"
             )
-        lines.append(head)
-        for c in b["cells"]:
-            lines.append(
-                f"      {c['cell']}: {c['output_throughput']:.1f} tok/s"
-                + ("" if not c["errors"] else f", {c['errors']} error(s)")
-            )
+        lines.append(head + _stalls(b))
+        lines.extend(_cell(c) for c in b["cells"])
     return lines

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from knobs.records import CellResultRecord
 from knobs.vocabulary import (
     BOOT_CLOSED_BY_DOWN,
     BOOT_ERRORED,
@@ -26,8 +27,10 @@ from knobs.vocabulary import (
 )
 from ledger import Ledger
 from orchestrator.cli import run
+from orchestrator.host_stalls import boot_error, disturbed
 from orchestrator.profile import load_profile
 from tests.fixtures.cli import orchestrate
+from tests.test_verdict import cell
 
 LEDGERS = Path(__file__).parent / "fixtures" / "ledgers"
 REASON = "fixture: node-1's clocks are stuck tonight; set the change aside"
@@ -194,3 +197,85 @@ def test_a_boot_a_stopped_run_cut_short_says_so(
         "boot 5 (measure, measurement 0): down; cut short: the run was interrupted (Ctrl-C, "
         "SIGTERM or SIGHUP); its teardown ran and stopped its engines",
     ], lines
+
+
+def test_each_boot_shows_its_stalls_what_they_may_have_cost_and_whether_disturbed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The forty-ninth session's review (F5): a boot's cells listed their tok/s and nothing of
+    the seconds their hosts stalled them, though the verdict weighed them (a busy host's boots
+    confirmed a drift). Each cell now says its window's stalls (client, engine), each boot what
+    they may have moved its objective by (``host_stalls.boot_error``: the verdict's one home)
+    and whether a busy host disturbed it; a boot nothing stalled says nothing of it."""
+    url = f"sqlite:///{tmp_path}/orchestrate.db"
+    monkeypatch.setenv("ORCHESTRATE_LEDGER", url)
+    prof = load_profile(None)
+    config = prof.initial_champion()
+    # boot 1 clean; boot 2 lightly stalled (one cell, 0.01 s); boot 3 a busy host's
+    stalls = [{}, {0: (0.01, 0.0)}, {0: (0.2, 0.0), 1: (1.19, 4.46)}]
+    with Ledger(url) as ledger:
+        rnd = ledger.create_round(
+            cluster=prof.cluster.name,
+            profile_name=prof.name,
+            profile_digest="d",
+            budget=1,
+            proposer="sweep",
+            approve="auto",
+            seed=0,
+        )
+        e = ledger.add_experiment(
+            cluster=prof.cluster.name,
+            round_id=rnd.id,
+            kind=Kind.BASELINE,
+            config=config,
+            champion_key=None,
+            champion_objective=None,
+            description="baseline",
+        )
+        booted: list[list[CellResultRecord]] = []
+        for measurement, stalled in enumerate(stalls):
+            boot = ledger.start_boot(e.id, config, role=BootRole.MEASURE, measurement=measurement)
+            records = []
+            for i, spec in enumerate(prof.cells):
+                client, engine = stalled.get(i, (0.0, 0.0))
+                record = cell(1000.0 + 100 * i, name=spec.name).model_copy(
+                    update={
+                        "client_stall_s": client,
+                        "engine_stall_s": engine,
+                        "measured_again": 2 if engine else 0,
+                    }
+                )
+                ledger.add_cell_result(e.id, boot.id, record, spec=spec)
+                records.append(record)
+            ledger.end_boot(boot.id, status=BootStatus.DOWN)
+            booted.append(records)
+    assert run(["experiments", "show", str(e.id)]) == 0
+    lines = [ln.strip() for ln in capsys.readouterr().out.splitlines()]
+    heads = [ln for ln in lines if ln.startswith("boot ")]
+    light, busy = (boot_error(b) * 100 for b in booted[1:])
+    assert not disturbed(booted[1]) and disturbed(booted[2])
+    assert heads == [
+        "boot 1 (measure, measurement 0): down",
+        "boot 2 (measure, measurement 1): down; its hosts stalled its cells' windows 0.01 s in "
+        f"all, which may have moved its objective by up to {light:.1f}%",
+        "boot 3 (measure, measurement 2): down; disturbed by a busy host: its hosts stalled its "
+        f"cells' windows 5.85 s in all, which may have moved its objective by up to {busy:.1f}% "
+        "(over 2%: the host's reading, not the config's alone)",
+    ], heads
+    first, second = prof.cells[0].name, prof.cells[1].name
+    assert f"{first}: 1000.0 tok/s" in lines  # boot 1: nothing stalled, nothing said
+    assert f"{first}: 1000.0 tok/s, stalled 0.20 s (client) around its 2 s window" in lines
+    assert (
+        f"{second}: 1100.0 tok/s, stalled 1.19 s (client) + 4.46 s (engine) around its 2 s "
+        "window; measured again 2 time(s)"
+    ) in lines, lines
+
+    assert run(["experiments", "show", str(e.id), "--json"]) == 0
+    view = json.loads(capsys.readouterr().out)
+    assert [(b["stalled_s"], b["disturbed"]) for b in view["boots"]] == [
+        (0.0, False),
+        (0.01, False),
+        (pytest.approx(5.85), True),
+    ]
+    assert [b["stall_error"] for b in view["boots"]] == [0.0, *(boot_error(b) for b in booted[1:])]
+    assert view["boots"][2]["cells"][1]["engine_stall_s"] == 4.46
