@@ -2,7 +2,9 @@
 same bytes. A coupled move (``agents.coupled``) reads ``a+b`` in the knob column and ``v+w``
 in the value column; its description has both knobs' old and new values. A row's columns are
 what its verdict recorded; ``notes`` add what a person must read beside them (the champion's
-level in force, measured again since: ``orchestrator.champion_level``)."""
+level in force, measured again since: ``orchestrator.champion_level``; what a row's Δ is against
+where its objective beside its champion's reads the other way round: ``orchestrator.
+compared_with``)."""
 
 from __future__ import annotations
 

@@ -79,17 +79,17 @@ def test_a_measurement_resumed_on_a_new_boot_is_two_boots_and_one_measurement(
     assert HEAD in page
     rows = _rows(page)
     # the change: two boots paid, one measurement weighed
-    assert rows[change.id][7:9] == ["2", "1"], rows
+    assert rows[change.id][8:10] == ["2", "1"], rows
     assert runs[change.id].data.metrics["boots"] == 2
     assert runs[change.id].data.metrics["measurements"] == 1
     # the baseline: one boot, one measurement
-    assert rows[baseline.id][7:9] == ["1", "1"], rows
+    assert rows[baseline.id][8:10] == ["1", "1"], rows
     assert runs[baseline.id].data.metrics["measurements"] == 1
     # the intervals: the one run's, from the noise model; none for the baseline, said why
     assert re.fullmatch(
-        r"[+-]\d+\.\d … [+-]\d+\.\d \(one run: the noise model's\)", rows[change.id][6]
+        r"[+-]\d+\.\d … [+-]\d+\.\d \(one run: the noise model's\)", rows[change.id][7]
     ), rows[change.id]
-    assert rows[baseline.id][6] == "—, the champion's own measurement, nothing to compare"
+    assert rows[baseline.id][7] == "—, the champion's own measurement, nothing to compare"
 
 
 def test_a_guardrail_discard_shows_the_interval_it_measured(tmp_path: Path) -> None:
@@ -114,7 +114,7 @@ def test_a_guardrail_discard_shows_the_interval_it_measured(tmp_path: Path) -> N
     assert verdict is not None and verdict.rule == "ttft-guardrail", verdict
     assert "g" not in verdict.stats  # decided before the posterior
     page = written.page.read_text()
-    cell = _rows(page)[change.id][6]
+    cell = _rows(page)[change.id][7]
     assert re.fullmatch(
         r"[+-]\d+\.\d … [+-]\d+\.\d \(decided by guardrail ttft-guardrail\)", cell
     ), cell

@@ -48,15 +48,16 @@ def export(
     trial each, a re-export adds the new ones."""
     from agents.study_export import export_study
     from ledger import tsv_text
-    from orchestrator.champion_level import row_notes
+    from orchestrator.compared_with import tsv_notes
     from orchestrator.profile import load_profile
 
     prof = load_profile(profile)
     with opened(prof) as o:
         ledger = o.ledger(create=False)
         experiments = ledger.experiments(cluster=prof.cluster.name)
-        # the champion's row says its level in force where it was measured again since
-        notes = row_notes(prof, ledger)
+        # the champion's row says its level in force where it was measured again since, a
+        # row whose objective beside its champion's reads against its Δ what the Δ is against
+        notes = tsv_notes(prof, ledger)
     if optuna_storage is not None:
         name = study or prof.cluster.name
         done = export_study(optuna_storage, name, prof.space, list(_trials(experiments)))

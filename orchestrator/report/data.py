@@ -6,7 +6,6 @@ the LLM spend, and the champion's launcher against the one the round started fro
 
 from __future__ import annotations
 
-import difflib
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -23,6 +22,7 @@ from orchestrator import budget, resumes, stalled_verdicts
 from orchestrator.cell_renames import resolved
 from orchestrator.champion import ChampionEvidence
 from orchestrator.champion_level import CellsChanged, LevelInForce, cells_changed, level_in_force
+from orchestrator.compared_with import ComparedWith, Gain, compared_with, gain
 from orchestrator.display import describe
 from orchestrator.errors import OrchestrateError
 from orchestrator.evolution import fit_champion
@@ -30,6 +30,7 @@ from orchestrator.gpu_hours import cluster_gpus
 from orchestrator.measurements import BootCount
 from orchestrator.priors import knob_priors, measured
 from orchestrator.profile import Profile
+from orchestrator.report.diff import launcher_diff
 from orchestrator.resumes import Resume
 from orchestrator.round_boots import INFRASTRUCTURE_USES, RoundBoots, RoundTally
 from orchestrator.settings import runtime_placeholders
@@ -72,6 +73,8 @@ class Point:
     #: the measurements its verdict weighed (``BootCount``: a measurement resumed on a new
     #: boot is one of two boots)
     measurements: int = 0
+    #: what its Δ is against: its champion's level in force then (``None``: no Δ measured)
+    compared: ComparedWith | None = None
 
 
 @dataclass(frozen=True)
@@ -146,6 +149,8 @@ class ReportData:
     cells: CellsChanged | None = None
     #: the round's proposals an LLM was asked for, and those it fell back on, and why
     fallbacks: Fallbacks = field(default_factory=Fallbacks)
+    #: the champion at the round's start and end by their levels in force, and its keeps' Δ
+    gain: Gain | None = None
 
     @property
     def gpu_hours(self) -> float:
@@ -178,6 +183,7 @@ def collect(profile: Profile, ledger: Ledger, round_id: int | None = None) -> Re
     rnd = chosen[-1]
     every = ledger.experiments(round_id=rnd.id)
     experiments = [e for e in every if e.state == State.DECIDED and e.status]
+    compared = compared_with(profile, ledger, experiments)
     # fitted to the profile as it is now: a champion recorded before it gained a knob has the
     # knob's default (or its parent's value), one it lost is dropped (``evolution``), as the
     # round runs it
@@ -192,7 +198,10 @@ def collect(profile: Profile, ledger: Ledger, round_id: int | None = None) -> Re
         profile=profile.name,
         cluster=cluster,
         round=rnd,
-        points=[_point(ledger, e, seen.counts[e.id], e.id in busy) for e in experiments],
+        points=[
+            replace(_point(ledger, e, seen.counts[e.id], e.id in busy), compared=compared.get(e.id))
+            for e in experiments
+        ],
         champion_after=[],
         knobs=[],
         boot_hours={},
@@ -209,6 +218,7 @@ def collect(profile: Profile, ledger: Ledger, round_id: int | None = None) -> Re
         done=budget.done(every),
     )
     data.stops = _stops(ledger, rnd, data.resumes)
+    data.gain = gain(ledger, _champions(ledger, cluster, rnd), experiments, compared)
     # the champion's row and the champion say its level in force, as results.tsv and status
     level = level_in_force(ChampionEvidence(profile, ledger))
     last = _champions(ledger, cluster, rnd)[1]
@@ -235,7 +245,7 @@ def collect(profile: Profile, ledger: Ledger, round_id: int | None = None) -> Re
             data.llm_usd += usage.cost_usd
             data.llm_calls += usage.requests
     data.fallbacks = Fallbacks.of(((p.source, p.notes) for p in proposals), round_id=rnd.id)
-    data.launcher_diff = _launcher_diff(profile, start, end)
+    data.launcher_diff = launcher_diff(profile, start, end)
     return data
 
 
@@ -373,33 +383,6 @@ def _stops(ledger: Ledger, rnd: RoundRecord, resumed: list[Resume]) -> list[Stop
             )
         )
     return out
-
-
-def _launcher_diff(profile: Profile, start: Config | None, end: Config | None) -> str:
-    """The head node's launcher for the round's last champion against its first (a unified
-    diff; the knob changes alone when the launchers cannot be rendered here)."""
-    if start is None or end is None:
-        return ""
-    if start.key == end.key:
-        return ""
-    head = profile.cluster.head
-    try:
-        runtime = runtime_placeholders()
-        old = render_node(profile.launcher, profile.space, start, profile.cluster, head, runtime)
-        new = render_node(profile.launcher, profile.space, end, profile.cluster, head, runtime)
-    except (ProfileError, KnobError):
-        changed = [k for k in end if start.get(k) != end.get(k)]
-        return "\n".join(
-            f"{k}: {_text(start.get(k))} → {_text(end.get(k))}" for k in sorted(changed)
-        )
-    return "".join(
-        difflib.unified_diff(
-            old.script.splitlines(keepends=True),
-            new.script.splitlines(keepends=True),
-            fromfile="starting champion",
-            tofile="champion",
-        )
-    )
 
 
 def _text(value: Value | None) -> str:

@@ -102,6 +102,7 @@ def _experiments(data: ReportData) -> str:
             f'<td class="{escape(p.status)}">{escape(p.status)}</td>'
             f'<td class="n">{_objective(p.objective)}</td>'
             f'<td class="n">{_delta(p.delta_pct)}</td>'
+            f"<td>{'' if p.compared is None else escape(p.compared.cell())}</td>"
             f'<td class="n">{escape(_measured(p))}</td>'
             f'<td class="n">{_boots(p.boots, p.failed_boots)}</td>'
             f'<td class="n">{p.measurements}</td><td>{escape(rule)}</td>'
@@ -111,9 +112,30 @@ def _experiments(data: ReportData) -> str:
     # measurement interrupted and finished on a new boot is two boots, one measurement)
     head = (
         "<tr><th>#</th><th>proposal</th><th>change</th><th>verdict</th><th>objective</th>"
-        "<th>Δ %</th><th>95 % interval</th><th>boots</th><th>measurements</th><th>rule</th></tr>"
+        "<th>Δ %</th><th>Δ against: its champion's level in force then</th>"
+        "<th>95 % interval</th><th>boots</th><th>measurements</th><th>rule</th></tr>"
     )
-    return f"<table>{head}{''.join(rows)}</table>"
+    return f"<table>{head}{''.join(rows)}</table>{_against(data)}"
+
+
+def _against(data: ReportData) -> str:
+    """Under the table, where a row's objective beside its champion's row reads the other way
+    round from its Δ: what the Δ is against (``compared_with``)."""
+    odd = [p.compared for p in data.points if p.compared is not None and p.compared.misleading]
+    if not odd:
+        return ""
+    rows = ", ".join(
+        f"#{c.experiment} ({c.objective:.1f}, {c.delta_pct:+.2f} %; #{c.champion}'s row "
+        f"{c.row:.1f}, its level then {c.level:.1f})"
+        for c in odd
+        if c.row is not None
+    )
+    return (
+        "<p>A Δ is against the champion's level in force when the change was judged (its boots "
+        "as measured again by then), not against the objective its row keeps (what its own "
+        f"verdict measured): so {escape(rows)} read the other way round from their "
+        "champion's row.</p>"
+    )
 
 
 def _knobs(data: ReportData) -> str:
@@ -299,12 +321,8 @@ def page(data: ReportData, pictures: Mapping[str, bytes]) -> str:
     rnd = data.round
     title = f"orchestrate: round {rnd.id} on {data.cluster}"
     vetoed = f" ({data.vetoed} vetoed besides)" if data.vetoed else ""
-    started = [c for c in data.champion_after if c is not None]
-    gain = (
-        f", the champion {(started[-1] / started[0] - 1) * 100:+.1f} % over the round's start"
-        if len(started) >= 2 and started[0] > 0
-        else ""
-    )
+    # what it compares, in status's words: the champions' levels in force, not their rows
+    gain = "" if data.gain is None or not data.points else f", {data.gain.words()}"
     summary = (
         f"Profile {escape(data.profile)}; {escape(_state(data))}, {data.done} of {rnd.budget} "
         f"experiments done{vetoed}, "
