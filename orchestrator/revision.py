@@ -305,8 +305,8 @@ def differences(old: Revision, new: Revision) -> list[str]:
         out.append(
             f"{', '.join(other)} changed (which setting{'s' if len(other) > 1 else ''} cannot "
             "be said: the release that recorded the profile then kept a digest of each section, "
-            "not its settings; they are recorded from now on, and a later change is named by "
-            "its key)"
+            "not its settings, so a setting a later release added, at its default, reads so too; "
+            "they are recorded from now on, and a later change is named by its key)"
         )
     unread = (*old.unread, *(u for u in new.unread if u not in old.unread))
     if unread:

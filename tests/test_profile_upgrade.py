@@ -13,6 +13,7 @@ once, that its settings cannot be named.
 from __future__ import annotations
 
 import io
+import re
 from pathlib import Path
 from typing import Any
 
@@ -73,10 +74,12 @@ def test_the_first_run_after_an_upgrade_records_the_settings_so_the_next_change_
     [release] = revised(url)
     assert "settings" not in release
     shown = round_under(tmp_path, url, release_profile())
-    assert "the profile changed" not in shown, shown
+    # a section this release gave a setting (at its default) reads as changed, once; the
+    # verdict's did not change
+    assert "verdict" not in shown.split("the profile changed")[-1].split(")")[0], shown
     [kept, now] = revised(url)
     assert kept == release  # the release's record as it wrote it
-    assert now["digest"] == release["digest"] and now["sections"] == release["sections"]
+    assert now["sections"]["verdict"] == release["sections"]["verdict"]
     assert now["settings"]["verdict.noise.run_to_run"] == 0.02
     shown = round_under(tmp_path, url, release_profile(noise={"run_to_run": 0.03}))
     assert (
@@ -94,12 +97,14 @@ def test_a_change_made_with_the_upgrade_says_once_that_its_settings_cannot_be_na
     url, _ = _upgraded_release("schema9", tmp_path)
     edited = release_profile(noise={"run_to_run": 0.03})
     shown = round_under(tmp_path, url, edited)
-    assert (
-        "the profile changed since twin-local last ran (twin): verdict changed (which setting "
-        "cannot be said: the release that recorded the profile then kept a digest of each "
-        "section, not its settings; they are recorded from now on, and a later change is named "
-        "by its key)"
-    ) in shown, shown
+    assert re.search(
+        r"the profile changed since twin-local last ran \(twin\): (\w+, )*verdict changed "
+        r"\(which settings? cannot be said: the release that recorded the profile then kept a "
+        r"digest of each section, not its settings, so a setting a later release added, at its "
+        r"default, reads so too; they are recorded from now on, and a later change is named by "
+        r"its key\)",
+        shown,
+    ), shown
     assert "the profile changed" not in round_under(tmp_path, url, edited)
     shown = round_under(
         tmp_path, url, {**edited, "verdict": {**edited["verdict"], "confidence": 0.9}}

@@ -73,14 +73,14 @@ def test_status_counts_the_last_rounds_boots_as_its_report_does(tmp_path: Path) 
     # the page's numbers: every boot, the measurements column summed, the disturbed boots
     rows = _rows(page)
     paid = int(re.findall(r"<p>(\d+) boots? \(", page)[0])
-    weighed = sum(int(r[8]) for r in rows.values())
+    weighed = sum(int(r[9]) for r in rows.values())
     disturbed = int(
         re.findall(r"(\d+) boot\(s\) measured in windows a busy host disturbed", page)[0]
     )
     remeasures = roles.count(BootRole.REMEASURE)
     assert remeasures >= 1, roles
     # the champion's re-measurements are boots the round paid that no experiment's row counts
-    assert paid > sum(int(r[7].split()[0]) for r in rows.values()), rows
+    assert paid > sum(int(r[8].split()[0]) for r in rows.values()), rows
     assert disturbed >= 2 and weighed >= 3, page
     assert f"{weighed} measurement(s) weighed by its verdicts" in page
     env = {**os.environ, "ORCHESTRATE_LEDGER": url}
