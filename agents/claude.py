@@ -14,7 +14,8 @@ refused proposal goes back to the model as a tool error carrying the reason, up 
 ``max_tries`` times; then, or when the API stays unavailable after the SDK's retries, or gives
 no answer within the proposal's deadline (``api_deadline_s``), or when the round's LLM spend
 cap is reached, the proposal comes from the fallback proposer (Optuna) and its notes say why
-(``llm_fallback``; classified by ``agents.llm_fallback``).
+(``llm_fallback``; classified by ``agents.llm_fallback``). After a failure of the API's (not
+the model's), the next proposals leave it alone for a cool-off (``agents.llm_cooloff``).
 
 Token usage and cost of every proposal are in its notes (``llm_*`` keys, see ``llm_notes``).
 The API key is read by the SDK from the environment and never copied anywhere by this module."""
@@ -31,6 +32,7 @@ from agents.context import ProposalContext
 from agents.digest import digest
 from agents.llm import KEY_VARIABLES, ClaudeOptions, MissingApiKey, clip, llm_notes
 from agents.llm_conversation import Outcome, ToolConversation
+from agents.llm_cooloff import CoolOff
 from agents.llm_tool import (
     EFFECT_PROPERTIES,
     TOOL,
@@ -108,6 +110,8 @@ class LLMProposer:
         self.client = self._open()
         self._brief = Brief(options.brief)
         self._spent = 0.0
+        #: the API's failures across proposals (``clock`` may be set before the first)
+        self.cool_off = CoolOff()
 
     def _open(self) -> anthropic.Anthropic:
         import anthropic  # lazy: see the TYPE_CHECKING import
@@ -136,13 +140,17 @@ class LLMProposer:
             LLMError: the API refused the request for a reason a retry cannot fix.
         """
         exhausted(self.name, context)
+        spent = max(context.llm_spend_usd, self._spent)
+        cooling = self.cool_off.skip()
+        if cooling is not None:  # the API failed lately: the fallback proposes, unasked
+            return Outcome(value=None, fallback=cooling), spent
         if self.client.is_closed():  # a conversation past its deadline closed it under its call
             self.client = self._open()
-        spent = max(context.llm_spend_usd, self._spent)
         prompt = user_prompt(context, self._brief.text(context), self.options, spent)
         conversation = ToolConversation(self.client, self.options, tool, system)
         outcome = conversation.run(prompt, validate, spent_before=spent)
         self._spent = spent + outcome.usage.cost(self.options.prices())
+        self.cool_off.learn(outcome.fallback)
         return outcome, spent
 
     def _finish(

@@ -16,6 +16,9 @@ if TYPE_CHECKING:  # the SDK takes seconds to import: only a Claude proposer pay
 
 T = TypeVar("T")
 
+#: How a reply that is no Messages API reply (not JSON, an HTML page) is said.
+MALFORMED = "malformed response from the API"
+
 
 # ---- the conversation ---------------------------------------------------------------------------
 @dataclass(frozen=True)
@@ -133,6 +136,13 @@ class ToolConversation:
                 }
             )
         last = outcome.rejections[-1] if outcome.rejections else "none"
+        if last.startswith(MALFORMED):  # the API's (or a gateway's) fault, not the model's
+            bad = sum(r.startswith(MALFORMED) for r in outcome.rejections)
+            outcome.fallback = (
+                f"Claude API sent a malformed response ({bad} of {outcome.tries} replies; "
+                f"last: {last.removeprefix(MALFORMED).strip()})"
+            )
+            return outcome
         outcome.fallback = (
             f"{len(outcome.rejections)} of {outcome.tries} proposals refused (last: {last})"
         )
@@ -217,11 +227,11 @@ class ToolConversation:
                 f"Claude API unreachable ({_first_line(str(e))}) after {attempts} attempts"
             )
         except (ValueError, anthropic.APIResponseValidationError) as e:
-            return Failure(f"malformed response from the API ({_first_line(str(e))})", again=True)
+            return Failure(f"{MALFORMED} ({_first_line(str(e))})", again=True)
         usage.add(getattr(message, "usage", None))
         content = getattr(message, "content", None)
         if not isinstance(content, list):
-            return Failure("malformed response from the API (no content list)", again=True)
+            return Failure(f"{MALFORMED} (no content list)", again=True)
         return content, getattr(message, "stop_reason", None)
 
 

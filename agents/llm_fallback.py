@@ -15,16 +15,31 @@ from typing import Any, Final
 
 from agents.llm import clip
 
+SPEND_CAP: Final = "spend cap"
 #: The classes, in the order they are listed, each with the words of the reason that say it.
 _CLASSES: Final = (
     ("rate limited", re.compile(r"\bHTTP 429\b")),
+    # a gateway's fault (not JSON, an HTML page), not the model's; the second form is how
+    # a release before it named one: "2 of 2 proposals refused (last: malformed response …"
+    (
+        "malformed response",
+        re.compile(r"^Claude API sent a malformed response\b|\(last: malformed response from"),
+    ),
     ("overloaded", re.compile(r"\bHTTP 529\b")),
     ("API unavailable", re.compile(r"^Claude API unavailable\b")),
     ("timed out", re.compile(r"^Claude API timed out\b")),
     ("unreachable", re.compile(r"^Claude API unreachable\b")),
-    ("spend cap", re.compile(r"^LLM spend cap reached\b")),
+    (SPEND_CAP, re.compile(r"^LLM spend cap reached\b")),
     ("refused", re.compile(r"^\d+ of \d+ proposals refused\b")),
 )
+#: The classes that are the API's or the way to it, never the model's: an LLM proposer leaves
+#: the API alone for a while after one (``agents.llm_cooloff``). Not "rate limited": that API
+#: answers, and says when to come back (``retry-after``, which the SDK honours).
+INFRASTRUCTURE: Final = frozenset(
+    {"malformed response", "overloaded", "API unavailable", "timed out", "unreachable"}
+)
+#: A proposal made while the API cools off: its class is the failure's that started it.
+_NOT_ASKED: Final = re.compile(r"^Claude API not asked: failing since [^()]* \((?P<cls>[^()]+)\);")
 #: A reason none of the classes says (a release's words this one does not know).
 OTHER: Final = "other"
 #: Longest reason the round's line quotes.
@@ -33,13 +48,24 @@ _FALLBACK_FROM: Final = re.compile(r"^(?P<by>.+?) \(fallback from (?P<llm>[^()]+
 
 
 def fallback_class(reason: str) -> str:
-    """``rate limited``, ``overloaded``, ``API unavailable``, ``timed out``, ``unreachable``,
-    ``spend cap``, ``refused`` (the model's proposals were refused, its replies malformed or
-    without a tool call) or ``other``."""
+    """``rate limited``, ``malformed response`` (from the API or a gateway), ``overloaded``,
+    ``API unavailable``, ``timed out``, ``unreachable``, ``spend cap``, ``refused`` (the
+    model's proposals were refused, or its replies had no tool call) or ``other``. A proposal
+    the API was not asked for while it cooled off (``not_asked``) has the class of the failure
+    that started the cool-off."""
+    cooling = _NOT_ASKED.match(reason)
+    if cooling is not None and cooling["cls"] in INFRASTRUCTURE:
+        return cooling["cls"]
     for name, pattern in _CLASSES:
         if pattern.search(reason):
             return name
     return OTHER
+
+
+def not_asked(since: str, kind: str, again: str) -> str:
+    """The reason of a proposal made without asking the API, which has failed (``kind``, an
+    ``INFRASTRUCTURE`` class) since ``since`` and is asked again from ``again``."""
+    return f"Claude API not asked: failing since {since} ({kind}); asked again from {again}"
 
 
 def fallback_line(source: str, notes: Mapping[str, str]) -> str | None:

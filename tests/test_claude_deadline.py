@@ -1,12 +1,14 @@
 """An API that hangs costs a proposal ``api_deadline_s`` at most: a server that accepts and
 never answers, or trickles its answer a byte at a time (never silent for as long as the SDK's
 timeout), ends in a fallback classed "timed out" at the deadline, said on the round's line,
-in ``status`` and the report; the abandoned call ends and the next proposal asks again.
+in ``status`` and the report; the abandoned call ends, the next proposals leave the API alone
+for its cool-off (saying so), and then ask again.
 The real SDK talks to the local Messages API server (``tests/fixtures/messages_api.py``)."""
 
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from pathlib import Path
@@ -14,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from agents import ClaudeOptions, ClaudeProposer, OptunaProposer
+from agents.llm_cooloff import COOL_OFF_FIRST_S
 from agents.llm_fallback import fallback_class
 from tests.fixtures.cli import orchestrate
 from tests.fixtures.messages_api import MessagesApi, hang, tool_use, trickle
@@ -56,7 +59,8 @@ def test_a_server_that_never_answers_costs_the_deadline_then_claude_is_asked_aga
         assert fallback_class(notes["llm_fallback"]) == "timed out"
         assert took < BOUND_S, f"waited {took:.1f}s past a 0.5s deadline"
         assert notes["llm_requests"] == "1"
-        # the next proposal asks Claude again, on a client of its own
+        # past the cool-off, the next proposal asks Claude again, on a client of its own
+        proposer.cool_off.clock = lambda: time.time() + COOL_OFF_FIRST_S
         notes, _, source = timed(proposer)
         assert source == "claude" and notes["llm_requests"] == "1"
         assert messages_api.remaining == 0
@@ -109,16 +113,22 @@ def test_a_round_says_the_timed_out_fallback_on_its_line_in_status_and_the_repor
     claude_settings = {"api_retries": 2, "api_timeout_s": 30, "api_deadline_s": 0.5}
     fast_profile(workdir, proposer={"kind": "claude", "claude": claude_settings})
     messages_api.script(hang(120))
-    result = orchestrate(workdir, "round", "--budget", "1", "--profile", "profile.yaml")
+    result = orchestrate(workdir, "round", "--budget", "2", "--profile", "profile.yaml")
     assert result.returncode == 0, result.stderr
-    assert f"claude fell back to optuna (timed out): {PAST}" in [
-        line.strip() for line in result.stdout.splitlines()
-    ], result.stdout
-    summary = "1 of 1 proposals fell back to optuna: timed out ×1"
+    said = [line.strip() for line in result.stdout.splitlines() if "fell back" in line]
+    assert said[0] == f"claude fell back to optuna (timed out): {PAST}", result.stdout
+    # the second proposal, minutes later at most, leaves the API alone and says so
+    assert re.fullmatch(
+        r"claude fell back to optuna \(timed out\): Claude API not asked: failing since "
+        r"\d\d:\d\d UTC \(timed out\); asked again from \d\d:\d\d UTC",
+        said[1],
+    ), result.stdout
+    assert len(said) == 2 and len(messages_api.requests) == 1
+    summary = "2 of 2 proposals fell back to optuna: timed out ×2"
     status = orchestrate(workdir, "status", "--profile", "profile.yaml")
     assert f"round 1: {summary}" in status.stdout.splitlines(), status.stdout
     data = json.loads(orchestrate(workdir, "status", "--profile", "profile.yaml", "--json").stdout)
-    assert data["llm_fallbacks"]["by_class"] == {"timed out": 1}
+    assert data["llm_fallbacks"]["by_class"] == {"timed out": 2}
     report = orchestrate(workdir, "report", "--profile", "profile.yaml")
     assert report.returncode == 0, report.stderr
     assert summary in (workdir / "reports" / "round-1" / "report.html").read_text()

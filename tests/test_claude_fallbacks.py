@@ -162,12 +162,15 @@ def test_each_way_claude_fails_has_its_class(messages_api: MessagesApi) -> None:
         fallback=OptunaProposer(seed=0),
         base_url=messages_api.url,
     )
+    hours = iter(range(0, 10 * 3600, 3600))
+    proposer.cool_off.clock = lambda: float(next(hours))  # each one past the last's cool-off
     made = [proposer.propose(context()) for _ in range(5)]
+    assert messages_api.remaining == 0
     reasons = [p.notes["llm_fallback"] for p in made]
     assert [fallback_class(r) for r in reasons] == [
         "overloaded",
         "rate limited",
-        "refused",
+        "malformed response",
         "refused",
         "refused",
     ]
@@ -176,5 +179,6 @@ def test_each_way_claude_fails_has_its_class(messages_api: MessagesApi) -> None:
     assert fallback_class("a reason of another release") == "other"
     counted = Fallbacks.of((p.source, p.notes) for p in made)
     assert counted.words() == (
-        "5 of 5 proposals fell back to optuna: refused ×3, overloaded ×1, rate limited ×1"
+        "5 of 5 proposals fell back to optuna: refused ×2, malformed response ×1, "
+        "overloaded ×1, rate limited ×1"
     )
