@@ -1,5 +1,5 @@
 """How long an LLM proposer leaves the API alone after it failed a whole proposal for the
-infrastructure's reasons (``agents.llm_fallback.INFRASTRUCTURE``: timed out, unreachable,
+infrastructure's reasons (``agents.llm_fallback.API_FAULTS``: timed out, unreachable,
 unavailable, overloaded, a malformed response): the one home of that policy.
 
 Without it, a dead gateway costs every proposal of the night its whole deadline again. After
@@ -16,7 +16,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Final
 
-from agents.llm_fallback import INFRASTRUCTURE, SPEND_CAP, fallback_class, not_asked
+from agents.llm_fallback import API_FAULTS, SPEND_CAP, fallback_class, not_asked
 
 #: The first cool-off after an infrastructure failure, in seconds.
 COOL_OFF_FIRST_S: Final = 300.0
@@ -43,7 +43,7 @@ class CoolOff:
     def learn(self, fallback: str | None) -> None:
         """What a proposal that asked the API ended with (``None``: the model proposed)."""
         kind = None if fallback is None else fallback_class(fallback)
-        if kind in INFRASTRUCTURE:
+        if kind in API_FAULTS:
             now = self.clock()
             if self._since is None:
                 self._since = now

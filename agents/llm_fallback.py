@@ -35,7 +35,7 @@ _CLASSES: Final = (
 #: The classes that are the API's or the way to it, never the model's: an LLM proposer leaves
 #: the API alone for a while after one (``agents.llm_cooloff``). Not "rate limited": that API
 #: answers, and says when to come back (``retry-after``, which the SDK honours).
-INFRASTRUCTURE: Final = frozenset(
+API_FAULTS: Final = frozenset(
     {"malformed response", "overloaded", "API unavailable", "timed out", "unreachable"}
 )
 #: A proposal made while the API cools off: its class is the failure's that started it.
@@ -54,7 +54,7 @@ def fallback_class(reason: str) -> str:
     the API was not asked for while it cooled off (``not_asked``) has the class of the failure
     that started the cool-off."""
     cooling = _NOT_ASKED.match(reason)
-    if cooling is not None and cooling["cls"] in INFRASTRUCTURE:
+    if cooling is not None and cooling["cls"] in API_FAULTS:
         return cooling["cls"]
     for name, pattern in _CLASSES:
         if pattern.search(reason):
@@ -64,7 +64,7 @@ def fallback_class(reason: str) -> str:
 
 def not_asked(since: str, kind: str, again: str) -> str:
     """The reason of a proposal made without asking the API, which has failed (``kind``, an
-    ``INFRASTRUCTURE`` class) since ``since`` and is asked again from ``again``."""
+    ``API_FAULTS`` class) since ``since`` and is asked again from ``again``."""
     return f"Claude API not asked: failing since {since} ({kind}); asked again from {again}"
 
 
