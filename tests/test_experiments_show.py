@@ -25,10 +25,10 @@ from knobs.vocabulary import (
     BootStatus,
     Kind,
 )
-from ledger import Ledger
+from ledger import ExperimentRecord, Ledger
 from orchestrator.cli import run
 from orchestrator.host_stalls import boot_error, disturbed
-from orchestrator.profile import load_profile
+from orchestrator.profile import Profile, load_profile
 from tests.fixtures.cli import orchestrate
 from tests.test_verdict import cell
 
@@ -151,6 +151,28 @@ def test_an_experiment_says_when_it_was_decided_as_the_rest_of_the_cli_does(
     assert iso["decided_at"] not in text
 
 
+def _baseline(ledger: Ledger, prof: Profile) -> ExperimentRecord:
+    """A round of one experiment, its baseline, recorded and not yet booted."""
+    rnd = ledger.create_round(
+        cluster=prof.cluster.name,
+        profile_name=prof.name,
+        profile_digest="d",
+        budget=1,
+        proposer="sweep",
+        approve="auto",
+        seed=0,
+    )
+    return ledger.add_experiment(
+        cluster=prof.cluster.name,
+        round_id=rnd.id,
+        kind=Kind.BASELINE,
+        config=prof.initial_champion(),
+        champion_key=None,
+        champion_objective=None,
+        description="baseline",
+    )
+
+
 def test_a_boot_a_stopped_run_cut_short_says_so(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -162,24 +184,7 @@ def test_a_boot_a_stopped_run_cut_short_says_so(
     prof = load_profile(None)
     config = prof.initial_champion()
     with Ledger(url) as ledger:
-        rnd = ledger.create_round(
-            cluster=prof.cluster.name,
-            profile_name=prof.name,
-            profile_digest="d",
-            budget=1,
-            proposer="sweep",
-            approve="auto",
-            seed=0,
-        )
-        e = ledger.add_experiment(
-            cluster=prof.cluster.name,
-            round_id=rnd.id,
-            kind=Kind.BASELINE,
-            config=config,
-            champion_key=None,
-            champion_objective=None,
-            description="baseline",
-        )
+        e = _baseline(ledger, prof)
         errored = BOOT_ERRORED + "launcher of node-0: unknown placeholder {nope}"
         for detail in (BOOT_INTERRUPTED, BOOT_CLOSED_BY_DOWN, errored, None, BOOT_TORN_DOWN):
             boot = ledger.start_boot(e.id, config, role=BootRole.MEASURE, measurement=0)
@@ -214,24 +219,7 @@ def test_each_boot_shows_its_stalls_what_they_may_have_cost_and_whether_disturbe
     # boot 1 clean; boot 2 lightly stalled (one cell, 0.01 s); boot 3 a busy host's
     stalls = [{}, {0: (0.01, 0.0)}, {0: (0.2, 0.0), 1: (1.19, 4.46)}]
     with Ledger(url) as ledger:
-        rnd = ledger.create_round(
-            cluster=prof.cluster.name,
-            profile_name=prof.name,
-            profile_digest="d",
-            budget=1,
-            proposer="sweep",
-            approve="auto",
-            seed=0,
-        )
-        e = ledger.add_experiment(
-            cluster=prof.cluster.name,
-            round_id=rnd.id,
-            kind=Kind.BASELINE,
-            config=config,
-            champion_key=None,
-            champion_objective=None,
-            description="baseline",
-        )
+        e = _baseline(ledger, prof)
         booted: list[list[CellResultRecord]] = []
         for measurement, stalled in enumerate(stalls):
             boot = ledger.start_boot(e.id, config, role=BootRole.MEASURE, measurement=measurement)
