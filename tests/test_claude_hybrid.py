@@ -168,9 +168,9 @@ def test_without_a_usable_choice_optuna_proposes_alone(messages_api: MessagesApi
     assert proposal.notes["llm_fallback"].startswith("Claude API unavailable (HTTP 529")
 
 
-def test_claude_picks_k_and_the_draft_length_model_the_value(messages_api: MessagesApi) -> None:
-    """K down from 7 on the EXL3 stack: the value is the one the model predicts best (K=2),
-    not TPE's draw; with the model off, TPE's."""
+def _exl3_context() -> ProposalContext:
+    """The proposal context with the noiseless EXL3 stack's champion cells (its per-position
+    acceptance), what the draft-length model predicts K from."""
     exl3 = load_landscape("exl3-tp4").without_noise()
     cells = tuple(
         ChampionCell(
@@ -178,7 +178,13 @@ def test_claude_picks_k_and_the_draft_length_model_the_value(messages_api: Messa
         )
         for t in (exl3.truth(CHAMPION, c) for c in exl3.cells())
     )
-    with_cells = context().model_copy(update={"champion_cells": cells})
+    return context().model_copy(update={"champion_cells": cells})
+
+
+def test_claude_picks_k_and_the_draft_length_model_the_value(messages_api: MessagesApi) -> None:
+    """K down from 7 on the EXL3 stack: the value is the one the model predicts best (K=2),
+    not TPE's draw; with the model off, TPE's."""
+    with_cells = _exl3_context()
     k_down = choice(knob="num_speculative_tokens", direction="down")
     messages_api.script(tool_use(k_down, name="choose_knob"))
     proposal = hybrid(messages_api).propose(with_cells)
@@ -199,14 +205,7 @@ def test_a_K_value_the_model_picked_expects_the_models_number(messages_api: Mess
     proposer's K look says it (it was Claude's "objective higher by about 4%" beside the
     model's number in the hypothesis). Claude's expectation stays in the notes, and is said
     beside the model's where their directions differ; a value TPE picked keeps Claude's."""
-    exl3 = load_landscape("exl3-tp4").without_noise()
-    cells = tuple(
-        ChampionCell(
-            cell=t.cell, output_throughput=t.output_tok_s, per_position_acceptance=t.per_position
-        )
-        for t in (exl3.truth(CHAMPION, c) for c in exl3.cells())
-    )
-    with_cells = context().model_copy(update={"champion_cells": cells})
+    with_cells = _exl3_context()
     model = predict(with_cells)
     assert model is not None and model.change_pct[2] > 0.5
     said = f"better than the champion: {model.describe(2)}; a model, not a measurement"

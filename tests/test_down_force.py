@@ -21,7 +21,7 @@ import pytest
 from knobs.vocabulary import EventKind
 from ledger import Ledger
 from tests.fixtures.cli import orchestrate, watched
-from tests.fixtures.profiles import twin_profile_data, write_profile
+from tests.fixtures.profiles import long_cell_profile
 from tests.fixtures.wait import wait_until
 from tests.test_round_twin import engines_alive
 
@@ -33,14 +33,7 @@ def root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     monkeypatch.setenv("ORCHESTRATE_LEDGER", f"sqlite:///{tmp_path}/orchestrate.db")
     monkeypatch.setenv("ORCHESTRATE_ARTIFACTS", str(tmp_path / "mlartifacts"))
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
-    data = twin_profile_data(nodes=2)
-    argv = data["launcher"]["argv"]
-    argv[argv.index("--tensor-parallel-size") + 1] = "2"
-    data["gates"].update(clocks_command=None, recover_command=None)
-    data["cells"] = data["cells"][:1]
-    data["cells"][0].update(warmup_s=0.1, duration_s=30.0)  # the round is found mid-cell
-    data["verdict"] = {"policy": "threshold", "threshold_pct": 2.0}
-    write_profile(tmp_path, data)
+    long_cell_profile(tmp_path, duration_s=30.0)  # the round is found mid-cell
     yield tmp_path
     if engines_alive(tmp_path):
         orchestrate(tmp_path, "cluster", "down", "--force", "-p", "profile.yaml")

@@ -7,6 +7,7 @@ import io
 import math
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 from rich.console import Console
@@ -174,24 +175,28 @@ def test_a_trend_through_the_champion_still_carries_across_it() -> None:
     assert called >= 30 and right == called
 
 
+def profile_data(tmp: Path, *knobs: dict[str, object]) -> dict[str, Any]:
+    """The simulated ``far-k`` stack's profile as a file holds it, with ``knobs`` added to its
+    catalog's."""
+    landscape = load_landscape("far-k")
+    return {
+        "name": "sim-far-k",
+        "model": "sim",
+        "cluster": {
+            "name": "sim-far-k",
+            "nodes": [{"rank": 0, "host": "127.0.0.1", "workdir": str(tmp)}],
+        },
+        "launcher": {"argv": ["true"]},
+        "knob_catalog": landscape.catalog,
+        "knobs": list(knobs),
+        "cells": [c.model_dump() for c in landscape.cells()],
+        "proposer": {"kind": "sweep"},
+    }
+
+
 def profile(tmp: Path, *knobs: dict[str, object]) -> Profile:
     """The simulated ``far-k`` stack's profile, with ``knobs`` added to its catalog's."""
-    landscape = load_landscape("far-k")
-    return Profile.model_validate(
-        {
-            "name": "sim-far-k",
-            "model": "sim",
-            "cluster": {
-                "name": "sim-far-k",
-                "nodes": [{"rank": 0, "host": "127.0.0.1", "workdir": str(tmp)}],
-            },
-            "launcher": {"argv": ["true"]},
-            "knob_catalog": landscape.catalog,
-            "knobs": list(knobs),
-            "cells": [c.model_dump() for c in landscape.cells()],
-            "proposer": {"kind": "sweep"},
-        }
-    )
+    return Profile.model_validate(profile_data(tmp, *knobs))
 
 
 def sweep_round(

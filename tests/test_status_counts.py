@@ -11,13 +11,11 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any
 
 import yaml
 from rich.console import Console
 
 from agents.sweep import SweepProposer
-from cluster.twin.landscape import load_landscape
 from knobs.vocabulary import BootRole
 from ledger import Ledger
 from orchestrator.approval import ApprovalGate
@@ -27,26 +25,9 @@ from orchestrator.report import write_report
 from orchestrator.round import RoundOptions, RoundRunner
 from orchestrator.testbed import NullSink
 from tests.fixtures.cli import orchestrate
+from tests.test_pooling import profile_data
 from tests.test_report_counts import _rows
 from tests.test_verdict_stalled import MNBT, BusyHost
-
-
-def _profile_data(tmp: Path) -> dict[str, Any]:
-    """The simulated ``far-k`` stack's profile (``test_pooling.profile``), as a file holds it."""
-    landscape = load_landscape("far-k")
-    return {
-        "name": "sim-far-k",
-        "model": "sim",
-        "cluster": {
-            "name": "sim-far-k",
-            "nodes": [{"rank": 0, "host": "127.0.0.1", "workdir": str(tmp)}],
-        },
-        "launcher": {"argv": ["true"]},
-        "knob_catalog": landscape.catalog,
-        "knobs": [],
-        "cells": [c.model_dump() for c in landscape.cells()],
-        "proposer": {"kind": "sweep"},
-    }
 
 
 def test_status_counts_the_last_rounds_boots_as_its_report_does(tmp_path: Path) -> None:
@@ -54,7 +35,7 @@ def test_status_counts_the_last_rounds_boots_as_its_report_does(tmp_path: Path) 
     boots disturbed), with two more changes; the champion is re-measured between them (boots
     that no experiment's row counts). The report's page and ``status`` (text and --json) say
     the same boots paid, measurements weighed and disturbed boots."""
-    data = _profile_data(tmp_path)
+    data = profile_data(tmp_path)
     (tmp_path / "profile.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
     url = f"sqlite:///{tmp_path}/ledger.db"
     prof = Profile.model_validate(data)
