@@ -22,11 +22,12 @@ demo: $(STAMP)
 ## make test: lint, types (the packages, then the benchmarks and tests), the import contract,
 ## then the test suite in TEST_WORKERS processes (pytest-xdist: its time is mostly spent
 ## waiting on engines, servers and bench windows), then the tests marked `solo` (measurements
-## checked within 1 % of a ground truth) one at a time, on a machine the rest leaves alone
+## checked within 1 % of a ground truth) one at a time, on a machine the rest leaves alone.
+## The slowest tests are named at the end (--durations): CI has 40 minutes for all of .ci/run
 TEST_WORKERS ?= 3
 test: $(STAMP) lint
 	rc=0; \
-	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist worksteal -m "not real_engine and not solo" || rc=$$?; \
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=25 -m "not real_engine and not solo" || rc=$$?; \
 	$(BIN)/pytest -q -m solo || rc=$$?; \
 	exit $$rc
 
