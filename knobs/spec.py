@@ -215,8 +215,12 @@ class KnobSpec(BaseModel):
                 f"knob {self.name}: role draft_tokens needs a count of draft tokens (an int "
                 "knob with low >= 0, or choices that are all such ints)"
             )
-        # the default must itself be in the domain
-        self.parse(self.default)
+        # the default must itself be in the domain; one written as text (YAML's quoted
+        # `default: "false"`, `"7168"`) is kept as the value it names, never as the text, which
+        # a switch would read as true and a config would hash apart from the typed value
+        typed = self.parse(self.default)
+        if isinstance(self.default, str) and typed != self.default:
+            object.__setattr__(self, "default", typed)
         return self
 
     def _counts(self) -> bool:

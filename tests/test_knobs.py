@@ -161,6 +161,34 @@ def test_a_partial_values_map_renders_its_unlisted_values_as_themselves() -> Non
     assert flashinfer.argv == ("--moe-backend", "flashinfer")
 
 
+def test_a_default_written_as_text_is_the_value_it_names() -> None:
+    """YAML's quoted ``default: "false"`` on a bool switch deployed CUDA graphs ON (the text
+    is true); ``default: "7168"`` put a text in an int knob's config, which hashes apart from
+    the typed 7168 a proposal makes."""
+    graphs = KnobSpec(
+        name="graphs",
+        type="bool",
+        default="false",
+        render=RenderSpec(kind="switch", when_false=("--enforce-eager",)),
+    )
+    chunk = KnobSpec(
+        name="chunk",
+        type="int",
+        low=1024,
+        high=16384,
+        step=1024,
+        default="7168",
+        render=RenderSpec(kind="flag", flag="--chunk"),
+    )
+    assert graphs.default is False and chunk.default == 7168 and type(chunk.default) is int
+    space = KnobSpace(knobs=(graphs, chunk))
+    config = space.default_config()
+    assert "--enforce-eager" in space.render(config).argv
+    assert config == space.config({"graphs": False, "chunk": 7168})
+    # a choice knob's text default stays the text it is
+    assert SPACE.spec("kv_cache_dtype").default == "fp8_e4m3"
+
+
 def test_specs_refuse_unsafe_tokens_and_bad_domains() -> None:
     with pytest.raises(ValueError, match="not a safe token"):
         KnobSpec(
