@@ -75,6 +75,12 @@ class LauncherSpec(BaseModel):
                 raise ValueError(f"JSON flag {flag!r} is not a flag name")
         return self
 
+    def mentions(self, placeholder: str) -> bool:
+        """Whether any token, variable or JSON value of the launcher holds ``{placeholder}``."""
+        texts = [*self.argv, *self.head_argv, *self.worker_argv, *self.env.values()]
+        texts += [v for obj in self.json_flags.values() for v in obj.values() if isinstance(v, str)]
+        return any(f"{{{placeholder}}}" in text for text in texts)
+
 
 class RenderedLauncher(BaseModel):
     """One node's launcher: its argv, environment and the script that runs them."""
@@ -156,6 +162,12 @@ def static_clash(spec: LauncherSpec, knobs: Sequence[KnobSpec]) -> str | None:
             return (
                 f"knob {knob.name} renders {how.flag}, which launcher.json_flags fills as "
                 "JSON: make the knob a json_field of it, or drop the JSON flag"
+            )
+        if how.kind == "json_field" and how.field in spec.json_flags.get(str(how.flag), {}):
+            return (
+                f"knob {knob.name} writes {how.flag} field {how.field}, which "
+                "launcher.json_flags sets for every config too: take the field out of "
+                "launcher.json_flags (the knob's value is what deploys)"
             )
         names = [how.env] if how.kind == "env" else [*how.env_when_true, *how.env_when_false]
         for name in names:

@@ -242,15 +242,25 @@ def render_clash(knobs: Sequence[KnobSpec]) -> str | None:
     would silently win, and changes of the other would deploy nothing), in words; else None."""
     writes: dict[str, str] = {}
     json_flags = {k.render.flag for k in knobs if k.render.kind == "json_field"}
+    seen: set[str] = set()
     for knob in knobs:
+        if knob.name in seen:
+            return f"knob {knob.name} is declared twice: rename or drop one of them"
+        seen.add(knob.name)
         how = knob.render
         if how.kind == "flag" and how.flag in json_flags:
             return f"knob {knob.name} renders {how.flag}, which other knobs fill as JSON"
+        # a switch's flags count as a flag knob's do: two knobs both adding --enforce-eager
+        # deploy nothing for one's change whenever the other holds the token
+        switched = {t.split("=")[0] for t in (*how.when_true, *how.when_false) if t[:1] == "-"}
         targets = {
             "flag": [str(how.flag)],
             "json_field": [f"{how.flag} field {how.field}"],
             "env": [f"${how.env}"],
-            "switch": [f"${name}" for name in {**how.env_when_true, **how.env_when_false}],
+            "switch": [
+                *sorted(switched),
+                *(f"${name}" for name in {**how.env_when_true, **how.env_when_false}),
+            ],
         }[how.kind]
         for target in targets:
             other = writes.setdefault(target, knob.name)

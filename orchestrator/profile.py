@@ -119,6 +119,13 @@ class Profile(BaseModel):
         check_renamed(self.cells)
         if self.knob_catalog is None and not self.knobs:
             raise ValueError("a profile needs knob_catalog or knobs")
+        declared = [k.name for k in self.knobs]
+        twice = sorted({n for n in declared if declared.count(n) > 1})
+        if twice:
+            raise KnobError(
+                f"knobs: {', '.join(twice)} declared twice: the later entry would silently "
+                "replace the earlier; rename or drop one"
+            )
         knobs = overlay(self._catalog_knobs(), self.knobs)
         clash = render_clash(knobs) or static_clash(self.launcher, knobs)
         if clash is not None:
@@ -282,6 +289,15 @@ def load_profile(name_or_path: str | None = None, *, base_dir: Path | None = Non
         ) from e
     except KnobError as e:
         raise ProfileError(f"profile {path}: {e}", path=str(path)) from e
+    if profile.cluster.auto_ports and not profile.launcher.mentions("port"):
+        # the engine would listen on its own default port while the gates poll the one chosen
+        # for the cluster: every boot would wedge, and the config be blamed
+        raise ProfileError(
+            f"profile {path}: launcher: cluster.port is auto but no launcher token holds "
+            "{port}, so the engine would not listen where orchestrate polls: add `--port "
+            "{port}` (or your engine's port flag) to launcher.head_argv or launcher.argv",
+            path=str(path),
+        )
     profile = _resolve_workdirs(profile, base_dir or Path.cwd(), path)
     profile = profile.model_copy(update={"cluster": resolve_auto_ports(profile.cluster)})
     profile = _resolve_brief(profile, path)

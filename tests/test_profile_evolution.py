@@ -103,6 +103,45 @@ def test_two_knobs_that_render_the_same_field_are_refused() -> None:
         KnobSpace(knobs=(rank, twin))
 
 
+def test_a_knob_declared_twice_or_two_switches_of_one_flag_are_refused(tmp_path: Path) -> None:
+    """A copied entry not renamed kept only the later one's default; two switches both adding
+    --enforce-eager passed, so one's change deployed nothing whenever the other held it."""
+    eager = {
+        "name": "eager2",
+        "type": "bool",
+        "default": True,
+        "new": True,
+        "render": {"kind": "switch", "when_true": ["--enforce-eager"]},
+    }
+    cases: list[tuple[list[dict[str, Any]], str]] = [
+        ([MOE, {**MOE, "default": "cutlass"}], "knobs: moe_backend declared twice"),
+        ([eager], "knobs cuda_graphs and eager2 both render --enforce-eager"),
+    ]
+    for knobs, message in cases:
+        path = write_profile(tmp_path, profile_data(*knobs))
+        with pytest.raises(ProfileError, match="^profile .*: " + re.escape(message)):
+            load_profile(str(path), base_dir=tmp_path)
+    other = {**eager, "render": {"kind": "switch", "when_true": ["--eager-prefill=1"]}}
+    assert (
+        "eager2"
+        in load_profile(
+            str(write_profile(tmp_path, profile_data(other))), base_dir=tmp_path
+        ).space.names
+    )
+
+
+def test_an_auto_port_the_launcher_never_passes_is_refused(tmp_path: Path) -> None:
+    """The engine listened on its own default port while the gates polled the chosen one:
+    the baseline was recorded as the configuration's crash (boot wedged, twice)."""
+    data = profile_data()
+    data["cluster"] = {**data["cluster"], "port": "auto"}
+    data["launcher"] = {"argv": ["vllm", "serve"], "head_argv": ["--host", "{host}"]}
+    with pytest.raises(ProfileError, match=re.escape("no launcher token holds {port}")):
+        load_profile(str(write_profile(tmp_path, data)), base_dir=tmp_path)
+    data["launcher"]["head_argv"] = ["--host", "{host}", "--port={port}"]
+    assert load_profile(str(write_profile(tmp_path, data)), base_dir=tmp_path).cluster.auto_ports
+
+
 @pytest.mark.parametrize(
     ("launcher", "knobs", "message"),
     [
@@ -131,6 +170,12 @@ def test_two_knobs_that_render_the_same_field_are_refused() -> None:
             {"argv": ["vllm"], "env": {"MOE_BACKEND": "triton"}},
             [{**MOE, "render": {"kind": "env", "env": "MOE_BACKEND"}}],
             "knob moe_backend sets $MOE_BACKEND, which launcher.env sets for every config too",
+        ),
+        (
+            {"argv": ["vllm"], "json_flags": {"--speculative-config": {"model": "/m/r0"}}},
+            [],
+            "knob drafter_adapter_rank writes --speculative-config field model, which "
+            "launcher.json_flags sets for every config too: take the field out",
         ),
     ],
 )
