@@ -221,7 +221,29 @@ class KnobSpec(BaseModel):
         typed = self.parse(self.default)
         if isinstance(self.default, str) and typed != self.default:
             object.__setattr__(self, "default", typed)
+        self._key_values()
         return self
+
+    def _key_values(self) -> None:
+        """``render.values`` keyed as ``rendered`` looks values up: each key read as a value
+        of the domain (``"1.00"`` is 1.0's, rendered as ``1``), so that no entry is silently
+        passed over, the raw value deploying instead of the path it maps to."""
+        if not self.render.values:
+            return
+        keyed: dict[str, Value] = {}
+        for key, shown in self.render.values.items():
+            try:
+                value = self.parse(key)
+            except KnobError:
+                raise ValueError(
+                    f"render.values key {key!r} is not {self.describe_domain()}: name a "
+                    f"value of knob {self.name}"
+                ) from None
+            if _key(value) in keyed:
+                raise ValueError(f"render.values names {as_text(value)} of knob {self.name} twice")
+            keyed[_key(value)] = shown
+        if keyed != self.render.values:
+            object.__setattr__(self, "render", self.render.model_copy(update={"values": keyed}))
 
     def _counts(self) -> bool:
         """Every value is a count: an int knob from 0 up, or choices that are all such ints."""
@@ -304,6 +326,13 @@ class KnobSpec(BaseModel):
             numeric = isinstance(raw, int) and not isinstance(raw, bool)
             if isinstance(choice, float) and numeric and float(raw) == choice:  # type: ignore[arg-type]
                 return choice
+        if isinstance(raw, str) and _FLOAT.match(raw.strip()):
+            # a number spelt otherwise ("1.00", "64.0") names the numeric choice it equals
+            number = float(raw.strip())
+            for choice in self.choices:
+                numeric_choice = isinstance(choice, int | float) and not isinstance(choice, bool)
+                if numeric_choice and number == choice:
+                    return choice
         raise bad
 
     @staticmethod

@@ -189,6 +189,30 @@ def test_a_default_written_as_text_is_the_value_it_names() -> None:
     assert SPACE.spec("kv_cache_dtype").default == "fp8_e4m3"
 
 
+def test_a_values_key_is_read_as_the_value_it_names_and_one_naming_none_is_refused() -> None:
+    """``values: {"1.00": /m/r64}`` was never matched (the lookup spells 1.0 as ``1``), so the
+    engine got ``model: 1.0``, a path that does not exist, and the boot failed as the config's;
+    a key naming no value of the domain loaded silently."""
+
+    def drafter(values: dict[str, object]) -> KnobSpec:
+        return KnobSpec.model_validate(
+            {
+                "name": "drafter",
+                "type": "choice",
+                "choices": [0.5, 1.0],
+                "default": 1.0,
+                "render": {"kind": "flag", "flag": "--model", "values": values},
+            }
+        )
+
+    spelt = drafter({"0.50": "/m/r32", "1.00": "/m/r64"})
+    assert [spelt.rendered(v) for v in spelt.domain()] == ["/m/r32", "/m/r64"]
+    with pytest.raises(ValueError, match=r"render.values key '0.55' is not one of 0.5, 1.0"):
+        drafter({"0.55": "/m/r32"})
+    with pytest.raises(ValueError, match=r"render.values names 1 of knob drafter twice"):
+        drafter({"1": "/m/a", "1.00": "/m/b"})
+
+
 def test_specs_refuse_unsafe_tokens_and_bad_domains() -> None:
     with pytest.raises(ValueError, match="not a safe token"):
         KnobSpec(
