@@ -22,6 +22,7 @@ from knobs.spec import as_text
 from knobs.vocabulary import ProposalStatus
 from ledger import Ledger, LedgerError, ProposalRecord
 from orchestrator.errors import OrchestrateError, UsageError
+from orchestrator.people import edited_by, person
 
 
 @dataclass(frozen=True)
@@ -147,7 +148,7 @@ def approve_edited(
     return ledger.decide_proposal(
         proposal.id,
         status=ProposalStatus.APPROVED,
-        by="person (edited)",
+        by=edited_by(),
         new_value=change.new,
         hypothesis=f"edited by a person from {proposed} to {as_text(change.new)}; the "
         f"proposer's hypothesis, about {proposed}: {proposal.hypothesis}",
@@ -236,12 +237,12 @@ class ApprovalGate:
             answer = self.asker(proposal, problem)
             if answer.action == "approve":
                 return self.ledger.decide_proposal(
-                    proposal.id, status=ProposalStatus.APPROVED, by="person"
+                    proposal.id, status=ProposalStatus.APPROVED, by=person()
                 )
             if answer.action == "veto":
                 reason = (answer.reason or "").strip() or "vetoed at the prompt"
                 return self.ledger.decide_proposal(
-                    proposal.id, status=ProposalStatus.VETOED, by="person", reason=reason
+                    proposal.id, status=ProposalStatus.VETOED, by=person(), reason=reason
                 )
             if answer.action == "edit":
                 try:

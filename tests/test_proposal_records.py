@@ -5,10 +5,12 @@ the proposal an experiment came from."""
 
 from __future__ import annotations
 
+import getpass
 import io
 import json
 import os
 import re
+import socket
 from pathlib import Path
 
 from rich.console import Console
@@ -73,13 +75,15 @@ def test_proposals_and_experiments_name_each_other(cli_workdir: Path) -> None:
     # a header, then each proposal: the experiment it became, a veto's reason (on one line)
     lines = _cli(cli_workdir, "proposals", "list", "--all").splitlines()
     assert lines[0].split("\t") == [
-        "proposal", "status", "experiment", "change", "source", "reason", "hypothesis"
+        "proposal", "status", "decided by", "experiment", "change", "source", "reason",
+        "hypothesis",
     ]  # fmt: skip
     rows = [line.split("\t") for line in lines[1:]]
-    assert [r[:6] for r in rows] == [
-        [str(vetoed.id), "vetoed", f"#{k5.id}", "num_speculative_tokens 7 → 5", "sweep",
-         "K=5 wedged rank 2 last week"],
-        [str(kept.id), "approved", f"#{k6.id}", "num_speculative_tokens 7 → 6", "sweep", "-"],
+    assert [r[:7] for r in rows] == [
+        [str(vetoed.id), "vetoed", vetoed.decided_by, f"#{k5.id}",
+         "num_speculative_tokens 7 → 5", "sweep", "K=5 wedged rank 2 last week"],
+        [str(kept.id), "approved", kept.decided_by, f"#{k6.id}",
+         "num_speculative_tokens 7 → 6", "sweep", "-"],
     ]  # fmt: skip
     shown = json.loads(_cli(cli_workdir, "proposals", "list", "--all", "--json"))
     assert [(p["id"], p["experiment"], p["reason"]) for p in shown] == [
@@ -91,7 +95,8 @@ def test_proposals_and_experiments_name_each_other(cli_workdir: Path) -> None:
     lines = _cli(cli_workdir, "proposals", "show", str(vetoed.id)).splitlines()
     assert lines[:3] == [
         f"proposal {vetoed.id} of round 1 (sweep): num_speculative_tokens 7 → 5",
-        "  status:     vetoed by person: K=5 wedged rank 2 last week",
+        f"  status:     vetoed by {getpass.getuser()}@{socket.gethostname()}: K=5 wedged rank 2 "
+        "last week",
         f"  experiment: #{k5.id}",
     ], lines
     assert [line.split(":")[0].strip() for line in lines[3:]] == [

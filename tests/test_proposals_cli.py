@@ -3,6 +3,8 @@ CLI: a change reads ``knob old → new`` with the arrow the rest of the CLI prin
 
 from __future__ import annotations
 
+import getpass
+import socket
 from pathlib import Path
 
 import pytest
@@ -120,7 +122,7 @@ def test_a_proposal_is_approved_with_an_edited_value_checked_as_the_ask_prompts_
     """``proposals approve N --value V``: a value out of the knob's domain, the champion's own,
     one the profile forbids, or an edit of a coupled move is refused in one line (exit 3) and
     the proposal stays pending; an allowed one is approved as an edit, recorded as the ask
-    prompt's edit is (``person (edited)``, the value proposed kept)."""
+    prompt's edit is (``user@host (edited)``, the value proposed kept)."""
     monkeypatch.chdir(tmp_path)
     url = f"sqlite:///{tmp_path / 'orchestrate.db'}"
     monkeypatch.setenv("ORCHESTRATE_LEDGER", url)
@@ -161,7 +163,7 @@ def test_a_proposal_is_approved_with_an_edited_value_checked_as_the_ask_prompts_
         p = ledger.proposal(one)
     assert (p.status, p.decided_by, p.new_value, p.notes["edited_from"]) == (
         "approved",
-        "person (edited)",
+        f"{getpass.getuser()}@{socket.gethostname()} (edited)",
         4,
         "5",
     )

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import csv
 import fcntl
+import getpass
 import io
 import json
 import os
 import pty
 import re
 import select
+import socket
 import struct
 import subprocess
 import termios
@@ -185,10 +187,13 @@ def test_queue_waits_while_another_process_vetoes_then_approves(
     assert (vetoed["knob"], vetoed["value"]) == ("num_speculative_tokens", 5)
     assert report["experiments"][2]["knob"] == "max_num_batched_tokens"
 
-    # the veto cost no boot, is a row of results.tsv and a tag in MLflow
+    # the veto cost no boot, is a row of results.tsv and a tag in MLflow; the ledger says who
+    # decided each (a team shares a ledger: whose veto bars the value?)
     ledger = Ledger(os.environ["ORCHESTRATE_LEDGER"])
     try:
         assert ledger.boots(vetoed["experiment"]) == []
+        who = f"{getpass.getuser()}@{socket.gethostname()}"
+        assert [ledger.proposal(p.id).decided_by for p in (first, second)] == [who, who]
     finally:
         ledger.close()
     rows = results(workdir)
@@ -472,6 +477,10 @@ class Terminal:
         return True
 
 
+#: who a person deciding here is, as the ledger records it
+WHO = f"{getpass.getuser()}@{socket.gethostname()}"
+
+
 def test_ask_at_a_terminal_vetoes_approves_and_edits(workdir: Path) -> None:
     fast_profile(
         workdir,
@@ -520,9 +529,9 @@ def test_ask_at_a_terminal_vetoes_approves_and_edits(workdir: Path) -> None:
     finally:
         ledger.close()
     assert decided == [
-        ("num_speculative_tokens", 5, "vetoed", "person", "K=5 wedged rank 2 last week"),
-        ("cuda_graphs", True, "approved", "person", None),
-        ("max_num_batched_tokens", 8704, "approved", "person (edited)", None),
+        ("num_speculative_tokens", 5, "vetoed", WHO, "K=5 wedged rank 2 last week"),
+        ("cuda_graphs", True, "approved", WHO, None),
+        ("max_num_batched_tokens", 8704, "approved", f"{WHO} (edited)", None),
     ]
     rows = results(workdir)
     assert [(r["knob"], r["value"]) for r in rows[1:]] == [

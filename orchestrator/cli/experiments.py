@@ -4,14 +4,13 @@ on with the next change (``veto``)."""
 
 from __future__ import annotations
 
-import getpass
 import json
-import socket
 from typing import Annotated
 
 import typer
 
 from orchestrator.cli.common import JsonOpt, ProfileOpt, in_ledger, opened, out, reading
+from orchestrator.people import person
 
 experiments_app = typer.Typer(
     help="One experiment's record, and a change a stopped round left undecided.",
@@ -65,7 +64,7 @@ def experiments_veto(
     from orchestrator.undecided import veto_undecided
 
     prof = load_profile(profile)
-    actor = f"{getpass.getuser()}@{socket.gethostname()}"
+    actor = person()
     with opened(prof) as o:
         ledger = o.ledger(create=False)
         e = veto_undecided(prof, ledger, experiment_id, reason=reason, actor=actor)

@@ -3,14 +3,13 @@ knows to be wrong (a flaky failure, a veto given in error)."""
 
 from __future__ import annotations
 
-import getpass
 import json
-import socket
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from orchestrator.cli.common import JsonOpt, ProfileOpt, in_ledger, opened
+from orchestrator.people import person
 
 if TYPE_CHECKING:
     from orchestrator.known_bad import BarredRegion
@@ -106,7 +105,7 @@ def known_bad_clear(
     from orchestrator.profile import load_profile
 
     prof = load_profile(profile)
-    actor = f"{getpass.getuser()}@{socket.gethostname()}"
+    actor = person()
     with opened(prof) as o:
         found, event = clear_region(
             prof, o.ledger(create=False), experiment_id, reason=reason, actor=actor

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from orchestrator.cli.common import JsonOpt, ProfileOpt, VetoReason, in_ledger, opened, out
+from orchestrator.people import person
 
 if TYPE_CHECKING:
     from ledger import Ledger, ProposalRecord
@@ -18,9 +19,12 @@ proposals_app = typer.Typer(
     help="Proposals waiting for a person (--approve queue).", no_args_is_help=True
 )
 
-#: ``proposals list``'s header: a reason is a veto's (or a rejection's), ``-`` when none; the
-#: experiment is the one the proposal became (results.tsv's), ``-`` while it waits
-COLUMNS = ("proposal", "status", "experiment", "change", "source", "reason", "hypothesis")
+#: ``proposals list``'s header: who decided (``user@host``, ``timeout``, ``profile``; ``-``
+#: while it waits); a reason is a veto's (or a rejection's), ``-`` when none; the experiment is
+#: the one the proposal became (results.tsv's), ``-`` while it waits
+COLUMNS = (
+    "proposal", "status", "decided by", "experiment", "change", "source", "reason", "hypothesis"
+)  # fmt: skip
 
 ProposalId = Annotated[int, typer.Argument(min=1, callback=in_ledger, help="the proposal's ID")]
 
@@ -55,6 +59,7 @@ def proposals_list(
         fields = (
             str(p.id),
             str(p.status),
+            p.decided_by or "-",
             "-" if experiment is None else f"#{experiment}",
             p.change.describe(),
             p.source,
@@ -126,7 +131,7 @@ def proposals_approve(
         ledger = o.ledger(create=False)
         if value is None:
             p = ledger.decide_proposal(
-                proposal_id, status=ProposalStatus.APPROVED, by="person", cluster=prof.cluster.name
+                proposal_id, status=ProposalStatus.APPROVED, by=person(), cluster=prof.cluster.name
             )
         else:
             p = _approve_edited(prof, ledger, proposal_id, value)
@@ -148,7 +153,7 @@ def proposals_veto(
         p = o.ledger(create=False).decide_proposal(
             proposal_id,
             status=ProposalStatus.VETOED,
-            by="person",
+            by=person(),
             reason=reason,
             cluster=prof.cluster.name,
         )
@@ -165,7 +170,7 @@ def _approve_edited(prof: Profile, ledger: Ledger, proposal_id: int, value: str)
     p = ledger.proposal(proposal_id, cluster=prof.cluster.name)
     if p.status != ProposalStatus.PENDING:  # refused as a plain approve is, in its words
         return ledger.decide_proposal(
-            proposal_id, status=ProposalStatus.APPROVED, by="person", cluster=prof.cluster.name
+            proposal_id, status=ProposalStatus.APPROVED, by=person(), cluster=prof.cluster.name
         )
     context = proposal_context_of(prof, ledger, p.round_id)
     return approve_edited(ledger, p, context, value, cluster=prof.cluster.name)
