@@ -82,6 +82,11 @@ class Rounds(LedgerBase):
             )
             return [round_record(r) for r in rows]
 
+    def clusters(self) -> list[str]:
+        """Every cluster that has had a round here, by name."""
+        with self._session() as s:
+            return sorted(s.scalars(select(RoundRow.cluster).distinct()))
+
     def set_round_mlflow(self, round_id: int, run_id: str) -> None:
         """Remember the round's MLflow parent run."""
         with self._session() as s:

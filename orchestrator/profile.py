@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from cluster.gates import GateSpec
 from cluster.inventory import ClusterSpec, NodeSpec
@@ -60,6 +60,9 @@ class Profile(BaseModel):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
     description: str = ""
     cluster: ClusterSpec
+    #: loaded as the default (no ``--profile``, no ``$ORCHESTRATE_PROFILE``): a command reading
+    #: a ledger that holds other clusters but not this one says so (``cli.common.Opened``)
+    _by_default: bool = PrivateAttr(default=False)
     model: str = Field(pattern=r"^[A-Za-z0-9_./:-]{1,256}$", description="served model name")
     launcher: LauncherSpec
     knob_catalog: str | None = None
@@ -158,6 +161,11 @@ class Profile(BaseModel):
                     knob=name,
                 )
         return tuple(k for k in base if k.name not in self.untuned)
+
+    @property
+    def by_default(self) -> bool:
+        """Whether no ``--profile`` (nor ``$ORCHESTRATE_PROFILE``) chose it."""
+        return self._by_default
 
     @property
     def space(self) -> KnobSpace:
@@ -314,6 +322,7 @@ def load_profile(name_or_path: str | None = None, *, base_dir: Path | None = Non
                 profile.space.spec(knob).parse(value)
     except KnobError as e:
         raise ProfileError(f"profile {path}: proposer.sweep: {e}", path=str(path)) from e
+    profile._by_default = name_or_path is None
     return profile
 
 

@@ -42,7 +42,9 @@ ProfileOpt = Annotated[
     typer.Option(
         "--profile",
         "-p",
-        help="profile YAML path or embedded name (default: twin)",
+        help="profile YAML path or embedded name (default: $ORCHESTRATE_PROFILE, else twin)",
+        envvar="ORCHESTRATE_PROFILE",
+        show_envvar=False,
         autocompletion=completes(embedded_profiles),
     ),
 ]
@@ -140,6 +142,7 @@ class Opened:
                     # an older release's: upgraded as any command that opens it does
 
             self._ledger = self._stack.enter_context(Ledger(self.settings.ledger_url))
+            self._another_stacks(self._ledger)
             # a ledger server reached once is waited for when it does not answer a round's
             # start (``faults.waiting_for_ledger``)
             remember_ledger(self.settings.ledger_url)
@@ -147,6 +150,27 @@ class Opened:
                 # said once, on stderr: a --json command's stdout stays JSON
                 Console(stderr=True).print(self._ledger.upgraded.line(), markup=False)
         return self._ledger
+
+    def _another_stacks(self, ledger: Ledger) -> None:
+        """A command given no profile reads the embedded twin's cluster: on a ledger that holds
+        other clusters and not that one, its answer (no proposal waiting, an empty
+        results.tsv written over the real one) would be about nothing, with exit 0.
+
+        Raises:
+            UsageError: the default profile's cluster is not in a ledger that holds others.
+        """
+        from orchestrator.errors import UsageError
+
+        if not self.profile.by_default:
+            return
+        clusters = ledger.clusters()
+        if clusters and self.profile.cluster.name not in clusters:
+            raise UsageError(
+                f"no --profile given, and the ledger {ledger.url} "
+                f"holds no cluster {self.profile.cluster.name} (the default profile's); it "
+                f"holds {', '.join(clusters)}: pass --profile FILE (or set "
+                "ORCHESTRATE_PROFILE=FILE for this shell)"
+            )
 
     def deployer(self, *, progress: Progress | None = None, fence: Fence | None = None) -> Deployer:
         """A deployer for the profile's cluster (its transports connect on first use), with
