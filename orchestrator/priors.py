@@ -129,8 +129,12 @@ def _effect(stats: dict[str, object]) -> tuple[float, float, float, float] | Non
     return math.log1p(delta / 100), cv * math.sqrt(1 / n + 1 / m), 0.0, 0.0
 
 
-def learn(base: EffectPrior, effects: Sequence[tuple[float, float]]) -> EffectPrior:
-    """``base`` updated by measured ``(g, se)`` pairs of the knob's changes (see the module)."""
+def learn(
+    base: EffectPrior, effects: Sequence[tuple[float, float]], *, changes: int | None = None
+) -> EffectPrior:
+    """``base`` updated by measured ``(g, se)`` pairs of the knob's changes (see the module).
+    ``changes``: how many changes those are, where a change was looked at more than once (each
+    look is one pair: the words say so, and the pairs are learned from as they are)."""
     if not effects:
         return base
     pi0 = min(max(base.p_null, 0.01), 0.99)
@@ -154,8 +158,11 @@ def learn(base: EffectPrior, effects: Sequence[tuple[float, float]]) -> EffectPr
     slab = w * (1 - _PIS)[:, None]
     tau = math.exp(float((slab * np.log(_TAUS)[None, :]).sum() / slab.sum()))
     effect_pct = min(100.0, max(0.1, math.expm1(tau) * 100))
+    learned = f"{len(effects)} measured change(s)"
+    if changes is not None and changes != len(effects):
+        learned = f"{len(effects)} look(s) at {changes} measured change(s)"
     source = (
-        f"learned from {len(effects)} measured change(s) on this cluster: "
+        f"learned from {learned} on this cluster: "
         f"{base.p_null:.0%} null ±{base.effect_pct:.0f}% before, "
         f"{p_null:.0%} null ±{effect_pct:.1f}% now"
     )
@@ -183,8 +190,10 @@ def knob_priors(profile: Profile, changes: Sequence[Measured]) -> dict[str, Effe
     """Every knob's prior in force: its base prior updated by its measured changes."""
     out: dict[str, EffectPrior] = {}
     for spec in profile.space.knobs:
-        mine = [(m.g, m.se) for m in changes if m.knob == spec.name]
-        out[spec.name] = learn(base_prior(profile, spec.name), mine)
+        looks = [m for m in changes if m.knob == spec.name]
+        out[spec.name] = learn(
+            base_prior(profile, spec.name), [(m.g, m.se) for m in looks], changes=distinct(looks)
+        )
     return out
 
 
@@ -203,10 +212,17 @@ def learned_prior(
     whose null is the counters' shift."""
     experiments = ledger.experiments(cluster=profile.cluster.name)
     changes = measured(ledger, [e for e in experiments if e.id not in excluding])
-    mine = [m.beyond if beyond else (m.g, m.se) for m in changes if m.knob == knob]
+    looks = [m for m in changes if m.knob == knob]
+    mine = [m.beyond if beyond else (m.g, m.se) for m in looks]
     if not mine and profile.space.spec(knob).effect_prior is None:
         return None
-    return learn(base_prior(profile, knob), mine)
+    return learn(base_prior(profile, knob), mine, changes=distinct(looks))
+
+
+def distinct(looks: Sequence[Measured]) -> int:
+    """How many changes ``looks`` are: one value under one champion is one change, however
+    many times it was looked at."""
+    return len({(as_text(m.value), m.champion_key) for m in looks})
 
 
 def interacting(changes: Sequence[Measured]) -> frozenset[str]:

@@ -16,7 +16,15 @@ from knobs.spec import EffectPrior
 from knobs.vocabulary import Kind, State, Status
 from ledger import Ledger, VerdictRecord
 from orchestrator.policy import overshot
-from orchestrator.priors import interacting, knob_priors, learn, learned_prior, measured
+from orchestrator.priors import (
+    Measured,
+    distinct,
+    interacting,
+    knob_priors,
+    learn,
+    learned_prior,
+    measured,
+)
 from orchestrator.profile import Profile
 from tests.fixtures.rounds import a_round
 
@@ -48,6 +56,24 @@ def test_a_flat_knob_measured_plus_ten_percent_twice_is_judged_as_one_that_matte
     assert "learned from 2 measured change(s)" in learned.source
     strong = learn(card, [(math.log(0.85), 0.058), (math.log(1.10), confirmed)] * 2)
     assert strong.p_null < 0.4
+
+
+def test_looks_at_one_change_are_said_as_looks_not_as_changes() -> None:
+    """Three looks at one kv dtype change read "learned from 3 measured change(s)": a person
+    took the knob for one measured three ways. The looks are still each learned from (pooling
+    them was tried and not kept: docs/benchmarks.md); the words say what they are."""
+    looks = [
+        Measured(i, "kv_cache_dtype", "auto", "champ", g, 0.05)
+        for i, g in ((3, 0.086), (4, 0.023), (5, -0.009))
+    ]
+    assert distinct(looks) == 1
+    assert distinct([*looks, Measured(6, "kv_cache_dtype", "auto", "other", 0.0, 0.05)]) == 2
+    priors = knob_priors(profile(), looks)
+    assert "learned from 3 look(s) at 1 measured change(s) on this cluster" in (
+        priors["kv_cache_dtype"].source
+    )
+    card = EffectPrior(p_null=CATALOG_NULL, effect_pct=15.0)
+    assert "learned from 2 measured change(s)" in learn(card, [(0.1, 0.05)] * 2, changes=2).source
 
 
 def test_a_knob_measured_null_many_times_keeps_a_high_p_null() -> None:
