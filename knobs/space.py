@@ -72,9 +72,16 @@ class KnobSpace(BaseModel):
         clash = render_clash(self.knobs)
         if clash is not None:
             raise ValueError(clash)
-        for rule in self.forbidden:
-            for name, value in rule.when.items():
-                self.spec(name).parse(value)
+        # each value as the knob's own (a quoted `"true"`, `"0.86"`): kept as written, a rule
+        # compared text with the config's typed value and never matched
+        typed = tuple(
+            rule.model_copy(
+                update={"when": {k: self.spec(k).parse(v) for k, v in rule.when.items()}}
+            )
+            for rule in self.forbidden
+        )
+        if typed != self.forbidden:
+            object.__setattr__(self, "forbidden", typed)
         return self
 
     @property
@@ -242,11 +249,7 @@ def render_clash(knobs: Sequence[KnobSpec]) -> str | None:
     would silently win, and changes of the other would deploy nothing), in words; else None."""
     writes: dict[str, str] = {}
     json_flags = {k.render.flag for k in knobs if k.render.kind == "json_field"}
-    seen: set[str] = set()
     for knob in knobs:
-        if knob.name in seen:
-            return f"knob {knob.name} is declared twice: rename or drop one of them"
-        seen.add(knob.name)
         how = knob.render
         if how.kind == "flag" and how.flag in json_flags:
             return f"knob {knob.name} renders {how.flag}, which other knobs fill as JSON"

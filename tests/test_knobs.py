@@ -104,14 +104,17 @@ def test_change_is_exactly_one_knob_and_a_real_change() -> None:
         SPACE.change(champion, "num_speculative_tokens", 7)
 
 
-def test_forbidden_combinations_are_refused_and_skipped() -> None:
-    space = KnobSpace(
-        knobs=catalog("vllm-dflash2"),
-        forbidden=(
-            ForbiddenCombination(
-                when={"cuda_graphs": True, "num_speculative_tokens": 7}, reason="trap"
-            ),
-        ),
+@pytest.mark.parametrize(
+    "when",
+    [
+        {"cuda_graphs": True, "num_speculative_tokens": 7},
+        # YAML's quoted values: kept as text, the rule never matched and protected nothing
+        {"cuda_graphs": "true", "num_speculative_tokens": "7"},
+    ],
+)
+def test_forbidden_combinations_are_refused_and_skipped(when: dict[str, object]) -> None:
+    space = KnobSpace.model_validate(
+        {"knobs": catalog("vllm-dflash2"), "forbidden": [{"when": when, "reason": "trap"}]}
     )
     champion = space.default_config()
     with pytest.raises(
@@ -119,6 +122,11 @@ def test_forbidden_combinations_are_refused_and_skipped() -> None:
     ):
         space.change(champion, "cuda_graphs", True)
     assert all(c.knob != "cuda_graphs" for c in space.neighbours(champion))
+    assert space.forbidden == (
+        ForbiddenCombination(
+            when={"cuda_graphs": True, "num_speculative_tokens": 7}, reason="trap"
+        ),
+    )
 
 
 def test_neighbours_cover_every_other_value_once() -> None:
