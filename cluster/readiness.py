@@ -142,12 +142,25 @@ class Boot:
                         "boot_wedge",
                     )
                 if now > deadline:
-                    raise self._blame.hung(
-                        head,
-                        f"{head.name}: /health not 200 within {self.gates.boot_timeout_s:g}s",
-                        "boot_timeout",
-                    )
+                    raise self._blame.hung(head, self._timed_out(now - last_growth), "boot_timeout")
                 time.sleep(self.gates.poll_s)
+
+    def _timed_out(self, quiet_s: float) -> str:
+        """A boot past ``gates.boot_timeout_s`` in words, naming the key: a head whose log was
+        still growing (within the last ten polls, at least 5 s) was loading, not broken, and a
+        stack that boots in twenty minutes needs a longer limit than a hand-written profile's
+        two-minute default."""
+        head, limit = self.cluster.head.name, self.gates.boot_timeout_s
+        if quiet_s <= max(5.0, 10 * self.gates.poll_s):
+            return (
+                f"{head}: /health not 200 within {limit:g}s while its log was still growing: "
+                "the engine may need longer to boot; raise gates.boot_timeout_s if a boot of "
+                "this stack takes more"
+            )
+        return (
+            f"{head}: /health not 200 within {limit:g}s (gates.boot_timeout_s); its log last "
+            f"grew {quiet_s:.0f}s before"
+        )
 
     def smoke_check(self) -> str:
         """The greedy smoke generation's text.

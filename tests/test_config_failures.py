@@ -630,6 +630,31 @@ def test_an_engine_that_logs_a_full_disk_and_hangs_is_the_nodes_failure(tmp_path
     assert quiet.failure_class == "boot_wedge", quiet.message
 
 
+def test_a_boot_past_its_limit_with_its_log_still_growing_names_the_limits_key(
+    tmp_path: Path,
+) -> None:
+    """A stack that boots in twenty minutes under a hand-written profile's two-minute default
+    read `/health not 200 within 120s`, like a broken engine: the line now says the log was
+    still growing and which key sets the limit."""
+    loading = (
+        "import time; "
+        "[(print('Loading safetensors shard', i, flush=True), time.sleep(0.1)) "
+        "for i in range(3000)]"
+    )
+    data = twin_profile_data(nodes=1)
+    data["launcher"]["argv"] = ["{python}", "-c", loading]
+    data["launcher"]["head_argv"] = []
+    data["launcher"]["worker_argv"] = []
+    data["gates"]["boot_timeout_s"] = 3.0
+    data["gates"]["stall_s"] = None
+    err = deploy_failure(tmp_path, data, hold=False)
+    assert err.failure_class == "boot_timeout", err.message
+    assert err.message.startswith(
+        "node-0: /health not 200 within 3s while its log was still growing: the engine may "
+        "need longer to boot; raise gates.boot_timeout_s"
+    ), err.message
+
+
 def test_an_engine_that_logs_its_gpus_or_networks_fault_as_it_exits_is_the_nodes_failure(
     tmp_path: Path,
 ) -> None:
