@@ -210,7 +210,9 @@ def experiments_table(
         ("status", "left"),
         ("note", "left"),
     ):
-        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+        # a verdict is never cut ("inconclu…" in a log file's 80 columns): the change wraps
+        width = len("inconclusive") if column == "status" else None
+        table.add_column(column, justify=justify, min_width=width)  # type: ignore[arg-type]
     for e in experiments:
         status = e.status or e.state
         note: str = e.failure_class or ""

@@ -131,3 +131,9 @@ def test_proposals_and_experiments_name_each_other(cli_workdir: Path) -> None:
     assert [c.strip() for c in header.split("┃")[1:3]] == ["#", "proposal"], header
     for e, p in ((k5, vetoed), (k6, kept)):
         assert re.search(rf"│\s+{e.id} │\s+{p.id} │ num_speculative", table), table
+    # in a log file's 80 columns the change wraps and the verdict is whole, never "inconclu…"
+    narrow = Console(file=io.StringIO(), width=80)
+    undecided = [e.model_copy(update={"status": "inconclusive"}) for e in report.experiments]
+    narrow.print(experiments_table(undecided, report.champion, "Round 1"))
+    text = narrow.file.getvalue()  # type: ignore[attr-defined]
+    assert text.count("inconclusive") == len(undecided), text
