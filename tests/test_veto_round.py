@@ -303,12 +303,12 @@ def test_the_queue_timeout_vetoes_then_pauses_and_the_round_resumes(workdir: Pat
         numbers = report_summary(collect(prof, ledger, 1))
         parent = ledger.round(1).mlflow_run_id
         children = [e.mlflow_run_id for e in ledger.experiments(round_id=1)]
-    assert (numbers["experiments"], numbers["vetoed"]) == (1.0, 2.0)
+    assert (numbers["experiments"], numbers["vetoed"], numbers["vetoed_by_timeout"]) == (1, 2, 2)
     # as MLflow has them: the parent's counts, and each veto's run ended FINISHED, not KILLED
     client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
     assert parent is not None
     logged = client.get_run(parent).data.metrics
-    assert (logged["experiments"], logged["vetoed"]) == (1.0, 2.0)
+    assert (logged["experiments"], logged["vetoed"], logged["vetoed_by_timeout"]) == (1, 2, 2)
     ended = [client.get_run(c) for c in children if c is not None]
     assert [(r.data.tags["status"], r.info.status) for r in ended][1:3] == [
         ("vetoed", "FINISHED"),

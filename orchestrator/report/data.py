@@ -19,6 +19,7 @@ from knobs.spec import EffectPrior, Value, as_text, clipped
 from knobs.vocabulary import BootRole, EventKind, Kind, ProposalStatus, State, Status
 from ledger import ChampionRecord, ExperimentRecord, Ledger, RoundRecord
 from orchestrator import budget, resumes, stalled_verdicts
+from orchestrator.approval import TIMEOUT_BY
 from orchestrator.cell_renames import resolved
 from orchestrator.champion import ChampionEvidence
 from orchestrator.champion_level import CellsChanged, LevelInForce, cells_changed, level_in_force
@@ -137,6 +138,8 @@ class ReportData:
     #: (a person's, the queue's timeout's, the profile's), which it does not count
     done: int = 0
     vetoed: int = 0
+    #: of those, the queue's timeout's: nobody judged their values, and they bar nothing
+    vetoed_by_timeout: int = 0
     #: by node rank, the round's boots set aside with that node's clocks off
     clocks_off_by_node: Counter[int] = field(default_factory=Counter)
     #: the round's boots that failed for the infrastructure's reasons, by their class and
@@ -240,6 +243,7 @@ def collect(profile: Profile, ledger: Ledger, round_id: int | None = None) -> Re
     for p in proposals:
         if p.status == ProposalStatus.VETOED:
             data.vetoed += 1
+            data.vetoed_by_timeout += p.decided_by == TIMEOUT_BY
         usage = LlmUsage.from_notes(p.notes)
         if usage is not None:
             data.llm_usd += usage.cost_usd
@@ -399,6 +403,7 @@ def summary(data: ReportData) -> dict[str, float]:
         # as the budget counts them (``budget``); the proposals vetoed apart
         "experiments": float(data.done),
         "vetoed": float(data.vetoed),
+        "vetoed_by_timeout": float(data.vetoed_by_timeout),
         "keeps": float(
             sum(1 for p in data.points if p.kind == Kind.CANDIDATE and p.status == Status.KEEP)
         ),
