@@ -325,7 +325,7 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=40, help="noisy replays of each change")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sigma-boots", type=int, default=1000, help="twin boots per landscape")
-    parser.add_argument("--json", type=Path, help="write every rule's rates and the answers here")
+    parser.add_argument("--json", type=Path, help="write the table, answers, frontiers here")
     args = parser.parse_args()
     changes = load(args.runs)
     names = [n for n in sorted(changes.settled)]
