@@ -60,10 +60,10 @@ def test_proposals_are_listed_approved_and_vetoed_with_the_clis_arrow(
     assert run(["proposals", "list"]) == 0
     out, err = capsys.readouterr()
     assert out.splitlines() == [
-        "proposal\tstatus\texperiment\tchange\tsource\treason\thypothesis",
-        f"{one}\tpending\t-\tnum_speculative_tokens 7 → 5\tclaude\t-\t"
+        "proposal\tstatus\tdecided by\texperiment\tchange\tsource\treason\thypothesis",
+        f"{one}\tpending\t-\t-\tnum_speculative_tokens 7 → 5\tclaude\t-\t"
         "K=5 drafts fewer rejected tokens.",
-        f"{two}\tpending\t-\tmax_num_batched_tokens 2048 → 8192 + enable_chunked_prefill "
+        f"{two}\tpending\t-\t-\tmax_num_batched_tokens 2048 → 8192 + enable_chunked_prefill "
         "false → true\tclaude\t-\tMNBT 8192.",
     ], err
     assert run(["proposals", "approve", str(one)]) == 0

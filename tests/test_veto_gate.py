@@ -4,7 +4,9 @@ decision arrives as a real ledger write)."""
 
 from __future__ import annotations
 
+import getpass
 import io
+import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -93,9 +95,13 @@ def ask(ledger: Ledger, answers: str) -> tuple[ProposalRecord, str]:
     return decided, screen.getvalue() + prompts
 
 
+#: who a person at the prompt is, as the ledger records their decision
+WHO = f"{getpass.getuser()}@{socket.gethostname()}"
+
+
 def test_ask_shows_the_proposal_and_approves(ledger: Ledger) -> None:
     decided, seen = ask(ledger, "approve\n")
-    assert (decided.status, decided.decided_by, decided.new_value) == ("approved", "person", 5)
+    assert (decided.status, decided.decided_by, decided.new_value) == ("approved", WHO, 5)
     assert "Proposal 1 (claude): num_speculative_tokens 7 → 5" in seen
     # the hypothesis is data: rich markup in it is printed, not interpreted
     assert "hypothesis: [bold]K=5[/bold] verifies fewer rejected drafts" in seen
@@ -112,7 +118,7 @@ def test_ask_edit_is_validated_again_until_it_is_allowed(ledger: Ledger) -> None
     decided, seen = ask(ledger, "edit\n7; reboot\ne\n7\nedit\n4\n")
     assert (decided.status, decided.decided_by, decided.new_value) == (
         "approved",
-        "person (edited)",
+        f"{WHO} (edited)",
         4,
     )
     assert "knob num_speculative_tokens: '7; reboot' is not an integer from 1 to 7" in seen
@@ -124,7 +130,7 @@ def test_ask_veto_records_the_reason(ledger: Ledger) -> None:
     decided, _ = ask(ledger, "veto\nK=5 wedged rank 2 last week\n")
     assert (decided.status, decided.decided_by, decided.reason) == (
         "vetoed",
-        "person",
+        WHO,
         "K=5 wedged rank 2 last week",
     )
     assert ledger.proposal(decided.id).status == "vetoed"
@@ -278,7 +284,7 @@ def test_a_vetoed_change_says_its_reason_once(tmp_path: Path) -> None:
         runner.run(RoundOptions(budget=1, proposer="sweep", approve="ask"))
     [line] = [line for line in screen.getvalue().splitlines() if "vetoed" in line]
     assert line.count(why) == 1 and line.count("vetoed") == 1, line
-    assert line.strip() == f"#2 num_speculative_tokens 7 → 5: vetoed by person: {why}", line
+    assert line.strip() == f"#2 num_speculative_tokens 7 → 5: vetoed by {WHO}: {why}", line
 
 
 def test_an_edited_proposal_says_its_edit_and_a_vetoed_value_names_its_veto(
