@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from datetime import datetime
 
 from agents import ChampionCell
 from knobs.config import Config
@@ -161,16 +162,25 @@ class ChampionEvidence:
         if trusted and objective_of(trusted) != champion.objective:
             self.ledger.set_champion_objective(self.cluster, objective_of(trusted))
 
-    def level(self) -> list[Measurement]:
+    def level(
+        self, champion: ChampionRecord | None = None, until: datetime | None = None
+    ) -> list[Measurement]:
         """The champion's complete measurements with every node's clocks right, since its last
         cut (``cuts``: a confirmed drift, or the boots that kept it set aside), of its launchers
         as the profile renders them now (``rendered_now``); of those, the ones no busy host
-        disturbed (``host_stalls.disturbed``) while there is one."""
-        champion = self.current()
+        disturbed (``host_stalls.disturbed``) while there is one. ``champion``: another (a past
+        one, fitted) than the current; ``until``: its level as it stood then, of the boots
+        started by then and the cuts among them (``compared_with.level_then``)."""
+        champion = champion or self.current()
         complete = self.rendered_now(champion)
+        if until is not None:
+            complete = [m for m in complete if all(at <= until for _, at in m.boots)]
         # a baseline measured only with a node's clocks off is all there is until re-measured
         measurements = [m for m in complete if self.trusted(m)] or complete
-        cuts = self.cuts().get(champion.experiment_id)
+        cuts = self.cuts().get(champion.experiment_id, [])
+        if until is not None:  # a cut made since is another level's, not the one of then
+            last = max((m.index for m in complete), default=-1)
+            cuts = [c for c in cuts if c <= last]
         if cuts:
             measurements = [m for m in measurements if m.index >= max(cuts)] or measurements
         # a boot a busy host disturbed measured the host: not the level while another is there

@@ -15,12 +15,15 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
 from knobs.vocabulary import UNMEASURED, Kind, State, Status
 from ledger import ChampionRecord, ExperimentRecord, Ledger
 from orchestrator import champion_level
-from orchestrator.evolution import Lineage
+from orchestrator.champion import ChampionEvidence
+from orchestrator.evolution import Lineage, fit_champion
 from orchestrator.profile import Profile
+from orchestrator.verdict import objective, objective_of
 
 
 @dataclass(frozen=True)
@@ -118,6 +121,24 @@ def tsv_notes(profile: Profile, ledger: Ledger) -> dict[int, str]:
         if compared.misleading:
             notes[e] = f"{notes[e]}; {compared.words()}" if e in notes else compared.words()
     return notes
+
+
+def level_then(
+    evidence: ChampionEvidence, champion: ChampionRecord, at: datetime
+) -> ChampionRecord:
+    """``champion`` with its level as it stood at ``at`` (a past round's end). The champion
+    table keeps one objective a champion, its level when it was replaced or now: a champion
+    measured again after ``at`` (a later round's re-measure, its drift sentinel) has there a
+    level that round never saw. Then its level is its trusted boots started by ``at`` under
+    the cuts made among them (``ChampionEvidence.level``); otherwise what the table keeps."""
+    ledger = evidence.ledger
+    if not any(b.started_at > at for b in ledger.boots(champion.experiment_id)):
+        return champion
+    fitted = fit_champion(evidence.profile.space, ledger, champion)
+    trusted = [objective(m.cells) for m in evidence.level(fitted, at) if evidence.trusted(m)]
+    if not trusted:
+        return champion
+    return champion.model_copy(update={"objective": objective_of(trusted)})
 
 
 @dataclass(frozen=True)

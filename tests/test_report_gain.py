@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import html
 import io
+import math
 import re
 from pathlib import Path
 
@@ -26,14 +27,16 @@ from ledger.export import tsv_rows
 from orchestrator.approval import ApprovalGate
 from orchestrator.compared_with import tsv_notes
 from orchestrator.display import RoundDisplay
+from orchestrator.profile import Profile
 from orchestrator.report.data import collect
 from orchestrator.report.page import page
 from orchestrator.round import RoundOptions, RoundRunner
 from orchestrator.testbed import NullSink
-from tests.test_pooling import profile
+from tests.test_pooling import profile, profile_data
 
 NULL = {"drafter_adapter_rank": 128}  # no effect on the far-k stack
 GOOD = {"num_speculative_tokens": 5}  # +9.9 % on it
+OTHER = {"drafter_adapter_rank": 32}  # no effect either
 
 
 class Scripted(SimulatedTestbed):
@@ -164,3 +167,59 @@ def test_a_round_without_a_keep_says_its_champion_s_level_not_a_gain(tmp_path: P
         f"{baseline.objective:.1f}); started"
     ) in head, head
     assert "%" not in head, head
+
+
+def test_a_past_round_s_report_reads_its_champion_s_level_as_it_stood_at_the_round_s_end(
+    tmp_path: Path,
+) -> None:
+    """Round 1 keeps K 5; round 2 measures that champion again before its first change (it
+    reads 15 % lower, a drift confirmed). Round 1's report read the level the champion has
+    now, measured in round 2, in its header ("the champion -3.6 % by the champions' levels in
+    force, 4632.8 → 4463.8"), a level round 1 never saw. It reads the level as it stood when
+    round 1 ended; round 2's report reads the level round 2 measured."""
+    prof = profile(tmp_path)
+    # round 2's profile measures the champion again before its first change (its last
+    # measurement is older than a millisecond): the drift sentinel by age
+    aged = Profile.model_validate({**profile_data(tmp_path), "verdict": {"drift_max_age_s": 0.001}})
+    base = prof.initial_champion()
+    good = Config({**base.as_dict(), **GOOD})
+    same = Config({**good.as_dict(), **OTHER})  # round 2's change: nothing, read alike
+    testbed = Scripted(
+        {base.key: (1.03, 0.95), good.key: (1.02, 1.0, 0.97, 0.85), same.key: (0.85,)}
+    )
+
+    def run(prof: Profile, budget: int, changes: list[dict[str, int]]) -> None:
+        RoundRunner(
+            prof,
+            ledger,
+            NullSink(),
+            testbed,
+            SweepProposer(changes),
+            ApprovalGate(ledger, "auto"),
+            RoundDisplay(Console(file=io.StringIO())),
+        ).run(RoundOptions(budget=budget, proposer="sweep", approve="auto", seed=0))
+
+    cluster = prof.cluster.name
+    with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
+        run(prof, 2, [NULL, GOOD])
+        [first] = ledger.rounds(cluster)
+        then = ledger.champion(cluster)
+        run(aged, 1, [OTHER])
+        second = ledger.rounds(cluster)[-1]
+        now = ledger.champion(cluster)
+        assert then is not None and now is not None and second.id != first.id
+        # the same champion, measured again in round 2: its level moved
+        assert now.experiment_id == then.experiment_id
+        assert abs(now.objective / then.objective - 1) > 0.02, (then, now)
+        data = collect(prof, ledger, first.id)
+        old, new = data.gain, collect(prof, ledger, second.id).gain
+    assert old is not None and new is not None
+    assert old.end.experiment_id == then.experiment_id
+    assert math.isclose(old.end.objective, then.objective, rel_tol=1e-9), (old.end, then)
+    text = page(data, dict.fromkeys(("progress.png", "effects.png", "boots.png"), b""))
+    head = html.unescape(text[text.index("<p>Profile") : text.index("<h2>Progress")])
+    assert f"→ {then.objective:.1f} (#" in head, head
+    assert f"{now.objective:.1f}" not in head, head
+    # round 2, which measured it again, reads its level in force now
+    assert new.end.objective == now.objective
+    assert f"its level in force {now.objective:.1f}" in new.words(), new.words()

@@ -23,7 +23,7 @@ from orchestrator.approval import TIMEOUT_BY
 from orchestrator.cell_renames import resolved
 from orchestrator.champion import ChampionEvidence
 from orchestrator.champion_level import CellsChanged, LevelInForce, cells_changed, level_in_force
-from orchestrator.compared_with import ComparedWith, Gain, compared_with, gain
+from orchestrator.compared_with import ComparedWith, Gain, compared_with, gain, level_then
 from orchestrator.display import describe
 from orchestrator.errors import OrchestrateError
 from orchestrator.evolution import fit_champion
@@ -221,7 +221,13 @@ def collect(profile: Profile, ledger: Ledger, round_id: int | None = None) -> Re
         done=budget.done(every),
     )
     data.stops = _stops(ledger, rnd, data.resumes)
-    data.gain = gain(ledger, _champions(ledger, cluster, rnd), experiments, compared)
+    # each champion's level as it stood at the round's end, not as a later round measured it
+    evidence, end_of_round = ChampionEvidence(profile, ledger), rnd.finished_at or datetime.now(UTC)
+    held = tuple(
+        None if c is None else level_then(evidence, c, end_of_round)
+        for c in _champions(ledger, cluster, rnd)
+    )
+    data.gain = gain(ledger, (held[0], held[1]), experiments, compared)
     # the champion's row and the champion say its level in force, as results.tsv and status
     level = level_in_force(ChampionEvidence(profile, ledger))
     last = _champions(ledger, cluster, rnd)[1]
