@@ -18,8 +18,9 @@ from cluster.stall import DISTURBED_FRACTION, stalled
 from knobs.records import CellResultRecord
 from knobs.vocabulary import cut_short
 from ledger import BootRecord, ExperimentRecord, Ledger
-from orchestrator import host_stalls
+from orchestrator import host_stalls, left_open
 from orchestrator.errors import OrchestrateError
+from orchestrator.profile_sections import VerdictSpec
 from orchestrator.timestamps import utc_minute
 from orchestrator.verdict import slow_ranks
 
@@ -52,10 +53,18 @@ def named_experiment(
 
 
 def experiment_view(
-    ledger: Ledger, cluster: str, experiment_id: int, *, min_matmul_rate: float
+    ledger: Ledger,
+    cluster: str,
+    experiment_id: int,
+    *,
+    min_matmul_rate: float,
+    verdict_spec: VerdictSpec,
 ) -> dict[str, Any]:
     """Experiment ``experiment_id`` of ``cluster`` as JSON-ready data (see the module; a node
-    whose matmul rate read below ``min_matmul_rate`` had its clocks off).
+    whose matmul rate read below ``min_matmul_rate`` had its clocks off). A stop an earlier
+    release recorded ``discard`` and left open for another look reads ``inconclusive``, as
+    every reader shows it (``left_open``; ``verdict_spec``: the profile's verdict settings),
+    and ``recorded_status`` keeps the ledger's word.
 
     Raises:
         NoSuchExperiment: ``cluster`` has none of that ID.
@@ -67,11 +76,13 @@ def experiment_view(
         hint="`orchestrate export` lists its experiments (results.tsv)",
     )
     verdict = ledger.verdict(e.id)
+    [shown] = left_open.read(verdict_spec, ledger, [e])
     cells: dict[int, list[tuple[int, CellResultRecord]]] = {}
     for r in ledger.cell_results(e.id):
         cells.setdefault(r.boot_id, []).append((r.repeat, r.result))
     return {
-        **_experiment(e),
+        **_experiment(shown),
+        "recorded_status": None if e.status is None else str(e.status),
         "verdict": None if verdict is None else verdict.model_dump(mode="json"),
         "boots": [_boot(b, cells.get(b.id, []), min_matmul_rate) for b in ledger.boots(e.id)],
     }

@@ -37,7 +37,11 @@ def experiments_show(
     # read only: an older ledger is read as upgraded and left as it was (``ledger.reading``)
     with reading(Settings.resolve(prof).ledger_url) as ledger:
         view = experiment_view(
-            ledger, prof.cluster.name, experiment_id, min_matmul_rate=prof.gates.min_matmul_rate
+            ledger,
+            prof.cluster.name,
+            experiment_id,
+            min_matmul_rate=prof.gates.min_matmul_rate,
+            verdict_spec=prof.verdict,
         )
     if as_json:
         typer.echo(json.dumps(view, indent=2))

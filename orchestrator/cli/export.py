@@ -48,13 +48,17 @@ def export(
     trial each, a re-export adds the new ones."""
     from agents.study_export import export_study
     from ledger import tsv_text
+    from orchestrator import left_open
     from orchestrator.compared_with import tsv_notes
     from orchestrator.profile import load_profile
 
     prof = load_profile(profile)
     with opened(prof) as o:
         ledger = o.ledger(create=False)
-        experiments = ledger.experiments(cluster=prof.cluster.name)
+        # a stop an earlier release recorded `discard` and left open reads `inconclusive`
+        experiments = left_open.read(
+            prof.verdict, ledger, ledger.experiments(cluster=prof.cluster.name)
+        )
         # the champion's row says its level in force where it was measured again since, a
         # row whose objective beside its champion's reads against its Δ what the Δ is against
         notes = tsv_notes(prof, ledger)

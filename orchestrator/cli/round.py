@@ -286,6 +286,7 @@ def _write_report(
     be written is said in one line: the round's record is complete without it, and
     ``orchestrate report`` writes it again."""
     from ledger import tsv_text
+    from orchestrator import left_open
     from orchestrator.compared_with import tsv_notes
     from orchestrator.report import write_report
     from orchestrator.report.data import launchers, summary
@@ -299,7 +300,9 @@ def _write_report(
             sink.log_metrics(run_id, summary(written.data))
             for path in (written.page, *written.pictures):
                 sink.log_files(run_id, {"report": path})
-            experiments = ledger.experiments(cluster=prof.cluster.name)
+            experiments = left_open.read(
+                prof.verdict, ledger, ledger.experiments(cluster=prof.cluster.name)
+            )
             texts = {"results.tsv": tsv_text(experiments, tsv_notes(prof, ledger))}
             champion = written.data.champion_config
             if champion is not None:

@@ -18,7 +18,7 @@ from knobs.records import LlmUsage
 from knobs.spec import EffectPrior, Value, as_text, clipped
 from knobs.vocabulary import BootRole, EventKind, Kind, ProposalStatus, State, Status
 from ledger import ChampionRecord, ExperimentRecord, Ledger, RoundRecord
-from orchestrator import budget, resumes, stalled_verdicts
+from orchestrator import budget, left_open, resumes, stalled_verdicts
 from orchestrator.approval import TIMEOUT_BY
 from orchestrator.cell_renames import resolved
 from orchestrator.champion import ChampionEvidence
@@ -203,7 +203,8 @@ def collect(profile: Profile, ledger: Ledger, round_id: int | None = None) -> Re
         round=rnd,
         points=[
             replace(_point(ledger, e, seen.counts[e.id], e.id in busy), compared=compared.get(e.id))
-            for e in experiments
+            # a stop an earlier release recorded `discard` and left open reads `inconclusive`
+            for e in left_open.read(profile.verdict, ledger, experiments)
         ],
         champion_after=[],
         knobs=[],
