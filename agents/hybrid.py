@@ -12,8 +12,9 @@ predicts best in that direction, from the champion's per-position acceptance
 (``agents.draft_model``), as in the Optuna proposer's first looks, and the expected effect is
 the model's prediction as the Optuna proposer says it: Claude's own expectation stays in the
 notes (``expected_direction``, ``expected_size_pct``), and is said beside the model's where
-their directions differ. When Claude gives no usable choice, the Optuna proposer proposes on
-its own, recorded as a fallback.
+their directions differ, or where they agree but their sizes are far apart (``FAR_APART``:
+Claude +4 %, the model +18.3 %). When Claude gives no usable choice, the Optuna proposer
+proposes on its own, recorded as a fallback.
 """
 
 from __future__ import annotations
@@ -218,16 +219,19 @@ class HybridProposer(LLMProposer):
 def _expected(model: DraftPrediction, value: int, direction: Direction, effect: Effect) -> str:
     """The expected effect of a K value the draft-length model picked: the model's prediction
     (``DraftPrediction.expected``), with Claude's own expectation beside it where it points
-    another way (the model says better while Claude said lower, say)."""
+    another way (the model says better while Claude said lower, say), or the same way by a
+    size ``FAR_APART`` from the model's (Claude +4 %, the model +18.3 %)."""
     said = model.expected(value, direction)
     pct = model.change_pct[value]
     way = "unchanged" if abs(pct) < 0.5 else "higher" if pct > 0 else "lower"
-    agrees = (
-        abs(pct) <= max(effect.size_pct, 0.5)
-        if effect.direction == "unchanged"
-        else effect.direction == way
-    )
-    if agrees:
+    if effect.direction == way and way != "unchanged":
+        if not _far_apart(abs(pct), effect.size_pct):
+            return said
+        return (
+            f"{said}; Claude expected the objective {way} too, by about {effect.size_pct:g}% "
+            f"against the model's {pct:+.1f}%"
+        )
+    if effect.direction == "unchanged" and abs(pct) <= max(effect.size_pct, 0.5):
         return said
     claude = (
         f"unchanged (within about {effect.size_pct:g}%)"
@@ -235,3 +239,15 @@ def _expected(model: DraftPrediction, value: int, direction: Direction, effect: 
         else f"{effect.direction} by about {effect.size_pct:g}%"
     )
     return f"{said}; Claude expected the objective {claude}"
+
+
+#: Claude's expected size and the model's, the same way, are far apart when one is more than
+#: this many times the other and they differ by more than ``FAR_POINTS`` percentage points.
+FAR_APART = 2.0
+FAR_POINTS = 2.0
+
+
+def _far_apart(model_pct: float, claude_pct: float) -> bool:
+    """Whether two expected sizes of one direction (percent, both positive) are far apart."""
+    low, high = sorted((model_pct, claude_pct))
+    return high - low > FAR_POINTS and high > FAR_APART * low

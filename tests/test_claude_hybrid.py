@@ -204,12 +204,13 @@ def test_a_K_value_the_model_picked_expects_the_models_number(messages_api: Mess
     """The draft-length model picked K=2: the expected effect is its prediction, as the Optuna
     proposer's K look says it (it was Claude's "objective higher by about 4%" beside the
     model's number in the hypothesis). Claude's expectation stays in the notes, and is said
-    beside the model's where their directions differ; a value TPE picked keeps Claude's."""
+    beside the model's where their directions differ, or where the sizes the same way are far
+    apart (Claude +4 %, the model +18.3 %); a value TPE picked keeps Claude's."""
     with_cells = _exl3_context()
     model = predict(with_cells)
     assert model is not None and model.change_pct[2] > 0.5
     said = f"better than the champion: {model.describe(2)}; a model, not a measurement"
-    k_down = choice(knob="num_speculative_tokens", direction="down")
+    k_down = choice(knob="num_speculative_tokens", direction="down", expected_size_pct=15)
     doubting = choice(knob="num_speculative_tokens", direction="down", expected_direction="lower")
     messages_api.script(
         tool_use(k_down, name="choose_knob"), tool_use(doubting, name="choose_knob")
@@ -218,12 +219,24 @@ def test_a_K_value_the_model_picked_expects_the_models_number(messages_api: Mess
     assert agreed.change.new == 2 and agreed.expected_effect == said
     assert (agreed.notes["expected_direction"], agreed.notes["expected_size_pct"]) == (
         "higher",
-        "4",
+        "15",
     )
     differed = hybrid(messages_api).propose(with_cells)
     assert differed.change.new == 2
     assert differed.expected_effect == f"{said}; Claude expected the objective lower by about 4%"
     assert differed.notes["expected_direction"] == "lower"
+
+    # the same way, but Claude's +4 % is far from the model's +18.3 %: the record says both
+    # (it read the model's number alone, as if Claude agreed with it)
+    messages_api.script(
+        tool_use(choice(knob="num_speculative_tokens", direction="down"), name="choose_knob")
+    )
+    modest = hybrid(messages_api).propose(with_cells)
+    assert modest.change.new == 2
+    assert modest.expected_effect == (
+        f"{said}; Claude expected the objective higher too, by about 4% against the model's "
+        f"{model.change_pct[2]:+.1f}%"
+    ), modest.expected_effect
 
     messages_api.script(tool_use(choice(), name="choose_knob"))
     tpe = hybrid(messages_api).propose(with_cells)
