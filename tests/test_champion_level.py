@@ -13,6 +13,7 @@ import shutil
 from pathlib import Path
 
 from ledger import Ledger
+from orchestrator import left_open
 from tests.fixtures.cli import orchestrate
 from tests.test_migrations import CLUSTER, LEDGERS, _upgraded_release
 
@@ -59,6 +60,10 @@ def test_an_old_ledger_s_champion_row_says_the_level_that_status_shows(tmp_path:
     now, then = rows_of(exported.stdout), rows_of((LEDGERS / "schema7.results.tsv").read_text())
     mine = now.pop(champion.experiment_id)
     old = then.pop(champion.experiment_id)
+    # its futility stop left open for another look reads inconclusive (``left_open``)
+    opened, recorded = now.pop(4), then.pop(4)
+    assert (opened[4], recorded[4]) == ("inconclusive", "discard")
+    assert opened[7] == f"{recorded[7]}; {left_open.WORDS}"
     assert now == then  # every other row as the release exported it
     assert mine[:7] == old[:7] and mine[1] == kept  # its measurement stays recorded
     assert mine[7].startswith(
