@@ -220,6 +220,9 @@ def test_a_past_round_s_report_reads_its_champion_s_level_as_it_stood_at_the_rou
     head = html.unescape(text[text.index("<p>Profile") : text.index("<h2>Progress")])
     assert f"→ {then.objective:.1f} (#" in head, head
     assert f"{now.objective:.1f}" not in head, head
+    # and its progress plot's champion line ends where round 1 left it
+    assert data.champion_after[-1] is not None
+    assert math.isclose(data.champion_after[-1], then.objective, rel_tol=1e-9), data.champion_after
     # round 2, which measured it again, reads its level in force now
     assert new.end.objective == now.objective
     assert f"its level in force {now.objective:.1f}" in new.words(), new.words()

@@ -243,7 +243,7 @@ def collect(profile: Profile, ledger: Ledger, round_id: int | None = None) -> Re
             else replace(p, label=f"{p.label}; {level.row_words()}")
             for p in data.points
         ]
-    data.champion_after = _champion_path(ledger, cluster, rnd, experiments)
+    data.champion_after = _champion_path(evidence, rnd, experiments)
     data.knobs = _knob_rows(profile, ledger, data.points)
     _boots(rnd, experiments, data, seen)
     proposals = ledger.proposals(round_id=rnd.id)
@@ -302,15 +302,25 @@ def _champions(
 
 
 def _champion_path(
-    ledger: Ledger, cluster: str, rnd: RoundRecord, experiments: list[ExperimentRecord]
+    evidence: ChampionEvidence, rnd: RoundRecord, experiments: list[ExperimentRecord]
 ) -> list[float | None]:
-    """The champion's objective as each experiment was decided (its step line)."""
-    history = ledger.champion_history(cluster)
+    """The champion held as each experiment was decided (its step line), each at its level
+    as it stood at the round's end (``level_then``), as the header reads it: not a level a
+    later round measured."""
+    ledger = evidence.ledger
+    history = ledger.champion_history(evidence.cluster)
+    end_of_round = rnd.finished_at or datetime.now(UTC)
+    levels: dict[int, float] = {}
     path: list[float | None] = []
     for e in experiments:
         at = e.decided_at or rnd.started_at
         held = [c for c in history if c.since <= at]
-        path.append(held[-1].objective if held else None)
+        if not held:
+            path.append(None)
+            continue
+        if held[-1].id not in levels:
+            levels[held[-1].id] = level_then(evidence, held[-1], end_of_round).objective
+        path.append(levels[held[-1].id])
     return path
 
 
