@@ -27,7 +27,10 @@ knob's effect below 5 is not a coin toss for any of them. The model, on the log 
 A boot's hosts may have stalled its windows (``host_stalls``): the error that adds to its log
 objective adds to its value's mean's variance (and the champion's, to the shared term), as in
 the boot's own verdict; a boot the host disturbed is not pooled (``host_stalls.reusable``).
-Where nothing stalled, nothing changes.
+A pooled keep, and a pooled discard, must hold at the least and the most favourable reading
+of the candidate's own boots that their stalls allow, as an unpooled one
+(``HostError.judged``, its reading updating the other values' evidence). Where nothing
+stalled, nothing changes.
 
 A knob without an order (CUDA graphs, a KV dtype) has unrelated values: they share only the
 spike and the champion's error, and a value looked at again (``policy.second_look``) pools all

@@ -285,10 +285,11 @@ def _sequential(
     p_gain = post.p_above(0.0)
     p_worth = post.p_above(equivalence)
     # a keep must hold at the least favourable reading the stalls allow, a discard at the
-    # most favourable: a reading its host may have made decides nothing either way
+    # most favourable: a reading its host may have made decides nothing either way; pooled,
+    # the reading updates the other values' evidence (``ahead``), as the boots to come do
     keep_p, discard_p = (
         host.judged(g, noise_se, ahead, equivalence, p_gain, p_worth)
-        if host.bound > 0 and pooled is None
+        if host.bound > 0
         else (p_gain, p_worth)
     )
     stats.update(

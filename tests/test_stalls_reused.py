@@ -30,12 +30,15 @@ from orchestrator.host_stalls import boot_error, reusable
 from orchestrator.pooling import ValueBoots, pool
 from orchestrator.priors import MEASURING, measured
 from orchestrator.profile import Profile
+from orchestrator.profile_sections import VerdictSpec
 from orchestrator.report.data import collect
 from orchestrator.round import RoundOptions, RoundRunner
 from orchestrator.stalled_verdicts import WORDS
 from orchestrator.step_cost import draft_changes
 from orchestrator.testbed import NullSink
+from orchestrator.verdict import Assessment, Evidence, assess
 from tests.test_pooling import CV, TAU, K, profile
+from tests.test_verdict import NOISE
 from tests.test_verdict_stalled import MNBT, BusyHost, boot
 
 #: The far-k stack's champion's MNBT.
@@ -111,6 +114,50 @@ def test_a_pooled_boot_carries_its_stall_error_and_a_disturbed_one_is_left_out()
     assert reusable(small) == boot_error(small) and 0 < boot_error(small) < 0.01
     assert reusable(boot(1.0)) == 0.0
     assert reusable(boot(0.55, {"*": 5.72})) is None
+
+
+def test_a_pooled_verdict_discards_only_at_the_most_favourable_reading_the_stalls_allow() -> None:
+    """K=5 read +6 % on two boots whose code-c8 window stalled 0.15 s of its 2 s (each boot
+    off by up to 1.9 %: stalled, not disturbed), K's neighbours +3 %. Pooled, the posterior
+    finds it not worth a change, as it does unstalled; but a discard must hold at the most
+    favourable reading the stalls allow, pooled or not (``HostError.judged``): +7.9 % is not
+    futile, so the look asks for another boot instead, and its words say what it read."""
+    spec = VerdictSpec()
+    champion = [boot(1.0) for _ in range(3)]
+    champion_logs = [math.log(sum(c.output_throughput for c in b)) for b in champion]
+    neighbours = [ValueBoots(v, (math.log(4000 * 1.03),) * 2) for v in (6, 4)]
+
+    def judged(stall: float) -> Assessment:
+        candidate = [boot(1.06, {"code-c8": stall}) for _ in range(2)]
+        objectives = [sum(c.output_throughput for c in b) for b in candidate]
+        errors = [boot_error(b) for b in candidate]
+        own = ValueBoots(5, tuple(math.log(x) for x in objectives), tuple(errors))
+        pooled = pool(
+            K, 7, champion_logs, own, neighbours, boot_cv=NOISE.boot_cv, p_null=0.5, tau=TAU
+        )
+        assert pooled is not None
+        evidence = Evidence(
+            candidate=objectives,
+            champion=[sum(c.output_throughput for c in b) for b in champion],
+            confirmations=0,
+            candidate_cells=[c for b in candidate for c in b],
+            champion_cells=champion[-1],
+            candidate_stalls=errors,
+            champion_stalls=[0.0] * 3,
+        )
+        return assess(spec, evidence, NOISE, pooled=pooled)
+
+    clean = judged(0.0)
+    assert (clean.status, clean.rule) == ("discard", "posterior"), clean.reason
+    stalled = judged(0.15)
+    assert "pooled_values" in stalled.stats and "a busy host widened" in stalled.reason
+    assert 0 < float(stalled.stats["stall_bound"]) < 0.02  # type: ignore[arg-type]
+    # the pooled posterior alone would discard it ...
+    assert float(stalled.stats["p_worth"]) < spec.futility  # type: ignore[arg-type]
+    # ... its most favourable reading is not futile: another boot, not a discard
+    assert float(stalled.stats["stall_p_worth"]) >= spec.futility  # type: ignore[arg-type]
+    assert (stalled.status, stalled.next_boot) in (("more", "candidate"), ("more", "champion"))
+    assert "not worth a change" not in stalled.reason, stalled.reason
 
 
 def test_an_earlier_releases_discard_on_a_busy_hosts_windows_bars_nothing(
