@@ -261,7 +261,11 @@ class ExperimentRunner:
         # nothing measured (a verdict reached without a boot of its own that came up)
         value = objective_of(per_boot) if per_boot else None
         delta = float(assessment.stats.get("delta_pct", 0.0))  # type: ignore[arg-type]
-        opened = self._open_for(e, assessment)
+        busy = busy_words([m.cells for m in measurements])
+        # left undecided on a busy host's readings alone: no look at the value, so open for
+        # none (``busy_host.held``: held for this sitting, then proposed afresh)
+        undecided = busy is not None and assessment.status == Status.INCONCLUSIVE
+        opened = None if undecided else self._open_for(e, assessment)
         verdict = VerdictRecord(
             # open for another look: nothing concluded of it, whatever rule stopped it
             # (``policy.open_for``)
@@ -278,7 +282,7 @@ class ExperimentRunner:
             accept_len=accept_len(cells),
             promote=verdict.status == Status.KEEP,
             failure_class="clocks_stuck" if verdict.rule == "clocks" else None,
-            description=self._description(e, assessment, measurements, opened),
+            description=self._description(e, assessment, busy, opened),
         )
         crashpoint("verdict.committed")
         if verdict.status == Status.KEEP:
@@ -292,16 +296,12 @@ class ExperimentRunner:
 
     @staticmethod
     def _description(
-        e: ExperimentRecord,
-        assessment: Assessment,
-        measurements: Sequence[Measurement],
-        opened: str | None,
+        e: ExperimentRecord, assessment: Assessment, busy: str | None, opened: str | None
     ) -> str | None:
         """The record's description where the verdict adds to it (``None``: as proposed): what
         look the change is open for, and that a busy host disturbed every boot of a change it
-        left undecided or discarded (``host_stalls.busy_words``)."""
+        left undecided or discarded (``busy``: ``host_stalls.busy_words``)."""
         said = [] if opened is None else [f"stopped for want of boots, {opened}"]
-        busy = busy_words([m.cells for m in measurements])
         if busy is not None and assessment.status in (Status.DISCARD, Status.INCONCLUSIVE):
             said.append(busy)
         return "; ".join([describe(e), *said]) if said else None

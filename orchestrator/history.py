@@ -4,7 +4,8 @@ Every decided experiment of the cluster becomes a history entry; crashes, invali
 a person's vetoes become known-bad regions (with the person's words for a veto), held under
 every later champion until a person clears them; the configs decided under the current
 champion are not proposed again. A veto of the queue's timeout is no one's judgement: it bars
-no region, and holds only for the rest of the sitting that vetoed it (``unjudged``). A
+no region, and holds only for the rest of the sitting that vetoed it (``unjudged``); so does a
+change left undecided on readings a busy host disturbed every one of (``busy_host.held``). A
 failure of the infrastructure's (stuck clocks, a node unreachable: ``INFRASTRUCTURE``) is
 never the config's: such an experiment bars nothing and may run again (a ledger from before
 such failures stopped the round has them). A region a person cleared (``orchestrate known-bad
@@ -24,6 +25,7 @@ from knobs.spec import Value, clipped
 from knobs.vocabulary import INFRASTRUCTURE, UNMEASURED, EventKind, State, Status
 from ledger import EventRecord, ExperimentRecord, Ledger, RoundRecord
 from orchestrator import budget, policy
+from orchestrator.busy_host import held
 from orchestrator.champion import ChampionEvidence
 from orchestrator.errors import UsageError
 from orchestrator.evolution import Lineage, fit
@@ -69,20 +71,20 @@ def proposal_context(
             continue
         fitted = lineage.fit(e)
         champion_key = lineage.champion_key(e)
-        # decided by an earlier release on a busy host's windows: it measured the host, and
-        # nobody judged the value either (``stalled_verdicts``)
-        judged = not unjudged(ledger, e) and e.id not in busy
-        here = champion_key == current.config.key and (
-            judged
-            # vetoed by the queue's timeout: nobody judged it; held for the rest of this
-            # sitting only, so the proposer does not offer it again at once
-            or (timed_out(ledger, e) and this_sitting(e, rnd, sitting))
-        )
+        # left undecided on a busy host's readings alone (``busy_host.held``), or decided by an
+        # earlier release on a busy host's windows (``stalled_verdicts``): it measured the
+        # host, and nobody judged the value
+        unread = held(ledger, e, profile.cells)
+        judged = not unjudged(ledger, e) and e.id not in busy and not unread
+        # vetoed by the queue's timeout, or left undecided by a busy host: held for the rest of
+        # this sitting only, so the proposer does not offer it again at once
+        holding = (timed_out(ledger, e) or unread) and this_sitting(e, rnd, sitting)
+        here = champion_key == current.config.key and (judged or holding)
         if here:
             looks[fitted.config.key] = looks.get(fitted.config.key, 0) + 1
         again, further, last, overshot = (
             _read_verdict(profile, ledger, e, looks.get(fitted.config.key, 0))
-            if here
+            if here and not unread
             else (None, None, None, False)
         )
         entry = _entry(e, fitted, champion_key, again, overshot, further)

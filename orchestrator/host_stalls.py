@@ -92,12 +92,20 @@ def disturbed(cells: Sequence[CellResultRecord]) -> bool:
     return disturbed_any([boot_error(cells)])
 
 
+def every_disturbed(errors: Sequence[float]) -> bool:
+    """Whether a busy host disturbed every one of a change's boots (``errors``: each boot's
+    ``boot_error``), and there was one: it measured the host as much as the config. What a
+    record says of it (``busy_words``) and what the round does after several in a row
+    (``busy_host``)."""
+    return bool(errors) and all(e > stall.DISTURBED_FRACTION for e in errors)
+
+
 def busy_words(boots: Sequence[Sequence[CellResultRecord]]) -> str | None:
     """What a record says of a change none of whose boots (``boots``: each boot's cells) a
-    busy host left undisturbed: its objective is the host's as much as the config's. ``None``
-    where a boot was undisturbed, or there was none."""
+    busy host left undisturbed (``every_disturbed``): its objective is the host's as much as
+    the config's. ``None`` where a boot was undisturbed, or there was none."""
     errors = [boot_error(cells) for cells in boots]
-    if not errors or not all(e > stall.DISTURBED_FRACTION for e in errors):
+    if not every_disturbed(errors):
         return None
     return (
         f"every boot measured on a busy host (its stalls may have moved the objective up to "

@@ -117,6 +117,15 @@ class VerdictSpec(BaseModel):
         "way, a run of clocks off that chance at the cluster's rate does not explain (four in a "
         "row or more) stops the round",
     )
+    busy_host_stop: int = Field(
+        default=3,
+        ge=1,
+        le=100,
+        description="this many changes in a row every measurement of which a busy host "
+        "disturbed (its stalls may have moved the objective more than 2 %: the host's reading, "
+        "not the change's) stop the round with exit 5, nothing barred, for the same command to "
+        "resume once the host is quiet",
+    )
     noise: NoiseSpec = NoiseSpec()
     max_error_rate: float = Field(default=0.0, ge=0, le=1)
     check_greedy: bool = Field(

@@ -33,7 +33,7 @@ from ledger import (
     Ledger,
     RoundRecord,
 )
-from orchestrator import budget, cell_renames, resumes, revision
+from orchestrator import budget, busy_host, cell_renames, resumes, revision
 from orchestrator.approval import ApprovalGate, NobodyDeciding
 from orchestrator.boot import Booter
 from orchestrator.champion import ChampionEvidence
@@ -157,6 +157,7 @@ class RoundRunner:
             BaselineFailed: no champion exists and the configured one crashed.
             InfrastructureFault: a node stayed away, or the champion stopped booting (the
                 round stays open for the same command; why is recorded, ``round-stopped``).
+            BusyHost: changes in a row measured a busy host (exit 5; recorded the same way).
             RefitChampionFailing: the champion stopped booting as the profile renders it now,
                 which lost or gained a knob of its config (exit 3; recorded the same way).
             LedgerError, MlflowSinkError: the ledger or MLflow failed.
@@ -319,6 +320,10 @@ class RoundRunner:
             capped = self._capped(rnd, started)
             if capped is not None:
                 return capped
+            # changes in a row that measured a busy host: stop, not the next (exit 5)
+            busy_host.check(
+                self.ledger, rnd, self.profile.cells, self.profile.verdict.busy_host_stop
+            )
             if self.remeasures.due():
                 failure = self.remeasures.remeasure(rnd)
                 if failure is not None and failure.failure_class not in INFRASTRUCTURE:

@@ -1,0 +1,118 @@
+"""A host too busy to measure on: the round stops rather than spend its budget there.
+
+A change every measurement of which a busy host disturbed (``host_stalls.every_disturbed``:
+its stalls may have moved each boot's objective by more than ``stall.DISTURBED_FRACTION``)
+measured the host as much as the config. Its verdict cannot keep or discard on that reading
+(``host_stalls.HostError``), so it most often ends ``inconclusive`` at its boot cap: a few
+boots for nothing, and the next change, on a host still busy, the same, all night. After
+``verdict.busy_host_stop`` such changes in a row (``busy_run``: a change with no measurement —
+a veto, a crash, a closure — neither counts nor ends the run) the round stops as a node whose
+clocks stay off stops it (``faults.ClocksOff``): exit 5 (``BusyHost``), its verdicts committed
+and the stop recorded by the round (``faults.record_stop``: ``status``, the report and the
+resume say it), nothing barred, for the same command to resume once the host is quiet. The
+run must reach into the current sitting (``unjudged.sitting_start``): a resume tries one
+change at least before it stops again.
+
+Such a change left undecided (``held``) judged nothing of its value: it bars nothing and is no
+look at it. It is held (not proposed again) for the rest of the sitting that measured it, so a
+host still busy is not asked the same question at once, and it may be proposed again after a
+resume or in a later round (``history``), as a veto of the queue's timeout is
+(``unjudged.timed_out``).
+
+Ordinary rounds on a loaded machine do not trip it: one disturbed boot in a change's verdict,
+a change partly disturbed, or fewer than ``busy_host_stop`` (3 by default) such changes in a
+row leave the round going.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from knobs.records import CellSpec
+from knobs.vocabulary import Kind, State, Status
+from ledger import ExperimentRecord, Ledger, RoundRecord
+from orchestrator.errors import OrchestrateError
+from orchestrator.host_stalls import boot_error, every_disturbed
+from orchestrator.measurements import read_measurements
+from orchestrator.unjudged import sitting_start, this_sitting
+
+
+class BusyHost(OrchestrateError):
+    """``verdict.busy_host_stop`` changes in a row (``experiments``) measured a busy host, not
+    the config: the round stops (exit 5) with their verdicts recorded and nothing barred, for
+    the same command to resume once the host is quiet."""
+
+    exit_code = 5
+
+    def __init__(self, message: str, *, experiments: Sequence[int]) -> None:
+        super().__init__(message)
+        self.experiments = list(experiments)
+
+
+def measured_errors(ledger: Ledger, e: ExperimentRecord, cells: Sequence[CellSpec]) -> list[float]:
+    """What the hosts' stalls may have cost each of decided ``e``'s complete measurements up
+    to its decision (``host_stalls.boot_error``; a kept change's later boots as champion are
+    not its verdict's)."""
+    at = e.decided_at
+    return [
+        boot_error(m.cells)
+        for m in read_measurements(ledger, e.id, cells)
+        if m.complete and m.boots and (at is None or m.boots[0][1] <= at)
+    ]
+
+
+def held(ledger: Ledger, e: ExperimentRecord, cells: Sequence[CellSpec]) -> bool:
+    """Whether decided change ``e`` was left undecided (``inconclusive``) on measurements a
+    busy host disturbed every one of: it judged nothing of its value (see the module)."""
+    return (
+        e.kind == Kind.CANDIDATE
+        and e.status == Status.INCONCLUSIVE
+        and every_disturbed(measured_errors(ledger, e, cells))
+    )
+
+
+def busy_run(
+    ledger: Ledger, rnd: RoundRecord, cells: Sequence[CellSpec]
+) -> list[tuple[ExperimentRecord, float]]:
+    """Round ``rnd``'s latest decided changes every measurement of which a busy host disturbed,
+    newest first, back to the latest one it left a measurement undisturbed in: each with the
+    most its stalls may have moved a measurement's objective. A change with no measurement
+    neither counts nor ends the run."""
+    decided = [
+        e
+        for e in ledger.experiments(round_id=rnd.id)
+        if e.kind == Kind.CANDIDATE and e.state == State.DECIDED and e.decided_at is not None
+    ]
+    run: list[tuple[ExperimentRecord, float]] = []
+    for e in sorted(decided, key=lambda x: (x.decided_at, x.id), reverse=True):
+        errors = measured_errors(ledger, e, cells)
+        if not errors:
+            continue
+        if not every_disturbed(errors):
+            break
+        run.append((e, max(errors)))
+    return run
+
+
+def check(ledger: Ledger, rnd: RoundRecord, cells: Sequence[CellSpec], stop_after: int) -> None:
+    """Before round ``rnd`` proposes its next change: stop it when its last ``stop_after``
+    decided changes in a row measured a busy host (``busy_run``), the latest of them in this
+    sitting.
+
+    Raises:
+        BusyHost: they did.
+    """
+    run = busy_run(ledger, rnd, cells)
+    if len(run) < stop_after or not this_sitting(run[0][0], rnd, sitting_start(ledger, rnd)):
+        return
+    ids = ", ".join(f"#{e.id}" for e, _ in reversed(run))
+    worst = max(error for _, error in run)
+    raise BusyHost(
+        f"a busy host disturbed every measurement of the last {len(run)} changes in a row "
+        f"(experiments {ids}; its stalls may have moved their objectives up to "
+        f"±{100 * worst:.0f}%): they measured the host, not the changes, and the next would "
+        "too; their verdicts are recorded and nothing was barred (each may be proposed again): "
+        "find what else runs on this machine or the engine's host (another round, a build, a "
+        "benchmark) and run the same command to resume once it is quiet",
+        experiments=[e.id for e, _ in reversed(run)],
+    )
