@@ -40,9 +40,10 @@ from agents.llm import (
     llm_notes,
     round_spend,
 )
+from agents.llm_cooloff import api_failures
 from agents.llm_tool import change_tool
 from agents.optuna_proposer import OptunaProposer
-from agents.proposal import Proposal, ProposalExhausted, Proposer
+from agents.proposal import Proposal, ProposalExhausted, Proposer, proposed_by
 from agents.sweep import SweepProposer
 from knobs.vocabulary import MEASURED, Status
 
@@ -71,9 +72,11 @@ __all__ = [
     "Status",
     "StepCostBelief",
     "SweepProposer",
+    "api_failures",
     "change_tool",
     "digest",
     "llm_notes",
     "make_proposer",
+    "proposed_by",
     "round_spend",
 ]

@@ -15,7 +15,9 @@ refused proposal goes back to the model as a tool error carrying the reason, up 
 no answer within the proposal's deadline (``api_deadline_s``), or when the round's LLM spend
 cap is reached, the proposal comes from the fallback proposer (Optuna) and its notes say why
 (``llm_fallback``; classified by ``agents.llm_fallback``). After a failure of the API's (not
-the model's), the next proposals leave it alone for a cool-off (``agents.llm_cooloff``).
+the model's), or a 429 still answered when the SDK's retries or the deadline ran out, the next
+proposals leave it alone for a cool-off (``agents.llm_cooloff``), which a new process resumes
+from the failures the ledger recorded (``ProposalContext.api_failures``).
 
 Token usage and cost of every proposal are in its notes (``llm_*`` keys, see ``llm_notes``).
 The API key is read by the SDK from the environment and never copied anywhere by this module."""
@@ -31,7 +33,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from agents.context import ProposalContext
 from agents.digest import digest
 from agents.llm import KEY_VARIABLES, ClaudeOptions, MissingApiKey, clip, llm_notes
-from agents.llm_conversation import Outcome, ToolConversation
+from agents.llm_conversation import LastAnswer, Outcome, ToolConversation
 from agents.llm_cooloff import CoolOff
 from agents.llm_tool import (
     EFFECT_PROPERTIES,
@@ -110,21 +112,36 @@ class LLMProposer:
         self.client = self._open()
         self._brief = Brief(options.brief)
         self._spent = 0.0
-        #: the API's failures across proposals (``clock`` may be set before the first)
+        #: the API's failures across proposals, resumed from the context's on the first
+        #: (``clock`` may be set before it)
         self.cool_off = CoolOff()
 
     def _open(self) -> anthropic.Anthropic:
+        """A client, with a ``LastAnswer`` of its own (one a closed client's abandoned call
+        may still write to is never read again)."""
         import anthropic  # lazy: see the TYPE_CHECKING import
 
+        self._last_answer = LastAnswer()
         return anthropic.Anthropic(
             base_url=self._base_url,
             max_retries=self.options.api_retries,
             timeout=self.options.api_timeout_s,
+            # the SDK's defaults (limits, redirects, keep-alive), and the last answer seen
+            http_client=anthropic.DefaultHttpxClient(event_hooks={"response": [self._last_answer]}),
         )
 
     def close(self) -> None:
         """Close the API client's connections."""
         self.client.close()
+
+    def proposing(self, context: ProposalContext) -> str:
+        """Who makes the next proposal, for the round's line: this proposer, or its fallback
+        while the API cools off (``agents.proposal.proposed_by``)."""
+        self.cool_off.resume(context.api_failures)
+        again = self.cool_off.until()
+        if again is None or context.coupled_moves():
+            return self.name
+        return f"{self.fallback.name}: {self.name} leaves the API alone until {again}"
 
     def _converse(
         self,
@@ -141,13 +158,14 @@ class LLMProposer:
         """
         exhausted(self.name, context)
         spent = max(context.llm_spend_usd, self._spent)
+        self.cool_off.resume(context.api_failures)  # a new process: what the ledger recorded
         cooling = self.cool_off.skip()
         if cooling is not None:  # the API failed lately: the fallback proposes, unasked
             return Outcome(value=None, fallback=cooling), spent
         if self.client.is_closed():  # a conversation past its deadline closed it under its call
             self.client = self._open()
         prompt = user_prompt(context, self._brief.text(context), self.options, spent)
-        conversation = ToolConversation(self.client, self.options, tool, system)
+        conversation = ToolConversation(self.client, self.options, tool, system, self._last_answer)
         outcome = conversation.run(prompt, validate, spent_before=spent)
         self._spent = spent + outcome.usage.cost(self.options.prices())
         self.cool_off.learn(outcome.fallback)

@@ -15,6 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from agents import coupled
+from agents.llm_cooloff import ApiFailure
 from knobs.config import Change, Config
 from knobs.errors import KnobError
 from knobs.space import KnobSpace
@@ -264,6 +265,10 @@ class ProposalContext(BaseModel):
     #: the round's recorded proposals (``agents.llm.round_spend``), so that a resumed round
     #: still honours the profile's cap.
     llm_spend_usd: float = Field(default=0.0, ge=0)
+    #: The cluster's proposals whose LLM proposer asked the API and failed since it last
+    #: answered, oldest first (``agents.llm_cooloff.api_failures``, from the ledger): a new
+    #: process (a resumed round, the next night's) goes on with the API's cool-off.
+    api_failures: tuple[ApiFailure, ...] = ()
     #: The champion's cells, averaged over its trusted measurements (empty before any).
     champion_cells: tuple[ChampionCell, ...] = ()
     #: Each knob's effect prior in force on this cluster: its spec's (or the profile's)

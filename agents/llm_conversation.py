@@ -3,16 +3,20 @@ error: the calls, their usage, and what failed."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import email.utils
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from agents.llm import ClaudeOptions, LLMError, Usage, clean_text
 from agents.llm_deadline import Deadline, DeadlinePassed
+from agents.llm_fallback import retry_after_words
 from knobs.spec import printable
 
 if TYPE_CHECKING:  # the SDK takes seconds to import: only a Claude proposer pays for it
     import anthropic
+    import httpx2
 
 T = TypeVar("T")
 
@@ -21,6 +25,47 @@ MALFORMED = "malformed response from the API"
 
 
 # ---- the conversation ---------------------------------------------------------------------------
+class LastAnswer:
+    """The last HTTP answer to a client's requests, the SDK's retries included (an event hook
+    of its HTTP client): a proposal whose deadline passed while the SDK waited out a 429's
+    ``retry-after`` says so, and the cool-off lasts at least that wait
+    (``agents.llm_cooloff``)."""
+
+    def __init__(self) -> None:
+        self.status: int | None = None
+        self.retry_after_s: float | None = None
+
+    def clear(self) -> None:
+        self.status, self.retry_after_s = None, None
+
+    def __call__(self, response: httpx2.Response) -> None:
+        self.status = response.status_code
+        self.retry_after_s = retry_after(response.headers)
+
+    def words(self) -> str:
+        """``; the last answer was HTTP 429, retry-after 60s`` after a 429, else ``""``."""
+        if self.status != 429:
+            return ""
+        wait = "" if self.retry_after_s is None else f", {retry_after_words(self.retry_after_s)}"
+        return f"; the last answer was HTTP 429{wait}"
+
+
+def retry_after(headers: Mapping[str, str]) -> float | None:
+    """The seconds an answer's ``retry-after-ms`` or ``retry-after`` (seconds, or an HTTP
+    date) asks the client to wait, as the SDK reads them; ``None`` for none (or none left)."""
+    for name, scale in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
+        try:
+            seconds = float(headers.get(name) or "") / scale
+        except ValueError:
+            continue
+        return seconds if seconds > 0 else None
+    date = email.utils.parsedate_tz(headers.get("retry-after") or "")
+    if date is None:
+        return None
+    seconds = email.utils.mktime_tz(date) - time.time()
+    return seconds if seconds > 0 else None
+
+
 @dataclass(frozen=True)
 class ToolCall:
     """One ``tool_use`` block of a reply."""
@@ -68,11 +113,14 @@ class ToolConversation:
         options: ClaudeOptions,
         tool: dict[str, Any],
         system: str,
+        last: LastAnswer | None = None,
     ) -> None:
+        """``last``: the client's ``LastAnswer`` hook, when it has one."""
         self.client = client
         self.options = options
         self.tool = tool
         self.system = system
+        self.last = LastAnswer() if last is None else last
 
     def run(
         self,
@@ -197,18 +245,23 @@ class ToolConversation:
             raw = self.client.messages.with_raw_response.create(**request)
             return raw.retries_taken, raw.parse()
 
+        self.last.clear()
         try:
             retries, message = deadline.run(create, abandon=self.client.close)
             usage.api_retries += retries
         except DeadlinePassed:
-            return Failure(_past(deadline))
+            return Failure(_past(deadline) + self.last.words())
         except anthropic.APIStatusError as e:
             status = e.status_code
             error_type, detail = _error_of(e.body)
             what = f"HTTP {status} {error_type}: {detail}"
             if status in (408, 409, 429) or status >= 500:
                 usage.api_retries += self.options.api_retries
-                return Failure(f"Claude API unavailable ({what}) after {attempts} attempts")
+                wait = retry_after(e.response.headers) if status == 429 else None
+                return Failure(
+                    f"Claude API unavailable ({what}) after {attempts} attempts"
+                    + ("" if wait is None else f"; {retry_after_words(wait)}")
+                )
             raise LLMError(
                 f"Claude API refused the request ({what}); model {self.options.model}",
                 model=self.options.model,

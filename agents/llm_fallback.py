@@ -16,9 +16,11 @@ from typing import Any, Final
 from agents.llm import clip
 
 SPEND_CAP: Final = "spend cap"
+RATE_LIMITED: Final = "rate limited"
 #: The classes, in the order they are listed, each with the words of the reason that say it.
 _CLASSES: Final = (
-    ("rate limited", re.compile(r"\bHTTP 429\b")),
+    # the SDK's retries ran out on a 429, or the deadline did while it waited as told
+    (RATE_LIMITED, re.compile(r"\bHTTP 429\b")),
     # a gateway's fault (not JSON, an HTML page), not the model's; the second form is how
     # a release before it named one: "2 of 2 proposals refused (last: malformed response …"
     (
@@ -32,14 +34,18 @@ _CLASSES: Final = (
     (SPEND_CAP, re.compile(r"^LLM spend cap reached\b")),
     ("refused", re.compile(r"^\d+ of \d+ proposals refused\b")),
 )
-#: The classes that are the API's or the way to it, never the model's: an LLM proposer leaves
-#: the API alone for a while after one (``agents.llm_cooloff``). Not "rate limited": that API
-#: answers, and says when to come back (``retry-after``, which the SDK honours).
+#: The classes that are the API's or the way to it, never the model's.
 API_FAULTS: Final = frozenset(
     {"malformed response", "overloaded", "API unavailable", "timed out", "unreachable"}
 )
+#: The classes after which an LLM proposer leaves the API alone for a while
+#: (``agents.llm_cooloff``): its faults, and a 429 still answered when the SDK's retries (or
+#: the proposal's deadline) ran out, which says when to come back (``retry-after``).
+COOLING: Final = API_FAULTS | {RATE_LIMITED}
 #: A proposal made while the API cools off: its class is the failure's that started it.
 _NOT_ASKED: Final = re.compile(r"^Claude API not asked: failing since [^()]* \((?P<cls>[^()]+)\);")
+#: How a reason says the wait a 429's ``retry-after`` asked for (``retry_after_words``).
+_RETRY_AFTER: Final = re.compile(r"\bretry-after (?P<s>\d+(?:\.\d+)?)s\b")
 #: A reason none of the classes says (a release's words this one does not know).
 OTHER: Final = "other"
 #: Longest reason the round's line quotes.
@@ -54,7 +60,7 @@ def fallback_class(reason: str) -> str:
     the API was not asked for while it cooled off (``not_asked``) has the class of the failure
     that started the cool-off."""
     cooling = _NOT_ASKED.match(reason)
-    if cooling is not None and cooling["cls"] in API_FAULTS:
+    if cooling is not None and cooling["cls"] in COOLING:
         return cooling["cls"]
     for name, pattern in _CLASSES:
         if pattern.search(reason):
@@ -62,10 +68,28 @@ def fallback_class(reason: str) -> str:
     return OTHER
 
 
-def not_asked(since: str, kind: str, again: str) -> str:
-    """The reason of a proposal made without asking the API, which has failed (``kind``, an
-    ``API_FAULTS`` class) since ``since`` and is asked again from ``again``."""
-    return f"Claude API not asked: failing since {since} ({kind}); asked again from {again}"
+def not_asked(since: str, kind: str, again: str, *, retry_after: float | None = None) -> str:
+    """The reason of a proposal made without asking the API, which has failed (``kind``, a
+    ``COOLING`` class) since ``since`` and is asked again from ``again`` (as a 429's
+    ``retry_after`` seconds asked, when they set it)."""
+    said = f"Claude API not asked: failing since {since} ({kind}); asked again from {again}"
+    return said if retry_after is None else f"{said}, as its {retry_after_words(retry_after)} asked"
+
+
+def was_asked(reason: str) -> bool:
+    """Whether the proposal whose fallback reason this is asked the API (``not_asked``: no)."""
+    return _NOT_ASKED.match(reason) is None
+
+
+def retry_after_words(seconds: float) -> str:
+    """``retry-after 1800s``: the wait a 429 asked for, as a reason says it."""
+    return f"retry-after {f'{seconds:.3f}'.rstrip('0').rstrip('.')}s"
+
+
+def retry_after_of(reason: str) -> float | None:
+    """The wait a reason says a 429 asked for (``retry_after_words``), if it says one."""
+    said = _RETRY_AFTER.search(reason)
+    return None if said is None else float(said["s"])
 
 
 def fallback_line(source: str, notes: Mapping[str, str]) -> str | None:

@@ -107,6 +107,14 @@ class Proposer(Protocol):
         ...
 
 
+def proposed_by(proposer: Proposer, context: ProposalContext) -> str:
+    """Who makes ``proposer``'s next proposal for ``context``, for the round's line: its name,
+    or what a proposer that hands it to another says (an LLM proposer whose API cools off:
+    ``LLMProposer.proposing``)."""
+    said = getattr(proposer, "proposing", None)
+    return str(said(context)) if callable(said) else proposer.name
+
+
 class ProposalExhausted(OrchestrateError):
     """No allowed one-knob change remains: the round ends early, this is not a failure.
 

@@ -18,7 +18,14 @@ before a round ends with nothing to try.
 
 from __future__ import annotations
 
-from agents import HistoryEntry, KnownBad, KnownBadSource, ProposalContext, round_spend
+from agents import (
+    HistoryEntry,
+    KnownBad,
+    KnownBadSource,
+    ProposalContext,
+    api_failures,
+    round_spend,
+)
 from knobs.config import Config
 from knobs.space import Reconciled
 from knobs.spec import Value, clipped
@@ -117,6 +124,10 @@ def proposal_context(
         seed=rnd.seed,
         # LLM spend so far in this round, from the ledger: a resumed round keeps its cap
         llm_spend_usd=round_spend(p.llm for p in ledger.proposals(round_id=rnd.id)),
+        # the LLM API's failures since it last answered: a new process keeps its cool-off
+        api_failures=api_failures(
+            (p.created_at, p.llm) for p in ledger.proposals(cluster=profile.cluster.name)
+        ),
         champion_cells=champion.cells(),
         knob_priors=knob_priors(profile, changes),
         interacting=interacting(changes),

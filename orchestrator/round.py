@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from agents import ProposalContext, ProposalExhausted, Proposer
+from agents import ProposalContext, ProposalExhausted, Proposer, proposed_by
 from agents.llm_fallback import fallback_line
 from knobs.vocabulary import (
     INFRASTRUCTURE,
@@ -394,13 +394,17 @@ class RoundRunner:
     def _next_experiment(self, rnd: RoundRecord) -> ExperimentRecord | None:
         """Propose, record, pass the veto gate; the experiment to run, or None if vetoed."""
         index = self._candidates_done(rnd) + 1
-        self.display.experiment(index, rnd.budget, "proposing")
-        self.display.phase(f"proposing ({self.proposer.name})")
         pending = [p for p in self.ledger.proposals(round_id=rnd.id, status=ProposalStatus.PENDING)]
-        if pending:
+        if pending:  # proposed before (a round stopped while it waited): nobody proposes now
             record = pending[0]
+            self.display.experiment(index, rnd.budget, "from the queue")
+            self.display.phase(f"proposal #{record.id} from the queue, proposed by {record.source}")
         else:
-            proposal = self.proposer.propose(self.context(rnd))
+            self.display.experiment(index, rnd.budget, "proposing")
+            context = self.context(rnd)
+            # who really proposes: an LLM proposer's fallback while its API cools off
+            self.display.phase(f"proposing ({proposed_by(self.proposer, context)})")
+            proposal = self.proposer.propose(context)
             record = self.intake.record(rnd, proposal)
             crashpoint("proposal.recorded")
         self.display.experiment(index, rnd.budget, record.change.describe())

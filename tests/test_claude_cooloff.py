@@ -3,17 +3,24 @@ the API's reasons (timed out, unavailable, overloaded, a malformed response), th
 proposals leave it alone for a cool-off (5 min, doubled after each failure past one, at most
 1 h), the fallback proposes and says so in the failure's class; past the cool-off the API is
 asked again, and an answer ends it. The model's own refusals start none. A gateway's
-malformed reply is the API's fault, not the model's refusal. The real SDK talks to the local
-Messages API server; the cool-off reads a clock the test moves (no sleeps)."""
+malformed reply is the API's fault, not the model's refusal. A 429 still answered when the
+SDK's retries (or the deadline) ran out starts one too, at least as long as its
+``retry-after``. A new process goes on with the cool-off the ledger's proposals recorded. The
+real SDK talks to the local Messages API server; the cool-off reads a clock the test moves (no
+sleeps)."""
 
 from __future__ import annotations
 
-from agents import ClaudeOptions, ClaudeProposer, OptunaProposer
-from agents.llm_cooloff import COOL_OFF_FIRST_S, COOL_OFF_MAX_S
+from datetime import UTC, datetime
+
+from agents import ClaudeOptions, ClaudeProposer, OptunaProposer, ProposalContext, proposed_by
+from agents.llm_cooloff import COOL_OFF_FIRST_S, COOL_OFF_MAX_S, api_failures
 from agents.llm_fallback import Fallbacks, fallback_class, fallback_line
 from agents.proposal import Proposal
+from knobs.records import LlmUsage
 from tests.fixtures.messages_api import (
     MessagesApi,
+    Reply,
     hang,
     malformed,
     overloaded,
@@ -46,11 +53,20 @@ def claude(api: MessagesApi, clock: Clock, **options: float) -> ClaudeProposer:
     return proposer
 
 
-def asked(api: MessagesApi, proposer: ClaudeProposer) -> tuple[Proposal, bool]:
+def asked(
+    api: MessagesApi, proposer: ClaudeProposer, seen: ProposalContext | None = None
+) -> tuple[Proposal, bool]:
     """The proposal, and whether the API was asked for it."""
     before = len(api.requests)
-    made = proposer.propose(context())
+    made = proposer.propose(context() if seen is None else seen)
     return made, len(api.requests) > before
+
+
+def slow_down(retry_after: str) -> Reply:
+    """A 429 whose ``retry-after`` asks for ``retry_after`` seconds."""
+    return Reply(
+        status=429, error=("rate_limit_error", "slow down"), headers=(("retry-after", retry_after),)
+    )
 
 
 def test_a_timed_out_api_is_left_alone_for_its_cool_off_then_asked_again(
@@ -146,3 +162,109 @@ def test_a_gateways_malformed_reply_is_the_apis_fault_not_the_models(
     # a ledger of a release before this one said it as the model's refusal
     older = "2 of 2 proposals refused (last: malformed response from the API (Expecting value))"
     assert fallback_class(older) == "malformed response"
+
+
+def recorded(at: float, fallback: str | None) -> tuple[datetime, LlmUsage | None]:
+    """A proposal as the ledger has it: when it was recorded, and its LLM usage."""
+    return datetime.fromtimestamp(at, UTC), LlmUsage(model="claude-sonnet-4-6", fallback=fallback)
+
+
+def test_a_new_process_goes_on_with_the_cool_off_the_ledger_recorded(
+    messages_api: MessagesApi,
+) -> None:
+    busy = "Claude API unavailable (HTTP 529 overloaded_error: Overloaded) after 1 attempts"
+    cooling = (
+        "Claude API not asked: failing since 09:12 UTC (timed out); asked again from 09:17 UTC"
+    )
+    failures = api_failures(
+        [
+            recorded(START - 7200, PAST),  # ended by the answer after it
+            recorded(START - 3600, None),  # the model proposed
+            (datetime.fromtimestamp(START - 60, UTC), None),  # Optuna's own: no LLM asked
+            recorded(START, PAST),
+            recorded(START + 60, cooling),  # not asked: neither starts nor ends one
+            recorded(START + 300, PAST),
+            recorded(START + 400, "LLM spend cap reached: $1.0000 of $1.00 this round"),
+            recorded(START + 900, busy),
+        ]
+    )
+    assert [f.at.timestamp() for f in failures] == [START, START + 300, START + 900]
+    # the next process: the third failure in a row left the API alone for 20 minutes
+    messages_api.script(tool_use(good()))
+    clock = Clock()
+    clock.now = START + 900 + 4 * COOL_OFF_FIRST_S - 1
+    proposer = claude(messages_api, clock)
+    seen = context().model_copy(update={"api_failures": failures})
+    try:
+        # the round's line names who really proposes
+        assert proposed_by(proposer, seen) == "optuna: claude leaves the API alone until 09:47 UTC"
+        made, was_asked = asked(messages_api, proposer, seen)
+        assert not was_asked and made.source == "optuna (fallback from claude)"
+        assert made.notes["llm_fallback"] == (
+            "Claude API not asked: failing since 09:12 UTC (overloaded); asked again from 09:47 UTC"
+        )
+        clock.now += 1
+        assert proposed_by(proposer, seen) == "claude"
+        made, was_asked = asked(messages_api, proposer, seen)
+        assert was_asked and made.source == "claude"
+    finally:
+        proposer.close()
+
+
+def test_a_429_past_the_sdks_retries_cools_off_for_its_retry_after(
+    messages_api: MessagesApi,
+) -> None:
+    messages_api.script(slow_down("1800"), tool_use(good()))
+    clock = Clock()
+    proposer = claude(messages_api, clock)
+    try:
+        made, was_asked = asked(messages_api, proposer)
+        reason = made.notes["llm_fallback"]
+        assert was_asked and reason == (
+            "Claude API unavailable (HTTP 429 rate_limit_error: slow down) after 1 attempts; "
+            "retry-after 1800s"
+        )
+        assert fallback_class(reason) == "rate limited"
+        # past the 5 minutes another failure would cool off, within the 30 it asked for
+        clock.now = START + COOL_OFF_FIRST_S
+        made, was_asked = asked(messages_api, proposer)
+        assert not was_asked
+        reason = made.notes["llm_fallback"]
+        assert reason == (
+            "Claude API not asked: failing since 09:12 UTC (rate limited); asked again from "
+            "09:42 UTC, as its retry-after 1800s asked"
+        )
+        assert fallback_line(made.source, made.notes) == (
+            f"claude fell back to optuna (rate limited): {reason}"
+        )
+        clock.now = START + 1800
+        made, was_asked = asked(messages_api, proposer)
+        assert was_asked and made.source == "claude"
+    finally:
+        proposer.close()
+
+
+def test_a_429_whose_wait_outlasts_the_deadline_cools_off_for_its_retry_after(
+    messages_api: MessagesApi,
+) -> None:
+    # the SDK obeys the 10-minute retry-after (its own retry, after the 429): the deadline
+    # ends the proposal first
+    messages_api.script(slow_down("600"))
+    clock = Clock()
+    proposer = claude(messages_api, clock, api_retries=2, api_deadline_s=2.0)
+    try:
+        made, was_asked = asked(messages_api, proposer)
+        reason = made.notes["llm_fallback"]
+        assert was_asked and reason == (
+            "Claude API timed out (no answer within the 2s deadline of a proposal); the last "
+            "answer was HTTP 429, retry-after 600s"
+        )
+        assert fallback_class(reason) == "rate limited"
+        clock.now = START + 600 - 1
+        made, was_asked = asked(messages_api, proposer)
+        assert not was_asked
+        assert made.notes["llm_fallback"].endswith(
+            "(rate limited); asked again from 09:22 UTC, as its retry-after 600s asked"
+        )
+    finally:
+        proposer.close()

@@ -40,7 +40,8 @@ def workdir(cli_workdir: Path) -> Path:
 
 RATE_LIMITED = (
     "claude fell back to optuna (rate limited): Claude API unavailable (HTTP 429 "
-    "rate_limit_error: Number of request tokens has exceeded your limit) after 2 attempts"
+    "rate_limit_error: Number of request tokens has exceeded your limit) after 2 attempts; "
+    "retry-after 0.001s"
 )
 REFUSED = (
     "claude fell back to optuna (refused): 2 of 2 proposals refused (last: the reply called "
@@ -61,19 +62,19 @@ def test_a_round_says_each_fallback_and_why_and_stores_no_key_the_model_wrote(
                 risk=f"low; the key is {TEST_KEY}",
             )
         ),
-        # experiment 2: rate limited past the SDK's retry
-        rate_limited(),
-        rate_limited(),
-        # experiment 3: an unknown knob, then a text-only refusal
+        # experiment 2: an unknown knob, then a text-only refusal
         tool_use(good(knob="max_num_seqs")),
         text_only("I would rather not choose."),
+        # experiment 3: rate limited past the SDK's retry (it starts a cool-off: last)
+        rate_limited(),
+        rate_limited(),
     )
     result = orchestrate(workdir, "round", "--budget", "3", "--profile", "profile.yaml")
     assert result.returncode == 0, result.stderr
     assert messages_api.remaining == 0
     lines = [line.strip() for line in result.stdout.splitlines()]
     said = [line for line in lines if "fell back" in line]
-    assert said == [RATE_LIMITED, REFUSED], result.stdout
+    assert said == [REFUSED, RATE_LIMITED], result.stdout
 
     status = orchestrate(workdir, "status", "--profile", "profile.yaml")
     assert status.returncode == 0, status.stderr
