@@ -11,6 +11,7 @@ beyond the fields' own in ``orchestrator.profile_checks``.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -92,6 +93,9 @@ class Profile(BaseModel):
         description="issue #4: after a failed deploy, boot the champion again and leave it "
         "serving (real stacks carry traffic between experiments; the twin serves nobody)",
     )
+    #: what loading resolved (``load_profile``): a value's path in the JSON dump, with the
+    #: value as resolved and as the file writes it (``as_written``)
+    _written: dict[tuple[str | int, ...], tuple[object, object]] = PrivateAttr(default_factory=dict)
 
     @model_validator(mode="before")
     @classmethod
@@ -192,9 +196,35 @@ class Profile(BaseModel):
 
     @property
     def digest(self) -> str:
-        """A short digest of the validated profile."""
-        text = json.dumps(self.model_dump(mode="json"), sort_keys=True)
+        """A short digest of the validated profile as its file writes it (``as_written``)."""
+        text = json.dumps(self.as_written(), sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def as_written(self) -> dict[str, Any]:
+        """The profile dumped (JSON), each value loading resolved as the file writes it: a
+        local node's relative workdir, ``port: auto`` (and ``master_port``), the brief's
+        relative path. The same file read from another folder, or its ports picked anew, is
+        the same profile: none of these is what a measurement depends on (the launchers'
+        digest, ``rendering.digest``, leaves the folder and ports out too; what the proposer
+        reads is the brief's text, which no path tells). A value changed since it was resolved
+        is dumped as it is now. ``resolved`` undoes none of it."""
+        return self._dump(written=True)
+
+    def resolved(self) -> dict[str, Any]:
+        """The profile dumped (JSON) as loading resolved it: what a release before the
+        fiftieth session's recorded."""
+        return self._dump(written=False)
+
+    def _dump(self, *, written: bool) -> dict[str, Any]:
+        dumped: dict[str, Any] = self.model_dump(mode="json")
+        for path, (was, then) in self._written.items() if written else ():
+            holder: Any = dumped
+            with contextlib.suppress(LookupError):  # a node dropped since (a copy's)
+                for part in path[:-1]:
+                    holder = holder[part]
+                if holder[path[-1]] == was:
+                    holder[path[-1]] = then
+        return dumped
 
 
 def _merge_knob(knob: object, base: dict[str, KnobSpec], catalog_name: str) -> object:
@@ -306,9 +336,11 @@ def load_profile(name_or_path: str | None = None, *, base_dir: Path | None = Non
             "{port}` (or your engine's port flag) to launcher.head_argv or launcher.argv",
             path=str(path),
         )
+    written = profile
     profile = _resolve_workdirs(profile, base_dir or Path.cwd(), path)
     profile = profile.model_copy(update={"cluster": resolve_auto_ports(profile.cluster)})
     profile = _resolve_brief(profile, path)
+    profile._written = _as_written(written, profile)
     try:
         profile.initial_champion()
     except KnobError as e:
@@ -349,6 +381,22 @@ def _yaml_problem(e: OSError | yaml.YAMLError) -> str:
         context = f" ({e.context})" if e.context else ""
         return f"{e.problem}{context} at line {mark.line + 1}, column {mark.column + 1}"
     return str(e).splitlines()[0]
+
+
+def _as_written(written: Profile, resolved: Profile) -> dict[tuple[str | int, ...], Any]:
+    """What loading resolved of profile ``written`` (``Profile._written``): each node's
+    workdir, the ports of ``port: auto``, the brief's path."""
+    out: dict[tuple[str | int, ...], Any] = {}
+    for i, (was, now) in enumerate(zip(written.cluster.nodes, resolved.cluster.nodes, strict=True)):
+        if was.workdir != now.workdir:
+            out[("cluster", "nodes", i, "workdir")] = (now.workdir, was.workdir)
+    if written.cluster.auto_ports:
+        out[("cluster", "port")] = (resolved.cluster.port, "auto")
+        out[("cluster", "master_port")] = (resolved.cluster.master_port, "auto")
+    brief = (written.proposer.claude.brief, resolved.proposer.claude.brief)
+    if brief[0] != brief[1]:
+        out[("proposer", "claude", "brief")] = (brief[1], brief[0])
+    return out
 
 
 def _resolve_brief(profile: Profile, path: Path) -> Profile:

@@ -19,21 +19,26 @@ with the last revision's), to a change under way ``closures``'.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError
 
 from knobs.records import CellSpec
 from knobs.space import ForbiddenCombination, KnobSpace
 from knobs.spec import KnobSpec, as_text
 from knobs.vocabulary import EventKind
 from ledger import EventRecord, Ledger
-from ledger.redact import is_secret_name
 from orchestrator.measurements import cell_diff
 from orchestrator.profile import Profile
+from orchestrator.revision_settings import (
+    Setting,
+    as_recorded_earlier,
+    changed_settings,
+    digest,
+    objective_same,
+    settings,
+)
 from orchestrator.salvage import salvaged
 
 #: The sections ``differences`` says in words of their own (a knob space comes from the
@@ -41,10 +46,6 @@ from orchestrator.salvage import salvaged
 _IN_WORDS = frozenset(
     {"name", "knob_catalog", "untuned", "knobs", "forbidden", "cells", "objective"}
 )
-#: A setting as ``Revision.settings`` records it.
-Setting = float | int | bool | str | None
-#: A setting one revision has and the other lacks.
-_UNSET = object()
 #: A knob spec's fields that ``differences`` says in words of their own.
 _DOMAIN = frozenset({"name", "type", "low", "high", "step", "choices", "default"})
 
@@ -76,26 +77,27 @@ class Revision(BaseModel):
     unread: tuple[str, ...] = ()
     #: the knobs recorded whose spec could not be read at all: neither added nor removed
     unread_knobs: tuple[str, ...] = ()
+    #: the profile's JSON as its file writes it and as loading resolved it (``Profile``'s
+    #: ``as_written``, ``resolved``), not recorded: a revision of now (``of``) compared with
+    #: one an earlier release recorded (``revision_settings``)
+    _dumps: tuple[dict[str, Any], ...] = PrivateAttr(default=())
 
     @classmethod
     def of(cls, profile: Profile) -> Revision:
         """``profile``'s revision (not recorded)."""
-        dumped = profile.model_dump(mode="json")
-        return cls(
+        dumped = profile.as_written()
+        now = cls(
             name=profile.name,
             digest=profile.digest,
             knobs=profile.space.knobs,
             forbidden=profile.space.forbidden,
             cells=profile.cells,
             objective=dumped["objective"],
-            sections={k: _digest(v) for k, v in sorted(dumped.items())},
-            settings={
-                key: value
-                for section, v in sorted(dumped.items())
-                if section not in _IN_WORDS
-                for key, value in _settings(section, v)
-            },
+            sections={k: digest(v) for k, v in sorted(dumped.items())},
+            settings=_flat(dumped),
         )
+        now._dumps = (dumped, profile.resolved())
+        return now
 
     @classmethod
     def read(cls, event: EventRecord) -> Revision | None:
@@ -184,26 +186,18 @@ def _read(model: type[M], value: object, what: str) -> _Read[M]:
     return out
 
 
-def _settings(key: str, value: object) -> list[tuple[str, Setting]]:
-    """``value``'s settings under ``key``, each by its dotted key: a mapping's entries in turn,
-    a number, a bool or a null as it is, a setting named as a secret's (``HF_TOKEN``) as
-    ``secret``, nothing of it, any other value (a text, a list) as a digest."""
-    if isinstance(value, dict):
-        return [s for k, v in sorted(value.items()) for s in _settings(f"{key}.{k}", v)]
-    if is_secret_name(key.rsplit(".", 1)[-1]):
-        return [(key, "secret")]
-    if value is None or isinstance(value, bool | int | float):
-        return [(key, value)]
-    return [(key, f"digest {_digest(value)}")]
+def _flat(dumped: dict[str, Any]) -> dict[str, Setting]:
+    """The settings of a profile's JSON that a revision records (``settings``)."""
+    return {
+        key: value
+        for section, v in sorted(dumped.items())
+        if section not in _IN_WORDS
+        for key, value in settings(section, v)
+    }
 
 
 def _and(words: list[str]) -> str:
     return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} and {words[-1]}"
-
-
-def _digest(value: object) -> str:
-    text = json.dumps(value, sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def revisions(ledger: Ledger, cluster: str) -> list[Revision]:
@@ -242,13 +236,16 @@ def record(ledger: Ledger, cluster: str, profile: Profile) -> Revision:
         return previous
     now = Revision.of(profile)
     detail = now.model_dump(mode="json", exclude={"event", "unread", "unread_knobs"})
+    reason = f"ran under profile {now.name}"
+    if same:
+        reason += ", unchanged: its settings recorded, which an earlier release did not"
+    elif previous is not None and previous.name == now.name and not differences(previous, now):
+        reason += (
+            ", unchanged as its file writes it: recorded as this release records it (a setting "
+            "a release added since, at its default; a workdir, port or brief as written)"
+        )
     event = ledger.add_event(
-        cluster,
-        EventKind.PROFILE_REVISED,
-        subject=now.digest,
-        detail=detail,
-        reason=f"ran under profile {now.name}"
-        + (", unchanged: its settings recorded, which an earlier release did not" if same else ""),
+        cluster, EventKind.PROFILE_REVISED, subject=now.digest, detail=detail, reason=reason
     )
     return now.model_copy(update={"event": event.id})
 
@@ -292,22 +289,9 @@ def differences(old: Revision, new: Revision) -> list[str]:
         elif not before.same_definition(cell):
             out.append(f"cell {name} redefined ({cell_diff(before.model_dump(), cell)})")
     out += [f"cell {name} removed" for name in was if name not in now and name not in renamed]
-    if old.objective != new.objective:
+    if not objective_same(old.objective, new.objective):
         out.append(f"objective {_words(old.objective)} → {_words(new.objective)}")
-    other = sorted(
-        k
-        for k in set(old.sections) | set(new.sections)
-        if k not in _IN_WORDS and old.sections.get(k) != new.sections.get(k)
-    )
-    if other and old.settings_recorded and new.settings_recorded:
-        out += _changed_settings(old.settings, new.settings, other)
-    elif other and old.sections:
-        out.append(
-            f"{', '.join(other)} changed (which setting{'s' if len(other) > 1 else ''} cannot "
-            "be said: the release that recorded the profile then kept a digest of each section, "
-            "not its settings, so a setting a later release added, at its default, reads so too; "
-            "they are recorded from now on, and a later change is named by its key)"
-        )
+    out += _other_sections(old, new)
     unread = (*old.unread, *(u for u in new.unread if u not in old.unread))
     if unread:
         out.append(
@@ -337,26 +321,37 @@ def _knob(old: KnobSpec, new: KnobSpec) -> list[str]:
     return out
 
 
-def _changed_settings(
-    old: dict[str, Setting], new: dict[str, Setting], sections: list[str]
-) -> list[str]:
-    """What ``new`` changed of ``old``'s settings in ``sections``, by dotted key:
-    ``verdict.noise.run_to_run 0.02 → 0.03`` where both values are recorded as they are, else
-    ``launcher.argv changed``; a section whose change no setting shows (a secret's) by name."""
-    out, said = [], set()
-    for key in sorted(set(old) | set(new)):
-        section = key.split(".")[0]
-        was, now = old.get(key, _UNSET), new.get(key, _UNSET)
-        if section not in sections or (was == now and type(was) is type(now)):
-            continue
-        said.add(section)
-        shown = not isinstance(was, str) and not isinstance(now, str)
-        out.append(f"{key} {_value(was)} → {_value(now)}" if shown else f"{key} changed")
-    return out + [f"{section} changed" for section in sections if section not in said]
-
-
-def _value(value: object) -> str:
-    return "(unset)" if value is _UNSET else json.dumps(value)
+def _other_sections(old: Revision, new: Revision) -> list[str]:
+    """What ``new`` changed of ``old``'s sections not said in words of their own: each
+    setting by its key, where both recorded their settings, else each section by its name.
+    A section whose digest moved only by what an upgrade alone changes is none: a setting a
+    later release added, at its default, or a workdir, port or path ``old`` recorded as
+    loading resolved it (``revision_settings``)."""
+    other = sorted(
+        k
+        for k in set(old.sections) | set(new.sections)
+        if k not in _IN_WORDS and old.sections.get(k) != new.sections.get(k)
+    )
+    if not other:
+        return []
+    if old.settings_recorded and new.settings_recorded:
+        loaded = _flat(new._dumps[1]) if len(new._dumps) > 1 else {}
+        words, added = changed_settings(old.settings, new.settings, other, loaded)
+        return [
+            phrase
+            for section in other
+            if not as_recorded_earlier(new._dumps, section, old.sections.get(section), added)
+            for phrase in words.get(section) or [f"{section} changed"]
+        ]
+    other = [k for k in other if not as_recorded_earlier(new._dumps, k, old.sections.get(k), [])]
+    if not other or not old.sections:
+        return []
+    return [
+        f"{', '.join(other)} changed (which setting{'s' if len(other) > 1 else ''} cannot "
+        "be said: the release that recorded the profile then kept a digest of each section, "
+        "not its settings; they are recorded from now on, and a later change is named by its "
+        "key)"
+    ]
 
 
 def _words(objective: dict[str, object]) -> str:
@@ -374,16 +369,19 @@ def recorded(ledger: Ledger, cluster: str, digest: str) -> Revision | None:
     return found[-1] if found else None
 
 
-def said(old: Revision | None, new: Revision, was: tuple[str, str]) -> str:
+def said(old: Revision | None, new: Revision, was: tuple[str, str]) -> str | None:
     """What changed from ``old`` to ``new``, for a line that begins "the profile changed
-    since …": ``(p → q): knob foo removed; cell code-c1 redefined (concurrency 1 → 4)``.
-    Without ``old`` (not recorded: a ledger from before revisions were), the names and
-    digests alone (``was``: the name and digest of then)."""
+    since …": ``(p → q): knob foo removed; cell code-c1 redefined (concurrency 1 → 4)``;
+    ``None`` where nothing did but what an upgrade alone changes (``differences``). Without
+    ``old`` (not recorded: a ledger from before revisions were), the names and digests alone
+    (``was``: the name and digest of then)."""
     if old is None:
         return (
             f"({was[0]} {was[1][:12]} → {new.name} {new.digest[:12]}; what it was then is not "
             "recorded: the ledger records profiles from this release on)"
         )
+    what = differences(old, new)
+    if not what and old.name == new.name:
+        return None
     names = new.name if old.name == new.name else f"{old.name} → {new.name}"
-    what = "; ".join(differences(old, new)) or "nothing but its digest"
-    return f"({names}): {what}"
+    return f"({names}): {'; '.join(what) or 'nothing but its name'}"

@@ -266,7 +266,7 @@ class RoundRunner:
 
     def _profile_change(self, rnd: RoundRecord) -> str | None:
         """What the profile changed since ``rnd`` started (``revision.said``); ``None``:
-        nothing."""
+        nothing (but what an upgrade alone changes)."""
         if rnd.profile_digest == self.profile.digest:
             return None
         then = revision.recorded(self.ledger, self.cluster, rnd.profile_digest)
@@ -281,7 +281,9 @@ class RoundRunner:
             return []
         now = revision.Revision.of(self.profile)
         said = revision.said(last, now, (last.name, last.digest))
-        return [f"  the profile changed since {self.cluster} last ran {said}"]
+        return (
+            [] if said is None else [f"  the profile changed since {self.cluster} last ran {said}"]
+        )
 
     def _caps_on_resume(self, rnd: RoundRecord, options: RoundOptions) -> RoundRecord:
         """A resume keeps the round's caps unless this command gives one, each said in one
