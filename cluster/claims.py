@@ -13,9 +13,9 @@ round then says whether anyone recorded breaking it); one the node's file system
 I/O error, a stale NFS handle) is no claim lost: ``check`` says it once, in the node's words.
 
 A claim is stale when ``expires`` has passed on the node's clock, when its holder ran on this
-machine and that process is gone, or when it was never finished: it is taken over, with a line
-saying so. A live claim refuses the newcomer (``ClaimHeld``, exit 8) unless it is broken by
-force (``orchestrate cluster up|down --force``), which the caller records.
+machine and that process is gone, or when it was never finished (``cluster.claim_holder``): it is
+taken over, with a line saying so. A live claim refuses the newcomer (``ClaimHeld``, exit 8)
+unless it is broken by force (``orchestrate cluster up|down --force``), which the caller records.
 
 Only POSIX sh tools run on the node (sh, mkdir, cat, date, printf, mv, rm); every value in a
 remote command is validated (workdirs by the inventory) or made here (ids, numbers, ASCII JSON)
@@ -25,19 +25,13 @@ and ``shlex.quote``d.
 from __future__ import annotations
 
 import contextlib
-import getpass
-import json
-import os
-import re
 import shlex
-import socket
 import threading
 import time
-import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
 from types import TracebackType
 
+from cluster.claim_holder import Holder, Seen, printable, same_process
 from cluster.errors import (
     ClaimHeld,
     ClaimLost,
@@ -53,127 +47,8 @@ from cluster.workdir import last_words, refused
 CLAIM_DIR = ".orchestrate-claim"
 #: A claim being made (no ``id`` yet) is looked at again this many times, 0.1 s apart.
 _LOOKS = 5
-_PRINTABLE = re.compile(r"[^\x20-\x7e]")
 
 Note = Callable[[str], None]
-
-
-def _text(value: object, limit: int = 200) -> str:
-    """A value read from a node, fit to print on one line (it may be anyone's)."""
-    return _PRINTABLE.sub("?", str(value))[:limit]
-
-
-@dataclass(frozen=True)
-class Holder:
-    """Who holds (or wants) a claim: what is shown to whoever is refused."""
-
-    id: str
-    what: str
-    cluster: str
-    ledger: str
-    user: str
-    hostname: str
-    pid: int
-
-    @classmethod
-    def this_process(cls, what: str, cluster: str, ledger: str) -> Holder:
-        """This process as a holder; ``ledger`` must already have its password hidden."""
-        try:
-            user = getpass.getuser()
-        except (KeyError, OSError):  # no USER and no passwd entry (a bare container)
-            user = "?"
-        return cls(
-            id=uuid.uuid4().hex,
-            what=what,
-            cluster=cluster,
-            ledger=ledger,
-            user=user,
-            hostname=socket.gethostname(),
-            pid=os.getpid(),
-        )
-
-    def to_json(self) -> str:
-        """One line of printable ASCII (what goes into the remote command)."""
-        return json.dumps(asdict(self), ensure_ascii=True, sort_keys=True)
-
-    @classmethod
-    def parse(cls, text: str, holder_id: str) -> Holder:
-        """A holder read from a node; whatever is missing or malformed reads as ``?``."""
-        try:
-            data = json.loads(text)
-        except ValueError:
-            data = {}
-        if not isinstance(data, dict):
-            data = {}
-        pid = data.get("pid")
-        return cls(
-            id=holder_id,
-            what=_text(data.get("what", "?")),
-            cluster=_text(data.get("cluster", "?")),
-            ledger=_text(data.get("ledger", "?")),
-            user=_text(data.get("user", "?")),
-            hostname=_text(data.get("hostname", "?")),
-            pid=pid if isinstance(pid, int) and not isinstance(pid, bool) else -1,
-        )
-
-    def describe(self) -> str:
-        """``round of cluster C by user@host (pid N), ledger URL``."""
-        return (
-            f"{self.what} of cluster {self.cluster} by {self.user}@{self.hostname} "
-            f"(pid {self.pid}), ledger {self.ledger}"
-        )
-
-    def gone(self) -> bool:
-        """It ran on this machine and that process no longer exists."""
-        if self.hostname != socket.gethostname() or self.pid <= 0:
-            return False
-        try:
-            os.kill(self.pid, 0)
-        except ProcessLookupError:
-            return True
-        except PermissionError:
-            return False
-        return False
-
-
-@dataclass(frozen=True)
-class Seen:
-    """A node's claim as read: its holder (None while it is being made) and the seconds left
-    before it expires on the node's clock (None when unreadable)."""
-
-    holder: Holder | None
-    left_s: int | None
-
-    def describe(self) -> str:
-        """Who holds it, and for how long yet."""
-        if self.holder is None:
-            return "a claim being made (no holder yet)"
-        if self.left_s is None:
-            return self.holder.describe()
-        if self.left_s <= 0:
-            return f"{self.holder.describe()}, expired {-self.left_s}s ago"
-        return f"{self.holder.describe()}, expires in {self.left_s}s unless renewed"
-
-    def stale(self) -> str | None:
-        """Why this claim may be taken over, or None while it is live."""
-        if self.holder is None:
-            return "it was never finished"
-        if self.left_s is not None and self.left_s <= 0:
-            return f"it expired {-self.left_s}s ago on the node's clock"
-        if self.holder.gone():
-            return f"its process {self.holder.pid} on this machine is gone"
-        return None
-
-
-def _same_process(a: Holder, b: Holder) -> bool:
-    """``a`` and ``b`` name the same process (whatever their ids)."""
-    return (a.what, a.cluster, a.user, a.hostname, a.pid) == (
-        b.what,
-        b.cluster,
-        b.user,
-        b.hostname,
-        b.pid,
-    )
 
 
 def _utc(when: float) -> str:
@@ -202,7 +77,7 @@ def _parse_seen(stdout: str) -> Seen:
     holder_id = fields.get("id", "").strip()
     if not holder_id:
         return Seen(holder=None, left_s=left)
-    return Seen(holder=Holder.parse("\n".join(lines[4:]), _text(holder_id, 64)), left_s=left)
+    return Seen(holder=Holder.parse("\n".join(lines[4:]), printable(holder_id, 64)), left_s=left)
 
 
 def _take_command(node: NodeSpec, holder: Holder, ttl_s: float) -> list[str]:
@@ -470,7 +345,7 @@ class NodeClaims:
                 if seen.left_s is None
                 else "a claim being made by another (no holder yet)"
             )
-        elif _same_process(seen.holder, self.holder):
+        elif same_process(seen.holder, self.holder):
             found = (
                 f"its id file now reads {seen.holder.id}, and its holder.json still names "
                 f"this {self.holder.what}: another program wrote over it"

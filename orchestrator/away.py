@@ -1,6 +1,6 @@
 """A round command stopped as it claimed the nodes, before its round ran a step: a node away
 at the round's start (``lease.Ownership``). Recorded as a stop mid-round is
-(``faults.record_stop``, ``round-stopped``, naming the node): under the unfinished round it
+(``stops.record_stop``, ``round-stopped``, naming the node): under the unfinished round it
 would have resumed, else under no round, which ``orchestrate status`` says until a round
 begins. Nothing is barred, and the same command goes on once the node is back.
 """
@@ -13,7 +13,7 @@ from typing import Any
 from cluster.errors import NodeError
 from knobs.vocabulary import EventKind
 from ledger import EventRecord, Ledger, LedgerError, RoundRecord
-from orchestrator.faults import last_stop, record_stop
+from orchestrator.stops import last_stop, record_stop
 
 
 def record_away_at_start(

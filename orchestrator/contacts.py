@@ -1,6 +1,6 @@
 """The ledger servers this machine has reached: the evidence a round's command weighs a ledger
-that does not answer by (``faults.waiting_for_ledger``), as a silent MLflow is weighed by the
-ledger's rounds (``faults.mlflow_reached``).
+that does not answer by (``outages.waiting_for_ledger``), as a silent MLflow is weighed by the
+ledger's rounds (``outages.mlflow_reached``).
 
 A ledger server this user's commands opened before, silent as a round's command starts, is away
 for a while (PostgreSQL restarting as a timer starts the night) and is waited for; one never

@@ -11,43 +11,24 @@ node whose clocks stay off through the boots' power cycles (``clocks_checked``):
 clocks off is set aside and taken again (``policy``), and a run of them measures the node, not
 a config.
 
-A ledger that does not answer (a PostgreSQL restart at night) is waited out too
-(``through_ledger_outages``): the round is built afresh and resumes from its last committed
-step, as the same command would after a kill. So are a ledger server and an MLflow that do not
-answer when the round's command opens them (``waiting_for_ledger``, ``waiting_for_mlflow``): a
-night a timer starts while PostgreSQL or the tracking server restarts is not lost. (Mid-round,
-MLflow away is ``orchestrator.mirror``'s.)
+A ledger or an MLflow that does not answer is waited out by ``orchestrator.outages``; what
+stopped a round short is recorded for the morning by ``orchestrator.stops``.
 """
 
 from __future__ import annotations
 
-import time
 from collections import Counter
-from collections.abc import Callable, Sequence
-from contextlib import suppress
-from typing import TypeVar
+from collections.abc import Callable
 
 from cluster.errors import NodeError
-from knobs.vocabulary import INFRASTRUCTURE, BootStatus, EventKind, Kind
-from ledger import (
-    EventRecord,
-    ExperimentRecord,
-    Ledger,
-    LedgerError,
-    MlflowSinkError,
-    RoundRecord,
-)
-from ledger.redact import Redactor
+from knobs.vocabulary import INFRASTRUCTURE, BootStatus, Kind
+from ledger import ExperimentRecord, Ledger, RoundRecord
 from orchestrator import policy
 from orchestrator.display import RoundDisplay
-from orchestrator.errors import INTERRUPTED, OrchestrateError
+from orchestrator.errors import OrchestrateError
 from orchestrator.evolution import refit_blame
-from orchestrator.interrupts import ended_by
 from orchestrator.measurements import clocks_off_counts, clocks_off_in_a_row
 from orchestrator.profile import Profile
-from orchestrator.timestamps import utc_minute
-
-T = TypeVar("T")
 
 
 class InfrastructureFault(OrchestrateError):
@@ -253,234 +234,6 @@ class InfrastructureFaults:
             failure=err,
             experiment=None if e is None else e.id,
         )
-
-
-def through_ledger_outages(
-    run: Callable[[], T],
-    *,
-    note: Callable[[str], None],
-    sleep: Callable[[float], None] = time.sleep,
-    waits: Sequence[float] = policy.LEDGER_WAITS,
-) -> T:
-    """``run()``, and again after a wait each time the ledger did not answer
-    (``LedgerError.unreachable``): ``run`` builds the round afresh and runs it, so it resumes
-    from the last step the ledger committed, as the same command would after a kill.
-
-    Raises:
-        LedgerError: the ledger refused what it was asked, or still did not answer after the
-            last wait (the round stays open for the same command to resume).
-    """
-    return _waited(
-        run,
-        LedgerError,
-        lambda message, wait: (
-            f"the ledger did not answer ({message}); nothing it recorded is "
-            f"lost: the round waits {wait:g}s and resumes from it"
-        ),
-        note,
-        sleep,
-        waits,
-    )
-
-
-def waiting_for_ledger(
-    open_: Callable[[], T],
-    *,
-    url: str,
-    reached_before: bool,
-    note: Callable[[str], None],
-    sleep: Callable[[float], None] = time.sleep,
-    waits: Sequence[float] = policy.LEDGER_WAITS,
-) -> T:
-    """``open_()`` (the ledger at ``url``, opened as a round's command starts), and again after
-    a wait each time a ledger server did not answer (``LedgerError.unreachable``), on the
-    schedule of a ledger away mid-round — if this machine has ``reached_before`` that server
-    (``contacts.ledger_reached``): a night a timer starts while PostgreSQL restarts is not
-    lost. One never reached from here is taken for a URL that names nothing (a wrong host,
-    port or address) and refused at once, as is a SQLite ledger that cannot be opened (a local
-    file: a wrong path is far likelier than a disk that comes back).
-
-    Raises:
-        LedgerError: the ledger refused (a newer schema, a bad URL, a user, password or
-            database its server does not know), is a SQLite file that could not be opened,
-            is a server never reached from here that did not answer (at once), or still did
-            not answer after the last wait.
-    """
-    if url.startswith("sqlite"):
-        return open_()
-    if not reached_before:
-        try:
-            return open_()
-        except LedgerError as e:
-            if not e.unreachable:
-                raise
-            raise LedgerError(
-                f"{e.message}; this machine has never reached this ledger, so it is not waited "
-                "for as an outage: check the ledger URL (ORCHESTRATE_LEDGER, else the "
-                "profile's ledger_url) and that its server is up, then run the command again",
-                url=e.url,
-                unreachable=True,
-            ) from None
-    return _waited(
-        open_,
-        LedgerError,
-        lambda message, wait: (
-            f"the ledger did not answer ({message}); waiting {wait:g}s before trying again "
-            "(Ctrl-C stops; the same command starts the round later)"
-        ),
-        note,
-        sleep,
-        waits,
-    )
-
-
-def waiting_for_mlflow(
-    open_: Callable[[], T],
-    *,
-    reached_before: bool,
-    note: Callable[[str], None],
-    sleep: Callable[[float], None] = time.sleep,
-    waits: Sequence[float] = policy.LEDGER_WAITS,
-) -> T:
-    """``open_()`` (MLflow, opened as a command starts), and again after a wait each time
-    MLflow did not answer (``MlflowSinkError.unreachable``), on the ledger's schedule — if the
-    ledger has ``reached_before`` (``mlflow_reached``): an MLflow that answered this ledger's
-    rounds and does not answer now is away for a while. One that never answered it is taken
-    for a tracking URI that names nothing (a wrong port, host or scheme) and refused at once,
-    while the person who typed it is still there to read why.
-
-    Raises:
-        MlflowSinkError: MLflow is configured wrongly or refused (at once), never answered
-            this ledger (at once), or still did not answer after the last wait.
-    """
-    if not reached_before:
-        try:
-            return open_()
-        except MlflowSinkError as e:
-            if not e.unreachable:
-                raise
-            raise MlflowSinkError(
-                f"{e.message}; this ledger's rounds have never reached an MLflow, so it is "
-                "not waited for as an outage: check the tracking URI (MLFLOW_TRACKING_URI, "
-                "else the profile's mlflow_uri) and that its server is up, then run the "
-                "command again",
-                tracking_uri=e.tracking_uri,
-                operation=e.operation,
-                unreachable=True,
-            ) from None
-    return _waited(
-        open_,
-        MlflowSinkError,
-        lambda message, wait: (
-            f"MLflow did not answer ({message}); waiting {wait:g}s before trying again"
-        ),
-        note,
-        sleep,
-        waits,
-    )
-
-
-def mlflow_reached(ledger: Ledger, cluster: str) -> bool:
-    """Whether MLflow ever answered a round of ``cluster`` in this ledger (a round gets its
-    MLflow run as it starts): the evidence ``waiting_for_mlflow`` weighs a silent MLflow by."""
-    return any(r.mlflow_run_id for r in ledger.rounds(cluster))
-
-
-def _waited(
-    run: Callable[[], T],
-    away: type[LedgerError | MlflowSinkError],
-    said: Callable[[str, float], str],
-    note: Callable[[str], None],
-    sleep: Callable[[float], None],
-    waits: Sequence[float],
-) -> T:
-    """``run()``, again after each of ``waits`` while it raises ``away`` that did not answer
-    (``unreachable``), each wait ``said`` in one line; the last try's error raised."""
-    for wait in waits:
-        try:
-            return run()
-        except away as e:
-            if not e.unreachable:
-                raise
-            note(said(e.message, wait))
-            sleep(wait)
-    return run()
-
-
-def record_stop(
-    ledger: Ledger,
-    cluster: str,
-    round_id: int | None,
-    err: OrchestrateError | KeyboardInterrupt,
-) -> None:
-    """What stopped round ``round_id`` short of its end (a node away, a champion that stopped
-    booting, the lease lost, an interrupt), recorded for the morning (``round-stopped``): the
-    line the command ended with went to a terminal or a timer's log; ``orchestrate status``
-    and the resume show it from here. A node's failure names the node (``node``, with its
-    ``failure_class``). ``round_id`` None: a round command stopped before any round began
-    (``before_a_round``). A ledger that is itself what failed records nothing."""
-    if isinstance(err, LedgerError):
-        return
-    detail: dict[str, object]
-    if isinstance(err, KeyboardInterrupt):
-        by = ended_by(err)
-        code, line = INTERRUPTED, f"interrupted by {by}; run the same command again to resume"
-        detail = {"error": by.split(" ")[0]}  # which signal, never the exception's class
-    else:
-        code, line, detail = err.exit_code, err.message, {"error": type(err).__name__}
-        failure = err.failure if isinstance(err, InfrastructureFault) else err
-        if isinstance(failure, NodeError) and failure.rank is not None:
-            detail.update(node=f"node-{failure.rank}", failure_class=failure.failure_class)
-    with suppress(LedgerError):
-        ledger.add_event(
-            cluster,
-            EventKind.ROUND_STOPPED,
-            subject="" if round_id is None else str(round_id),
-            detail={**detail, "exit_code": code},
-            reason=Redactor.from_environment().text(line),
-        )
-
-
-#: The exit code of a round stopped by its cap (``--max-hours``, ``--max-gpu-hours``): the
-#: command did what it was asked, and the round stays open for the same command to go on.
-CAPPED = 0
-
-
-def record_cap(ledger: Ledger, cluster: str, round_id: int, cap: str, line: str) -> None:
-    """Round ``round_id`` stopped by its cap ``cap`` (``max-hours``, ``max-gpu-hours``),
-    recorded as any stop short is (``round-stopped``, exit ``CAPPED``) with the line the
-    command ended with: ``status`` (and ``--json``), the report, the MLflow parent run's
-    ``stops`` and the resume say the cap stopped it and how to go on."""
-    ledger.add_event(
-        cluster,
-        EventKind.ROUND_STOPPED,
-        subject=str(round_id),
-        detail={"error": "RoundCapReached", "cap": cap, "exit_code": CAPPED},
-        reason=line,
-    )
-
-
-def last_stop(ledger: Ledger, cluster: str, round_id: int) -> EventRecord | None:
-    """The last time round ``round_id`` stopped short of its end (``record_stop``), if
-    nothing has booted for it since (a resume under way, or one that went on, makes it old
-    news)."""
-    stops = [
-        ev for ev in ledger.events(cluster, EventKind.ROUND_STOPPED) if ev.subject == str(round_id)
-    ]
-    if not stops:
-        return None
-    booted = [
-        b.started_at for e in ledger.experiments(round_id=round_id) for b in ledger.boots(e.id)
-    ]
-    return None if any(t > stops[-1].created_at for t in booted) else stops[-1]
-
-
-def said_stop(stop: EventRecord) -> str:
-    """A stop (``last_stop``) in words: ``stopped at … UTC (exit N): the line``."""
-    return (
-        f"stopped at {utc_minute(stop.created_at)} "
-        f"(exit {stop.detail.get('exit_code')}): {stop.reason}"
-    )
 
 
 def failed_by_node(ledger: Ledger, cluster: str) -> dict[int | None, Counter[str]]:

@@ -15,7 +15,8 @@ from dataclasses import asdict
 from datetime import UTC, datetime
 from types import TracebackType
 
-from cluster.claims import Holder, NodeClaims, Seen
+from cluster.claim_holder import Holder, Seen
+from cluster.claims import NodeClaims
 from cluster.connect import open_transport
 from cluster.errors import (
     ClaimLost,

@@ -1,6 +1,6 @@
 """A round taken up again after it stopped: recorded as it resumes, read back for its report.
 
-A round stopped short by a fault or an interrupt records its stop (``faults.record_stop``); a
+A round stopped short by a fault or an interrupt records its stop (``stops.record_stop``); a
 round killed outright (kill -9, a crash, the host lost) records nothing as it dies. Either
 way the same command resumes it, and each resume records a ``round-resumed`` event
 (``record``) with the boots the run before it left open, which the resume then closes as

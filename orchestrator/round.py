@@ -49,13 +49,7 @@ from orchestrator.display import (
 from orchestrator.errors import OrchestrateError
 from orchestrator.evolution import outside_domain
 from orchestrator.experiment import ExperimentRunner
-from orchestrator.faults import (
-    InfrastructureFaults,
-    last_stop,
-    record_cap,
-    record_stop,
-    said_stop,
-)
+from orchestrator.faults import InfrastructureFaults
 from orchestrator.gpu_hours import gpu_hours
 from orchestrator.history import proposal_context
 from orchestrator.intake import Intake
@@ -64,6 +58,7 @@ from orchestrator.mirror import RETRY_S
 from orchestrator.profile import Profile
 from orchestrator.remeasure import ChampionRemeasure
 from orchestrator.runlog import RunLog
+from orchestrator.stops import last_stop, record_cap, record_stop, said_stop
 from orchestrator.testbed import Sink, Testbed
 
 

@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from cluster.claims import CLAIM_DIR, Holder, NodeClaims
+from cluster.claim_holder import Holder
+from cluster.claims import CLAIM_DIR, NodeClaims
 from cluster.connect import open_transport
 from cluster.errors import ClaimHeld, OwnershipLost, WorkdirUnwritable
 from cluster.gates import DEFAULT_FAILURE_PATTERNS

@@ -24,10 +24,11 @@ from ledger.mlflow_sink import MlflowSink
 from orchestrator import policy
 from orchestrator.approval import ApprovalGate
 from orchestrator.display import RoundDisplay
-from orchestrator.faults import InfrastructureFault, last_stop
+from orchestrator.faults import InfrastructureFault
 from orchestrator.profile_sections import VerdictSpec
 from orchestrator.report import write_report
 from orchestrator.round import RoundOptions, RoundRunner
+from orchestrator.stops import last_stop
 from orchestrator.testbed import NullSink, Sink
 from tests.fixtures.cli import orchestrate
 from tests.fixtures.mlflow_store import MlflowStore

@@ -30,8 +30,8 @@ from knobs.vocabulary import EventKind, RoundStatus, State
 from ledger import LeaseLost, Ledger, LedgerError
 from orchestrator.approval import ApprovalGate
 from orchestrator.display import RoundDisplay
-from orchestrator.faults import through_ledger_outages, waiting_for_ledger
 from orchestrator.lease import ClusterLease
+from orchestrator.outages import through_ledger_outages, waiting_for_ledger
 from orchestrator.round import RoundOptions, RoundReport, RoundRunner
 from orchestrator.testbed import NullSink
 from tests.fixtures.cli import orchestrate, said_until

@@ -28,8 +28,8 @@ from ledger import Ledger, MlflowSinkError
 from ledger.mlflow_sink import MlflowSink, mlflow_experiment
 from orchestrator.approval import ApprovalGate
 from orchestrator.display import RoundDisplay
-from orchestrator.faults import mlflow_reached, through_ledger_outages, waiting_for_mlflow
 from orchestrator.mirror import Mirror
+from orchestrator.outages import mlflow_reached, through_ledger_outages, waiting_for_mlflow
 from orchestrator.round import RoundOptions, RoundReport, RoundRunner
 from tests.fixtures.cli import orchestrate, said_until
 from tests.fixtures.mlflow_store import MlflowServer

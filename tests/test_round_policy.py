@@ -26,9 +26,10 @@ from ledger import Ledger
 from orchestrator.approval import ApprovalGate
 from orchestrator.display import RoundDisplay
 from orchestrator.experiment import GreedyUncheckable
-from orchestrator.faults import ClocksOff, last_stop
+from orchestrator.faults import ClocksOff
 from orchestrator.profile import Profile
 from orchestrator.round import RoundOptions, RoundRunner
+from orchestrator.stops import last_stop
 from orchestrator.testbed import NullSink
 from tests.fixtures.cli import orchestrate
 from tests.fixtures.profiles import twin_profile_data, write_profile

@@ -144,7 +144,7 @@ class Opened:
             self._ledger = self._stack.enter_context(Ledger(self.settings.ledger_url))
             self._another_stacks(self._ledger)
             # a ledger server reached once is waited for when it does not answer a round's
-            # start (``faults.waiting_for_ledger``)
+            # start (``outages.waiting_for_ledger``)
             remember_ledger(self.settings.ledger_url)
             if self._ledger.upgraded is not None:
                 # said once, on stderr: a --json command's stdout stays JSON

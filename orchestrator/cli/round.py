@@ -82,14 +82,14 @@ def round_(
     from orchestrator.contacts import ledger_reached
     from orchestrator.crashpoints import deploy_progress
     from orchestrator.display import RoundDisplay
-    from orchestrator.faults import (
+    from orchestrator.gpu_hours import cluster_gpus
+    from orchestrator.lease import Ownership, still_leased
+    from orchestrator.outages import (
         mlflow_reached,
         through_ledger_outages,
         waiting_for_ledger,
         waiting_for_mlflow,
     )
-    from orchestrator.gpu_hours import cluster_gpus
-    from orchestrator.lease import Ownership, still_leased
     from orchestrator.profile import load_profile
     from orchestrator.round import RoundOptions, RoundRunner
     from orchestrator.settings import lease_ttl_s
@@ -252,7 +252,7 @@ def _report_stop(
     calls would wait on a server away)."""
     from cluster.errors import OwnershipError
     from ledger import LedgerError, MlflowSinkError
-    from orchestrator.faults import last_stop, record_stop
+    from orchestrator.stops import last_stop, record_stop
 
     if isinstance(stop, LedgerError | OwnershipError):
         return

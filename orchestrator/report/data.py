@@ -387,7 +387,7 @@ def _boots(
 
 
 def _stops(ledger: Ledger, rnd: RoundRecord, resumed: list[Resume]) -> list[Stop]:
-    """What stopped the round short (``faults.record_stop``), each with when it went on: the
+    """What stopped the round short (``stops.record_stop``), each with when it went on: the
     resume after it, else (a resume not recorded) its cluster's next boot."""
     out = []
     for event in ledger.events(rnd.cluster, EventKind.ROUND_STOPPED):

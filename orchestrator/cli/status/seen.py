@@ -88,13 +88,14 @@ def read(prof: Profile, ledger: Ledger) -> Seen:
     from orchestrator.champion import ChampionEvidence
     from orchestrator.champion_level import level_in_force, shown
     from orchestrator.evolution import knob_changes, outside_domain
-    from orchestrator.faults import failed_by_node, last_stop
+    from orchestrator.faults import failed_by_node
     from orchestrator.gpu_hours import gpu_hours
     from orchestrator.lease import state as lease_state
     from orchestrator.measurements import changed_cells, clocks_off_counts
     from orchestrator.priors import measured
     from orchestrator.round_boots import RoundBoots
     from orchestrator.step_cost import learned
+    from orchestrator.stops import last_stop
     from orchestrator.undecided import under_way
 
     prof, _ = resolved(prof, ledger)  # a cell renamed: its readings its own (``cell_renames``)

@@ -56,8 +56,8 @@ def say_round(console: Console, seen: Seen, data: dict[str, Any], flag: str) -> 
     """The unfinished round (running now, or to resume), the last round's boots (as its report
     counts them), and the proposals a person decides."""
     from orchestrator.approval import waits_for_a_person
-    from orchestrator.faults import said_stop
     from orchestrator.measurements import BootCount
+    from orchestrator.stops import said_stop
     from orchestrator.timestamps import utc_minute
 
     running, lease = seen.running, seen.lease
