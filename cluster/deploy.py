@@ -165,6 +165,16 @@ class Deployer:
         """Stop every node (see ``stop_all``): rank → outcome, and every node's error."""
         return teardown.stop_each(self._nodes, self.gates, self.runtime, self._container)
 
+    def stop_started(self) -> dict[int, str]:
+        """Stop exactly the engines this deployer's last boot started, each checked by its
+        process group and start time, whatever the nodes' pid files say now: rank → outcome
+        (``teardown.stop_started``). For a round whose node was taken by nobody it knows of.
+
+        Raises:
+            Whatever the fence raises, before any stop goes out.
+        """
+        return teardown.stop_started(self._nodes, self.gates, self._boot.started, self._container)
+
     # ---- preflight (``cluster.preflight``) ------------------------------------------------
     def clocks(self) -> list[NodeClockRecord]:
         """Every node's clocks, read in parallel (empty when the profile has no clocks query).

@@ -264,9 +264,18 @@ def start_command(node: NodeSpec) -> list[str]:
         f"setsid bash -c {wrapper} >{LOG} 2>&1 </dev/null & pid=$!; "
         'for i in $(seq 100); do kill -0 -- "-$pid" 2>/dev/null && break; sleep 0.02; done; '
         + _START_TIME
-        + f'echo "$pid $st" >{PIDFILE}; echo "$pid"'
+        + f'echo "$pid $st" >{PIDFILE}; echo "$pid $st"'
     )
     return ["bash", "-c", body]
+
+
+def started(stdout: str) -> tuple[int, str] | None:
+    """The engine ``start_command`` printed it started: its process group's pid and its start
+    time (``''`` where the node has no ``/proc``); None where it printed something else."""
+    fields = stdout.strip().split()
+    if not 1 <= len(fields) <= 2 or not all(f.isdigit() for f in fields):
+        return None
+    return int(fields[0]), fields[1] if len(fields) == 2 else ""
 
 
 def marked(node: NodeSpec, argv: Sequence[str]) -> list[str]:
@@ -319,6 +328,39 @@ def stop_command(node: NodeSpec, grace_s: float) -> list[str]:
         'kill -0 -- "-$pid" 2>/dev/null || '
         f"{{ rm -f {PIDFILE}; echo killed; exit 0; }}; sleep 0.1; done; "
         "echo alive; exit 1"
+    )
+    return ["bash", "-c", body]
+
+
+def stop_started_command(node: NodeSpec, pid: int, born: str, grace_s: float) -> list[str]:
+    """argv that stops the engine one start (``start_command``) started, whatever the pid file
+    says now (another holder's start may have written it): the process group ``pid`` is
+    signalled only while it is that engine's, its leader gone or started at ``born``
+    (``ours``), never a process that took the pid over. The pid file and the stop's mark
+    (``STOPPING``) are touched only where they still name ``pid``. Prints ``stopped`` or
+    ``killed``, ``gone`` where that engine was gone before (or its pid another's now)."""
+    if pid <= 0 or (born != "" and not born.isdigit()):
+        raise ValueError(f"not an engine's start: pid {pid!r}, start time {born!r}")
+    pidfile = shlex.quote(f"{node.workdir}/{PIDFILE}")
+    stopping = shlex.quote(f"{node.workdir}/{STOPPING}")
+    ticks = max(1, int(grace_s * 10))
+    named = f'[ "$(read -r p _ <{pidfile} 2>/dev/null && echo "$p")" = "$pid" ]'
+    body = (
+        f"pid={pid}; born={born}; "
+        'ours() { [ -n "$born" ] || return 0; '
+        + _START_TIME
+        + '[ -z "$st" ] || [ "$st" = "$born" ]; }; '
+        'kill -0 -- "-$pid" 2>/dev/null && ours || { echo gone; exit 0; }; '
+        f'{named} && echo "$pid" >{stopping}; '
+        'kill -TERM -- "-$pid" 2>/dev/null; kill -CONT -- "-$pid" 2>/dev/null; '
+        f"how=; for i in $(seq {ticks}); do "
+        'kill -0 -- "-$pid" 2>/dev/null || { how=stopped; break; }; sleep 0.1; done; '
+        'if [ -z "$how" ]; then kill -KILL -- "-$pid" 2>/dev/null; '
+        "for i in $(seq 50); do "
+        'kill -0 -- "-$pid" 2>/dev/null || { how=killed; break; }; sleep 0.1; done; fi; '
+        '[ -n "$how" ] || { echo alive; exit 1; }; '
+        f"{named} && rm -f {pidfile}; "
+        'echo "$how"'
     )
     return ["bash", "-c", body]
 

@@ -20,7 +20,7 @@ from cluster.blame import Blame
 from cluster.errors import DeployError, tail
 from cluster.gates import GateSpec
 from cluster.inventory import NodeSpec
-from cluster.launcher import journaled, start_command
+from cluster.launcher import journaled, start_command, started
 from cluster.nodes import Nodes
 from knobs.config import Config
 
@@ -48,6 +48,9 @@ class Boot:
         self._smoke = smoke
         #: by rank, the end of each node's log as the last boot came up (``log_gates``)
         self._up_marks: dict[int, str] = {}
+        #: by rank, the engine this process last started there: its process group's pid and
+        #: start time (``launcher.started``), what ``teardown.stop_started`` stops by
+        self.started: dict[int, tuple[int, str]] = {}
 
     def start(self, node: NodeSpec) -> None:
         """Start ``node``'s launcher and see its engine alive.
@@ -59,7 +62,8 @@ class Boot:
         start = journaled(node, start_command(node), "start")
         self.nodes.fence()
         result = self.nodes.transport(node).run(start, timeout=60)
-        if result.returncode != 0 or not result.stdout.strip().isdigit():
+        engine = started(result.stdout)
+        if result.returncode != 0 or engine is None:
             raise DeployError(
                 f"{node.name}: the launcher did not start",
                 failure_class="start",
@@ -69,6 +73,7 @@ class Boot:
                 returncode=result.returncode,
                 stderr_tail=tail(result.stderr, 15),
             )
+        self.started[node.rank] = engine
         # issue #4: the start command returns once the engine is forked, a moment before the
         # engine has made itself a process group (setsid), which is what `alive` checks. Over
         # a fast transport the next check can land in that moment and call a live engine

@@ -13,10 +13,17 @@ import time
 from collections.abc import Callable, Mapping
 
 from cluster.engine_process import CONTAINER_NAME, container_stop_command
-from cluster.errors import NodeError, of_node
+from cluster.errors import NodeError, NodeUnreachable, of_node
 from cluster.gates import GateSpec
 from cluster.inventory import NodeSpec
-from cluster.launcher import fill, journaled, marked, placeholders, stop_command
+from cluster.launcher import (
+    fill,
+    journaled,
+    marked,
+    placeholders,
+    stop_command,
+    stop_started_command,
+)
 from cluster.nodes import Nodes
 from cluster.transport import check, failed
 
@@ -81,6 +88,52 @@ def _stop_reached(
         since = None if head_stopped is None else time.monotonic() - head_stopped
         outcomes[node.rank] = _exited(how, since) if how.startswith("exited") else how
     return outcomes, errors
+
+
+def stop_started(
+    nodes: Nodes,
+    gates: GateSpec,
+    started: Mapping[int, tuple[int, str]],
+    container_of: ContainerOf = lambda _node: None,
+) -> dict[int, str]:
+    """Stop exactly the engines of ``started`` (by rank, the process group and start time each
+    start recorded: ``Boot.started``), head first, whatever the nodes' pid files say now: a
+    round that lost a node's claim to nobody it knows of stops what it started and nothing
+    else (``launcher.stop_started_command``): an engine of whoever holds the node now is
+    another process group, never signalled. By rank: ``stopped``/``killed``, ``already gone``
+    (it had exited, a worker with its head, or its pid is another's now), or ``unreachable:
+    …``/``failed: …``. A container is never stopped by its name, which another holder's
+    launcher gives its own container too. A node's error is its outcome, never raised.
+
+    Raises:
+        Whatever the fence raises, before any stop goes out: nothing is stopped.
+    """
+    nodes.fence()
+    outcomes: dict[int, str] = {}
+    with nodes.unbroken():
+        for node in sorted(nodes.cluster.nodes, key=lambda n: n.rank):
+            if node.rank not in started:
+                continue
+            pid, born = started[node.rank]
+            stop = journaled(
+                node, stop_started_command(node, pid, born, gates.stop_grace_s), "stop"
+            )
+            try:
+                result = nodes.transport(node).run(stop, timeout=gates.stop_grace_s + 30)
+                check(result, node, "stopping the engine it started")
+            except NodeError as e:
+                what = "unreachable" if isinstance(e, NodeUnreachable) else "failed"
+                outcomes[node.rank] = f"{what}: {e.message}"
+                continue
+            lines = result.stdout.strip().splitlines()
+            how = lines[-1] if lines else ""
+            if how == "gone":  # a worker exits as its head stops; its pid may be another's now
+                how = "already gone"
+            container = container_of(node)
+            if container is not None and how != "already gone":
+                how += f" (its container {container} is not stopped by name: it may be another's)"
+            outcomes[node.rank] = how
+    return outcomes
 
 
 def _exited(how: str, since_head: float | None) -> str:

@@ -23,7 +23,7 @@ from knobs.vocabulary import (
     BootStatus,
     State,
 )
-from ledger import BootRecord, ExperimentRecord, Ledger, LedgerError
+from ledger import BootRecord, ExperimentRecord, LeaseLost, Ledger, LedgerError
 from orchestrator.crashpoints import crashpoint
 from orchestrator.display import RoundDisplay
 from orchestrator.evolution import fit
@@ -33,7 +33,7 @@ from orchestrator.measurements import read_measurements
 from orchestrator.profile import Profile
 from orchestrator.rendering import digest
 from orchestrator.runlog import RunLog
-from orchestrator.testbed import Testbed
+from orchestrator.testbed import StopsStarted, Testbed
 
 
 class Booter:
@@ -216,16 +216,36 @@ class Booter:
         written (the new holder's), the ledger's line."""
         if not isinstance(lost, ClaimLost):
             return lost
+        # nobody recorded breaking the claim, so nobody stops this boot's engines but this
+        # round: exactly those it started, each checked its own (never the node's new holder's)
+        stopped = self._stop_started() if lost.by is None else None
+        detail = lost.by or lost.said
+        if stopped:
+            detail += f"; the engines it started were stopped ({stopped})"
         closed = False
         with suppress(LedgerError):  # a lease lost meanwhile too: fenced, nothing written
             closed = self.ledger.end_boot(
                 boot_id,
                 status=BootStatus.DOWN,
-                failure_detail=BOOT_CLAIM_LOST + (lost.by or lost.said),
+                failure_detail=BOOT_CLAIM_LOST + detail,
                 if_open=True,
             )
             closed = closed or all(b.id != boot_id for b in self.ledger.open_boots())
-        return lost_at(lost, f"mid-boot, during {self._at} of experiment #{e.id}", closed=closed)
+        where = f"mid-boot, during {self._at} of experiment #{e.id}"
+        return lost_at(lost, where, closed=closed, stopped=stopped)
+
+    def _stop_started(self) -> str | None:
+        """The engines this boot started stopped (``Testbed.stop_started``), in words
+        (``node-0: stopped, node-1: stopped``); None where the lease was lost too (the engines
+        are the new holder's, who takes the round over) or nothing was started."""
+        if not isinstance(self.testbed, StopsStarted):
+            return None  # no node runs its engines (a simulation)
+        try:
+            outcomes = self.testbed.stop_started()
+        except (OwnershipLost, LeaseLost):
+            return None
+        names = {n.rank: n.name for n in self.profile.cluster.nodes}
+        return ", ".join(f"{names.get(r, f'node-{r}')}: {how}" for r, how in outcomes.items())
 
     def _lost(self) -> OwnershipLost | None:
         """The guard's finding, if the cluster is no longer ours (the lease and the node

@@ -47,6 +47,14 @@ LEFT_UP = (
 )
 
 
+#: A boot cut short by a claim lost with no breaker, whose engines the round stopped itself.
+STOPPED_STARTED = (
+    "; it stopped the engines this boot started ({stopped}), each checked by its process group "
+    "and start time, so nothing of whoever holds the node now was touched; `orchestrate "
+    "cluster down` stops any left once the cluster is yours"
+)
+
+
 def _process_gone(lease: LeaseRecord) -> bool:
     """A lease is stale when its holder ran on this host and that process no longer exists."""
     if lease.hostname != socket.gethostname():
@@ -381,11 +389,14 @@ def breaker(event: EventRecord) -> str:
     return f"{who} broke it at {utc_minute(event.created_at)}"
 
 
-def lost_at(lost: ClaimLost, where: str, *, closed: bool) -> ClaimLost:
+def lost_at(lost: ClaimLost, where: str, *, closed: bool, stopped: str | None = None) -> ClaimLost:
     """``lost`` said where the round was when it learned it (``where``: ``mid-boot, during
-    cell 1 of 3 (…) of experiment #4``), and whether it closed its boot (``closed``)."""
+    cell 1 of 3 (…) of experiment #4``), whether it closed its boot (``closed``), and, a claim
+    nobody recorded breaking, what became of the engines the boot started (``stopped``:
+    ``node-0: stopped, …``; None: nothing stopped)."""
     boot = "; its boot is closed in the ledger" if closed else ""
-    boot += LEFT_UP if lost.by is None else ""
+    if lost.by is None:
+        boot += LEFT_UP if not stopped else STOPPED_STARTED.format(stopped=stopped)
     return ClaimLost(
         f"{lost.said}; stopped {where}{boot}: {UNDECIDED}",
         rank=lost.rank,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from cluster.bench import run_cell, smoke
 from cluster.connect import open_transport
@@ -88,6 +88,23 @@ class Testbed(Protocol):
 
         Raises:
             NodeError: the restore failed too (every node is torn down again).
+        """
+        ...
+
+
+@runtime_checkable
+class StopsStarted(Protocol):
+    """A testbed whose engines run on nodes another may take (``ClusterTestbed``): it can stop
+    exactly the engines its last boot started."""
+
+    def stop_started(self) -> dict[int, str]:
+        """Stop exactly the engines this testbed's last boot started, each verified its own,
+        whoever holds the nodes now: by rank, what became of each (``teardown.stop_started``).
+        Never raises a node's error (each is its node's outcome).
+
+        Raises:
+            LeaseLost: the fence found the round's lease another's: nothing was stopped (the
+                engines are the new holder's, who takes the round over).
         """
         ...
 
@@ -283,3 +300,7 @@ class ClusterTestbed:
     def restore(self, config: Config) -> None:
         """Boot the champion again (see ``Deployer.restore``)."""
         self.deployer.restore(config)
+
+    def stop_started(self) -> dict[int, str]:
+        """Stop exactly the engines the last boot started (see ``Deployer.stop_started``)."""
+        return self.deployer.stop_started()

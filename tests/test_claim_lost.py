@@ -11,10 +11,13 @@ changed on the node's disk as another program would change them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
+import signal
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -80,7 +83,11 @@ def test_a_claim_lost_with_no_breaker_is_named_with_when_and_never_the_configs(
     ), line
     assert "nobody recorded breaking it" in line, line
     assert "mid-boot, during cell 1 of 1" in line, line
-    assert "`orchestrate cluster down` stops any left once the cluster is yours" in line, line
+    assert re.search(
+        r"; it stopped the engines this boot started \(node-0: (stopped|killed), node-1: "
+        r"(stopped|killed|already gone)\), each checked by its process group and start time",
+        line,
+    ), line
     assert "the experiment left undecided: run the same command to resume" in line, line
     with Ledger(os.environ["ORCHESTRATE_LEDGER"]) as ledger:
         assert ledger.open_boots(CLUSTER) == []
@@ -92,9 +99,55 @@ def test_a_claim_lost_with_no_breaker_is_named_with_when_and_never_the_configs(
     shown = orchestrate(root, "experiments", "show", str(e.id), "-p", "profile.yaml").stdout
     assert "cut short: its round lost the nodes: " in shown, shown
     assert "nobody recorded breaking it" in shown, shown
-    # what it says is so: the engines are there until `cluster down` (the node is free now)
-    assert engines_alive(root) != [], said
-    if change is _removed:
-        down = orchestrate(root, "cluster", "down", "-p", "profile.yaml")
-        assert down.returncode == 0, down.stdout + down.stderr
-        assert engines_alive(root) == []
+    assert "the engines it started were stopped (node-0: " in shown, shown
+    # what it says is so: no engine of the boot runs on through the night
+    assert engines_alive(root) == [], said
+
+
+def _start_time(pid: int) -> str:
+    """Process ``pid``'s start time as the launcher records it (``/proc/PID/stat`` field 22)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+
+
+def test_a_claim_taken_by_nobody_known_stops_this_boots_engines_and_nothing_of_the_new_holder(
+    root: Path,
+) -> None:
+    """node-1's claim is taken by a holder nobody recorded, which has started an engine of
+    its own in the node's workdir (its pid file names it now). The round stops exactly the
+    engines its boot started, each by the process group and start time its start printed:
+    the new holder's engine lives on, its pid file untouched, and the morning's `status`
+    says what was stopped."""
+    nodes = root / "nodes"
+    with watched(root, "round", "--budget", "1", "-p", "profile.yaml") as run:
+        wait_until("the baseline mid-cell", lambda: any("cell 1 of 1" in x for x in run.out), 180)
+        ours = [
+            int((nodes / n / "engine.pid").read_text().split()[0]) for n in ("node-0", "node-1")
+        ]
+        spawn = "setsid sleep 600 </dev/null >/dev/null 2>&1 & echo $!"
+        theirs = int(subprocess.run(["bash", "-c", spawn], capture_output=True, text=True).stdout)
+        try:
+            (nodes / "node-1" / "engine.pid").write_text(f"{theirs} {_start_time(theirs)}\n")
+            _taken(nodes / "node-1" / CLAIM_DIR)
+            code = run.proc.wait(timeout=120)
+            said = "\n".join(run.out + run.err)
+            assert code == 8, said
+            for pid in ours:
+                with pytest.raises(ProcessLookupError):
+                    os.killpg(pid, 0)
+            os.killpg(theirs, 0)  # the new holder's engine: never signalled
+            assert (nodes / "node-1" / "engine.pid").read_text().split()[0] == str(theirs)
+            assert not (nodes / "node-1" / "engine.stopping").exists() or (
+                (nodes / "node-1" / "engine.stopping").read_text().strip() != str(theirs)
+            )
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(theirs, signal.SIGKILL)
+    [line] = [x for x in run.err if x.startswith("Error:")]
+    assert "it is now claimed by sweep of cluster" in line, line
+    assert re.search(
+        r"it stopped the engines this boot started \(node-0: (stopped|killed), node-1: "
+        r"(stopped|killed|already gone)\)",
+        line,
+    ), line
+    status = orchestrate(root, "status", "-p", "profile.yaml").stdout
+    assert "it stopped the engines this boot started (node-0: " in status, status

@@ -22,7 +22,9 @@ from cluster.launcher import (
     marked,
     render_node,
     start_command,
+    started,
     stop_command,
+    stop_started_command,
 )
 from cluster.transport import LocalTransport
 from knobs import KnobSpace, catalog
@@ -112,8 +114,8 @@ def test_start_detaches_and_stop_kills_the_whole_process_group(tmp_path: Path) -
         mode=0o755,
     )
     started = transport.run(start_command(node))
-    assert started.returncode == 0 and started.stdout.strip().isdigit()
-    pid = int(started.stdout)
+    assert started.returncode == 0 and started.stdout.split()[0].isdigit()
+    pid = int(started.stdout.split()[0])
     assert transport.run(alive_command(node)).returncode == 0
     assert os.getpgid(pid) == pid  # its own process group, so nothing else is signalled
     stopped = transport.run(stop_command(node, grace_s=0.3))
@@ -152,7 +154,7 @@ def test_a_pid_another_process_took_over_is_never_signalled(tmp_path: Path) -> N
     transport = LocalTransport(node)
     transport.put_text(f"{node.workdir}/launcher.sh", "exec sleep 300\n", mode=0o755)
     started = transport.run(start_command(node))
-    pid = int(started.stdout)
+    pid = int(started.stdout.split()[0])
     pidfile = Path(node.workdir) / "engine.pid"
     recorded_pid, born = pidfile.read_text().split()
     assert int(recorded_pid) == pid and born.isdigit()
@@ -173,6 +175,51 @@ def test_a_pid_another_process_took_over_is_never_signalled(tmp_path: Path) -> N
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(other, signal.SIGKILL)
+
+
+def test_a_start_is_stopped_by_what_it_started_never_by_the_pid_file_of_now(
+    tmp_path: Path,
+) -> None:
+    """A round that lost a node's claim stops the engine its own start started (its process
+    group and start time, as the start printed them), whatever the pid file says now: the
+    engine a new holder started in the same workdir since lives on, its pid file and the
+    stop's mark untouched; a pid another process took over is never signalled."""
+    node = NodeSpec(rank=0, host="127.0.0.1", workdir=str(tmp_path / "node"))
+    workdir = Path(node.workdir)
+    transport = LocalTransport(node)
+    transport.put_text(f"{node.workdir}/launcher.sh", "exec sleep 300\n", mode=0o755)
+    ours = started(transport.run(start_command(node)).stdout)
+    assert ours is not None and ours[1].isdigit(), ours
+    theirs = started(transport.run(start_command(node)).stdout)  # the new holder's start
+    assert theirs is not None and theirs != ours
+    try:
+        stop = transport.run(stop_started_command(node, *ours, grace_s=5))
+        assert stop.stdout.strip() == "stopped", stop
+        with pytest.raises(ProcessLookupError):
+            os.killpg(ours[0], 0)
+        assert _living(theirs[0]), "the new holder's engine was signalled"
+        assert (workdir / "engine.pid").read_text().split()[0] == str(theirs[0])
+        assert not (workdir / "engine.stopping").exists()
+        again = transport.run(stop_started_command(node, *ours, grace_s=5))
+        assert again.stdout.strip() == "gone"
+        # the new holder's pid with another start time: a process that took a pid over
+        reused = (theirs[0], str(int(theirs[1]) - 1))
+        assert transport.run(stop_started_command(node, *reused, grace_s=5)).stdout.strip() == (
+            "gone"
+        )
+        assert _living(theirs[0])
+        # its own start's record stops it, as ours: pid file and mark its own
+        assert transport.run(stop_started_command(node, *theirs, grace_s=5)).stdout.strip() == (
+            "stopped"
+        )
+        assert not (workdir / "engine.pid").exists()
+        assert (workdir / "engine.stopping").read_text().strip() == str(theirs[0])
+    finally:
+        for pid in (ours[0], theirs[0]):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+    with pytest.raises(ValueError):
+        stop_started_command(node, 12, "1; reboot", grace_s=5)
 
 
 def _engine_child(workdir: Path) -> int:
