@@ -9,7 +9,9 @@ read (the pid file, the wrapper's exit status, the mark of our own stop).
 An engine in a container (``docker run``, in the foreground or ``-d``) runs outside the
 launcher's process group: a ``docker pause``, or a signal sent to the container's own process,
 leaves the group as it was. Where the launcher (or the stop hook) names the container, the
-container runtime is asked too, over the node's same transport (``docker inspect``).
+container runtime is asked too, over the node's same transport (``docker inspect``; for a
+container that exited with a code of its own, ``docker events``: whether the runtime sent it
+a signal, a ``docker stop`` of an engine that takes SIGTERM as a clean stop and exits 0).
 """
 
 from __future__ import annotations
@@ -277,10 +279,12 @@ def container_killed_by(
     transport: Transport, node: NodeSpec, container: str, pidfile: str, ours: str
 ) -> signal.Signals | None:
     """The signal of ``OUTSIDE_SIGNALS`` that ``container`` exited of (Docker's exit code is
-    128 + N), when the container is this boot's (it started as the engine the pid file names
-    did, not before: ``_SAME_BOOT_S``) and our own stop did not mark that engine
-    (``STOPPING``). None otherwise: the OOM killer's kill (``OOMKilled``: the config's, as
-    for an engine outside a container), a SIGKILL, an exit of its own, a container still
+    128 + N), or that the runtime sent it before it exited with a code of its own (a ``docker
+    stop`` of an engine that takes SIGTERM as a clean stop and exits 0: ``runtime_sent``),
+    when the container is this boot's (it started as the engine the pid file names did, not
+    before: ``_SAME_BOOT_S``) and our own stop did not mark that engine (``STOPPING``). None
+    otherwise: the OOM killer's kill (``OOMKilled``: the config's, as for an engine outside
+    a container), a SIGKILL, an exit of its own with no such signal sent, a container still
     running or gone (``--rm``), a runtime that cannot say."""
     pid = pidfile.split()[:1]
     if not pid or ours.split()[:1] == pid or not CONTAINER_NAME.match(container):
@@ -303,7 +307,41 @@ def container_killed_by(
         return None
     if begun < float(lines[0]) - _SAME_BOOT_S:
         return None
-    return _signalled(int(code))
+    return _signalled(int(code)) or runtime_sent(transport, container, started)
+
+
+def runtime_sent(transport: Transport, container: str, since: str) -> signal.Signals | None:
+    """The first of ``OUTSIDE_SIGNALS`` the container runtime sent ``container`` since
+    ``since`` (its start, as ``docker inspect`` gives it), by the runtime's own record: each
+    signal of a ``docker stop`` or ``docker kill`` is a ``kill`` event naming it (``docker
+    events``, up to the node's now). None where it sent none, or cannot say."""
+    if not CONTAINER_NAME.match(container) or _STARTED.match(since) is None:
+        return None
+    body = (
+        f'docker events --since {shlex.quote(since)} --until "$(date +%s)" '
+        f"--filter {shlex.quote('container=' + container)} --filter event=kill "
+        f"--format {shlex.quote('{{.Actor.Attributes.signal}}')} 2>/dev/null; exit 0"
+    )
+    try:
+        result = transport.run(["bash", "-c", body], timeout=30)
+    except NodeError:
+        return None
+    for word in result.stdout.split():
+        sig = _signal_named(word)
+        if sig in OUTSIDE_SIGNALS:
+            return sig
+    return None
+
+
+def _signal_named(word: str) -> signal.Signals | None:
+    """A signal as Docker's event names it: its number (``15``), or its name (``SIGTERM``,
+    ``TERM``)."""
+    try:
+        if word.isdigit():
+            return signal.Signals(int(word))
+        return signal.Signals[word if word.startswith("SIG") else f"SIG{word}"]
+    except (KeyError, ValueError):
+        return None
 
 
 def _unix(stamp: str) -> float | None:

@@ -5,8 +5,9 @@ container runtime can say what became of it: it is asked over the node's own SSH
 The runtime is a real fake: an executable ``docker`` first on the PATH of the sshd test host's
 user, that runs each "container" as a process of its own session (outside the client's
 group, as a real runtime's is) and answers ``inspect`` from a state file per container (its
-``--format`` rendered as Docker renders it). The launcher is ``docker run -d`` then ``docker
-wait``, whose exit status is 0 however the container ended."""
+``--format`` rendered as Docker renders it), and records each signal its ``stop`` sends as
+Docker's ``kill`` event, which ``events --since --until`` lists. The launcher is ``docker run
+-d`` then ``docker wait``, whose exit status is 0 however the container ended."""
 
 from __future__ import annotations
 
@@ -80,12 +81,36 @@ stop)
   [ "$1" = -t ] && { t=$2; shift 2; } || t=10
   read -r st _ <"$d/$1" 2>/dev/null || { echo "No such container: $1" >&2; exit 1; }
   [ "$st" = exited ] && { echo "$1"; exit 0; }
+  # as Docker does, each signal the runtime sends is a "kill" event with its number
+  echo "$(date +%s.%N) $1 15" >>"$d/events"
   kill -TERM "$(cat "$d/$1.pid")" 2>/dev/null
   for i in $(seq $((t * 20))); do
     read -r st _ <"$d/$1"; [ "$st" = exited ] && break; sleep 0.05
   done
+  [ "$st" = exited ] || echo "$(date +%s.%N) $1 9" >>"$d/events"
   kill -KILL "$(cat "$d/$1.pid")" 2>/dev/null
   echo "$1";;
+events)
+  since=; until=; name=; kind=; f=
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      --since) since=$(date -d "$2" +%s.%N); shift 2;;
+      --until) until=$2; shift 2;;
+      --filter) case "$2" in container=*) name=${2#container=};; event=*) kind=${2#event=};; esac
+        shift 2;;
+      --format) f=$2; shift 2;;
+      *) echo "fake docker: events takes no $1" >&2; exit 2;;
+    esac
+  done
+  [ -n "$until" ] || { echo "fake docker: events without --until streams forever" >&2; exit 2; }
+  [ "$kind" = kill ] && [ "$f" = '{{.Actor.Attributes.signal}}' ] || {
+    echo "fake docker: events wants --filter event=kill and the signal's --format" >&2; exit 2; }
+  [ -e "$d/events" ] || exit 0
+  while read -r at who sig; do
+    [ "$who" = "$name" ] || continue
+    awk -v a="$at" -v s="${since:-0}" -v u="$until" 'BEGIN { exit !(a >= s && a <= u + 1) }' &&
+      echo "$sig"
+  done <"$d/events";;
 rm)
   rm -f "$d/$1" "$d/$1.pid" "$d/$1.oom"; echo "$1";;
 inspect)
@@ -346,3 +371,47 @@ def test_a_container_that_outlives_its_launchers_stop_is_stopped_before_the_node
     assert (runtime.state / NAME).read_text().split()[:3] == ["exited", "0", "0"]
     assert f"stop -t {int(prof.gates.stop_grace_s)} {NAME}" in runtime.calls()
     assert again[0] == "absent", again
+
+
+def test_a_graceful_container_stopped_from_outside_is_its_nodes_an_exit_0_the_configs(
+    ssh_cluster: SshCluster, runtime: Runtime, tmp_path: Path
+) -> None:
+    """A person's ``docker stop`` of the engine's container as it loads: the engine takes its
+    SIGTERM as a clean stop and exits 0, so neither ``docker wait`` nor Docker's exit code
+    says a signal, and this was the config's ``start``. Docker's events say it sent the
+    container SIGTERM (a ``kill`` event) since it started, and our own stop marked nothing:
+    now ``engine_killed`` on node 0. An engine that exits 0 on its own, with no signal sent,
+    stays the config's."""
+    failed: dict[str, DeployError] = {}
+    for how in ("docker-stop", "own-exit"):
+        directory = tmp_path / how
+        directory.mkdir()
+        data = profile_data(ssh_cluster, container=True)
+        engine = CATCHER if how == "docker-stop" else "import time, sys; time.sleep(1); sys.exit(0)"
+        data["launcher"]["argv"][2] = data["launcher"]["argv"][2].replace(SLEEPER, engine)
+        prof = load_profile(str(write_profile(directory, data)))
+        deployer = deployer_for(prof)
+        try:
+            with ThreadPoolExecutor(1) as pool:
+
+                def stop(how: str = how) -> None:
+                    runtime.container_pid()
+                    if how == "docker-stop":
+                        subprocess.run(
+                            [str(runtime.docker), "stop", "-t", "5", NAME],
+                            check=True,
+                            capture_output=True,
+                        )
+
+                stopping = pool.submit(stop)
+                failed[how] = failed_boot(deployer, prof.initial_champion())
+                stopping.result(timeout=30)
+        finally:
+            deployer.teardown()
+            deployer.close()
+    outside = failed["docker-stop"]
+    assert outside.failure_class == "engine_killed", outside.message
+    assert outside.rank == 0 and outside.failure_class in INFRASTRUCTURE
+    assert f"killed by SIGTERM from outside on {ssh_cluster.node(0).address}" in outside.message
+    assert failed["own-exit"].failure_class == "start", failed["own-exit"].message
+    assert any(call.startswith("events --since ") for call in runtime.calls())
