@@ -36,6 +36,10 @@ EXIT = "engine.exit"
 #: Written by orchestrate's own stop (``stop_command``, ``marked``) before it signals the
 #: engine: ``<pid>``. An engine that died of a signal with this file naming its pid died of ours.
 STOPPING = "engine.stopping"
+#: The environment variable every process a launcher starts inherits: the pid of its start's
+#: process group (``start_command``), so that an engine that escaped the group (a daemon, a
+#: double fork, setsid) is still known as that start's (``stop_command``).
+MARK = "ORCHESTRATE_ENGINE"
 #: The node's own journal of what orchestrate did to it (issue #4): one line per start and
 #: stop, stamped by the node's clock. ``<unix time> <event> rank=R rc=N <last output line>``.
 EVENTS = "engine.events"
@@ -256,7 +260,7 @@ def start_command(node: NodeSpec) -> list[str]:
     killed from outside can be told from one that crashed (``cluster.engine_process``)."""
     wd = shlex.quote(node.workdir)
     # the wrapper's own pid ($$) is the pid file's: a status file is read only for its engine
-    wrapper = shlex.quote(f'bash {SCRIPT}; echo "$$ $?" >{EXIT}')
+    wrapper = shlex.quote(f'export {MARK}=$$; bash {SCRIPT}; echo "$$ $?" >{EXIT}')
     # the pid is reported only once the engine leads its own process group: a liveness check
     # that came earlier would find no group and call a starting engine dead
     body = (
@@ -298,12 +302,29 @@ _EXITED = (
 )
 
 
+#: Shell that stops what is left of the engine ``$pid`` once its group is gone: every process
+#: whose environment bears its start's mark (``MARK``: one that escaped the group), each said
+#: as ``escaped PID NAME`` and sent SIGTERM, then SIGKILL after 5 s. One ``grep`` reads every
+#: environment this user may read; no other user's process is ever signalled.
+_ESCAPED = (
+    "esc=; for f in $(grep -lzxF " + f'"{MARK}=$pid" /proc/[0-9]*/environ 2>/dev/null); do '
+    'p=${f#/proc/}; p=${p%/environ}; read -r s <"/proc/$p/stat" 2>/dev/null || continue; '
+    "c=${s#*(}; c=${c%)*}; "
+    'kill -TERM "$p" 2>/dev/null && { echo "escaped $p $c"; esc="$esc $p"; }; '
+    'done; if [ -n "$esc" ]; then for i in $(seq 50); do left=; '
+    'for p in $esc; do kill -0 "$p" 2>/dev/null && left=1; done; [ -n "$left" ] || break; '
+    'sleep 0.1; done; for p in $esc; do kill -KILL "$p" 2>/dev/null; done; fi; '
+)
+
+
 def stop_command(node: NodeSpec, grace_s: float) -> list[str]:
     """argv that stops the node's engine: SIGTERM to its process group, SIGKILL after
     ``grace_s``, and confirms it is gone. Prints ``stopped`` or ``killed``; ``exited AGE``
     (or ``exited``) where the engine the pid file names had already exited, AGE seconds ago
     (``cluster.teardown`` says whether with its head); ``absent`` where no engine of ours was
-    there (no workdir or pid file, or a pid another process took over)."""
+    there (no workdir or pid file, or a pid another process took over). Once the group is
+    gone, a process of that start that escaped it is stopped too, each said on a line of its
+    own before the outcome (``_ESCAPED``)."""
     wd = shlex.quote(node.workdir)
     ticks = max(1, int(grace_s * 10))
     body = (
@@ -315,18 +336,18 @@ def stop_command(node: NodeSpec, grace_s: float) -> list[str]:
         f"ours || {{ rm -f {PIDFILE}; echo absent; exit 0; }}; "
         # ours, and gone before this stop: it exited (with its head, or on its own)
         'kill -0 -- "-$pid" 2>/dev/null || '
-        f"{{ rm -f {PIDFILE}; {_EXITED}exit 0; }}; "
+        f"{{ rm -f {PIDFILE}; {_ESCAPED}{_EXITED}exit 0; }}; "
         # ours from here on (``STOPPING``): an engine that dies of it was not killed from outside
         f'echo "$pid" >{STOPPING}; '
         # a stopped engine (SIGSTOP) is continued to act on its SIGTERM: a graceful stop
         'kill -TERM -- "-$pid" 2>/dev/null; kill -CONT -- "-$pid" 2>/dev/null; '
         f"for i in $(seq {ticks}); do "
         'kill -0 -- "-$pid" 2>/dev/null || '
-        f"{{ rm -f {PIDFILE}; echo stopped; exit 0; }}; sleep 0.1; done; "
+        f"{{ rm -f {PIDFILE}; {_ESCAPED}echo stopped; exit 0; }}; sleep 0.1; done; "
         'kill -KILL -- "-$pid" 2>/dev/null; '
         "for i in $(seq 50); do "
         'kill -0 -- "-$pid" 2>/dev/null || '
-        f"{{ rm -f {PIDFILE}; echo killed; exit 0; }}; sleep 0.1; done; "
+        f"{{ rm -f {PIDFILE}; {_ESCAPED}echo killed; exit 0; }}; sleep 0.1; done; "
         "echo alive; exit 1"
     )
     return ["bash", "-c", body]

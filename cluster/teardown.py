@@ -26,6 +26,7 @@ from cluster.launcher import (
 )
 from cluster.nodes import Nodes
 from cluster.transport import check, failed
+from knobs.spec import clipped
 
 #: The container a node's engine runs in, if its launcher names one (``container_of``).
 ContainerOf = Callable[[NodeSpec], str | None]
@@ -77,7 +78,7 @@ def _stop_reached(
         nodes.progress(f"stopping {node.name}")
         sent = time.monotonic()
         try:
-            how = _stop(nodes, gates, runtime, node)
+            how, escaped = _stop(nodes, gates, runtime, node)
             how = _container_down(nodes, gates, node, container_of(node), how)
         except NodeError as e:
             outcomes[node.rank] = f"failed: {e.message}"
@@ -86,7 +87,7 @@ def _stop_reached(
         if node.rank == 0 and how.startswith(("stopped", "killed")):
             head_stopped = sent
         since = None if head_stopped is None else time.monotonic() - head_stopped
-        outcomes[node.rank] = _exited(how, since) if how.startswith("exited") else how
+        outcomes[node.rank] = (_exited(how, since) if how.startswith("exited") else how) + escaped
     return outcomes, errors
 
 
@@ -183,7 +184,12 @@ def said(name: str, how: str) -> str:
     return of_node(name, words or how)
 
 
-def _stop(nodes: Nodes, gates: GateSpec, runtime: Mapping[str, str], node: NodeSpec) -> str:
+def _stop(
+    nodes: Nodes, gates: GateSpec, runtime: Mapping[str, str], node: NodeSpec
+) -> tuple[str, str]:
+    """``node``'s engine stopped: the stop's outcome, and in words the processes of its start
+    that had escaped its process group (a daemon, a double fork), which the stop found by their
+    mark and stopped too (``launcher.stop_command``; '' where none)."""
     grace = gates.stop_grace_s
     transport = nodes.transport(node)
     if gates.stop_hook is not None:
@@ -196,7 +202,14 @@ def _stop(nodes: Nodes, gates: GateSpec, runtime: Mapping[str, str], node: NodeS
     result = transport.run(stop, timeout=grace + 30)
     check(result, node, "stopping the engine")
     lines = result.stdout.strip().splitlines()
-    return lines[-1] if lines else ""
+    escaped = [line.split(" ", 2) for line in lines[:-1] if line.startswith("escaped ")]
+    said = "".join(
+        f"; pid {words[1]} ({clipped(''.join(c for c in words[2] if c.isprintable()), 40)}) of "
+        "its engine had escaped the launcher's process group and still ran: stopped too"
+        for words in escaped
+        if len(words) == 3
+    )
+    return (lines[-1] if lines else ""), said
 
 
 def _container_down(

@@ -59,8 +59,9 @@ run)
     echo "Conflict. The container name \"/$name\" is already in use" >&2; exit 125
   fi
   started=$(date -u +%Y-%m-%dT%H:%M:%S.%NZ)
-  # the container's init: a session of its own, whose child is the container's process
-  setsid bash -c '
+  # the container's init: a session of its own, whose child is the container's process; as
+  # a real runtime's (dockerd starts it), it has none of the client's environment's marks
+  env -u ORCHESTRATE_ENGINE setsid bash -c '
     d=$1; name=$2; started=$3; shift 3
     "$@" </dev/null & echo $! >"$d/$name.pid"
     echo "running $$ 0 false $started" >"$d/$name"

@@ -222,6 +222,48 @@ def test_a_start_is_stopped_by_what_it_started_never_by_the_pid_file_of_now(
         stop_started_command(node, 12, "1; reboot", grace_s=5)
 
 
+def test_an_engine_that_escaped_its_process_group_is_stopped_with_it_and_said(
+    tmp_path: Path,
+) -> None:
+    """A native engine that daemonizes (a child in a session of its own: setsid, a double
+    fork) runs outside the launcher's process group: the stop's SIGTERM and SIGKILL of the
+    group never reach it, and the stop said ``stopped`` while it served on. Every process the
+    launcher starts carries the mark of its start (``ORCHESTRATE_ENGINE``, the group's pid)
+    in its environment; the stop finds the marked processes left once the group is gone,
+    stops them and says each, its outcome still the last line. A process of the same user
+    that bears no mark (another's) is never signalled."""
+    node = NodeSpec(rank=0, host="127.0.0.1", workdir=str(tmp_path / "node"))
+    transport = LocalTransport(node)
+    escaped = tmp_path / "escaped.pid"
+    transport.put_text(
+        f"{node.workdir}/launcher.sh",
+        f"setsid bash -c 'echo $$ >{escaped}; exec sleep 300' </dev/null >/dev/null 2>&1 &\n"
+        "exec sleep 300\n",
+        mode=0o755,
+    )
+    spawn = "setsid sleep 300 </dev/null >/dev/null 2>&1 & echo $!"
+    other = int(subprocess.run(["bash", "-c", spawn], capture_output=True, text=True).stdout)
+    group = started(transport.run(start_command(node)).stdout)
+    assert group is not None
+    try:
+        wait_for = time.monotonic() + 20
+        while not (escaped.exists() and escaped.read_text().strip()):
+            assert time.monotonic() < wait_for, "the engine never daemonized"
+            time.sleep(0.02)
+        daemon = int(escaped.read_text())
+        assert os.getsid(daemon) != os.getsid(group[0]), "it escaped the launcher's session"
+        stop = transport.run(stop_command(node, grace_s=5))
+        lines = stop.stdout.strip().splitlines()
+        assert lines[-1] == "stopped", stop
+        assert f"escaped {daemon} sleep" in lines, stop
+        assert not _living(daemon), "the engine that escaped its group still runs"
+        assert _living(other), "a process without the mark was signalled"
+    finally:
+        for pid in (other, *([int(escaped.read_text())] if escaped.exists() else [])):
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(pid, signal.SIGKILL)
+
+
 def _engine_child(workdir: Path) -> int:
     """The engine of a node started by ``start_command``: its wrapper's one child, once the
     wrapper has started it."""
