@@ -8,7 +8,7 @@ boots for nothing, and the next change, on a host still busy, the same, all nigh
 ``verdict.busy_host_stop`` such changes in a row (``busy_run``: a change with no measurement —
 a veto, a crash, a closure — neither counts nor ends the run) the round stops as a node whose
 clocks stay off stops it (``faults.ClocksOff``): exit 5 (``BusyHost``), its verdicts committed
-and the stop recorded by the round (``faults.record_stop``: ``status``, the report and the
+and the stop recorded by the round (``stops.record_stop``: ``status``, the report and the
 resume say it), nothing barred, for the same command to resume once the host is quiet. The
 run must reach into the current sitting (``unjudged.sitting_start``): a resume tries one
 change at least before it stops again.

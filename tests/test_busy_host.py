@@ -18,8 +18,8 @@ from knobs.records import CellResultRecord, CellSpec
 from knobs.vocabulary import Kind
 from ledger import Ledger
 from orchestrator.busy_host import BusyHost
-from orchestrator.faults import last_stop
 from orchestrator.round import RoundOptions
+from orchestrator.stops import last_stop
 from tests.fixtures.cli import orchestrate
 from tests.fixtures.profiles import twin_profile_data, write_profile
 from tests.test_round_policy import ScriptedTestbed, profile, proposal_context, round_runner
