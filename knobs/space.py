@@ -72,6 +72,9 @@ class KnobSpace(BaseModel):
         clash = render_clash(self.knobs)
         if clash is not None:
             raise ValueError(clash)
+        renamed = renamed_clash(self.knobs)
+        if renamed is not None:
+            raise ValueError(renamed)
         # each value as the knob's own (a quoted `"true"`, `"0.86"`): kept as written, a rule
         # compared text with the config's typed value and never matched
         typed = tuple(
@@ -88,6 +91,11 @@ class KnobSpace(BaseModel):
     def names(self) -> list[str]:
         """Knob names in declaration order."""
         return [k.name for k in self.knobs]
+
+    @property
+    def renames(self) -> dict[str, str]:
+        """Each knob renamed (``renamed_from``): its old name to its name now."""
+        return {k.renamed_from: k.name for k in self.knobs if k.renamed_from is not None}
 
     def spec(self, name: object) -> KnobSpec:
         """The spec of knob ``name``.
@@ -142,6 +150,8 @@ class KnobSpace(BaseModel):
         it). The values of the knobs both have are kept as recorded (they are what ran), and a
         config that fits is returned unchanged, with the same key. Never raises.
         """
+        # a knob renamed (``renamed_from``) is the old name's value: neither lost nor gained
+        recorded = self.renamed(recorded)
         values = {k: v for k, v in recorded.items() if k in self.names}
         added = [k.name for k in self.knobs if k.name not in recorded]
         for name in added:
@@ -150,6 +160,25 @@ class KnobSpace(BaseModel):
             )
         removed = sorted(k for k in recorded if k not in values)
         return Reconciled(config=Config(values), added=added, removed=removed)
+
+    def renamed(self, recorded: Mapping[str, Value]) -> dict[str, Value]:
+        """``recorded`` (a config of the ledger's) with each knob renamed since under its name
+        now; one that has the name now already keeps its own value."""
+        renames = self.renames
+        if not renames:
+            return dict(recorded)
+        out: dict[str, Value] = {}
+        for name, value in recorded.items():
+            now = renames.get(name)
+            if now is None:
+                out[name] = value
+            elif now not in recorded:
+                out[now] = value
+        return out
+
+    def current_name(self, name: str) -> str:
+        """The name now of a knob the ledger's history names ``name`` (renamed since, or not)."""
+        return self.renames.get(name, name)
 
     def check_constraints(self, config: Config) -> None:
         """Raises:
@@ -269,6 +298,35 @@ def render_clash(knobs: Sequence[KnobSpec]) -> str | None:
             other = writes.setdefault(target, knob.name)
             if other != knob.name:
                 return f"knobs {other} and {knob.name} both render {target}"
+    return None
+
+
+def renamed_clash(knobs: Sequence[KnobSpec]) -> str | None:
+    """A ``renamed_from`` naming a knob still here (its own name or another's), or two knobs
+    renamed from one, in words; else None."""
+    names = {k.name for k in knobs}
+    seen: dict[str, str] = {}
+    for knob in knobs:
+        was = knob.renamed_from
+        if was is None:
+            continue
+        if was in names:
+            what = "its own name" if was == knob.name else f"the name of knob {was}, still here"
+            return (
+                f"knob {knob.name}: renamed_from: {was} is {what}; renamed_from names the knob "
+                "as the ledger's history calls it before the rename"
+            )
+        if was in seen:
+            return (
+                f"knobs {seen[was]} and {knob.name} are both renamed_from: {was}; one knob's "
+                "history carries over to one knob"
+            )
+        if knob.new:
+            return (
+                f"knob {knob.name} says both new: true and renamed_from: {was}; a knob renamed "
+                "has a past: take one out"
+            )
+        seen[was] = knob.name
     return None
 
 

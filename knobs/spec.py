@@ -167,6 +167,15 @@ class KnobSpec(BaseModel):
     #: acceptance (its adapter). After a keep of either, the proposer looks at the other
     #: again under the new champion. Symmetric: declaring it on one side is enough.
     interacts_with: tuple[str, ...] = ()
+    #: The name the ledger's history knows it by (``renamed_from: chunk`` on ``mnbt``): the
+    #: champion's value and every experiment recorded under the old name are read as this
+    #: knob's (``KnobSpace.reconcile``, ``orchestrator.knob_renames``); nothing recorded is
+    #: rewritten. Not part of what the knob renders, so never dumped: not in a profile's
+    #: digest nor its revision.
+    renamed_from: str | None = Field(default=None, pattern=r"^[a-z][a-z0-9_]{0,63}$", exclude=True)
+    #: A knob with no past (``new: true``): neither a typo of a catalog knob's name nor a knob
+    #: the profile dropped renamed (``orchestrator.knob_renames``). Never dumped.
+    new: bool = Field(default=False, exclude=True)
 
     @model_validator(mode="after")
     def _domain(self) -> KnobSpec:

@@ -21,7 +21,7 @@ from knobs.records import CellResultRecord
 from knobs.spec import EffectPrior, Value
 from knobs.vocabulary import BootRole, BootStatus, EventKind, Kind, State, Status
 from ledger import ChampionRecord, ExperimentRecord, Ledger
-from orchestrator import revision
+from orchestrator import knob_renames, revision
 from orchestrator.acceptance import Null, acceptance_shift, counts, moved
 from orchestrator.evolution import fit, fit_champion, record_profile
 from orchestrator.greedy import irreproducible
@@ -353,7 +353,8 @@ class ChampionEvidence:
         if spec.role == "draft_tokens":
             if pooled or not (isinstance(held, int) and isinstance(e.value, int)):
                 return None
-            experiments = self.ledger.experiments(cluster=self.cluster)
+            space = self.profile.space
+            experiments = knob_renames.experiments(space, self.ledger, cluster=self.cluster)
             changes = draft_changes(self.ledger, experiments, knob, MEASURING)
             spike = law_null(counters, held, e.value, changes)
             if spike is None:
@@ -384,7 +385,7 @@ class ChampionEvidence:
         champion = self.current()
         others = {k: v for k, v in champion.config.as_dict().items() if k != e.knob}
         out: list[ExperimentRecord] = []
-        for s in self.ledger.experiments(cluster=self.cluster):
+        for s in knob_renames.experiments(self.profile.space, self.ledger, cluster=self.cluster):
             if (
                 s.id == e.id
                 or s.kind != Kind.CANDIDATE

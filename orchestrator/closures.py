@@ -20,6 +20,7 @@ from knobs.errors import KnobError
 from knobs.space import KnobSpace
 from knobs.spec import Value, as_text
 from ledger import ExperimentRecord, Ledger
+from orchestrator import knob_renames
 from orchestrator.evolution import fit
 from orchestrator.undecided import close_undecided
 
@@ -110,6 +111,7 @@ def closure_of(space: KnobSpace, ledger: Ledger, e: ExperimentRecord) -> Closure
     def config() -> Config:
         return fit(space, ledger, e).config
 
+    e = knob_renames.experiment(space, e)  # a change of a knob renamed since is its own
     return closure(space, e.knob, e.value, e.coupled_knob, e.coupled_value, config)
 
 

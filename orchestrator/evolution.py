@@ -44,7 +44,7 @@ from knobs.space import KnobSpace, Reconciled
 from knobs.spec import Value, as_text, printable
 from knobs.vocabulary import BootStatus, EventKind, Kind
 from ledger import ChampionRecord, ExperimentRecord, Ledger
-from orchestrator import revision
+from orchestrator import knob_renames, revision
 from orchestrator.profile import Profile
 
 ADDED_REASON = "the profile gained the knob; the champion takes its default"
@@ -121,7 +121,7 @@ class Lineage:
         at: ExperimentRecord | None = e
         while at is not None and at.id not in self._fitted:
             chain.append(at)
-            if all(k in at.config for k in self.space.names):
+            if all(k in self.space.renamed(at.config) for k in self.space.names):
                 break  # fits without its parent
             at = self.parent(at)
         for x in reversed(chain):  # parents first
@@ -165,7 +165,7 @@ def fit_champion(space: KnobSpace, ledger: Ledger, champion: ChampionRecord) -> 
         LedgerError: the ledger failed.
     """
     fitted = space.reconcile(champion.config)
-    if not fitted.added and not fitted.removed:
+    if fitted.config.key == champion.config.key:  # fits (none lost, gained or renamed)
         return champion
     if fitted.added:
         fitted = fit(space, ledger, ledger.experiment(champion.experiment_id))
@@ -188,6 +188,7 @@ def knob_changes(space: KnobSpace, ledger: Ledger, cluster: str, *, record: bool
     champion = ledger.champion(cluster)
     if champion is None:
         return []
+    renamed = space.renames  # a knob renamed (``knob_renames``) is neither gained nor lost
     fitted = space.reconcile(champion.config)
     previous = revision.last(ledger, cluster)
     lineage = Lineage.lazy(space, ledger, cluster)
@@ -196,8 +197,13 @@ def knob_changes(space: KnobSpace, ledger: Ledger, cluster: str, *, record: bool
         added, removed, was = fitted.added, fitted.removed, dict(champion.config)
     else:
         # a knob a later release recorded and this one cannot read was not gained
-        added = [k for k in space.names if k not in (*previous.names, *previous.unread_knobs)]
-        removed = [k for k in previous.names if k not in space.names]
+        added = [
+            k
+            for k in space.names
+            if k not in (*previous.names, *previous.unread_knobs)
+            and space.spec(k).renamed_from not in previous.names
+        ]
+        removed = [k for k in previous.names if k not in space.names and k not in renamed]
         was = {**_fitted(previous, ledger, cluster, experiment), **champion.config}
     if added:  # each as the champion ran it, else from the champion it was changed from
         fitted = lineage.fit(experiment)
@@ -226,9 +232,12 @@ def record_profile(profile: Profile, ledger: Ledger) -> list[str]:
     profile itself (``revision.record``): the lines to show.
 
     Raises:
+        ProfileError: a knob renamed unsaid, or ``renamed_from`` naming no knob of the ledger's
+            (``knob_renames.check``).
         LedgerError: the ledger failed.
     """
     cluster = profile.cluster.name
+    knob_renames.check(profile, ledger)  # a knob renamed unsaid: refused before any record
     lines = knob_changes(profile.space, ledger, cluster, record=True)
     revision.record(ledger, cluster, profile)
     return lines

@@ -31,7 +31,7 @@ from knobs.space import Reconciled
 from knobs.spec import Value, clipped
 from knobs.vocabulary import INFRASTRUCTURE, UNMEASURED, EventKind, State, Status
 from ledger import EventRecord, ExperimentRecord, Ledger, RoundRecord
-from orchestrator import budget, policy
+from orchestrator import budget, knob_renames, policy
 from orchestrator.busy_host import held
 from orchestrator.champion import ChampionEvidence
 from orchestrator.errors import UsageError
@@ -65,7 +65,8 @@ def proposal_context(
     looks: dict[str, int] = {}  # experiments of each config under this champion
     reopened: dict[str, bool] = {}
     lasts: dict[str, tuple[int, float | None]] = {}  # each config's latest look: its last look
-    experiments = ledger.experiments(cluster=profile.cluster.name)
+    # each change under its knob's name now (a knob renamed: ``knob_renames``)
+    experiments = knob_renames.experiments(profile.space, ledger, cluster=profile.cluster.name)
     # configs recorded under an earlier profile, fitted to this one, and the champions they
     # were decided against likewise (``evolution``): a change decided before a knob was added
     # (or while it was out of the profile) is still decided after, under the same champion

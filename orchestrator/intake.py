@@ -16,6 +16,7 @@ from agents import Proposal
 from knobs.config import Change
 from knobs.vocabulary import Kind, Status
 from ledger import ExperimentRecord, Ledger, ProposalRecord, RoundRecord, VerdictRecord
+from orchestrator import knob_renames
 from orchestrator.approval import edit_words
 from orchestrator.champion import ChampionEvidence
 from orchestrator.closures import CLOSED_BY, Closure, close, closure
@@ -102,6 +103,7 @@ class Intake:
         """Why the profile of now closes proposal ``p`` without a boot (``closures.closure``:
         its knob lost, its value outside the domain, or its config, the champion of the moment
         with its change, a combination the profile forbids now); ``None``: it may run."""
+        p = knob_renames.proposal(self.profile.space, p)  # a knob renamed since: its own
         champion = self.champion.current()
         return closure(
             self.profile.space,
@@ -115,6 +117,7 @@ class Intake:
     def _add(self, rnd: RoundRecord, p: ProposalRecord, how: str) -> ExperimentRecord:
         """The proposal's change applied to the champion of the moment, as an experiment;
         ``how``: what its description says after the change (the proposal's fields)."""
+        p = knob_renames.proposal(self.profile.space, p)  # a knob renamed since: its own
         champion = self.champion.current()
         space = self.profile.space
         if self.closure(p) is not None:

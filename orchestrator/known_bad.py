@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from agents import KnownBad
 from knobs.vocabulary import EventKind
 from ledger import EventRecord, ExperimentRecord, Ledger
+from orchestrator import knob_renames
 from orchestrator.errors import OrchestrateError, UsageError
 from orchestrator.evolution import Lineage
 from orchestrator.history import cleared_regions, holds, region_of
@@ -47,7 +48,7 @@ def barred_regions(profile: Profile, ledger: Ledger) -> list[BarredRegion]:
     guardrail's measured against an earlier champion: a keep lifted it)."""
     cluster = profile.cluster.name
     cleared = cleared_regions(ledger, cluster)
-    experiments = ledger.experiments(cluster=cluster)
+    experiments = knob_renames.experiments(profile.space, ledger, cluster=cluster)
     by_id = {e.id: e for e in experiments}
     # fitted to the profile, each change from the champion it was proposed against
     lineage = Lineage.read(profile.space, ledger, cluster, experiments)

@@ -41,6 +41,7 @@ import numpy as np
 from knobs.spec import EffectPrior, Value, as_text
 from knobs.vocabulary import INFRASTRUCTURE, MEASURED, State
 from ledger import ExperimentRecord, Ledger, VerdictRecord
+from orchestrator import knob_renames
 from orchestrator.profile import Profile
 from orchestrator.stalled_verdicts import busy_decided
 
@@ -210,7 +211,7 @@ def learned_prior(
     none and nothing was measured (the verdict's profile prior). ``beyond``: of what its
     changes did beyond their acceptance counters (``Measured.beyond``), the prior of a verdict
     whose null is the counters' shift."""
-    experiments = ledger.experiments(cluster=profile.cluster.name)
+    experiments = knob_renames.experiments(profile.space, ledger, cluster=profile.cluster.name)
     changes = measured(ledger, [e for e in experiments if e.id not in excluding])
     looks = [m for m in changes if m.knob == knob]
     mine = [m.beyond if beyond else (m.g, m.se) for m in looks]

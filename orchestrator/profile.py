@@ -35,6 +35,7 @@ from knobs.space import (
     ForbiddenCombination,
     KnobSpace,
     overlay,
+    renamed_clash,
     render_clash,
 )
 from knobs.spec import KnobSpec, Value
@@ -134,7 +135,7 @@ class Profile(BaseModel):
                 "replace the earlier; rename or drop one"
             )
         knobs = overlay(self._catalog_knobs(), self.knobs)
-        clash = render_clash(knobs) or static_clash(self.launcher, knobs)
+        clash = render_clash(knobs) or renamed_clash(knobs) or static_clash(self.launcher, knobs)
         if clash is not None:
             raise KnobError(clash)
         check_forbidden(self.forbidden, knobs)
@@ -233,15 +234,16 @@ def _merge_knob(knob: object, base: dict[str, KnobSpec], catalog_name: str) -> o
 
     An entry the catalog lacks is written whole; one whose name is a typo away from a catalog
     knob's must say ``new: true``, or it would silently be a second knob writing the same
-    field while changes of the one it misspells deploy nothing.
+    field while changes of the one it misspells deploy nothing. ``new: true`` is kept on the
+    spec, on a catalog knob too: it also says the knob is no knob the profile dropped,
+    renamed (``knob_renames``), where one rendered what it renders.
 
     Raises:
-        KnobError: a name close to a catalog knob's without ``new: true``, or ``new: true``
-            on a knob the catalog has.
+        KnobError: a name close to a catalog knob's without ``new: true``.
     """
     if not isinstance(knob, dict):
         return knob
-    entry = {k: v for k, v in knob.items() if k != "new"}
+    entry = dict(knob)  # ``new`` kept: a new knob is no knob dropped renamed (``knob_renames``)
     name = str(entry.get("name"))
     spec = base.get(name)
     if spec is None:
@@ -253,11 +255,6 @@ def _merge_knob(knob: object, base: dict[str, KnobSpec], catalog_name: str) -> o
                 knob=name,
             )
         return entry
-    if "new" in knob:
-        raise KnobError(
-            f"knob {name!r} is in catalog {catalog_name}: new: true is for a knob it lacks",
-            knob=name,
-        )
     inherited = spec.model_dump()
     if "type" in entry and entry["type"] != spec.type:
         for field in DOMAIN_FIELDS:

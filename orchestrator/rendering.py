@@ -114,10 +114,15 @@ def revised(profile: Profile, previous: Revision | None) -> list[str]:
         return []
     now = {k.name: k for k in profile.space.knobs}
     was = {k.name: k for k in previous.knobs}
-    out = [dropped(n) for n in was if n not in now]
-    out += [gained(n) for n in now if n not in was and n not in previous.unread_knobs]
+    # a knob renamed (``knob_renames``) is neither dropped nor gained: the knob it was before
+    before = {n: was.get(n) or was.get(k.renamed_from or "") for n, k in now.items()}
+    kept = {k.name for k in before.values() if k is not None}
+    out = [dropped(n) for n in was if n not in kept]
+    out += [gained(n) for n in now if before[n] is None and n not in previous.unread_knobs]
     out += [
-        f"knob {n} renders otherwise" for n in now if n in was and now[n].render != was[n].render
+        f"knob {n} renders otherwise"
+        for n, b in before.items()
+        if b is not None and now[n].render != b.render
     ]
     launcher = Revision.of(profile).sections.get("launcher")
     if previous.sections.get("launcher", launcher) != launcher:

@@ -255,16 +255,25 @@ def differences(old: Revision, new: Revision) -> list[str]:
     out: list[str] = []
     olds = {k.name: k for k in old.knobs}
     news = {k.name: k for k in new.knobs}
+    # a knob renamed (``knob_renames``): neither removed nor added
+    renamed = {
+        k.renamed_from: k.name
+        for k in new.knobs
+        if k.name not in olds and k.renamed_from in olds and k.renamed_from not in news
+    }
+    out += [f"knob {was} renamed {now}" for was, now in renamed.items()]
     out += [
         f"knob {k.name} added ({k.describe_domain()}, default {as_text(k.default)})"
         for k in new.knobs
-        if k.name not in olds and k.name not in old.unread_knobs
+        if k.name not in olds and k.name not in old.unread_knobs and k.name not in renamed.values()
     ]
     out += [
-        f"knob {name} removed" for name in olds if name not in news and name not in new.unread_knobs
+        f"knob {name} removed"
+        for name in olds
+        if name not in news and name not in new.unread_knobs and name not in renamed
     ]
     for name, n in news.items():
-        o = olds.get(name)
+        o = olds.get(name) or olds.get(n.renamed_from or "")
         if o is not None:
             out += _knob(o, n)
     out += [
@@ -314,7 +323,9 @@ def _knob(old: KnobSpec, new: KnobSpec) -> list[str]:
     if old.default != new.default:
         out.append(f"knob {new.name}'s default {as_text(old.default)} → {as_text(new.default)}")
     other = [
-        f for f in KnobSpec.model_fields if f not in _DOMAIN and getattr(old, f) != getattr(new, f)
+        f
+        for f, info in KnobSpec.model_fields.items()
+        if f not in _DOMAIN and not info.exclude and getattr(old, f) != getattr(new, f)
     ]
     if other:
         out.append(f"knob {new.name}'s {', '.join(other)} changed")

@@ -33,7 +33,7 @@ from ledger import (
     Ledger,
     RoundRecord,
 )
-from orchestrator import budget, busy_host, cell_renames, resumes, revision
+from orchestrator import budget, busy_host, cell_renames, knob_renames, resumes, revision
 from orchestrator.approval import ApprovalGate, NobodyDeciding
 from orchestrator.boot import Booter
 from orchestrator.champion import ChampionEvidence
@@ -115,6 +115,8 @@ class RoundRunner:
     ) -> None:
         # a cell renamed: its readings carry over (``cell_renames``; said as the round starts)
         cell_renames.check(profile, ledger)
+        # a knob renamed: its value and history carry over; one renamed unsaid is refused
+        knob_renames.check(profile, ledger)
         profile, self._renamed = cell_renames.resolved(profile, ledger)
         self.profile = profile
         self.ledger = ledger

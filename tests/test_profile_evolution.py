@@ -19,7 +19,7 @@ from rich.console import Console
 from agents import SweepProposer
 from knobs.catalog import catalog
 from knobs.config import Config
-from knobs.errors import KnobError, ProfileError
+from knobs.errors import ProfileError
 from knobs.records import CellResultRecord, CellSpec
 from knobs.space import KnobSpace, render_clash
 from knobs.spec import KnobSpec, RenderSpec
@@ -228,10 +228,11 @@ def test_a_knob_a_typo_away_from_the_catalogs_is_an_error_unless_it_says_new(
     path = write_profile(tmp_path, profile_data({**TYPO, "new": True}))
     space = load_profile(str(path), base_dir=tmp_path).space
     assert "drafter_adaptor_rank" in space.names and "drafter_adapter_rank" in space.names
-    # a knob far from every catalog name needs no word; new: true on a catalog knob is wrong
+    # a knob far from every catalog name needs no word; new: true on a catalog knob says only
+    # that it is no knob the profile dropped, renamed (``knob_renames``)
     assert "moe_backend" in Profile.model_validate(profile_data(MOE)).space.names
-    with pytest.raises(KnobError, match="new: true is for a knob it lacks"):
-        Profile.model_validate(profile_data({"name": "cuda_graphs", "new": True}))
+    space = Profile.model_validate(profile_data({"name": "cuda_graphs", "new": True})).space
+    assert space.spec("cuda_graphs").new and space.spec("cuda_graphs").render.kind == "switch"
 
 
 def test_the_typo_line_and_exit_code_3_through_the_cli(tmp_path: Path) -> None:

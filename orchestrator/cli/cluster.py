@@ -195,12 +195,14 @@ def _would_deploy(prof: Profile) -> tuple[Config, str]:
     upgraded inside a transaction that is rolled back), else the profile's starting config and
     why."""
     from ledger import LedgerError, reading
+    from orchestrator import knob_renames
     from orchestrator.evolution import fit_champion
     from orchestrator.settings import Settings
 
     url = Settings.resolve(prof).ledger_url
     try:
         with reading(url) as ledger:
+            knob_renames.check(prof, ledger)  # a knob renamed unsaid: refused, as a run is
             champion = ledger.champion(prof.cluster.name)
             fitted = None if champion is None else fit_champion(prof.space, ledger, champion)
     except LedgerError as e:  # not there yet, a newer schema, unreadable: nothing to deploy

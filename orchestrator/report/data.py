@@ -18,7 +18,7 @@ from knobs.records import LlmUsage
 from knobs.spec import EffectPrior, Value, as_text, clipped
 from knobs.vocabulary import BootRole, EventKind, Kind, ProposalStatus, State, Status
 from ledger import ChampionRecord, ExperimentRecord, Ledger, RoundRecord
-from orchestrator import budget, left_open, resumes, stalled_verdicts
+from orchestrator import budget, knob_renames, left_open, resumes, stalled_verdicts
 from orchestrator.approval import TIMEOUT_BY
 from orchestrator.cell_renames import resolved
 from orchestrator.champion import ChampionEvidence
@@ -328,7 +328,10 @@ def _knob_rows(profile: Profile, ledger: Ledger, points: list[Point]) -> list[Kn
     """Per knob and value, what the round measured (candidates only), with the prior in force
     for the knob (the profile's, or what this cluster's measurements taught)."""
     priors = knob_priors(
-        profile, measured(ledger, ledger.experiments(cluster=profile.cluster.name))
+        profile,
+        measured(
+            ledger, knob_renames.experiments(profile.space, ledger, cluster=profile.cluster.name)
+        ),
     )
     groups: dict[tuple[str, str], list[Point]] = defaultdict(list)
     for p in points:

@@ -83,6 +83,7 @@ def read(prof: Profile, ledger: Ledger) -> Seen:
     from agents.draft_model import draft_knob
     from agents.llm_fallback import Fallbacks
     from knobs.vocabulary import ProposalStatus, State
+    from orchestrator import knob_renames
     from orchestrator.away import before_a_round
     from orchestrator.cell_renames import resolved
     from orchestrator.champion import ChampionEvidence
@@ -103,6 +104,7 @@ def read(prof: Profile, ledger: Ledger) -> Seen:
     # the profile gained or lost a knob since: the champion as this profile sees it, and
     # what fitting it changed that no round or ``cluster up`` has recorded yet; its objective
     # over the profile's cells of now, and the cells it removed or added since
+    knob_renames.check(prof, ledger)  # a knob renamed unsaid: refused, as a round is
     changes = knob_changes(prof.space, ledger, name, record=False)
     evidence = ChampionEvidence(prof, ledger)
     champion, cells = shown(evidence)
@@ -110,7 +112,7 @@ def read(prof: Profile, ledger: Ledger) -> Seen:
     lease = ledger.lease(name)
     state = None if lease is None else lease_state(lease)
     rounds = ledger.rounds(name)
-    experiments = ledger.experiments(cluster=name)
+    experiments = knob_renames.experiments(prof.space, ledger, cluster=name)
     mine = {r.id for r in rounds}
     counted, off = clocks_off_counts(ledger, name, prof.cells, prof.gates.min_matmul_rate)
     return Seen(
