@@ -185,3 +185,15 @@ def test_the_profiles_words_read_a_rename_as_neither_dropped_nor_gained() -> Non
     flag = {"kind": "flag", "flag": "--mnbt"}
     moved = Profile.model_validate(data(name="mnbt", renamed_from="chunk", render=flag))
     assert revised(moved, old) == ["knob mnbt renders otherwise"]
+
+
+def test_a_knob_gained_whose_domain_lacks_the_champions_value_is_no_rename(
+    tmp_path: Path,
+) -> None:
+    """Same flag, but the champion's 4096 is no value of the gained knob: another setting, not
+    a rename; it starts at its default as a knob gained does, and nothing is refused."""
+    measured(tmp_path)
+    other = data(name="mnbt", low=5120, high=8192, step=1024)
+    shown, bed = round_of(tmp_path, other, 1, speed=speed)
+    assert "profile gained knob mnbt: the champion takes its default 7168" in shown, shown
+    assert tokens(bed.boots[0]) == 7168, bed.boots
