@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from knobs.config import Change, Config
 from knobs.errors import KnobError
-from knobs.names import did_you_mean
+from knobs.names import did_you_mean, rename_clash
 from knobs.spec import KnobSpec, Value, as_text, printable
 
 
@@ -304,29 +304,17 @@ def render_clash(knobs: Sequence[KnobSpec]) -> str | None:
 def renamed_clash(knobs: Sequence[KnobSpec]) -> str | None:
     """A ``renamed_from`` naming a knob still here (its own name or another's), or two knobs
     renamed from one, in words; else None."""
-    names = {k.name for k in knobs}
-    seen: dict[str, str] = {}
+    said = rename_clash(
+        "knob", [(k.name, k.renamed_from) for k in knobs], ("history calls", "history carries")
+    )
+    if said is not None:
+        return said
     for knob in knobs:
-        was = knob.renamed_from
-        if was is None:
-            continue
-        if was in names:
-            what = "its own name" if was == knob.name else f"the name of knob {was}, still here"
+        if knob.new and knob.renamed_from is not None:
             return (
-                f"knob {knob.name}: renamed_from: {was} is {what}; renamed_from names the knob "
-                "as the ledger's history calls it before the rename"
+                f"knob {knob.name} says both new: true and renamed_from: {knob.renamed_from}; a "
+                "knob renamed has a past: take one out"
             )
-        if was in seen:
-            return (
-                f"knobs {seen[was]} and {knob.name} are both renamed_from: {was}; one knob's "
-                "history carries over to one knob"
-            )
-        if knob.new:
-            return (
-                f"knob {knob.name} says both new: true and renamed_from: {was}; a knob renamed "
-                "has a past: take one out"
-            )
-        seen[was] = knob.name
     return None
 
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from cluster.launcher import fill, placeholders
 from knobs.errors import KnobError, ProfileError
-from knobs.names import did_you_mean
+from knobs.names import did_you_mean, rename_clash
 from knobs.records import CellSpec
 from knobs.space import ForbiddenCombination, RenderedKnobs, render_knob
 from knobs.spec import KnobSpec, Value, as_text, printable
@@ -64,24 +64,11 @@ def check_renamed(cells: Sequence[CellSpec]) -> None:
     Raises:
         ValueError: a cell renamed from its own name, from another cell's, or two from one.
     """
-    names = {c.name for c in cells}
-    seen: dict[str, str] = {}
-    for cell in cells:
-        was = cell.renamed_from
-        if was is None:
-            continue
-        if was in names:
-            what = "its own name" if was == cell.name else f"the name of cell {was}, still here"
-            raise ValueError(
-                f"cell {cell.name}: renamed_from: {was} is {what}; renamed_from names the cell "
-                "as the ledger's readings call it before the rename"
-            )
-        if was in seen:
-            raise ValueError(
-                f"cells {seen[was]} and {cell.name} are both renamed_from: {was}; one cell's "
-                "readings carry over to one cell"
-            )
-        seen[was] = cell.name
+    said = rename_clash(
+        "cell", [(c.name, c.renamed_from) for c in cells], ("readings call", "readings carry")
+    )
+    if said is not None:
+        raise ValueError(said)
 
 
 def check_renderings(profile: Profile, path: Path) -> None:

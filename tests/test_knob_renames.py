@@ -15,6 +15,7 @@ import pytest
 from agents import SweepProposer
 from knobs.config import Config
 from knobs.errors import KnobError, ProfileError
+from knobs.names import rename_clash
 from knobs.spec import Value
 from knobs.vocabulary import Status
 from ledger import Ledger
@@ -197,3 +198,16 @@ def test_a_knob_gained_whose_domain_lacks_the_champions_value_is_no_rename(
     shown, bed = round_of(tmp_path, other, 1, speed=speed)
     assert "profile gained knob mnbt: the champion takes its default 7168" in shown, shown
     assert tokens(bed.boots[0]) == 7168, bed.boots
+
+
+def test_one_rule_refuses_a_rename_naming_a_name_still_here_or_two_from_one() -> None:
+    """Cells and knobs say ``renamed_from`` alike; one rule (``names.rename_clash``) reads it."""
+    cells = ("readings call", "readings carry")
+    assert rename_clash("cell", [("a", None), ("b", "c")], cells) is None
+    assert rename_clash("cell", [("a", "a")], cells) == (
+        "cell a: renamed_from: a is its own name; renamed_from names the cell as the ledger's "
+        "readings call it before the rename"
+    )
+    assert rename_clash("knob", [("a", "c"), ("b", "c")], ("history calls", "history carries")) == (
+        "knobs a and b are both renamed_from: c; one knob's history carries over to one knob"
+    )
