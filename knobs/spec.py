@@ -9,6 +9,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from knobs.errors import KnobError
+from knobs.names import did_you_mean
 from knobs.vocabulary import FAILURE_CLASSES, INFRASTRUCTURE, GuardrailRule
 
 #: A knob's value. Every domain is finite, so every value can be listed and compared.
@@ -236,7 +237,9 @@ class KnobSpec(BaseModel):
     def _key_values(self) -> None:
         """``render.values`` keyed as ``rendered`` looks values up: each key read as a value
         of the domain (``"1.00"`` is 1.0's, rendered as ``1``), so that no entry is silently
-        passed over, the raw value deploying instead of the path it maps to."""
+        passed over, the raw value deploying instead of the path it maps to. A key a typo away
+        from a value (``autoo``) is refused; one of no value of the domain is kept as it is,
+        looked up by nothing (a catalog's map under a domain a profile narrowed)."""
         if not self.render.values:
             return
         keyed: dict[str, Value] = {}
@@ -244,10 +247,13 @@ class KnobSpec(BaseModel):
             try:
                 value = self.parse(key)
             except KnobError:
-                raise ValueError(
-                    f"render.values key {key!r} is not {self.describe_domain()}: name a "
-                    f"value of knob {self.name}"
-                ) from None
+                typo = did_you_mean(key, [_key(v) for v in self.domain()])
+                if typo is not None:
+                    raise ValueError(
+                        f"render.values key {key!r} is not {self.describe_domain()}; {typo}"
+                    ) from None
+                keyed[key] = shown
+                continue
             if _key(value) in keyed:
                 raise ValueError(f"render.values names {as_text(value)} of knob {self.name} twice")
             keyed[_key(value)] = shown

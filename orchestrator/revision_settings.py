@@ -48,6 +48,7 @@ UNSET = object()
 #: fails on a key of the profile neither here nor in ``tests/fixtures/profile_keys.txt``).
 ADDED: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("forty-ninth session", ("proposer.claude.api_deadline_s",)),
+    ("fiftieth session", ("verdict.busy_host_stop",)),
 )
 #: A setting that has no default: the key leads to no field of the profile's models with one.
 NO_DEFAULT = object()
