@@ -261,11 +261,10 @@ def container_stopped(transport: Transport, container: str) -> str | None:
         'case "$1" in T|t) p=${f#/proc/}; echo "${p%/stat} $1 $c"; exit 0;; esac; '
         "done; exit 0"
     )
-    try:
-        result = transport.run(["bash", "-c", body], timeout=30)
-    except NodeError:
+    said = _said(transport, body)
+    if said is None:
         return None
-    lines = result.stdout.strip().splitlines()
+    lines = said.strip().splitlines()
     inspected = _INSPECTED.match(lines[0]) if lines else None
     if inspected is None:
         return None
@@ -293,11 +292,10 @@ def container_killed_by(
         f"cd {shlex.quote(node.workdir)} 2>/dev/null || exit 0; "
         f"date -r {PIDFILE} +%s.%N 2>/dev/null || echo -; {_inspect(container)}; exit 0"
     )
-    try:
-        result = transport.run(["bash", "-c", body], timeout=30)
-    except NodeError:
+    said = _said(transport, body)
+    if said is None:
         return None
-    lines = result.stdout.strip().splitlines()
+    lines = said.strip().splitlines()
     inspected = _INSPECTED.match(lines[1]) if len(lines) > 1 else None
     if inspected is None or not re.fullmatch(r"\d+(\.\d+)?", lines[0]):
         return None
@@ -322,11 +320,10 @@ def runtime_sent(transport: Transport, container: str, since: str) -> signal.Sig
         f"--filter {shlex.quote('container=' + container)} --filter event=kill "
         f"--format {shlex.quote('{{.Actor.Attributes.signal}}')} 2>/dev/null; exit 0"
     )
-    try:
-        result = transport.run(["bash", "-c", body], timeout=30)
-    except NodeError:
+    said = _said(transport, body)
+    if said is None:
         return None
-    for word in result.stdout.split():
+    for word in said.split():
         sig = _signal_named(word)
         if sig in OUTSIDE_SIGNALS:
             return sig
@@ -352,3 +349,12 @@ def _unix(stamp: str) -> float | None:
     base, fraction, zone = found.groups()
     text = base + (f".{fraction[:6]}" if fraction else "") + ("+00:00" if zone == "Z" else zone)
     return datetime.fromisoformat(text).timestamp()
+
+
+def _said(transport: Transport, body: str) -> str | None:
+    """What ``body`` (a shell script asking the node's container runtime) printed on the
+    node; None where the node could not be asked (the caller then judges as before)."""
+    try:
+        return transport.run(["bash", "-c", body], timeout=30).stdout
+    except NodeError:
+        return None
