@@ -14,10 +14,11 @@ import json
 import os
 import sys
 
+# only what a node's queries need: a preflight runs ``clocks`` on every node around every bench
+# cell, and an interpreter that imported the landscape (pydantic, the knob catalog) took 0.4 s
+# of it each time where the query itself takes milliseconds; ``serve`` and ``optimum`` import
+# theirs when called
 from cluster.twin import node
-from cluster.twin.environment import ENV_LANDSCAPE, ENV_NODE_DIR
-from cluster.twin.landscape import DEFAULT_LANDSCAPE, load_landscape
-from cluster.twin.serve import main_serve
 from orchestrator.errors import OrchestrateError
 
 USAGE = """usage: python -m cluster.twin {serve,clocks,power-cycle,optimum} ...
@@ -32,14 +33,14 @@ USAGE = """usage: python -m cluster.twin {serve,clocks,power-cycle,optimum} ...
 
 def _clocks(argv: list[str]) -> int:
     argparse.ArgumentParser(prog="python -m cluster.twin clocks").parse_args(argv)
-    state = node.load(node.node_dir(os.environ.get(ENV_NODE_DIR)))
+    state = node.load(node.node_dir(os.environ.get(node.ENV_NODE_DIR)))
     print(json.dumps(node.matmul_check(state.matmul_rate)), flush=True)
     return 0
 
 
 def _power_cycle(argv: list[str]) -> int:
     argparse.ArgumentParser(prog="python -m cluster.twin power-cycle").parse_args(argv)
-    directory = node.node_dir(os.environ.get(ENV_NODE_DIR))
+    directory = node.node_dir(os.environ.get(node.ENV_NODE_DIR))
     state = node.load(directory)
     was = state.stuck
     state.stuck, state.stuck_rate, state.stuck_since_boot = False, 1.0, None
@@ -59,9 +60,18 @@ def _optimum(argv: list[str]) -> int:
     )
     p.add_argument("--landscape", default=None, help="landscape YAML path or shipped name")
     ns = p.parse_args(argv)
+    from cluster.twin.environment import ENV_LANDSCAPE
+    from cluster.twin.landscape import DEFAULT_LANDSCAPE, load_landscape
+
     name = ns.landscape or os.environ.get(ENV_LANDSCAPE) or DEFAULT_LANDSCAPE
     print(json.dumps(load_landscape(name).optimum(), indent=2, sort_keys=False), flush=True)
     return 0
+
+
+def _serve(argv: list[str]) -> int:
+    from cluster.twin.serve import main_serve
+
+    return main_serve(argv)
 
 
 def main(argv: list[str]) -> int:
@@ -75,7 +85,7 @@ def main(argv: list[str]) -> int:
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
     handlers = {
-        "serve": main_serve,
+        "serve": _serve,
         "clocks": _clocks,
         "power-cycle": _power_cycle,
         "optimum": _optimum,

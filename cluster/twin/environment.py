@@ -19,7 +19,6 @@ from orchestrator.errors import UsageError
 
 #: Environment of the twin (the command line stays a real ``vllm serve`` command line).
 ENV_LANDSCAPE = "TWIN_LANDSCAPE"
-ENV_NODE_DIR = "TWIN_NODE_DIR"
 ENV_SEED = "TWIN_SEED"
 ENV_NOISE = "TWIN_NOISE"
 ENV_BOOT_SCALE = "TWIN_BOOT_SCALE"
@@ -76,7 +75,7 @@ def twin_env(env: Mapping[str, str]) -> TwinEnv:
         landscape = landscape.without_noise()
     return TwinEnv(
         landscape=landscape,
-        node_dir=node.node_dir(env.get(ENV_NODE_DIR)),
+        node_dir=node.node_dir(env.get(node.ENV_NODE_DIR)),
         seed=seed,
         noise=not quiet,
         token=env.get(ENV_TOKEN, ""),

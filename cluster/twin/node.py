@@ -17,6 +17,8 @@ from orchestrator.errors import OrchestrateError
 #: Nominal SM clock the twin reports for a healthy node (an assumption; see docs/twin.md).
 NOMINAL_SM_CLOCK_MHZ = 2418.0
 
+#: The variable that names a node's directory (the state file's home).
+ENV_NODE_DIR = "TWIN_NODE_DIR"
 STATE_FILE = "node.json"
 
 
