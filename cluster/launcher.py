@@ -252,6 +252,20 @@ _READ_PID = (
 )
 
 
+#: Shell function ``live``: whether the process group ``$pid`` has a member that is not a
+#: zombie. ``kill -0`` succeeds on a group of zombies: an engine that exited but whose parent
+#: (init, once its starter is gone) has not reaped it yet. An init that reaps late (a sandbox's,
+#: a second later) made every stop wait for it; a container whose PID 1 never reaps (no
+#: ``--init``) made every stop wait out its grace and the SIGKILL's 5 s, then say ``alive``.
+#: Where the node has no ``/proc``, ``kill -0`` stands.
+_LIVE = (
+    'live() { kill -0 -- "-$pid" 2>/dev/null || return 1; [ -r /proc/self/stat ] || return 0; '
+    "local f s r; for f in /proc/[0-9]*/stat; do "
+    'read -r s <"$f" 2>/dev/null || continue; r=${s##*) }; set -- $r; '
+    '[ "${3:-}" = "$pid" ] && [ "$1" != Z ] && return 0; done; return 1; }; '
+)
+
+
 def start_command(node: NodeSpec) -> list[str]:
     """argv that starts the node's launcher detached (its own session; survives the caller)
     and records the pid of its process group, and its start time (so that a stop never
@@ -330,24 +344,22 @@ def stop_command(node: NodeSpec, grace_s: float) -> list[str]:
     body = (
         f"cd {wd} 2>/dev/null || {{ echo absent; exit 0; }}; "
         f"[ -s {PIDFILE} ] || {{ echo absent; exit 0; }}; "
+        + _LIVE
         + _READ_PID
         + f'case "$pid" in ""|*[!0-9]*) rm -f {PIDFILE}; echo absent; exit 0;; esac; '
         # a pid another process took over is no engine of ours: never signalled
         f"ours || {{ rm -f {PIDFILE}; echo absent; exit 0; }}; "
         # ours, and gone before this stop: it exited (with its head, or on its own)
-        'kill -0 -- "-$pid" 2>/dev/null || '
-        f"{{ rm -f {PIDFILE}; {_ESCAPED}{_EXITED}exit 0; }}; "
+        f"live || {{ rm -f {PIDFILE}; {_ESCAPED}{_EXITED}exit 0; }}; "
         # ours from here on (``STOPPING``): an engine that dies of it was not killed from outside
         f'echo "$pid" >{STOPPING}; '
         # a stopped engine (SIGSTOP) is continued to act on its SIGTERM: a graceful stop
         'kill -TERM -- "-$pid" 2>/dev/null; kill -CONT -- "-$pid" 2>/dev/null; '
         f"for i in $(seq {ticks}); do "
-        'kill -0 -- "-$pid" 2>/dev/null || '
-        f"{{ rm -f {PIDFILE}; {_ESCAPED}echo stopped; exit 0; }}; sleep 0.1; done; "
+        f"live || {{ rm -f {PIDFILE}; {_ESCAPED}echo stopped; exit 0; }}; sleep 0.1; done; "
         'kill -KILL -- "-$pid" 2>/dev/null; '
         "for i in $(seq 50); do "
-        'kill -0 -- "-$pid" 2>/dev/null || '
-        f"{{ rm -f {PIDFILE}; {_ESCAPED}echo killed; exit 0; }}; sleep 0.1; done; "
+        f"live || {{ rm -f {PIDFILE}; {_ESCAPED}echo killed; exit 0; }}; sleep 0.1; done; "
         "echo alive; exit 1"
     )
     return ["bash", "-c", body]
@@ -371,14 +383,15 @@ def stop_started_command(node: NodeSpec, pid: int, born: str, grace_s: float) ->
         'ours() { [ -n "$born" ] || return 0; '
         + _START_TIME
         + '[ -z "$st" ] || [ "$st" = "$born" ]; }; '
-        'kill -0 -- "-$pid" 2>/dev/null && ours || { echo gone; exit 0; }; '
+        + _LIVE
+        + "live && ours || { echo gone; exit 0; }; "
         f'{named} && echo "$pid" >{stopping}; '
         'kill -TERM -- "-$pid" 2>/dev/null; kill -CONT -- "-$pid" 2>/dev/null; '
         f"how=; for i in $(seq {ticks}); do "
-        'kill -0 -- "-$pid" 2>/dev/null || { how=stopped; break; }; sleep 0.1; done; '
+        "live || { how=stopped; break; }; sleep 0.1; done; "
         'if [ -z "$how" ]; then kill -KILL -- "-$pid" 2>/dev/null; '
         "for i in $(seq 50); do "
-        'kill -0 -- "-$pid" 2>/dev/null || { how=killed; break; }; sleep 0.1; done; fi; '
+        "live || { how=killed; break; }; sleep 0.1; done; fi; "
         '[ -n "$how" ] || { echo alive; exit 1; }; '
         f"{named} && rm -f {pidfile}; "
         'echo "$how"'
