@@ -10,7 +10,8 @@ from orchestrator.cli.common import JsonOpt, ProfileOpt, opened
 
 
 def bench(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
-    """Run the profile's cells against what is deployed now."""
+    """Run the profile's cells against what is deployed now. Why a cell waits past its window
+    or measures again (a silent engine, a busy host) is said on stderr as it happens."""
     from cluster.bench import run_cell
     from orchestrator.profile import load_profile
 
@@ -18,7 +19,13 @@ def bench(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
     with opened(prof) as o:
         deployer = o.deployer()
         results = [
-            run_cell(prof.cluster.base_url, prof.model, cell, clocks=deployer.clocks)
+            run_cell(
+                prof.cluster.base_url,
+                prof.model,
+                cell,
+                clocks=deployer.clocks,
+                on_notice=lambda line: typer.echo(line, err=True),
+            )
             for cell in prof.cells
         ]
     if as_json:
