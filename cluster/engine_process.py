@@ -254,7 +254,7 @@ def container_stopped(transport: Transport, container: str) -> str | None:
         'printf "%s\n" "$s"; set -- $s; [ "${1:-}" = running ] || exit 0; sid=${2:-0}; '
         'case "$sid" in ""|0|*[!0-9]*) exit 0;; esac; '
         "for f in /proc/[0-9]*/stat; do "
-        'read -r s <"$f" 2>/dev/null || continue; '
+        'read -r s 2>/dev/null <"$f" || continue; '
         # the name is between the first "(" and the last ")"; after it: state, ppid, pgrp, sid
         "c=${s#*(}; c=${c%)*}; r=${s##*) }; set -- $r; "
         '[ "${4:-}" = "$sid" ] || continue; '

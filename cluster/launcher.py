@@ -257,12 +257,19 @@ _READ_PID = (
 #: (init, once its starter is gone) has not reaped it yet. An init that reaps late (a sandbox's,
 #: a second later) made every stop wait for it; a container whose PID 1 never reaps (no
 #: ``--init``) made every stop wait out its grace and the SIGKILL's 5 s, then say ``alive``.
-#: Where the node has no ``/proc``, ``kill -0`` stands.
+#: The members found are remembered (``members``), so that a stop's every tick reads their
+#: ``/proc`` entries only, and all of ``/proc`` again only once none of them runs. Where the
+#: node has no ``/proc``, ``kill -0`` stands.
 _LIVE = (
+    "members=; "
     'live() { kill -0 -- "-$pid" 2>/dev/null || return 1; [ -r /proc/self/stat ] || return 0; '
-    "local f s r; for f in /proc/[0-9]*/stat; do "
-    'read -r s <"$f" 2>/dev/null || continue; r=${s##*) }; set -- $r; '
-    '[ "${3:-}" = "$pid" ] && [ "$1" != Z ] && return 0; done; return 1; }; '
+    "local f p s; for p in $members; do "
+    'read -r s 2>/dev/null <"/proc/$p/stat" || continue; s=${s##*) }; set -- $s; '
+    '[ "${3:-}" = "$pid" ] && [ "$1" != Z ] && return 0; done; members=; '
+    "for f in /proc/[0-9]*/stat; do "
+    'read -r s 2>/dev/null <"$f" || continue; s=${s##*) }; set -- $s; '
+    '[ "${3:-}" = "$pid" ] && [ "$1" != Z ] || continue; '
+    'p=${f#/proc/}; members="$members ${p%/stat}"; done; [ -n "$members" ]; }; '
 )
 
 
@@ -322,7 +329,7 @@ _EXITED = (
 #: environment this user may read; no other user's process is ever signalled.
 _ESCAPED = (
     "esc=; for f in $(grep -lzxF " + f'"{MARK}=$pid" /proc/[0-9]*/environ 2>/dev/null); do '
-    'p=${f#/proc/}; p=${p%/environ}; read -r s <"/proc/$p/stat" 2>/dev/null || continue; '
+    'p=${f#/proc/}; p=${p%/environ}; read -r s 2>/dev/null <"/proc/$p/stat" || continue; '
     "c=${s#*(}; c=${c%)*}; "
     'kill -TERM "$p" 2>/dev/null && { echo "escaped $p $c"; esc="$esc $p"; }; '
     'done; if [ -n "$esc" ]; then for i in $(seq 50); do left=; '
@@ -411,7 +418,7 @@ def stopped_command(node: NodeSpec) -> list[str]:
         + 'case "$pid" in ""|*[!0-9]*) exit 0;; esac; '
         "ours || exit 0; "
         "for f in /proc/[0-9]*/stat; do "
-        'read -r s <"$f" 2>/dev/null || continue; '
+        'read -r s 2>/dev/null <"$f" || continue; '
         # the name is between the first "(" and the last ")"; after it: state, ppid, pgrp
         "c=${s#*(}; c=${c%)*}; r=${s##*) }; set -- $r; "
         '[ "${3:-}" = "$pid" ] || continue; '
