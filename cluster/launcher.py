@@ -257,13 +257,13 @@ _READ_PID = (
 #: (init, once its starter is gone) has not reaped it yet. An init that reaps late (a sandbox's,
 #: a second later) made every stop wait for it; a container whose PID 1 never reaps (no
 #: ``--init``) made every stop wait out its grace and the SIGKILL's 5 s, then say ``alive``.
-#: The members found are remembered (``members``), so that a stop's every tick reads their
-#: ``/proc`` entries only, and all of ``/proc`` again only once none of them runs. Where the
-#: node has no ``/proc``, ``kill -0`` stands.
+#: The group's leader is read first, then the members found are remembered (``members``), so
+#: that a stop's every tick reads their ``/proc`` entries only, and all of ``/proc`` again only
+#: once none of them runs. Where the node has no ``/proc``, ``kill -0`` stands.
 _LIVE = (
     "members=; "
     'live() { kill -0 -- "-$pid" 2>/dev/null || return 1; [ -r /proc/self/stat ] || return 0; '
-    "local f p s; for p in $members; do "
+    "local f p s; for p in ${members:-$pid}; do "
     'read -r s 2>/dev/null <"/proc/$p/stat" || continue; s=${s##*) }; set -- $s; '
     '[ "${3:-}" = "$pid" ] && [ "$1" != Z ] && return 0; done; members=; '
     "for f in /proc/[0-9]*/stat; do "
@@ -436,9 +436,8 @@ def alive_command(node: NodeSpec) -> list[str]:
         + _READ_PID
         + 'case "$pid" in ""|*[!0-9]*) exit 1;; esac; '
         "ours || exit 1; "
-        'kill -0 -- "-$pid" 2>/dev/null || exit 1; '
-        # a dead engine not yet reaped by init is a zombie: dead, whatever kill -0 says
-        '[ "$(cut -d" " -f3 "/proc/$pid/stat" 2>/dev/null)" != Z ]'
+        + _LIVE  # a dead engine not yet reaped by init is a zombie: dead, whatever kill -0 says
+        + "live"
     )
     return ["bash", "-c", body]
 

@@ -277,9 +277,11 @@ def test_an_engine_that_escaped_its_process_group_is_stopped_with_it_and_said(
 #: Run by a process that adopts its orphans and never reaps them (PR_SET_CHILD_SUBREAPER), as
 #: a container's PID 1 without ``--init`` does: an engine's stop there, then a start's stop.
 UNREAPED = """
-import ctypes, json, sys, time
+import ctypes, json, os, sys, time
 from cluster.inventory import NodeSpec
-from cluster.launcher import start_command, started, stop_command, stop_started_command
+from cluster.launcher import (
+    alive_command, start_command, started, stop_command, stop_started_command,
+)
 from cluster.transport import LocalTransport
 assert ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
 node = NodeSpec(rank=0, host="127.0.0.1", workdir=sys.argv[1])
@@ -292,6 +294,15 @@ for stop in (lambda g: stop_command(node, 1.0), lambda g: stop_started_command(n
     t = time.monotonic()
     done = transport.run(stop(group))
     said.append([done.stdout.strip(), done.returncode, round(time.monotonic() - t, 2)])
+# its leader (the wrapper) killed and left a zombie, its engine running on: alive until stopped
+group = started(transport.run(start_command(node)).stdout)
+assert group is not None
+os.kill(group[0], 9)
+while open(f"/proc/{group[0]}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
+    time.sleep(0.01)
+said.append([transport.run(alive_command(node)).returncode])
+said.append([transport.run(stop_command(node, 1.0)).stdout.strip()])
+said.append([transport.run(alive_command(node)).returncode])
 print(json.dumps(said))
 """
 
@@ -303,7 +314,8 @@ def test_an_engine_left_a_zombie_by_an_init_that_never_reaps_is_stopped_not_call
     exits. Where init reaps late (a sandbox's, a second later), or never (a container whose
     PID 1 is no init), the stopped engine's process group lives on as zombies, and ``kill
     -0`` of the group succeeds: each stop waited out its grace and the SIGKILL's 5 s, then said
-    ``alive``, a node that could not be stopped. A group of zombies is gone."""
+    ``alive``, a node that could not be stopped. A group of zombies is gone; a group whose
+    leader alone is one (the wrapper killed) is alive while its engine runs."""
     done = subprocess.run(
         [sys.executable, "-c", UNREAPED, str(tmp_path / "node")],
         capture_output=True,
@@ -312,9 +324,11 @@ def test_an_engine_left_a_zombie_by_an_init_that_never_reaps_is_stopped_not_call
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    (by_file, by_start) = json.loads(done.stdout)
+    (by_file, by_start, leaderless, stop, after) = json.loads(done.stdout)
     assert by_file[:2] == ["stopped", 0], by_file
     assert by_start[:2] == ["stopped", 0], by_start
+    # and a group whose leader alone is a zombie is alive while its engine runs
+    assert (leaderless, stop, after) == ([0], ["stopped"], [1])
 
 
 def _engine_child(workdir: Path) -> int:
