@@ -188,6 +188,8 @@ class LedgerBase:
             with suppress(SQLAlchemyError):  # a lost connection took its transaction with it
                 session.rollback()
             detail = str(e).splitlines()[0]
+            if _SQLITE_FULL in detail.lower():
+                detail += "; the disk of the ledger's file is full: free space there"
             if refused_connection(e):
                 detail += (
                     "; the server answered and refused this connection: check the user, "
@@ -365,9 +367,16 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
 
 
 #: SQLite's words for a database it cannot reach for now (locked past the busy timeout by
-#: another writer, its file or disk unreadable); its other operational errors are refusals
+#: another writer, its file or disk unreadable, its disk full: a night's logs or a download
+#: filled it, and a rotation or a cleanup frees it); its other operational errors are refusals
 #: ("no such table").
-_SQLITE_AWAY = ("database is locked", "unable to open database file", "disk i/o error")
+_SQLITE_FULL = "database or disk is full"
+_SQLITE_AWAY = (
+    "database is locked",
+    "unable to open database file",
+    "disk i/o error",
+    _SQLITE_FULL,
+)
 
 
 #: A PostgreSQL server's words (and libpq's) as it answers a new connection and refuses it: a

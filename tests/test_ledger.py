@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import socket
+import sys
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,6 +27,7 @@ from ledger import (
     VerdictRecord,
     tsv_text,
 )
+from tests.fixtures.mounts import in_tmpfs
 
 SPACE = KnobSpace(knobs=catalog("vllm-dflash2"))
 
@@ -420,3 +423,43 @@ def test_bad_urls_are_one_clear_error(tmp_path: object) -> None:
     for memory in ("sqlite://", "sqlite:///:memory:"):
         with pytest.raises(LedgerError, match="in memory, lost when the command ends: name a"):
             Ledger(memory)
+
+
+#: In a tmpfs of 1 MiB: a ledger, the disk filled, a write, the disk freed, the write again.
+_FULL_DISK = """
+import json, os
+from ledger import Ledger, LedgerError
+said = {}
+with Ledger("sqlite:///" + os.path.abspath("orchestrate.db")) as ledger:
+    fd = os.open("filler", os.O_WRONLY | os.O_CREAT)
+    for block in (65536, 512):
+        try:
+            while True:
+                os.write(fd, b"x" * block)
+        except OSError:
+            pass
+    os.close(fd)
+    try:
+        for i in range(64):  # until a page more is needed than the disk has
+            ledger.create_round(cluster=f"c{i}", profile_name="p" * 4000, profile_digest="d",
+                                budget=1, proposer="optuna", approve="auto", seed=0)
+    except LedgerError as e:
+        said = {"unreachable": e.unreachable, "message": e.message}
+    os.remove("filler")
+    ledger.create_round(cluster="after", profile_name="p", profile_digest="d", budget=1,
+                        proposer="optuna", approve="auto", seed=0)
+    said["after"] = ledger.unfinished_round("after") is not None
+print(json.dumps(said))
+"""
+
+
+def test_a_ledger_whose_disk_is_full_waits_for_room_it_is_not_refused(tmp_path: Path) -> None:
+    """SQLite's ``database or disk is full`` (a night's logs filled the disk; a rotation frees
+    it) is a ledger away for now, as ``database is locked`` is: a round waits it out with its
+    ledger waits (``policy.LEDGER_WAITS``). It ended the night at once, in SQLite's words."""
+    done = in_tmpfs(tmp_path / "disk", sys.executable, "-c", _FULL_DISK, env={**os.environ})
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = json.loads(done.stdout)
+    assert said["unreachable"] is True, said
+    assert "the disk of the ledger's file is full: free space there" in said["message"], said
+    assert said["after"] is True, said
