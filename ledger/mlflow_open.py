@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 #: MLflow's loggers that say, at INFO, what its store does as it is opened ("Creating initial
 #: MLflow database tables...", alembic's migrations): WARNING and above still reach the terminal.
 _STORE_LOGGERS: Final = ("mlflow.store.db.utils", "mlflow.store.db_migrations", "alembic")
+#: MLflow's database layer: it logs an error, then raises it (``_quiet_store_logs``)
+_RAISED_LOGGER: Final = "mlflow.store.db.utils"
 
 #: The experiment tag MLflow 3's UI reads to choose its view, and the value for runs tables.
 EXPERIMENT_KIND_TAG: Final = "mlflow.experimentKind"
@@ -67,14 +69,18 @@ def open_store(tracking_uri: str) -> MlflowClient:
 
 def _quiet_store_logs() -> None:
     """The terminal keeps to orchestrate's own lines: MLflow's INFO lines about its store
-    (created, migrated) are not shown; its warnings and errors are. Set after mlflow is
-    imported, which configures its loggers as it is."""
+    (created, migrated) are not shown; its warnings and errors are, but for those of its
+    database layer (``_RAISED_LOGGER``), which logs each database error it then raises, with
+    its traceback and its SQL: the sink translates the error it raises into one line (a store
+    locked for a minute put four tracebacks in a night's log, each read as a crash). Set after
+    mlflow is imported, which configures its loggers as it is."""
     import mlflow  # noqa: F401  (its loggers configured first, then quieted)
 
     for name in _STORE_LOGGERS:
         logger = logging.getLogger(name)
-        if logger.getEffectiveLevel() < logging.WARNING:
-            logger.setLevel(logging.WARNING)
+        least = logging.CRITICAL if name == _RAISED_LOGGER else logging.WARNING
+        if logger.getEffectiveLevel() < least:
+            logger.setLevel(least)
 
 
 def find_or_create_experiment(

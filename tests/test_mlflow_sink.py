@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import socket
@@ -19,6 +20,7 @@ from mlflow.utils import validation
 from sqlalchemy.exc import OperationalError
 
 from ledger import mlflow_sink, mlflow_values
+from ledger.mlflow_open import open_store
 from ledger.mlflow_sink import MlflowSink, MlflowSinkError
 from orchestrator.errors import OrchestrateError
 from tests.fixtures.mlflow_store import MlflowStore
@@ -551,3 +553,15 @@ def test_creating_the_store_prints_no_info_lines_but_warnings_still_show(tmp_pat
     assert " INFO " not in said, said
     assert "Creating initial MLflow database tables" not in said, said
     assert "a warning of the store's" in said and "an error of a migration's" in said, said
+
+
+def test_mlflows_database_layer_logs_no_error_it_raises_for_the_sink_to_say(
+    mlflow_db: MlflowStore,
+) -> None:
+    """MLflow's database layer logs each database error (its SQL, its traceback) and then
+    raises it; the sink says the error it raises in one line. A store locked for a minute put
+    four tracebacks into a night's log beside that line, each read as a crash. Once a store is
+    open, that logger says nothing an error would, and the store's own warnings still show."""
+    open_store(mlflow_db.tracking_uri)
+    assert not logging.getLogger("mlflow.store.db.utils").isEnabledFor(logging.ERROR)
+    assert logging.getLogger("mlflow.store.db_migrations").isEnabledFor(logging.WARNING)
