@@ -161,7 +161,7 @@ class HostError:
         self,
         g: float,
         noise_se: float,
-        prior: Prior,
+        priors: tuple[Prior, Prior],
         equivalence: float,
         p_gain: float,
         p_worth: float,
@@ -169,10 +169,14 @@ class HostError:
         """``P(gain)`` and ``P(gain > equivalence)`` of a reading ``g`` as the verdict may act
         on them: a keep only where the least favourable reading the stalls allow
         (``g - bound``, at the cluster's noise ``noise_se``) still reaches it, a discard only
-        where the most favourable one (``g + bound``) is still futile. ``p_gain`` and
-        ``p_worth``: the posterior's at the widened error. Without the second reading an error
-        so wide that the posterior is the prior would discard as "not worth a change": the
-        prior alone may put less than ``futility`` above the equivalence."""
-        low = posterior(g - self.bound, noise_se, prior).p_above(0.0)
-        high = posterior(g + self.bound, noise_se, prior).p_above(equivalence)
+        where the most favourable one (``g + bound``) is still futile. ``priors``: what the
+        reading updates at the least and at the most favourable (the same prior twice, but
+        where a pooled verdict's other values stalled too: ``pooling.Pooled.least``,
+        ``most``). ``p_gain`` and ``p_worth``: the posterior's at the widened error. Without
+        the second reading an error so wide that the posterior is the prior would discard as
+        "not worth a change": the prior alone may put less than ``futility`` above the
+        equivalence."""
+        least, most = priors
+        low = posterior(g - self.bound, noise_se, least).p_above(0.0)
+        high = posterior(g + self.bound, noise_se, most).p_above(equivalence)
         return min(p_gain, low), max(p_worth, high)

@@ -28,9 +28,10 @@ A boot's hosts may have stalled its windows (``host_stalls``): the error that ad
 objective adds to its value's mean's variance (and the champion's, to the shared term), as in
 the boot's own verdict; a boot the host disturbed is not pooled (``host_stalls.reusable``).
 A pooled keep, and a pooled discard, must hold at the least and the most favourable reading
-of the candidate's own boots that their stalls allow, as an unpooled one
-(``HostError.judged``, its reading updating the other values' evidence). Where nothing
-stalled, nothing changes.
+the stalls allow, as an unpooled one (``HostError.judged``): the candidate's own reading moved
+by its boots' bound and the champion's, updating the other values' evidence read at its least
+and most favourable too (``Pooled.least``, ``Pooled.most``: each other value's contrast moved
+by its boots' bound and the champion's). Where nothing stalled, nothing changes.
 
 A knob without an order (CUDA graphs, a KV dtype) has unrelated values: they share only the
 spike and the champion's error, and a value looked at again (``policy.second_look``) pools all
@@ -54,7 +55,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from knobs.spec import KnobSpec, Value
-from orchestrator.host_stalls import side_error
+from orchestrator.host_stalls import side_bound, side_error
 from orchestrator.posterior import Posterior
 
 #: Length scales of the slab's Gaussian process, in units of the knob's whole domain.
@@ -90,6 +91,14 @@ class Pooled:
     values: int  # other values pooled
     boots: int  # their boots
     same: int = 0  # of them, the boots of the candidate's own value (its earlier looks)
+    #: ``prior`` at the least and the most favourable readings the pooled boots' stalls allow
+    #: (each other value's contrast moved by its boots' bound and the champion's:
+    #: ``host_stalls.side_bound``), for a keep and a discard to hold at, as the candidate's
+    #: own reading is moved (``HostError.judged``); ``None``: none of them stalled
+    least: Posterior | None = None
+    most: Posterior | None = None
+    #: the most the stalls may have moved another value's mean (its boots' ``side_bound``)
+    bound: float = 0.0
 
 
 def position(spec: KnobSpec, value: Value) -> float | None:
@@ -153,6 +162,16 @@ def pool(
     )
     champion = (champion_logs, champion_errors)
     prior = _fit(prior_points, merged, stalls, xc, x0, champion, boot_cv, p_null, tau, shapes)
+    bounds = [side_bound(stalls[x]) for x in prior_points]
+    leaning = any(bounds) or side_bound(champion_errors) > 0
+    least, most = (
+        (
+            _fit(prior_points, merged, stalls, xc, x0, champion, boot_cv, p_null, tau, shapes, -1),
+            _fit(prior_points, merged, stalls, xc, x0, champion, boot_cv, p_null, tau, shapes, 1),
+        )
+        if leaning
+        else (None, None)
+    )
     both = {x: list(v) for x, v in merged.items()}
     both.setdefault(xc, []).extend(candidate.logs)
     both_stalls = {x: list(v) for x, v in stalls.items()}
@@ -166,6 +185,9 @@ def pool(
         values=len(merged),
         boots=sum(len(v) for v in merged.values()),
         same=len(merged.get(xc, [])),
+        least=least,
+        most=most,
+        bound=max(bounds),
     )
 
 
@@ -196,14 +218,20 @@ def _fit(
     p_null: float,
     tau: float,
     shapes: Sequence[tuple[float, bool]],
+    lean: int = 0,
 ) -> Posterior:
     """The spike-and-slab posterior of ``δ(xc)`` given the contrasts at ``points``, the slab
     a mixture over ``shapes`` (a length scale, and whether the curve has a kink at ``x0``).
-    ``stalls``: each point's boots' stall errors; ``champion``: its log objectives and theirs."""
+    ``stalls``: each point's boots' stall errors; ``champion``: its log objectives and theirs.
+    ``lean``: −1 or 1, each contrast read at the least or the most favourable reading its
+    stalls and the champion's allow (``host_stalls.side_bound``); 0, as measured."""
     champion_logs, champion_errors = champion
     champ = float(np.mean(champion_logs))
     m = len(champion_logs)
     g = np.array([float(np.mean(boots[x])) - champ for x in points])
+    if lean:
+        shared = side_bound(champion_errors)
+        g = g + lean * np.array([side_bound(stalls.get(x, ())) + shared for x in points])
     n = np.array([len(boots[x]) for x in points], dtype=float)
     noise = cv**2 * (np.diag(1.0 / n) + np.full((len(points), len(points)), 1.0 / m))
     own = np.array([side_error(stalls.get(x, ())) for x in points])

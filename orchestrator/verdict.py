@@ -49,9 +49,9 @@ from knobs.vocabulary import Status, Undecided
 from orchestrator.acceptance import NullSource
 from orchestrator.greedy import fingerprint_mismatch, irreproducible, unchecked_cells
 from orchestrator.guardrails import guard
-from orchestrator.host_stalls import HostError
+from orchestrator.host_stalls import SAID, HostError
 from orchestrator.noise import NoiseModel
-from orchestrator.posterior import Prior, posterior, predictive_keep
+from orchestrator.posterior import Posterior, Prior, posterior, predictive_keep
 from orchestrator.profile_sections import VerdictSpec
 
 if TYPE_CHECKING:
@@ -189,6 +189,11 @@ def _pooled_words(pooled: Pooled) -> str:
     return " and ".join(words)
 
 
+def _ahead(pooled: Posterior) -> Prior:
+    """What the other values' evidence (``Pooled.prior``) is to the candidate's own boots."""
+    return Prior(p_null=1.0 - pooled.p_effect, sd=pooled.sd, mean=pooled.mean)
+
+
 def worse(g: float, se: float) -> bool:
     """The posterior's "worse": the change measured more than a standard error below the
     champion (``g``: log ratio of the objectives, ``se`` its standard error)."""
@@ -278,18 +283,23 @@ def _sequential(
             pooled_p_effect=pooled.posterior.p_effect,
         )
         post = pooled.posterior
-        ahead = Prior(
-            p_null=1.0 - pooled.prior.p_effect, sd=pooled.prior.sd, mean=pooled.prior.mean
-        )
+        ahead = _ahead(pooled.prior)
+    # the other values' evidence at the least and the most favourable readings their stalls
+    # allow (``pooling``): the reading itself where none of them stalled
+    least = ahead if pooled is None or pooled.least is None else _ahead(pooled.least)
+    most = ahead if pooled is None or pooled.most is None else _ahead(pooled.most)
+    others = pooled.bound if pooled is not None else 0.0
     equivalence = math.log1p(spec.equivalence_pct / 100)
     p_gain = post.p_above(0.0)
     p_worth = post.p_above(equivalence)
     # a keep must hold at the least favourable reading the stalls allow, a discard at the
     # most favourable: a reading its host may have made decides nothing either way; pooled,
-    # the reading updates the other values' evidence (``ahead``), as the boots to come do
+    # the reading updates the other values' evidence at its own least and most favourable
+    # (``least``, ``most``), as the boots to come update it
+    leaning = host.bound > 0 or least is not ahead or most is not ahead
     keep_p, discard_p = (
-        host.judged(g, noise_se, ahead, equivalence, p_gain, p_worth)
-        if host.bound > 0
+        host.judged(g, noise_se, (least, most), equivalence, p_gain, p_worth)
+        if leaning
         else (p_gain, p_worth)
     )
     stats.update(
@@ -305,8 +315,10 @@ def _sequential(
         post_mean=post.mean,
         post_sd=post.sd,
     )
-    if host.se > 0:
+    if host.se > 0 or others > 0:
         stats.update(host.stats(noise_se, keep_p, discard_p))
+    if others > 0:
+        stats.update(pooled_stall_bound=others)
     if ev.counters is not None:
         stats.update(counters_shift=ev.counters[0], counters_se=ev.counters[1])
     if ev.held is not None:
@@ -330,6 +342,17 @@ def _sequential(
         where += " with " + _pooled_words(pooled)
     if host.said:
         where += host.words(keep_p, discard_p, spec.equivalence_pct)
+    if others >= SAID:
+        where += (
+            f", the other values' boots stalled too (their readings may be off by up to "
+            f"{others * 100:.1f}%"
+            + (
+                ")"
+                if host.said
+                else f": P(gain)={keep_p:.2f} at their least favourable, "
+                f"P(gain>{spec.equivalence_pct:g}%)={discard_p:.2f} at their most)"
+            )
+        )
     if ev.acceptance is not None:
         what = "counters less the step cost" if ev.null_from == "draft law" else "counters"
         where += (
@@ -347,7 +370,7 @@ def _sequential(
     return _more_or_stop(
         spec,
         noise,
-        ahead,
+        most,
         g + host.bound,
         len(ev.candidate),
         len(ev.champion),

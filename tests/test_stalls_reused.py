@@ -295,3 +295,47 @@ def test_a_kept_changes_first_boot_a_busy_host_disturbed_sets_no_boots_aside(
     assert [b.role for b in boots] == [BootRole.MEASURE, BootRole.CONFIRM, BootRole.REMEASURE]
     assert set_aside == [], set_aside
     assert "a busy host disturbed the champion's re-measurement" in said, said
+
+
+def test_a_pooled_verdict_reads_the_other_values_at_the_least_and_most_favourable_too() -> None:
+    """The candidate's own boots are clean; K's neighbours' boots stalled a little (each off by
+    up to 1.9 %: stalled, not disturbed). Pooled, their readings decide much of the verdict, so
+    a keep must hold, and a discard, at the least and the most favourable readings their
+    stalls allow, as the candidate's own would (``Pooled.least``, ``most``): a +8 % boot beside
+    neighbours at +10 % is promising only if their +10 % is taken at its word, and a +2 % value
+    beside neighbours at +5 % is "not worth a change" only so. Unstalled, the same readings
+    confirm and discard, as before."""
+    spec = VerdictSpec()
+    champion = [boot(1.0) for _ in range(3)]
+    champion_logs = [math.log(sum(c.output_throughput for c in b)) for b in champion]
+
+    def judged(own: float, boots: int, theirs: float, error: float) -> Assessment:
+        neighbours = [ValueBoots(v, (math.log(4000 * theirs),) * 2, (error,) * 2) for v in (6, 4)]
+        candidate = [boot(own) for _ in range(boots)]
+        objectives = [sum(c.output_throughput for c in b) for b in candidate]
+        mine = ValueBoots(5, tuple(math.log(x) for x in objectives), (0.0,) * boots)
+        pooled = pool(
+            K, 7, champion_logs, mine, neighbours, boot_cv=NOISE.boot_cv, p_null=0.5, tau=TAU
+        )
+        assert pooled is not None
+        evidence = Evidence(
+            candidate=objectives,
+            champion=[sum(c.output_throughput for c in b) for b in champion],
+            confirmations=0,
+            candidate_cells=[c for b in candidate for c in b],
+            champion_cells=champion[-1],
+            candidate_stalls=[0.0] * boots,
+            champion_stalls=[0.0] * 3,
+        )
+        return assess(spec, evidence, NOISE, pooled=pooled)
+
+    promising, gained = judged(1.08, 1, 1.10, 0.0), judged(1.08, 1, 1.10, 0.019)
+    assert promising.status == "confirm" and "pooled_stall_bound" not in promising.stats
+    assert gained.status == "more", gained.reason
+    assert float(gained.stats["p_gain"]) >= spec.confidence  # type: ignore[arg-type]
+    assert float(gained.stats["stall_p_gain"]) < spec.confidence  # type: ignore[arg-type]
+    assert "the other values' boots stalled too" in gained.reason, gained.reason
+    flat, stalled = judged(1.02, 3, 1.05, 0.0), judged(1.02, 3, 1.05, 0.019)
+    assert (flat.status, flat.rule) == ("discard", "posterior"), flat.reason
+    assert float(stalled.stats["p_worth"]) < spec.futility  # type: ignore[arg-type]
+    assert stalled.status != "discard" and "not worth" not in stalled.reason, stalled.reason
