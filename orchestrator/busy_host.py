@@ -14,7 +14,8 @@ run must reach into the current sitting (``unjudged.sitting_start``): a resume t
 change at least before it stops again.
 
 Such a change left undecided (``held``) judged nothing of its value: it bars nothing and is no
-look at it. It is held (not proposed again) for the rest of the sitting that measured it, so a
+look at it (``looks_at``: the looks a later one counts; ``priors`` learn nothing from it). It is
+held (not proposed again) for the rest of the sitting that measured it, so a
 host still busy is not asked the same question at once, and it may be proposed again after a
 resume or in a later round (``history``), as a veto of the queue's timeout is
 (``unjudged.timed_out``).
@@ -69,6 +70,19 @@ def held(ledger: Ledger, e: ExperimentRecord, cells: Sequence[CellSpec]) -> bool
         and e.status == Status.INCONCLUSIVE
         and every_disturbed(measured_errors(ledger, e, cells))
     )
+
+
+def looks_at(
+    ledger: Ledger, cluster: str, config_key: str, champion_key: str, cells: Sequence[CellSpec]
+) -> list[int]:
+    """``cluster``'s looks at config ``config_key`` as a change of champion ``champion_key``
+    (``Ledger.looks_at``), oldest first, less those a busy host left undecided (``held``):
+    they measured the host, not the value."""
+    return [
+        i
+        for i in ledger.looks_at(cluster, config_key, champion_key)
+        if not held(ledger, ledger.experiment(i), cells)
+    ]
 
 
 def busy_run(

@@ -12,6 +12,7 @@ from knobs.vocabulary import INFRASTRUCTURE, BootStatus, Kind, RoundStatus, Stat
 from ledger import BootRecord, ExperimentRecord, Ledger, RoundRecord, VerdictRecord
 from orchestrator import policy
 from orchestrator.boot import Booter
+from orchestrator.busy_host import looks_at
 from orchestrator.champion import ChampionEvidence
 from orchestrator.closures import Closure, close, closure_of
 from orchestrator.crashpoints import crashpoint
@@ -309,12 +310,17 @@ class ExperimentRunner:
     def _open_for(self, e: ExperimentRecord, assessment: Assessment) -> str | None:
         """What a change the verdict stops for want of boots is open for, in its record's
         words (``policy.open_for``: a second look, or a further one), or ``None``: the verdict
-        settles it under this champion. Its looks are the ledger's, this one included."""
+        settles it under this champion. Its looks are the ledger's, this one included, less
+        those a busy host left undecided (``busy_host.looks_at``)."""
         if e.kind != Kind.CANDIDATE or e.knob is None or e.champion_key is None:
             return None
         if assessment.status not in (Status.DISCARD, Status.INCONCLUSIVE):
             return None
-        looks = len(self.ledger.looks_at(self.champion.cluster, e.config.key, e.champion_key)) + 1
+        # a look a busy host left undecided measured the host: no look at the value
+        earlier = looks_at(
+            self.ledger, self.champion.cluster, e.config.key, e.champion_key, self.profile.cells
+        )
+        looks = len(earlier) + 1
         return policy.open_for(self.profile.verdict, assessment.rule, assessment.stats, looks)
 
 

@@ -88,7 +88,7 @@ def proposal_context(
         # this sitting only, so the proposer does not offer it again at once
         holding = (timed_out(ledger, e) or unread) and this_sitting(e, rnd, sitting)
         here = champion_key == current.config.key and (judged or holding)
-        if here:
+        if here and judged:  # one a busy host left undecided is held, but no look at the value
             looks[fitted.config.key] = looks.get(fitted.config.key, 0) + 1
         again, further, last, overshot = (
             _read_verdict(profile, ledger, e, looks.get(fitted.config.key, 0))
@@ -110,7 +110,9 @@ def proposal_context(
         region = _barred(profile, ledger, e.model_copy(update={"config": fitted.config}))
         if region is not None and holds(region, champion_key, current.config.key):
             known_bad.append(region)
-    changes = measured(ledger, experiments)  # the knobs' measured effects, for their priors
+    changes = measured(
+        ledger, experiments, profile.cells
+    )  # the knobs' measured effects, for their priors
     # the step cost the verdict subtracts from a K change's counters: the draft-length model
     # predicts with the same (``step_cost``)
     step = learned(ledger, profile.space, experiments)

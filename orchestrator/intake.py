@@ -18,6 +18,7 @@ from knobs.vocabulary import Kind, Status
 from ledger import ExperimentRecord, Ledger, ProposalRecord, RoundRecord, VerdictRecord
 from orchestrator import knob_renames
 from orchestrator.approval import edit_words
+from orchestrator.busy_host import looks_at
 from orchestrator.champion import ChampionEvidence
 from orchestrator.closures import CLOSED_BY, Closure, close, closure
 from orchestrator.crashpoints import crashpoint
@@ -137,7 +138,11 @@ class Intake:
         look = (
             ""
             if "{look}" not in how
-            else look_words(self.ledger.looks_at(self.cluster, config.key, champion.config.key))
+            else look_words(
+                looks_at(
+                    self.ledger, self.cluster, config.key, champion.config.key, self.profile.cells
+                )
+            )
         )
         told = how.format(
             source=p.source,

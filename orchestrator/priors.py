@@ -14,7 +14,8 @@ measures +10 % twice, or −15 %, is judged as a knob that matters; one measured
 keeps (or gains) a high ``π``. Only decided experiments count, so the experiment being judged
 is never in the prior it is judged with; a failure of the infrastructure's, a crash, an invalid
 output, a guardrail or a veto measured no effect and adds nothing; nor does a verdict an
-earlier release decided on a busy host's windows (``stalled_verdicts``). Today's verdict on
+earlier release decided on a busy host's windows (``stalled_verdicts``), nor a change a busy
+host left undecided (``busy_host.held``: no look at its value). Today's verdict on
 such windows teaches through its ``se``, which their stalls widened (``host_stalls``).
 
 Two priors per knob, from the same changes. What a change of the knob does to the objective
@@ -38,10 +39,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from knobs.records import CellSpec
 from knobs.spec import EffectPrior, Value, as_text
 from knobs.vocabulary import INFRASTRUCTURE, MEASURED, State
 from ledger import ExperimentRecord, Ledger, VerdictRecord
 from orchestrator import knob_renames
+from orchestrator.busy_host import held
 from orchestrator.profile import Profile
 from orchestrator.stalled_verdicts import busy_decided
 
@@ -78,10 +81,14 @@ class Measured:
         return self.g - self.counters, math.hypot(self.se, self.counters_se)
 
 
-def measured(ledger: Ledger, experiments: Iterable[ExperimentRecord]) -> list[Measured]:
+def measured(
+    ledger: Ledger, experiments: Iterable[ExperimentRecord], cells: Sequence[CellSpec]
+) -> list[Measured]:
     """The decided one-knob changes among ``experiments`` whose verdict measured an effect;
     not one an earlier release decided on a busy host's windows (``stalled_verdicts``: its
-    effect is the host's as much as the knob's)."""
+    effect is the host's as much as the knob's), nor one a busy host left undecided
+    (``busy_host.held``: no look at its value). ``cells``: the profile's, which complete a
+    measurement."""
     judged: list[tuple[ExperimentRecord, VerdictRecord]] = []
     for e in experiments:
         if (
@@ -95,8 +102,13 @@ def measured(ledger: Ledger, experiments: Iterable[ExperimentRecord]) -> list[Me
         ):
             continue
         verdict = ledger.verdict(e.id)
-        if verdict is not None and verdict.rule in MEASURING:
-            judged.append((e, verdict))
+        if verdict is None or verdict.rule not in MEASURING:
+            continue
+        # a verdict whose boots stalled at all recorded it (``stall_se``): only such a one
+        # may be held, and only it reads its measurements again
+        if "stall_se" in verdict.stats and held(ledger, e, cells):
+            continue
+        judged.append((e, verdict))
     busy = busy_decided(ledger, judged)
     out: list[Measured] = []
     for e, verdict in judged:
@@ -212,7 +224,7 @@ def learned_prior(
     changes did beyond their acceptance counters (``Measured.beyond``), the prior of a verdict
     whose null is the counters' shift."""
     experiments = knob_renames.experiments(profile.space, ledger, cluster=profile.cluster.name)
-    changes = measured(ledger, [e for e in experiments if e.id not in excluding])
+    changes = measured(ledger, [e for e in experiments if e.id not in excluding], profile.cells)
     looks = [m for m in changes if m.knob == knob]
     mine = [m.beyond if beyond else (m.g, m.se) for m in looks]
     if not mine and profile.space.spec(knob).effect_prior is None:

@@ -18,6 +18,7 @@ from knobs.records import CellResultRecord, CellSpec
 from knobs.vocabulary import Kind
 from ledger import Ledger
 from orchestrator.busy_host import BusyHost
+from orchestrator.priors import measured
 from orchestrator.round import RoundOptions
 from orchestrator.stops import last_stop
 from tests.fixtures.cli import orchestrate
@@ -138,3 +139,24 @@ def test_the_setting_stops_after_as_many_as_it_says_and_is_validated(tmp_path: P
     assert done.returncode == 3, done.stderr
     assert "verdict.busy_host_stop: Input should be greater than or equal to 1" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_a_look_a_busy_host_left_undecided_is_no_look_at_its_value(tmp_path: Path) -> None:
+    """K 7 → 5 on a busy host is left undecided and the round stops (``busy_host_stop: 1``).
+    Resumed on a quiet host, K=5 is measured again as a first look, not a second: its record
+    names no earlier look (``busy_host.looks_at``), and the knob's prior learned nothing from
+    the host's reading."""
+    quiet = False
+    testbed = Busy(lambda config, n: not quiet and config != testbed.boots[0])
+    prof = profile(busy_host_stop=1)
+    options = RoundOptions(budget=2, proposer="sweep", approve="auto")
+    with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
+        with pytest.raises(BusyHost):
+            round_runner(ledger, testbed, [{K: 5}, *CHANGES], prof=prof).run(options)
+        quiet = True
+        round_runner(ledger, testbed, [{K: 5}, *CHANGES], prof=prof).run(options)
+        held, again = [e for e in ledger.experiments() if e.kind == Kind.CANDIDATE][:2]
+        assert (held.status, again.config.key) == ("inconclusive", held.config.key)
+        assert "look after" not in (again.description or ""), again.description
+        learned = [m.experiment for m in measured(ledger, ledger.experiments(), prof.cells)]
+        assert held.id not in learned and again.id in learned, learned

@@ -119,7 +119,7 @@ def _ledger_with_changes(path: Path, counters: float | None = None) -> tuple[Led
 def test_the_experiment_being_judged_is_not_in_its_own_prior(tmp_path: Path) -> None:
     ledger, judged = _ledger_with_changes(tmp_path)
     with ledger:
-        changes = measured(ledger, ledger.experiments(cluster="c"))
+        changes = measured(ledger, ledger.experiments(cluster="c"), profile().cells)
         assert judged not in {m.experiment for m in changes} and len(changes) == 2
         assert ledger.experiment(judged).state != State.DECIDED
         prior = learned_prior(profile(), ledger, "max_num_batched_tokens")
@@ -138,7 +138,7 @@ def test_what_the_counters_explain_teaches_a_knob_nothing(tmp_path: Path) -> Non
     leave +8 % to learn from."""
     ledger, _ = _ledger_with_changes(tmp_path, counters=math.log(1.1))
     with ledger:
-        changes = measured(ledger, ledger.experiments(cluster="c"))
+        changes = measured(ledger, ledger.experiments(cluster="c"), profile().cells)
         assert [round(m.beyond[0], 6) for m in changes] == [0.0, 0.0]
         assert all(m.beyond[1] == pytest.approx(math.hypot(0.035, 0.004)) for m in changes)
         prior = learned_prior(profile(), ledger, "max_num_batched_tokens", beyond=True)
@@ -151,7 +151,7 @@ def test_what_the_counters_explain_teaches_a_knob_nothing(tmp_path: Path) -> Non
     other.mkdir()
     ledger, _ = _ledger_with_changes(other, counters=math.log(1.02))
     with ledger:
-        changes = measured(ledger, ledger.experiments(cluster="c"))
+        changes = measured(ledger, ledger.experiments(cluster="c"), profile().cells)
         assert all(m.beyond[0] == pytest.approx(math.log(1.1 / 1.02)) for m in changes)
         prior = learned_prior(profile(), ledger, "max_num_batched_tokens", beyond=True)
         assert prior is not None and prior.p_null < CATALOG_NULL

@@ -196,7 +196,7 @@ def test_an_earlier_releases_discard_on_a_busy_hosts_windows_bars_nothing(
     with Ledger(url) as ledger:
         recorded = ledger.verdict(first.id)
         context = proposal_context_of(prof, ledger, first.round_id)
-        changes = measured(ledger, ledger.experiments())
+        changes = measured(ledger, ledger.experiments(), prof.cells)
         steps = draft_changes(ledger, ledger.experiments(), MNBT, MEASURING)
         data = collect(prof, ledger)
     assert recorded is not None and (recorded.status, recorded.reason) == ("discard", reason)

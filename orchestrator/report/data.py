@@ -330,7 +330,9 @@ def _knob_rows(profile: Profile, ledger: Ledger, points: list[Point]) -> list[Kn
     priors = knob_priors(
         profile,
         measured(
-            ledger, knob_renames.experiments(profile.space, ledger, cluster=profile.cluster.name)
+            ledger,
+            knob_renames.experiments(profile.space, ledger, cluster=profile.cluster.name),
+            profile.cells,
         ),
     )
     groups: dict[tuple[str, str], list[Point]] = defaultdict(list)

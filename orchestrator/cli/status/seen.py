@@ -136,7 +136,8 @@ def read(prof: Profile, ledger: Ledger) -> Seen:
         left_open=ledger.open_boots(name),
         rounds=rounds,
         experiments=experiments,
-        effects=measured(ledger, experiments),  # each knob's measured changes, for its prior
+        # each knob's measured changes, for its prior
+        effects=measured(ledger, experiments, prof.cells),
         set_aside=evidence.set_aside(),  # its keep's boots, if they left
         draft=None if (spec := draft_knob(prof.space)) is None else spec.name,
         # the step cost a K change's verdict subtracts from its counters (``step_cost``)
