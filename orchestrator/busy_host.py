@@ -5,20 +5,24 @@ its stalls may have moved each boot's objective by more than ``stall.DISTURBED_F
 measured the host as much as the config. Its verdict cannot keep or discard on that reading
 (``host_stalls.HostError``), so it most often ends ``inconclusive`` at its boot cap: a few
 boots for nothing, and the next change, on a host still busy, the same, all night. After
-``verdict.busy_host_stop`` such changes in a row (``busy_run``: a change with no measurement —
-a veto, a crash, a closure — neither counts nor ends the run) the round stops as a node whose
-clocks stay off stops it (``faults.ClocksOff``): exit 5 (``BusyHost``), its verdicts committed
-and the stop recorded by the round (``stops.record_stop``: ``status``, the report and the
-resume say it), nothing barred, for the same command to resume once the host is quiet. The
-run must reach into the current sitting (``unjudged.sitting_start``): a resume tries one
-change at least before it stops again.
+``verdict.busy_host_stop`` such changes left undecided in a row (``busy_run``) the round stops
+as a node whose clocks stay off stops it (``faults.ClocksOff``): exit 5 (``BusyHost``), its
+verdicts committed and the stop recorded by the round (``stops.record_stop``: ``status``, the
+report and the resume say it), nothing barred, for the same command to resume once the
+host is quiet. The run must reach into the current sitting (``unjudged.sitting_start``): a
+resume tries one change at least before it stops again.
+
+What the run counts is what the stop is for: changes a busy host left *undecided*. A change
+with no measurement (a veto, a crash, a closure) neither counts nor ends the run; nor does one
+decided although a busy host disturbed every measurement of it (a keep or a discard that held
+at the least or most favourable reading the stalls allow: the host made no decision impossible
+there, but nor was it quiet); a change with one measurement the host left undisturbed ends it.
 
 Such a change left undecided (``held``) judged nothing of its value: it bars nothing and is no
-look at it (``looks_at``: the looks a later one counts; ``priors`` learn nothing from it). It is
-held (not proposed again) for the rest of the sitting that measured it, so a
-host still busy is not asked the same question at once, and it may be proposed again after a
-resume or in a later round (``history``), as a veto of the queue's timeout is
-(``unjudged.timed_out``).
+look at it (``looks_at``: the looks a later one counts; ``priors`` learn nothing from it). It
+is held (not proposed again) for the rest of the sitting that measured it, so a host still
+busy is not asked the same question at once, and it may be proposed again after a resume or
+in a later round (``history``), as a veto of the queue's timeout is (``unjudged.timed_out``).
 
 Ordinary rounds on a loaded machine do not trip it: one disturbed boot in a change's verdict,
 a change partly disturbed, or fewer than ``busy_host_stop`` (3 by default) such changes in a
@@ -88,10 +92,11 @@ def looks_at(
 def busy_run(
     ledger: Ledger, rnd: RoundRecord, cells: Sequence[CellSpec]
 ) -> list[tuple[ExperimentRecord, float]]:
-    """Round ``rnd``'s latest decided changes every measurement of which a busy host disturbed,
-    newest first, back to the latest one it left a measurement undisturbed in: each with the
-    most its stalls may have moved a measurement's objective. A change with no measurement
-    neither counts nor ends the run."""
+    """Round ``rnd``'s latest decided changes a busy host left undecided (``held``), newest
+    first, back to the latest one it left a measurement undisturbed in: each with the most its
+    stalls may have moved a measurement's objective. A change with no measurement, or one
+    decided although every measurement of it was disturbed, neither counts nor ends the run
+    (see the module)."""
     decided = [
         e
         for e in ledger.experiments(round_id=rnd.id)
@@ -104,14 +109,16 @@ def busy_run(
             continue
         if not every_disturbed(errors):
             break
+        if e.status != Status.INCONCLUSIVE:  # decided all the same: no decision was impossible
+            continue
         run.append((e, max(errors)))
     return run
 
 
 def check(ledger: Ledger, rnd: RoundRecord, cells: Sequence[CellSpec], stop_after: int) -> None:
     """Before round ``rnd`` proposes its next change: stop it when its last ``stop_after``
-    decided changes in a row measured a busy host (``busy_run``), the latest of them in this
-    sitting.
+    decided changes in a row a busy host left undecided (``busy_run``), the latest of them in
+    this sitting.
 
     Raises:
         BusyHost: they did.

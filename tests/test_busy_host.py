@@ -34,19 +34,28 @@ CHANGES.append({"num_speculative_tokens": 6})
 
 
 class Busy(ScriptedTestbed):
-    """The scripted testbed at 100 tok/s whatever the config, whose boots ``busy`` says (the
-    config, and its how-many-th boot) come back with every window stalled three window lengths
-    (a host the load held off the CPU)."""
+    """The scripted testbed at 100 tok/s whatever the config (else as ``speed`` says), whose
+    boots ``busy`` says (the config, and its how-many-th boot) come back with every window
+    stalled three window lengths (a host the load held off the CPU; else ``stall`` of them),
+    the client's stall (else the engine's: ``engine_stall_s``, as the twin reports its host's)."""
 
-    def __init__(self, busy: Callable[[Config, int], bool]) -> None:
-        super().__init__(lambda config, n: 100.0)
+    def __init__(
+        self,
+        busy: Callable[[Config, int], bool],
+        speed: Callable[[Config, int], float] = lambda config, n: 100.0,
+        stall: Callable[[Config], float] = lambda config: 3.0,
+        side: str = "client_stall_s",
+    ) -> None:
+        super().__init__(speed)
         self.busy = busy
+        self.stall = stall
+        self.side = side
 
     def bench(self, cell: CellSpec) -> CellResultRecord:
         record = super().bench(cell)
         config = self.boots[-1]
         if self.busy(config, sum(1 for c in self.boots if c == config)):
-            return record.model_copy(update={"client_stall_s": 3.0 * record.duration})
+            return record.model_copy(update={self.side: self.stall(config) * record.duration})
         return record
 
 
@@ -160,3 +169,26 @@ def test_a_look_a_busy_host_left_undecided_is_no_look_at_its_value(tmp_path: Pat
         assert "look after" not in (again.description or ""), again.description
         learned = [m.experiment for m in measured(ledger, ledger.experiments(), prof.cells)]
         assert held.id not in learned and again.id in learned, learned
+
+
+def test_a_change_decided_on_a_busy_host_neither_counts_toward_the_stop_nor_ends_it(
+    tmp_path: Path,
+) -> None:
+    """``busy_host_stop: 2``; every change's boots on a busy host. Rank 0 is left undecided;
+    rank 16, −50 %, is discarded all the same (worse even at the most favourable reading its
+    stalls allow): a decision was made, so it does not count toward the stop, and the host
+    was not quiet, so it does not end the run. Rank 32, left undecided, makes two."""
+    testbed = Busy(
+        lambda config, n: config[RANK] != 64,
+        speed=lambda config, n: 50.0 if config[RANK] == 16 else 100.0,
+        stall=lambda config: 0.1 if config[RANK] == 16 else 3.0,
+    )
+    options = RoundOptions(budget=5, proposer="sweep", approve="auto")
+    with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
+        runner = round_runner(ledger, testbed, CHANGES, prof=profile(busy_host_stop=2))
+        with pytest.raises(BusyHost) as stopped:
+            runner.run(options)
+        changes = [e for e in ledger.experiments() if e.kind == Kind.CANDIDATE]
+        statuses = [(e.config[RANK], e.status) for e in changes]
+        assert statuses == [(0, "inconclusive"), (16, "discard"), (32, "inconclusive")], statuses
+        assert stopped.value.experiments == [changes[0].id, changes[2].id]
