@@ -50,7 +50,8 @@ def before_a_round(ledger: Ledger, cluster: str) -> EventRecord | None:
 
 def stop_data(stopped: EventRecord | None) -> dict[str, Any] | None:
     """A stop short (``round-stopped``) for ``status --json``: when, its exit code, its error,
-    the node it names (None where no node's failure stopped it), and its line."""
+    the node it names (None where no node's failure stopped it), whose host a busy host's stop
+    names (``busy_hosts``; None for any other stop), and its line."""
     if stopped is None:
         return None
     return {
@@ -58,5 +59,7 @@ def stop_data(stopped: EventRecord | None) -> dict[str, Any] | None:
         "exit_code": stopped.detail.get("exit_code"),
         "error": stopped.detail.get("error"),
         "node": stopped.detail.get("node"),
+        # a busy host's stop: whose host stalled (``client``, the engine's node: ``busy_host``)
+        "busy_hosts": stopped.detail.get("busy_hosts"),
         "reason": stopped.reason,
     }

@@ -8,7 +8,8 @@ boots for nothing, and the next change, on a host still busy, the same, all nigh
 ``verdict.busy_host_stop`` such changes left undecided in a row (``busy_run``) the round stops
 as a node whose clocks stay off stops it (``faults.ClocksOff``): exit 5 (``BusyHost``), its
 verdicts committed and the stop recorded by the round (``stops.record_stop``: ``status``, the
-report and the resume say it), nothing barred, for the same command to resume once the
+report and the resume say it, and whose host stalled: the client's, the machine that runs
+orchestrate, or the engine's node's), nothing barred, for the same command to resume once the
 host is quiet. The run must reach into the current sitting (``unjudged.sitting_start``): a
 resume tries one change at least before it stops again.
 
@@ -32,38 +33,54 @@ row leave the round going.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
+from cluster import stall
 from knobs.records import CellSpec
 from knobs.vocabulary import Kind, State, Status
 from ledger import ExperimentRecord, Ledger, RoundRecord
 from orchestrator.errors import OrchestrateError
 from orchestrator.host_stalls import boot_error, every_disturbed
-from orchestrator.measurements import read_measurements
+from orchestrator.measurements import Measurement, read_measurements
 from orchestrator.unjudged import sitting_start, this_sitting
+
+#: who a stop names for the client's stalls (the bench client runs in orchestrate's process)
+CLIENT = "client"
 
 
 class BusyHost(OrchestrateError):
     """``verdict.busy_host_stop`` changes in a row (``experiments``) measured a busy host, not
     the config: the round stops (exit 5) with their verdicts recorded and nothing barred, for
-    the same command to resume once the host is quiet."""
+    the same command to resume once the host is quiet. ``hosts``: whose host it was (``CLIENT``,
+    the machine that runs orchestrate, and/or the engine's node, ``node-0``)."""
 
     exit_code = 5
 
-    def __init__(self, message: str, *, experiments: Sequence[int]) -> None:
+    def __init__(
+        self, message: str, *, experiments: Sequence[int], hosts: Sequence[str] = ()
+    ) -> None:
         super().__init__(message)
         self.experiments = list(experiments)
+        self.hosts = list(hosts)
+
+
+def _decided_measurements(
+    ledger: Ledger, e: ExperimentRecord, cells: Sequence[CellSpec]
+) -> list[Measurement]:
+    """Decided ``e``'s complete measurements up to its decision (a kept change's later boots
+    as champion are not its verdict's)."""
+    at = e.decided_at
+    return [
+        m
+        for m in read_measurements(ledger, e.id, cells)
+        if m.complete and m.boots and (at is None or m.boots[0][1] <= at)
+    ]
 
 
 def measured_errors(ledger: Ledger, e: ExperimentRecord, cells: Sequence[CellSpec]) -> list[float]:
     """What the hosts' stalls may have cost each of decided ``e``'s complete measurements up
-    to its decision (``host_stalls.boot_error``; a kept change's later boots as champion are
-    not its verdict's)."""
-    at = e.decided_at
-    return [
-        boot_error(m.cells)
-        for m in read_measurements(ledger, e.id, cells)
-        if m.complete and m.boots and (at is None or m.boots[0][1] <= at)
-    ]
+    to its decision (``host_stalls.boot_error``)."""
+    return [boot_error(m.cells) for m in _decided_measurements(ledger, e, cells)]
 
 
 def held(ledger: Ledger, e: ExperimentRecord, cells: Sequence[CellSpec]) -> bool:
@@ -89,51 +106,108 @@ def looks_at(
     ]
 
 
-def busy_run(
-    ledger: Ledger, rnd: RoundRecord, cells: Sequence[CellSpec]
-) -> list[tuple[ExperimentRecord, float]]:
+@dataclass(frozen=True)
+class Stalled:
+    """A change in a busy run: the most the stalls may have moved a measurement's objective,
+    and the seconds its measurements' windows stalled on each side, of how many."""
+
+    experiment: ExperimentRecord
+    error: float
+    client_s: float
+    engine_s: float
+    window_s: float
+
+
+def busy_run(ledger: Ledger, rnd: RoundRecord, cells: Sequence[CellSpec]) -> list[Stalled]:
     """Round ``rnd``'s latest decided changes a busy host left undecided (``held``), newest
-    first, back to the latest one it left a measurement undisturbed in: each with the most its
-    stalls may have moved a measurement's objective. A change with no measurement, or one
-    decided although every measurement of it was disturbed, neither counts nor ends the run
-    (see the module)."""
+    first, back to the latest one it left a measurement undisturbed in. A change with no
+    measurement, or one decided although every measurement of it was disturbed, neither
+    counts nor ends the run (see the module)."""
     decided = [
         e
         for e in ledger.experiments(round_id=rnd.id)
         if e.kind == Kind.CANDIDATE and e.state == State.DECIDED and e.decided_at is not None
     ]
-    run: list[tuple[ExperimentRecord, float]] = []
+    run: list[Stalled] = []
     for e in sorted(decided, key=lambda x: (x.decided_at, x.id), reverse=True):
-        errors = measured_errors(ledger, e, cells)
+        measurements = _decided_measurements(ledger, e, cells)
+        errors = [boot_error(m.cells) for m in measurements]
         if not errors:
             continue
         if not every_disturbed(errors):
             break
         if e.status != Status.INCONCLUSIVE:  # decided all the same: no decision was impossible
             continue
-        run.append((e, max(errors)))
+        windows = [c for m in measurements for c in m.cells]
+        run.append(
+            Stalled(
+                e,
+                max(errors),
+                sum(c.client_stall_s for c in windows),
+                sum(c.engine_stall_s for c in windows),
+                sum(c.duration for c in windows),
+            )
+        )
     return run
 
 
-def check(ledger: Ledger, rnd: RoundRecord, cells: Sequence[CellSpec], stop_after: int) -> None:
+def whose(run: Sequence[Stalled], engine: str, at: str) -> tuple[list[str], str, str, str]:
+    """Whose host stalled the ``run``'s windows: the names (``CLIENT``, ``engine``: the engine's
+    node, at address ``at``, whose metrics report its host's stalls), the seconds each stalled
+    in words (as a cell's notice says them), which host that is and where to look. A side is
+    named where its stalls alone would have disturbed the windows
+    (``stall.DISTURBED_FRACTION``), else the one that stalled more."""
+    client = sum(s.client_s for s in run)
+    engine_s = sum(s.engine_s for s in run)
+    windows = sum(s.window_s for s in run)
+    named = [
+        who
+        for who, seconds in ((CLIENT, client), (engine, engine_s))
+        if stall.disturbed(seconds, windows)
+    ] or [CLIENT if client >= engine_s else engine]
+    hosts = {
+        CLIENT: ("this machine (the client: it runs orchestrate and its bench)", "this machine"),
+        engine: (f"the engine's host, {engine} ({at})", f"{engine} ({at})"),
+    }
+    said = f"client {client:.2f}s, engine {engine_s:.2f}s on {engine}"
+    who = " and ".join(hosts[n][0] for n in named)
+    where = " and ".join(hosts[n][1] for n in named)
+    return named, said, who, where
+
+
+def check(
+    ledger: Ledger,
+    rnd: RoundRecord,
+    cells: Sequence[CellSpec],
+    stop_after: int,
+    *,
+    engine: str,
+    at: str,
+) -> None:
     """Before round ``rnd`` proposes its next change: stop it when its last ``stop_after``
     decided changes in a row a busy host left undecided (``busy_run``), the latest of them in
-    this sitting.
+    this sitting. ``engine``: the node whose engine the bench measures (the head), at address
+    ``at``, named when its host stalled.
 
     Raises:
         BusyHost: they did.
     """
     run = busy_run(ledger, rnd, cells)
-    if len(run) < stop_after or not this_sitting(run[0][0], rnd, sitting_start(ledger, rnd)):
+    if len(run) < stop_after or not this_sitting(
+        run[0].experiment, rnd, sitting_start(ledger, rnd)
+    ):
         return
-    ids = ", ".join(f"#{e.id}" for e, _ in reversed(run))
-    worst = max(error for _, error in run)
+    ids = ", ".join(f"#{s.experiment.id}" for s in reversed(run))
+    worst = max(s.error for s in run)
+    hosts, said, who, where = whose(run, engine, at)
     raise BusyHost(
         f"a busy host disturbed every measurement of the last {len(run)} changes in a row "
         f"(experiments {ids}; its stalls may have moved their objectives up to "
-        f"±{100 * worst:.0f}%): they measured the host, not the changes, and the next would "
+        f"±{100 * worst:.0f}%; their windows stalled {said}) and left each undecided: the "
+        f"busy host was {who}; they measured the host, not the changes, and the next would "
         "too; their verdicts are recorded and nothing was barred (each may be proposed again): "
-        "find what else runs on this machine or the engine's host (another round, a build, a "
-        "benchmark) and run the same command to resume once it is quiet",
-        experiments=[e.id for e, _ in reversed(run)],
+        f"find what else runs on {where} (another round, a build, a benchmark) and run the "
+        "same command to resume once it is quiet",
+        experiments=[s.experiment.id for s in reversed(run)],
+        hosts=hosts,
     )

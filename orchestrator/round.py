@@ -320,8 +320,14 @@ class RoundRunner:
             if capped is not None:
                 return capped
             # changes in a row that measured a busy host: stop, not the next (exit 5)
+            head = self.profile.cluster.head
             busy_host.check(
-                self.ledger, rnd, self.profile.cells, self.profile.verdict.busy_host_stop
+                self.ledger,
+                rnd,
+                self.profile.cells,
+                self.profile.verdict.busy_host_stop,
+                engine=head.name,
+                at=head.host,
             )
             if self.remeasures.due():
                 failure = self.remeasures.remeasure(rnd)

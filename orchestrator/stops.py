@@ -12,6 +12,7 @@ from cluster.errors import NodeError
 from knobs.vocabulary import EventKind
 from ledger import EventRecord, Ledger, LedgerError
 from ledger.redact import Redactor
+from orchestrator.busy_host import CLIENT, BusyHost
 from orchestrator.errors import INTERRUPTED, OrchestrateError
 from orchestrator.faults import InfrastructureFault
 from orchestrator.interrupts import ended_by
@@ -25,11 +26,13 @@ def record_stop(
     err: OrchestrateError | KeyboardInterrupt,
 ) -> None:
     """What stopped round ``round_id`` short of its end (a node away, a champion that stopped
-    booting, the lease lost, an interrupt), recorded for the morning (``round-stopped``): the
-    line the command ended with went to a terminal or a timer's log; ``orchestrate status``
-    and the resume show it from here. A node's failure names the node (``node``, with its
-    ``failure_class``). ``round_id`` None: a round command stopped before any round began
-    (``before_a_round``). A ledger that is itself what failed records nothing."""
+    booting, the lease lost, an interrupt, a busy host), recorded for the morning
+    (``round-stopped``): the line the command ended with went to a terminal or a timer's log;
+    ``orchestrate status`` and the resume show it from here. A node's failure names the node
+    (``node``, with its ``failure_class``); a busy host's stop names whose host stalled
+    (``busy_hosts``: ``client``, the engine's node, or both; the engine's also as ``node``).
+    ``round_id`` None: a round command stopped before any round began (``before_a_round``).
+    A ledger that is itself what failed records nothing."""
     if isinstance(err, LedgerError):
         return
     detail: dict[str, object]
@@ -42,6 +45,11 @@ def record_stop(
         failure = err.failure if isinstance(err, InfrastructureFault) else err
         if isinstance(failure, NodeError) and failure.rank is not None:
             detail.update(node=f"node-{failure.rank}", failure_class=failure.failure_class)
+        if isinstance(err, BusyHost):  # whose host stalled: the client's, the engine's node's
+            detail.update(busy_hosts=err.hosts)
+            engine = [h for h in err.hosts if h != CLIENT]
+            if engine:
+                detail.update(node=engine[0])
     with suppress(LedgerError):
         ledger.add_event(
             cluster,

@@ -17,6 +17,7 @@ from knobs.config import Config
 from knobs.records import CellResultRecord, CellSpec
 from knobs.vocabulary import Kind
 from ledger import Ledger
+from orchestrator.away import stop_data
 from orchestrator.busy_host import BusyHost
 from orchestrator.priors import measured
 from orchestrator.round import RoundOptions
@@ -192,3 +193,26 @@ def test_a_change_decided_on_a_busy_host_neither_counts_toward_the_stop_nor_ends
         statuses = [(e.config[RANK], e.status) for e in changes]
         assert statuses == [(0, "inconclusive"), (16, "discard"), (32, "inconclusive")], statuses
         assert stopped.value.experiments == [changes[0].id, changes[2].id]
+
+
+def test_the_stop_names_whose_host_stalled(tmp_path: Path) -> None:
+    """The stop's line, and its record (``status --json``), name whose host stalled, as a
+    cell's notice does: the engine's node (the twin reports its scheduler's stalls) or this
+    machine, the client's."""
+    options = RoundOptions(budget=5, proposer="sweep", approve="auto")
+    for side, named, who, where in (
+        ("engine_stall_s", "node-0", "the engine's host, node-0 (127.0.0.1)", "node-0"),
+        ("client_stall_s", "client", "this machine (the client", "this machine"),
+    ):
+        testbed = Busy(lambda config, n: config[RANK] != 64, side=side)
+        with Ledger(f"sqlite:///{tmp_path}/{side}.db") as ledger:
+            runner = round_runner(ledger, testbed, CHANGES, prof=profile(busy_host_stop=1))
+            with pytest.raises(BusyHost) as stopped:
+                runner.run(options)
+            said = str(stopped.value)
+            assert f"the busy host was {who}" in said, said
+            assert f"find what else runs on {where} " in said, said
+            (change,) = [e for e in ledger.experiments() if e.kind == Kind.CANDIDATE]
+            stop = last_stop(ledger, "scripted", change.round_id or 0)
+            data = stop_data(stop)
+            assert data is not None and data["busy_hosts"] == [named], data
