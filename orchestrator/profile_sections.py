@@ -121,10 +121,11 @@ class VerdictSpec(BaseModel):
         default=3,
         ge=1,
         le=100,
-        description="this many changes in a row every measurement of which a busy host "
-        "disturbed (its stalls may have moved the objective more than 2 %: the host's reading, "
-        "not the change's) stop the round with exit 5, nothing barred, for the same command to "
-        "resume once the host is quiet",
+        description="this many changes in a row that a busy host left undecided, every "
+        "measurement of which it disturbed (its stalls may have moved the objective more than "
+        "2 %: the host's reading, not the change's), stop the round with exit 5, nothing "
+        "barred, for the same command to resume once the host is quiet (a change decided all "
+        "the same neither counts nor ends the row)",
     )
     noise: NoiseSpec = NoiseSpec()
     max_error_rate: float = Field(default=0.0, ge=0, le=1)
