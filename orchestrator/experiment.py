@@ -262,7 +262,8 @@ class ExperimentRunner:
         # nothing measured (a verdict reached without a boot of its own that came up)
         value = objective_of(per_boot) if per_boot else None
         delta = float(assessment.stats.get("delta_pct", 0.0))  # type: ignore[arg-type]
-        busy = busy_words([m.cells for m in measurements])
+        discarded_by = assessment.rule if assessment.status == Status.DISCARD else None
+        busy = busy_words([m.cells for m in measurements], discarded_by)
         # left undecided on a busy host's readings alone: no look at the value, so open for
         # none (``busy_host.held``: held for this sitting, then proposed afresh)
         undecided = busy is not None and assessment.status == Status.INCONCLUSIVE

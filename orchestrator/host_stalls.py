@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 from cluster import stall
 from knobs.records import CellResultRecord
+from knobs.vocabulary import GUARDRAIL_RULES
 from orchestrator.posterior import Prior, posterior
 
 #: a stall error the verdict's words name (relative: a tenth of a percent)
@@ -100,17 +101,33 @@ def every_disturbed(errors: Sequence[float]) -> bool:
     return bool(errors) and all(e > stall.DISTURBED_FRACTION for e in errors)
 
 
-def busy_words(boots: Sequence[Sequence[CellResultRecord]]) -> str | None:
+#: the discard rules that read the objective at the most favourable reading a side's stalls
+#: allow (``HostError.judged``; the predictive futility reads ``g + bound``)
+_BOUNDED_DISCARDS = frozenset({"posterior", "futility"})
+
+
+def busy_words(
+    boots: Sequence[Sequence[CellResultRecord]], discarded_by: str | None = None
+) -> str | None:
     """What a record says of a change none of whose boots (``boots``: each boot's cells) a
     busy host left undisturbed (``every_disturbed``): its objective is the host's as much as
-    the config's. ``None`` where a boot was undisturbed, or there was none."""
+    the config's. A discard (``discarded_by``, its rule) says what it rests on all the same:
+    a guardrail (judged on windows no host stalled), or the objective at the most favourable
+    reading the stalls allow; a record that said "the host's reading" beside a discard that
+    barred a region said the opposite of its status. ``None`` where a boot was undisturbed,
+    or there was none."""
     errors = [boot_error(cells) for cells in boots]
     if not every_disturbed(errors):
         return None
-    return (
-        f"every boot measured on a busy host (its stalls may have moved the objective up to "
-        f"±{100 * max(errors):.0f}%): the host's reading, not the change's"
+    said = (
+        "every boot measured on a busy host (its stalls may have moved the objective up to "
+        f"±{100 * max(errors):.0f}%)"
     )
+    if discarded_by in GUARDRAIL_RULES:
+        return f"{said}; the discard rests on its guardrail ({discarded_by}), not on the objective"
+    if discarded_by in _BOUNDED_DISCARDS:
+        return f"{said}; the discard holds at the most favourable reading they allow"
+    return f"{said}: the host's reading, not the change's"
 
 
 @dataclass(frozen=True)

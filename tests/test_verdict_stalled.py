@@ -22,7 +22,7 @@ from ledger import Ledger
 from orchestrator.approval import ApprovalGate
 from orchestrator.champion import ChampionEvidence
 from orchestrator.display import RoundDisplay
-from orchestrator.host_stalls import boot_error
+from orchestrator.host_stalls import boot_error, busy_words
 from orchestrator.priors import base_prior, learned_prior
 from orchestrator.profile_sections import VerdictSpec
 from orchestrator.report.data import collect, summary
@@ -200,3 +200,23 @@ def test_a_busy_hosts_boots_teach_nothing_and_the_report_counts_them(tmp_path: P
     assert summary(data)["disturbed_boots"] == data.disturbed_boots
     assert "No boot was the infrastructure's" not in html
     assert f"{data.disturbed_boots} boot(s) measured in windows a busy host disturbed" in html
+
+
+def test_a_discard_on_a_busy_host_says_what_it_rests_on_not_that_the_host_read_it() -> None:
+    """A change every boot of which a busy host disturbed: left undecided, the record says the
+    reading is the host's. Discarded all the same, it said so too, beside a status that barred
+    a region (a TTFT guardrail judged on a window no host stalled, MNBT ≤ 2560 barred): the
+    record said two opposite things. A discard now says what it rests on."""
+    stalled = [boot(0.9, {"*": 0.3}), boot(0.9, {"*": 0.3})]
+    undecided = busy_words(stalled)
+    assert undecided is not None and undecided.endswith(": the host's reading, not the change's")
+    guardrail = busy_words(stalled, "ttft-guardrail")
+    assert guardrail is not None and "the host's reading" not in guardrail
+    assert guardrail.endswith(
+        "; the discard rests on its guardrail (ttft-guardrail), not on the objective"
+    )
+    bounded = busy_words(stalled, "posterior")
+    assert bounded is not None
+    assert bounded.endswith("; the discard holds at the most favourable reading they allow")
+    # one undisturbed boot: nothing to say
+    assert busy_words([boot(0.9, {"*": 0.3}), boot(0.9)], "posterior") is None
