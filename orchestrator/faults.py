@@ -30,6 +30,21 @@ from orchestrator.evolution import refit_blame
 from orchestrator.measurements import clocks_off_counts, clocks_off_in_a_row
 from orchestrator.profile import Profile
 
+#: What the same command waits for, by the failure's class, in a stop's line: the node back,
+#: unless the class names what else must change first.
+_RESUME_ONCE: dict[str, str] = {
+    "port_in_use": "the cluster's port is free on the node (or the profile gives the cluster "
+    "other ports)",
+    "disk_full": "the node's disk has room",
+    "clocks_stuck": "the node's clocks are sound",
+    "gpu_fault": "the node's GPU is sound",
+}
+#: The classes a change of its own can bring on, so that setting the change aside is a way on:
+#: weights that no node can fetch (``network``), or that no disk holds (``disk_full``). A port
+#: taken, a node away, a worker missing fail every change alike: a veto would bar a value for
+#: the node's fault and help nothing.
+_CHANGE_OF_ITS_OWN = frozenset({"network", "disk_full"})
+
 
 class InfrastructureFault(OrchestrateError):
     """A node kept failing for the infrastructure's reasons (unreachable, auth, an upload, a
@@ -119,17 +134,21 @@ class InfrastructureFaults:
             where += f" ({err.host})"
         if delay is None:
             # a change of its own that only fails this way (weights no node can fetch) can be
-            # set aside by a person; the champion's boots, or the baseline's, cannot
+            # set aside by a person; the champion's boots, or the baseline's, cannot, nor a
+            # fault that fails every change alike
             aside = (
                 f", or `orchestrate experiments veto {e.id} --reason …` to set the change aside "
                 "and go on with the next"
-                if e.kind == Kind.CANDIDATE and booted is None
+                if e.kind == Kind.CANDIDATE
+                and booted is None
+                and err.failure_class in _CHANGE_OF_ITS_OWN
                 else ""
             )
+            once = _RESUME_ONCE.get(err.failure_class or "", "the node is back")
             raise InfrastructureFault(
                 f"{where}: {err.failure_class} {failures} times in a row ({err.message}); "
                 f"experiment #{e.id} is left undecided and nothing was barred: run the same "
-                f"command to resume once the node is back{aside}",
+                f"command to resume once {once}{aside}",
                 failure=err,
                 experiment=e.id,
             )

@@ -461,6 +461,11 @@ def test_a_port_clash_is_retried_then_stops_the_round_with_nothing_barred(
         loop.run(RoundOptions(budget=1, proposer="sweep", approve="auto"))
     assert stopped.value.exit_code == 5
     assert "node 0 (n0): port_in_use 3 times in a row" in stopped.value.message
+    # it says what the same command waits for, and offers no veto: a taken port fails every
+    # change alike, and a veto would bar a value for the node's fault
+    assert "once the cluster's port is free on the node" in stopped.value.message
+    assert "once the node is back" not in stopped.value.message
+    assert "experiments veto" not in stopped.value.message
     assert waits == [10.0, 20.0]
     candidate = loop.ledger.experiments()[1]
     assert candidate.status is None
