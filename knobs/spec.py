@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
@@ -323,7 +324,7 @@ class KnobSpec(BaseModel):
                 return raw
             if isinstance(raw, str) and raw.strip().lower() in _TRUE | _FALSE:
                 return raw.strip().lower() in _TRUE
-            raise bad
+            raise self._typo(bad, raw, ("true", "false"))
         if self.type == "int":
             value = self._as_number(raw, integer=True, bad=bad)
             return self._in_range(int(value), bad)
@@ -348,7 +349,16 @@ class KnobSpec(BaseModel):
                 numeric_choice = isinstance(choice, int | float) and not isinstance(choice, bool)
                 if numeric_choice and number == choice:
                     return choice
-        raise bad
+        # a word's typo (a number's nearest choices are its domain, said already)
+        raise self._typo(bad, raw, [c for c in self.choices if isinstance(c, str)])
+
+    @staticmethod
+    def _typo(bad: KnobError, raw: object, known: Sequence[str]) -> KnobError:
+        """``bad`` with the known value(s) ``raw`` is a typo of (``knobs.names``), if any."""
+        hint = did_you_mean(raw.strip() if isinstance(raw, str) else raw, known)
+        if hint is None:
+            return bad
+        return KnobError(f"{bad.message}; {hint}", knob=bad.knob, value=bad.value)
 
     @staticmethod
     def _as_number(raw: object, *, integer: bool, bad: KnobError) -> float:

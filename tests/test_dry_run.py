@@ -193,11 +193,12 @@ def test_set_of_a_misspelt_knob_names_the_knob_it_is_a_typo_of(
     argv = ["cluster", "up", "--dry-run", "--set"]
     assert run([*argv, "gpu_memory_utilisation=0.8"]) == 3
     assert capsys.readouterr().err.strip().splitlines() == [
-        "Error: unknown knob 'gpu_memory_utilisation'; did you mean gpu_memory_utilization? "
+        "Error: --set gpu_memory_utilisation=0.8: unknown knob 'gpu_memory_utilisation'; did "
+        "you mean gpu_memory_utilization? "
         f"(known knobs: {known})"
     ]
     assert run([*argv, "speed=11"]) == 3  # nothing close: the known ones alone
     assert capsys.readouterr().err.strip().splitlines() == [
-        f"Error: unknown knob 'speed'; known knobs: {known}"
+        f"Error: --set speed=11: unknown knob 'speed'; known knobs: {known}"
     ]
     assert not (tmp_path / "orchestrate.db").exists()

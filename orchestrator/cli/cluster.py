@@ -13,6 +13,7 @@ from orchestrator.errors import UsageError
 if TYPE_CHECKING:
     from cluster.errors import NodeError
     from knobs.config import Config
+    from knobs.spec import Value
     from ledger import Ledger
     from orchestrator.faults import RefitChampionFailing
     from orchestrator.lease import Ownership
@@ -107,10 +108,11 @@ def cluster_up(
     from orchestrator.settings import runtime_placeholders
 
     prof = load_profile(profile)
+    sets = _sets(prof, set_)  # a typo said before the ledger or a node is touched
     console = out()
     if dry_run:
         base, whence = _would_deploy(prof)
-        config = _with_sets(prof, base, set_)
+        config = _with_sets(prof, base, sets)
         for node in sorted(prof.cluster.nodes, key=lambda n: (n.rank == 0, -n.rank)):
             rendered = render_node(
                 prof.launcher, prof.space, config, prof.cluster, node, runtime_placeholders()
@@ -131,8 +133,8 @@ def cluster_up(
             console.print(line)
         champion = None if champion is None else fit_champion(prof.space, ledger, champion)
         base = champion.config if champion else prof.initial_champion()
-        config = _with_sets(prof, base, set_)
-        fallback = base if set_ and prof.restore_champion else None
+        config = _with_sets(prof, base, sets)
+        fallback = base if sets and prof.restore_champion else None
         deployer = o.deployer(progress=lambda msg: console.print(f"  {msg}", style="dim"))
         with _owned(o, "cluster up", force, console.print):
             attempt = deployer.attempt(config, fallback=fallback)
@@ -212,29 +214,43 @@ def _would_deploy(prof: Profile) -> tuple[Config, str]:
     return fitted.config, f"the ledger's champion, experiment #{fitted.experiment_id}"
 
 
-def _with_sets(prof: Profile, config: Config, sets: list[str] | None) -> Config:
-    """``config`` with every ``KNOB=VALUE`` of ``--set`` applied together: the profile's
-    forbidden combinations are checked on the result, so knobs that may only move together
-    (an engine's linked parameters) can be set together.
+def _with_sets(prof: Profile, config: Config, sets: dict[str, Value]) -> Config:
+    """``config`` with every ``--set`` (``_sets``) applied together: the profile's forbidden
+    combinations are checked on the result, so knobs that may only move together (an engine's
+    linked parameters) can be set together.
+
+    Raises:
+        KnobError: a forbidden result.
+    """
+    return prof.space.config({**config.as_dict(), **sets}) if sets else config
+
+
+def _sets(prof: Profile, sets: list[str] | None) -> dict[str, Value]:
+    """Each ``KNOB=VALUE`` of ``--set``, the value typed by its knob: read before anything is
+    opened, so that a typo touches neither the ledger nor a node.
 
     Raises:
         UsageError: an item that is no ``KNOB=VALUE``, or one knob set twice.
-        KnobError: an unknown knob, a value out of its domain, a forbidden result.
+        KnobError: an unknown knob or a value out of its domain, the item named, with what it
+            is a typo of (``knobs.names``).
     """
-    if not sets:
-        return config
-    values = config.as_dict()
-    given: set[str] = set()
-    for item in sets:
+    from knobs.errors import KnobError
+    from knobs.spec import printable
+
+    values: dict[str, Value] = {}
+    for item in sets or ():
         knob, sep, value = item.partition("=")
         if not sep:
             raise UsageError(f"--set {item!r}: expected KNOB=VALUE")
-        spec = prof.space.spec(knob)
-        if spec.name in given:
-            raise UsageError(f"--set {spec.name} is given twice: set each knob once")
-        given.add(spec.name)
-        values[spec.name] = spec.parse(value)
-    return prof.space.config(values)
+        try:
+            spec = prof.space.spec(knob)
+            if spec.name in values:
+                raise UsageError(f"--set {spec.name} is given twice: set each knob once")
+            values[spec.name] = spec.parse(value)
+        except KnobError as e:
+            shown = item if item.isprintable() else printable(item)
+            raise KnobError(f"--set {shown}: {e.message}", knob=e.knob, value=e.value) from None
+    return values
 
 
 @cluster_app.command("down")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import inspect
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from typing import TYPE_CHECKING, Annotated
 
@@ -35,6 +35,27 @@ def completes(words: Callable[[], list[str]]) -> Callable[[str], list[str]]:
         return [w for w in words() if w.startswith(incomplete)]
 
     return complete
+
+
+def one_of(option: str, known: Callable[[], Sequence[str]]) -> Callable[[str | None], str | None]:
+    """A typer callback taking the option's value only if it is one of ``known()``: else one
+    line naming the value and the option, the values there are and what it is a typo of
+    (``knobs.names``, the policy every "did you mean" follows), as a knob's value is refused
+    (``KnobSpec.parse``); exit 2, before the command opens anything."""
+
+    def check(value: str | None) -> str | None:
+        from knobs.names import did_you_mean
+        from knobs.spec import printable
+        from orchestrator.errors import UsageError
+
+        words = list(known())
+        if value is None or value in words:
+            return value
+        hint = did_you_mean(value, words)
+        said = f"{option} {printable(value)} is not one of {', '.join(words)}"
+        raise UsageError(said if hint is None else f"{said}; {hint}")
+
+    return check
 
 
 ProfileOpt = Annotated[

@@ -16,7 +16,15 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from orchestrator.cli.common import JsonOpt, ProfileOpt, completes, in_ledger, opened, out
+from orchestrator.cli.common import (
+    JsonOpt,
+    ProfileOpt,
+    completes,
+    in_ledger,
+    one_of,
+    opened,
+    out,
+)
 from orchestrator.errors import OrchestrateError, UsageError
 from orchestrator.profile_names import ApproveMode, ProposerKind
 
@@ -42,6 +50,7 @@ def round_(
         str | None,
         typer.Option(
             help="optuna | sweep | claude | hybrid (default: the profile's)",
+            callback=one_of("--proposer", lambda: get_args(ProposerKind)),
             autocompletion=completes(lambda: list(get_args(ProposerKind))),
         ),
     ] = None,
@@ -49,6 +58,7 @@ def round_(
         str | None,
         typer.Option(
             help="auto | ask | queue (default: the profile's)",
+            callback=one_of("--approve", lambda: get_args(ApproveMode)),
             autocompletion=completes(lambda: list(get_args(ApproveMode))),
         ),
     ] = None,
