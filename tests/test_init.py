@@ -298,3 +298,36 @@ def test_every_node_works_in_the_workdir_asked_for(tmp_path: Path) -> None:
     assert done.returncode == 3, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and "workdir" in done.stderr
     assert not out.exists()
+
+
+def test_fp8_as_vllm_reads_it_is_the_catalogs_fp8_e4m3_and_an_untuned_flag_says_why(
+    tmp_path: Path,
+) -> None:
+    """vLLM reads ``--kv-cache-dtype fp8`` as ``fp8_e4m3``: the knob is tuned from that value
+    (it was left untuned, ``fp8`` being none of the catalog's spellings), said in init's
+    output; a flag left untuned (8000 is no step of MNBT's domain) says why there too, not only
+    in the file's header."""
+    launcher = tmp_path / "serve.sh"
+    launcher.write_text(
+        "vllm serve /models/m --kv-cache-dtype fp8 --max-num-batched-tokens 8000 \\\n"
+        "  --speculative-config "
+        '\'{"method":"dflash","model":"/models/d","num_speculative_tokens":5}\'\n'
+    )
+    done = orchestrate(tmp_path, "init", "--from", str(launcher), timeout=60)
+    assert done.returncode == 0, done.stderr
+    profile = load_profile(str(tmp_path / "serve.yaml"))
+    assert profile.initial_champion()["kv_cache_dtype"] == "fp8_e4m3"
+    assert "kv_cache_dtype" not in profile.untuned
+    assert "--kv-cache-dtype" not in profile.launcher.argv
+    said = done.stdout.splitlines()
+    assert (
+        "  note: kv_cache_dtype: vLLM reads --kv-cache-dtype fp8 as fp8_e4m3: adopted as that, "
+        "rendered --kv-cache-dtype fp8_e4m3 from now on"
+    ) in said, said
+    assert (
+        "  untuned: max_num_batched_tokens: 8000 is not an integer from 2048 to 16384 in steps "
+        "of 512"
+    ) in said, said
+    head = _commands(tmp_path, str(tmp_path / "serve.yaml"))["node-0"]
+    assert head[head.index("--kv-cache-dtype") + 1] == "fp8_e4m3"
+    assert head[head.index("--max-num-batched-tokens") + 1] == "8000"

@@ -32,7 +32,7 @@ from cluster.launcher import render_node
 from knobs.catalog import CATALOGS, catalog
 from knobs.errors import ProfileError
 from knobs.spec import Value, as_text
-from orchestrator.adopt.knobs import Recognised, recognise
+from orchestrator.adopt.knobs import ENGINE_READS, Recognised, recognise
 from orchestrator.adopt.serve import NUMBER, Option, Serve, find_serves, read_options
 from orchestrator.adopt.shell import Script, read_script
 from orchestrator.errors import OrchestrateError, UsageError
@@ -124,6 +124,11 @@ def adopt(
     found = recognise(catalog(catalog_name), head, env)
     if worker is not None:
         _same_knobs(script, found, recognise(catalog(catalog_name), worker, env), worker)
+    notes += [
+        f"{knob}: vLLM reads {flag} {spelt} as {as_text(found.champion[knob])}: adopted as "
+        f"that, rendered {flag} {as_text(found.champion[knob])} from now on"
+        for knob, (flag, spelt) in found.read_as.items()
+    ]
     hosts = _hosts(script, head, nodes)
     argv, head_argv, worker_argv = _argv(script, head, worker, found, len(hosts), notes)
     stem = name or (re.sub(r"[^A-Za-z0-9_.-]+", "-", path.stem).strip("-.") or "adopted")[:64]
@@ -375,7 +380,7 @@ def _round_trip(
         if source is None:
             continue  # an inferred worker line: nothing to compare with
         got = render_node(profile.launcher, profile.space, config, cluster, node, runtime)
-        want = _expected(source, node.rank, cluster)
+        want = _expected(source, node.rank, cluster, found)
         have = _canonical(list(got.argv), len(source.prefix))
         if have != want:
             missing = sorted(set(want[1]) - set(have[1]))
@@ -386,8 +391,12 @@ def _round_trip(
             )
 
 
-def _expected(serve: Serve, rank: int, cluster: ClusterSpec) -> tuple[list[str], list[str]]:
-    """``serve``'s command as ``_canonical`` reads it, with the node's own values."""
+def _expected(
+    serve: Serve, rank: int, cluster: ClusterSpec, found: Recognised
+) -> tuple[list[str], list[str]]:
+    """``serve``'s command as ``_canonical`` reads it, with the node's own values and each
+    value spelt as vLLM reads it (``found.read_as``) as the knob's value it reads it as."""
+    read = {flag: ENGINE_READS[flag][spelt] for flag, spelt in found.read_as.values()}
     values = {
         "{rank}": str(rank),
         "{nnodes}": str(len(cluster.nodes)),
@@ -395,7 +404,10 @@ def _expected(serve: Serve, rank: int, cluster: ClusterSpec) -> tuple[list[str],
         "{master_port}": str(cluster.master_port),
         "{port}": str(cluster.port),
     }
-    options = [Option(o.flag, values.get(PER_NODE.get(o.flag, ""), o.value)) for o in serve.options]
+    options = [
+        Option(o.flag, read.get(o.flag, values.get(PER_NODE.get(o.flag, ""), o.value)))
+        for o in serve.options
+    ]
     host = cluster.nodes[rank].host
     prefix = [t.replace("{host}", host) for t in (_host_env(t) for t in serve.prefix)]
     return _canonical([*prefix, *_model(serve), *_flat(options)], len(prefix))

@@ -1,8 +1,9 @@
 """Which catalog knobs a `vllm serve` command sets, read back through each knob's render rule
 (``knobs.spec.RenderSpec``): a ``flag``'s value, a ``switch``'s tokens, a ``json_field`` inside
 its JSON flag, an ``env`` variable. What a knob renders is taken out of the command; what is
-left is kept fixed. A knob the command does not set, or sets to a value outside its domain,
-is left untuned, with the reason."""
+left is kept fixed. A value vLLM takes as another spelling of one of the knob's values
+(``ENGINE_READS``) is that value. A knob the command does not set, or sets to a value outside
+its domain, is left untuned, with the reason."""
 
 from __future__ import annotations
 
@@ -12,6 +13,11 @@ from dataclasses import dataclass, field
 from knobs.errors import KnobError
 from knobs.spec import KnobSpec, Value, as_text
 from orchestrator.adopt.serve import Option, Serve
+
+#: The values vLLM reads as another spelling of a catalog value, by flag: its CacheConfig takes
+#: ``--kv-cache-dtype fp8`` as ``fp8_e4m3`` (on CUDA and ROCm alike). The knob takes the value
+#: it names, and the profile renders that spelling from then on.
+ENGINE_READS: dict[str, dict[str, str]] = {"--kv-cache-dtype": {"fp8": "fp8_e4m3"}}
 
 
 @dataclass
@@ -24,6 +30,9 @@ class Recognised:
     options: list[Option] = field(default_factory=list)
     json_flags: dict[str, dict[str, Value]] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
+    #: the knobs whose value the command spells as vLLM reads it (``ENGINE_READS``): their flag
+    #: and that spelling
+    read_as: dict[str, tuple[str, str]] = field(default_factory=dict)
 
 
 def recognise(specs: tuple[KnobSpec, ...], serve: Serve, env: dict[str, str]) -> Recognised:
@@ -57,6 +66,11 @@ def recognise(specs: tuple[KnobSpec, ...], serve: Serve, env: dict[str, str]) ->
                 out.untuned[spec.name] = f"the command has no {how.flag}"
                 continue
             found = _value(spec, given)
+            meant = ENGINE_READS.get(how.flag, {}).get(given.strip())
+            if found is None and meant is not None:
+                found = _value(spec, meant)
+                if found is not None:
+                    out.read_as[spec.name] = (how.flag, given.strip())
             if found is None:
                 out.untuned[spec.name] = _outside(spec, given)
                 continue

@@ -81,6 +81,8 @@ def init(
         + f"), {len(adopted.recognised.untuned)} left untuned, "
         f"{len(adopted.profile.cluster.nodes)} node(s)"
     )
+    for knob, why in adopted.recognised.untuned.items():  # the file's header says it too
+        console.print(f"  untuned: {knob}: {why}", markup=False)
     for note in adopted.notes:
-        console.print(f"  note: {note}")
+        console.print(f"  note: {note}", markup=False)
     console.print(f"check it: orchestrate cluster up --dry-run --profile {target}")
