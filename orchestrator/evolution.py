@@ -9,7 +9,10 @@ a knob no ancestor had) its default. So a change recorded while a knob was out o
 moves, once the knob is back, its own knob and no other: the knob is its champion's, not its
 default. The ledger's rows stay as they ran; what fitting the champion changed is recorded
 once per knob and champion as an event (``KNOB_ADDED`` / ``KNOB_REMOVED``), with one line to
-show.
+show. A knob gained at its default (one taken off ``untuned:``, say) ran until then at the
+launcher's own flag or the engine's default, which the ledger does not know (a launcher's
+argv is recorded as a digest): the line says so, and that the knob's default under ``knobs:``
+is where the champion starts.
 
 Keys: an experiment was decided against the champion of its time, so comparisons go through
 ``Lineage.champion_key``, the key of that champion fitted now; a change decided under the
@@ -41,7 +44,7 @@ from knobs.catalog import catalog
 from knobs.config import Config
 from knobs.errors import KnobError
 from knobs.space import KnobSpace, Reconciled
-from knobs.spec import Value, as_text, printable
+from knobs.spec import KnobSpec, Value, as_text, printable
 from knobs.vocabulary import BootStatus, EventKind, Kind
 from ledger import ChampionRecord, ExperimentRecord, Ledger
 from orchestrator import knob_renames, revision
@@ -266,7 +269,12 @@ def _line(
     if kind == EventKind.KNOB_REMOVED:
         return f"knob {knob} is no longer in the profile: dropped from the champion (was {shown})"
     if origin is None:
-        return f"profile gained knob {knob}: the champion takes its default {shown}"
+        return (
+            f"profile gained knob {knob}: the champion takes its default {shown}, where its "
+            f"engine ran {_as_launched(space.spec(knob))} (or the engine's default) until now; "
+            "to start from another value, give it as the knob's default under knobs: "
+            f"({{name: {knob}, default: VALUE}})"
+        )
     if origin == champion.experiment_id:
         return (
             f"profile gained knob {knob} back: the champion takes {shown} again, as it ran it "
@@ -277,6 +285,20 @@ def _line(
         f"changed from ran it (experiment #{origin}), not its default "
         f"{printable(space.spec(knob).default)}"
     )
+
+
+def _as_launched(spec: KnobSpec) -> str:
+    """Where a launcher sets what knob ``spec`` renders, while the profile does not tune it:
+    ``the launcher's own --kv-cache-dtype``."""
+    how = spec.render
+    if how.kind == "flag":
+        return f"the launcher's own {how.flag}"
+    if how.kind == "json_field":
+        return f"the launcher's own {how.field} in {how.flag}"
+    if how.kind == "env":
+        return f"the launcher's own ${how.env}"
+    tokens = [*how.when_true, *how.when_false, *how.env_when_true, *how.env_when_false]
+    return f"the launcher's own {' or '.join(tokens)}" if tokens else "the launcher's own flags"
 
 
 def _record(

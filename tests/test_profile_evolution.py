@@ -565,7 +565,11 @@ def test_cluster_up_deploys_a_champion_that_predates_a_knob(cli_workdir: Path) -
     # status reads, and records nothing: it says so, with the champion as the profile sees it
     status = orchestrate(cli_workdir, "status", "--profile", "profile.yaml", timeout=60)
     assert status.returncode == 0, status.stderr
-    assert f"{line} (recorded by the next round or cluster up)" in status.stdout
+    assert (
+        f"{line}, where its engine ran the launcher's own $MOE_BACKEND (or the engine's default) "
+        "until now; to start from another value, give it as the knob's default under knobs: "
+        "({name: moe_backend, default: VALUE}) (recorded by the next round or cluster up)"
+    ) in " ".join(status.stdout.split())  # status wraps at the terminal's width
     assert "moe_backend=triton" in status.stdout
     up = orchestrate(cli_workdir, "cluster", "up", "--profile", "profile.yaml")
     assert up.returncode == 0, up.stderr
