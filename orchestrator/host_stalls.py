@@ -167,10 +167,17 @@ class HostError:
         }
 
     def words(self, keep_p: float, discard_p: float, equivalence_pct: float) -> str:
-        """The verdict's words of it (after the posterior's)."""
+        """The verdict's words of it (after the posterior's). A bound of both sides' stalls
+        may pass 100 % of the reading ("up to 152.3%" of a throughput is no number a person
+        can use): said so instead."""
+        moved = (
+            "by more than the reading itself"
+            if self.bound >= 1.0
+            else f"up to {self.bound * 100:.1f}%"
+        )
         return (
             f", a busy host widened the error ±{self.se * 100:.1f}% (its stalls may have moved "
-            f"the reading up to {self.bound * 100:.1f}%: P(gain)={keep_p:.2f} at its least "
+            f"the reading {moved}: P(gain)={keep_p:.2f} at its least "
             f"favourable, P(gain>{equivalence_pct:g}%)={discard_p:.2f} at its most)"
         )
 

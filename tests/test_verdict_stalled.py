@@ -22,7 +22,7 @@ from ledger import Ledger
 from orchestrator.approval import ApprovalGate
 from orchestrator.champion import ChampionEvidence
 from orchestrator.display import RoundDisplay
-from orchestrator.host_stalls import boot_error, busy_words
+from orchestrator.host_stalls import HostError, boot_error, busy_words
 from orchestrator.priors import base_prior, learned_prior
 from orchestrator.profile_sections import VerdictSpec
 from orchestrator.report.data import collect, summary
@@ -220,3 +220,13 @@ def test_a_discard_on_a_busy_host_says_what_it_rests_on_not_that_the_host_read_i
     assert bounded.endswith("; the discard holds at the most favourable reading they allow")
     # one undisturbed boot: nothing to say
     assert busy_words([boot(0.9, {"*": 0.3}), boot(0.9)], "posterior") is None
+
+
+def test_a_stall_bound_past_the_reading_itself_is_said_so_not_as_a_percentage() -> None:
+    """Both sides' stall bounds added may pass 100 % of the reading: "may have moved the
+    reading up to 152.3%" of a throughput is no number a person can use."""
+    wide = HostError(se=0.6, bound=1.523, disturbed=True).words(0.5, 0.5, 2.0)
+    assert "may have moved the reading by more than the reading itself" in wide, wide
+    assert "152.3%" not in wide
+    narrow = HostError(se=0.1, bound=0.25, disturbed=True).words(0.5, 0.5, 2.0)
+    assert "may have moved the reading up to 25.0%" in narrow, narrow
