@@ -91,6 +91,7 @@ def starting_champion(e: KnobError, space: KnobSpace, champion: dict[str, Any]) 
         or knob not in space.names
         or knob not in champion
         or _allowed(space, knob, champion[knob])
+        or _misspelt(space, knob, champion[knob], e)
     ):
         return (
             f"champion: {e} (the starting config: give it a value the knob allows, or leave the "
@@ -105,6 +106,24 @@ def starting_champion(e: KnobError, space: KnobSpace, champion: dict[str, Any]) 
         "the domain at once, run under a new ledger (ORCHESTRATE_LEDGER, ledger_url:) or "
         f"another cluster.name; to keep {as_text(champion[knob])} in reach, widen the domain again"
     )
+
+
+def _misspelt(space: KnobSpace, knob: str, value: object, e: KnobError) -> bool:
+    """Whether ``value`` is a typo rather than a value a narrowed domain left outside: no
+    value of the knob's type at all (``7168x`` for an integer), or a near miss of a value the
+    knob has (its error says ``did you mean``). The narrowed domain's advice (widen it, a new
+    ledger) is for the second only."""
+    if "did you mean" in str(e):
+        return True
+    kind = space.spec(knob).type
+    if kind in ("int", "float") and not isinstance(value, bool):
+        if isinstance(value, int | float):
+            return False
+        try:
+            float(str(value).strip())
+        except ValueError:
+            return True
+    return kind == "bool" and not isinstance(value, bool)
 
 
 def _allowed(space: KnobSpace, knob: str, value: object) -> bool:

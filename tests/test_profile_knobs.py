@@ -189,6 +189,36 @@ def test_a_domain_narrowed_under_the_profiles_own_champion_names_the_champion_bl
         load_profile(str(path))
 
 
+@pytest.mark.parametrize(
+    ("knob", "typed", "said"),
+    [
+        (
+            "max_num_batched_tokens",
+            "7168x",
+            "'7168x' is not an integer from 2048 to 16384 in steps of 512",
+        ),
+        (
+            "kv_cache_dtype",
+            "fp8_e4m",
+            "'fp8_e4m' is not one of auto, fp8_e4m3, fp8_e5m2; did you mean fp8_e4m3?",
+        ),
+    ],
+)
+def test_a_typo_in_a_champion_value_is_said_as_one_not_as_a_narrowed_domain(
+    tmp_path: Path, knob: str, typed: str, said: str
+) -> None:
+    """A champion's value that is no value of its knob's type (``7168x``), or a near miss of
+    one (``fp8_e4m``), is a typo: the line says what was meant. It had the advice for a value a
+    narrowed domain left outside (widen the domain again, or start a new ledger)."""
+    data = {**profile({"name": knob}), "champion": {knob: typed}}
+    path = tmp_path / "typo.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ProfileError) as caught:
+        load_profile(str(path))
+    assert f"champion: knob {knob}: {said}" in str(caught.value), caught.value
+    assert "widen the domain" not in str(caught.value)
+
+
 MOE: dict[str, Any] = {
     "name": "moe_backend",
     "new": True,
