@@ -198,18 +198,21 @@ async def _measure(
                 await asyncio.sleep(max(0.0, state.w1 - loop.time()))
                 after = await metrics.scrape(client, metrics_url)
                 last = silence.fell_silent(state)
-                if last is not None:
-                    await silence.after_silence(state, last, deadline, notice)
+                if last is None and not silence.went_quiet(state):
                     break
-                if not silence.went_quiet(state):
-                    break
-                # a stream whose request ended after the window stopped: it goes on again
+                # a stream whose request ended after the window's end stopped there: it goes
+                # on again, or a wait for the engine's next token waits for a request no
+                # stream sends (a host that stalled across the window's end ends every
+                # request at once after it: review 51-7)
                 workers = [
                     streams.retrieved(asyncio.create_task(streams.forever(client, state, stop)))
                     if w.done()
                     else w
                     for w in workers
                 ]
+                if last is not None:
+                    await silence.after_silence(state, last, deadline, notice)
+                    break
                 if not await silence.after_quiet(state, deadline, notice):
                     break
         finally:

@@ -47,9 +47,13 @@ async def after_silence(
 ) -> None:
     """A window that fell silent (``fell_silent``, at ``last``) waits, with the streams going
     on, up to the cell's ``deadline`` for the engine's next token or failure: either ends the
-    wait and the window stands as measured (the silence was the config's); with neither by the
+    wait and the window stands as measured (the silence was the config's, or a stall of a host
+    that its stall accounting measures), and so does a token that came after ``last`` before
+    the wait began (the window's end passed while a host was stalled); with neither by the
     deadline the engine is hung (``CellState.hung``): a cell that stopped measuring then would
     report a fraction of the config's throughput as its measurement."""
+    if any(t > last for r in state.requests for t, _ in r.chunks):
+        return  # tokens came after the window's end (a host that stalled across it): not silent
     state.news.clear()
     why = f"no token for the window's last {state.w1 - last:.0f}s"
     if await _wait_for_token(state, deadline, say, why, "next") is not None or state.errors:

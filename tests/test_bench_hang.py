@@ -6,6 +6,7 @@ first second as the config's measurement."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -17,7 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from cluster import silence
 from cluster.bench import cold_start_limit_s
+from cluster.window import CellState, Request
 from knobs.records import CellSpec
 from tests.twin_fixtures import TwinNodes, running_nodes, serve_argv
 
@@ -96,3 +99,75 @@ def test_an_engine_that_stops_answering_mid_window_fails_its_cell_by_the_cells_d
     assert not any(x.startswith("MEASURED") for x in lines), lines
     assert not any("greedy probe" in x for x in lines), lines
     assert os.path.exists(f"/proc/{engine.proc.pid}"), "the engine died: the test tested nothing"
+
+
+def test_a_cell_whose_client_stalled_across_the_windows_end_is_measured_not_hung(
+    nodes: TwinNodes,
+) -> None:
+    """The bench client is stopped (as a busy host keeps it off the CPU) early in the window
+    and goes on a second after the window's end. Meanwhile the engine finished the requests
+    it had: the client reads their last tokens after the window's end, and a stream stops
+    between requests once the window has ended. Before, the cell then waited for a next token
+    that no stream would ever ask for, and after a minute filed a healthy engine as hung
+    (review 51-7: a twin on a loaded host, every process alive, its boot the config's
+    `bench_failed`). Now the tokens read after the silence end the wait, and the streams go
+    on while a cell waits: the cell is measured, the client's stall measured again."""
+    cell = CellSpec(
+        name="late", category="code", concurrency=2, max_tokens=24, warmup_s=0.3, duration_s=2.0
+    )
+    _, url = nodes.head(serve_argv(), TWIN_LANDSCAPE="vllm-dflash2-tp4")
+    lines: list[str] = []
+    stopped = False
+    with subprocess.Popen(
+        [sys.executable, "-c", CLIENT, url, cell.model_dump_json()],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as child:
+        assert child.stdout is not None
+        # far less than the cell's minute-long deadline: a client still waiting is ended
+        timer = threading.Timer(30, child.kill)
+        timer.start()
+        try:
+            for line in child.stdout:
+                lines.append(line.rstrip("\n"))
+                if line.startswith("late: measuring") and not stopped:
+                    stopped = True
+                    # the fault's place and length, not a wait for an event: the client stopped
+                    # in the window's first half, resumed a second after its end
+                    time.sleep(0.4)
+                    child.send_signal(signal.SIGSTOP)
+                    time.sleep(cell.duration_s + 0.6)
+                    child.send_signal(signal.SIGCONT)
+            code = child.wait()
+        finally:
+            timer.cancel()
+            child.send_signal(signal.SIGCONT)
+    assert stopped, lines
+    assert code != -signal.SIGKILL, f"the client still waited 30s on: {lines}"
+    assert code == 0, lines
+    assert lines[-1].startswith("MEASURED"), lines
+    assert not any("stopped sending tokens" in x for x in lines), lines
+
+
+def test_tokens_read_after_a_silent_windows_end_but_before_its_wait_end_the_wait() -> None:
+    """A window whose tokens stopped in its first half, and whose streams read more tokens
+    after its end (a client stalled across it reads them late), has an engine that is not
+    silent: the wait ends at once and nothing is hung. Before, only tokens after the wait began
+    counted, and a cell whose streams had all ended waited its whole deadline for one."""
+
+    async def after() -> CellState:
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        cell = CellSpec(name="c", category="code", concurrency=1, warmup_s=0.3, duration_s=2.0)
+        state = CellState(cell=cell, url="u", model="m", t0=now - 3.0, w0=now - 2.5, w1=now - 0.5)
+        # a token 0.3s into the window, the rest of its request read 0.2s after the window
+        state.requests.append(Request(prompt_id="p", start=now - 2.6, chunks=[(now - 2.2, 1)]))
+        state.requests[0].chunks.append((now - 0.3, 23))
+        last = silence.fell_silent(state)
+        assert last == now - 2.2
+        await silence.after_silence(state, last, now + 2.0, lambda _m: None)
+        return state
+
+    state = asyncio.run(after())
+    assert state.hung is None
