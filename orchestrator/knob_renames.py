@@ -29,7 +29,7 @@ from knobs.errors import KnobError, ProfileError
 from knobs.space import KnobSpace, render_knob
 from knobs.spec import KnobSpec, printable
 from ledger import ExperimentRecord, Ledger, ProposalRecord
-from orchestrator import revision
+from orchestrator import revision, stacks
 from orchestrator.profile import Profile
 
 
@@ -75,9 +75,13 @@ def check(profile: Profile, ledger: Ledger) -> None:
     (``_unsaid``).
 
     Raises:
-        ProfileError: one that is not so, in one line: what, where, what to do.
+        ProfileError: one that is not so, or the profile another stack than the cluster's
+            (``stacks.check``), in one line: what, where, what to do.
         LedgerError: the ledger failed.
     """
+    # another stack under the cluster's name is no edit of the profile that ran it: said as
+    # such, before any knob is taken for one renamed (``stacks``)
+    stacks.check(profile, ledger)
     cluster = profile.cluster.name
     declared = [k for k in profile.space.knobs if k.renamed_from is not None]
     previous = revision.last(ledger, cluster)

@@ -57,6 +57,10 @@ class Revision(BaseModel):
 
     name: str
     digest: str
+    #: the model it served and the knob catalog it named (``stacks``), by name; recorded from
+    #: the fifty-first session's release on (an earlier record's are its sections' digests)
+    model: str | None = None
+    knob_catalog: str | None = None
     #: the knob space's knobs (catalog less ``untuned``, overlaid with ``knobs:``) in full
     knobs: tuple[KnobSpec, ...]
     forbidden: tuple[ForbiddenCombination, ...] = ()
@@ -89,6 +93,8 @@ class Revision(BaseModel):
         now = cls(
             name=profile.name,
             digest=profile.digest,
+            model=profile.model,
+            knob_catalog=profile.knob_catalog,
             knobs=profile.space.knobs,
             forbidden=profile.space.forbidden,
             cells=profile.cells,
@@ -124,6 +130,8 @@ class Revision(BaseModel):
             return cls(
                 name=detail.get("name"),
                 digest=detail.get("digest"),
+                model=_text(detail.get("model")),
+                knob_catalog=_text(detail.get("knob_catalog")),
                 knobs=tuple(knobs.read),
                 forbidden=tuple(forbidden.read),
                 cells=tuple(cells.read),
@@ -184,6 +192,10 @@ def _read(model: type[M], value: object, what: str) -> _Read[M]:
             out.read.append(item)
             out.unread += [f"{label}'s {_and(left)}"] if left else []
     return out
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def _flat(dumped: dict[str, Any]) -> dict[str, Setting]:

@@ -150,6 +150,7 @@ class Opened:
         """
         if self._ledger is None:
             from ledger import Ledger, LedgerNotReady
+            from orchestrator import stacks
             from orchestrator.contacts import remember_ledger
 
             if not create:
@@ -164,6 +165,7 @@ class Opened:
 
             self._ledger = self._stack.enter_context(Ledger(self.settings.ledger_url))
             self._another_stacks(self._ledger)
+            stacks.check(self.profile, self._ledger)  # another stack under its cluster's name
             # a ledger server reached once is waited for when it does not answer a round's
             # start (``outages.waiting_for_ledger``)
             remember_ledger(self.settings.ledger_url)
