@@ -8,9 +8,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from cluster.errors import NodeError
-from knobs.vocabulary import INFRASTRUCTURE, BootStatus, Kind, RoundStatus, State, Status
+from knobs.vocabulary import INFRASTRUCTURE, BootStatus, Kind, State, Status
 from ledger import BootRecord, ExperimentRecord, Ledger, RoundRecord, VerdictRecord
 from orchestrator import policy
+from orchestrator.baseline import baseline_failed
 from orchestrator.boot import Booter
 from orchestrator.busy_host import looks_at
 from orchestrator.champion import ChampionEvidence
@@ -28,12 +29,6 @@ from orchestrator.remeasure import ChampionRemeasure
 from orchestrator.rendering import digest, rendered_as
 from orchestrator.runlog import RunLog
 from orchestrator.verdict import Assessment, accept_len, objective, objective_of
-
-
-class BaselineFailed(OrchestrateError):
-    """The champion as configured does not boot or measure: nothing to compare against."""
-
-    exit_code = 6
 
 
 class GreedyUncheckable(OrchestrateError):
@@ -78,7 +73,8 @@ class ExperimentRunner:
         committed.
 
         Raises:
-            BaselineFailed: ``e`` is the baseline, and it crashed.
+            BaselineFailed: ``e`` is the baseline, and it crashed: the profile's champion does
+                not boot as configured (``baseline``; the round stays open, exit 3).
             GreedyUncheckable: ``e`` is a change, the greedy check is on and the champion's
                 own texts differ between its runs in every cell.
             InfrastructureFault: a node stayed away, its clocks stayed off, or the champion
@@ -244,11 +240,9 @@ class ExperimentRunner:
         if e.kind == Kind.CANDIDATE:
             self.booter.restore(self.champion.config())
         if e.kind == Kind.BASELINE:
-            self.runlog.finish_round(rnd, "FAILED")
-            self.ledger.finish_round(rnd.id, RoundStatus.FAILED)
-            raise BaselineFailed(
-                f"the configured champion did not boot ({err.failure_class}): {crash.reason}"
-            )
+            # the profile's to fix: the round stays open (its stop recorded as it unwinds), for
+            # the same command to resume with the champion as the profile says it then
+            raise baseline_failed(self.profile, e, rnd.id, str(err.failure_class), crash.reason)
 
     def _decide(
         self,

@@ -35,6 +35,7 @@ from ledger import (
 )
 from orchestrator import budget, busy_host, cell_renames, knob_renames, resumes, revision
 from orchestrator.approval import ApprovalGate, NobodyDeciding
+from orchestrator.baseline import crashed_baseline
 from orchestrator.boot import Booter
 from orchestrator.champion import ChampionEvidence
 from orchestrator.champion_level import CellsChanged, LevelInForce, level_in_force, shown
@@ -151,7 +152,8 @@ class RoundRunner:
         """Run the round to its budget.
 
         Raises:
-            BaselineFailed: no champion exists and the configured one crashed.
+            BaselineFailed: no champion exists and the configured one crashed (exit 3; the
+                round stays open, recorded the same way, for the profile to be fixed).
             InfrastructureFault: a node stayed away, or the champion stopped booting (the
                 round stays open for the same command; why is recorded, ``round-stopped``).
             BusyHost: changes in a row measured a busy host (exit 5; recorded the same way).
@@ -444,6 +446,18 @@ class RoundRunner:
     # ---- experiments ------------------------------------------------------------------------
     def _baseline(self, rnd: RoundRecord) -> None:
         config = self.profile.initial_champion()
+        crashed = crashed_baseline(self.ledger, self.cluster)
+        if crashed is not None:  # the profile's to fix (``baseline``): said, then booted
+            same = crashed.config.key == config.key
+            self.display.note(
+                f"  the champion as configured did not boot in experiment #{crashed.id} "
+                f"({crashed.failure_class}): "
+                + (
+                    "champion: says the same, so it is booted again"
+                    if same
+                    else "champion: changed since, so the new one is measured"
+                )
+            )
         e = self.ledger.add_experiment(
             cluster=self.cluster,
             round_id=rnd.id,

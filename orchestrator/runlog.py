@@ -117,11 +117,12 @@ class RunLog:
         self.ledger.set_round_mlflow(rnd.id, run_id)
         return self.ledger.round(rnd.id)
 
-    def finish_round(self, rnd: RoundRecord, status: str = "FINISHED") -> None:
-        """The parent run ends with the round (``FAILED``: its baseline did not boot)."""
+    def finish_round(self, rnd: RoundRecord) -> None:
+        """The parent run ends with the round (a round that stops short, its baseline's boot
+        failed included, stays open: the same command resumes it)."""
         # the ledger's: a fill-in may have given the round a new one since ``rnd`` was read
         run_id = self.ledger.round(rnd.id).mlflow_run_id or ""
-        self.mirror.write(lambda: self.sink.finish(run_id, status))
+        self.mirror.write(lambda: self.sink.finish(run_id, "FINISHED"))
 
     def experiment_run(self, rnd: RoundRecord, e: ExperimentRecord) -> str | None:
         """The experiment's child run (started, with its config and proposal, if new); None

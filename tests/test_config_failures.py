@@ -42,8 +42,8 @@ from knobs.vocabulary import (
 from ledger import Ledger
 from orchestrator import policy
 from orchestrator.approval import ApprovalGate
+from orchestrator.baseline import BaselineFailed
 from orchestrator.display import RoundDisplay
-from orchestrator.experiment import BaselineFailed
 from orchestrator.faults import ChampionFailing, InfrastructureFault
 from orchestrator.policy import BootCandidate, BootChampion, BootFailure, Crash, Progress
 from orchestrator.profile import load_profile
@@ -445,7 +445,7 @@ def test_the_baseline_gets_one_more_boot_too(tmp_path: Path) -> None:
 
     (tmp_path / "broken").mkdir()
     broken = runner(tmp_path / "broken", Failing(lambda n, c: "start"))
-    with pytest.raises(BaselineFailed, match=r"\(start\): failed twice: start, start"):
+    with pytest.raises(BaselineFailed, match=r"\(start: failed twice: start, start;"):
         broken.run(RoundOptions(budget=1, proposer="sweep", approve="auto"))
     broken.ledger.close()
 

@@ -33,6 +33,13 @@ def as_data(prof: Profile, seen: Seen, flag: str) -> dict[str, Any]:
             # the cells the profile removed or added since it was measured (``champion_level``)
             "cells_changed": None if seen.cells is None else seen.cells.as_json(),
         },
+        # no champion: the baseline whose champion as configured did not boot (the profile's)
+        "champion_did_not_boot": None
+        if seen.unbootable is None
+        else {
+            "experiment": seen.unbootable.id,
+            "failure_class": seen.unbootable.failure_class,
+        },
         "rounds": len(seen.rounds),
         "experiments": len(seen.experiments),
         "running_round": _running(seen),

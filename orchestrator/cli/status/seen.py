@@ -32,7 +32,12 @@ class Seen:
     """What ``status`` read of the ledger, in one session."""
 
     name: str
+    #: the profile's name (what a line tells a person to fix)
+    profile: str
     champion: ChampionRecord | None
+    #: no champion: the last baseline, where the champion as configured did not boot
+    #: (``baseline.crashed_baseline``)
+    unbootable: ExperimentRecord | None
     #: what fitting the champion to the profile changed that nothing recorded yet
     changes: list[str]
     #: the champion's values the profile's domain no longer has
@@ -85,6 +90,7 @@ def read(prof: Profile, ledger: Ledger) -> Seen:
     from knobs.vocabulary import ProposalStatus, State
     from orchestrator import knob_renames
     from orchestrator.away import before_a_round
+    from orchestrator.baseline import crashed_baseline
     from orchestrator.cell_renames import resolved
     from orchestrator.champion import ChampionEvidence
     from orchestrator.champion_level import level_in_force, shown
@@ -117,7 +123,9 @@ def read(prof: Profile, ledger: Ledger) -> Seen:
     counted, off = clocks_off_counts(ledger, name, prof.cells, prof.gates.min_matmul_rate)
     return Seen(
         name=name,
+        profile=prof.name,
         champion=champion,
+        unbootable=crashed_baseline(ledger, name),
         changes=changes,
         # a value the profile's domain no longer has: the champion keeps it, and it is said
         outside={} if champion is None else outside_domain(prof.space, champion.config),

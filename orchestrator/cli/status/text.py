@@ -22,7 +22,16 @@ def say_champion(console: Console, seen: Seen) -> None:
     console.print(
         f"cluster {seen.name}: {len(seen.rounds)} round(s), {len(seen.experiments)} experiment(s)"
     )
-    if champion is None:
+    crashed = seen.unbootable
+    if champion is None and crashed is not None:
+        # the profile's to fix: the next round would boot the same config again
+        console.print(
+            "champion: none: the profile's champion did not boot as configured (experiment "
+            f"#{crashed.id}, {crashed.failure_class}); fix champion: in profile {seen.profile}, "
+            "then run `orchestrate round`",
+            markup=False,
+        )
+    elif champion is None:
         console.print("champion: none yet (the next round measures the baseline first)")
     else:
         proposal = seen.proposal_of(champion.experiment_id)
