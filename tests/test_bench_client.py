@@ -509,7 +509,10 @@ def test_a_window_whose_failures_all_lost_their_connection_is_measured_once_more
     window whose every failure was the connection's is measured once more, and the window
     with fewer failures kept; failures that recur, or that the engine answered, stand."""
     got, said = _cell_against(fails)
-    assert got.measured_again == measured_again, said
+    # a window a loaded host stalled is measured again too (said as a stall): those are not
+    # this test's, and a CI machine's load must not read as a connection's measurement
+    stalls = sum("a busy host), measuring again" in line for line in said)
+    assert got.measured_again - stalls == measured_again, said
     assert got.completed > 0
     if errors is None:
         assert got.errors > 0 and "RemoteProtocolError" in got.error_samples[0]
