@@ -6,7 +6,7 @@ The only package that imports sqlalchemy and mlflow. Callers get frozen records,
 from __future__ import annotations
 
 from ledger.base import server_identity
-from ledger.errors import LeaseLost, MlflowSinkError, NotInLedger
+from ledger.errors import LeaseLost, MlflowSinkError, NotInLedger, OtherMlflowStore
 from ledger.export import HEADER, tsv_text
 from ledger.records import (
     BootRecord,
@@ -38,6 +38,7 @@ __all__ = [
     "LedgerNotReady",
     "MlflowSinkError",
     "NotInLedger",
+    "OtherMlflowStore",
     "ProposalRecord",
     "RoundRecord",
     "VerdictRecord",

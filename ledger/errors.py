@@ -81,3 +81,14 @@ class MlflowSinkError(OrchestrateError):
         self.tracking_uri = tracking_uri
         self.operation = operation
         self.unreachable = unreachable
+
+
+class OtherMlflowStore(MlflowSinkError):
+    """The tracking store opened does not hold a run the ledger logged to MLflow (``run_id``):
+    another store, or a new one (``missing``: no SQLite file there at all); it was left as it
+    was, nothing created or written. Exit 4, as a tracking URI that names nothing."""
+
+    def __init__(self, message: str, *, tracking_uri: str, run_id: str, missing: bool) -> None:
+        super().__init__(message, tracking_uri=tracking_uri, operation="open the tracking store")
+        self.run_id = run_id
+        self.missing = missing

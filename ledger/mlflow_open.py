@@ -1,6 +1,7 @@
 """Opening MLflow for the sink: where a new experiment's artifacts go, the store opened (its
 INFO lines kept off the terminal, a server database probed once, a new SQLite store created
-whole, its connections bounded), and the experiment found or created.
+whole, its connections bounded, one that must hold a run refused without it), and the
+experiment found or created.
 
 The policies it owns: a tracking server keeps its own artifacts (never a path of this machine);
 an experiment another orchestrator created first is the one used; a deleted experiment is
@@ -14,9 +15,15 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-from ledger.errors import MlflowSinkError
+from ledger.errors import MlflowSinkError, OtherMlflowStore
 from ledger.libpq import bounded_uri
-from ledger.mlflow_uri import artifact_location, created_whole, display_uri, probe_database
+from ledger.mlflow_uri import (
+    artifact_location,
+    created_whole,
+    display_uri,
+    probe_database,
+    sqlite_file,
+)
 
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
@@ -49,22 +56,47 @@ def new_artifact_location(
     return artifact_location(root)
 
 
-def open_store(tracking_uri: str) -> MlflowClient:
-    """The client of the tracking store at ``tracking_uri``, its schema migrated if it is new.
+def open_store(tracking_uri: str, holds: str | None = None) -> MlflowClient:
+    """The client of the tracking store at ``tracking_uri``, its schema migrated if it is new
+    — unless it must hold run ``holds`` (the last the ledger logged to MLflow), which a new
+    store cannot: a SQLite file that is not there is then not made.
 
     Raises:
+        OtherMlflowStore: the store does not hold run ``holds`` (nothing was written to it).
         sqlalchemy.exc.SQLAlchemyError, ImportError, OSError, MlflowException: as the store
             or its driver failed (the sink translates them).
     """
     _quiet_store_logs()
     probe_database(tracking_uri)
+    file = sqlite_file(tracking_uri)
+    if holds is not None and file is not None and not file.exists():
+        raise OtherMlflowStore(
+            f"MLflow at {display_uri(tracking_uri)} is no store yet (no such file)",
+            tracking_uri=display_uri(tracking_uri),
+            run_id=holds,
+            missing=True,
+        )
     created_whole(tracking_uri)
     # Imported here: importing mlflow costs about a second, and code that only needs
     # MlflowSinkError (the CLI, for one) should not pay it.
+    from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
     # a PostgreSQL store's connections bounded as the ledger's are (``ledger.libpq``)
-    return MlflowClient(tracking_uri=bounded_uri(tracking_uri))
+    client = MlflowClient(tracking_uri=bounded_uri(tracking_uri))
+    if holds is not None:
+        try:
+            client.get_run(holds)  # a run deleted in the UI is still the store's
+        except MlflowException as e:
+            if e.error_code not in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+                raise
+            raise OtherMlflowStore(
+                f"MLflow at {display_uri(tracking_uri)} has no run {holds}",
+                tracking_uri=display_uri(tracking_uri),
+                run_id=holds,
+                missing=False,
+            ) from None
+    return client
 
 
 def _quiet_store_logs() -> None:

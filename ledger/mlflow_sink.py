@@ -103,11 +103,14 @@ class MlflowSink:
         tracking_uri: str | None = None,
         experiment_name: str = "orchestrate",
         artifact_root: str | Path | None = None,
+        holds: str | None = None,
     ) -> None:
         """Open the tracking store (running MLflow's schema migrations if it is new) and find
-        or create the experiment.
+        or create the experiment; with ``holds`` (the run the ledger logged last), only a
+        store that has that run, nothing created or written in one that has not.
 
         Raises:
+            OtherMlflowStore: the store does not hold run ``holds`` (another, or a new one).
             MlflowSinkError: the URI is a file store or a plain path, the store cannot be
                 reached or opened, or the experiment exists but is deleted.
         """
@@ -119,7 +122,7 @@ class MlflowSink:
         #: asked before every write (``fence``)
         self._fence: Callable[[], None] = _unfenced
         with self._translate("open the tracking store", first=True):
-            self._client: MlflowClient = open_store(self.tracking_uri)
+            self._client: MlflowClient = open_store(self.tracking_uri, holds)
             self.experiment_id = find_or_create_experiment(
                 self._client, self.experiment_name, location, self.tracking_uri
             )

@@ -215,13 +215,10 @@ def created_whole(uri: str) -> None:
     second in) left a store no later command could open ("table … already exists"). A
     store that exists, or another database, is left to MLflow.
     """
-    prefix, sep, rest = uri.partition(":///")
-    path = rest.partition("?")[0]
-    if not sep or urlsplit(uri).scheme.lower().split("+", 1)[0] != "sqlite":
+    final = sqlite_file(uri)
+    if final is None or final.exists():
         return
-    if path in ("", ":memory:") or not path.startswith("/") or Path(path).exists():
-        return
-    final = Path(path)
+    prefix = uri.partition(":///")[0]
     if not final.parent.is_dir():
         return  # MLflow makes the folder, as it always did
     for left in final.parent.glob(f".{final.name}.creating-*"):
@@ -243,6 +240,18 @@ def created_whole(uri: str) -> None:
         pass
     finally:
         making.unlink(missing_ok=True)
+
+
+def sqlite_file(uri: str) -> Path | None:
+    """The file of a SQLite URI with an absolute path (``absolute_sqlite``'s); ``None`` for
+    another database, a server, or a store in memory."""
+    _, sep, rest = uri.partition(":///")
+    path = rest.partition("?")[0]
+    if not sep or urlsplit(uri).scheme.lower().split("+", 1)[0] != "sqlite":
+        return None
+    if path in ("", ":memory:") or not path.startswith("/"):
+        return None
+    return Path(path)
 
 
 def _running(pid: str) -> bool:

@@ -79,6 +79,16 @@ def round_(
             min=0, callback=in_ledger, help="the proposer's seed (default: the profile's)"
         ),
     ] = None,
+    new_mlflow_store: Annotated[
+        bool,
+        typer.Option(
+            "--new-mlflow-store",
+            help="log to the MLflow store MLFLOW_TRACKING_URI (else the profile's mlflow_uri) "
+            "names although it lacks the runs this ledger logged before (a new store, or "
+            "another): without it such a store is refused, as the wrong one; the rounds before "
+            "stay where they were",
+        ),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Run a round: baseline if there is no champion, then BUDGET one-knob experiments.
@@ -94,12 +104,8 @@ def round_(
     from orchestrator.display import RoundDisplay
     from orchestrator.gpu_hours import cluster_gpus
     from orchestrator.lease import Ownership, still_leased
-    from orchestrator.outages import (
-        mlflow_reached,
-        through_ledger_outages,
-        waiting_for_ledger,
-        waiting_for_mlflow,
-    )
+    from orchestrator.mlflow_store import logged_before, the_same_store
+    from orchestrator.outages import through_ledger_outages, waiting_for_ledger, waiting_for_mlflow
     from orchestrator.profile import load_profile
     from orchestrator.round import RoundOptions, RoundRunner
     from orchestrator.settings import lease_ttl_s
@@ -170,14 +176,23 @@ def round_(
         )
         # one MLflow experiment per cluster: its rounds side by side, no other cluster's; a
         # tracking server that does not answer yet (restarting as a timer starts the night)
-        # is waited for, if it ever answered this ledger (else the URI is taken for wrong)
+        # is waited for, if it ever answered this ledger (else the URI is taken for wrong);
+        # one that lacks the ledger's last run is another store, refused (``mlflow_store``)
+        logged = logged_before(ledger, prof.cluster.name)
         sink = waiting_for_mlflow(
-            lambda: MlflowSink(
-                o.settings.mlflow_uri,
-                experiment_name=mlflow_experiment(prof.cluster.name),
-                artifact_root=o.settings.artifact_root,
+            lambda: the_same_store(
+                lambda holds: MlflowSink(
+                    o.settings.mlflow_uri,
+                    experiment_name=mlflow_experiment(prof.cluster.name),
+                    artifact_root=o.settings.artifact_root,
+                    holds=holds,
+                ),
+                logged=logged,
+                new_store=new_mlflow_store,
+                configured=o.settings.mlflow_uri,
+                experiment=mlflow_experiment(prof.cluster.name),
             ),
-            reached_before=mlflow_reached(ledger, prof.cluster.name),
+            reached_before=logged is not None,
             note=display.note,
         )
         # each node's start and /health are crash points of the kill suite (``crashpoints``);

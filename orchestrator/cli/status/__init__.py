@@ -20,6 +20,7 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
     from orchestrator.cli.status.payload import as_data
     from orchestrator.cli.status.seen import read
     from orchestrator.cli.status.text import say_champion, say_nodes, say_round
+    from orchestrator.mlflow_store import seen_from_here
     from orchestrator.profile import load_profile
 
     prof = load_profile(profile)
@@ -28,6 +29,8 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
     # the commands this status suggests, under the profile it read (the round's)
     flag = "" if profile is None else f" --profile {shlex.quote(profile)}"
     data = as_data(prof, seen, flag)
+    # a SQLite MLflow store, as a round from here finds it, without the ledger's last run
+    data["other_mlflow_store"] = other = seen_from_here(o.settings.mlflow_uri, seen.rounds)
     if as_json:
         typer.echo(json.dumps(data, indent=2))
         return
@@ -35,3 +38,5 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
     say_champion(console, seen)
     say_round(console, seen, data, flag)
     say_nodes(console, prof, seen, data, flag)
+    if other is not None:
+        console.print(other, markup=False)
