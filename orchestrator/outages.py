@@ -17,6 +17,7 @@ from typing import TypeVar
 
 from ledger import Ledger, LedgerError, MlflowSinkError
 from orchestrator import policy
+from orchestrator.mlflow_store import logged_before
 
 T = TypeVar("T")
 
@@ -148,8 +149,9 @@ def waiting_for_mlflow(
 
 def mlflow_reached(ledger: Ledger, cluster: str) -> bool:
     """Whether MLflow ever answered a round of ``cluster`` in this ledger (a round gets its
-    MLflow run as it starts): the evidence ``waiting_for_mlflow`` weighs a silent MLflow by."""
-    return any(r.mlflow_run_id for r in ledger.rounds(cluster))
+    MLflow run as it starts): the evidence ``waiting_for_mlflow`` weighs a silent MLflow by
+    (``mlflow_store.logged_before``, which also names the run a store must hold)."""
+    return logged_before(ledger, cluster) is not None
 
 
 def _waited(
