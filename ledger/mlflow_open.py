@@ -110,9 +110,17 @@ def _quiet_store_logs() -> None:
 
     for name in _STORE_LOGGERS:
         logger = logging.getLogger(name)
-        least = logging.CRITICAL if name == _RAISED_LOGGER else logging.WARNING
-        if logger.getEffectiveLevel() < least:
-            logger.setLevel(least)
+        if logger.getEffectiveLevel() < logging.WARNING:
+            logger.setLevel(logging.WARNING)
+    raised = logging.getLogger(_RAISED_LOGGER)
+    if _errors_it_raises not in raised.filters:
+        raised.addFilter(_errors_it_raises)
+
+
+def _errors_it_raises(record: logging.LogRecord) -> bool:
+    """``_RAISED_LOGGER``'s records but its errors: each is an error it then raises, which the
+    sink says in one line; its warnings still show."""
+    return record.levelno < logging.ERROR
 
 
 def find_or_create_experiment(
