@@ -206,24 +206,48 @@ class RunLog:
         self._texts(e, run_id, {f"logs/boot-{boot_id}/node-{r}.log": t for r, t in logs.items()})
 
     def _texts(self, e: ExperimentRecord, run_id: str | None, texts: dict[str, str]) -> None:
-        """``texts`` on ``e``'s run; while MLflow is behind, held in the ledger until it takes
-        them (``_release``): the ledger keeps no other copy."""
-        if run_id is None or not self.mirror.took(lambda: self.sink.log_texts(run_id, texts)):
+        """``texts`` on ``e``'s run; while MLflow is behind, or where this store lacks the run,
+        held in the ledger until it takes them (``_release``): the ledger keeps no other copy."""
+        took = run_id is not None and self.mirror.write(
+            lambda: self._on_run(run_id, lambda: self.sink.log_texts(run_id, texts))
+        )
+        if not took:
             self.ledger.hold_texts(e.id, texts)
 
+    def _on_run(self, run_id: str, write: Callable[[], object]) -> bool:
+        """``write()`` where this store has the run; whether it did. The champion's run of an
+        earlier round is in the store that round logged to, which a round run with
+        ``--new-mlflow-store`` does not log to: a write to it there failed as "Run … not
+        found", which held the round open for good (each close tried it again). What it would
+        have had stays in the ledger.
+
+        Raises:
+            MlflowSinkError: MLflow failed.
+        """
+        if self.sink.run_state(run_id) is None:
+            return False
+        write()
+        return True
+
     def remeasured(self, run_id: str | None, objective: float, measurement: int) -> None:
-        """A re-measurement of the champion, on the champion's run."""
+        """A re-measurement of the champion, on the champion's run (where this store has it)."""
         if run_id is not None:
+            metrics = {_REMEASURE: objective}
             self.mirror.write(
-                lambda: self.sink.log_metrics(run_id, {_REMEASURE: objective}, step=measurement)
+                lambda: self._on_run(
+                    run_id, lambda: self.sink.log_metrics(run_id, metrics, step=measurement)
+                )
             )
 
     def keep_boots_set_aside(self, run_id: str | None, measurement: int) -> None:
         """The champion's level starts again at ``measurement``: the boots that kept it were
-        set aside (``ChampionRemeasure``), tagged on the champion's run."""
+        set aside (``ChampionRemeasure``), tagged on the champion's run (where this store has
+        it)."""
         tags = {"keep_boots_set_aside_at": str(measurement)}
         if run_id is not None:
-            self.mirror.write(lambda: self.sink.set_tags(run_id, tags))
+            self.mirror.write(
+                lambda: self._on_run(run_id, lambda: self.sink.set_tags(run_id, tags))
+            )
 
     def _name(self, e: ExperimentRecord, status: str | None = None) -> str:
         p = self.ledger.proposal(e.proposal_id) if e.proposal_id else None
@@ -407,9 +431,9 @@ class RunLog:
             if d.created_at < rnd.started_at:
                 continue
             run_id = self.ledger.experiment(d.experiment_id).mlflow_run_id
-            if run_id is not None and d.measurement not in self.sink.metric_steps(
-                run_id, _REMEASURE
-            ):
+            if run_id is None or self.sink.run_state(run_id) is None:
+                continue  # no run of it in this store (``_on_run``)
+            if d.measurement not in self.sink.metric_steps(run_id, _REMEASURE):
                 self.remeasured(run_id, d.after, d.measurement)
 
 

@@ -120,3 +120,27 @@ def test_new_mlflow_store_logs_to_a_new_store_from_then_on(
     status = orchestrate(tmp_path, "status", "--profile", PROFILE, "--json", env=env)
     assert status.returncode == 0, status.stderr
     assert json.loads(status.stdout)["other_mlflow_store"] is None, "the store is the one now"
+
+
+def test_a_champion_run_the_new_store_lacks_holds_nothing_open(
+    tmp_path: Path, mlflow_store: MlflowStore
+) -> None:
+    """With ``--new-mlflow-store``, the champion's run is in the store its round logged to,
+    not in this one: a re-measure's metric, a tag or a boot's logs for it failed as "Run …
+    not found", the mirror fell behind, and each close tried it again: the round stayed open
+    (exit 4) night after night. Writes for a run this store lacks are now left to the ledger
+    (its texts held there); the mirror keeps up."""
+    from ledger.mlflow_sink import MlflowSink
+    from orchestrator.runlog import RunLog
+
+    env = _ledger(tmp_path)
+    with Ledger(env["ORCHESTRATE_LEDGER"]) as ledger:
+        champion = ledger.experiments()[0]
+        assert champion.mlflow_run_id is not None
+        runlog = RunLog(ledger, MlflowSink(mlflow_store.tracking_uri, "orchestrate/new"))
+        runlog.remeasured(champion.mlflow_run_id, 1000.0, 7)
+        runlog.keep_boots_set_aside(champion.mlflow_run_id, 7)
+        runlog.boot_logs(champion, champion.mlflow_run_id, 99, {0: "an engine's log"})
+        assert runlog.mirror.behind is None, runlog.mirror.behind
+        held = ledger.held_texts(champion.id)
+        assert [(h.path, h.text) for h in held] == [("logs/boot-99/node-0.log", "an engine's log")]
