@@ -27,7 +27,7 @@ from tests.fixtures.messages_api import (
     text_only,
     tool_use,
 )
-from tests.fixtures.profiles import fast_profile
+from tests.fixtures.profiles import fast_profile, small_fast_profile
 from tests.test_claude_proposer import context
 from tests.test_claude_proposer import good as good_change
 from tests.test_claude_round import good
@@ -53,7 +53,10 @@ SUMMARY = "2 of 3 proposals fell back to optuna: rate limited ×1, refused ×1"
 def test_a_round_says_each_fallback_and_why_and_stores_no_key_the_model_wrote(
     workdir: Path, messages_api: MessagesApi
 ) -> None:
-    fast_profile(workdir, proposer={"kind": "claude", "claude": {"api_retries": 1, "max_tries": 2}})
+    # the round's three proposals are what is checked, not its boots
+    small_fast_profile(
+        workdir, proposer={"kind": "claude", "claude": {"api_retries": 1, "max_tries": 2}}
+    )
     messages_api.script(
         # experiment 1: Claude's, its words repeating the key
         tool_use(

@@ -50,7 +50,7 @@ from orchestrator.profile import load_profile
 from orchestrator.profile_sections import VerdictSpec
 from orchestrator.round import RoundOptions, RoundRunner
 from orchestrator.testbed import ClusterTestbed, NullSink, deployer_for
-from tests.fixtures.profiles import twin_profile_data, write_profile
+from tests.fixtures.profiles import small_twin_profile_data, twin_profile_data, write_profile
 from tests.test_policy import measured, never
 from tests.test_round_policy import ScriptedTestbed, profile
 from tests.twin_fixtures import TwinNodes, running_nodes, serve_argv
@@ -757,7 +757,9 @@ def test_a_head_that_stops_answering_fails_its_cell_by_its_deadline_and_says_it_
     timeouts with no line at all. The engine found stopped makes it ``engine_stopped`` on
     node-0, the node's (no config stops its own engine); a hang with no process stopped (a
     GPU's) stays ``bench_failed``, counted only once it reproduces and the champion boots."""
-    prof = load_profile(str(write_profile(tmp_path, twin_profile_data())), base_dir=tmp_path)
+    # the head alone: its cell's deadline is what is waited for, not a four-node boot's
+    data = small_twin_profile_data(nodes=1)
+    prof = load_profile(str(write_profile(tmp_path, data)), base_dir=tmp_path)
     shown: list[str] = []
     deployer = deployer_for(prof, progress=shown.append)
     testbed = ClusterTestbed(deployer, prof.cluster.base_url, prof.model)

@@ -30,7 +30,7 @@ from orchestrator.profile import load_profile
 from orchestrator.round import RoundOptions, RoundRunner
 from orchestrator.testbed import NullSink
 from tests.fixtures.cli import orchestrate
-from tests.fixtures.profiles import twin_profile_data, write_profile
+from tests.fixtures.profiles import small_twin_profile_data, write_profile
 from tests.test_champion_level import rows_of
 from tests.test_profile_evolution import CELL, FOO, profile_data
 from tests.test_profile_evolution_under_way import MNBT, KillingTestbed
@@ -39,10 +39,11 @@ CLUSTER = "g-twin"
 
 
 def _profiles(tmp_path: Path) -> tuple[Path, Path]:
-    """g.yaml: the embedded twin's profile, the champion measured on one boot; g2.yaml: the
-    same with cuda_graphs untuned (its --enforce-eager no longer rendered: the engine runs
-    with CUDA graphs on) and a sweep of a knob that does nothing on this landscape."""
-    data: dict[str, Any] = twin_profile_data()
+    """g.yaml: the embedded twin's profile on two nodes and one cell, the champion measured
+    on one boot; g2.yaml: the same with cuda_graphs untuned (its --enforce-eager no longer
+    rendered: the engine runs with CUDA graphs on) and a sweep of a knob that does nothing on
+    this landscape."""
+    data: dict[str, Any] = small_twin_profile_data()
     data.update(name="g", verdict={"champion_boots": 1})
     data["cluster"]["name"] = CLUSTER
     dropped = copy.deepcopy(data)

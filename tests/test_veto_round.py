@@ -33,7 +33,7 @@ from orchestrator.report.data import collect
 from orchestrator.report.data import summary as report_summary
 from tests.fixtures.cli import ORCHESTRATE, orchestrate
 from tests.fixtures.messages_api import MessagesApi, tool_use
-from tests.fixtures.profiles import fast_profile
+from tests.fixtures.profiles import fast_profile, small_fast_profile
 from tests.fixtures.wait import wait_until
 
 T = TypeVar("T")
@@ -213,7 +213,7 @@ def test_queue_waits_while_another_process_vetoes_then_approves(
 
 
 def test_the_queue_timeout_vetoes_then_pauses_and_the_round_resumes(workdir: Path) -> None:
-    fast_profile(
+    small_fast_profile(
         workdir,
         proposer={
             "kind": "sweep",
@@ -482,7 +482,7 @@ WHO = f"{getpass.getuser()}@{socket.gethostname()}"
 
 
 def test_ask_at_a_terminal_vetoes_approves_and_edits(workdir: Path) -> None:
-    fast_profile(
+    small_fast_profile(
         workdir,
         proposer={
             "kind": "sweep",
