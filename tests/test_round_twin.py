@@ -63,9 +63,9 @@ def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     assert engines_alive(tmp_path) == []
 
 
-# two rounds of the four-node twin (one cell, the champion measured on one boot), about a
-# minute alone; 300 s ran out beside the suite's other workers on two busy cores (a guard
-# against a hang, not a speed test)
+# two rounds of the four-node twin (one cell, the champion measured on one boot: about four
+# boots of one cell where the embedded profile took six or more of four); 300 s ran out beside
+# the suite's other workers on two busy cores (a guard against a hang, not a speed test)
 @pytest.mark.timeout(900)
 def test_round_records_everything_and_a_second_round_continues(workdir: Path) -> None:
     profile = write_profile(workdir, small_twin_profile_data(nodes=4))
