@@ -1,6 +1,7 @@
-"""`orchestrate round` end to end on the twin cluster (four nodes; two where the check is of a
-signal or of MLflow's server, not of the cluster's size): real processes, real HTTP, real
-SQLite ledger, real MLflow store. These are the acceptance checks of issue #2."""
+"""`orchestrate round` end to end on the twin cluster (four nodes; two, one cell and one boot a
+verdict where the check is of a signal or of MLflow's server, not of the cluster or the
+verdict): real processes, real HTTP, real SQLite ledger, real MLflow store. These are the
+acceptance checks of issue #2."""
 
 from __future__ import annotations
 
@@ -19,7 +20,12 @@ from mlflow.tracking import MlflowClient
 from ledger import HEADER
 from tests.fixtures.cli import ORCHESTRATE, orchestrate
 from tests.fixtures.mlflow_store import MlflowServer
-from tests.fixtures.profiles import small_twin_profile_data, twin_profile_data, write_profile
+from tests.fixtures.profiles import (
+    small_fast_profile,
+    small_twin_profile_data,
+    twin_profile_data,
+    write_profile,
+)
 
 
 def engines_alive(workdir: Path) -> list[int]:
@@ -325,7 +331,7 @@ def test_malformed_yaml_is_one_line(workdir: Path) -> None:
 
 
 def test_ctrl_c_mid_experiment_is_one_line_exit_130_and_resumes(workdir: Path) -> None:
-    profile = write_profile(workdir, small_twin_profile_data())
+    profile = small_fast_profile(workdir)
     # Ctrl-C while the first candidate is measured
     proc, seen = round_until(workdir, profile, 1, 1, subprocess.PIPE)
     try:
@@ -363,7 +369,7 @@ def test_ctrl_c_mid_experiment_is_one_line_exit_130_and_resumes(workdir: Path) -
 def test_sigterm_or_sighup_mid_experiment_tears_down_as_ctrl_c_and_resumes(
     workdir: Path, sig: signal.Signals
 ) -> None:
-    profile = write_profile(workdir, small_twin_profile_data())
+    profile = small_fast_profile(workdir)
     # a service manager stops the round, or the SSH session to this machine drops, while the
     # first candidate is measured
     proc, seen = round_until(workdir, profile, 1, 1, subprocess.PIPE)
@@ -402,7 +408,7 @@ def test_sigterm_or_sighup_mid_experiment_tears_down_as_ctrl_c_and_resumes(
 def test_status_says_a_killed_runs_engines_may_still_hold_the_nodes(workdir: Path) -> None:
     """kill -9 (or a power cut) while a candidate is measured: no teardown ran, and the nodes'
     engines hold their GPUs until a resume. ``status`` says so and how to stop them."""
-    profile = write_profile(workdir, small_twin_profile_data())
+    profile = small_fast_profile(workdir)
     proc, _ = round_until(workdir, profile, 1, 1, subprocess.PIPE)
     proc.kill()
     proc.communicate(timeout=60)
@@ -418,7 +424,7 @@ def test_round_json_is_json_with_an_mlflow_tracking_server(
     # with a tracking server MLflow writes "View run … at …" to stdout: --json keeps stdout
     # for the report, the rest goes to stderr
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server.url)
-    profile = write_profile(workdir, small_twin_profile_data())
+    profile = small_fast_profile(workdir)
     result = orchestrate(workdir, "round", "--budget", "1", "--profile", str(profile), "--json")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
