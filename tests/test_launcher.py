@@ -29,6 +29,7 @@ from cluster.launcher import (
 from cluster.transport import LocalTransport
 from knobs import KnobSpace, catalog
 from knobs.errors import ProfileError
+from tests.fixtures.processes import group_living
 
 SPACE = KnobSpace(knobs=catalog("vllm-dflash2"))
 ECHO_ARGV = [
@@ -121,7 +122,7 @@ def test_start_detaches_and_stop_kills_the_whole_process_group(tmp_path: Path) -
     stopped = transport.run(stop_command(node, grace_s=0.3))
     assert stopped.stdout.strip() == "killed", stopped
     assert transport.run(alive_command(node)).returncode != 0
-    assert _group_living(pid) == []
+    assert group_living(pid) == []
     again = transport.run(stop_command(node, grace_s=0.3))
     assert again.stdout.strip() == "absent"
 
@@ -132,18 +133,6 @@ def test_stop_is_graceful_when_the_engine_honours_sigterm(tmp_path: Path) -> Non
     transport.put_text(f"{node.workdir}/launcher.sh", "exec sleep 300\n", mode=0o755)
     assert transport.run(start_command(node)).returncode == 0
     assert transport.run(stop_command(node, grace_s=5)).stdout.strip() == "stopped"
-
-
-def _group_living(group: int) -> list[int]:
-    """The members of process group ``group`` that run (a zombie left for init to reap is
-    none: it runs nothing)."""
-    members = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError):
-            state, _, pgrp = stat.read_text().rsplit(")", 1)[1].split()[:3]
-            if int(pgrp) == group and state != "Z":
-                members.append(int(stat.parent.name))
-    return members
 
 
 def _living(pid: int) -> bool:
@@ -206,7 +195,7 @@ def test_a_start_is_stopped_by_what_it_started_never_by_the_pid_file_of_now(
     try:
         stop = transport.run(stop_started_command(node, *ours, grace_s=5))
         assert stop.stdout.strip() == "stopped", stop
-        assert _group_living(ours[0]) == []
+        assert group_living(ours[0]) == []
         assert _living(theirs[0]), "the new holder's engine was signalled"
         assert (workdir / "engine.pid").read_text().split()[0] == str(theirs[0])
         assert not (workdir / "engine.stopping").exists()
