@@ -60,6 +60,32 @@ def run(tmp: Path, *values: int) -> None:
         ).run(RoundOptions(budget=len(values), proposer="sweep", approve="auto", seed=0))
 
 
+def _pooled(
+    spec: VerdictSpec,
+    champion: list[list[CellResultRecord]],
+    candidate: list[list[CellResultRecord]],
+    errors: list[float],
+    neighbours: list[ValueBoots],
+) -> Assessment:
+    """The verdict on K=5's ``candidate`` boots (each off by ``errors``) pooled with K's
+    ``neighbours``, against the unstalled ``champion``."""
+    objectives = [sum(c.output_throughput for c in b) for b in candidate]
+    own = ValueBoots(5, tuple(math.log(x) for x in objectives), tuple(errors))
+    champion_logs = [math.log(sum(c.output_throughput for c in b)) for b in champion]
+    pooled = pool(K, 7, champion_logs, own, neighbours, boot_cv=NOISE.boot_cv, p_null=0.5, tau=TAU)
+    assert pooled is not None
+    evidence = Evidence(
+        candidate=objectives,
+        champion=[sum(c.output_throughput for c in b) for b in champion],
+        confirmations=0,
+        candidate_cells=[c for b in candidate for c in b],
+        champion_cells=champion[-1],
+        candidate_stalls=errors,
+        champion_stalls=[0.0] * len(champion),
+    )
+    return assess(spec, evidence, NOISE, pooled=pooled)
+
+
 def test_another_values_disturbed_boots_are_not_pooled_as_clean(tmp_path: Path) -> None:
     """MNBT 4096 measured on a busy host ends undecided at the boot cap (its verdict a
     measured one, so MNBT's next value is judged with it); 8704, measured on a quiet host,
@@ -124,28 +150,11 @@ def test_a_pooled_verdict_discards_only_at_the_most_favourable_reading_the_stall
     futile, so the look asks for another boot instead, and its words say what it read."""
     spec = VerdictSpec()
     champion = [boot(1.0) for _ in range(3)]
-    champion_logs = [math.log(sum(c.output_throughput for c in b)) for b in champion]
     neighbours = [ValueBoots(v, (math.log(4000 * 1.03),) * 2) for v in (6, 4)]
 
     def judged(stall: float) -> Assessment:
         candidate = [boot(1.06, {"code-c8": stall}) for _ in range(2)]
-        objectives = [sum(c.output_throughput for c in b) for b in candidate]
-        errors = [boot_error(b) for b in candidate]
-        own = ValueBoots(5, tuple(math.log(x) for x in objectives), tuple(errors))
-        pooled = pool(
-            K, 7, champion_logs, own, neighbours, boot_cv=NOISE.boot_cv, p_null=0.5, tau=TAU
-        )
-        assert pooled is not None
-        evidence = Evidence(
-            candidate=objectives,
-            champion=[sum(c.output_throughput for c in b) for b in champion],
-            confirmations=0,
-            candidate_cells=[c for b in candidate for c in b],
-            champion_cells=champion[-1],
-            candidate_stalls=errors,
-            champion_stalls=[0.0] * 3,
-        )
-        return assess(spec, evidence, NOISE, pooled=pooled)
+        return _pooled(spec, champion, candidate, [boot_error(b) for b in candidate], neighbours)
 
     clean = judged(0.0)
     assert (clean.status, clean.rule) == ("discard", "posterior"), clean.reason
@@ -307,27 +316,11 @@ def test_a_pooled_verdict_reads_the_other_values_at_the_least_and_most_favourabl
     confirm and discard, as before."""
     spec = VerdictSpec()
     champion = [boot(1.0) for _ in range(3)]
-    champion_logs = [math.log(sum(c.output_throughput for c in b)) for b in champion]
 
     def judged(own: float, boots: int, theirs: float, error: float) -> Assessment:
         neighbours = [ValueBoots(v, (math.log(4000 * theirs),) * 2, (error,) * 2) for v in (6, 4)]
         candidate = [boot(own) for _ in range(boots)]
-        objectives = [sum(c.output_throughput for c in b) for b in candidate]
-        mine = ValueBoots(5, tuple(math.log(x) for x in objectives), (0.0,) * boots)
-        pooled = pool(
-            K, 7, champion_logs, mine, neighbours, boot_cv=NOISE.boot_cv, p_null=0.5, tau=TAU
-        )
-        assert pooled is not None
-        evidence = Evidence(
-            candidate=objectives,
-            champion=[sum(c.output_throughput for c in b) for b in champion],
-            confirmations=0,
-            candidate_cells=[c for b in candidate for c in b],
-            champion_cells=champion[-1],
-            candidate_stalls=[0.0] * boots,
-            champion_stalls=[0.0] * 3,
-        )
-        return assess(spec, evidence, NOISE, pooled=pooled)
+        return _pooled(spec, champion, candidate, [0.0] * boots, neighbours)
 
     promising, gained = judged(1.08, 1, 1.10, 0.0), judged(1.08, 1, 1.10, 0.019)
     assert promising.status == "confirm" and "pooled_stall_bound" not in promising.stats
