@@ -21,6 +21,7 @@ httpx exception escapes. What the window measured is summed into the cell's reco
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -188,15 +189,25 @@ async def _measure(
             streams.retrieved(asyncio.create_task(streams.forever(client, state, stop)))
             for _ in range(cell.concurrency)
         ]
+        deadline = math.inf
+
+        async def counters() -> dict[str, float] | None:
+            # nothing measured by the cell's deadline: the engine's counters say nothing of a
+            # window it never served, and one that does not answer held each scrape its 10 s
+            # (a stopped head's cell failed 30 s past its deadline, the line said 90 s waited)
+            if loop.time() >= deadline and not silence.measured_any(state):
+                return None
+            return await metrics.scrape(client, metrics_url)
+
         try:
             await asyncio.sleep(max(0.0, state.w0 - loop.time()))
             deadline = loop.time() + cold_start_limit_s(cell)
             await silence.cold_start(state, deadline, notice)
             while True:
-                before = await metrics.scrape(client, metrics_url)
+                before = await counters()
                 say(f"{cell.name}: measuring {cell.duration_s:g}s")
                 await asyncio.sleep(max(0.0, state.w1 - loop.time()))
-                after = await metrics.scrape(client, metrics_url)
+                after = await counters()
                 last = silence.fell_silent(state)
                 if last is None and not silence.went_quiet(state):
                     break
@@ -222,7 +233,7 @@ async def _measure(
         if state.hung is None and silence.measured_any(state):  # a silent engine answers no probe
             await streams.greedy_probe(client, state, say)
             await metrics.drain(client, metrics_url)
-        closing = await metrics.scrape(client, metrics_url)
+        closing = await counters()
     return state, ((before, after), (opening, closing))
 
 

@@ -788,7 +788,9 @@ def test_a_head_that_stops_answering_fails_its_cell_by_its_deadline_and_says_it_
     assert "; node-0's engine was found stopped on 127.0.0.1: pid " in failure.message, failure
     assert "no token arrived in the window, nor in the " in failure.message, failure
     waited = float(failure.message.split("nor in the ")[1].split("s ")[0])
-    assert limit - 5 <= waited <= limit + 30, waited
+    # its deadline, not its deadline and the 10-s scrapes of a stopped engine's counters after
+    # it (the line said 90 s of a 60-s deadline)
+    assert limit - 5 <= waited <= limit + 10, waited
     assert any(
         line.startswith(f"{cell.name}: no token after the warm-up; waiting up to") for line in shown
     ), shown
