@@ -353,7 +353,10 @@ def scripted_cli(tmp_path: Path, nodes: int) -> tuple[Path, dict[str, str]]:
     """A profile file of the scripted cluster (``nodes`` nodes, the cells its rounds measured)
     and the environment that points ``orchestrate`` at the ledger ``run`` wrote."""
     data = twin_profile_data(nodes=nodes)
+    # the stack ``run`` ran: its cluster and its model (another model under the cluster's name
+    # is another stack, refused: ``orchestrator.stacks``)
     data["cluster"]["name"] = "scripted"
+    data["model"] = "m"
     data["cells"] = [CELL.model_dump()]
     env = {**os.environ, "ORCHESTRATE_LEDGER": f"sqlite:///{tmp_path}/ledger.db"}
     return write_profile(tmp_path, data), env
