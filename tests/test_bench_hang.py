@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -63,28 +63,18 @@ def test_an_engine_that_stops_answering_mid_window_fails_its_cell_by_the_cells_d
     limit = cold_start_limit_s(cell)
     lines: list[str] = []
     stopped = False
+
+    def stop_the_engine(line: str, _child: subprocess.Popen[str]) -> None:
+        nonlocal stopped
+        if line.startswith("hang: measuring") and not stopped:
+            time.sleep(1.0)  # when the fault starts, not a wait for an event
+            engine.signal(signal.SIGSTOP)
+            stopped = True
+
     try:
-        with subprocess.Popen(
-            [sys.executable, "-c", CLIENT, url, cell.model_dump_json()],
-            cwd=REPO,
-            stdout=subprocess.PIPE,
-            text=True,
-        ) as child:
-            assert child.stdout is not None
-            # the cell's own deadline, and a margin for its scrapes' bounded waits: a client
-            # still waiting then is ended, and the test fails
-            timer = threading.Timer(limit + 45, child.kill)
-            timer.start()
-            try:
-                for line in child.stdout:
-                    lines.append(line.rstrip("\n"))
-                    if line.startswith("hang: measuring") and not stopped:
-                        time.sleep(1.0)  # when the fault starts, not a wait for an event
-                        engine.signal(signal.SIGSTOP)
-                        stopped = True
-                code = child.wait()
-            finally:
-                timer.cancel()
+        # the cell's own deadline, and a margin for its scrapes' bounded waits: a client
+        # still waiting then is ended, and the test fails
+        code = _client(url, cell, limit + 45, lines, stop_the_engine)
     finally:
         engine.signal(signal.SIGCONT)
     assert code != -signal.SIGKILL, f"the client still waited {limit + 45:.0f}s on: {lines}"
@@ -118,6 +108,37 @@ def test_a_cell_whose_client_stalled_across_the_windows_end_is_measured_not_hung
     _, url = nodes.head(serve_argv(), TWIN_LANDSCAPE="vllm-dflash2-tp4")
     lines: list[str] = []
     stopped = False
+
+    def stop_the_client(line: str, child: subprocess.Popen[str]) -> None:
+        nonlocal stopped
+        if line.startswith("late: measuring") and not stopped:
+            stopped = True
+            # the fault's place and length, not a wait for an event: the client stopped
+            # in the window's first half, resumed a second after its end
+            time.sleep(0.4)
+            child.send_signal(signal.SIGSTOP)
+            time.sleep(cell.duration_s + 0.6)
+            child.send_signal(signal.SIGCONT)
+
+    # far less than the cell's minute-long deadline: a client still waiting is ended
+    code = _client(url, cell, 30, lines, stop_the_client)
+    assert stopped, lines
+    assert code != -signal.SIGKILL, f"the client still waited 30s on: {lines}"
+    assert code == 0, lines
+    assert lines[-1].startswith("MEASURED"), lines
+    assert not any("stopped sending tokens" in x for x in lines), lines
+
+
+def _client(
+    url: str,
+    cell: CellSpec,
+    kill_after_s: float,
+    lines: list[str],
+    on_line: Callable[[str, subprocess.Popen[str]], None],
+) -> int:
+    """The bench client measuring ``cell`` against ``url`` in a process of its own: each line
+    it prints appended to ``lines`` and given to ``on_line`` (where a test puts its fault),
+    the process killed if it still runs after ``kill_after_s``; its exit status."""
     with subprocess.Popen(
         [sys.executable, "-c", CLIENT, url, cell.model_dump_json()],
         cwd=REPO,
@@ -125,29 +146,16 @@ def test_a_cell_whose_client_stalled_across_the_windows_end_is_measured_not_hung
         text=True,
     ) as child:
         assert child.stdout is not None
-        # far less than the cell's minute-long deadline: a client still waiting is ended
-        timer = threading.Timer(30, child.kill)
+        timer = threading.Timer(kill_after_s, child.kill)
         timer.start()
         try:
             for line in child.stdout:
                 lines.append(line.rstrip("\n"))
-                if line.startswith("late: measuring") and not stopped:
-                    stopped = True
-                    # the fault's place and length, not a wait for an event: the client stopped
-                    # in the window's first half, resumed a second after its end
-                    time.sleep(0.4)
-                    child.send_signal(signal.SIGSTOP)
-                    time.sleep(cell.duration_s + 0.6)
-                    child.send_signal(signal.SIGCONT)
-            code = child.wait()
+                on_line(line, child)
+            return child.wait()
         finally:
             timer.cancel()
             child.send_signal(signal.SIGCONT)
-    assert stopped, lines
-    assert code != -signal.SIGKILL, f"the client still waited 30s on: {lines}"
-    assert code == 0, lines
-    assert lines[-1].startswith("MEASURED"), lines
-    assert not any("stopped sending tokens" in x for x in lines), lines
 
 
 def test_tokens_read_after_a_silent_windows_end_but_before_its_wait_end_the_wait() -> None:
