@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import shlex
 import sys
 import threading
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, get_args
 
 import typer
@@ -30,12 +28,11 @@ from orchestrator.profile_names import ApproveMode, ProposerKind
 
 if TYPE_CHECKING:
     from agents import Proposer
-    from ledger import ExperimentRecord, Ledger, ProposalRecord, RoundRecord
-    from ledger.mlflow_sink import MlflowSink
+    from ledger import ProposalRecord, RoundRecord
     from orchestrator.approval import Answer
     from orchestrator.display import RoundDisplay
     from orchestrator.profile import Profile
-    from orchestrator.round import RoundOptions, RoundReport
+    from orchestrator.round import RoundOptions
 
 
 def round_(
@@ -99,6 +96,7 @@ def round_(
     from ledger.mlflow_sink import MlflowSink, mlflow_experiment
     from orchestrator.approval import ApprovalGate, waits_for_a_person
     from orchestrator.away import record_away_at_start
+    from orchestrator.cli.round_report import print_report, report_stop, write_round_report
     from orchestrator.contacts import ledger_reached
     from orchestrator.crashpoints import deploy_progress
     from orchestrator.display import RoundDisplay
@@ -247,97 +245,15 @@ def round_(
                 # recorded as a stop mid-round is, for `status`, the report and the resume
                 round_id = record_away_at_start(ledger, prof.cluster.name, resumed, stop)
             if round_id is not None:
-                _report_stop(prof, ledger, sink, round_id, stop, display)
+                report_stop(prof, ledger, sink, round_id, stop, display)
             raise
-        page = _write_report(prof, ledger, sink, report.round, display)
-    _print_report(report, as_json, page)
+        page = write_round_report(prof, ledger, sink, report.round, display)
+    print_report(report, as_json, page)
 
 
 def _profile_flag(profile: str | None) -> str:
     """`` --profile PATH`` for the commands a line suggests (empty: the default profile)."""
     return "" if profile is None else f" --profile {shlex.quote(profile)}"
-
-
-def _report_stop(
-    prof: Profile,
-    ledger: Ledger,
-    sink: MlflowSink,
-    round_id: int,
-    stop: OrchestrateError | KeyboardInterrupt,
-    display: RoundDisplay,
-) -> None:
-    """The report and results.tsv of round ``round_id`` as far as it got, for a round that
-    stopped short (a node away, a champion that stopped booting, a bad value, the LLM API,
-    MLflow away at its end, an interrupt): the morning finds them as a round's end leaves
-    them, the stop among them. The stop stays the command's: its line the last word, its
-    exit code the exit; a report that cannot be written is one line before it, and a second
-    Ctrl-C leaves it unwritten. Nothing where the ledger is what failed (nothing to read it
-    from) or the cluster is another orchestrator's now (its report is that one's to write);
-    MLflow is left out where it is what failed or held back from this cluster's rounds (its
-    calls would wait on a server away)."""
-    from cluster.errors import OwnershipError
-    from ledger import LedgerError, MlflowSinkError
-    from orchestrator.stops import last_stop, record_stop
-
-    if isinstance(stop, LedgerError | OwnershipError):
-        return
-    try:
-        if last_stop(ledger, prof.cluster.name, round_id) is None:
-            # the round records its stop as its loop unwinds; one that stopped before its loop
-            # began, or whose record the interrupt itself cut short, is recorded here: the
-            # report, `status` and the resume say why it stopped
-            record_stop(ledger, prof.cluster.name, round_id, stop)
-        to_mlflow = not isinstance(stop, MlflowSinkError) and not ledger.holding(prof.cluster.name)
-        page = _write_report(
-            prof, ledger, sink if to_mlflow else None, ledger.round(round_id), display
-        )
-        if page is not None:
-            display.note(f"the round's report, as far as it got: {page}")
-    except KeyboardInterrupt:
-        return  # asked again to stop: the stop's line, at once
-    except Exception as e:  # whatever it was, the stop's line is the command's last word
-        display.note(f"the round's report was not written: {type(e).__name__}: {e}")
-
-
-def _write_report(
-    prof: Profile,
-    ledger: Ledger,
-    sink: MlflowSink | None,
-    rnd: RoundRecord,
-    display: RoundDisplay,
-) -> Path | None:
-    """The round's report (``orchestrate report``), written at its end (or where it stopped
-    short) and logged to its MLflow parent run (not without a ``sink``). A report that cannot
-    be written is said in one line: the round's record is complete without it, and
-    ``orchestrate report`` writes it again."""
-    from ledger import tsv_text
-    from orchestrator import left_open
-    from orchestrator.compared_with import tsv_notes
-    from orchestrator.report import write_report
-    from orchestrator.report.data import launchers, summary
-
-    try:
-        written = write_report(prof, ledger, rnd.id)
-        run_id = rnd.mlflow_run_id
-        if run_id and sink is not None:
-            # the parent run at a glance: the round in numbers, its report, its results.tsv
-            # and the champion's launchers
-            sink.log_metrics(run_id, summary(written.data))
-            for path in (written.page, *written.pictures):
-                sink.log_files(run_id, {"report": path})
-            experiments = left_open.read(
-                prof.verdict, ledger, ledger.experiments(cluster=prof.cluster.name)
-            )
-            texts = {"results.tsv": tsv_text(experiments, tsv_notes(prof, ledger))}
-            champion = written.data.champion_config
-            if champion is not None:
-                for rank, script in launchers(prof, champion).items():
-                    texts[f"champion/node-{rank}.sh"] = script
-            sink.log_texts(run_id, texts)
-    except OrchestrateError as e:
-        display.note(f"the round's report was not written: {e.message}")
-        return None
-    return written.page
 
 
 def _as_started(
@@ -381,82 +297,6 @@ def _proposer(prof: Profile, options: RoundOptions) -> Proposer:
         proposer_options.update(claude.model_dump(exclude={"brief"}))
         proposer_options["brief"] = claude.brief or str(default_brief())
     return make_proposer(kind, seed=options.seed, options=proposer_options)
-
-
-def _print_report(report: RoundReport, as_json: bool, page: Path | None) -> None:
-    """The round's experiments and champion: a table, or JSON for scripts; and where its
-    report is."""
-    from knobs.spec import as_text
-    from orchestrator.display import experiments_table
-
-    if as_json:
-        payload = {
-            "report": None if page is None else str(page),
-            "round": report.round.id,
-            "status": report.round.status,
-            "resumed": report.resumed,
-            "stopped_by": report.stopped_by,
-            "gpu_hours": round(report.gpu_hours, 4),
-            "experiments": [_experiment_json(e) for e in report.experiments],
-            "champion": None
-            if report.champion is None
-            else {
-                "experiment": report.champion.experiment_id,
-                "objective": report.champion.objective,
-                "config": report.champion.config.as_dict(),
-                # measured again since its verdict: what its row in results.tsv keeps
-                "measured_again": None if report.level is None else report.level.as_json(),
-                "cells_changed": None if report.cells is None else report.cells.as_json(),
-            },
-        }
-        typer.echo(json.dumps(payload, indent=2))
-        return
-    console = out()
-    if report.experiments:
-        console.print(
-            experiments_table(report.experiments, report.champion, f"Round {report.round.id}")
-        )
-    elif report.stopped_by == "exhausted":
-        console.print(
-            f"Round {report.round.id}: nothing was left to try (every one-knob change of the "
-            "champion is decided under it or barred)"
-        )
-    else:
-        console.print(f"Round {report.round.id}: no experiment decided yet ({report.stopped_by})")
-    console.print(f"GPU-hours: {report.gpu_hours:.2f} (boots included)")
-    if report.champion is not None:
-        settings_text = ", ".join(f"{k}={as_text(v)}" for k, v in report.champion.config.items())
-        console.print(
-            f"champion: experiment #{report.champion.experiment_id}, objective "
-            f"{report.champion.objective:.1f}  ({settings_text})"
-        )
-        for said in (report.level, report.cells):
-            if said is not None:
-                console.print(f"  {said.words()}", markup=False)
-    if page is not None:
-        console.print(f"report: {page}")
-
-
-def _experiment_json(e: ExperimentRecord) -> dict[str, Any]:
-    return {
-        "experiment": e.id,
-        "round": e.round_id,
-        "kind": e.kind,
-        "knob": e.knob,
-        "value": e.value,
-        "coupled_knob": e.coupled_knob,
-        "coupled_value": e.coupled_value,
-        "description": e.description,
-        "config": e.config.as_dict(),
-        "config_key": e.config.key,
-        "state": e.state,
-        "status": e.status,
-        "objective": e.objective,
-        "delta_pct": e.delta_pct,
-        "accept_len": e.accept_len,
-        "failure_class": e.failure_class,
-        "mlflow_run_id": e.mlflow_run_id,
-    }
 
 
 def _ask_at_terminal(console: Console, display: RoundDisplay) -> Any:
