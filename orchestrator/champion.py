@@ -309,7 +309,8 @@ class ChampionEvidence:
                 champion=[objective(m.cells) for m in champion],
                 confirmations=sum(1 for m in measurements if m.role == BootRole.CONFIRM),
                 candidate_cells=[c for m in measurements for c in m.cells],
-                champion_cells=champion[-1].cells,
+                # its boots in force, as the objective is judged on: one boot's p90 is noisy
+                champion_cells=[c for m in champion for c in m.cells],
                 champion_texts=[c for m in champion for c in m.cells],
                 min_matmul_rate=self.profile.gates.min_matmul_rate,
                 acceptance=None if null is None else null.spike,

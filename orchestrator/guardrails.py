@@ -2,7 +2,9 @@
 
 A change whose requests fail beyond ``max_error_rate``, or whose TTFT p90 in some cell grows
 beyond ``ttft_p90_regression_pct`` (and by more than ``ttft_p90_min_increase_ms``) over the
-champion's, is discarded whatever its objective (``verdict.assess``).
+champion's, is discarded whatever its objective (``verdict.assess``). Each side's readings of a
+cell are averaged: the change's boots, and the champion's boots in force (its level, as the
+objective is judged on; one boot's p90 is one window's luck).
 
 A latency read from a window its host stalled for seconds measures the host, not the config: a
 client off the CPU reads every first token late, an engine's scheduler woken late sends it late.
@@ -81,6 +83,22 @@ def _unjudged(name: str, mine: _Side, theirs: _Side) -> tuple[float, str] | None
     return None
 
 
+#: The fewest requests whose p90 is not simply their slowest one (nearest rank: 0.9 n > n - 1).
+P90_REQUESTS = 10
+
+
+def _few_requests(name: str, readings: Sequence[CellResultRecord]) -> str:
+    """What a TTFT breach of cell ``name`` adds where a window it compares completed too few
+    requests for a p90 (then its slowest request's): the count, and what reads it better."""
+    fewest = min((c.completed for c in readings if c.cell == name), default=P90_REQUESTS)
+    if fewest >= P90_REQUESTS:
+        return ""
+    return (
+        f"; a window of it completed only {fewest} request(s), and its p90 is then its slowest "
+        f"one's: a longer window (cell {name}'s duration_s) reads it better"
+    )
+
+
 def stalled_breach(
     name: str, candidate: Sequence[CellResultRecord], champion: Sequence[CellResultRecord]
 ) -> tuple[float, str] | None:
@@ -133,7 +151,8 @@ def guard(
             breach = Breach(
                 "ttft-guardrail",
                 f"TTFT p90 of {name} grew {(a / b - 1) * 100:+.0f}% "
-                f"(limit +{spec.ttft_p90_regression_pct:g}%)",
+                f"(limit +{spec.ttft_p90_regression_pct:g}%)"
+                + _few_requests(name, [*candidate, *champion]),
                 {"ttft_cell": name},
             )
             break
