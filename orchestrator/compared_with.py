@@ -141,6 +141,25 @@ def level_then(
     return champion.model_copy(update={"objective": objective_of(trusted)})
 
 
+def level_in_force_then(
+    evidence: ChampionEvidence, champion: ChampionRecord, at: datetime
+) -> champion_level.LevelInForce | None:
+    """``champion_level.level_in_force`` as it stood at ``at`` (a past round's end): its level
+    then (``level_then``) where it is not what its row records, over its trusted boots started
+    by then. A report of a past round says that round's champion, not what later rounds
+    measured of it."""
+    ledger = evidence.ledger
+    row = ledger.experiment(champion.experiment_id).objective
+    fitted = fit_champion(evidence.profile.space, ledger, champion)
+    boots = sum(1 for m in evidence.level(fitted, at) if evidence.trusted(m))
+    if row is None or not boots:  # none rendered as now: its row's measurement says it
+        return None
+    then = level_then(evidence, champion, at).objective
+    if math.isclose(then, row, rel_tol=1e-9):
+        return None
+    return champion_level.LevelInForce(champion.experiment_id, row, then, boots)
+
+
 @dataclass(frozen=True)
 class Gain:
     """A round's champion at its start and its end, by their levels in force (the champion

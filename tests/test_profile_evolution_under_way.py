@@ -328,7 +328,8 @@ def test_a_champion_kept_without_a_dropped_knob_takes_it_from_its_parent_when_it
     Before, the new champion took foo's default 3 ("takes its default 3"): the keep moved foo
     and K; the region K=4's invalid verdict bars had foo 3, so it barred no config the
     champion's changes reach; the report showed the champion at foo 3. Now the champion takes
-    foo 5 from the champion it was proposed against, and the region and the report too."""
+    foo 5 from the champion it was proposed against, and the region and the report too
+    (the last round's: a past round's report shows its champion as that round ran it)."""
     round_of(tmp_path, with_foo(), 1)
     round_of(
         tmp_path,
@@ -356,8 +357,13 @@ def test_a_champion_kept_without_a_dropped_knob_takes_it_from_its_parent_when_it
         back = Profile.model_validate(with_foo())
         [region] = [r.region for r in barred_regions(back, ledger) if r.experiment.id == k4.id]
         assert region.when["foo"] == 5 and region.when[K] == 4
-        report = collect(back, ledger, k6.round_id)
+        # the last round's report: the champion as it runs now, foo 5
+        report = collect(back, ledger)
         assert report.champion_config is not None and report.champion_config["foo"] == 5
+        # round 2's, a past round's: its champion as round 2 ran it, without foo
+        # (``test_report_past_round``)
+        then = collect(back, ledger, k6.round_id)
+        assert then.champion_config is not None and "foo" not in then.champion_config
 
 
 # ---- cluster up after a knob drop ---------------------------------------------------------

@@ -10,8 +10,9 @@ from pathlib import Path
 from ledger import Ledger
 from orchestrator.errors import UsageError
 from orchestrator.profile import Profile
-from orchestrator.report.data import NothingToReport, ReportData, collect
+from orchestrator.report.data import collect
 from orchestrator.report.page import page
+from orchestrator.report.records import NothingToReport, ReportData
 
 __all__ = [
     "NothingToReport",

@@ -7,7 +7,7 @@ the LLM spend, and the champion's launcher against the one the round started fro
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from datetime import UTC, datetime
 
 from agents.llm_fallback import Fallbacks
@@ -15,155 +15,35 @@ from cluster.launcher import render_node
 from knobs.config import Config
 from knobs.errors import KnobError, ProfileError
 from knobs.records import LlmUsage
-from knobs.spec import EffectPrior, Value, as_text, clipped
+from knobs.spec import Value, as_text, clipped
 from knobs.vocabulary import BootRole, EventKind, Kind, ProposalStatus, State, Status
 from ledger import ChampionRecord, ExperimentRecord, Ledger, RoundRecord
 from orchestrator import budget, knob_renames, left_open, resumes, stalled_verdicts
 from orchestrator.approval import TIMEOUT_BY
 from orchestrator.cell_renames import resolved
 from orchestrator.champion import ChampionEvidence
-from orchestrator.champion_level import CellsChanged, LevelInForce, cells_changed, level_in_force
-from orchestrator.compared_with import ComparedWith, Gain, compared_with, gain, level_then
+from orchestrator.champion_level import cells_changed, level_in_force
+from orchestrator.compared_with import (
+    compared_with,
+    gain,
+    level_in_force_then,
+    level_then,
+)
 from orchestrator.display import describe
-from orchestrator.errors import OrchestrateError
 from orchestrator.evolution import fit_champion
 from orchestrator.gpu_hours import cluster_gpus
 from orchestrator.measurements import BootCount
 from orchestrator.priors import knob_priors, measured
 from orchestrator.profile import Profile
 from orchestrator.report.diff import launcher_diff
+from orchestrator.report.records import KnobRow, NothingToReport, Point, ReportData, Stop
 from orchestrator.resumes import Resume
-from orchestrator.round_boots import INFRASTRUCTURE_USES, RoundBoots, RoundTally
+from orchestrator.round_boots import INFRASTRUCTURE_USES, RoundBoots
 from orchestrator.settings import runtime_placeholders
 from orchestrator.verdict import interval_pct
 
 #: A two-sided 95 % interval, in standard errors.
 Z95 = 1.96
-
-
-class NothingToReport(OrchestrateError):
-    """The ledger has no round to report (or not the one asked for): exit 3, as any ID a
-    command names that the ledger does not have (the ledger answered; 4 is one that failed)."""
-
-    exit_code = 3
-
-
-@dataclass(frozen=True)
-class Point:
-    """One decided experiment of the round, in order."""
-
-    experiment: int
-    label: str
-    kind: Kind
-    status: Status
-    objective: float | None
-    delta_pct: float | None
-    #: the verdict's 95 % interval of the change, percent (``None``: no such evidence)
-    interval: tuple[float, float] | None
-    #: the boots it took to its verdict (``BootCount``: what the cluster paid), and how many
-    #: of them failed
-    boots: int
-    rule: str
-    knob: str | None
-    value: Value | None
-    #: how its boot failed (a crash's class, or one that did not reproduce)
-    failure: str | None = None
-    failed_boots: int = 0
-    #: the proposal it came from (``None``: a baseline)
-    proposal: int | None = None
-    #: the measurements its verdict weighed (``BootCount``: a measurement resumed on a new
-    #: boot is one of two boots)
-    measurements: int = 0
-    #: what its Δ is against: its champion's level in force then (``None``: no Δ measured)
-    compared: ComparedWith | None = None
-
-
-@dataclass(frozen=True)
-class KnobRow:
-    """A knob's value as the round measured it: every experiment that set it."""
-
-    knob: str
-    value: str
-    effects: tuple[float, ...]
-    #: the verdict of each of ``effects``, and of each experiment without one (a crash)
-    statuses: tuple[Status, ...]
-    crashes: int
-    interval: tuple[float, float] | None
-    boots: int
-    verdicts: str
-    prior: EffectPrior | None
-    failed_boots: int = 0
-    measurements: int = 0
-
-
-@dataclass(frozen=True)
-class Stop:
-    """The round stopped short (``round-stopped``): when, its exit code and line, and when it
-    went on (its cluster's next boot; ``None``: not yet)."""
-
-    at: datetime
-    exit_code: object
-    line: str
-    resumed_at: datetime | None
-
-
-@dataclass
-class ReportData:
-    """Everything the report draws and lists."""
-
-    profile: str
-    cluster: str
-    round: RoundRecord
-    points: list[Point]
-    #: the champion's objective after each point (the step line)
-    champion_after: list[float | None]
-    knobs: list[KnobRow]
-    #: per experiment number, hours of boots by use (``round_boots.USES``)
-    boot_hours: dict[int, dict[str, float]]
-    boots_by_use: Counter[str]
-    gpus: int
-    llm_usd: float
-    llm_calls: int
-    launcher_diff: str
-    start_config: Config | None
-    champion_config: Config | None
-    #: what stopped the round short, oldest first
-    stops: list[Stop]
-    #: its boots paid, measurements weighed and boots a busy host disturbed (``round_boots``,
-    #: as ``status`` counts them)
-    tally: RoundTally
-    #: each time the round was taken up again, oldest first (``resumes``)
-    resumes: list[Resume] = field(default_factory=list)
-    #: the round's experiments done against its budget (``budget``), and its proposals vetoed
-    #: (a person's, the queue's timeout's, the profile's), which it does not count
-    done: int = 0
-    vetoed: int = 0
-    #: of those, the queue's timeout's: nobody judged their values, and they bar nothing
-    vetoed_by_timeout: int = 0
-    #: by node rank, the round's boots set aside with that node's clocks off
-    clocks_off_by_node: Counter[int] = field(default_factory=Counter)
-    #: the round's boots that failed for the infrastructure's reasons, by their class and
-    #: their message's first line (which names the node)
-    infrastructure_failures: Counter[tuple[str, str]] = field(default_factory=Counter)
-    #: the round's last champion, where it is the cluster's and was measured again since the
-    #: verdict its row records (``champion_level``)
-    level: LevelInForce | None = None
-    #: the cells the profile removed or added since the round's last champion was measured
-    cells: CellsChanged | None = None
-    #: the round's proposals an LLM was asked for, and those it fell back on, and why
-    fallbacks: Fallbacks = field(default_factory=Fallbacks)
-    #: the champion at the round's start and end by their levels in force, and its keeps' Δ
-    gain: Gain | None = None
-
-    @property
-    def gpu_hours(self) -> float:
-        return sum(sum(c.values()) for c in self.boot_hours.values()) * self.gpus
-
-    @property
-    def disturbed_boots(self) -> int:
-        """The round's boots whose windows a busy host disturbed (``host_stalls.disturbed``):
-        kept, their verdicts' error widened by what the stalls may have cost them."""
-        return self.tally.disturbed
 
 
 def collect(profile: Profile, ledger: Ledger, round_id: int | None = None) -> ReportData:
@@ -184,16 +64,20 @@ def collect(profile: Profile, ledger: Ledger, round_id: int | None = None) -> Re
         known = ", ".join(str(r.id) for r in rounds)
         raise NothingToReport(f"cluster {cluster} has no round {round_id} (it has {known})")
     rnd = chosen[-1]
+    # a later round ran since: the page says this one as it ended, not what came after
+    past = rnd.id != rounds[-1].id
     every = ledger.experiments(round_id=rnd.id)
     experiments = [e for e in every if e.state == State.DECIDED and e.status]
     compared = compared_with(profile, ledger, experiments)
     # fitted to the profile as it is now: a champion recorded before it gained a knob has the
     # knob's default (or its parent's value), one it lost is dropped (``evolution``), as the
-    # round runs it
+    # round runs it; the launchers are compared so. A past round's champion is shown as the
+    # ledger recorded it, as that round ran it.
     start, end = (
         None if c is None else fit_champion(profile.space, ledger, c).config
         for c in _champions(ledger, cluster, rnd)
     )
+    recorded = _champions(ledger, cluster, rnd)[1]
     seen = RoundBoots.read(ledger, rnd, profile.gates.min_matmul_rate, every)
     # decided by an earlier release on a busy host's windows: the row says so (a keep stays)
     busy = stalled_verdicts.busy_decided(ledger, [(e, ledger.verdict(e.id)) for e in experiments])
@@ -215,7 +99,8 @@ def collect(profile: Profile, ledger: Ledger, round_id: int | None = None) -> Re
         llm_calls=0,
         launcher_diff="",
         start_config=start,
-        champion_config=end,
+        champion_config=recorded.config if past and recorded is not None else end,
+        past=past,
         resumes=resumes.of_round(ledger, rnd),
         stops=[],
         tally=seen.tally(),
@@ -229,11 +114,20 @@ def collect(profile: Profile, ledger: Ledger, round_id: int | None = None) -> Re
         for c in _champions(ledger, cluster, rnd)
     )
     data.gain = gain(ledger, (held[0], held[1]), experiments, compared)
-    # the champion's row and the champion say its level in force, as results.tsv and status
-    level = level_in_force(ChampionEvidence(profile, ledger))
+    # the champion's row and the champion say its level in force, as results.tsv and status;
+    # a past round's, its level at that round's end
     last = _champions(ledger, cluster, rnd)[1]
+    if past:
+        level = None if last is None else level_in_force_then(evidence, last, end_of_round)
+    else:
+        level = level_in_force(ChampionEvidence(profile, ledger))
     now = ledger.champion(cluster)
-    if last is not None and now is not None and last.experiment_id == now.experiment_id:
+    if (
+        not past
+        and last is not None
+        and now is not None
+        and last.experiment_id == now.experiment_id
+    ):
         data.cells = cells_changed(ChampionEvidence(profile, ledger))
     if level is not None and last is not None and last.experiment_id == level.experiment:
         data.level = level
@@ -244,7 +138,7 @@ def collect(profile: Profile, ledger: Ledger, round_id: int | None = None) -> Re
             for p in data.points
         ]
     data.champion_after = _champion_path(evidence, rnd, experiments)
-    data.knobs = _knob_rows(profile, ledger, data.points)
+    data.knobs = _knob_rows(profile, ledger, data.points, end_of_round)
     _boots(rnd, experiments, data, seen)
     proposals = ledger.proposals(round_id=rnd.id)
     for p in proposals:
@@ -324,17 +218,19 @@ def _champion_path(
     return path
 
 
-def _knob_rows(profile: Profile, ledger: Ledger, points: list[Point]) -> list[KnobRow]:
+def _knob_rows(
+    profile: Profile, ledger: Ledger, points: list[Point], end_of_round: datetime
+) -> list[KnobRow]:
     """Per knob and value, what the round measured (candidates only), with the prior in force
-    for the knob (the profile's, or what this cluster's measurements taught)."""
-    priors = knob_priors(
-        profile,
-        measured(
-            ledger,
-            knob_renames.experiments(profile.space, ledger, cluster=profile.cluster.name),
-            profile.cells,
-        ),
-    )
+    for the knob at the round's end (the profile's, or what this cluster's measurements taught
+    by then), a knob renamed since under its name now."""
+    decided = [
+        e
+        for e in knob_renames.experiments(profile.space, ledger, cluster=profile.cluster.name)
+        if e.decided_at is None or e.decided_at <= end_of_round
+    ]
+    priors = knob_priors(profile, measured(ledger, decided, profile.cells))
+    renames = profile.space.renames
     groups: dict[tuple[str, str], list[Point]] = defaultdict(list)
     for p in points:
         if p.kind == Kind.CANDIDATE and p.knob is not None and p.status != Status.VETOED:
@@ -357,7 +253,7 @@ def _knob_rows(profile: Profile, ledger: Ledger, points: list[Point]) -> list[Kn
                 failed_boots=sum(p.failed_boots for p in ps),
                 measurements=sum(p.measurements for p in ps),
                 verdicts=", ".join(f"{n} {s}" for s, n in sorted(verdicts.items())),
-                prior=priors.get(knob),
+                prior=priors.get(renames.get(knob, knob)),
             )
         )
     return rows

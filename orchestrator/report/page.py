@@ -12,7 +12,7 @@ from html import escape
 
 from knobs.spec import as_text, objective_text
 from knobs.vocabulary import GUARDRAIL_RULES, Kind, RoundStatus, Status
-from orchestrator.report.data import Point, ReportData
+from orchestrator.report.records import Point, ReportData
 from orchestrator.round_boots import INFRASTRUCTURE_USES, USES
 from orchestrator.timestamps import utc_minute
 
@@ -290,6 +290,12 @@ def _champion(data: ReportData) -> str:
     if data.cells is not None:
         said = data.cells.words()
         level += f"<p>{escape(said[:1].upper() + said[1:])}.</p>"
+    if data.past:  # a later round ran since: the page says this one as it ended
+        level += (
+            "<p>The champion as this round left it (later rounds ran since), its config as the "
+            "ledger recorded it; its launchers against the starting one are as the profile "
+            "renders them now.</p>"
+        )
     return f"<p><code>{escape(settings)}</code></p>{level}{diff}"
 
 

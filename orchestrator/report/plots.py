@@ -9,7 +9,7 @@ from matplotlib.figure import Figure
 
 from knobs.spec import objective_text
 from knobs.vocabulary import Status
-from orchestrator.report.data import ReportData
+from orchestrator.report.records import ReportData
 from orchestrator.round_boots import USES
 
 #: Marker and colour per verdict (the progress plot's legend).
