@@ -137,14 +137,14 @@ class RoundDisplay:
         self._exp_started = time.monotonic()
         self._header = f"[{index}/{total}] {title}" if index else f"[baseline] {title}"
         self._phase = "starting"
-        if self._live is None:
-            self.console.print(self._header)
+        if self._live is None:  # `[baseline]` and a title's brackets are text, not markup
+            self.console.print(self._header, markup=False, highlight=False)
 
     def phase(self, text: str) -> None:
         """The experiment's current phase (proposing, deploying node-2, cell 3 of 4 …)."""
         self._phase = text
         if self._live is None:
-            self.console.print(f"    {text}", style="dim", highlight=False)
+            self.console.print(f"    {text}", style="dim", highlight=False, markup=False)
 
     def note(self, text: str) -> None:
         """A line worth keeping above the live status, as it is (an error's ``[…]`` is text,
