@@ -338,8 +338,11 @@ def _sequential(
         f"vs {len(ev.champion)}; "
         f"P(gain)={p_gain:.2f}, P(gain>{spec.equivalence_pct:g}%)={p_worth:.2f}"
     )
-    if pooled is not None:
-        where += " with " + _pooled_words(pooled)
+    if pooled is not None:  # whose P(gain) it is: the knob's values', and the value's own
+        where += (
+            f" pooled with {_pooled_words(pooled)}; this value's boots alone: "
+            f"P(gain)={stats['own_p_gain']:.2f}"
+        )
     if host.said:
         where += host.words(keep_p, discard_p, spec.equivalence_pct)
     if others >= SAID:

@@ -247,6 +247,11 @@ def test_a_round_judges_a_value_with_the_values_measured_before_it(tmp_path: Pat
     assert second.stats["pooled_values"] == 1, second.stats
     assert "with 1 other value(s) of the knob" in second.reason
     assert isinstance(second.stats["own_p_gain"], float)
+    # the line says whose P(gain) is whose: the pooled one, and the value's own beside it
+    own = f"; this value's boots alone: P(gain)={second.stats['own_p_gain']:.2f}"
+    assert f"P(gain)={second.stats['p_gain']:.2f}" in second.reason, second.reason
+    assert " pooled with 1 other value(s) of the knob" in second.reason, second.reason
+    assert own in second.reason, second.reason
     assert judged[1].status == "keep"
     assert third is not None and "pooled_values" not in third.stats
 
