@@ -38,6 +38,10 @@ class RendezvousError(OrchestrateError):
 #: Five seconds: far above what a loaded 2-core machine keeps an idle process off the CPU.
 BEAT_S = 0.2
 SILENT_S = 5.0
+#: A watch that went this long without looking at its rank's connection (it reads every half
+#: second) was itself kept off the CPU: the rank's beats waited unread, and what looked like
+#: the rank's silence was this host's. Said in the engine's log; it holds nothing.
+STARVED_S = 1.0
 
 #: Why a head refuses a worker whose rendezvous token is not its own (issue #17).
 FOREIGN_REASON = "rendezvous token does not match: this master serves another cluster"
@@ -120,6 +124,11 @@ class Head:
         self.on_lost: Callable[[int], None] | None = None
         #: called with a rank once it has been silent for ``SILENT_S`` (the steps wait for it)
         self.on_silent: Callable[[int], None] | None = None
+        #: called with a rank, seconds, and whether a beat of it was waiting, when its watch
+        #: was kept off the CPU that long (``STARVED_S``): beats read late hold nothing
+        self.on_starved: Callable[[int, float, bool], None] | None = None
+        #: the ranks whose watch found them silent (``SILENT_S``), which the steps wait for
+        self._silent: set[int] = set()
         self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -229,20 +238,30 @@ class Head:
 
     def _watch(self, rank: int, conn: socket.socket) -> None:
         lines = _Lines(conn)
-        said = False  # whether this silence was said (``on_silent``)
+        looked = time.monotonic()
         while not self._closing:
             try:
                 message = lines.read(0.5)
             except ValueError:
                 message = None
+            now = time.monotonic()
+            if now - looked > 0.5 + STARVED_S and self.on_starved is not None:
+                # this thread was kept off the CPU: the rank's beats waited unread, and the
+                # time since the rank was last heard is this host's, not the rank's
+                self.on_starved(rank, now - looked - 0.5, bool(message))
+            looked = now
             if message:
-                self._heard[rank], said = time.monotonic(), False
+                self._heard[rank] = now
+                self._silent.discard(rank)
             elif (
-                message is not None and not said and time.monotonic() - self._heard[rank] > SILENT_S
+                message is not None
+                and rank not in self._silent
+                and now - self._heard[rank] > SILENT_S
             ):
-                said = True
+                # said before the steps wait for it: a hold the log does not say is none
                 if self.on_silent is not None:
                     self.on_silent(rank)
+                self._silent.add(rank)
             if message is None:
                 if not self._closing and self.lost is None:
                     self.lost = rank
@@ -251,10 +270,10 @@ class Head:
                 return
 
     def silent(self) -> bool:
-        """Whether a member has not been heard from for ``SILENT_S``: its engine is stopped,
-        and the group's steps wait for it."""
-        now = time.monotonic()
-        return any(now - heard > SILENT_S for heard in list(self._heard.values()))
+        """Whether a member's watch found it unheard for ``SILENT_S`` (and said so): its engine
+        is stopped, and the group's steps wait for it. A rank the watch has not looked at
+        since (this host kept the watch off the CPU: its beats wait unread) holds nothing."""
+        return bool(self._silent)
 
     def shutdown(self, *, notify: bool = True) -> None:
         """Close the connections; with ``notify`` tell every worker to exit cleanly first.

@@ -332,6 +332,22 @@ def _gather(
         )
 
     head.on_silent = silent
+
+    def starved(rank: int, late_s: float, heard: bool) -> None:
+        # the twin's own line (vLLM has none): a hold, or the lack of one, the log says
+        log.warning(
+            "rendezvous.py:248",
+            f"The watch of node rank {rank} was kept off the CPU for {late_s:.1f}s (this host "
+            "busy, or this process stopped): "
+            + (
+                "its beats were waiting, read late; the rank was not silent, and the engine "
+                "was not held for it."
+                if heard
+                else "no beat of it was waiting; the engine is held if it stays silent."
+            ),
+        )
+
+    head.on_starved = starved
     if head.lost is not None:
         lost(head.lost)
     return None
