@@ -28,11 +28,12 @@ from typing import Any
 
 import httpx
 
-from cluster import cutoff, metrics, prompts, signals, silence, stall, streams
-from cluster.errors import BenchError, describe
+from cluster import cutoff, metrics, prompts, signals, silence, stall, stopped, streams
+from cluster.errors import BenchError, NodeError, describe
 from cluster.window import CellState, Scrapes, summarise
 from knobs.records import CellResultRecord, CellSpec, NodeClockRecord
 from knobs.spec import clipped
+from orchestrator.errors import OrchestrateError
 
 DEFAULT_SMOKE_PROMPT = "The capital of France is"
 
@@ -103,8 +104,12 @@ async def run_cell_async(
     on_progress: Callable[[str], None] | None = None,
     on_notice: Callable[[str], None] | None = None,
     stop: threading.Event | None = None,
+    probe: stopped.Probe | None = None,
+    found: list[NodeError] | None = None,
 ) -> tuple[CellResultRecord, dict[str, Any]]:
-    """The measurement of ``run_cell`` without the clocks; also returns raw evidence.
+    """The measurement of ``run_cell`` without the clocks; also returns raw evidence. While
+    the engine is silent, ``probe`` looks for an engine stopped (``cluster.stopped``): what it
+    finds is appended to ``found``.
 
     Raises:
         OwnershipLost: ``stop`` was set (``cluster.cutoff``): the cell's streams are closed.
@@ -116,11 +121,15 @@ async def run_cell_async(
     url = base_url.rstrip("/") + "/v1/completions"
     loop = asyncio.get_running_loop()
     watch = stall.StallWatch()
+    earlier = len(found) if found is not None else 0  # what earlier measurements found
     with watch:
         state, scrapes = await cutoff.unless_stopped(
-            stop, cell.name, _measure(base_url, model, cell, say, on_notice or say, stop)
+            stop,
+            cell.name,
+            _measure(base_url, model, cell, say, on_notice or say, stop, probe, found),
         )
     record, evidence = summarise(state, *scrapes)
+    seen = found[earlier] if found is not None and len(found) > earlier else None
     if record.total_output_tokens == 0:
         waited = loop.time() - state.w1
         first = (
@@ -128,14 +137,21 @@ async def run_cell_async(
             if state.errors
             else "no token arrived in the window"
             + (f", nor in the {waited:.0f}s the cell waited after it" if waited >= 1 else "")
+            # what the stall watches saw: a silent engine told from a starved host
+            + f"; {silence.stalls_seen(watch, state, scrapes[1], loop.time())}"
         )
         raise BenchError(
             f"cell {cell.name} at {url} measured nothing: {first}",
             url=url,
             evidence="\n".join(state.errors[:5]) or first,
+            stopped=seen,
+            hung=not state.errors,
         )
     if state.hung is not None:
-        raise BenchError(f"cell {cell.name} at {url}: {state.hung}", url=url, evidence=state.hung)
+        hung = f"{state.hung}; {silence.stalls_seen(watch, state, scrapes[1], loop.time())}"
+        raise BenchError(
+            f"cell {cell.name} at {url}: {hung}", url=url, evidence=hung, stopped=seen, hung=True
+        )
     client_stalled = watch.stalled_s(state.w0, min(state.w1, loop.time()))
     (_, after), (opening, _) = scrapes
     engine_stalled = metrics.delta(opening or {}, after or {}, stall.ENGINE_STALL_METRIC) or 0.0
@@ -156,9 +172,12 @@ async def _measure(
     say: Callable[[str], None],
     notice: Callable[[str], None],
     stop: threading.Event | None = None,
+    probe: stopped.Probe | None = None,
+    found: list[NodeError] | None = None,
 ) -> tuple[CellState, tuple[Scrapes, Scrapes]]:
     """The cell's requests, and its counters at the window's edges and at the cell's (``say``:
-    its progress; ``notice``: why it waits past its window)."""
+    its progress; ``notice``: why it waits past its window; ``probe``: asked, while the engine
+    is silent, whether an engine is stopped, into ``found``)."""
     url = base_url.rstrip("/") + "/v1/completions"
     metrics_url = base_url.rstrip("/") + "/metrics"
     limits = httpx.Limits(
@@ -189,6 +208,9 @@ async def _measure(
             streams.retrieved(asyncio.create_task(streams.forever(client, state, stop)))
             for _ in range(cell.concurrency)
         ]
+        looks: list[asyncio.Task[None]] = []  # while the streams ask, and only then
+        if probe is not None and found is not None:
+            looks.append(streams.retrieved(asyncio.create_task(stopped.watch(state, probe, found))))
         deadline = math.inf
 
         async def counters() -> dict[str, float] | None:
@@ -227,9 +249,9 @@ async def _measure(
                 if not await silence.after_quiet(state, deadline, notice):
                     break
         finally:
-            for w in workers:
+            for w in [*workers, *looks]:
                 w.cancel()
-            await asyncio.gather(*workers, return_exceptions=True)
+            await asyncio.gather(*workers, *looks, return_exceptions=True)
         if state.hung is None and silence.measured_any(state):  # a silent engine answers no probe
             await streams.greedy_probe(client, state, say)
             await metrics.drain(client, metrics_url)
@@ -257,6 +279,7 @@ def run_cell(
     on_progress: Callable[[str], None] | None = None,
     on_notice: Callable[[str], None] | None = None,
     stop: threading.Event | None = None,
+    probe: stopped.Probe | None = None,
 ) -> CellResultRecord:
     """Measure one cell (warm-up, then the window) and return what it measured.
 
@@ -271,17 +294,38 @@ def run_cell(
     (an engine silent for minutes is otherwise a screen that says nothing). Runs its own event
     loop (call it from synchronous code). ``stop`` (``cluster.cutoff``) set stops the cell
     where it stands: no request more, its streams closed, nothing measured again. A Ctrl-C
-    ends the cell as it stands, its loop closed whole (``signals.run_whole``).
+    ends the cell as it stands, its loop closed whole (``signals.run_whole``). ``probe`` is
+    asked, while the engine is silent, whether an engine is stopped (``cluster.stopped``): a
+    measurement in which one was is measured again, never kept, and said as the node's.
 
     Raises:
         BenchError: the cell measured nothing (the endpoint is down or every request failed),
-            or its engine stopped sending tokens mid-window and sent none by its deadline.
+            or its engine stopped sending tokens mid-window and sent none by its deadline
+            (``hung``: with what the stall watches saw, and the nodes' clocks after it).
+        NodeError: ``probe``'s error (``engine_stopped``): an engine was found stopped in
+            every measurement.
         OwnershipLost: ``stop`` was set before the cell ended.
         Whatever ``clocks`` raises.
     """
     cutoff.check(stop, cell.name)
     first = list(clocks()) if clocks is not None else []
-    record = _measured_undisturbed(base_url, model, cell, on_progress, on_notice, stop)
+    try:
+        record = _measured_undisturbed(base_url, model, cell, on_progress, on_notice, stop, probe)
+    except BenchError as e:
+        if not e.hung or clocks is None:
+            raise
+        try:
+            after = silence.clocks_words(_worse(first, list(clocks())))
+        except OrchestrateError as unread:
+            after = f"not read ({unread})"
+        raise BenchError(
+            f"{e.message}; the nodes' clocks around it: {after}",
+            url=e.url,
+            status=e.status,
+            evidence=f"{e.evidence}; the nodes' clocks around it: {after}",
+            stopped=e.stopped,
+            hung=True,
+        ) from e
     cutoff.check(stop, cell.name)
     last = list(clocks()) if clocks is not None else []
     if first or last:
@@ -296,10 +340,14 @@ def _measured_undisturbed(
     on_progress: Callable[[str], None] | None,
     on_notice: Callable[[str], None] | None = None,
     stop: threading.Event | None = None,
+    probe: stopped.Probe | None = None,
 ) -> CellResultRecord:
     """The cell measured until a window is not disturbed by a stall of its client's or its
     engine's host (``cluster.stall``), at most ``stall.ATTEMPTS`` times; the one with the
-    fewest requests that lost their connection, then the least stalled.
+    fewest requests that lost their connection, then the least stalled. A measurement in
+    which ``probe`` found an engine stopped (``cluster.stopped``) is measured again and never
+    kept: its gap is neither the config's nor a busy host's; found in every one, the node's
+    error is raised.
 
     A window whose every failure was the connection's (``CellState.lost``: reset, cut mid-stream,
     timed out; none an error the engine answered) is measured once more: a blip of the network
@@ -310,13 +358,26 @@ def _measured_undisturbed(
     kept: CellResultRecord | None = None
     kept_key = (0, 0.0)
     reconnected = False
+    found: list[NodeError] = []
     for attempt in range(1, stall.ATTEMPTS + 1):
         cutoff.check(stop, cell.name)  # a cell stopped is measured no more
+        seen = len(found)
         record, evidence = signals.run_whole(
             lambda: run_cell_async(
-                base_url, model, cell, on_progress=on_progress, on_notice=on_notice, stop=stop
+                base_url,
+                model,
+                cell,
+                on_progress=on_progress,
+                on_notice=on_notice,
+                stop=stop,
+                probe=probe,
+                found=found,
             )
         )
+        if len(found) > seen:  # an engine stopped: the node's, whatever the window read
+            if attempt < stall.ATTEMPTS:
+                say(stopped.measuring_again(found[-1], cell.name, attempt + 1, stall.ATTEMPTS))
+            continue
         lost = int(evidence.get("connection_lost", 0))
         # the fewest requests lost with their connection, then the least stalled: an error
         # the engine answered is the config's evidence, and never what a window is kept for
@@ -337,13 +398,14 @@ def _measured_undisturbed(
         again = attempt < stall.ATTEMPTS
         say(
             f"{cell.name}: stalled {stall.stalled(record):.2f}s around the {record.duration:g}s "
-            f"window (client {record.client_stall_s:.2f}s, engine {record.engine_stall_s:.2f}s:"
-            " a busy host), "
+            f"window (client {record.client_stall_s:.2f}s, engine {record.engine_stall_s:.2f}s: "
+            f"{stopped.STALLED if probe is not None else stopped.UNLOOKED}), "
             + (
                 f"measuring again ({attempt + 1}/{stall.ATTEMPTS})"
                 if again
                 else "kept the least stalled"
             )
         )
-    assert kept is not None
+    if kept is None:  # an engine was found stopped in every measurement
+        raise found[-1]
     return kept.model_copy(update={"measured_again": attempt - 1})

@@ -123,12 +123,25 @@ class BenchError(OrchestrateError):
     exit_code: ClassVar[int] = 6
 
     def __init__(
-        self, message: str, *, url: str, status: int | None = None, evidence: str = ""
+        self,
+        message: str,
+        *,
+        url: str,
+        status: int | None = None,
+        evidence: str = "",
+        stopped: NodeError | None = None,
+        hung: bool = False,
     ) -> None:
         super().__init__(message)
         self.url = url
         self.status = status
         self.evidence = evidence
+        #: an engine the cell found stopped while it was silent (``cluster.stopped``): the
+        #: node's fault, though its process may have been continued since
+        self.stopped = stopped
+        #: the engine went silent (no token by the cell's deadline), rather than failing
+        #: requests: the error carries what the stall watches saw (``cluster.bench``)
+        self.hung = hung
 
 
 def of_node(name: str, text: str, what: str = "") -> str:

@@ -15,9 +15,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
-from cluster.window import CellState
+from cluster import metrics, stall
+from cluster.window import CellState, Scrapes
+from knobs.records import NodeClockRecord
 
 
 async def cold_start(state: CellState, deadline: float, say: Callable[[str], None]) -> None:
@@ -121,3 +123,32 @@ async def _wait_for_token(
 def measured_any(state: CellState) -> bool:
     """A token arrived inside the window (a silent engine answers no greedy probe)."""
     return any(state.w0 <= t < state.w1 for r in state.requests for t, _ in r.chunks)
+
+
+def stalls_seen(watch: stall.StallWatch, state: CellState, whole: Scrapes, now: float) -> str:
+    """What the stall watches saw of a cell that hung (from its first request to ``now``):
+    the client's own, and the engine's counter (``whole``: its scrapes at the cell's edges),
+    so that a hung engine can be told from a host that kept one of them off the CPU."""
+    client = watch.stalled_s(state.t0, now)
+    opening, closing = whole
+    engine = (
+        metrics.delta(opening or {}, closing or {}, stall.ENGINE_STALL_METRIC)
+        if opening is not None and closing is not None
+        else None
+    )
+    said = (
+        "the engine's counters did not answer after it"
+        if closing is None
+        else "the engine counts no stalls of its own"
+        if engine is None
+        else f"the engine's own stall count {engine:.2f}s"
+    )
+    span = now - state.t0
+    return f"the stall watch saw the client stalled {client:.2f}s of the cell's {span:.0f}s; {said}"
+
+
+def clocks_words(clocks: Sequence[NodeClockRecord]) -> str:
+    """The nodes' clocks as a failed cell's evidence: each rank's matmul rate and SM clock."""
+    return ", ".join(
+        f"rank {c.rank} matmul rate {c.matmul_rate:.2f} at {c.sm_clock_mhz:.0f} MHz" for c in clocks
+    )

@@ -128,6 +128,7 @@ async def _read_stream(response: httpx.Response, state: CellState, req: Request)
             if req.first is None:
                 req.first = now
             req.chunks.append((now, count))
+            state.last_token = now
             state.news.set()
         if running and req.estimated:  # usage on the last chunk only: spread it
             spread_final_usage(req, int(usage["completion_tokens"]))

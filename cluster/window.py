@@ -66,6 +66,8 @@ class CellState:
     probes: list[Request] = field(default_factory=list)
     #: set at every token and every failure: what a cold or quiet engine's wait waits on
     news: asyncio.Event = field(default_factory=asyncio.Event)
+    #: when the last token came (0.0 before the first): what a silence is timed from
+    last_token: float = 0.0
     #: how much later than its warm-up the window opened (a cold or quiet engine's token)
     extended_s: float = 0.0
     #: requests sent again after no answer on a kept-alive connection (not failures)

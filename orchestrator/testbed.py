@@ -11,10 +11,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+from cluster import stopped
 from cluster.bench import run_cell, smoke
 from cluster.connect import open_transport
 from cluster.deploy import Deployer
-from cluster.errors import NodeError, OwnershipError
+from cluster.errors import BenchError, NodeError, OwnershipError
 from cluster.nodes import Fence, Progress
 from knobs.config import Config
 from knobs.records import CellResultRecord, CellSpec
@@ -264,6 +265,9 @@ class ClusterTestbed:
                 clocks=self.deployer.clocks,
                 on_notice=self.deployer.progress,
                 stop=self.stop,
+                # a stopped engine is looked for while the engine is silent: its process
+                # state is the evidence only while it is stopped (``cluster.stopped``)
+                probe=self.deployer.stopped_engine,
             )
         except (NodeError, OwnershipError):
             raise  # a cell stopped because the cluster is another's: nobody's failure
@@ -274,6 +278,7 @@ class ClusterTestbed:
             fault = (
                 self.deployer.logged_fault(message)
                 or self.deployer.stopped_engine(message)
+                or _stopped_meanwhile(err, message)
                 or self.deployer.died_measuring(cell.name)
             )
             if fault is not None:
@@ -304,3 +309,18 @@ class ClusterTestbed:
     def stop_started(self) -> dict[int, str]:
         """Stop exactly the engines the last boot started (see ``Deployer.stop_started``)."""
         return self.deployer.stop_started()
+
+
+def _stopped_meanwhile(err: OrchestrateError, message: str) -> NodeError | None:
+    """``engine_stopped`` on the node whose engine the failed cell found stopped while it was
+    silent (``BenchError.stopped``), though continued by the time the cell failed: its silence
+    was the node's, never the config's. None where the cell found none."""
+    found = err.stopped if isinstance(err, BenchError) else None
+    if found is None:
+        return None
+    return NodeError(
+        f"{message}; {stopped.found(found)}",
+        failure_class=found.failure_class,
+        rank=found.rank,
+        host=found.host,
+    )

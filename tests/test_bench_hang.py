@@ -85,6 +85,12 @@ def test_an_engine_that_stops_answering_mid_window_fails_its_cell_by_the_cells_d
     assert "stopped sending tokens" in failed, failed
     at = float(failed.split("stopped sending tokens ")[1].split("s into")[0])
     assert 0.5 <= at <= 2.5, failed
+    # and what the stall watches saw (the client's own, the engine's counter, which a stopped
+    # engine cannot answer), so that a hung engine can be told from a starved host
+    assert "(hung, or its host stopped); the stall watch saw the client stalled " in failed, failed
+    client = float(failed.split("the client stalled ")[1].split("s of the cell's")[0])
+    assert client < 5.0, failed  # its host did not hold the client for the silence
+    assert "; the engine's counters did not answer after it" in failed, failed
     assert any("no token for the window's last" in x for x in lines), lines
     assert not any(x.startswith("MEASURED") for x in lines), lines
     assert not any("greedy probe" in x for x in lines), lines

@@ -787,6 +787,10 @@ def test_a_head_that_stops_answering_fails_its_cell_by_its_deadline_and_says_it_
     assert failure.failure_class == "engine_stopped" and failure.rank == 0
     assert "; node-0's engine was found stopped on 127.0.0.1: pid " in failure.message, failure
     assert "no token arrived in the window, nor in the " in failure.message, failure
+    # what the stall watches saw, and the nodes' clocks around it: a silent engine told from
+    # a starved host
+    assert "; the stall watch saw the client stalled " in failure.message, failure
+    assert "; the nodes' clocks around it: rank 0 matmul rate 1.00 at " in failure.message
     waited = float(failure.message.split("nor in the ")[1].split("s ")[0])
     # its deadline, not its deadline and the 10-s scrapes of a stopped engine's counters after
     # it (the line said 90 s of a 60-s deadline)
