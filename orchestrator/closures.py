@@ -32,7 +32,10 @@ CLOSED_BY = "profile"
 LOST_RULE = "knob-removed"
 DOMAIN_RULE = "outside-domain"
 FORBIDDEN_RULE = "forbidden-combination"
-CLOSED_RULES = frozenset({LOST_RULE, DOMAIN_RULE, FORBIDDEN_RULE})
+#: ...and of a baseline left undecided whose config ``champion:`` no longer says
+#: (``profile_champion.stale_baseline``)
+CHAMPION_RULE = "champion-changed"
+CLOSED_RULES = frozenset({LOST_RULE, DOMAIN_RULE, FORBIDDEN_RULE, CHAMPION_RULE})
 
 
 class Closure(NamedTuple):

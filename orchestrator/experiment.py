@@ -25,6 +25,7 @@ from orchestrator.history import monotone_classes
 from orchestrator.host_stalls import busy_words
 from orchestrator.measurements import BootCount, Measurement
 from orchestrator.profile import Profile
+from orchestrator.profile_champion import stale_baseline
 from orchestrator.remeasure import ChampionRemeasure
 from orchestrator.rendering import digest, rendered_as
 from orchestrator.runlog import RunLog
@@ -89,8 +90,12 @@ class ExperimentRunner:
             e = self.ledger.experiment(e.id)
             if e.state == State.DECIDED:
                 return
-            why = closure_of(self.profile.space, self.ledger, e)
-            if why is not None:  # a change the profile can no longer run (``evolution``)
+            # a change the profile can no longer run (``evolution``), a baseline of a
+            # champion: edited since (``profile_champion``)
+            why = closure_of(self.profile.space, self.ledger, e) or stale_baseline(
+                self.profile, self.ledger, e
+            )
+            if why is not None:
                 self._close(e, run_id, why)
                 return
             if e.kind == Kind.CANDIDATE:

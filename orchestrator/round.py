@@ -57,6 +57,7 @@ from orchestrator.intake import Intake
 from orchestrator.measurements import changed_cells
 from orchestrator.mirror import RETRY_S
 from orchestrator.profile import Profile
+from orchestrator.profile_champion import closed_lines, said_once
 from orchestrator.remeasure import ChampionRemeasure
 from orchestrator.runlog import RunLog
 from orchestrator.stops import last_stop, record_cap, record_stop, said_stop
@@ -206,6 +207,9 @@ class RoundRunner:
                 self.display.note(f"  it {said_stop(stop)}")
             for line in kept_on_resume(existing, asked, change):
                 self.display.note(line)
+            # a baseline left undecided of a champion: edited since: closed as it is taken up
+            for line in closed_lines(self.profile, self.ledger, rnd.id):
+                self.display.note(line)
             rnd = self._caps_on_resume(rnd, options)
             # what a kill left open in MLflow, from the ledger; an MLflow that answered the
             # command's start but not now (the same outage as the ledger's, which this resume
@@ -218,6 +222,10 @@ class RoundRunner:
         # the profile gained or lost a knob since the champion was recorded (``evolution``),
         # and the profile recorded (``revision``)
         revised = self.champion.revised()  # before the profile is recorded: what it changed
+        # champion: edited while the ledger has a champion: not used, said once
+        ignored = said_once(self.profile, self.ledger, self.champion.fitted())
+        if ignored is not None:
+            self.display.note(ignored)
         for line in self.champion.record_knob_changes():
             self.display.note(line)
         champion = self.champion.fitted()

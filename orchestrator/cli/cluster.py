@@ -105,6 +105,7 @@ def cluster_up(
     from cluster.teardown import said
     from orchestrator.evolution import fit_champion, record_profile
     from orchestrator.profile import load_profile
+    from orchestrator.profile_champion import said_once
     from orchestrator.settings import runtime_placeholders
 
     prof = load_profile(profile)
@@ -128,6 +129,12 @@ def cluster_up(
     with opened(prof) as o:
         ledger = o.ledger()
         champion = ledger.champion(prof.cluster.name)
+        # champion: edited since the ledger has a champion: not what is deployed, said once
+        ignored = said_once(
+            prof, ledger, None if champion is None else fit_champion(prof.space, ledger, champion)
+        )
+        if ignored is not None:
+            console.print(ignored, markup=False)
         # recorded under an earlier profile: fitted to this one, what changed said and recorded
         for line in record_profile(prof, ledger):
             console.print(line)

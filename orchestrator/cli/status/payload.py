@@ -33,6 +33,8 @@ def as_data(prof: Profile, seen: Seen, flag: str) -> dict[str, Any]:
             # the cells the profile removed or added since it was measured (``champion_level``)
             "cells_changed": None if seen.cells is None else seen.cells.as_json(),
         },
+        # the profile's champion: edited once the ledger had a champion: not used, and why
+        "profile_champion_not_used": seen.ignored,
         # no champion: the baseline whose champion as configured did not boot (the profile's)
         "champion_did_not_boot": None
         if seen.unbootable is None

@@ -38,6 +38,9 @@ class Seen:
     #: no champion: the last baseline, where the champion as configured did not boot
     #: (``baseline.crashed_baseline``)
     unbootable: ExperimentRecord | None
+    #: the line saying the profile's champion: differs from the ledger's and is not used
+    #: (``profile_champion.ignored``), or None
+    ignored: str | None
     #: what fitting the champion to the profile changed that nothing recorded yet
     changes: list[str]
     #: the champion's values the profile's domain no longer has
@@ -100,6 +103,7 @@ def read(prof: Profile, ledger: Ledger) -> Seen:
     from orchestrator.lease import state as lease_state
     from orchestrator.measurements import changed_cells, clocks_off_counts
     from orchestrator.priors import measured
+    from orchestrator.profile_champion import ignored
     from orchestrator.round_boots import RoundBoots
     from orchestrator.step_cost import learned
     from orchestrator.stops import last_stop
@@ -126,6 +130,8 @@ def read(prof: Profile, ledger: Ledger) -> Seen:
         profile=prof.name,
         champion=champion,
         unbootable=crashed_baseline(ledger, name),
+        # champion: edited once the ledger has a champion: not used (said while it holds)
+        ignored=ignored(prof, ledger, evidence.fitted()),
         changes=changes,
         # a value the profile's domain no longer has: the champion keeps it, and it is said
         outside={} if champion is None else outside_domain(prof.space, champion.config),

@@ -51,6 +51,8 @@ def say_champion(console: Console, seen: Seen) -> None:
                 f"the {aside.get('keep_boots')} boot(s) that kept it read high and were set aside",
                 markup=False,
             )
+    if seen.ignored is not None:
+        console.print(seen.ignored, markup=False)
     for line in seen.changes:
         console.print(f"{line} (recorded by the next round or cluster up)")
     for line in seen.outside.values():
