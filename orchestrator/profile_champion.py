@@ -90,6 +90,19 @@ def closed_lines(profile: Profile, ledger: Ledger, round_id: int) -> list[str]:
     return lines
 
 
+def stale_said(profile: Profile, ledger: Ledger, e: ExperimentRecord) -> str | None:
+    """What ``status`` says of undecided experiment ``e`` where the resume closes it
+    (``stale_baseline``); ``None`` where it does not.
+
+    Raises:
+        LedgerError: the ledger failed.
+    """
+    why = stale_baseline(profile, ledger, e)
+    if why is None:
+        return None
+    return f"{why.said}, and the baseline of champion: as it is now is measured"
+
+
 def ignored(profile: Profile, ledger: Ledger, champion: ChampionRecord | None) -> str | None:
     """The line saying that ``champion:`` is not used, where it differs from ``champion`` (the
     ledger's, fitted to the profile) and from the config the ledger started the cluster from

@@ -19,6 +19,8 @@ from mlflow.tracking import MlflowClient
 
 from knobs.vocabulary import Kind, State, Status
 from ledger import Ledger
+from orchestrator.known_bad import barred_regions
+from orchestrator.profile import load_profile
 from tests.fixtures.cli import orchestrate
 from tests.fixtures.mlflow_store import MlflowStore
 from tests.fixtures.profiles import small_fast_profile
@@ -61,8 +63,16 @@ def test_an_undecided_baseline_is_closed_when_champion_changed_and_the_new_one_m
         booted = len(ledger.boots(old.id))
     assert old.config["gpu_memory_utilization"] == 0.85
 
+    status = orchestrate(cli_workdir, "status", "--profile", "profile.yaml")
+    assert "under way: experiment #1" in status.stdout and "closes" not in status.stdout
+
     # the user edits champion: before the same command resumes the round
     edit_champion(cli_workdir, gpu_memory_utilization=0.8)
+    status = orchestrate(cli_workdir, "status", "--profile", "profile.yaml")
+    assert (
+        "the resume closes it: champion: changed since (gpu_memory_utilization 0.85 → 0.8), "
+        "and the baseline of champion: as it is now is measured"
+    ) in " ".join(status.stdout.split()), status.stdout
     resumed = round_cmd(cli_workdir)
     assert resumed.returncode == 0, resumed.stderr
     said = [" ".join(line.split()) for line in resumed.stdout.splitlines()]
@@ -90,6 +100,10 @@ def test_an_undecided_baseline_is_closed_when_champion_changed_and_the_new_one_m
     assert second.config["gpu_memory_utilization"] == 0.8
     assert champion is not None and champion.config["gpu_memory_utilization"] == 0.8
     assert rnd.status == "done"
+    prof = load_profile(str(cli_workdir / "profile.yaml"), base_dir=cli_workdir)
+    with Ledger(f"sqlite:///{cli_workdir}/orchestrate.db") as ledger:
+        # the closed baseline bars nothing (the round's change may: its own verdict)
+        assert [r for r in barred_regions(prof, ledger) if r.experiment.id == 1] == []
 
     # the closed baseline stays readable: results.tsv, experiments show, MLflow
     exported = orchestrate(cli_workdir, "export", "-", "--profile", "profile.yaml")

@@ -103,7 +103,7 @@ def read(prof: Profile, ledger: Ledger) -> Seen:
     from orchestrator.lease import state as lease_state
     from orchestrator.measurements import changed_cells, clocks_off_counts
     from orchestrator.priors import measured
-    from orchestrator.profile_champion import ignored
+    from orchestrator.profile_champion import ignored, stale_said
     from orchestrator.round_boots import RoundBoots
     from orchestrator.step_cost import learned
     from orchestrator.stops import last_stop
@@ -167,8 +167,9 @@ def read(prof: Profile, ledger: Ledger) -> Seen:
         off=off,
         failed=failed_by_node(ledger, name),
         # what the unfinished round has under way: the change a resume takes up first
+        # (a baseline of a champion: edited since: what the resume closes it for)
         undecided=[
-            under_way(e, ledger.boots(e.id))
+            {**under_way(e, ledger.boots(e.id)), "closed_on_resume": stale_said(prof, ledger, e)}
             for e in experiments
             if running is not None and e.round_id == running.id and e.state != State.DECIDED
         ],

@@ -98,6 +98,8 @@ def say_round(console: Console, seen: Seen, data: dict[str, Any], flag: str) -> 
                 f"  under way: experiment #{u['experiment']} ({of}{u['change']}), {boots}",
                 markup=False,
             )
+            if u["closed_on_resume"] is not None:
+                console.print(f"    the resume closes it: {u['closed_on_resume']}", markup=False)
     elif seen.not_started is not None:
         console.print(
             f"no round began: the last `orchestrate round{flag}` {said_stop(seen.not_started)}",
