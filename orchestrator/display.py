@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 from rich.console import Console, Group
 from rich.live import Live
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
@@ -15,6 +17,9 @@ from knobs.spec import as_text, objective_text
 from knobs.vocabulary import Kind, Status
 from ledger import ChampionRecord, ExperimentRecord, RoundRecord
 from orchestrator.measurements import BootCount
+
+#: wider than any row of a table (``whole_rows_width`` measures within it)
+_UNBOUNDED = 10_000
 
 _STYLE: dict[str, str] = {
     Status.KEEP: "bold green",
@@ -229,3 +234,16 @@ def experiments_table(
             note,
         )
     return table
+
+
+def whole_rows_width(console: Console, table: Table) -> int | None:
+    """The width to print ``table`` at on ``console``: where its output is no terminal (a log
+    file, ``nohup``, a pipe) and ``COLUMNS`` names no width, as wide as its rows need, so each
+    row is one line as a wide terminal shows it (rich's default there is 80 columns: a change
+    wrapped over four lines, a knob's name cut); ``None``: the console's own (a terminal's
+    width, or the one ``COLUMNS`` asks for)."""
+    if console.is_terminal or os.environ.get("COLUMNS", "").strip().isdigit():
+        return None
+    wide = console.options.update_width(_UNBOUNDED)
+    needed = Measurement.get(console, wide, table).maximum
+    return max(console.width, needed)

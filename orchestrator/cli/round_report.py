@@ -106,7 +106,7 @@ def print_report(report: RoundReport, as_json: bool, page: Path | None) -> None:
     """The round's experiments and champion: a table, or JSON for scripts; and where its
     report is."""
     from knobs.spec import as_text
-    from orchestrator.display import experiments_table
+    from orchestrator.display import experiments_table, whole_rows_width
 
     if as_json:
         payload = {
@@ -132,9 +132,11 @@ def print_report(report: RoundReport, as_json: bool, page: Path | None) -> None:
         return
     console = out()
     if report.experiments:
-        console.print(
-            experiments_table(report.experiments, report.champion, f"Round {report.round.id}")
-        )
+        table = experiments_table(report.experiments, report.champion, f"Round {report.round.id}")
+        wider = whole_rows_width(console, table)  # in a log file, one line a row
+        if wider is not None:
+            console.width = wider  # ``print(width=)`` only narrows
+        console.print(table)
     elif report.stopped_by == "exhausted":
         console.print(
             f"Round {report.round.id}: nothing was left to try (every one-knob change of the "
