@@ -150,7 +150,10 @@ def test_a_head_line_alone_gives_headless_workers_and_an_odd_value_stays_fixed(
     # 8000 is no value of MNBT's domain (steps of 512): not tuned, kept as written
     assert "max_num_batched_tokens" in profile.untuned
     written = (tmp_path / "sm121-tp2-head-only.yaml").read_text()
-    assert "# Untuned: max_num_batched_tokens: 8000 is not an integer from 2048" in written
+    assert (
+        "# Untuned: max_num_batched_tokens: --max-num-batched-tokens 8000 is not an integer "
+        "from 2048" in written
+    )
     assert "# Dropped: docker run -dit" in written
     assert profile.cluster.port == 8001
     commands = _commands(tmp_path, str(tmp_path / "sm121-tp2-head-only.yaml"))
@@ -325,9 +328,41 @@ def test_fp8_as_vllm_reads_it_is_the_catalogs_fp8_e4m3_and_an_untuned_flag_says_
         "rendered --kv-cache-dtype fp8_e4m3 from now on"
     ) in said, said
     assert (
-        "  untuned: max_num_batched_tokens: 8000 is not an integer from 2048 to 16384 in steps "
-        "of 512"
+        "  untuned: max_num_batched_tokens: --max-num-batched-tokens 8000 is not an integer from "
+        "2048 to 16384 in steps of 512"
     ) in said, said
     head = _commands(tmp_path, str(tmp_path / "serve.yaml"))["node-0"]
     assert head[head.index("--kv-cache-dtype") + 1] == "fp8_e4m3"
     assert head[head.index("--max-num-batched-tokens") + 1] == "8000"
+
+
+def test_untuned_lines_name_only_what_the_launcher_sets(tmp_path: Path) -> None:
+    """Init's ``untuned:`` lines listed every catalog knob the launcher does not set too (``the
+    command has no --kv-cache-dtype``), as if something were wrong with it. They now list only
+    a knob the launcher sets to something the catalog cannot tune from, saying where the value
+    is; the knobs it does not set stay out of the profile's tuning (``untuned:``), said once in
+    the file's header."""
+    profile, said = _init(tmp_path, "card000-x86.sh")
+    assert set(profile.untuned) == {
+        "max_num_batched_tokens",
+        "drafter_adapter_rank",
+        "kv_cache_dtype",
+        "gpu_memory_utilization",
+    }
+    lines = said.splitlines()
+    assert lines[0].endswith(
+        "2 knob(s) recognised (num_speculative_tokens=7, cuda_graphs=true), 1 left untuned, "
+        "1 node(s)"
+    ), lines
+    untuned = [line for line in lines if line.startswith("  untuned:")]
+    assert untuned == [
+        "  untuned: drafter_adapter_rank: --speculative-config's model "
+        "/models/GLM-5.3-Flash-DFlash2-F is none of what the catalog renders for 0, 16, 32, "
+        "64, 128"
+    ], lines
+    header = (tmp_path / "card000-x86.yaml").read_text().split("\n\n")[0]
+    assert (
+        "# Not set by the launcher, so not tuned: max_num_batched_tokens, kv_cache_dtype, "
+        "gpu_memory_utilization (each stays the engine's default)." in header
+    ), header
+    assert "the command has no" not in said + header

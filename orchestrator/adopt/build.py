@@ -325,7 +325,7 @@ def _profile(
         },
         "launcher": {"argv": [], "head_argv": [], "worker_argv": [], "env": found.env},
         "knob_catalog": catalog_name,
-        "untuned": sorted(found.untuned),
+        "untuned": sorted([*found.untuned, *found.unset]),
         "champion": found.champion,
         "cells": [{**c, "max_tokens": 512, "warmup_s": 10, "duration_s": 30} for c in CELLS],
         "gates": gates,
@@ -352,6 +352,11 @@ def _header(path: Path, found: Recognised, notes: list[str], head: Serve) -> str
         + (", ".join(f"{k}={as_text(v)}" for k, v in found.champion.items()) or "none"),
     ]
     lines += [f"Untuned: {k}: {why}." for k, why in found.untuned.items()]
+    if found.unset:
+        lines.append(
+            f"Not set by the launcher, so not tuned: {', '.join(found.unset)} (each stays the "
+            "engine's default)."
+        )
     lines += [
         f"Dropped: docker run {t}: the engine runs in the foreground, with no terminal."
         for t in head.dropped

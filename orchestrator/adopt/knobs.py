@@ -3,7 +3,8 @@
 its JSON flag, an ``env`` variable. What a knob renders is taken out of the command; what is
 left is kept fixed. A value vLLM takes as another spelling of one of the knob's values
 (``ENGINE_READS``) is that value. A knob the command does not set, or sets to a value outside
-its domain, is left untuned, with the reason."""
+its domain, is left untuned: one it sets with the reason (``untuned``), one it does not set by
+name alone (``unset``: the engine's default stands, nothing to say of it)."""
 
 from __future__ import annotations
 
@@ -22,11 +23,15 @@ ENGINE_READS: dict[str, dict[str, str]] = {"--kv-cache-dtype": {"fp8": "fp8_e4m3
 
 @dataclass
 class Recognised:
-    """The knobs found (the champion), the knobs left untuned (with why), the options left
-    fixed, the JSON flags' fixed fields, and the environment a knob does not render."""
+    """The knobs found (the champion), the knobs the launcher sets but that are left untuned
+    (with why), the knobs it does not set (untuned too), the options left fixed, the JSON
+    flags' fixed fields, and the environment a knob does not render."""
 
     champion: dict[str, Value] = field(default_factory=dict)
+    #: a knob the launcher sets to what the catalog cannot tune from: why, where it is set
     untuned: dict[str, str] = field(default_factory=dict)
+    #: the catalog's knobs the launcher does not set (the engine's default stands)
+    unset: list[str] = field(default_factory=list)
     options: list[Option] = field(default_factory=list)
     json_flags: dict[str, dict[str, Value]] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
@@ -56,14 +61,14 @@ def recognise(specs: tuple[KnobSpec, ...], serve: Serve, env: dict[str, str]) ->
                     out.champion[spec.name] = found
                     del obj[how.field]
                     continue
-                out.untuned[spec.name] = _outside(spec, obj[how.field])
+                out.untuned[spec.name] = _outside(spec, f"{how.flag}'s {how.field}", obj[how.field])
             else:
-                out.untuned[spec.name] = f"{how.flag} has no field {how.field}"
+                out.unset.append(spec.name)
         elif how.kind == "flag":
             assert how.flag is not None
             given = serve.get(how.flag)
             if given is None:
-                out.untuned[spec.name] = f"the command has no {how.flag}"
+                out.unset.append(spec.name)
                 continue
             found = _value(spec, given)
             meant = ENGINE_READS.get(how.flag, {}).get(given.strip())
@@ -72,18 +77,18 @@ def recognise(specs: tuple[KnobSpec, ...], serve: Serve, env: dict[str, str]) ->
                 if found is not None:
                     out.read_as[spec.name] = (how.flag, given.strip())
             if found is None:
-                out.untuned[spec.name] = _outside(spec, given)
+                out.untuned[spec.name] = _outside(spec, how.flag, given)
                 continue
             out.champion[spec.name] = found
             out.options = [o for o in out.options if o.flag != how.flag]
         elif how.kind == "env":
             assert how.env is not None
             if how.env not in out.env:
-                out.untuned[spec.name] = f"the launcher does not set ${how.env}"
+                out.unset.append(spec.name)
                 continue
             found = _value(spec, out.env[how.env])
             if found is None:
-                out.untuned[spec.name] = _outside(spec, out.env[how.env])
+                out.untuned[spec.name] = _outside(spec, f"${how.env}", out.env[how.env])
                 continue
             out.champion[spec.name] = found
             del out.env[how.env]
@@ -105,7 +110,9 @@ def _switch(spec: KnobSpec, out: Recognised) -> None:
     env_on = bool(how.env_when_true) and how.env_when_true.items() <= out.env.items()
     env_off = bool(how.env_when_false) and how.env_when_false.items() <= out.env.items()
     if (on or env_on) and (off or env_off):
-        out.untuned[spec.name] = "the command has the tokens of both of its values"
+        variables = {**how.env_when_true, **how.env_when_false}
+        both = [*how.when_true, *how.when_false, *(f"{k}={v}" for k, v in variables.items())]
+        out.untuned[spec.name] = f"the launcher has the tokens of both values ({' '.join(both)})"
         return
     if on or env_on:
         value = True
@@ -116,7 +123,7 @@ def _switch(spec: KnobSpec, out: Recognised) -> None:
     elif (how.when_true or how.env_when_true) and not (how.when_false or how.env_when_false):
         value = False
     else:
-        out.untuned[spec.name] = "its tokens are not in the command"
+        out.unset.append(spec.name)
         return
     out.champion[spec.name] = value
     tokens = set(how.when_true if value else how.when_false)
@@ -159,10 +166,13 @@ def _value(spec: KnobSpec, raw: object) -> Value | None:
         return None
 
 
-def _outside(spec: KnobSpec, raw: object) -> str:
+def _outside(spec: KnobSpec, where: str, raw: object) -> str:
+    """Why the launcher's ``raw`` at ``where`` (a flag, a JSON field, a variable) is no value
+    of ``spec``'s domain."""
     if spec.render.values is not None:
-        return f"{_text(raw)} is none of the values the catalog renders for it"
-    return f"{_text(raw)} is not {spec.describe_domain()}"
+        values = ", ".join(as_text(v) for v in spec.render.values)
+        return f"{where} {_text(raw)} is none of what the catalog renders for {values}"
+    return f"{where} {_text(raw)} is not {spec.describe_domain()}"
 
 
 def _text(raw: object) -> str:

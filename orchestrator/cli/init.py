@@ -78,10 +78,13 @@ def init(
     console.print(
         f"wrote {target}: {len(champion)} knob(s) recognised ("
         + ", ".join(f"{k}={as_text(v)}" for k, v in champion.items())
-        + f"), {len(adopted.recognised.untuned)} left untuned, "
-        f"{len(adopted.profile.cluster.nodes)} node(s)"
+        + ")"
+        # a knob the launcher sets to what the catalog cannot tune from; one it does not set
+        # is untuned too, said in the file's header alone (the engine's default stands)
+        + (f", {len(untuned)} left untuned" if (untuned := adopted.recognised.untuned) else "")
+        + f", {len(adopted.profile.cluster.nodes)} node(s)"
     )
-    for knob, why in adopted.recognised.untuned.items():  # the file's header says it too
+    for knob, why in untuned.items():  # the file's header says it too
         console.print(f"  untuned: {knob}: {why}", markup=False)
     for note in adopted.notes:
         console.print(f"  note: {note}", markup=False)
