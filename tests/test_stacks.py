@@ -7,6 +7,7 @@ written."""
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 from pathlib import Path
@@ -106,3 +107,41 @@ def test_a_revision_an_earlier_release_recorded_is_compared_by_its_digests(
     # the stack that ran it reads as before
     rc, err = run(tmp_path, "status", "--json", "--profile", str(tmp_path / "profile.yaml"))
     assert rc == 0, err
+
+
+def test_status_under_another_stacks_profile_shows_what_the_ledger_holds_of_the_cluster(
+    tmp_path: Path,
+) -> None:
+    """``status`` with another stack's profile said the one line round says, exit 3, and
+    showed nothing of the ledger: whose cluster it is, whether a round of it runs now. It now
+    shows, on stdout, what the ledger holds of that cluster as recorded (nothing read through
+    the other stack's profile), then the same line and exit 3, as round (README: exit 3 for
+    another stack's profile); ``--json`` gives it too. Nothing is written."""
+    other = measured(tmp_path)
+    before = counts(tmp_path)
+    line = said(tmp_path, "model m, catalog vllm-dflash2")
+    with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
+        champion = ledger.champion("evolving")
+        (rnd,) = ledger.rounds("evolving")
+    assert champion is not None
+    env = {**os.environ, "ORCHESTRATE_LEDGER": f"sqlite:///{tmp_path}/ledger.db"}
+    env.pop("ORCHESTRATE_PROFILE", None)
+    done = orchestrate(tmp_path, "status", "--profile", str(other), env=env, timeout=60)
+    assert (done.returncode, done.stderr.strip().splitlines()) == (3, [line]), done.stderr
+    shown = " ".join(done.stdout.split())
+    assert shown.startswith(
+        "cluster evolving, as the ledger holds it (run as profile p, another stack than "
+        "profile vllm-cpu-smollm2's): 1 round(s), "
+    ), shown
+    assert (
+        f"champion: experiment #{champion.experiment_id}, objective {champion.objective:.1f} "
+        "(cuda_graphs=false" in shown
+    ), shown
+    assert f"round {rnd.id} {rnd.status}" in shown, shown
+    done = orchestrate(tmp_path, "status", "--json", "--profile", str(other), env=env, timeout=60)
+    assert done.returncode == 3
+    data = json.loads(done.stdout)
+    assert data["another_stack"] == line.removeprefix("Error: "), data
+    assert data["recorded"]["profile"] == "p"
+    assert data["recorded"]["champion"]["experiment"] == champion.experiment_id, data
+    assert counts(tmp_path) == before

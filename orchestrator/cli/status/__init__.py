@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import json
 import shlex
+from typing import TYPE_CHECKING
 
 import typer
 
-from orchestrator.cli.common import JsonOpt, ProfileOpt, opened, out
+from orchestrator.cli.common import JsonOpt, ProfileOpt, opened, out, reading
+
+if TYPE_CHECKING:
+    from orchestrator.stacks import AnotherStack
 
 
 def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
@@ -22,10 +26,16 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
     from orchestrator.cli.status.text import say_champion, say_nodes, say_round
     from orchestrator.mlflow_store import seen_from_here
     from orchestrator.profile import load_profile
+    from orchestrator.stacks import AnotherStack
 
     prof = load_profile(profile)
     with opened(prof) as o:
-        seen = read(prof, o.ledger(create=False))
+        try:
+            seen = read(prof, o.ledger(create=False))
+        except AnotherStack as e:
+            # refused as round refuses it (exit 3), after what the ledger holds of the cluster
+            _another_stack(o.settings.ledger_url, e, prof.name, as_json)
+            raise
     # the commands this status suggests, under the profile it read (the round's)
     flag = "" if profile is None else f" --profile {shlex.quote(profile)}"
     data = as_data(prof, seen, flag)
@@ -40,3 +50,18 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
     say_nodes(console, prof, seen, data, flag)
     if other is not None:
         console.print(other, markup=False)
+
+
+def _another_stack(url: str, refused: AnotherStack, profile: str, as_json: bool) -> None:
+    """What the ledger at ``url`` holds of the cluster another stack's ``profile`` was
+    ``refused`` for, read as recorded (``stacks.recorded``): its text, or ``--json``."""
+    from orchestrator.stacks import recorded, recorded_words
+
+    with reading(url) as ledger:
+        held = recorded(ledger, refused)
+    if as_json:
+        typer.echo(json.dumps({"another_stack": refused.message, "recorded": held}, indent=2))
+        return
+    console = out()
+    for line in recorded_words(held, profile):
+        console.print(line, markup=False)
