@@ -34,6 +34,11 @@ _STORE_LOGGERS: Final = ("mlflow.store.db.utils", "mlflow.store.db_migrations", 
 #: MLflow's database layer: it logs an error, then raises it (``_quiet_store_logs``)
 _RAISED_LOGGER: Final = "mlflow.store.db.utils"
 
+#: MLflow's error codes for a run a store does not have (a run id it never made is
+#: ``INVALID_PARAMETER_VALUE`` to some stores): another store, for the round's start and for
+#: ``status`` alike (``mlflow_holds``).
+NOT_THIS_STORES: Final = frozenset({"RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"})
+
 #: The experiment tag MLflow 3's UI reads to choose its view, and the value for runs tables.
 EXPERIMENT_KIND_TAG: Final = "mlflow.experimentKind"
 EXPERIMENT_KIND: Final = "custom_model_development"
@@ -59,7 +64,8 @@ def new_artifact_location(
 def open_store(tracking_uri: str, holds: str | None = None) -> MlflowClient:
     """The client of the tracking store at ``tracking_uri``, its schema migrated if it is new
     — unless it must hold run ``holds`` (the last the ledger logged to MLflow), which a new
-    store cannot: a SQLite file that is not there is then not made.
+    store cannot: a SQLite file that is not there is then not made, nor MLflow's tables in a
+    database server's database that has none.
 
     Raises:
         OtherMlflowStore: the store does not hold run ``holds`` (nothing was written to it).
@@ -67,11 +73,12 @@ def open_store(tracking_uri: str, holds: str | None = None) -> MlflowClient:
             or its driver failed (the sink translates them).
     """
     _quiet_store_logs()
-    probe_database(tracking_uri)
+    has_store = probe_database(tracking_uri)
     file = sqlite_file(tracking_uri)
-    if holds is not None and file is not None and not file.exists():
+    if holds is not None and (not has_store or (file is not None and not file.exists())):
         raise OtherMlflowStore(
-            f"MLflow at {display_uri(tracking_uri)} is no store yet (no such file)",
+            f"MLflow at {display_uri(tracking_uri)} is no store yet "
+            f"({no_store_there(tracking_uri)})",
             tracking_uri=display_uri(tracking_uri),
             run_id=holds,
             missing=True,
@@ -88,7 +95,7 @@ def open_store(tracking_uri: str, holds: str | None = None) -> MlflowClient:
         try:
             client.get_run(holds)  # a run deleted in the UI is still the store's
         except MlflowException as e:
-            if e.error_code not in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+            if e.error_code not in NOT_THIS_STORES:
                 raise
             raise OtherMlflowStore(
                 f"MLflow at {display_uri(tracking_uri)} has no run {holds}",
@@ -97,6 +104,13 @@ def open_store(tracking_uri: str, holds: str | None = None) -> MlflowClient:
                 missing=False,
             ) from None
     return client
+
+
+def no_store_there(tracking_uri: str) -> str:
+    """What there is where no MLflow store is yet: no file, or a database without its tables."""
+    if sqlite_file(tracking_uri) is not None:
+        return "no such file"
+    return "a database without MLflow's tables"
 
 
 def _quiet_store_logs() -> None:

@@ -69,8 +69,9 @@ def artifact_location(root: str | Path | None) -> str | None:
     return Path(root).resolve().as_uri()
 
 
-def probe_database(uri: str) -> None:
-    """Connect once to a server database before MLflow does.
+def probe_database(uri: str) -> bool:
+    """Connect once to a server database before MLflow does: whether it holds an MLflow store
+    already (its ``runs`` table; ``True`` for a URI that is no database server's).
 
     MLflow retries a failing database connection ten times with backoff (about 100 s) before
     it gives up; one direct attempt turns "server down" into an error at once.
@@ -80,15 +81,15 @@ def probe_database(uri: str) -> None:
     """
     dialect = urlsplit(uri).scheme.lower().split("+", 1)[0]
     if dialect not in DB_SCHEMES or dialect == "sqlite":
-        return
+        return True
     import sqlalchemy
     from sqlalchemy.pool import NullPool
 
     url = sqlalchemy.make_url(uri)
     engine = sqlalchemy.create_engine(url, poolclass=NullPool, connect_args=connect_args(url))
     try:
-        with engine.connect():
-            pass
+        with engine.connect() as conn:
+            return sqlalchemy.inspect(conn).has_table("runs")
     finally:
         engine.dispose()
 

@@ -12,15 +12,15 @@ one, and the next command finds the ledger's last run there.
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Callable, Sequence
-from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
 from ledger import Ledger, MlflowSinkError, OtherMlflowStore, RoundRecord
-from ledger.mlflow_uri import display_uri, resolve_tracking_uri, sqlite_file
+from ledger.mlflow_holds import glance
+from ledger.mlflow_open import no_store_there
+from ledger.mlflow_uri import display_uri, resolve_tracking_uri
 
 T = TypeVar("T")
 
@@ -75,19 +75,10 @@ def the_same_store(
     except OtherMlflowStore as e:
         if logged is None:
             raise
-        rounds = f"{logged.rounds} round{'s' if logged.rounds != 1 else ''}"
-        lacks = (
-            f"there is no store there yet (no such file), while this ledger logged {rounds} "
-            f"of this cluster to MLflow (experiment {experiment}; the last, round "
-            f"{logged.last_round}, as run {logged.run_id})"
-            if e.missing
-            else f"it has no run {logged.run_id}, the last of the {rounds} of this cluster "
-            f"this ledger logged to MLflow (round {logged.last_round}, experiment {experiment})"
-        )
         raise OtherMlflowStore(
-            f"MLflow at {e.tracking_uri}{_relative(configured, e.tracking_uri)} is not the "
-            f"store this ledger's rounds logged to: {lacks}. Nothing was written to it: "
-            "point MLFLOW_TRACKING_URI (else the profile's mlflow_uri) at the "
+            f"{_not_the_store(configured, e.tracking_uri, logged, experiment, e.missing)}. "
+            "Nothing was written to it: point MLFLOW_TRACKING_URI (else the profile's "
+            "mlflow_uri) at the "
             "store that has them (an absolute sqlite:////path for a command run from another "
             "folder) and run the command again; or, to log this cluster's rounds to this store "
             f"from now on, run it with {NEW_STORE_FLAG} (the rounds before stay where they are)",
@@ -106,32 +97,61 @@ def _relative(configured: str, opened: str) -> str:
     return f" (the relative {given}, taken from {Path.cwd()}, where this command runs)"
 
 
-def seen_from_here(configured: str, rounds: Sequence[RoundRecord]) -> str | None:
-    """What ``status`` says of a SQLite MLflow store, as the round's command would find it
-    from this folder, that lacks the ledger's last run: read without MLflow, never written
-    (``None``: it has the run, nothing was logged, or the store is a server's, which
-    ``status`` does not contact)."""
+def _not_the_store(
+    configured: str, uri: str, logged: Logged, experiment: str, missing: bool
+) -> str:
+    """The round's start and ``status`` alike: the store at ``uri`` (``configured``: as
+    given) is not the one the ledger ``logged`` to, and what it lacks."""
+    rounds = f"{logged.rounds} round{'s' if logged.rounds != 1 else ''}"
+    lacks = (
+        f"there is no store there yet ({no_store_there(uri)}), while this ledger logged "
+        f"{rounds} of this cluster to MLflow (experiment {experiment}; the last, round "
+        f"{logged.last_round}, as run {logged.run_id})"
+        if missing
+        else f"it has no run {logged.run_id}, the last of the {rounds} of this cluster "
+        f"this ledger logged to MLflow (round {logged.last_round}, experiment {experiment})"
+    )
+    return (
+        f"MLflow at {uri}{_relative(configured, uri)} is not the store this ledger's rounds "
+        f"logged to: {lacks}"
+    )
+
+
+@dataclass(frozen=True)
+class SeenFromHere:
+    """What ``status`` says of the MLflow store a round from here would open: ``other``, it
+    is not the ledger's (``--json``'s ``other_mlflow_store``); ``away``, it did not answer,
+    so whether it is cannot be told (``mlflow_away``). Neither: it is, or nothing to check."""
+
+    other: str | None = None
+    away: str | None = None
+
+
+def seen_from_here(configured: str, rounds: Sequence[RoundRecord], experiment: str) -> SeenFromHere:
+    """Whether the MLflow store a round's command would open from this folder (``configured``,
+    as given) holds the last run the ledger logged of a cluster (its ``rounds``; its MLflow
+    ``experiment``), glanced at as ``ledger.mlflow_holds`` does for each kind of store:
+    read-only, nothing created, within ``GLANCE_S``; a store that does not answer is away,
+    not another store."""
     logged = logged_in(rounds)
     if logged is None:
-        return None
+        return SeenFromHere()
     try:
         uri = resolve_tracking_uri(configured)[0]
     except MlflowSinkError:
-        return None
-    file = sqlite_file(uri)
-    if file is None:
-        return None
-    if file.exists():
-        try:
-            with closing(sqlite3.connect(f"{file.as_uri()}?mode=ro", uri=True)) as db:
-                found = db.execute("SELECT 1 FROM runs WHERE run_uuid = ?", (logged.run_id,))
-                if found.fetchone() is not None:
-                    return None
-        except sqlite3.Error:
-            return None  # not MLflow's, or locked: the round's command says
-    return (
-        f"MLflow at {uri}{_relative(configured, uri)} is not the store this ledger's rounds "
-        f"logged to: it has no run {logged.run_id} (round {logged.last_round}, the last of "
-        f"{logged.rounds} logged); the next round refuses it: point MLFLOW_TRACKING_URI at "
-        f"the store that has them, or run it with {NEW_STORE_FLAG}"
-    )
+        return SeenFromHere()  # the round's command says
+    seen = glance(uri, logged.run_id)
+    shown = display_uri(uri)
+    if seen.holds is False:
+        return SeenFromHere(
+            other=f"{_not_the_store(configured, shown, logged, experiment, seen.missing)}; the "
+            "next round refuses it: point MLFLOW_TRACKING_URI at the store that has them, or "
+            f"run it with {NEW_STORE_FLAG}"
+        )
+    if seen.away is not None:
+        return SeenFromHere(
+            away=f"MLflow at {shown} is away ({seen.away}): whether it holds this ledger's "
+            f"runs (the last, round {logged.last_round}'s run {logged.run_id}) is not known; "
+            "a round waits for it, as it answered this ledger before"
+        )
+    return SeenFromHere()

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
     """The champion, the running round, budget spent and who holds the cluster's lease."""
+    from ledger.mlflow_sink import mlflow_experiment
     from orchestrator.cli.status.payload import as_data
     from orchestrator.cli.status.seen import read
     from orchestrator.cli.status.text import say_champion, say_nodes, say_round
@@ -39,8 +40,11 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
     # the commands this status suggests, under the profile it read (the round's)
     flag = "" if profile is None else f" --profile {shlex.quote(profile)}"
     data = as_data(prof, seen, flag)
-    # a SQLite MLflow store, as a round from here finds it, without the ledger's last run
-    data["other_mlflow_store"] = other = seen_from_here(o.settings.mlflow_uri, seen.rounds)
+    # the MLflow store a round from here opens, glanced at: without the ledger's last run, or
+    # away (``mlflow_store.seen_from_here``)
+    store = seen_from_here(o.settings.mlflow_uri, seen.rounds, mlflow_experiment(prof.cluster.name))
+    data["other_mlflow_store"] = store.other
+    data["mlflow_away"] = store.away
     if as_json:
         typer.echo(json.dumps(data, indent=2))
         return
@@ -48,8 +52,9 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
     say_champion(console, seen)
     say_round(console, seen, data, flag)
     say_nodes(console, prof, seen, data, flag)
-    if other is not None:
-        console.print(other, markup=False)
+    for said in (store.other, store.away):
+        if said is not None:
+            console.print(said, markup=False)
 
 
 def _another_stack(url: str, refused: AnotherStack, profile: str, as_json: bool) -> None:
