@@ -381,10 +381,17 @@ class ProposalContext(BaseModel):
             and Config(e.config).key == candidate.key
         ]
         if not vetoed:
-            return (
-                f"{change.describe()} was already decided under this champion "
-                f"(config {candidate.key})"
+            decided = [
+                e
+                for e in self.history
+                if e.champion_key == self.champion.key and Config(e.config).key == candidate.key
+            ]
+            which = (
+                f"experiment #{decided[-1].experiment}, {decided[-1].status}"
+                if decided
+                else f"config {candidate.key}"
             )
+            return f"{change.describe()} was already decided under this champion ({which})"
         n = vetoed[-1].experiment
         why = next(
             (r.reason for r in self.known_bad if r.source == "veto" and r.matches(candidate)), None

@@ -143,7 +143,14 @@ def approve_edited(
     change = context.space.change(context.champion, proposal.knob, value)
     refusal = context.refusal(change)
     if refusal is not None:
-        raise KnobError(refusal.reason, knob=proposal.knob)
+        # a person is told what lifts a region (a veto's words name its own experiment)
+        lifts = (
+            "; `orchestrate known-bad list` names the experiment that barred it, and "
+            "`orchestrate known-bad clear N --reason TEXT` lets it run again"
+            if refusal.kind == "known-bad"
+            else ""
+        )
+        raise KnobError(refusal.reason + lifts, knob=proposal.knob)
     proposed = as_text(proposal.new_value)
     return ledger.decide_proposal(
         proposal.id,
