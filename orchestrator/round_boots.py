@@ -176,5 +176,8 @@ def _use(boot: BootRecord, e: ExperimentRecord | None, slow: Mapping[int, set[in
     if boot.role == BootRole.REMEASURE:
         return "champion re-measure"
     if boot.role == BootRole.CONFIRM:
-        return "confirmation"
+        # the champion's (decided before it, or an earlier round's): the drift sentinel's
+        # confirmation of a re-measure, not a candidate's confirmation
+        decided = e is None or (e.decided_at is not None and e.decided_at <= boot.started_at)
+        return "champion re-measure" if decided else "confirmation"
     return "baseline" if e is not None and e.kind == Kind.BASELINE else "candidate"

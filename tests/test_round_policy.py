@@ -29,6 +29,7 @@ from orchestrator.experiment import GreedyUncheckable
 from orchestrator.faults import ClocksOff
 from orchestrator.profile import Profile
 from orchestrator.round import RoundOptions, RoundRunner
+from orchestrator.round_boots import RoundBoots
 from orchestrator.stops import last_stop
 from orchestrator.testbed import NullSink
 from tests.fixtures.cli import orchestrate
@@ -291,6 +292,14 @@ def test_a_drift_the_confirmation_boot_does_not_confirm_re_bases_nothing(tmp_pat
             (100, 100, False),
         ]
         assert not any(d.significant for d in drifts)
+        # the confirmation boot is the champion's: counted with its re-measures, not as a
+        # candidate's confirmation (the review's J2: `1 confirmation` of no candidate)
+        seen = RoundBoots.read(ledger, ledger.rounds("scripted")[0], 0.9)
+        uses = {b.boot.id: b.use for b in seen.boots}
+        confirm = [b for b in ledger.boots(baseline.id) if b.role == "confirm"]
+        assert [uses[b.id] for b in confirm] == ["champion re-measure"], uses
+        remeasures = sum(1 for b in seen.boots if b.boot.role == "remeasure")
+        assert seen.tally().remeasures == remeasures + 1, seen.tally()
         k5 = ledger.experiments()[3]
         level = (100.0 * 90.0 * 100.0) ** (1 / 3)
         assert k5.status == "keep" and 120 / level - 1.05 < (k5.delta_pct or 0) / 100 < 0.25
