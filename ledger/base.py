@@ -4,7 +4,6 @@ any point leaves the ledger at the last completed state change."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -22,6 +21,7 @@ from sqlalchemy.exc import (
 from sqlalchemy.orm import ORMExecuteState, Session, sessionmaker
 
 from knobs.vocabulary import EventKind
+from ledger.disk import file_missing, folder_missing, folder_unwritable, went_read_only
 from ledger.errors import LedgerError, LedgerNotReady, NotInLedger
 from ledger.fence import WROTE, Fence
 from ledger.libpq import connect_args
@@ -69,7 +69,9 @@ class LedgerBase:
                 url=self.url,
             )
         sqlite = parsed.get_backend_name() == "sqlite"
-        if read_only and sqlite and _file_missing(parsed.database):
+        # the SQLite file, asked about when a write fails (``went_read_only``)
+        self._database = parsed.database if sqlite else None
+        if read_only and sqlite and file_missing(parsed.database):
             # connecting would create it
             raise LedgerNotReady(f"no ledger yet at {self.url}", url=self.url)
         if sqlite and (not parsed.database or parsed.database == ":memory:"):
@@ -79,7 +81,7 @@ class LedgerBase:
                 "ends: name a file (sqlite:///orchestrate.db)",
                 url=url,
             )
-        folder = _folder_missing(parsed.database) if sqlite else None
+        folder = folder_missing(parsed.database) if sqlite else None
         if folder is not None:
             # SQLite says only "unable to open database file"
             raise LedgerError(
@@ -90,7 +92,7 @@ class LedgerBase:
                 unreachable=True,
             )
         writes = sqlite and not read_only and not rehearse
-        refused = _folder_unwritable(parsed.database) if writes else None
+        refused = folder_unwritable(parsed.database) if writes else None
         if refused is not None:
             # SQLite says only "unable to open database file" (or "a readonly database")
             raise LedgerError(
@@ -188,6 +190,11 @@ class LedgerBase:
             with suppress(SQLAlchemyError):  # a lost connection took its transaction with it
                 session.rollback()
             detail = str(e).splitlines()[0]
+            read_only = self._read_only(e)
+            if read_only is not None:
+                raise LedgerError(
+                    self._said_read_only(detail, *read_only), url=self.url, read_only=True
+                ) from e
             if _SQLITE_FULL in detail.lower():
                 detail += "; the disk of the ledger's file is full: free space there"
             if refused_connection(e):
@@ -204,6 +211,27 @@ class LedgerBase:
         finally:
             with suppress(SQLAlchemyError):
                 session.close()
+
+    def _read_only(self, e: SQLAlchemyError) -> tuple[Path, Path] | None:
+        """The ledger file's folder and mount point, where ``e`` is SQLite failing to write
+        because its filesystem went read-only (``went_read_only``)."""
+        if self._database is None or not isinstance(e, OperationalError):
+            return None
+        text = str(e.orig).lower()
+        if not any(words in text for words in _SQLITE_NOT_WRITTEN):
+            return None
+        return went_read_only(self._database)
+
+    def _said_read_only(self, detail: str, folder: Path, mount: Path) -> str:
+        """A ledger whose filesystem went read-only, in one line: what, where, what to do."""
+        return (
+            f"ledger {self.url}: the filesystem at {mount} went read-only under it ({detail}), "
+            "and that does not heal by itself (a filesystem is remounted read-only on a disk "
+            f"error): check the disk and remount it read-write (mount -o remount,rw {mount}), "
+            f"or copy the ledger out of {folder} to a writable disk and set "
+            "ORCHESTRATE_LEDGER (or the profile's ledger_url) to the copy; the same command "
+            "then resumes the round from the last step the ledger recorded"
+        )
 
     def _create(self) -> None:
         # the schema lock (ledger/schema.py) keeps openers of this orchestrate from racing; an
@@ -315,35 +343,6 @@ def server_identity(url: str) -> str | None:
     return named.render_as_string(hide_password=False)
 
 
-def _file_missing(database: str | None) -> bool:
-    """Whether a SQLite URL's database is a file that is not there (not in memory)."""
-    return bool(database) and database != ":memory:" and not Path(str(database)).exists()
-
-
-def _folder_missing(database: str | None) -> Path | None:
-    """The folder a SQLite URL's database file would be in, when that folder is not there
-    (``None`` for a database in memory or named by a ``file:`` URI)."""
-    if not database or database == ":memory:" or database.startswith("file:"):
-        return None
-    folder = Path(database).parent
-    return None if folder.is_dir() else folder
-
-
-def _folder_unwritable(database: str | None) -> tuple[Path, str] | None:
-    """The folder of a SQLite URL's database file, and why, when this process cannot write
-    there (a read-only file system, a folder of another user's); ``None`` where it can, where
-    the folder is not there (``_folder_missing`` says so) or for a database in memory or named
-    by a ``file:`` URI."""
-    if not database or database == ":memory:" or database.startswith("file:"):
-        return None
-    folder = Path(database).absolute().parent
-    if not folder.is_dir() or os.access(folder, os.W_OK):
-        return None
-    if os.statvfs(folder).f_flag & os.ST_RDONLY:
-        return folder, "a read-only file system"
-    return folder, "permission denied"
-
-
 def _watched(sessions: sessionmaker[Session]) -> sessionmaker[Session]:
     """``sessions``, each of which notes in its ``info`` whether its transaction wrote (a flush,
     or an INSERT, UPDATE or DELETE statement): what the fence checks (``LedgerBase.fence``)."""
@@ -371,6 +370,13 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
 #: filled it, and a rotation or a cleanup frees it); its other operational errors are refusals
 #: ("no such table").
 _SQLITE_FULL = "database or disk is full"
+#: SQLite's words for a write it could not make, which a read-only filesystem says too: its
+#: journal not created, a connection opened read-only, a page not written.
+_SQLITE_NOT_WRITTEN = (
+    "unable to open database file",
+    "attempt to write a readonly database",
+    "disk i/o error",
+)
 _SQLITE_AWAY = (
     "database is locked",
     "unable to open database file",

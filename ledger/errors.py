@@ -14,10 +14,14 @@ class LedgerError(OrchestrateError):
 
     exit_code = 4
 
-    def __init__(self, message: str, *, url: str, unreachable: bool = False) -> None:
+    def __init__(
+        self, message: str, *, url: str, unreachable: bool = False, read_only: bool = False
+    ) -> None:
         super().__init__(message)
         self.url = url
         self.unreachable = unreachable
+        #: a SQLite ledger whose filesystem went read-only under it (``ledger.disk``)
+        self.read_only = read_only
 
 
 class NotInLedger(LedgerError):
