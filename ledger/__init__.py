@@ -5,8 +5,14 @@ The only package that imports sqlalchemy and mlflow. Callers get frozen records,
 
 from __future__ import annotations
 
-from ledger.base import server_identity
-from ledger.errors import LeaseLost, MlflowSinkError, NotInLedger, OtherMlflowStore
+from ledger.base import ledger_identity, server_identity
+from ledger.errors import (
+    CellRecordedAlready,
+    LeaseLost,
+    MlflowSinkError,
+    NotInLedger,
+    OtherMlflowStore,
+)
 from ledger.export import HEADER, tsv_text
 from ledger.records import (
     BootRecord,
@@ -18,6 +24,7 @@ from ledger.records import (
     LeaseRecord,
     ProposalRecord,
     RoundRecord,
+    UnwrittenCell,
     VerdictRecord,
 )
 from ledger.store import LeaseHeld, Ledger, LedgerError, LedgerNotReady, reading
@@ -26,6 +33,7 @@ __all__ = [
     "HEADER",
     "BootRecord",
     "CellReading",
+    "CellRecordedAlready",
     "ChampionRecord",
     "DriftRecord",
     "EventRecord",
@@ -41,7 +49,9 @@ __all__ = [
     "OtherMlflowStore",
     "ProposalRecord",
     "RoundRecord",
+    "UnwrittenCell",
     "VerdictRecord",
+    "ledger_identity",
     "reading",
     "server_identity",
     "tsv_text",

@@ -21,7 +21,13 @@ from sqlalchemy.exc import (
 from sqlalchemy.orm import ORMExecuteState, Session, sessionmaker
 
 from knobs.vocabulary import EventKind
-from ledger.disk import file_missing, folder_missing, folder_unwritable, went_read_only
+from ledger.disk import (
+    READ_ONLY_FS,
+    file_missing,
+    folder_missing,
+    folder_unwritable,
+    went_read_only,
+)
 from ledger.errors import LedgerError, LedgerNotReady, NotInLedger
 from ledger.fence import WROTE, Fence
 from ledger.libpq import connect_args
@@ -101,6 +107,7 @@ class LedgerBase:
                 "or set ORCHESTRATE_LEDGER (or the profile's ledger_url) to a file in a "
                 "writable folder (sqlite:////abs/path/orchestrate.db)",
                 url=self.url,
+                read_only=refused[1] == READ_ONLY_FS,
             )
         try:
             if sqlite:
@@ -341,6 +348,22 @@ def server_identity(url: str) -> str | None:
     where = {k: v for k, v in parsed.query.items() if k in ("host", "hostaddr", "port")}
     named = parsed.set(drivername=backend, password=None, query=where)
     return named.render_as_string(hide_password=False)
+
+
+def ledger_identity(url: str) -> str:
+    """What names a ledger whatever the driver, password or options: its server's database
+    (``server_identity``), or ``sqlite:///`` and its file's absolute path (a relative path
+    taken from this process's folder); ``url`` itself where it is not a database URL."""
+    named = server_identity(url)
+    if named is not None:
+        return named
+    try:
+        database = make_url(url).database
+    except ArgumentError:
+        return url
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return url
+    return f"sqlite:///{Path(database).absolute()}"
 
 
 def _watched(sessions: sessionmaker[Session]) -> sessionmaker[Session]:

@@ -9,6 +9,9 @@ import os
 import tempfile
 from pathlib import Path
 
+#: Why a folder cannot be written, where its filesystem is mounted read-only.
+READ_ONLY_FS = "a read-only file system"
+
 
 def file_missing(database: str | None) -> bool:
     """Whether a SQLite URL's database is a file that is not there (not in memory)."""
@@ -31,7 +34,7 @@ def folder_unwritable(database: str | None) -> tuple[Path, str] | None:
     if folder is None or not folder.is_dir() or os.access(folder, os.W_OK):
         return None
     if os.statvfs(folder).f_flag & os.ST_RDONLY:
-        return folder, "a read-only file system"
+        return folder, READ_ONLY_FS
     return folder, "permission denied"
 
 

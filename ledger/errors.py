@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ledger.records import LeaseRecord
+from ledger.records import LeaseRecord, UnwrittenCell
 from orchestrator.errors import OrchestrateError
 
 
@@ -20,8 +20,10 @@ class LedgerError(OrchestrateError):
         super().__init__(message)
         self.url = url
         self.unreachable = unreachable
-        #: a SQLite ledger whose filesystem went read-only under it (``ledger.disk``)
+        #: a SQLite ledger on a filesystem that takes no write (read-only: ``ledger.disk``)
         self.read_only = read_only
+        #: the cells measured whose writes this ledger did not take (kept for when it does)
+        self.unwritten: list[UnwrittenCell] = []
 
 
 class NotInLedger(LedgerError):
@@ -31,6 +33,10 @@ class NotInLedger(LedgerError):
     that failed (did not answer, refused, is not there yet or is newer)."""
 
     exit_code = 3
+
+
+class CellRecordedAlready(LedgerError):
+    """A cell of a boot and repeat the ledger holds already (``add_cell_result``)."""
 
 
 class LedgerNotReady(LedgerError):

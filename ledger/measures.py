@@ -6,13 +6,15 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 
 from knobs.config import Config
 from knobs.records import CellResultRecord, CellSpec
 from knobs.vocabulary import BootRole, BootStatus, EventKind, FailureClass
 from ledger.base import LedgerBase
+from ledger.errors import CellRecordedAlready, LedgerError
 from ledger.models import BootRow, CellResultRow, DriftRow, EventRow, ExperimentRow, utcnow
-from ledger.records import BootRecord, CellReading, DriftRecord, EventRecord
+from ledger.records import BootRecord, CellReading, DriftRecord, EventRecord, UnwrittenCell
 from ledger.rows import boot_record, current_champion, drift_record, event_record
 
 T = TypeVar("T")
@@ -125,23 +127,39 @@ class Measures(LedgerBase):
         """Record one measured cell and the definition (``spec``) it was measured under.
 
         Raises:
-            LedgerError: that cell of that boot and repeat is already recorded.
+            CellRecordedAlready: that cell of that boot and repeat is already recorded.
+            LedgerError: the ledger did not take the write; the cell is in its ``unwritten``.
         """
-        with self._session() as s:
-            s.add(
-                CellResultRow(
+        try:
+            with self._session() as s:
+                s.add(
+                    CellResultRow(
+                        experiment_id=experiment_id,
+                        boot_id=boot_id,
+                        cell=result.cell,
+                        repeat=repeat,
+                        output_throughput=result.output_throughput,
+                        accepted_per_step=result.accepted_per_step,
+                        p90_ttft_ms=result.p90_ttft_ms,
+                        errors=result.errors,
+                        record=result.model_dump(mode="json"),
+                        spec=spec.model_dump(mode="json"),
+                    )
+                )
+        except LedgerError as e:
+            if isinstance(e.__cause__, IntegrityError):
+                raise CellRecordedAlready(e.message, url=e.url) from e
+            # a measurement is what a night pays GPU time for: what stops the round carries it
+            e.unwritten.append(
+                UnwrittenCell(
                     experiment_id=experiment_id,
                     boot_id=boot_id,
-                    cell=result.cell,
                     repeat=repeat,
-                    output_throughput=result.output_throughput,
-                    accepted_per_step=result.accepted_per_step,
-                    p90_ttft_ms=result.p90_ttft_ms,
-                    errors=result.errors,
-                    record=result.model_dump(mode="json"),
-                    spec=spec.model_dump(mode="json"),
+                    result=result,
+                    spec=spec,
                 )
             )
+            raise
 
     def cell_results(self, experiment_id: int) -> list[CellReading]:
         """Every cell an experiment's boots measured, in recording order."""

@@ -162,6 +162,18 @@ class BootRecord(_Record):
     rendering: str | None = None
 
 
+class UnwrittenCell(_Record):
+    """A cell measured whose write the ledger did not take (``add_cell_result``: its disk
+    read-only or full, its server away): carried by the ``LedgerError`` that stopped the round,
+    kept outside the ledger (``orchestrator.unrecorded``) and written once it takes writes."""
+
+    experiment_id: int
+    boot_id: int
+    repeat: int
+    result: CellResultRecord
+    spec: CellSpec
+
+
 class CellReading(NamedTuple):
     """One cell as a boot measured it: the boot, the repeat, what it measured, and the cell's
     definition it was measured under (``None``: recorded before schema 7, which kept of the

@@ -13,7 +13,7 @@ from typing import Any
 from cluster.errors import NodeError
 from knobs.vocabulary import EventKind
 from ledger import EventRecord, Ledger, LedgerError, RoundRecord
-from orchestrator.stops import last_stop, record_stop
+from orchestrator.stops import last_stop, record_stop, stopped_at
 
 
 def record_away_at_start(
@@ -55,7 +55,7 @@ def stop_data(stopped: EventRecord | None) -> dict[str, Any] | None:
     if stopped is None:
         return None
     return {
-        "at": stopped.created_at.isoformat(),
+        "at": stopped_at(stopped).isoformat(),
         "exit_code": stopped.detail.get("exit_code"),
         "error": stopped.detail.get("error"),
         "node": stopped.detail.get("node"),

@@ -7,6 +7,7 @@ round's own cap (``record_cap``); ``last_stop`` and ``said_stop`` read it back f
 from __future__ import annotations
 
 from contextlib import suppress
+from datetime import datetime
 
 from cluster.errors import NodeError
 from knobs.vocabulary import EventKind
@@ -97,6 +98,13 @@ def last_stop(ledger: Ledger, cluster: str, round_id: int) -> EventRecord | None
 def said_stop(stop: EventRecord) -> str:
     """A stop (``last_stop``) in words: ``stopped at … UTC (exit N): the line``."""
     return (
-        f"stopped at {utc_minute(stop.created_at)} "
+        f"stopped at {utc_minute(stopped_at(stop))} "
         f"(exit {stop.detail.get('exit_code')}): {stop.reason}"
     )
+
+
+def stopped_at(stop: EventRecord) -> datetime:
+    """When ``stop`` happened: its record's time, or the time it was kept outside a ledger
+    that could not record it then (``unrecorded``: recorded late)."""
+    at = stop.detail.get("stopped_at")
+    return datetime.fromisoformat(at) if isinstance(at, str) else stop.created_at

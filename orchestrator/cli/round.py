@@ -108,6 +108,7 @@ def round_(
     from orchestrator.round import RoundOptions, RoundRunner
     from orchestrator.settings import lease_ttl_s
     from orchestrator.testbed import ClusterTestbed
+    from orchestrator.unrecorded import found, kept_on_stop
 
     for flag, cap in (("--max-hours", max_hours), ("--max-gpu-hours", max_gpu_hours)):
         if cap == 0:  # kept with the round: every resume would stop before an experiment
@@ -135,20 +136,29 @@ def round_(
     # --json: stdout is the report alone, whatever a library prints while the round runs
     # (MLflow's "View run … at …" with a tracking server): that goes to stderr
     quiet = contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext()
-    with opened(prof) as o, quiet:
+    # a stop the ledger cannot hold (its disk read-only or full, its server away) is kept
+    # outside it, with the cells it could not write, for `status` and the next round
+    with (
+        opened(prof) as o,
+        quiet,
+        kept_on_stop(o.settings.ledger_url, prof.cluster.name) as stopping,
+    ):
         # a ledger server that does not answer yet (restarting as a timer starts the night)
         # is waited for, as one that goes away mid-round is, if this machine reached it before
         # (else the URL is taken for wrong)
+        reached = ledger_reached(o.settings.ledger_url)
+        stopping.keeps = reached  # a server waited for, never a SQLite file (``ledger_reached``)
         ledger = waiting_for_ledger(
-            o.ledger,
-            url=o.settings.ledger_url,
-            reached_before=ledger_reached(o.settings.ledger_url),
-            note=display.note,
+            o.ledger, url=o.settings.ledger_url, reached_before=reached, note=display.note
         )
+        stopping.keeps = True
         # an unfinished round resumes as it started: its proposer, seed and approval unless
         # this command gives its own (``kept_on_resume`` says which); its budget and caps,
         # ``RoundRunner``
         resumed = ledger.unfinished_round(prof.cluster.name)
+        # the last stop the ledger could not hold, folded into it before the round resumes
+        stopping.resuming(found(o.settings.ledger_url, prof.cluster.name))
+        stopping.round_id = None if resumed is None else resumed.id
         if resumed is not None:
             kept = _as_started(
                 options, resumed, budget=budget, proposer=proposer, seed=seed, approve=approve
@@ -236,10 +246,15 @@ def round_(
                 # a ledger that does not answer is waited out; each try builds the round
                 # afresh (its proposer too) and resumes it from the ledger, as the same
                 # command would
-                report = through_ledger_outages(lambda: runner().run(kept), note=display.note)
+                # (the cells a try measured and could not write, written first)
+                report = through_ledger_outages(
+                    lambda: stopping.attempt(ledger, lambda: runner().run(kept), display.note),
+                    note=display.note,
+                )
         except (OrchestrateError, KeyboardInterrupt) as stop:
             # the claims and the lease released first: the nodes are free while it is written
             round_id = runners[-1].round_id if runners else None
+            stopping.round_id = round_id or stopping.round_id
             if not runners and isinstance(stop, NodeError):
                 # stopped as it claimed the nodes (a node away), before its round ran a step:
                 # recorded as a stop mid-round is, for `status`, the report and the resume

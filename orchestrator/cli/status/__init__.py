@@ -1,7 +1,8 @@
 """``orchestrate status``: the champion, the unfinished round (and why it stopped short, if it
 did), the last round's boots paid, measurements weighed and boots a busy host disturbed (as
 its report counts them), what MLflow still lacks, a node whose clocks are off more often than
-chance explains, the boots each node failed for the infrastructure's reasons, and the lease.
+chance explains, the boots each node failed for the infrastructure's reasons, the lease, and
+a stop the ledger could not record (``orchestrator.unrecorded``).
 
 ``seen`` reads the ledger once, ``payload`` makes ``--json`` of it, ``text`` says it."""
 
@@ -12,6 +13,7 @@ import shlex
 from typing import TYPE_CHECKING
 
 import typer
+from rich.console import Console
 
 from orchestrator.cli.common import JsonOpt, ProfileOpt, opened, out, reading
 
@@ -21,6 +23,7 @@ if TYPE_CHECKING:
 
 def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
     """The champion, the running round, budget spent and who holds the cluster's lease."""
+    from ledger import Ledger, LedgerError
     from ledger.mlflow_sink import mlflow_experiment
     from orchestrator.cli.status.payload import as_data
     from orchestrator.cli.status.seen import read
@@ -28,15 +31,26 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
     from orchestrator.mlflow_store import seen_from_here
     from orchestrator.profile import load_profile
     from orchestrator.stacks import AnotherStack
+    from orchestrator.unrecorded import found
 
     prof = load_profile(profile)
     with opened(prof) as o:
+        # a stop the ledger could not hold (its disk read-only or full, its server away)
+        unheld = found(o.settings.ledger_url, prof.cluster.name)
         try:
             seen = read(prof, o.ledger(create=False))
         except AnotherStack as e:
             # refused as round refuses it (exit 3), after what the ledger holds of the cluster
             _another_stack(o.settings.ledger_url, e, prof.name, as_json)
             raise
+        except LedgerError as e:
+            if not e.read_only:
+                if unheld is not None:  # said, whatever the ledger says now
+                    Console(stderr=True).print(unheld.said(), markup=False)
+                raise
+            # its filesystem read-only: read as it is (nothing could be upgraded there)
+            with Ledger(o.settings.ledger_url, read_only=True) as ledger:
+                seen = read(prof, ledger)
     # the commands this status suggests, under the profile it read (the round's)
     flag = "" if profile is None else f" --profile {shlex.quote(profile)}"
     data = as_data(prof, seen, flag)
@@ -45,12 +59,15 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
     store = seen_from_here(o.settings.mlflow_uri, seen.rounds, mlflow_experiment(prof.cluster.name))
     data["other_mlflow_store"] = store.other
     data["mlflow_away"] = store.away
+    data["unrecorded_stop"] = None if unheld is None else unheld.as_json()
     if as_json:
         typer.echo(json.dumps(data, indent=2))
         return
     console = out()
     say_champion(console, seen)
     say_round(console, seen, data, flag)
+    if unheld is not None:
+        console.print(unheld.said(), markup=False)
     say_nodes(console, prof, seen, data, flag)
     for said in (store.other, store.away):
         if said is not None:
