@@ -130,10 +130,12 @@ def test_a_ledger_gone_read_only_mid_round_stops_it_keeps_the_cell_and_the_next_
     assert "the last `orchestrate round` stopped round 1 at" in shown, shown
     assert "its ledger could not record it" in shown, shown
     assert f"({data['cells'][1]['name']} of experiment #1, boot 1)" in shown, shown
+    assert f"no round can write to it until then: ledger sqlite:///{disk}" in shown, shown
 
     # writable again: status's JSON has it; the next round writes both, then resumes
     unrecorded = json.loads(said["status_writable"]["out"])["unrecorded_stop"]
     assert unrecorded["round"] == 1 and unrecorded["exit_code"] == 4, unrecorded
+    assert json.loads(said["status_writable"]["out"])["ledger_read_only"] is None
     second = said["second"]
     assert second["rc"] == 0, second["err"][-3000:]
     assert "the ledger records now the stop it could not take" in second["out"], second["out"]

@@ -37,6 +37,7 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
     with opened(prof) as o:
         # a stop the ledger could not hold (its disk read-only or full, its server away)
         unheld = found(o.settings.ledger_url, prof.cluster.name)
+        unwritable: str | None = None
         try:
             seen = read(prof, o.ledger(create=False))
         except AnotherStack as e:
@@ -49,6 +50,7 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
                     Console(stderr=True).print(unheld.said(), markup=False)
                 raise
             # its filesystem read-only: read as it is (nothing could be upgraded there)
+            unwritable = e.message
             with Ledger(o.settings.ledger_url, read_only=True) as ledger:
                 seen = read(prof, ledger)
     # the commands this status suggests, under the profile it read (the round's)
@@ -60,6 +62,8 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
     data["other_mlflow_store"] = store.other
     data["mlflow_away"] = store.away
     data["unrecorded_stop"] = None if unheld is None else unheld.as_json()
+    # the ledger's filesystem is read-only: read as it is, and no round can write to it
+    data["ledger_read_only"] = unwritable
     if as_json:
         typer.echo(json.dumps(data, indent=2))
         return
@@ -68,6 +72,10 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
     say_round(console, seen, data, flag)
     if unheld is not None:
         console.print(unheld.said(), markup=False)
+    if unwritable is not None:
+        console.print(
+            f"read as it is; no round can write to it until then: {unwritable}", markup=False
+        )
     say_nodes(console, prof, seen, data, flag)
     for said in (store.other, store.away):
         if said is not None:
