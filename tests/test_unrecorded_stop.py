@@ -229,3 +229,71 @@ def test_a_postgresql_ledger_away_past_the_last_wait_keeps_the_stop_and_the_cell
         (stop,) = ledger.events(cluster, EventKind.ROUND_STOPPED)
         assert stop.subject == "1" and stop.detail["recorded_late"] is True, stop
         assert "the ledger records now the stop it could not take" in said.getvalue()
+
+
+#: In a tmpfs of 1 MiB: a round; the disk filled; a round's command whose writes find it full
+#: past the last wait; the disk freed; the next command's fold.
+_STILL_FULL = """
+import json, os, sys
+from ledger import Ledger, LedgerError
+from knobs.vocabulary import EventKind
+from orchestrator.outages import through_ledger_outages
+from orchestrator.unrecorded import Stopping, found, kept_on_stop
+said = {}
+url = "sqlite:///" + os.path.abspath("orchestrate.db")
+def create(ledger, cluster, name="p"):
+    return ledger.create_round(cluster=cluster, profile_name=name, profile_digest="d", budget=1,
+                               proposer="optuna", approve="auto", seed=0)
+with Ledger(url) as ledger:
+    create(ledger, "c")
+    fd = os.open("filler", os.O_WRONLY | os.O_CREAT)
+    for block in (65536, 512):
+        try:
+            while True:
+                os.write(fd, b"x" * block)
+        except OSError:
+            pass
+    os.close(fd)
+    def night():  # until a page more is needed than the disk has
+        for i in range(64):
+            create(ledger, f"other{i}", "p" * 4000)
+    waits = []
+    try:
+        with kept_on_stop(url, "c") as stopping:
+            stopping.keeps, stopping.round_id = True, 1
+            through_ledger_outages(night, note=lambda _l: None, sleep=waits.append,
+                                   waits=(1.0, 2.0))
+    except LedgerError as e:
+        said["message"] = e.message
+    said["waits"] = waits
+    kept = found(url, "c")
+    said["kept"] = None if kept is None else kept.as_json()
+    os.remove("filler")
+    again = Stopping(url, "c", keeps=True)
+    again.resuming(kept)
+    again.attempt(ledger, lambda: None, note=lambda _l: None)
+    said["after"] = found(url, "c") is None
+    said["stops"] = [(e.subject, e.detail) for e in ledger.events("c", EventKind.ROUND_STOPPED)]
+print(json.dumps(said))
+"""
+
+
+def test_a_ledger_whose_disk_is_still_full_after_the_last_wait_keeps_the_stop_for_the_morning(
+    tmp_path: Path,
+) -> None:
+    """The round waited out a full disk, and it was still full: the stop ended the command and
+    was recorded nowhere. It is kept outside the ledger's disk, and folded in once it has room."""
+    cache = tmp_path / "cache"
+    env = {**os.environ, "PYTHONPATH": os.getcwd(), "ORCHESTRATE_CACHE": str(cache)}
+    done = in_tmpfs(tmp_path / "disk", sys.executable, "-c", _STILL_FULL, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = json.loads(done.stdout)
+    assert said["waits"] == [1.0, 2.0], said
+    assert "the disk of the ledger's file is full" in said["message"], said
+    assert f"this stop is kept in {cache}" in said["message"], said
+    kept = said["kept"]
+    assert kept is not None and kept["round"] == 1 and kept["exit_code"] == 4, said
+    assert "the disk of the ledger's file is full" in kept["reason"], kept
+    assert said["after"] is True, said
+    ((subject, detail),) = said["stops"]
+    assert subject == "1" and detail["recorded_late"] is True, said
