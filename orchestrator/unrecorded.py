@@ -64,8 +64,9 @@ class Unrecorded:
         return (
             f"the last `orchestrate round` stopped {where} at {utc_minute(self.stopped_at)} "
             f"(exit {self.exit_code}), and its ledger could not record it, so it is kept in "
-            f"{self.path}{cells}; the next `orchestrate round` writes them to the ledger once "
-            f"it takes writes, and resumes: {self.line}"
+            f"{self.path}{cells}; the next `orchestrate round` writes "
+            f"{'them' if self.cells else 'it'} to the ledger once it takes writes, and resumes: "
+            f"{self.line}"
         )
 
     def recorded(self, cells: int) -> str:
