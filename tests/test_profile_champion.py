@@ -84,7 +84,7 @@ def test_an_undecided_baseline_is_closed_when_champion_changed_and_the_new_one_m
     )
     assert line in said, resumed.stdout
     # said as the round resumes, before it takes up any experiment
-    assert said.index(line) < said.index("baseline (champion as configured)"), said
+    assert said.index(line) < said.index("[baseline] baseline (champion as configured)"), said
 
     with Ledger(f"sqlite:///{cli_workdir}/orchestrate.db") as ledger:
         first, second, *_ = ledger.experiments()
