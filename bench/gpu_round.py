@@ -339,7 +339,7 @@ def sweep(profile_name: str, work: Path, deadline: float) -> list[dict[str, Any]
             entry["boot_s"] = round(time.monotonic() - started, 2)
             cells: dict[str, dict[str, Any]] = {}
             for cell in profile.cells:
-                r = run_cell(url, profile.model, cell)
+                r = run_cell(url, profile.model, cell, hang_after_s=profile.bench.hang_after_s)
                 cells[cell.name] = {
                     "tok_s": round(r.output_throughput, 1),
                     "per_request_tok_s": round(r.per_request_throughput, 1),

@@ -6,7 +6,8 @@ one starts the moment one finishes) for a warm-up and then a measurement window.
 counts the tokens that arrive inside the window (a request straddling an edge contributes only
 its tokens inside); requests the window cut before their end are scaled by the cell's tokens
 per chunk (``cluster.window``). A window on a silent engine opens at its first token, or waits
-for its next one, up to the cell's deadline (``cluster.silence``, ``cold_start_limit_s``).
+for its next one, up to the cell's deadline (``cluster.silence``, ``cold_start_limit_s``: at
+least the profile's ``bench.hang_after_s``, ``cluster.bench_spec``).
 Accepted tokens per step come from the deltas of the spec-decode counters scraped at both
 window edges (``cluster.metrics``; llama-server adds a request's counts when the request
 finishes), else from the requests' own ``timings``. Requests still in flight when the window
@@ -29,6 +30,7 @@ from typing import Any
 import httpx
 
 from cluster import cutoff, metrics, prompts, signals, silence, stall, stopped, streams
+from cluster.bench_spec import HANG_AFTER_S, HANG_SETTING
 from cluster.errors import BenchError, NodeError, describe
 from cluster.window import CellState, Scrapes, summarise
 from knobs.records import CellResultRecord, CellSpec, NodeClockRecord
@@ -36,9 +38,6 @@ from knobs.spec import clipped
 from orchestrator.errors import OrchestrateError
 
 DEFAULT_SMOKE_PROMPT = "The capital of France is"
-
-#: the least a cell waits past its warm-up for a cold engine's first token (seconds)
-COLD_START_MIN_S = 60.0
 
 
 # ---- one greedy generation ---------------------------------------------------------------------
@@ -91,9 +90,11 @@ def smoke(
 
 
 # ---- the cell ----------------------------------------------------------------------------------
-def cold_start_limit_s(cell: CellSpec) -> float:
-    """How long past its warm-up a cell waits, in all, for a cold or quiet engine's tokens."""
-    return max(COLD_START_MIN_S, 5.0 * (cell.warmup_s + cell.duration_s))
+def cold_start_limit_s(cell: CellSpec, least_s: float = HANG_AFTER_S) -> float:
+    """How long past its warm-up a cell waits, in all, for a cold or quiet engine's tokens:
+    ``least_s`` (the profile's ``bench.hang_after_s``), or five times the cell's warm-up
+    and window where that is longer."""
+    return max(least_s, 5.0 * (cell.warmup_s + cell.duration_s))
 
 
 async def run_cell_async(
@@ -106,6 +107,7 @@ async def run_cell_async(
     stop: threading.Event | None = None,
     probe: stopped.Probe | None = None,
     found: list[NodeError] | None = None,
+    hang_after_s: float = HANG_AFTER_S,
 ) -> tuple[CellResultRecord, dict[str, Any]]:
     """The measurement of ``run_cell`` without the clocks; also returns raw evidence. While
     the engine is silent, ``probe`` looks for an engine stopped (``cluster.stopped``): what it
@@ -115,7 +117,8 @@ async def run_cell_async(
         OwnershipLost: ``stop`` was set (``cluster.cutoff``): the cell's streams are closed.
         BenchError: no token arrived in the window and requests failed (the evidence is the
             first failure), or no token arrived in one within ``cold_start_limit_s`` past the
-            warm-up (a window that closes quiet, with no failure, waits for the next token).
+            warm-up (at least ``hang_after_s``; a window that closes quiet, with no
+            failure, waits for the next token).
     """
     say = on_progress or (lambda _m: None)
     url = base_url.rstrip("/") + "/v1/completions"
@@ -126,7 +129,17 @@ async def run_cell_async(
         state, scrapes = await cutoff.unless_stopped(
             stop,
             cell.name,
-            _measure(base_url, model, cell, say, on_notice or say, stop, probe, found),
+            _measure(
+                base_url,
+                model,
+                cell,
+                say,
+                on_notice or say,
+                stop,
+                cold_start_limit_s(cell, hang_after_s),
+                probe,
+                found,
+            ),
         )
     record, evidence = summarise(state, *scrapes)
     seen = found[earlier] if found is not None and len(found) > earlier else None
@@ -136,7 +149,12 @@ async def run_cell_async(
             state.errors[0]
             if state.errors
             else "no token arrived in the window"
-            + (f", nor in the {waited:.0f}s the cell waited after it" if waited >= 1 else "")
+            + (
+                f", nor in the {waited:.0f}s the cell waited after it "
+                f"({HANG_SETTING} sets the wait)"
+                if waited >= 1
+                else ""
+            )
             # what the stall watches saw: a silent engine told from a starved host
             + f"; {silence.stalls_seen(watch, state, scrapes[1], loop.time())}"
         )
@@ -171,12 +189,14 @@ async def _measure(
     cell: CellSpec,
     say: Callable[[str], None],
     notice: Callable[[str], None],
-    stop: threading.Event | None = None,
+    stop: threading.Event | None,
+    limit_s: float,
     probe: stopped.Probe | None = None,
     found: list[NodeError] | None = None,
 ) -> tuple[CellState, tuple[Scrapes, Scrapes]]:
     """The cell's requests, and its counters at the window's edges and at the cell's (``say``:
-    its progress; ``notice``: why it waits past its window; ``probe``: asked, while the engine
+    its progress; ``notice``: why it waits past its window; ``limit_s``: how long past its
+    warm-up it waits for a token, ``cold_start_limit_s``; ``probe``: asked, while the engine
     is silent, whether an engine is stopped, into ``found``)."""
     url = base_url.rstrip("/") + "/v1/completions"
     metrics_url = base_url.rstrip("/") + "/metrics"
@@ -184,7 +204,7 @@ async def _measure(
         max_connections=cell.concurrency + 4, max_keepalive_connections=cell.concurrency + 4
     )
     # a stream waits for its next token as long as the cell waits for any (``cold_start_limit_s``)
-    timeout = httpx.Timeout(30.0, read=cell.warmup_s + cold_start_limit_s(cell))
+    timeout = httpx.Timeout(30.0, read=cell.warmup_s + limit_s)
     loop = asyncio.get_running_loop()
     async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False) as client:
         # build the prompts and open the connections first: the cell starts when the requests
@@ -223,7 +243,7 @@ async def _measure(
 
         try:
             await asyncio.sleep(max(0.0, state.w0 - loop.time()))
-            deadline = loop.time() + cold_start_limit_s(cell)
+            deadline = loop.time() + limit_s
             await silence.cold_start(state, deadline, notice)
             while True:
                 before = await counters()
@@ -280,6 +300,7 @@ def run_cell(
     on_notice: Callable[[str], None] | None = None,
     stop: threading.Event | None = None,
     probe: stopped.Probe | None = None,
+    hang_after_s: float = HANG_AFTER_S,
 ) -> CellResultRecord:
     """Measure one cell (warm-up, then the window) and return what it measured.
 
@@ -297,6 +318,8 @@ def run_cell(
     ends the cell as it stands, its loop closed whole (``signals.run_whole``). ``probe`` is
     asked, while the engine is silent, whether an engine is stopped (``cluster.stopped``): a
     measurement in which one was is measured again, never kept, and said as the node's.
+    ``hang_after_s`` (the profile's ``bench.hang_after_s``): how long, at least, the cell
+    waits past its warm-up for a silent engine's token (``cold_start_limit_s``).
 
     Raises:
         BenchError: the cell measured nothing (the endpoint is down or every request failed),
@@ -310,7 +333,9 @@ def run_cell(
     cutoff.check(stop, cell.name)
     first = list(clocks()) if clocks is not None else []
     try:
-        record = _measured_undisturbed(base_url, model, cell, on_progress, on_notice, stop, probe)
+        record = _measured_undisturbed(
+            base_url, model, cell, on_progress, on_notice, stop, probe, hang_after_s
+        )
     except BenchError as e:
         if not e.hung or clocks is None:
             raise
@@ -341,6 +366,7 @@ def _measured_undisturbed(
     on_notice: Callable[[str], None] | None = None,
     stop: threading.Event | None = None,
     probe: stopped.Probe | None = None,
+    hang_after_s: float = HANG_AFTER_S,
 ) -> CellResultRecord:
     """The cell measured until a window is not disturbed by a stall of its client's or its
     engine's host (``cluster.stall``), at most ``stall.ATTEMPTS`` times; the one with the
@@ -372,6 +398,7 @@ def _measured_undisturbed(
                 stop=stop,
                 probe=probe,
                 found=found,
+                hang_after_s=hang_after_s,
             )
         )
         if len(found) > seen:  # an engine stopped: the node's, whatever the window read

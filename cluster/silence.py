@@ -18,6 +18,7 @@ import math
 from collections.abc import Callable, Sequence
 
 from cluster import metrics, stall
+from cluster.bench_spec import HANG_SETTING
 from cluster.window import CellState, Scrapes
 from knobs.records import NodeClockRecord
 
@@ -64,7 +65,7 @@ async def after_silence(
         f"the engine stopped sending tokens {last - state.w0:.1f}s into the "
         f"{state.cell.duration_s:g}s window and sent none in the "
         f"{asyncio.get_running_loop().time() - last:.0f}s "
-        "after (hung, or its host stopped)"
+        f"after (hung, or its host stopped; {HANG_SETTING} sets the wait)"
     )
 
 

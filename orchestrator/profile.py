@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
+from cluster.bench_spec import BenchSpec
 from cluster.gates import GateSpec
 from cluster.inventory import ClusterSpec, NodeSpec
 from cluster.launcher import LauncherSpec, static_clash
@@ -78,6 +79,8 @@ class Profile(BaseModel):
         default_factory=dict, description="the starting champion; missing knobs take defaults"
     )
     cells: tuple[CellSpec, ...] = Field(min_length=1)
+    #: how the cells are run (not what they measure): the token deadline
+    bench: BenchSpec = BenchSpec()
     gates: GateSpec = GateSpec()
     objective: ObjectiveSpec = ObjectiveSpec()
     verdict: VerdictSpec = VerdictSpec()

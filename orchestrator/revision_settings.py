@@ -49,6 +49,7 @@ UNSET = object()
 ADDED: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("forty-ninth session", ("proposer.claude.api_deadline_s",)),
     ("fiftieth session", ("verdict.busy_host_stop",)),
+    ("fifty-second session", ("bench.hang_after_s", "bench")),
 )
 #: A setting that has no default: the key leads to no field of the profile's models with one.
 NO_DEFAULT = object()

@@ -13,6 +13,7 @@ from typing import Protocol, runtime_checkable
 
 from cluster import stopped
 from cluster.bench import run_cell, smoke
+from cluster.bench_spec import BenchSpec
 from cluster.connect import open_transport
 from cluster.deploy import Deployer
 from cluster.errors import BenchError, NodeError, OwnershipError
@@ -223,7 +224,8 @@ class NullSink:
 
 
 class ClusterTestbed:
-    """A real cluster: deploy through its transports, measure with the bench client. ``stop``
+    """A real cluster: deploy through its transports, measure with the bench client as the
+    profile's ``bench`` section says (how long a cell waits for a silent engine). ``stop``
     set (the lease's ``gone``: the cluster another's now) stops a cell where it stands."""
 
     def __init__(
@@ -233,11 +235,13 @@ class ClusterTestbed:
         model: str,
         *,
         stop: threading.Event | None = None,
+        bench: BenchSpec | None = None,
     ) -> None:
         self.deployer = deployer
         self.base_url = base_url
         self.model = model
         self.stop = stop
+        self.bench_settings = bench or BenchSpec()
 
     def deploy(self, config: Config) -> dict[int, str]:
         """Boot ``config`` (see ``Deployer.deploy``)."""
@@ -268,6 +272,7 @@ class ClusterTestbed:
                 # a stopped engine is looked for while the engine is silent: its process
                 # state is the evidence only while it is stopped (``cluster.stopped``)
                 probe=self.deployer.stopped_engine,
+                hang_after_s=self.bench_settings.hang_after_s,
             )
         except (NodeError, OwnershipError):
             raise  # a cell stopped because the cluster is another's: nobody's failure
@@ -323,4 +328,15 @@ def _stopped_meanwhile(err: OrchestrateError, message: str) -> NodeError | None:
         failure_class=found.failure_class,
         rank=found.rank,
         host=found.host,
+    )
+
+
+def testbed_for(
+    profile: Profile, deployer: Deployer, *, stop: threading.Event | None = None
+) -> ClusterTestbed:
+    """The testbed a round measures ``profile``'s cluster with (``deployer``: ``deployer_for``'s):
+    its endpoint and model, its cells run as its ``bench`` section says; ``stop`` as
+    ``ClusterTestbed``'s."""
+    return ClusterTestbed(
+        deployer, profile.cluster.base_url, profile.model, stop=stop, bench=profile.bench
     )

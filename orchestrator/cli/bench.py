@@ -25,6 +25,7 @@ def bench(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
                 cell,
                 clocks=deployer.clocks,
                 on_notice=lambda line: typer.echo(line, err=True),
+                hang_after_s=prof.bench.hang_after_s,
             )
             for cell in prof.cells
         ]
