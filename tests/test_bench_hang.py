@@ -35,7 +35,13 @@ from cluster.errors import BenchError
 from knobs.records import CellSpec
 cell = CellSpec.model_validate_json(sys.argv[2])
 try:
-    record = run_cell(sys.argv[1], "glm53", cell, on_progress=lambda m: print(m, flush=True))
+    record = run_cell(
+        sys.argv[1],
+        "glm53",
+        cell,
+        on_progress=lambda m: print(m, flush=True),
+        hang_after_s=float(sys.argv[3]),
+    )
 except BenchError as e:
     print(f"FAILED {e}", flush=True)
     sys.exit(3)
@@ -54,13 +60,15 @@ def test_an_engine_that_stops_answering_mid_window_fails_its_cell_by_the_cells_d
 ) -> None:
     """The head engine is stopped (SIGSTOP, as a hung GPU or a stopped host leaves it: its
     connections open, nothing answered) a second into the window. The cell
-    waits for the next token as long as it waits for a cold engine's, then fails with the
-    engine's silence as its evidence; the window's first tokens are not a measurement."""
+    waits for the next token as long as it waits for a cold engine's (the profile's
+    ``bench.hang_after_s``, 5 s here, or five times the cell, 21.5 s, not the default
+    minute), then fails with the engine's silence as its evidence, naming the setting; the
+    window's first tokens are not a measurement."""
     cell = CellSpec(
         name="hang", category="code", concurrency=2, max_tokens=128, warmup_s=0.3, duration_s=4.0
     )
     engine, url = nodes.head(serve_argv(), TWIN_LANDSCAPE="vllm-dflash2-tp4")
-    limit = cold_start_limit_s(cell)
+    limit = cold_start_limit_s(cell, 5.0)
     lines: list[str] = []
     stopped = False
 
@@ -74,7 +82,7 @@ def test_an_engine_that_stops_answering_mid_window_fails_its_cell_by_the_cells_d
     try:
         # the cell's own deadline, and a margin for its scrapes' bounded waits: a client
         # still waiting then is ended, and the test fails
-        code = _client(url, cell, limit + 45, lines, stop_the_engine)
+        code = _client(url, cell, limit + 45, lines, stop_the_engine, deadline_s=5.0)
     finally:
         engine.signal(signal.SIGCONT)
     assert code != -signal.SIGKILL, f"the client still waited {limit + 45:.0f}s on: {lines}"
@@ -87,10 +95,14 @@ def test_an_engine_that_stops_answering_mid_window_fails_its_cell_by_the_cells_d
     assert 0.5 <= at <= 2.5, failed
     # and what the stall watches saw (the client's own, the engine's counter, which a stopped
     # engine cannot answer), so that a hung engine can be told from a starved host
-    assert "(hung, or its host stopped); the stall watch saw the client stalled " in failed, failed
+    seen = "(hung, or its host stopped; bench.hang_after_s sets the wait); the stall watch saw"
+    assert f"{seen} the client stalled " in failed, failed
     client = float(failed.split("the client stalled ")[1].split("s of the cell's")[0])
     assert client < 5.0, failed  # its host did not hold the client for the silence
     assert "; the engine's counters did not answer after it" in failed, failed
+    after = float(failed.split("sent none in the ")[1].split("s after")[0])
+    assert after <= limit + 5, failed  # the deadline given, not the minute
+    assert "bench.hang_after_s sets the wait" in failed, failed
     assert any("no token for the window's last" in x for x in lines), lines
     assert not any(x.startswith("MEASURED") for x in lines), lines
     assert not any("greedy probe" in x for x in lines), lines
@@ -141,12 +153,14 @@ def _client(
     kill_after_s: float,
     lines: list[str],
     on_line: Callable[[str, subprocess.Popen[str]], None],
+    deadline_s: float = 60.0,
 ) -> int:
     """The bench client measuring ``cell`` against ``url`` in a process of its own: each line
     it prints appended to ``lines`` and given to ``on_line`` (where a test puts its fault),
-    the process killed if it still runs after ``kill_after_s``; its exit status."""
+    the process killed if it still runs after ``kill_after_s``; its exit status.
+    ``deadline_s``: the client's token deadline (``bench.hang_after_s``)."""
     with subprocess.Popen(
-        [sys.executable, "-c", CLIENT, url, cell.model_dump_json()],
+        [sys.executable, "-c", CLIENT, url, cell.model_dump_json(), str(deadline_s)],
         cwd=REPO,
         stdout=subprocess.PIPE,
         text=True,

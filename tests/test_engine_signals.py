@@ -19,7 +19,7 @@ from cluster.errors import DeployError, NodeError
 from cluster.launcher import LOG, PIDFILE
 from knobs.vocabulary import INFRASTRUCTURE
 from orchestrator.profile import load_profile
-from orchestrator.testbed import ClusterTestbed, deployer_for
+from orchestrator.testbed import ClusterTestbed, deployer_for, testbed_for
 from tests.fixtures.profiles import twin_profile_data, write_profile
 
 
@@ -70,9 +70,11 @@ def test_a_worker_stopped_while_a_cell_is_measured_is_its_nodes_not_the_configs(
     ``bench_failed`` on node-0, and two such nights barred the value. Now every node's engine
     is looked at: node-1's is found stopped, and the failure is ``engine_stopped`` on node-1,
     the infrastructure's, its line naming the node and the stopped process."""
-    prof = load_profile(str(write_profile(tmp_path, twin_profile_data())), base_dir=tmp_path)
+    data = twin_profile_data()
+    data["bench"] = {"hang_after_s": 5}  # the default minute is what the test would wait
+    prof = load_profile(str(write_profile(tmp_path, data)), base_dir=tmp_path)
     deployer = deployer_for(prof)
-    testbed = ClusterTestbed(deployer, prof.cluster.base_url, prof.model)
+    testbed = testbed_for(prof, deployer)  # as a round's
     worker = next(n for n in prof.cluster.nodes if n.rank == 1)
     cell = prof.cells[0]
     try:
@@ -90,7 +92,10 @@ def test_a_worker_stopped_while_a_cell_is_measured_is_its_nodes_not_the_configs(
         with ThreadPoolExecutor(1) as pool:
             bench = pool.submit(testbed.bench, cell)
             try:
-                failure = bench.exception(timeout=cold_start_limit_s(cell) + 60)
+                # by the profile's deadline and a margin: the default minute fails the test
+                failure = bench.exception(
+                    timeout=cold_start_limit_s(cell, prof.bench.hang_after_s) + 30
+                )
             finally:
                 os.kill(engine, signal.SIGCONT)
                 if not bench.done():
