@@ -331,7 +331,7 @@ def _stopped_meanwhile(err: OrchestrateError, message: str) -> NodeError | None:
     )
 
 
-def testbed_for(
+def round_testbed(
     profile: Profile, deployer: Deployer, *, stop: threading.Event | None = None
 ) -> ClusterTestbed:
     """The testbed a round measures ``profile``'s cluster with (``deployer``: ``deployer_for``'s):

@@ -49,7 +49,7 @@ from orchestrator.policy import BootCandidate, BootChampion, BootFailure, Crash,
 from orchestrator.profile import load_profile
 from orchestrator.profile_sections import VerdictSpec
 from orchestrator.round import RoundOptions, RoundRunner
-from orchestrator.testbed import ClusterTestbed, NullSink, deployer_for, testbed_for
+from orchestrator.testbed import ClusterTestbed, NullSink, deployer_for, round_testbed
 from tests.fixtures.profiles import small_twin_profile_data, twin_profile_data, write_profile
 from tests.test_policy import measured, never
 from tests.test_round_policy import ScriptedTestbed, profile
@@ -764,7 +764,7 @@ def test_a_head_that_stops_answering_fails_its_cell_by_its_deadline_and_says_it_
     prof = load_profile(str(write_profile(tmp_path, data)), base_dir=tmp_path)
     shown: list[str] = []
     deployer = deployer_for(prof, progress=shown.append)
-    testbed = testbed_for(prof, deployer)  # as a round's
+    testbed = round_testbed(prof, deployer)  # as a round's
     head = Path(prof.cluster.head.workdir)
     cell = prof.cells[0]
     limit = cold_start_limit_s(cell, prof.bench.hang_after_s)

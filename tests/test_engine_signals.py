@@ -19,7 +19,7 @@ from cluster.errors import DeployError, NodeError
 from cluster.launcher import LOG, PIDFILE
 from knobs.vocabulary import INFRASTRUCTURE
 from orchestrator.profile import load_profile
-from orchestrator.testbed import ClusterTestbed, deployer_for, testbed_for
+from orchestrator.testbed import ClusterTestbed, deployer_for, round_testbed
 from tests.fixtures.profiles import twin_profile_data, write_profile
 
 
@@ -74,7 +74,7 @@ def test_a_worker_stopped_while_a_cell_is_measured_is_its_nodes_not_the_configs(
     data["bench"] = {"hang_after_s": 5}  # the default minute is what the test would wait
     prof = load_profile(str(write_profile(tmp_path, data)), base_dir=tmp_path)
     deployer = deployer_for(prof)
-    testbed = testbed_for(prof, deployer)  # as a round's
+    testbed = round_testbed(prof, deployer)  # as a round's
     worker = next(n for n in prof.cluster.nodes if n.rank == 1)
     cell = prof.cells[0]
     try:

@@ -107,7 +107,7 @@ def round_(
     from orchestrator.profile import load_profile
     from orchestrator.round import RoundOptions, RoundRunner
     from orchestrator.settings import lease_ttl_s
-    from orchestrator.testbed import testbed_for
+    from orchestrator.testbed import round_testbed
     from orchestrator.unrecorded import found, kept_on_stop
 
     for flag, cap in (("--max-hours", max_hours), ("--max-gpu-hours", max_gpu_hours)):
@@ -212,7 +212,7 @@ def round_(
         # another's, and MLflow takes no write from a process that lost the cluster, as the
         # ledger takes none
         gone = threading.Event()
-        testbed = testbed_for(prof, deployer, stop=gone)
+        testbed = round_testbed(prof, deployer, stop=gone)
         sink.fence(lambda: still_leased(ledger))
         # the ledger's lease and a claim on every node before the first deploy (issue #17)
         owner = Ownership(
