@@ -32,7 +32,7 @@ from orchestrator.pooling import ValueBoots, pool
 from orchestrator.priors import MEASURING, base_prior, learned_prior
 from orchestrator.profile import Profile
 from orchestrator.rendering import (
-    digest,
+    digests,
     dropped,
     gained,
     knob_events,
@@ -111,7 +111,7 @@ class ChampionEvidence:
     def rendered_now(self, champion: ChampionRecord) -> list[Measurement]:
         """The champion's complete measurements of its launchers as the profile renders them
         now (``rendering``: those of another rendering are set aside)."""
-        now = digest(self.profile, champion.config)
+        now = digests(self.profile, champion.config)
         cut = legacy_cut(knob_events(self.ledger, self.cluster, champion.experiment_id))
         ms = self.measurements(champion.experiment_id)
         return [m for m in ms if m.complete and rendered_as(m, now, cut)]
@@ -264,6 +264,9 @@ class ChampionEvidence:
         better than its neighbours' throughput. A K change's null (its counters less the step
         cost, ``step_cost``) only where no other K was measured against this champion: the
         neighbours' boots share this one's champion error, the law's fit does not know it."""
+        # a change recorded under a knob's old name (resumed across a rename) is judged as
+        # one of the knob now: its prior, its pooled values (``knob_renames``)
+        e = knob_renames.experiment(self.profile.space, e)
         champion = self.level()
         knob = e.knob
         in_space = knob is not None and knob in self.profile.space.names

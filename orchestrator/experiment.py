@@ -27,7 +27,7 @@ from orchestrator.measurements import BootCount, Measurement
 from orchestrator.profile import Profile
 from orchestrator.profile_champion import stale_baseline
 from orchestrator.remeasure import ChampionRemeasure
-from orchestrator.rendering import digest, rendered_as
+from orchestrator.rendering import digests, rendered_as
 from orchestrator.runlog import RunLog
 from orchestrator.verdict import Assessment, accept_len, objective, objective_of
 
@@ -176,7 +176,7 @@ class ExperimentRunner:
         fitted = e.model_copy(update={"config": fit(self.profile.space, self.ledger, e).config})
         # a measurement of launchers the profile no longer renders so (a knob's flag dropped
         # between a kill and its resume) is set aside: the next boot starts a new one
-        now = digest(self.profile, fitted.config)
+        now = digests(self.profile, fitted.config)
         measurements = [m for m in self.champion.measurements(e.id) if rendered_as(m, now)]
         progress = policy.Progress(
             baseline=baseline,

@@ -108,7 +108,8 @@ class Profile(BaseModel):
         field it leaves out comes from the catalog's spec (render, description, effect prior,
         role, monotone failures, each bound of the domain). Another ``type`` brings its own
         domain (none of the catalog's ``low``, ``high``, ``step``, ``choices``, ``default``);
-        ``effect_prior: null`` drops the catalog's prior. A name a typo away from a catalog
+        ``effect_prior: null`` drops the catalog's prior. A knob renamed from a catalog knob
+        (``renamed_from``) inherits that knob's spec so. A name a typo away from a catalog
         knob's is refused unless the entry says ``new: true`` (``_merge_knob``)."""
         if not isinstance(data, dict):
             return data
@@ -233,7 +234,7 @@ class Profile(BaseModel):
 
 def _merge_knob(knob: object, base: dict[str, KnobSpec], catalog_name: str) -> object:
     """A profile's ``knobs:`` entry with what it leaves out taken from the catalog's spec of
-    the same name (see ``Profile._inherit_catalog_fields``).
+    the same name, or of the name it was renamed from (see ``Profile._inherit_catalog_fields``).
 
     An entry the catalog lacks is written whole; one whose name is a typo away from a catalog
     knob's must say ``new: true``, or it would silently be a second knob writing the same
@@ -248,7 +249,9 @@ def _merge_knob(knob: object, base: dict[str, KnobSpec], catalog_name: str) -> o
         return knob
     entry = dict(knob)  # ``new`` kept: a new knob is no knob dropped renamed (``knob_renames``)
     name = str(entry.get("name"))
-    spec = base.get(name)
+    # a catalog knob renamed (``renamed_from``) is that knob under another name: what the
+    # catalog gave it (render, prior, guardrail sides, role) it keeps unless the entry says
+    spec = base.get(name) or base.get(str(entry.get("renamed_from")))
     if spec is None:
         hint = did_you_mean(name, base)
         if hint is not None and knob.get("new") is not True:

@@ -11,18 +11,30 @@ interrupted measurement continues as a new one rather than across two launchers.
 Each boot records the digest of the launchers it rendered (schema 9, ``boot.rendering``). A
 boot recorded before has none: it counts unless the ledger recorded a knob dropped from the
 champion after it started (``legacy_cut``).
+
+The engine reads its flags and values, not their order: the digest a boot records is of its
+launchers with the knobs' pieces in an order of their own (what each renders, ``_canonical``),
+so a knob renamed (``knob_renames``: a catalog knob's entry moves to the profile's ``knobs:``,
+whose flags come after the catalog's) or the profile's knobs reordered renders the same engine.
+A boot recorded before this release holds the digest of its argv in the profile's order: it
+is compared with that form as the profile renders it now, and as it rendered before its
+knobs were renamed (each at its old name's place in the catalog), ``digests``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Collection
 from datetime import datetime
 
 from cluster.inventory import ClusterSpec
 from cluster.launcher import render_node
+from knobs.catalog import catalog
 from knobs.config import Config
 from knobs.errors import KnobError, ProfileError
+from knobs.space import KnobSpace, render_knob
+from knobs.spec import KnobSpec
 from knobs.vocabulary import EventKind
 from ledger import EventRecord, Ledger
 from orchestrator.measurements import Measurement
@@ -35,19 +47,71 @@ _KNOB_EVENTS = (EventKind.KNOB_REMOVED, EventKind.KNOB_ADDED)
 
 def digest(profile: Profile, config: Config) -> str | None:
     """A digest of every node's launcher for ``config`` (its argv and environment), the
-    machine's own paths left as their placeholders (a venv moved is the same engine); ``None``
-    where it cannot be rendered here."""
-    runtime = {k: "{" + k + "}" for k in runtime_placeholders()}
-    cluster = _placeless(profile.cluster)
+    machine's own paths left as their placeholders (a venv moved is the same engine), the
+    knobs' pieces in an order of their own (``_canonical``: their order in the profile is no
+    part of the engine); ``None`` where it cannot be rendered here. What a boot records."""
     try:
-        rendered = [
-            render_node(profile.launcher, profile.space, config, cluster, node, runtime)
-            for node in sorted(cluster.nodes, key=lambda n: n.rank)
-        ]
+        return _digest(profile, _canonical(profile.space, config), config)
     except (ProfileError, KnobError):
         return None
+
+
+def digests(profile: Profile, config: Config) -> frozenset[str] | None:
+    """The digests a boot that rendered what ``config`` renders now may have recorded: this
+    release's (``digest``), and an earlier release's (its argv in the knobs' order) with the
+    knobs as the profile orders them now and with each knob renamed from a catalog knob at
+    that knob's place (where it rendered before the rename); ``None`` where it cannot be
+    rendered here."""
+    space = profile.space
+    try:
+        orders = [_canonical(space, config), space, _before_renames(profile)]
+        return frozenset(_digest(profile, s, config) for s in orders)
+    except (ProfileError, KnobError):
+        return None
+
+
+def _digest(profile: Profile, space: KnobSpace, config: Config) -> str:
+    """The digest of every node's launcher for ``config`` with ``space``'s knobs in its order.
+
+    Raises:
+        ProfileError, KnobError: it cannot be rendered here.
+    """
+    runtime = {k: "{" + k + "}" for k in runtime_placeholders()}
+    cluster = _placeless(profile.cluster)
+    rendered = [
+        render_node(profile.launcher, space, config, cluster, node, runtime)
+        for node in sorted(cluster.nodes, key=lambda n: n.rank)
+    ]
     text = json.dumps([[r.rank, list(r.argv), sorted(r.env.items())] for r in rendered])
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _canonical(space: KnobSpace, config: Config) -> KnobSpace:
+    """``space`` with its knobs ordered by what they render at ``config`` (their flags and
+    values, the JSON fields and the variables they set), not by name or place: the order a
+    knob renamed or moved in the profile keeps."""
+
+    def rendered(knob: KnobSpec) -> str:
+        piece = render_knob(knob, config[knob.name])
+        fields = sorted((f, sorted(v)) for f, v in piece.json_fields.items())
+        return json.dumps([list(piece.argv), fields, sorted(piece.env)])
+
+    return space.model_copy(update={"knobs": tuple(sorted(space.knobs, key=rendered))})
+
+
+def _before_renames(profile: Profile) -> KnobSpace:
+    """The profile's space with each knob renamed from a knob of its catalog (``renamed_from``)
+    at that knob's place, as the knobs were ordered before the rename (a profile's own knobs
+    come after the catalog's): the order an earlier release's digest of it was taken in."""
+    space = profile.space
+    moved = {k.renamed_from: k for k in space.knobs if k.renamed_from is not None}
+    base = catalog(profile.knob_catalog) if profile.knob_catalog else ()
+    if not any(k.name in moved for k in base):
+        return space
+    order = [moved.get(k.name, k).name for k in base if k.name in moved or k.name in space.names]
+    order += [k.name for k in space.knobs if k.name not in order]
+    by_name = {k.name: k for k in space.knobs}
+    return space.model_copy(update={"knobs": tuple(by_name[n] for n in order)})
 
 
 def _placeless(cluster: ClusterSpec) -> ClusterSpec:
@@ -83,15 +147,15 @@ def legacy_cut(events: list[EventRecord]) -> datetime | None:
     return removed[-1].created_at if removed else None
 
 
-def rendered_as(m: Measurement, now: str | None, cut: datetime | None = None) -> bool:
+def rendered_as(m: Measurement, now: Collection[str] | None, cut: datetime | None = None) -> bool:
     """Whether every boot of ``m`` rendered what the config renders now (``now``: its
-    ``digest``; ``None``: not renderable here, every boot counts). A boot with no rendering
+    ``digests``; ``None``: not renderable here, every boot counts). A boot with no rendering
     recorded counts unless it started before ``cut`` (``legacy_cut``)."""
     for rendering, started in m.boots:
         if rendering is None:
             if cut is not None and started < cut:
                 return False
-        elif now is not None and rendering != now:
+        elif now is not None and rendering not in now:
             return False
     return True
 
