@@ -8,9 +8,12 @@ values as params, its objective as the value.
 - every trial carries what the ledger says of it as user attributes: the experiment's number,
   its status, kind, changed knob and value, the change against the champion, the whole config
   (JSON), and an invalid config's (untrusted) objective;
-- a knob the profile no longer declares, or a value outside the knob's domain now, is no param
-  (Optuna's distributions are the profile's) but stays in the config attribute: nothing the
-  ledger recorded is lost;
+- a knob renamed since (``renamed_from``) is a param under its name now, so a change of it
+  reads as one in the study; a knob the profile dropped is a param with the domain the ledger
+  last recorded for it (``retired``), so the change of it is no point of the champion's; one
+  with no such record, or a value outside the knob's domain, is no param but stays in the
+  config attribute (nothing the ledger recorded is lost), and the trial says so (the
+  ``left_out`` attribute, and the export's line);
 - exporting again adds only the experiments the study does not have (matched by number), so
   the study follows the ledger as rounds go on.
 """
@@ -29,7 +32,7 @@ from optuna.trial import FrozenTrial, TrialState, create_trial
 from agents.optuna_proposer import distributions
 from knobs.errors import KnobError
 from knobs.space import KnobSpace
-from knobs.spec import Value, clipped
+from knobs.spec import KnobSpec, Value, clipped, printable
 from orchestrator.errors import UsageError
 
 #: The user attribute that names a trial's experiment (how a re-export knows what it has).
@@ -55,13 +58,20 @@ class Exported:
     study: str
     added: int
     present: int
+    #: what the trials added had to fit to the profile's space, in words (none: nothing)
+    fitted: tuple[str, ...] = ()
 
 
 def export_study(
-    storage: str, study_name: str, space: KnobSpace, trials: Sequence[StudyTrial]
+    storage: str,
+    study_name: str,
+    space: KnobSpace,
+    trials: Sequence[StudyTrial],
+    retired: Mapping[str, KnobSpec] | None = None,
 ) -> Exported:
     """Add ``trials`` that ``study_name`` in ``storage`` does not have yet (creating the study,
-    maximizing, when there is none).
+    maximizing, when there is none); ``retired``: the knobs the profile dropped, as the ledger
+    last recorded them (their params' domains).
 
     Raises:
         UsageError: the storage cannot be opened, or the study there minimizes.
@@ -88,29 +98,95 @@ def export_study(
             "is maximized: export into another study (--study NAME)"
         )
     have = {t.user_attrs.get(EXPERIMENT_ATTR) for t in study.get_trials(deepcopy=False)}
-    dists = distributions(space)
-    new = [_trial(t, space, dists) for t in trials if t.experiment not in have]
+    specs = {**(retired or {}), **{k.name: k for k in space.knobs}}
+    dists = {**distributions(space), **_retired_distributions(space, retired or {})}
+    todo = [t for t in trials if t.experiment not in have]
+    fits = [_Fit.of(t, space, specs) for t in todo]
+    new = [_trial(t, fit, dists) for t, fit in zip(todo, fits, strict=True)]
     if new:
         study.add_trials(new)
-    return Exported(study_name, added=len(new), present=len(trials) - len(new))
+    return Exported(study_name, added=len(new), present=len(trials) - len(new), fitted=_said(fits))
 
 
-def _trial(
-    trial: StudyTrial, space: KnobSpace, dists: Mapping[str, BaseDistribution]
-) -> FrozenTrial:
-    params: dict[str, Value] = {}
-    for spec in space.knobs:
-        if spec.name not in trial.config:
-            continue
-        try:
-            params[spec.name] = spec.parse(trial.config[spec.name])
-        except KnobError:
-            continue  # outside the knob's domain now: kept in the config attribute
+@dataclass(frozen=True)
+class _Fit:
+    """A trial's config as params of the study: the knobs renamed since under their names now
+    (old name to new), those the profile dropped with their recorded domains, and what is no
+    param, in words."""
+
+    params: dict[str, Value]
+    renamed: dict[str, str]
+    retired: tuple[str, ...]
+    left_out: tuple[str, ...]
+
+    @classmethod
+    def of(cls, trial: StudyTrial, space: KnobSpace, specs: Mapping[str, KnobSpec]) -> _Fit:
+        renames = {old: new for old, new in space.renames.items() if old in trial.config}
+        params: dict[str, Value] = {}
+        left_out: list[str] = []
+        for name, raw in space.renamed(trial.config).items():
+            spec = specs.get(name)
+            if spec is None:
+                left_out.append(f"{name} (a knob the ledger has no record of)")
+                continue
+            try:
+                params[name] = spec.parse(raw)
+            except KnobError:
+                left_out.append(f"{name}={printable(raw)} (outside its domain now)")
+        retired = tuple(n for n in params if n not in space.names)
+        return cls(params, renames, retired, tuple(left_out))
+
+
+def _retired_distributions(
+    space: KnobSpace, retired: Mapping[str, KnobSpec]
+) -> dict[str, BaseDistribution]:
+    """Each dropped knob's distribution, of the domain the ledger last recorded for it."""
+    out: dict[str, BaseDistribution] = {}
+    for name, spec in retired.items():
+        if name not in space.names:
+            out |= distributions(KnobSpace(knobs=(spec,)))
+    return out
+
+
+def _said(fits: Sequence[_Fit]) -> tuple[str, ...]:
+    """What the export had to fit, a clause each: the trials whose knobs were renamed since,
+    those of knobs the profile dropped, those with a param left out."""
+    out: list[str] = []
+    renamed = [f for f in fits if f.renamed]
+    if renamed:
+        names = sorted({f"{o} → {n}" for f in renamed for o, n in f.renamed.items()})
+        out.append(
+            f"{len(renamed)} trial(s) ran knobs renamed since ({', '.join(names)}): their "
+            "params take the names of now"
+        )
+    retired = [f for f in fits if f.retired]
+    if retired:
+        names = sorted({n for f in retired for n in f.retired})
+        out.append(
+            f"{len(retired)} trial(s) ran knobs the profile dropped ({', '.join(names)}): "
+            "params of the domain the ledger last recorded for them"
+        )
+    left = [f for f in fits if f.left_out]
+    if left:
+        names = sorted({n for f in left for n in f.left_out})
+        out.append(
+            f"{len(left)} trial(s) have a value that is no param ({'; '.join(names)}): kept "
+            "in their config attribute, said in their left_out attribute"
+        )
+    return tuple(out)
+
+
+def _trial(trial: StudyTrial, fit: _Fit, dists: Mapping[str, BaseDistribution]) -> FrozenTrial:
+    params = fit.params
     attrs = {
         EXPERIMENT_ATTR: trial.experiment,
         **trial.attrs,
         "config": json.dumps(dict(trial.config), sort_keys=True),
     }
+    if fit.renamed:
+        attrs["renamed"] = ", ".join(f"{o} → {n}" for o, n in fit.renamed.items())
+    if fit.left_out:
+        attrs["left_out"] = "; ".join(fit.left_out)
     if trial.objective is None:
         return create_trial(
             state=TrialState.FAIL,

@@ -69,6 +69,21 @@ def experiments(
     return [experiment(space, e) for e in ledger.experiments(cluster=cluster, round_id=round_id)]
 
 
+def retired(profile: Profile, ledger: Ledger) -> dict[str, KnobSpec]:
+    """The knobs the cluster's recorded profiles had that ``profile`` dropped (neither its
+    knob nor renamed to one), each as last recorded: what a config of the ledger ran them at
+    means (the Optuna export's params of them).
+
+    Raises:
+        LedgerError: the ledger failed.
+    """
+    space = profile.space
+    out: dict[str, KnobSpec] = {}
+    for recorded in revision.revisions(ledger, profile.cluster.name):
+        out.update({k.name: k for k in recorded.knobs})
+    return {n: k for n, k in out.items() if n not in space.names and n not in space.renames}
+
+
 def check(profile: Profile, ledger: Ledger) -> None:
     """Each knob's ``renamed_from`` names a knob the cluster's history knows, never run side by
     side with it; and no knob gained is a knob dropped renamed without saying which

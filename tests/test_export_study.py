@@ -12,12 +12,16 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from agents import SweepProposer
 from knobs.config import Config
+from knobs.spec import Value
 from knobs.vocabulary import Kind, Status
 from ledger import Ledger, VerdictRecord
 from orchestrator.profile import load_profile
 from tests.fixtures.cli import orchestrate
 from tests.fixtures.profiles import twin_profile_data, write_profile
+from tests.test_profile_evolution import profile_data
+from tests.test_profile_evolution_under_way import round_of
 
 
 def _decide(ledger: Ledger, experiment: int, status: Status, objective: float | None) -> None:
@@ -139,3 +143,37 @@ def test_a_minimizing_study_is_refused(tmp_path: Path) -> None:
     assert done.returncode == 2, done.stderr
     assert "minimizes" in done.stderr and "--study NAME" in done.stderr
     assert optuna.load_study(study_name="latency", storage=storage).trials == []
+
+
+def test_trials_of_knobs_renamed_or_dropped_since_keep_the_knob_they_changed(
+    tmp_path: Path,
+) -> None:
+    """A round moved MNBT and the KV cache's type; the profile then renamed MNBT ``mnbt``
+    (``renamed_from``) and dropped the KV cache's knob. Before, every earlier trial kept only
+    the knobs whose names did not change: the two changes read as the champion's own point.
+    Now the MNBT change is a change of ``mnbt``, the KV change keeps its knob (of the domain
+    the ledger last recorded), and the export says what it fitted."""
+    mnbt, kv = "max_num_batched_tokens", "kv_cache_dtype"
+    moves: list[dict[str, Value]] = [{mnbt: 4096}, {kv: "fp8_e5m2"}]
+    round_of(tmp_path, profile_data(), 2, SweepProposer(moves))
+    spec = load_profile(str(write_profile(tmp_path, profile_data()))).space.spec(mnbt)
+    renamed = {**spec.model_dump(mode="json"), "name": "mnbt", "renamed_from": mnbt}
+    now = write_profile(tmp_path, {**profile_data(renamed), "untuned": [mnbt, kv]})
+    env = {**os.environ, "ORCHESTRATE_LEDGER": f"sqlite:///{tmp_path}/ledger.db"}
+    storage = f"sqlite:///{tmp_path}/optuna.db"
+    done = orchestrate(tmp_path, "export", "--optuna-storage", storage, "-p", str(now), env=env)
+    assert done.returncode == 0, done.stderr
+    study = optuna.load_study(study_name="evolving", storage=storage)
+    by_knob = {t.user_attrs.get("knob"): t for t in study.trials}
+    baseline = by_knob[None].params
+    assert (baseline["mnbt"], baseline[kv]) == (7168, "fp8_e4m3"), baseline
+    assert mnbt not in baseline
+    assert by_knob[mnbt].params == {**baseline, "mnbt": 4096}
+    assert by_knob[mnbt].user_attrs["renamed"] == f"{mnbt} → mnbt"
+    assert by_knob[kv].params == {**baseline, kv: "fp8_e5m2"}
+    line = done.stderr.strip().splitlines()[-1]
+    assert line == (
+        f"fitted to the profile's knobs: 3 trial(s) ran knobs renamed since ({mnbt} → mnbt): "
+        f"their params take the names of now; 3 trial(s) ran knobs the profile dropped ({kv}): "
+        "params of the domain the ledger last recorded for them"
+    ), done.stderr

@@ -48,7 +48,7 @@ def export(
     trial each, a re-export adds the new ones."""
     from agents.study_export import export_study
     from ledger import tsv_text
-    from orchestrator import left_open
+    from orchestrator import knob_renames, left_open
     from orchestrator.compared_with import tsv_notes
     from orchestrator.profile import load_profile
 
@@ -62,14 +62,19 @@ def export(
         # the champion's row says its level in force where it was measured again since, a
         # row whose objective beside its champion's reads against its Δ what the Δ is against
         notes = tsv_notes(prof, ledger)
+        # the knobs the profile dropped, as recorded: a change of one is no point of the champion
+        dropped = knob_renames.retired(prof, ledger)
     if optuna_storage is not None:
         name = study or prof.cluster.name
-        done = export_study(optuna_storage, name, prof.space, list(_trials(experiments)))
+        trials = list(_trials(experiments))
+        done = export_study(optuna_storage, name, prof.space, trials, dropped)
         typer.echo(
             f"study {done.study!r} in {optuna_storage}: {done.added} trial(s) added, "
             f"{done.present} there already",
             err=True,
         )
+        if done.fitted:
+            typer.echo("fitted to the profile's knobs: " + "; ".join(done.fitted), err=True)
         if path is None:
             return
     text = tsv_text(experiments, notes)
