@@ -139,6 +139,15 @@ class Profile(BaseModel):
                 "replace the earlier; rename or drop one"
             )
         knobs = overlay(self._catalog_knobs(), self.knobs)
+        declared_names = set(declared)
+        for knob in self.knobs:  # before its render clashes with the catalog's: what to do
+            was = knob.renamed_from
+            if was is not None and was not in declared_names and was in {k.name for k in knobs}:
+                raise KnobError(
+                    f"knob {knob.name} is renamed_from: {was}, which catalog "
+                    f"{self.knob_catalog} still declares: put {was} under untuned: (its history "
+                    f"carries over to {knob.name})"
+                )
         clash = render_clash(knobs) or renamed_clash(knobs) or static_clash(self.launcher, knobs)
         if clash is not None:
             raise KnobError(clash)

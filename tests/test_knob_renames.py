@@ -158,8 +158,12 @@ def test_renamed_from_a_knob_still_in_the_profile_is_refused_as_it_loads(tmp_pat
         Profile.model_validate(data(renamed_from="chunk"))
     other = {**CHUNK, "name": "mnbt", "renamed_from": "cuda_graphs", "new": False}
     other["render"] = {"kind": "env", "env": "MNBT"}
-    with pytest.raises(KnobError, match="the name of knob cuda_graphs, still here"):
+    # a catalog's knob still declared: what to do (put it under untuned:)
+    with pytest.raises(KnobError, match="cuda_graphs, which catalog vllm-dflash2 still declares"):
         Profile.model_validate({**data(), "knobs": [CHUNK, other]})
+    # a knob of the profile's own still here
+    with pytest.raises(KnobError, match="the name of knob chunk, still here"):
+        Profile.model_validate({**data(), "knobs": [CHUNK, {**other, "renamed_from": "chunk"}]})
     path = write_profile(
         tmp_path, {**data(), "knobs": [{**other, "renamed_from": "x", "new": True}]}
     )
@@ -211,3 +215,23 @@ def test_one_rule_refuses_a_rename_naming_a_name_still_here_or_two_from_one() ->
     assert rename_clash("knob", [("a", "c"), ("b", "c")], ("history calls", "history carries")) == (
         "knobs a and b are both renamed_from: c; one knob's history carries over to one knob"
     )
+
+
+def test_a_catalog_knob_renamed_but_still_declared_by_the_catalog_says_what_to_do(
+    tmp_path: Path,
+) -> None:
+    """The review's J4: `name: mnbt, renamed_from: max_num_batched_tokens` without taking the
+    catalog's knob out said only `knobs max_num_batched_tokens and mnbt both render
+    --max-num-batched-tokens`. It now says to put the catalog's under untuned:, and with it
+    there the profile loads, the rename carrying the history over."""
+    renamed = {**profile_data({"name": "mnbt", "renamed_from": "max_num_batched_tokens"})}
+    path = write_profile(tmp_path, renamed)
+    with pytest.raises(ProfileError) as refused:
+        load_profile(str(path), base_dir=tmp_path)
+    assert str(refused.value) == (
+        f"profile {path}: knob mnbt is renamed_from: max_num_batched_tokens, which catalog "
+        "vllm-dflash2 still declares: put max_num_batched_tokens under untuned: (its history "
+        "carries over to mnbt)"
+    )
+    fixed = write_profile(tmp_path, {**renamed, "untuned": ["max_num_batched_tokens"]})
+    assert "mnbt" in load_profile(str(fixed), base_dir=tmp_path).space.names
