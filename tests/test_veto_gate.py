@@ -126,6 +126,20 @@ def test_ask_edit_is_validated_again_until_it_is_allowed(ledger: Ledger) -> None
     assert seen.count("new value for num_speculative_tokens:") == 3
 
 
+def test_after_a_refused_edit_the_value_is_typed_again_at_once(ledger: Ledger) -> None:
+    """The review's E2: after `edit` with a value refused, the prompt went back to `approve,
+    edit or veto`, and the value typed there was `unknown answer '4'`. It now says a value is
+    taken there, and takes it as the edit."""
+    decided, seen = ask(ledger, "edit\n7; reboot\n4\n")
+    assert (decided.status, decided.decided_by, decided.new_value) == (
+        "approved",
+        f"{WHO} (edited)",
+        4,
+    )
+    assert "approve, edit or veto (or a new value for num_speculative_tokens)" in seen, seen
+    assert "unknown answer" not in seen, seen
+
+
 def test_ask_veto_records_the_reason(ledger: Ledger) -> None:
     decided, _ = ask(ledger, "veto\nK=5 wedged rank 2 last week\n")
     assert (decided.status, decided.decided_by, decided.reason) == (

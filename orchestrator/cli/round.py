@@ -333,10 +333,14 @@ def _ask(console: Console, p: ProposalRecord, problem: str | None) -> Answer:
         console.print(Text(p.change.describe()))
         for label, value in proposal_rows(p):
             console.print(Text(f"  {label + ':':<11} {value}"))
-    action = typer.prompt("approve, edit or veto", default="approve").strip().lower()
-    action = {"a": "approve", "e": "edit", "v": "veto"}.get(action, action)
+    # after a refusal (a value the knob does not allow), the value may be typed again at once
+    choices = "approve, edit or veto" + (f" (or a new value for {p.knob})" if problem else "")
+    typed = typer.prompt(choices, default="approve").strip()
+    action = {"a": "approve", "e": "edit", "v": "veto"}.get(typed.lower(), typed.lower())
     if action == "edit":
         return Answer("edit", value=typer.prompt(f"new value for {p.knob}"))
     if action == "veto":
         return Answer("veto", reason=typer.prompt("reason"))
+    if action != "approve" and problem:
+        return Answer("edit", value=typed)
     return Answer(action)
