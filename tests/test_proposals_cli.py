@@ -15,6 +15,8 @@ from orchestrator.cli import run
 from orchestrator.profile import load_profile
 from tests.fixtures.profiles import twin_profile_data, write_profile
 
+WHO = f"{getpass.getuser()}@{socket.gethostname()}"
+
 
 def _pending(url: str) -> tuple[int, int]:
     """A round with two pending proposals, one a coupled move; their IDs."""
@@ -168,6 +170,13 @@ def test_a_proposal_is_approved_with_an_edited_value_checked_as_the_ask_prompts_
         "5",
     )
     assert p.hypothesis.startswith("edited by a person from 5 to 4; the proposer's hypothesis")
+    # approved while its round is stopped: status says the resume boots it first (review E1)
+    assert run(["status", "-p", str(path)]) == 0
+    said = capsys.readouterr().out
+    assert (
+        f"proposal {one} of round 1 approved by {WHO} (edited): num_speculative_tokens 7 → 4; "
+        "the resume boots it first"
+    ) in " ".join(said.split()), said
     # decided: a second approve is refused as a plain one is
     assert run(["proposals", "approve", str(one), "--value", "6", "-p", str(path)]) == 3
     assert "already approved" in capsys.readouterr().err

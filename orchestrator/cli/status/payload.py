@@ -64,6 +64,11 @@ def as_data(prof: Profile, seen: Seen, flag: str) -> dict[str, Any]:
             }
             for p in seen.pending
         ],
+        # approved while the round was stopped, not yet taken up: the resume boots them first
+        "approved_proposals": [
+            {"proposal": p.id, "round": p.round_id, "change": p.change.describe()}
+            for p in seen.approved
+        ],
         "gpu_hours": round(sum(seen.used.values()), 4),
         # the cells the profile redefined since their last reading (``changed_cells``)
         "changed_cells": list(seen.redefined),

@@ -70,6 +70,9 @@ class Seen:
     used: dict[int, float]
     held: list[int]
     pending: list[ProposalRecord]
+    #: proposals of the unfinished round a person approved that no experiment took up yet
+    #: (approved while the round was stopped: the resume boots them first)
+    approved: list[ProposalRecord]
     stopped: EventRecord | None
     not_started: EventRecord | None  # a round command stopped before any round (a node away)
     counted: int
@@ -160,6 +163,13 @@ def read(prof: Profile, ledger: Ledger) -> Seen:
         held=ledger.holding(name),  # experiments whose boots' texts MLflow still lacks
         # proposals of this cluster's rounds a person has not decided (``--approve queue``)
         pending=[p for p in ledger.proposals(status=ProposalStatus.PENDING) if p.round_id in mine],
+        approved=[]
+        if running is None
+        else [
+            p
+            for p in ledger.proposals(round_id=running.id, status=ProposalStatus.APPROVED)
+            if p.id not in {e.proposal_id for e in experiments}
+        ],
         stopped=None if running is None else last_stop(ledger, name, running.id),
         not_started=before_a_round(ledger, name) if running is None else None,
         # each node's clocks over the cluster's measurements (``policy.flaky_nodes``)

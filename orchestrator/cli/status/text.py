@@ -116,6 +116,12 @@ def say_round(console: Console, seen: Seen, data: dict[str, Any], flag: str) -> 
         )
     for p in seen.pending:
         console.print(waits_for_a_person(p, flag), markup=False)
+    for p in seen.approved:
+        console.print(
+            f"proposal {p.id} of round {p.round_id} approved by {p.decided_by}: "
+            f"{p.change.describe()}; the resume boots it first",
+            markup=False,
+        )
 
 
 def _suspended(lease: LeaseRecord, flag: str) -> str:
