@@ -110,6 +110,12 @@ class EventKind(StrEnum):
     #: cluster (subject: its digest; detail: its name, knob space, cells, objective, and a
     #: digest of each of its sections: ``orchestrator.revision``)
     PROFILE_REVISED = "profile-revised"
+    #: a round's close in MLflow (its parent run's numbers, report, results.tsv) is owed,
+    #: recorded before the ledger closes the round (subject: the round's id;
+    #: ``orchestrator.round_close``)
+    ROUND_CLOSE_OWED = "round-close-owed"
+    #: … and written: MLflow has it (subject: the round's id)
+    ROUND_CLOSE_WRITTEN = "round-close-written"
 
 
 #: How a boot or a bench failed (``NodeError.failure_class``, the ledger's ``failure_class``).

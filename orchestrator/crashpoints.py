@@ -54,6 +54,7 @@ CRASHPOINTS: Final = (
     "champion.promoted",  # … a keep: the candidate is the champion
     "mlflow.verdict",  # the verdict's metrics, artifacts and tags written, run ended
     "round.finished",  # the parent run ended, the round not yet closed in the ledger
+    "report.written",  # the round's local report, not yet its MLflow run's numbers and texts
 )
 
 _counts: dict[str, int] = {}

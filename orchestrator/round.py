@@ -59,6 +59,7 @@ from orchestrator.mirror import RETRY_S
 from orchestrator.profile import Profile
 from orchestrator.profile_champion import closed_lines, said_once
 from orchestrator.remeasure import ChampionRemeasure
+from orchestrator.round_close import owe
 from orchestrator.runlog import RunLog
 from orchestrator.stops import last_stop, record_cap, record_stop, said_stop
 from orchestrator.testbed import Sink, Testbed
@@ -114,6 +115,7 @@ class RoundRunner:
         sleep: Callable[[float], None] = time.sleep,
         guard: Callable[[], None] | None = None,
         mlflow_retry_s: float = RETRY_S,
+        owes_close: bool = False,
     ) -> None:
         # a cell renamed: its readings carry over (``cell_renames``; said as the round starts)
         cell_renames.check(profile, ledger)
@@ -130,6 +132,8 @@ class RoundRunner:
         #: short writes the report of)
         self.round_id: int | None = None
         self._clock = clock
+        #: the caller writes the round's close to MLflow after ``run`` (``round_close``)
+        self._owes_close = owes_close
         self.runlog = RunLog(ledger, sink, note=display.note, clock=clock, retry_s=mlflow_retry_s)
         # guard: the safe point before each boot (the lease and the node claims, issue #17)
         self.booter = Booter(profile, ledger, testbed, self.runlog, display, guard=guard)
@@ -254,6 +258,8 @@ class RoundRunner:
             # MLflow complete before the ledger closes the round: a kill in between resumes it
             self.runlog.complete_round(rnd)
             crashpoint("round.finished")
+            if self._owes_close:  # till written: a kill as it is leaves it for the next command
+                owe(self.ledger, self.cluster, rnd.id)
             self.ledger.finish_round(rnd.id, RoundStatus.DONE)
         else:
             line = stopped_by_cap(rnd, stopped_by, self._candidates_done(rnd), used)

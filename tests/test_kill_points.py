@@ -68,8 +68,13 @@ KILLS: tuple[tuple[str, int, bool], ...] = (
 )
 
 
+#: Points past the round's close in the ledger: the next command is no resume of it
+#: (``test_killed_as_the_round_closes_the_next_round_completes_its_mlflow_run``).
+CLOSED_KILLS = ("report.written",)
+
+
 def test_every_crash_point_is_killed_at() -> None:
-    assert sorted(point for point, _, _ in KILLS) == sorted(CRASHPOINTS)
+    assert sorted([*(point for point, _, _ in KILLS), *CLOSED_KILLS]) == sorted(CRASHPOINTS)
     assert len(KILLS) >= 12
 
 
@@ -209,6 +214,46 @@ def test_killed_at_a_state_boundary_the_resume_agrees(
         _ledger_agrees(ledger)
         _mlflow_agrees(ledger, MlflowClient(site.env["MLFLOW_TRACKING_URI"]))
         _export_agrees(ledger, site)
+
+
+def test_killed_as_the_round_closes_the_next_round_completes_its_mlflow_run(
+    site: Site, tmp_path: Path
+) -> None:
+    """Killed as its report is written (review I): the ledger has the round done and its
+    parent run ended, but not yet given the round's numbers, report and results.tsv. ``status``
+    and ``report`` say so, and the next round writes them before it starts, in one line."""
+    write_profile(site.root, _profile_data(champion_boots=1))
+    killed = site.round({ENV: "report.written"})
+    assert killed.returncode == -9, killed.stderr
+    assert "crashpoint report.written@1: SIGKILL" in killed.stderr
+    with Ledger(site.ledger_url) as ledger:
+        closed = ledger.rounds(CLUSTER)[-1]
+        [decided] = [e for e in ledger.experiments(round_id=closed.id) if e.kind == "candidate"]
+    assert closed.status == RoundStatus.DONE and closed.mlflow_run_id is not None
+    owed = f"MLflow's run of round {closed.id} lacks its close"
+    status = orchestrate(site.root, "status", "--profile", "profile.yaml", env=site.env)
+    assert status.returncode == 0, status.stderr
+    assert owed in status.stdout, status.stdout
+    args = ("report", "--round", str(closed.id), "--profile", "profile.yaml")
+    report = orchestrate(site.root, *args, env=site.env)
+    assert report.returncode == 0, report.stderr
+    assert f"MLflow's run of round {closed.id} lacks this report" in report.stdout, report.stdout
+
+    after = site.round()
+    assert after.returncode == 0, after.stderr
+    assert json.loads(after.stdout)["round"] == closed.id + 1
+    [said] = [line for line in after.stderr.splitlines() if f"round {closed.id}'s" in line]
+    assert "MLflow" in said, after.stderr
+    client = MlflowClient(site.env["MLFLOW_TRACKING_URI"])
+    run = client.get_run(closed.mlflow_run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.metrics["experiments"] == 1.0
+    assert {"report", "results.tsv"} <= {a.path for a in client.list_artifacts(run.info.run_id)}
+    (into := tmp_path / "downloaded").mkdir()
+    tsv = Path(client.download_artifacts(run.info.run_id, "results.tsv", str(into)))
+    assert str(decided.id) in [row.split("\t")[0] for row in tsv.read_text().splitlines()]
+    status = orchestrate(site.root, "status", "--profile", "profile.yaml", env=site.env)
+    assert owed not in status.stdout, status.stdout
 
 
 def _ledger_agrees(ledger: Ledger) -> None:

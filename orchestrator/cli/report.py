@@ -23,6 +23,7 @@ def report(
 ) -> None:
     """Write a round's report: progress, per-knob effects, where the boots and GPU-hours went,
     the champion's launcher diff; one self-contained HTML page and its PNGs."""
+    from orchestrator import round_close
     from orchestrator.profile import load_profile
     from orchestrator.report import check_folder, write_report
 
@@ -30,5 +31,13 @@ def report(
     if out is not None:
         check_folder(out)  # before the ledger is opened (or created) and the plots drawn
     with opened(prof) as o:
-        written = write_report(prof, o.ledger(create=False), round_id, out)
+        ledger = o.ledger(create=False)
+        written = write_report(prof, ledger, round_id, out)
+        unclosed = written.data.round.id in round_close.owed(ledger, prof.cluster.name)
     typer.echo(f"wrote {written.page} (round {written.data.round.id})")
+    if unclosed:  # this command writes no MLflow: the next round does (``round_close``)
+        typer.echo(
+            f"MLflow's run of round {written.data.round.id} lacks this report, results.tsv and "
+            "the round's numbers (the command that closed it stopped as it wrote them): the "
+            "next `orchestrate round` writes them"
+        )

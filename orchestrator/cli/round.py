@@ -96,7 +96,12 @@ def round_(
     from ledger.mlflow_sink import MlflowSink, mlflow_experiment
     from orchestrator.approval import ApprovalGate, waits_for_a_person
     from orchestrator.away import record_away_at_start
-    from orchestrator.cli.round_report import print_report, report_stop, write_round_report
+    from orchestrator.cli.round_report import (
+        print_report,
+        report_stop,
+        write_owed_closes,
+        write_round_report,
+    )
     from orchestrator.contacts import ledger_reached
     from orchestrator.crashpoints import deploy_progress
     from orchestrator.display import RoundDisplay
@@ -237,12 +242,15 @@ def round_(
                     gate,
                     display,
                     guard=owner.check,
+                    owes_close=True,  # ``write_round_report`` writes it, below
                 )
             )
             return runners[-1]
 
         try:
             with owner:
+                # what a round closed before this one left MLflow without (``round_close``)
+                write_owed_closes(prof, ledger, sink, display)
                 # a ledger that does not answer is waited out; each try builds the round
                 # afresh (its proposer too) and resumes it from the ledger, as the same
                 # command would

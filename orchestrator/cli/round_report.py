@@ -71,15 +71,18 @@ def write_round_report(
     """The round's report (``orchestrate report``), written at its end (or where it stopped
     short) and logged to its MLflow parent run (not without a ``sink``). A report that cannot
     be written is said in one line: the round's record is complete without it, and
-    ``orchestrate report`` writes it again."""
+    ``orchestrate report`` writes it again. A round done in the ledger owes MLflow this close
+    till it is written (``round_close``): the next round writes it where it was not."""
     from ledger import tsv_text
-    from orchestrator import left_open
+    from orchestrator import left_open, round_close
     from orchestrator.compared_with import tsv_notes
+    from orchestrator.crashpoints import crashpoint
     from orchestrator.report import write_report
     from orchestrator.report.data import launchers, summary
 
     try:
         written = write_report(prof, ledger, rnd.id)
+        crashpoint("report.written")
         run_id = rnd.mlflow_run_id
         if run_id and sink is not None:
             # the parent run at a glance: the round in numbers, its report, its results.tsv
@@ -96,10 +99,43 @@ def write_round_report(
                 for rank, script in launchers(prof, champion).items():
                     texts[f"champion/node-{rank}.sh"] = script
             sink.log_texts(run_id, texts)
+            round_close.written(ledger, prof.cluster.name, rnd.id)  # where it was owed
     except OrchestrateError as e:
         display.note(f"the round's report was not written: {e.message}")
         return None
     return written.page
+
+
+def write_owed_closes(
+    prof: Profile, ledger: Ledger, sink: MlflowSink, display: RoundDisplay
+) -> None:
+    """The close MLflow lacks of each round the ledger has done (``round_close``: the command
+    that closed it was killed as it wrote it, or MLflow did not answer then), written before
+    a round starts, one line each: a parent run with the numbers of an earlier stop is not
+    left so for good."""
+    from ledger import MlflowSinkError
+    from orchestrator import round_close
+
+    for round_id in round_close.owed(ledger, prof.cluster.name):
+        rnd = ledger.round(round_id)
+        try:
+            present = rnd.mlflow_run_id is not None and sink.run_state(rnd.mlflow_run_id)
+        except MlflowSinkError as e:  # still owed: the round's end, or the next, writes it
+            display.note(f"round {round_id}'s close is not in MLflow yet: {e.message}")
+            continue
+        if not present:
+            # in the store an earlier round logged to (``--new-mlflow-store``): not this one's
+            display.note(
+                f"round {round_id}'s close is not in MLflow, whose store here lacks its run: "
+                "the ledger keeps its numbers (`orchestrate report` draws them)"
+            )
+            round_close.written(ledger, prof.cluster.name, round_id)
+            continue
+        display.note(
+            f"round {round_id}'s report, results.tsv and numbers were not on its MLflow run "
+            "(its command stopped as it wrote them): writing them"
+        )
+        write_round_report(prof, ledger, sink, rnd, display)
 
 
 def print_report(report: RoundReport, as_json: bool, page: Path | None) -> None:

@@ -75,6 +75,8 @@ def as_data(prof: Profile, seen: Seen, flag: str) -> dict[str, Any]:
         # the champion's launchers render differently now: why it is measured again
         "champion_to_measure_again": seen.restated,
         "held_for_mlflow": seen.held,
+        # rounds done whose numbers, report and results.tsv their MLflow run lacks
+        "rounds_to_close_in_mlflow": seen.unclosed,
         "open_boots": len(seen.left_open),
         "lease": None
         if lease is None

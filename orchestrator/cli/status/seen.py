@@ -69,6 +69,8 @@ class Seen:
     step: StepCost | None
     used: dict[int, float]
     held: list[int]
+    #: rounds done whose close MLflow lacks (``round_close``)
+    unclosed: list[int]
     pending: list[ProposalRecord]
     #: proposals of the unfinished round a person approved that no experiment took up yet
     #: (approved while the round was stopped: the resume boots them first)
@@ -94,7 +96,7 @@ def read(prof: Profile, ledger: Ledger) -> Seen:
     from agents.draft_model import draft_knob
     from agents.llm_fallback import Fallbacks
     from knobs.vocabulary import ProposalStatus, State
-    from orchestrator import knob_renames
+    from orchestrator import knob_renames, round_close
     from orchestrator.away import before_a_round
     from orchestrator.baseline import crashed_baseline
     from orchestrator.cell_renames import resolved
@@ -161,6 +163,7 @@ def read(prof: Profile, ledger: Ledger) -> Seen:
         step=learned(ledger, prof.space, experiments),
         used={r.id: gpu_hours(ledger, r, prof) for r in rounds},
         held=ledger.holding(name),  # experiments whose boots' texts MLflow still lacks
+        unclosed=round_close.owed(ledger, name),  # rounds whose close MLflow still lacks
         # proposals of this cluster's rounds a person has not decided (``--approve queue``)
         pending=[p for p in ledger.proposals(status=ProposalStatus.PENDING) if p.round_id in mine],
         approved=[]
