@@ -18,7 +18,7 @@ from cluster.bench import cold_start_limit_s
 from cluster.errors import DeployError, NodeError
 from cluster.launcher import LOG, PIDFILE
 from knobs.vocabulary import INFRASTRUCTURE
-from orchestrator.profile import load_profile
+from orchestrator.profile import Profile, load_profile
 from orchestrator.testbed import ClusterTestbed, deployer_for, round_testbed
 from tests.fixtures.profiles import twin_profile_data, write_profile
 
@@ -61,6 +61,22 @@ def engine_of(workdir: Path) -> int | None:
     return None
 
 
+def stop_worker_till_the_head_waits(prof: Profile, workdir: str) -> int:
+    """Stop the booted worker's engine at ``workdir`` (SIGSTOP to its process alone, as a
+    person's ``kill -STOP`` or a debugger leaves it) and wait until the head says it stopped
+    answering (vLLM's broadcast warning): from then on the group's steps wait for it. Its
+    pid, for the ``kill -CONT``."""
+    engine = engine_of(Path(workdir))
+    assert engine is not None
+    os.kill(engine, signal.SIGSTOP)
+    head_log = Path(prof.cluster.head.workdir) / LOG
+    wait_for(
+        "the head to find rank 1 silent",
+        lambda: "(node rank 1 has not answered)" in head_log.read_text(),
+    )
+    return engine
+
+
 def test_a_worker_stopped_while_a_cell_is_measured_is_its_nodes_not_the_configs(
     tmp_path: Path,
 ) -> None:
@@ -79,16 +95,7 @@ def test_a_worker_stopped_while_a_cell_is_measured_is_its_nodes_not_the_configs(
     cell = prof.cells[0]
     try:
         testbed.deploy(prof.initial_champion())
-        engine = engine_of(Path(worker.workdir))
-        assert engine is not None
-        os.kill(engine, signal.SIGSTOP)
-        # the head says when a rank stops answering (vLLM's broadcast warning): from then on
-        # the group's steps wait for it
-        head_log = Path(prof.cluster.head.workdir) / LOG
-        wait_for(
-            "the head to find rank 1 silent",
-            lambda: "(node rank 1 has not answered)" in head_log.read_text(),
-        )
+        engine = stop_worker_till_the_head_waits(prof, worker.workdir)
         with ThreadPoolExecutor(1) as pool:
             bench = pool.submit(testbed.bench, cell)
             try:

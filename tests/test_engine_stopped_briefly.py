@@ -12,11 +12,10 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from cluster.launcher import LOG
 from orchestrator.profile import load_profile
 from orchestrator.testbed import ClusterTestbed, deployer_for
 from tests.fixtures.profiles import small_twin_profile_data, write_profile
-from tests.test_engine_signals import engine_of, wait_for
+from tests.test_engine_signals import stop_worker_till_the_head_waits
 
 #: how long the worker stays stopped once the cell waits on its silent head: the fault's
 #: length (a person's ``kill -STOP; sleep; kill -CONT``), not a wait for an event
@@ -49,14 +48,7 @@ def test_a_worker_stopped_for_seconds_mid_cell_is_measured_again_as_its_nodes_no
     engine = None
     try:
         testbed.deploy(prof.initial_champion())
-        engine = engine_of(Path(worker.workdir))
-        assert engine is not None
-        os.kill(engine, signal.SIGSTOP)
-        head_log = Path(prof.cluster.head.workdir) / LOG
-        wait_for(
-            "the head to find rank 1 silent",
-            lambda: "(node rank 1 has not answered)" in head_log.read_text(),
-        )
+        engine = stop_worker_till_the_head_waits(prof, worker.workdir)
         with ThreadPoolExecutor(1) as pool:
             bench = pool.submit(testbed.bench, cell)
             try:

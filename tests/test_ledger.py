@@ -425,12 +425,9 @@ def test_bad_urls_are_one_clear_error(tmp_path: object) -> None:
             Ledger(memory)
 
 
-#: In a tmpfs of 1 MiB: a ledger, the disk filled, a write, the disk freed, the write again.
-_FULL_DISK = """
-import json, os
-from ledger import Ledger, LedgerError
-said = {}
-with Ledger("sqlite:///" + os.path.abspath("orchestrate.db")) as ledger:
+#: Python that fills the disk of the current folder but for a file ``filler`` (``os``
+#: imported; indented for a ``with`` block): a script's "the disk filled" step.
+FILL_DISK = """
     fd = os.open("filler", os.O_WRONLY | os.O_CREAT)
     for block in (65536, 512):
         try:
@@ -439,7 +436,17 @@ with Ledger("sqlite:///" + os.path.abspath("orchestrate.db")) as ledger:
         except OSError:
             pass
     os.close(fd)
-    try:
+"""
+
+#: In a tmpfs of 1 MiB: a ledger, the disk filled, a write, the disk freed, the write again.
+_FULL_DISK = (
+    """
+import json, os
+from ledger import Ledger, LedgerError
+said = {}
+with Ledger("sqlite:///" + os.path.abspath("orchestrate.db")) as ledger:"""
+    + FILL_DISK
+    + """    try:
         for i in range(64):  # until a page more is needed than the disk has
             ledger.create_round(cluster=f"c{i}", profile_name="p" * 4000, profile_digest="d",
                                 budget=1, proposer="optuna", approve="auto", seed=0)
@@ -451,6 +458,7 @@ with Ledger("sqlite:///" + os.path.abspath("orchestrate.db")) as ledger:
     said["after"] = ledger.unfinished_round("after") is not None
 print(json.dumps(said))
 """
+)
 
 
 def test_a_ledger_whose_disk_is_full_waits_for_room_it_is_not_refused(tmp_path: Path) -> None:

@@ -24,6 +24,7 @@ from orchestrator.round import RoundReport
 from orchestrator.unrecorded import Stopping, found, kept_on_stop
 from tests.fixtures.mounts import in_tmpfs
 from tests.fixtures.profiles import small_twin_profile_data, twin_profile_data, write_profile
+from tests.test_ledger import FILL_DISK
 from tests.test_ledger_outage import _round, bring_back, take_away
 from tests.test_round_policy import ScriptedTestbed
 
@@ -233,7 +234,8 @@ def test_a_postgresql_ledger_away_past_the_last_wait_keeps_the_stop_and_the_cell
 
 #: In a tmpfs of 1 MiB: a round; the disk filled; a round's command whose writes find it full
 #: past the last wait; the disk freed; the next command's fold.
-_STILL_FULL = """
+_STILL_FULL = (
+    """
 import json, os, sys
 from ledger import Ledger, LedgerError
 from knobs.vocabulary import EventKind
@@ -245,16 +247,9 @@ def create(ledger, cluster, name="p"):
     return ledger.create_round(cluster=cluster, profile_name=name, profile_digest="d", budget=1,
                                proposer="optuna", approve="auto", seed=0)
 with Ledger(url) as ledger:
-    create(ledger, "c")
-    fd = os.open("filler", os.O_WRONLY | os.O_CREAT)
-    for block in (65536, 512):
-        try:
-            while True:
-                os.write(fd, b"x" * block)
-        except OSError:
-            pass
-    os.close(fd)
-    def night():  # until a page more is needed than the disk has
+    create(ledger, "c")"""
+    + FILL_DISK
+    + """    def night():  # until a page more is needed than the disk has
         for i in range(64):
             create(ledger, f"other{i}", "p" * 4000)
     waits = []
@@ -276,6 +271,7 @@ with Ledger(url) as ledger:
     said["stops"] = [(e.subject, e.detail) for e in ledger.events("c", EventKind.ROUND_STOPPED)]
 print(json.dumps(said))
 """
+)
 
 
 def test_a_ledger_whose_disk_is_still_full_after_the_last_wait_keeps_the_stop_for_the_morning(
