@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from agents import KnownBad
+from knobs.spec import as_text
 from knobs.vocabulary import EventKind
 from ledger import EventRecord, ExperimentRecord, Ledger
 from orchestrator import knob_renames
@@ -41,6 +42,20 @@ class BarredRegion:
     #: the experiment of the champion it was decided against (``None``: not in the history)
     champion: int | None
     cleared: EventRecord | None = None
+    #: how the experiment ran otherwise than the region, fitted to the profile of now, says
+    #: (a knob it ran that the profile dropped since, one it gained), in words; empty: the same
+    as_it_ran: str = ""
+
+
+def _as_it_ran(profile: Profile, e: ExperimentRecord, lineage: Lineage) -> str:
+    """How ``e`` ran otherwise than its config fitted to the profile of now (``Lineage.fit``):
+    the knobs the profile dropped since, with the values it ran, and those it gained, which
+    it did not run; empty where fitting changed nothing."""
+    fitted = lineage.fit(e)
+    ran = profile.space.renamed(e.config)
+    said = [f"{k}={as_text(ran[k])}" for k in fitted.removed if k in ran]
+    said += [f"no {k}" for k in fitted.added]
+    return "" if not said else "fitted to the profile of now; it ran " + ", ".join(said)
 
 
 def barred_regions(profile: Profile, ledger: Ledger) -> list[BarredRegion]:
@@ -61,7 +76,11 @@ def barred_regions(profile: Profile, ledger: Ledger) -> list[BarredRegion]:
         if region is not None and holds(region, lineage.champion_key(e), now):
             parent = lineage.parent(e)
             champion = None if parent is None else parent.id
-            out.append(BarredRegion(e, region, champion, cleared.get(e.id)))
+            out.append(
+                BarredRegion(
+                    e, region, champion, cleared.get(e.id), _as_it_ran(profile, e, lineage)
+                )
+            )
     return out
 
 

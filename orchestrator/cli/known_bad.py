@@ -26,6 +26,8 @@ def _as_json(r: BarredRegion) -> dict[str, Any]:
         "source": r.region.source,
         "region": r.region.region(),
         "reason": r.region.reason,
+        # fitted to the profile of now: how the experiment ran otherwise (empty: the same)
+        "as_it_ran": r.as_it_ran,
         "knob": e.knob,
         "value": e.value,
         "status": e.status,
@@ -79,7 +81,7 @@ def _row(r: BarredRegion) -> tuple[str, ...]:
     return (
         str(e.id),
         r.region.source,
-        r.region.region(),
+        r.region.region() + (f" ({r.as_it_ran})" if r.as_it_ran else ""),
         r.region.reason,
         "-" if e.decided_at is None else utc_minute(e.decided_at),
         "-" if r.champion is None else f"#{r.champion}",
