@@ -120,7 +120,37 @@ def tsv_notes(profile: Profile, ledger: Ledger) -> dict[int, str]:
     for e, compared in compared_with(profile, ledger, experiments).items():
         if compared.misleading:
             notes[e] = f"{notes[e]}; {compared.words()}" if e in notes else compared.words()
+    for e, said in _cells_changed(profile, ledger, experiments).items():
+        notes[e] = f"{notes[e]}; {said}" if e in notes else said
     return notes
+
+
+def _cells_changed(
+    profile: Profile, ledger: Ledger, experiments: Sequence[ExperimentRecord]
+) -> dict[int, str]:
+    """By experiment, where a row's objective sums other bench cells than the row before it
+    (the profile removed or added a cell between them): which, so that the objective column's
+    change of scale is not read as the config's. A row's cells are its first measured boot's
+    (what its verdict measured), a cell renamed since under its name now."""
+    renamed = {c.renamed_from: c.name for c in profile.cells if c.renamed_from}
+    readings = ledger.cluster_cell_results(profile.cluster.name)
+    out: dict[int, str] = {}
+    last: tuple[str, ...] | None = None
+    for e in sorted(experiments, key=lambda x: x.id):
+        mine = readings.get(e.id, [])
+        if e.objective is None or not mine:
+            continue
+        first = min(r.boot_id for r in mine)
+        cells = tuple(
+            sorted({renamed.get(r.result.cell, r.result.cell) for r in mine if r.boot_id == first})
+        )
+        if last is not None and cells != last:
+            out[e.id] = (
+                f"its objective sums cells {', '.join(cells)}, the row before's "
+                f"{', '.join(last)}: the profile's cells changed between them"
+            )
+        last = cells
+    return out
 
 
 def level_then(
