@@ -82,8 +82,10 @@ class BootCount:
             measurements = weighed
         elif verdict is not None and verdict.status in (Status.CRASH, Status.VETOED):
             measurements = 0
-        else:
-            measurements = len({b.measurement for b in mine if b.status != BootStatus.FAILED})
+        else:  # a boot that failed, or never came up (killed as it booted), measured nothing
+            measurements = len(
+                {b.measurement for b in mine if b.status in (BootStatus.UP, BootStatus.DOWN)}
+            )
         return cls(len(mine), dict(sorted(failed.items())), measurements)
 
     @property
