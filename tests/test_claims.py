@@ -371,7 +371,10 @@ def test_cluster_down_closes_the_boots_a_killed_run_left_open_unless_a_round_hol
         )
     said = orchestrate(demo, "status", "-p", str(profile), env=env)
     assert "lease: a killed round until" in said.stdout
-    assert "(not held: its process is gone)" in said.stdout, said.stdout
+    # when its command was last heard of, and what that means (the review's D: a kill
+    # outside a boot left no line of when or how the last command ended)
+    assert "(not held: its process is gone, last heard from at " in said.stdout, said.stdout
+    assert " UTC: killed, or its machine went down)" in said.stdout, said.stdout
     down = orchestrate(demo, "cluster", "down", "-p", str(profile), env=env)
     assert down.returncode == 0, down.stderr
     assert "closed 1 boot(s) a killed run had left open in the ledger" in down.stdout

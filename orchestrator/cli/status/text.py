@@ -144,8 +144,12 @@ def _lease_words(lease: LeaseRecord, state: str | None) -> str:
             f"{lease.holder} expired at {lease.expires_at:%H:%M:%S} UTC (not held: its process "
             "is alive and not renewing it, suspended?)"
         )
-    why = "its process is gone" if state == "gone" else "expired"
-    return f"{until} (not held: {why})"
+    if state == "gone":  # it never let go: killed (kill -9, a power cut), when last heard of
+        return (
+            f"{until} (not held: its process is gone, last heard from at "
+            f"{lease.heartbeat_at:%Y-%m-%d %H:%M:%S} UTC: killed, or its machine went down)"
+        )
+    return f"{until} (not held: expired)"
 
 
 def say_nodes(console: Console, prof: Profile, seen: Seen, data: dict[str, Any], flag: str) -> None:
