@@ -513,7 +513,8 @@ def test_ask_at_a_terminal_vetoes_approves_and_edits(workdir: Path) -> None:
         term.expect("new value for max_num_batched_tokens:")
         term.send("7; reboot")
         term.expect("'7; reboot' is not an integer from 2048 to 16384 in steps of 512")
-        term.expect("approve, edit or veto [approve]:")
+        # after a refused value the prompt takes a value too; `e` still asks for it
+        term.expect("approve, edit or veto (or a new value for max_num_batched_tokens) [approve]:")
         term.send("e")
         term.expect("new value for max_num_batched_tokens:")
         term.send("8704")
