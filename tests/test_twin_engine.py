@@ -250,17 +250,7 @@ def test_a_stopped_worker_holds_the_groups_tokens_until_it_is_continued(
     """A tensor-parallel step is a collective: a worker stopped (SIGSTOP, a suspended host)
     holds every token of the group, and the head says so as vLLM does ("No available shared
     memory broadcast block found …"); continued, the group serves again. Nothing dies."""
-    master, port = free_port(), free_port()
-    common: tuple[str, ...] = ("--nnodes", "2", "--master-addr", "127.0.0.1")
-    common += ("--master-port", str(master), "--tensor-parallel-size", "2")
-    worker = nodes.start(
-        serve_argv(extra=(*common, "--node-rank", "1", "--headless")), name="worker"
-    )
-    worker.wait_for(WORKER_READY_LINE)
-    head = nodes.start(serve_argv(port=port, extra=(*common, "--node-rank", "0")), name="head")
-    head.wait_for(HEAD_READY_LINE)
-    url = f"http://127.0.0.1:{port}"
-    assert smoke(url, "glm53", timeout=30).strip()
+    head, worker, url = nodes.group()
     worker.signal(signal.SIGSTOP)
     try:
         head.wait_for(

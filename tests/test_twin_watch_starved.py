@@ -14,12 +14,8 @@ import pytest
 from cluster.bench import smoke
 from cluster.twin.rendezvous import SILENT_S
 from tests.twin_fixtures import (
-    HEAD_READY_LINE,
-    WORKER_READY_LINE,
     TwinNodes,
-    free_port,
     running_nodes,
-    serve_argv,
 )
 
 
@@ -37,17 +33,7 @@ def test_a_head_whose_watch_was_starved_says_so_and_its_rank_was_not_silent(
     steps read the rank as unheard for over 5 s and held the group's tokens until the watch
     ran again, with no line in the log; now the watch says it was kept off the CPU, that the
     beats were waiting, and that the engine was not held for them."""
-    master, port = free_port(), free_port()
-    common: tuple[str, ...] = ("--nnodes", "2", "--master-addr", "127.0.0.1")
-    common += ("--master-port", str(master), "--tensor-parallel-size", "2")
-    worker = nodes.start(
-        serve_argv(extra=(*common, "--node-rank", "1", "--headless")), name="worker"
-    )
-    worker.wait_for(WORKER_READY_LINE)
-    head = nodes.start(serve_argv(port=port, extra=(*common, "--node-rank", "0")), name="head")
-    head.wait_for(HEAD_READY_LINE)
-    url = f"http://127.0.0.1:{port}"
-    assert smoke(url, "glm53", timeout=30).strip()
+    head, worker, url = nodes.group()
     head.signal(signal.SIGSTOP)
     try:
         time.sleep(SILENT_S + 1.0)  # the fault's length, not a wait for an event

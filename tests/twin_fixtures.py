@@ -202,6 +202,24 @@ class TwinNodes:
         node.wait_for(HEAD_READY_LINE)
         return node, f"http://127.0.0.1:{port}"
 
+    def group(self) -> tuple[TwinNode, TwinNode, str]:
+        """A tensor-parallel group of two nodes (a headless worker, then the head), booted and
+        answering a greedy smoke: the head, the worker, and the head's base URL."""
+        from cluster.bench import smoke
+
+        master, port = free_port(), free_port()
+        common: tuple[str, ...] = ("--nnodes", "2", "--master-addr", "127.0.0.1")
+        common += ("--master-port", str(master), "--tensor-parallel-size", "2")
+        worker = self.start(
+            serve_argv(extra=(*common, "--node-rank", "1", "--headless")), name="worker"
+        )
+        worker.wait_for(WORKER_READY_LINE)
+        head = self.start(serve_argv(port=port, extra=(*common, "--node-rank", "0")), name="head")
+        head.wait_for(HEAD_READY_LINE)
+        url = f"http://127.0.0.1:{port}"
+        assert smoke(url, "glm53", timeout=30).strip()
+        return head, worker, url
+
     def stop_all(self) -> None:
         for node in reversed(self.nodes):
             node.stop()
