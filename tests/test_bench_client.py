@@ -495,14 +495,16 @@ def _cell_against(fails: Callable[[int], str | None]) -> tuple[CellResultRecord,
         # a blip: two streams cut early in the first window, none after
         (lambda n: "cut" if n in (3, 4) else None, 0, 1),
         # a connection that fails all night long: measured once more, its failures stand
-        (lambda n: "cut" if n % 5 == 0 else None, None, 1),
-        # the engine's own error is the config's evidence: not measured again
-        (lambda n: "500" if n == 3 else None, 1, 0),
+        (lambda n: "cut" if n % 5 == 0 else None, "RemoteProtocolError", 1),
+        # the engine's own error is the config's evidence: not measured again. It recurs, so
+        # that a window a loaded host stalled (measured again, the least stalled kept) holds
+        # it too: a 500 in the first window alone is lost with that window, which is right
+        (lambda n: "500" if n % 6 == 3 else None, "HTTP 500", 0),
     ],
     ids=["blip", "every-fifth", "engine-error"],
 )
 def test_a_window_whose_failures_all_lost_their_connection_is_measured_once_more(
-    fails: Callable[[int], str | None], errors: int | None, measured_again: int
+    fails: Callable[[int], str | None], errors: int | str, measured_again: int
 ) -> None:
     """A network's blip between the controller and the head cuts a few streams: before, their
     failures stood and the errors guardrail discarded the change on its first boot. Now a
@@ -514,8 +516,9 @@ def test_a_window_whose_failures_all_lost_their_connection_is_measured_once_more
     stalls = sum(": stalled " in line and ", measuring again" in line for line in said)
     assert got.measured_again - stalls == measured_again, said
     assert got.completed > 0
-    if errors is None:
-        assert got.errors > 0 and "RemoteProtocolError" in got.error_samples[0]
+    if isinstance(errors, str):  # failures that stand: each of them the one kind
+        assert got.errors > 0, said
+        assert got.error_samples and all(errors in s for s in got.error_samples), got
     else:
         assert got.errors == errors, got.error_samples
     assert any("lost their connection" in line for line in said) == (measured_again == 1)
