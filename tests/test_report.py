@@ -215,7 +215,8 @@ def test_an_interrupted_round_writes_its_report_and_still_exits_130(tmp_path: Pa
         out.split()
     )
     html = (tmp_path / "reports" / "round-1" / "report.html").read_text()
-    assert "(exit 130)" in html and "baseline" in html
+    # the command's words with it: what it said of the stop's record, should the page lack it
+    assert "(exit 130)" in html and "baseline" in html, (err, out)
     # `status` after: the round is no longer running (a resume goes on), and the proposal it
     # waited on still waits for a person, said with the commands that decide it
     status = orchestrate(tmp_path, "status", "--profile", profile, env=env)
