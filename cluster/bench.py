@@ -249,10 +249,9 @@ async def _measure(
                 before = await counters()
                 say(f"{cell.name}: measuring {cell.duration_s:g}s")
                 await asyncio.sleep(max(0.0, state.w1 - loop.time()))
-                after = await counters()
-                last = silence.fell_silent(state)
-                if last is None and not silence.went_quiet(state):
-                    break
+                measured = silence.measured_any(state)
+                if not measured:
+                    after = await counters()
                 # a stream whose request ended after the window's end stopped there: it goes
                 # on again, or a wait for the engine's next token waits for a request no
                 # stream sends (a host that stalled across the window's end ends every
@@ -263,8 +262,14 @@ async def _measure(
                     else w
                     for w in workers
                 ]
-                if last is not None:
-                    await silence.after_silence(state, last, deadline, notice)
+                if measured:
+                    # the window ends at the engine's next token, the stop look going on, and
+                    # its counters are read after that token: a silence across its end is
+                    # measured, not cut (``silence.past_the_end``)
+                    await silence.past_the_end(state, deadline, notice)
+                    after = await counters() if state.hung is None else None
+                    break
+                if not silence.went_quiet(state):
                     break
                 if not await silence.after_quiet(state, deadline, notice):
                     break

@@ -6,8 +6,11 @@ An engine that compiles on first use answers its first request late: the window 
 first token, not at the warm-up's end. A window that closed with no token and no failure (a
 decode path compiled after the first token, a host that kept the engine off the CPU) opens
 again at the next token. A window whose tokens stopped for its last half waits for the next
-one; with none by the deadline the engine is hung (``CellState.hung``). The streams go on
-all the while; a failure ends every wait (it is the cell's evidence), and so does the deadline.
+one; with none by the deadline the engine is hung (``CellState.hung``). Any window with tokens
+ends at the engine's next token after them (``past_the_end``), so a silence across its end is
+measured (a stopped engine looked at, its held deliveries counted) rather than cut. The
+streams go on all the while; a failure ends every wait (it is the cell's evidence), and so does
+the deadline.
 """
 
 from __future__ import annotations
@@ -22,6 +25,10 @@ from cluster.bench_spec import HANG_SETTING
 from cluster.window import CellState, Scrapes
 from knobs.records import NodeClockRecord
 
+#: how long a window's end waits, saying nothing, for the engine's next token after a gap
+#: shorter than half the window (``past_the_end``): far above a running engine's step
+QUIET_S = 1.0
+
 
 async def cold_start(state: CellState, deadline: float, say: Callable[[str], None]) -> None:
     """The window opens at the warm-up's end, or, on an engine that has sent neither a token
@@ -33,20 +40,51 @@ async def cold_start(state: CellState, deadline: float, say: Callable[[str], Non
         await _reopen_at_token(state, deadline, say, "no token after the warm-up", "first")
 
 
+def last_inside(state: CellState) -> float | None:
+    """When the window's last token came; None where no token came in it."""
+    inside = [t for r in state.requests for t, _ in r.chunks if state.w0 <= t < state.w1]
+    return max(inside) if inside else None
+
+
 def fell_silent(state: CellState) -> float | None:
     """When the window's tokens stopped for its last half or more, with no failure anywhere:
     the time of its last token (an engine that stopped answering mid-window, or one that
     paused to compile a path it met late); else None."""
     if state.errors:
         return None
-    inside = [t for r in state.requests for t, _ in r.chunks if state.w0 <= t < state.w1]
-    if not inside or state.w1 - max(inside) < state.cell.duration_s / 2:
+    last = last_inside(state)
+    if last is None or state.w1 - last < state.cell.duration_s / 2:
         return None
-    return max(inside)
+    return last
+
+
+async def past_the_end(state: CellState, deadline: float, say: Callable[[str], None]) -> None:
+    """A window with tokens in it ends at the engine's next token after its last one: a
+    silence across the window's end is measured, not cut. An engine stopped in the window's
+    last second (a ``kill -STOP``, a debugger) left it short of its last tokens, read as
+    measured with no stall: the cell's streams and its stop look (``cluster.stopped``) ended
+    with the window, before the silence was a second long, and the engine's stall counter was
+    read before the engine, continued, counted its held deliveries. The wait goes on with the
+    streams and the look, so a stop that outlasts the look is found, and the counters read
+    after it (``cluster.bench``) hold a shorter one. A window that fell silent for its last
+    half says so at once (``fell_silent``); a shorter gap waits ``QUIET_S`` before it says
+    anything: a running engine's next token is a step away. With no token by the ``deadline``
+    the engine is hung (``after_silence``)."""
+    last = last_inside(state)
+    if last is None:
+        return
+    await after_silence(
+        state, last, deadline, say, quiet_s=0.0 if fell_silent(state) is not None else QUIET_S
+    )
 
 
 async def after_silence(
-    state: CellState, last: float, deadline: float, say: Callable[[str], None]
+    state: CellState,
+    last: float,
+    deadline: float,
+    say: Callable[[str], None],
+    *,
+    quiet_s: float = 0.0,
 ) -> None:
     """A window that fell silent (``fell_silent``, at ``last``) waits, with the streams going
     on, up to the cell's ``deadline`` for the engine's next token or failure: either ends the
@@ -54,17 +92,25 @@ async def after_silence(
     that its stall accounting measures), and so does a token that came after ``last`` before
     the wait began (the window's end passed while a host was stalled); with neither by the
     deadline the engine is hung (``CellState.hung``): a cell that stopped measuring then would
-    report a fraction of the config's throughput as its measurement."""
+    report a fraction of the config's throughput as its measurement. The first ``quiet_s``
+    seconds of the wait say nothing (``past_the_end``)."""
     if any(t > last for r in state.requests for t, _ in r.chunks):
         return  # tokens came after the window's end (a host that stalled across it): not silent
     state.news.clear()
-    why = f"no token for the window's last {state.w1 - last:.0f}s"
-    if await _wait_for_token(state, deadline, say, why, "next") is not None or state.errors:
+    loop = asyncio.get_running_loop()
+    if quiet_s > 0:
+        quiet_until = min(deadline, loop.time() + quiet_s)
+        if await _wait_for_token(state, quiet_until, None) is not None or state.errors:
+            return
+        why = f"no token since {state.w1 - last:.1f}s before the window's end"
+    else:
+        why = f"no token for the window's last {state.w1 - last:.0f}s"
+    if await _wait_for_token(state, deadline, (say, why, "next")) is not None or state.errors:
         return
     state.hung = (
         f"the engine stopped sending tokens {last - state.w0:.1f}s into the "
         f"{state.cell.duration_s:g}s window and sent none in the "
-        f"{asyncio.get_running_loop().time() - last:.0f}s "
+        f"{loop.time() - last:.0f}s "
         f"after (hung, or its host stopped; {HANG_SETTING} sets the wait)"
     )
 
@@ -94,7 +140,7 @@ async def _reopen_at_token(
     """Waits, with the streams going on, for a token or a failure until the ``deadline``; at a
     token the window opens there, for the cell's duration (True); at a failure or the deadline
     the window stays as planned (False)."""
-    since = await _wait_for_token(state, deadline, say, why, which)
+    since = await _wait_for_token(state, deadline, (say, why, which))
     if since is None:
         return False  # a failure ended the wait (it is the cell's evidence), or the deadline
     now = asyncio.get_running_loop().time()
@@ -104,16 +150,22 @@ async def _reopen_at_token(
 
 
 async def _wait_for_token(
-    state: CellState, deadline: float, say: Callable[[str], None], why: str, which: str
+    state: CellState,
+    deadline: float,
+    said: tuple[Callable[[str], None], str, str] | None,
 ) -> float | None:
-    """Says ``why`` the cell waits, then waits, with the streams going on, for a token or a
-    failure until the ``deadline``: when it began, if a token came; None at a failure or the
-    deadline. The window stays as planned."""
+    """Says why the cell waits (``said``: where to, why, and which token it waits for;
+    None: nothing), then waits, with the streams going on, for a token or a failure until the
+    ``deadline``: when it began, if a token came; None at a failure or the deadline. The
+    window stays as planned."""
     loop = asyncio.get_running_loop()
     since, planned = loop.time(), state.w1
-    say(
-        f"{state.cell.name}: {why}; waiting up to {max(0.0, deadline - since):.0f}s for the {which}"
-    )
+    if said is not None:
+        say, why, which = said
+        say(
+            f"{state.cell.name}: {why}; waiting up to {max(0.0, deadline - since):.0f}s "
+            f"for the {which}"
+        )
     state.w1 = math.inf  # the streams go on while the engine is silent
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(state.news.wait(), timeout=max(0.0, deadline - since))

@@ -11,11 +11,11 @@ token for ``LOOK_AFTER_S`` while its streams ask, ``watch`` asks every node for 
 group's state (``Probe``: the node's own transport, ``launcher.stopped_command``, as a failed
 cell's check does), and again at each doubling of the silence. A measurement in which an engine
 was found stopped is no measurement (``cluster.bench`` measures it again and keeps another,
-and says it as the node's). A stop the look does not overlap is not seen: one that silenced
-the engine for less than ``LOOK_AFTER_S`` leaves a stall, said as a busy host's or a stopped
-process's (``STALLED``); one whose silence began less than ``LOOK_AFTER_S`` before the cell's
-streams ended leaves that window short of its last tokens, read as measured with no stall (an
-engine counts held deliveries as late only once it is continued): a short window's risk.
+and says it as the node's). The window's end waits for the engine's next token with the look
+going on (``silence.past_the_end``), so a stop begun in the window's last second is looked at
+as one begun in its middle. A stop that silenced the engine for less than ``LOOK_AFTER_S`` is
+not seen: it leaves a stall (the engine's counter, read after the silence, holds its held
+deliveries), said as a busy host's or a stopped process's (``STALLED``).
 """
 
 from __future__ import annotations
