@@ -390,6 +390,7 @@ def _measured_undisturbed(
     kept_key = (0, 0.0)
     reconnected = False
     found: list[NodeError] = []
+    stopped_in = 0  # measurements in which an engine was found stopped
     for attempt in range(1, stall.ATTEMPTS + 1):
         cutoff.check(stop, cell.name)  # a cell stopped is measured no more
         seen = len(found)
@@ -407,6 +408,7 @@ def _measured_undisturbed(
             )
         )
         if len(found) > seen:  # an engine stopped: the node's, whatever the window read
+            stopped_in += 1
             if attempt < stall.ATTEMPTS:
                 say(stopped.measuring_again(found[-1], cell.name, attempt + 1, stall.ATTEMPTS))
             continue
@@ -440,4 +442,6 @@ def _measured_undisturbed(
         )
     if kept is None:  # an engine was found stopped in every measurement
         raise found[-1]
-    return kept.model_copy(update={"measured_again": attempt - 1})
+    return kept.model_copy(
+        update={"measured_again": attempt - 1, "engine_found_stopped": stopped_in}
+    )

@@ -102,6 +102,12 @@ class CellResultRecord(BaseModel):
         description="measurements of this cell dropped because the client or the engine stalled"
         " or, once, because every failed request of the window lost its connection",
     )
+    engine_found_stopped: int = Field(
+        default=0,
+        description="of measured_again, the measurements dropped because an engine was found"
+        " stopped while the cell waited on it (a kill -STOP, a debugger: its node's, neither the"
+        " config's nor a busy host's); 0 in readings recorded before it was counted",
+    )
 
 
 class LlmUsage(BaseModel):

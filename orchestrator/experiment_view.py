@@ -147,6 +147,7 @@ def _boot(
                 "client_stall_s": c.client_stall_s,
                 "engine_stall_s": c.engine_stall_s,
                 "measured_again": c.measured_again,
+                "engine_found_stopped": c.engine_found_stopped,
             }
             for repeat, c in cells
         ],
@@ -182,6 +183,8 @@ def _cell(c: dict[str, Any]) -> str:
         line += f", stalled {' + '.join(stalls)} around its {c['duration']:g} s window"
     if c["measured_again"]:
         line += f"; measured again {c['measured_again']} time(s)"
+        if c["engine_found_stopped"]:
+            line += f" ({c['engine_found_stopped']} for an engine found stopped)"
     return line
 
 

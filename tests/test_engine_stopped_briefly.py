@@ -76,5 +76,5 @@ def test_a_worker_stopped_for_seconds_mid_cell_is_measured_again_as_its_nodes_no
     # stall a later window a little, said as a stall of its own)
     stalls = [line for line in shown if ": stalled " in line]
     assert all(float(line.split(": stalled ")[1].split("s ")[0]) < 2.0 for line in stalls), shown
-    assert record.measured_again >= 1
+    assert record.measured_again >= 1 and record.engine_found_stopped >= 1, record
     assert record.engine_stall_s < 2.0 and record.output_throughput > 0, record

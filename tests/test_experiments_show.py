@@ -231,6 +231,8 @@ def test_each_boot_shows_its_stalls_what_they_may_have_cost_and_whether_disturbe
                         "client_stall_s": client,
                         "engine_stall_s": engine,
                         "measured_again": 2 if engine else 0,
+                        # one of the two dropped as the node's: an engine found stopped
+                        "engine_found_stopped": 1 if engine else 0,
                     }
                 )
                 ledger.add_cell_result(e.id, boot.id, record, spec=spec)
@@ -255,7 +257,7 @@ def test_each_boot_shows_its_stalls_what_they_may_have_cost_and_whether_disturbe
     assert f"{first}: 1000.0 tok/s, stalled 0.20 s (client) around its 2 s window" in lines
     assert (
         f"{second}: 1100.0 tok/s, stalled 1.19 s (client) + 4.46 s (engine) around its 2 s "
-        "window; measured again 2 time(s)"
+        "window; measured again 2 time(s) (1 for an engine found stopped)"
     ) in lines, lines
 
     assert run(["experiments", "show", str(e.id), "--json"]) == 0
@@ -267,3 +269,4 @@ def test_each_boot_shows_its_stalls_what_they_may_have_cost_and_whether_disturbe
     ]
     assert [b["stall_error"] for b in view["boots"]] == [0.0, *(boot_error(b) for b in booted[1:])]
     assert view["boots"][2]["cells"][1]["engine_stall_s"] == 4.46
+    assert [c["engine_found_stopped"] for c in view["boots"][2]["cells"]][:2] == [0, 1]

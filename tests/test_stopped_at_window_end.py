@@ -162,7 +162,8 @@ def test_an_engine_stopped_in_the_windows_last_second_is_found_and_measured_agai
     assert looks, f"the stopped engine was never looked at: {said}"
     found = [line for line in said if "engine was found stopped" in line]
     assert found and "measuring again (2/3)" in found[0], said
-    assert record.measured_again >= 1, record
+    # the record says which of its dropped measurements were the node's
+    assert record.measured_again >= 1 and record.engine_found_stopped == 1, record
 
 
 def test_a_stop_across_the_windows_end_shorter_than_the_look_is_counted_as_a_stall(
@@ -181,3 +182,4 @@ def test_a_stop_across_the_windows_end_shorter_than_the_look_is_counted_as_a_sta
     engine_s = float(stalled[0].split("engine ")[1].split("s")[0])
     assert engine_s >= 1.5, stalled
     assert record.measured_again >= 1 and record.engine_stall_s < engine_s, record
+    assert record.engine_found_stopped == 0, record  # nothing looked: no stop found
