@@ -6,7 +6,7 @@ from sqlalchemy import select
 
 from knobs.config import Config
 from knobs.spec import Value
-from knobs.vocabulary import FailureClass, Kind, State, Status
+from knobs.vocabulary import FailureClass, Kind, State
 from ledger.base import LedgerBase
 from ledger.errors import LedgerError
 from ledger.models import ChampionRow, ExperimentRow, VerdictRow, utcnow
@@ -87,25 +87,6 @@ class Experiments(LedgerBase):
             query = query.where(ExperimentRow.round_id == round_id)
         with self._session() as s:
             return [experiment_record(r) for r in s.scalars(query)]
-
-    def looks_at(self, cluster: str, config_key: str, champion_key: str) -> list[int]:
-        """The experiments, oldest first, in which ``cluster`` decided config ``config_key`` as
-        a change of the champion ``champion_key`` (its looks at it; a person's veto is no look:
-        nothing was measured)."""
-        query = (
-            select(ExperimentRow.id)
-            .where(
-                ExperimentRow.cluster == cluster,
-                ExperimentRow.config_key == config_key,
-                ExperimentRow.champion_key == champion_key,
-                ExperimentRow.kind == str(Kind.CANDIDATE),
-                ExperimentRow.status.is_not(None),
-                ExperimentRow.status != str(Status.VETOED),
-            )
-            .order_by(ExperimentRow.id)
-        )
-        with self._session() as s:
-            return [int(i) for i in s.scalars(query)]
 
     def set_state(self, experiment_id: int, state: State) -> None:
         """Move an undecided experiment to ``state``.

@@ -39,9 +39,12 @@ from cluster import stall
 from knobs.records import CellSpec
 from knobs.vocabulary import Kind, State, Status
 from ledger import ExperimentRecord, Ledger, RoundRecord
+from orchestrator import knob_renames
 from orchestrator.errors import OrchestrateError
+from orchestrator.evolution import Lineage
 from orchestrator.host_stalls import boot_error, every_disturbed
 from orchestrator.measurements import Measurement, read_measurements
+from orchestrator.profile import Profile
 from orchestrator.unjudged import sitting_start, this_sitting
 
 #: who a stop names for the client's stalls (the bench client runs in orchestrate's process)
@@ -93,16 +96,29 @@ def held(ledger: Ledger, e: ExperimentRecord, cells: Sequence[CellSpec]) -> bool
     )
 
 
-def looks_at(
-    ledger: Ledger, cluster: str, config_key: str, champion_key: str, cells: Sequence[CellSpec]
-) -> list[int]:
-    """``cluster``'s looks at config ``config_key`` as a change of champion ``champion_key``
-    (``Ledger.looks_at``), oldest first, less those a busy host left undecided (``held``):
-    they measured the host, not the value."""
+def looks_at(profile: Profile, ledger: Ledger, config_key: str, champion_key: str) -> list[int]:
+    """The looks of ``profile``'s cluster at config ``config_key`` as a change of champion
+    ``champion_key``, both keys as the profile has them now, oldest first: its decided changes
+    (a person's veto is no look: nothing was measured) whose config and champion, fitted to
+    the profile (``evolution.Lineage``: a knob renamed since, ``knob_renames``, gained or
+    lost), have those keys; less those a busy host left undecided (``held``): they measured
+    the host, not the value. A look recorded under a knob's old name is a look at the knob.
+
+    Raises:
+        LedgerError: the ledger failed.
+    """
+    cluster = profile.cluster.name
+    experiments = knob_renames.experiments(profile.space, ledger, cluster=cluster)
+    lineage = Lineage.read(profile.space, ledger, cluster, experiments)
     return [
-        i
-        for i in ledger.looks_at(cluster, config_key, champion_key)
-        if not held(ledger, ledger.experiment(i), cells)
+        e.id
+        for e in experiments
+        if e.kind == Kind.CANDIDATE
+        and e.status is not None
+        and e.status != Status.VETOED
+        and e.champion_key == champion_key  # fitted now (``knob_renames.experiments``)
+        and lineage.fit(e).config.key == config_key
+        and not held(ledger, e, profile.cells)
     ]
 
 

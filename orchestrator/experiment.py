@@ -19,7 +19,7 @@ from orchestrator.closures import Closure, close, closure_of
 from orchestrator.crashpoints import crashpoint
 from orchestrator.display import RoundDisplay, describe
 from orchestrator.errors import OrchestrateError
-from orchestrator.evolution import fit
+from orchestrator.evolution import Lineage, fit
 from orchestrator.faults import InfrastructureFaults
 from orchestrator.history import monotone_classes
 from orchestrator.host_stalls import busy_words
@@ -317,9 +317,10 @@ class ExperimentRunner:
         if assessment.status not in (Status.DISCARD, Status.INCONCLUSIVE):
             return None
         # a look a busy host left undecided measured the host: no look at the value
-        earlier = looks_at(
-            self.ledger, self.champion.cluster, e.config.key, e.champion_key, self.profile.cells
-        )
+        # its own keys fitted too: a change resumed across a knob's rename ran under the old name
+        lineage = Lineage.lazy(self.profile.space, self.ledger, self.champion.cluster)
+        keys = lineage.fit(e).config.key, lineage.champion_key(e)
+        earlier = [i for i in looks_at(self.profile, self.ledger, *keys) if i != e.id]
         looks = len(earlier) + 1
         return policy.open_for(self.profile.verdict, assessment.rule, assessment.stats, looks)
 

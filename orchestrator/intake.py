@@ -138,11 +138,7 @@ class Intake:
         look = (
             ""
             if "{look}" not in how
-            else look_words(
-                looks_at(
-                    self.ledger, self.cluster, config.key, champion.config.key, self.profile.cells
-                )
-            )
+            else look_words(looks_at(self.profile, self.ledger, config.key, champion.config.key))
         )
         told = how.format(
             source=p.source,

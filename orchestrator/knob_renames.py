@@ -25,11 +25,16 @@ old name matters: without it, that history is another knob's again.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from knobs.errors import KnobError, ProfileError
 from knobs.space import KnobSpace, render_knob
 from knobs.spec import KnobSpec, printable
+from knobs.vocabulary import Kind
 from ledger import ExperimentRecord, Ledger, ProposalRecord
-from orchestrator import revision, stacks
+
+# ``evolution`` imports this module: read as ``evolution.Lineage`` when called, never at import
+from orchestrator import evolution, revision, stacks
 from orchestrator.profile import Profile
 
 
@@ -61,12 +66,40 @@ def experiments(
     space: KnobSpace, ledger: Ledger, *, cluster: str | None = None, round_id: int | None = None
 ) -> list[ExperimentRecord]:
     """The ledger's experiments (``Ledger.experiments``), each change under its knob's name
-    now (``experiment``).
+    now (``experiment``) and against its champion's key now (``evolution.Lineage``: the
+    champion it was proposed against, fitted, renames and all): what counts a knob's looks
+    and decisions by the champion they were made under (``priors.distinct``, the step cost's
+    champions) counts a look recorded under the knob's old name, against the champion's
+    config under that name, as one under the champion of now. A baseline keeps its recorded
+    key.
 
     Raises:
         LedgerError: the ledger failed.
     """
-    return [experiment(space, e) for e in ledger.experiments(cluster=cluster, round_id=round_id)]
+    recorded = ledger.experiments(cluster=cluster, round_id=round_id)
+    by_id = {e.id: e for e in recorded}
+    lineages: dict[str, evolution.Lineage] = {}
+    out: list[ExperimentRecord] = []
+    for e in recorded:
+        e = experiment(space, e)
+        if e.kind == Kind.CANDIDATE:
+            lineage = lineages.get(e.cluster)
+            if lineage is None:
+                champions = (c.experiment_id for c in ledger.champion_history(e.cluster))
+                lineage = evolution.Lineage(space, champions, _reader(ledger, by_id))
+                lineages[e.cluster] = lineage
+            key = lineage.champion_key(e)
+            if key and key != e.champion_key:
+                e = e.model_copy(update={"champion_key": key})
+        out.append(e)
+    return out
+
+
+def _reader(
+    ledger: Ledger, known: dict[int, ExperimentRecord]
+) -> Callable[[int], ExperimentRecord | None]:
+    """An experiment by id: one of ``known`` (read already), else the ledger's."""
+    return lambda i: known.get(i) or ledger.experiment(i)
 
 
 def retired(profile: Profile, ledger: Ledger) -> dict[str, KnobSpec]:

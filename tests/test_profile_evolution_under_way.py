@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from agents import SweepProposer
+from agents import Proposer, SweepProposer
 from knobs.config import Change, Config
 from knobs.space import KnobSpace
 from knobs.vocabulary import EventKind, ProposalStatus, State, Status
@@ -71,7 +71,7 @@ def round_of(
     tmp_path: Path,
     data: dict[str, Any],
     budget: int,
-    proposer: SweepProposer | None = None,
+    proposer: Proposer | None = None,
     **testbed: Any,
 ) -> tuple[str, KillingTestbed]:
     """A round (or its resume) under profile ``data``; what it showed, and its testbed."""
