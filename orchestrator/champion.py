@@ -37,6 +37,7 @@ from orchestrator.rendering import (
     gained,
     knob_events,
     legacy_cut,
+    orders,
     rendered_as,
     revised,
     stale_line,
@@ -52,6 +53,7 @@ class ChampionEvidence:
         self.profile = profile
         self.ledger = ledger
         self.cluster = profile.cluster.name
+        self._orders: tuple[tuple[str, ...], ...] | None = None
 
     # ---- reading the ledger -----------------------------------------------------------------
     def fitted(self) -> ChampionRecord | None:
@@ -111,10 +113,18 @@ class ChampionEvidence:
     def rendered_now(self, champion: ChampionRecord) -> list[Measurement]:
         """The champion's complete measurements of its launchers as the profile renders them
         now (``rendering``: those of another rendering are set aside)."""
-        now = digests(self.profile, champion.config)
+        now = digests(self.profile, champion.config, self.orders())
         cut = legacy_cut(knob_events(self.ledger, self.cluster, champion.experiment_id))
         ms = self.measurements(champion.experiment_id)
         return [m for m in ms if m.complete and rendered_as(m, now, cut)]
+
+    def orders(self) -> tuple[tuple[str, ...], ...]:
+        """The knobs' orders of the profiles recorded for the cluster (``rendering.orders``),
+        read once: a revision recorded later is the profile of now, whose order ``digests``
+        tries anyway."""
+        if self._orders is None:
+            self._orders = orders(self.ledger, self.cluster)
+        return self._orders
 
     def revised(self) -> list[str]:
         """What the profile changes of how configs render against the last profile recorded

@@ -176,7 +176,7 @@ class ExperimentRunner:
         fitted = e.model_copy(update={"config": fit(self.profile.space, self.ledger, e).config})
         # a measurement of launchers the profile no longer renders so (a knob's flag dropped
         # between a kill and its resume) is set aside: the next boot starts a new one
-        now = digests(self.profile, fitted.config)
+        now = digests(self.profile, fitted.config, self.champion.orders())
         measurements = [m for m in self.champion.measurements(e.id) if rendered_as(m, now)]
         progress = policy.Progress(
             baseline=baseline,

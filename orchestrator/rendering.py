@@ -17,15 +17,22 @@ launchers with the knobs' pieces in an order of their own (what each renders, ``
 so a knob renamed (``knob_renames``: a catalog knob's entry moves to the profile's ``knobs:``,
 whose flags come after the catalog's) or the profile's knobs reordered renders the same engine.
 A boot recorded before this release holds the digest of its argv in the profile's order: it
-is compared with that form as the profile renders it now, and as it rendered before its
-knobs were renamed (each at its old name's place in the catalog), ``digests``.
+is compared with that form as the profile renders it now, as it rendered before its knobs
+were renamed (each at its old name's place in the catalog), and in the order of every profile
+the ledger recorded for the cluster (``orders``: a revision keeps its knobs in the profile's
+order), so the profile's own knobs reordered since render what they rendered (``digests``).
+Each form is an exact digest of the launchers rendered now: a boot matches one only if its
+argv were these, the knobs' pieces in some order, which the engine does not read. A boot whose
+profile's order the ledger does not hold (a revision whose knob specs this release could not
+read leaves those knobs' places unknown) is set aside, as before: every release that recorded a
+digest recorded its round's profile before it booted.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Collection
+from collections.abc import Collection, Iterable, Sequence
 from datetime import datetime
 
 from cluster.inventory import ClusterSpec
@@ -39,7 +46,7 @@ from knobs.vocabulary import EventKind
 from ledger import EventRecord, Ledger
 from orchestrator.measurements import Measurement
 from orchestrator.profile import Profile
-from orchestrator.revision import Revision
+from orchestrator.revision import Revision, revisions
 from orchestrator.settings import runtime_placeholders
 
 _KNOB_EVENTS = (EventKind.KNOB_REMOVED, EventKind.KNOB_ADDED)
@@ -56,18 +63,48 @@ def digest(profile: Profile, config: Config) -> str | None:
         return None
 
 
-def digests(profile: Profile, config: Config) -> frozenset[str] | None:
+def digests(
+    profile: Profile, config: Config, recorded: Iterable[Sequence[str]] = ()
+) -> frozenset[str] | None:
     """The digests a boot that rendered what ``config`` renders now may have recorded: this
     release's (``digest``), and an earlier release's (its argv in the knobs' order) with the
-    knobs as the profile orders them now and with each knob renamed from a catalog knob at
-    that knob's place (where it rendered before the rename); ``None`` where it cannot be
-    rendered here."""
+    knobs as the profile orders them now, with each knob renamed from a catalog knob at that
+    knob's place (where it rendered before the rename), and in each order ``recorded`` (the
+    knobs' names as a profile the ledger recorded ordered them: ``orders``), so that a
+    profile whose own knobs were only reordered since renders what it rendered; ``None``
+    where it cannot be rendered here. Each is the exact digest of launchers rendered now, so
+    one that matches a boot's says its argv were these, in some order of the knobs' pieces,
+    which the engine does not read."""
     space = profile.space
     try:
-        orders = [_canonical(space, config), space, _before_renames(profile)]
-        return frozenset(_digest(profile, s, config) for s in orders)
+        spaces = [_canonical(space, config), space, _before_renames(profile)]
+        spaces += [_ordered(space, names) for names in recorded]
+        return frozenset(_digest(profile, s, config) for s in spaces)
     except (ProfileError, KnobError):
         return None
+
+
+def orders(ledger: Ledger, cluster: str) -> tuple[tuple[str, ...], ...]:
+    """The orders of the knobs (their names) of every profile recorded for ``cluster``
+    (``revision.revisions``), each once: the orders an earlier release may have digested a
+    boot's argv in (``digests``).
+
+    Raises:
+        LedgerError: the ledger failed.
+    """
+    seen = (tuple(k.name for k in r.knobs) for r in revisions(ledger, cluster))
+    return tuple(dict.fromkeys(seen))
+
+
+def _ordered(space: KnobSpace, names: Sequence[str]) -> KnobSpace:
+    """``space`` with its knobs in the order of ``names`` (a recorded profile's, a knob renamed
+    since at its old name's place: ``KnobSpace.renames``), those ``names`` lacks after them
+    in the space's order."""
+    now = [space.renames.get(n, n) for n in names]
+    order = [n for n in dict.fromkeys(now) if n in space.names]
+    order += [k.name for k in space.knobs if k.name not in order]
+    by_name = {k.name: k for k in space.knobs}
+    return space.model_copy(update={"knobs": tuple(by_name[n] for n in order)})
 
 
 def _digest(profile: Profile, space: KnobSpace, config: Config) -> str:

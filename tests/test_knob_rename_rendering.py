@@ -11,6 +11,7 @@ recorded under the old name is judged as one of the knob now."""
 from __future__ import annotations
 
 import shutil
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from knobs.vocabulary import State
 from ledger import Ledger
 from orchestrator.champion import ChampionEvidence
 from orchestrator.profile import Profile
+from orchestrator.rendering import _digest
 from tests.test_migrations import LEDGERS
 from tests.test_profile_evolution import FOO, profile_data
 from tests.test_profile_evolution_under_way import MNBT, round_of
@@ -122,3 +124,52 @@ def test_a_change_resumed_across_a_rename_is_judged_with_its_knobs_history(
     assert verdict is not None, resumed
     assert verdict.stats["prior_from"] == "knob", verdict.stats
     assert verdict.stats["pooled_values"] == 1, verdict.stats  # 4096, decided under MNBT
+
+
+def older_form(data: dict[str, Any], db: Path) -> None:
+    """Every boot in ledger ``db`` given the digest a release before the fifty-second
+    session's recorded under profile ``data``: its argv in the profile's order of the knobs
+    (``rendering._digest`` of the space as ordered, the form the schema-9 fixture's boots hold)."""
+    profile = Profile.model_validate(data)
+    with Ledger(f"sqlite:///{db}") as ledger:
+        configs = {e.id: e.config for e in ledger.experiments()}
+    with sqlite3.connect(db) as raw:
+        boots = raw.execute("SELECT id, experiment_id FROM boot").fetchall()
+        for boot, experiment in boots:
+            then = _digest(profile, profile.space, configs[experiment])
+            raw.execute("UPDATE boot SET rendering = ? WHERE id = ?", (then, boot))
+
+
+def test_the_older_form_is_the_profiles_order_as_an_older_release_recorded_it(
+    tmp_path: Path,
+) -> None:
+    """What ``older_form`` writes is what the release at aab6a58 recorded."""
+    data = yaml.safe_load((LEDGERS / "schema9.profile.yaml").read_text())
+    profile = Profile.model_validate(data)
+    with Ledger(f"sqlite:///{LEDGERS / 'schema9.sqlite'}") as ledger:
+        champion = ChampionEvidence(profile, ledger).fitted()
+        assert champion is not None
+        recorded = {b.rendering for b in ledger.boots(champion.experiment_id)}
+    assert recorded == {_digest(profile, profile.space, champion.config)}
+
+
+def test_own_knobs_reordered_keep_the_champions_measurements_of_an_older_release(
+    tmp_path: Path,
+) -> None:
+    """A champion measured by an older release (its boots' digest of the argv in the
+    profile's order), then the profile's own knobs reordered, nothing renamed: the boots'
+    digest is the launchers of now in the order the ledger's profile recorded, and they
+    count. Before, they read as another rendering: set aside, the champion booted again."""
+    bar = {**FOO, "name": "bar", "render": {"kind": "flag", "flag": "--bar"}}
+    before = profile_data(FOO, bar)
+    round_of(tmp_path, before, 0)
+    db = tmp_path / "ledger.db"
+    older_form(before, db)
+    assert counted(before, db) == (1, None)
+    reordered = profile_data(bar, FOO)
+    assert counted(reordered, db) == (1, None)
+    shown, bed = round_of(tmp_path, reordered, 0)
+    assert "measured again" not in shown and bed.boots == [], shown
+    # a flag rendered otherwise is another engine still, in any order
+    moved = profile_data({**bar, "render": {"kind": "flag", "flag": "--baz"}}, FOO)
+    assert counted(moved, db)[0] == 0
