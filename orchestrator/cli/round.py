@@ -157,11 +157,12 @@ def round_(
             o.ledger, url=o.settings.ledger_url, reached_before=reached, note=display.note
         )
         stopping.keeps = True
+        stopping.opened(ledger)  # its last round names it in a stop kept, wherever it is
         # an unfinished round resumes as it started: its proposer, seed and approval unless
         # this command gives its own (``kept_on_resume`` says which); its budget and caps,
         # ``RoundRunner``
         resumed = ledger.unfinished_round(prof.cluster.name)
-        # the last stop the ledger could not hold, folded into it before the round resumes
+        # the stops the ledger could not hold, folded into it in order before the round resumes
         stopping.resuming(found(o.settings.ledger_url, prof.cluster.name))
         stopping.round_id = None if resumed is None else resumed.id
         if resumed is not None:

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
     """The champion, the running round, budget spent and who holds the cluster's lease."""
-    from ledger import Ledger, LedgerError
+    from ledger import Ledger, LedgerError, ledger_identity
     from ledger.mlflow_sink import mlflow_experiment
     from orchestrator.cli.status.payload import as_data
     from orchestrator.cli.status.seen import read
@@ -35,24 +35,31 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
 
     prof = load_profile(profile)
     with opened(prof) as o:
-        # a stop the ledger could not hold (its disk read-only or full, its server away)
-        unheld = found(o.settings.ledger_url, prof.cluster.name)
+        url = o.settings.ledger_url
+        # the stops the ledger could not hold (its disk read-only or full, its server away)
+        kept = found(url, prof.cluster.name)
         unwritable: str | None = None
         try:
             seen = read(prof, o.ledger(create=False))
         except AnotherStack as e:
             # refused as round refuses it (exit 3), after what the ledger holds of the cluster
-            _another_stack(o.settings.ledger_url, e, prof.name, as_json)
+            _another_stack(url, e, prof.name, as_json)
             raise
         except LedgerError as e:
             if not e.read_only:
-                if unheld is not None:  # said, whatever the ledger says now
-                    Console(stderr=True).print(unheld.said(), markup=False)
+                # those kept for this path said, whatever the ledger says now
+                for unheld in kept:
+                    if unheld.ledger == ledger_identity(url):
+                        Console(stderr=True).print(unheld.said(), markup=False)
                 raise
             # its filesystem read-only: read as it is (nothing could be upgraded there)
             unwritable = e.message
-            with Ledger(o.settings.ledger_url, read_only=True) as ledger:
+            with Ledger(url, read_only=True) as ledger:
                 seen = read(prof, ledger)
+    # the ledger's own, wherever it was when they were kept; those of another ledger once at
+    # this path said apart (``Unrecorded.belongs``)
+    stops = [k for k in kept if k.belongs(url, seen.rounds)]
+    others = [k for k in kept if k not in stops and k.ledger == ledger_identity(url)]
     # the commands this status suggests, under the profile it read (the round's)
     flag = "" if profile is None else f" --profile {shlex.quote(profile)}"
     data = as_data(prof, seen, flag)
@@ -61,7 +68,8 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
     store = seen_from_here(o.settings.mlflow_uri, seen.rounds, mlflow_experiment(prof.cluster.name))
     data["other_mlflow_store"] = store.other
     data["mlflow_away"] = store.away
-    data["unrecorded_stop"] = None if unheld is None else unheld.as_json()
+    data["unrecorded_stop"] = stops[-1].as_json() if stops else None  # the last
+    data["unrecorded_stops"] = [k.as_json() for k in stops]
     # the ledger's filesystem is read-only: read as it is, and no round can write to it
     data["ledger_read_only"] = unwritable
     if as_json:
@@ -70,8 +78,8 @@ def status(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
     console = out()
     say_champion(console, seen)
     say_round(console, seen, data, flag)
-    if unheld is not None:
-        console.print(unheld.said(), markup=False)
+    for line in [k.said() for k in stops] + [k.elsewhere() for k in others]:
+        console.print(line, markup=False)
     if unwritable is not None:
         console.print(
             f"read as it is; no round can write to it until then: {unwritable}", markup=False
