@@ -7,7 +7,6 @@ begins. Nothing is barred, and the same command goes on once the node is back.
 
 from __future__ import annotations
 
-from contextlib import suppress
 from typing import Any
 
 from cluster.errors import NodeError
@@ -26,15 +25,17 @@ def record_away_at_start(
     once the node is back. A timer's tries against the same node still away add nothing to
     the stop already recorded (with nothing booted since). The round's id, or None."""
     round_id = None if resumed is None else resumed.id
-    with suppress(LedgerError):
+    try:
         last = (
             before_a_round(ledger, cluster)
             if round_id is None
             else last_stop(ledger, cluster, round_id)
         )
-        said = None if last is None else (last.detail.get("node"), last.detail.get("exit_code"))
-        if said != (None if err.rank is None else f"node-{err.rank}", err.exit_code):
-            record_stop(ledger, cluster, round_id, err)
+    except LedgerError:  # not read: tried, and kept outside the ledger if it takes no write
+        last = None
+    said = None if last is None else (last.detail.get("node"), last.detail.get("exit_code"))
+    if said != (None if err.rank is None else f"node-{err.rank}", err.exit_code):
+        record_stop(ledger, cluster, round_id, err)
     return round_id
 
 

@@ -6,7 +6,6 @@ round's own cap (``record_cap``); ``last_stop`` and ``said_stop`` read it back f
 
 from __future__ import annotations
 
-from contextlib import suppress
 from datetime import datetime
 
 from cluster.errors import NodeError
@@ -18,6 +17,7 @@ from orchestrator.errors import INTERRUPTED, OrchestrateError
 from orchestrator.faults import InfrastructureFault
 from orchestrator.interrupts import ended_by
 from orchestrator.timestamps import utc_minute
+from orchestrator.unrecorded import StopRecord, held_by_ledger, owe
 
 
 def record_stop(
@@ -33,7 +33,8 @@ def record_stop(
     (``node``, with its ``failure_class``); a busy host's stop names whose host stalled
     (``busy_hosts``: ``client``, the engine's node, or both; the engine's also as ``node``).
     ``round_id`` None: a round command stopped before any round began (``before_a_round``).
-    A ledger that is itself what failed records nothing."""
+    A ledger that is itself what failed records nothing; one that takes no write as the stop
+    comes leaves it owed (``unrecorded.owe``): the command keeps it outside the ledger."""
     if isinstance(err, LedgerError):
         return
     detail: dict[str, object]
@@ -51,14 +52,22 @@ def record_stop(
             engine = [h for h in err.hosts if h != CLIENT]
             if engine:
                 detail.update(node=engine[0])
-    with suppress(LedgerError):
+    reason = Redactor.from_environment().text(line)
+    try:
         ledger.add_event(
             cluster,
             EventKind.ROUND_STOPPED,
             subject="" if round_id is None else str(round_id),
             detail={**detail, "exit_code": code},
-            reason=Redactor.from_environment().text(line),
+            reason=reason,
         )
+    except LedgerError as failed:
+        # the ledger took no write (read-only, full, away) as the stop came: the round's
+        # command keeps it outside the ledger, for `status` and the next round (``unrecorded``)
+        if held_by_ledger(failed):
+            owe(err, StopRecord(round_id, code, reason, detail))
+    else:
+        owe(err, None)
 
 
 #: The exit code of a round stopped by its cap (``--max-hours``, ``--max-gpu-hours``): the

@@ -1,9 +1,10 @@
 """The stops kept outside a ledger that took no write (``orchestrator.unrecorded``) find their
 ledger wherever it is, and none is lost: a ledger copied to another path (as the read-only line
 says to) gets its stop, and another ledger never does; a second command that finds the ledger
-still away keeps its own stop beside the first, and the next writes both in order. Real
-SQLite files (a full disk in a tmpfs of the test's own) and a real PostgreSQL server taken
-away."""
+still away keeps its own stop beside the first, and the next writes both in order; a stop of
+another kind (a node away, an interrupt) whose own record the ledger took no write of is kept
+as well. Real SQLite files (a full disk in a tmpfs of the test's own) and a real PostgreSQL
+server taken away."""
 
 from __future__ import annotations
 
@@ -12,19 +13,31 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import pytest
+from rich.console import Console
 
+from cluster.errors import NodeError
 from knobs.vocabulary import EventKind
 from ledger import Ledger, LedgerError
-from orchestrator.unrecorded import Stopping, found, kept_on_stop
+from orchestrator.away import record_away_at_start
+from orchestrator.cli.round_report import report_stop
+from orchestrator.display import RoundDisplay
+from orchestrator.errors import INTERRUPTED
+from orchestrator.profile import load_profile
+from orchestrator.stops import record_stop
+from orchestrator.unrecorded import Stopping, found, kept_on_stop, owed
 from tests.fixtures.cli import orchestrate
 from tests.fixtures.mounts import in_tmpfs
 from tests.fixtures.profiles import small_twin_profile_data, write_profile
 from tests.test_ledger import FILL_DISK
-from tests.test_ledger_outage import bring_back
+from tests.test_ledger_outage import bring_back, take_away
 from tests.test_round_policy import ScriptedTestbed
 from tests.test_unrecorded_stop import AwayInCell, _resumed
+
+if TYPE_CHECKING:
+    from ledger.mlflow_sink import MlflowSink
 
 #: In a tmpfs of 1 MiB: a round of cluster argv[2], the disk filled, a round's command whose
 #: writes find it full past the last wait (its stop kept); then the ledger copied out to
@@ -174,3 +187,81 @@ def test_a_second_command_with_the_ledger_still_away_keeps_its_stop_beside_the_f
         readings = [c for c in ledger.cell_results(cell.experiment_id) if c.boot_id == cell.boot_id]
         assert [r.result for r in readings] == [cell.result], readings
         assert found(pg_url, cluster) == []
+
+
+def test_a_node_stop_whose_record_finds_the_ledger_away_is_kept_and_written_later(
+    pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: a round stopped by a node away, as its ledger's server went away too, lost its
+    stop: ``record_stop`` found no ledger and the stop was not a ledger's, so not kept."""
+    monkeypatch.setenv("ORCHESTRATE_CACHE", str(tmp_path / "cache"))
+    cluster = "scripted"
+    away = NodeError("node-1 on 10.0.0.2 did not answer", failure_class="unreachable", rank=1)
+    with Ledger(pg_url) as ledger:
+        round_id = _create(ledger, cluster)
+        try:
+            with pytest.raises(NodeError) as stopped, kept_on_stop(pg_url, cluster) as stopping:
+                stopping.keeps = True
+                stopping.opened(ledger)
+                stopping.round_id = round_id
+                take_away(pg_url)
+                record_stop(ledger, cluster, round_id, away)  # as the round's loop unwinds
+                raise away
+        finally:
+            bring_back(pg_url)
+        assert "this stop is kept in" in stopped.value.message, stopped.value.message
+        assert not ledger.events(cluster, EventKind.ROUND_STOPPED)
+        kept = found(pg_url, cluster)
+        assert kept, "the node's stop was not kept"
+        assert kept[0].round_id == round_id and kept[0].exit_code == away.exit_code, kept
+        assert "did not answer" in kept[0].said(), kept[0].said()
+
+        said = _fold(pg_url, cluster, ledger)
+        assert any("the ledger records now" in s for s in said), said
+        (stop,) = ledger.events(cluster, EventKind.ROUND_STOPPED)
+        assert stop.subject == str(round_id) and stop.detail["recorded_late"] is True, stop
+        assert (stop.detail["error"], stop.detail["node"]) == ("NodeError", "node-1"), stop
+        assert stop.reason.startswith("node-1 on 10.0.0.2 did not answer"), stop
+        assert found(pg_url, cluster) == []
+
+
+def test_an_interrupt_as_the_ledger_is_waited_for_owes_its_stop_to_the_kept_ones(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """Before: Ctrl-C while the round's command waited out its ledger's server (the round's own
+    record never ran) found the stop unread (``last_stop`` failed) and never tried to record
+    it: the interrupt was kept nowhere. Its record is tried, and owed to the kept stops."""
+    prof = load_profile(str(write_profile(tmp_path, small_twin_profile_data())))
+    interrupt = KeyboardInterrupt()
+    with Ledger(pg_url) as ledger:
+        round_id = _create(ledger, prof.cluster.name)
+        take_away(pg_url)
+        try:
+            shown = io.StringIO()
+            # the sink is never reached: the report needs the ledger first
+            sink = cast("MlflowSink", None)
+            display = RoundDisplay(Console(file=shown))
+            report_stop(prof, ledger, sink, round_id, interrupt, display)
+        finally:
+            bring_back(pg_url)
+    record = owed(interrupt)
+    assert record is not None, shown.getvalue()
+    assert (record.round_id, record.exit_code) == (round_id, INTERRUPTED), record
+    assert record.line.startswith("interrupted by Ctrl-C"), record
+
+
+def test_a_node_away_at_the_start_with_the_ledger_away_owes_its_stop_to_the_kept_ones(
+    pg_url: str,
+) -> None:
+    """Before: a node away as the command claimed the nodes, with the ledger's server away
+    too, found the last stop unread and never tried to record its own: kept nowhere."""
+    away = NodeError("node-0 did not answer", failure_class="unreachable", rank=0)
+    with Ledger(pg_url) as ledger:
+        take_away(pg_url)
+        try:
+            assert record_away_at_start(ledger, "scripted", None, away) is None
+        finally:
+            bring_back(pg_url)
+    record = owed(away)
+    assert record is not None and record.round_id is None, record
+    assert record.detail["node"] == "node-0" and record.exit_code == away.exit_code, record

@@ -44,10 +44,15 @@ def report_stop(
     if isinstance(stop, LedgerError | OwnershipError):
         return
     try:
-        if last_stop(ledger, prof.cluster.name, round_id) is None:
+        try:
+            recorded = last_stop(ledger, prof.cluster.name, round_id) is not None
+        except LedgerError:  # not read: tried, and kept outside the ledger if it takes no write
+            recorded = False
+        if not recorded:
             # the round records its stop as its loop unwinds; one that stopped before its loop
-            # began, or whose record the interrupt itself cut short, is recorded here: the
-            # report, `status` and the resume say why it stopped
+            # began (or as it waited out the ledger away), or whose record the interrupt itself
+            # cut short, is recorded here: the report, `status` and the resume say why it
+            # stopped (``record_stop``: kept outside a ledger that takes no write)
             record_stop(ledger, prof.cluster.name, round_id, stop)
         to_mlflow = not isinstance(stop, MlflowSinkError) and not ledger.holding(prof.cluster.name)
         page = write_round_report(
