@@ -265,3 +265,33 @@ def test_a_node_away_at_the_start_with_the_ledger_away_owes_its_stop_to_the_kept
     record = owed(away)
     assert record is not None and record.round_id is None, record
     assert record.detail["node"] == "node-0" and record.exit_code == away.exit_code, record
+
+
+def test_a_stop_kept_by_the_release_before_is_still_read_and_written_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stop the release before kept (one file per ledger path and cluster, no round naming
+    its ledger, no detail) is the ledger's at that path: read, shown and written in, as then."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("ORCHESTRATE_CACHE", str(cache))
+    url = f"sqlite:///{tmp_path / 'orchestrate.db'}"
+    (cache / "unrecorded").mkdir(parents=True)
+    body = {
+        "ledger": f"sqlite:///{tmp_path / 'orchestrate.db'}",
+        "cluster": "c",
+        "round": 1,
+        "stopped_at": "2026-12-06T03:12:00+00:00",
+        "exit_code": 4,
+        "line": "ledger …: the filesystem at /srv went read-only under it",
+        "cells": [],
+    }
+    (cache / "unrecorded" / "c-0123456789abcdef.json").write_text(json.dumps(body))
+    with Ledger(url) as ledger:
+        _create(ledger, "c")
+        (kept,) = found(url, "c")
+        assert kept.belongs(url, ledger.rounds("c")), kept
+        assert _fold(url, "c", ledger), "not written in"
+        (stop,) = ledger.events("c", EventKind.ROUND_STOPPED)
+        assert stop.detail["error"] == "LedgerError" and stop.detail["recorded_late"], stop
+        assert stop.detail["stopped_at"] == body["stopped_at"], stop
+    assert found(url, "c") == []
