@@ -20,6 +20,7 @@ from sqlalchemy.exc import (
 )
 from sqlalchemy.orm import ORMExecuteState, Session, sessionmaker
 
+from cluster.signals import held
 from knobs.vocabulary import EventKind
 from ledger.disk import (
     READ_ONLY_FS,
@@ -181,20 +182,26 @@ class LedgerBase:
     def _session(self, *, fenced: bool = True) -> Iterator[Session]:
         """One transaction; committed when the block ends. A transaction that wrote commits
         only after the fence's check (``fence``) in it passed, unless ``fenced`` is off (the
-        lease's own methods)."""
+        lease's own methods). Its commit, rollback and close are never cut by a signal
+        (``cluster.signals.held``: delivered as they end): a Ctrl-C or SIGTERM that landed
+        inside SQLAlchemy's commit left the session half-committed, its rollback refused (a
+        traceback, exit 1) or its SQLite write lock held, so that the stop the command then
+        recorded waited 30 s for the lock and was lost, twice."""
         session = self._sessions()
         fence = self._fence if fenced else None
         try:
             yield session
-            if fence is not None:
-                session.flush()
-                if session.info.get(WROTE):
-                    fence.check(session, self.url)
-            session.commit()
-            if fence is not None and session.info.get(WROTE):
-                fence.last_write = utcnow()
+            with held():
+                if fence is not None:
+                    session.flush()
+                    if session.info.get(WROTE):
+                        fence.check(session, self.url)
+                session.commit()
+                if fence is not None and session.info.get(WROTE):
+                    fence.last_write = utcnow()
         except SQLAlchemyError as e:
-            with suppress(SQLAlchemyError):  # a lost connection took its transaction with it
+            # a lost connection took its transaction with it
+            with held(), suppress(SQLAlchemyError):
                 session.rollback()
             detail = str(e).splitlines()[0]
             read_only = self._read_only(e)
@@ -213,10 +220,11 @@ class LedgerBase:
                 f"ledger {self.url}: {detail}", url=self.url, unreachable=did_not_answer(e)
             ) from e
         except BaseException:
-            session.rollback()
+            with held():
+                session.rollback()
             raise
         finally:
-            with suppress(SQLAlchemyError):
+            with held(), suppress(SQLAlchemyError):
                 session.close()
 
     def _read_only(self, e: SQLAlchemyError) -> tuple[Path, Path] | None:

@@ -14,13 +14,18 @@ import asyncio
 import gc
 import signal
 import sys
+import time
 import warnings
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import event
 
 from cluster.signals import held, run_whole
+from knobs.vocabulary import EventKind
+from ledger import Ledger
 from orchestrator.interrupts import ended_like_ctrl_c
 
 #: where the Ctrl-C lands: before the loop's self-pipe is made, or once it is closed and the
@@ -155,3 +160,37 @@ def test_a_second_sigterm_while_the_cell_unwinds_is_held_until_it_has(
     with ended_like_ctrl_c():
         ignored, said = _the_aftermath(monkeypatch, lambda: run_whole(cell))
     assert (ignored, said, cleaned) == ([], [], ["streams closed"])
+
+
+def test_a_ctrl_c_inside_a_ledger_commit_is_delivered_once_the_commit_ends(
+    ctrl_c_raises: None, tmp_path: Path
+) -> None:
+    """A SIGTERM (as Ctrl-C) that landed inside SQLAlchemy's commit left the session half-way:
+    once its rollback was refused (a traceback, exit 1 in place of 130), once its SQLite write
+    lock held, so that the round's stop, recorded next, waited 30 s for the lock and was lost
+    (CI's ``test_report`` interrupted round, its page without its stop). The signal is sent
+    from inside SQLAlchemy's commit (its ``commit`` event): the commit ends whole, the
+    interrupt is raised after it, and the next write, from another connection, is not kept
+    waiting."""
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    with Ledger(url) as ledger:
+        sent: list[int] = []
+
+        def interrupt(_connection: object) -> None:
+            if not sent:
+                sent.append(signal.SIGINT)
+                signal.raise_signal(signal.SIGINT)
+
+        event.listen(ledger._engine, "commit", interrupt)
+        with pytest.raises(KeyboardInterrupt):
+            ledger.add_event("c", EventKind.ROUND_STOPPED, subject="1", reason="first")
+        assert sent, "no signal was sent: the test tested nothing"
+        event.remove(ledger._engine, "commit", interrupt)
+        with Ledger(url) as other:
+            started = time.monotonic()
+            other.add_event("c", EventKind.ROUND_STOPPED, subject="1", reason="second")
+            waited = time.monotonic() - started
+        assert waited < 10, f"the next write waited {waited:.0f}s on a lock the first one held"
+        ledger.add_event("c", EventKind.ROUND_STOPPED, subject="1", reason="third")
+        said = [e.reason for e in ledger.events("c", EventKind.ROUND_STOPPED)]
+    assert said == ["first", "second", "third"]
