@@ -193,9 +193,18 @@ class KnobSpec(BaseModel):
         if self.type == "choice":
             if not self.choices:
                 raise ValueError(f"knob {self.name}: a choice knob needs choices")
+            seen: dict[str, Value] = {}
             for choice in self.choices:
                 if isinstance(choice, str) and not SAFE_TOKEN.match(choice):
                     raise ValueError(f"knob {self.name}: choice {choice!r} is not a safe token")
+                # two choices the launcher gets alike (1.0 and 1, 1 and "1"): a change between
+                # them deploys nothing, and boots would be spent on a verdict about nothing
+                twin = seen.setdefault(_key(choice), choice)
+                if twin is not choice:
+                    raise ValueError(
+                        f"knob {self.name}: choices {twin!r} and {choice!r} are the same value "
+                        f"to the engine ({_key(choice)}): keep one of them"
+                    )
         if self.type == "bool" and self.render.kind not in ("switch", "env", "json_field", "flag"):
             raise ValueError(f"knob {self.name}: cannot render a bool as {self.render.kind}")
         if self.monotone_failures and not self.ordered:
@@ -229,7 +238,15 @@ class KnobSpec(BaseModel):
         # the default must itself be in the domain; one written as text (YAML's quoted
         # `default: "false"`, `"7168"`) is kept as the value it names, never as the text, which
         # a switch would read as true and a config would hash apart from the typed value
-        typed = self.parse(self.default)
+        try:
+            typed = self.parse(self.default)
+        except KnobError as e:
+            raise KnobError(
+                f"knobs.{self.name}.default: {e.message.removeprefix(f'knob {self.name}: ')}"
+                f"{self._off_step(self.default)}",
+                knob=self.name,
+                value=e.value,
+            ) from e
         if isinstance(self.default, str) and typed != self.default:
             object.__setattr__(self, "default", typed)
         self._key_values()
@@ -351,6 +368,23 @@ class KnobSpec(BaseModel):
                     return choice
         # a word's typo (a number's nearest choices are its domain, said already)
         raise self._typo(bad, raw, [c for c in self.choices if isinstance(c, str)])
+
+    def _off_step(self, raw: object) -> str:
+        """What to do about ``raw``, a number inside the domain's range but off its steps
+        (which count from ``low``); empty where it is not that."""
+        if not self.step or self.low is None or self.high is None:
+            return ""
+        if not isinstance(raw, int | float) or isinstance(raw, bool):
+            return ""
+        if not self.low <= raw <= self.high:
+            return ""
+        below = self.low + math.floor((raw - self.low) / self.step) * self.step
+        near = [v for v in (below, below + self.step) if self.low <= v <= self.high]
+        return (
+            f" (steps count from low {self.low:g}: the nearest are "
+            + " and ".join(f"{v:g}" for v in near)
+            + "): give one of them, or change low or step"
+        )
 
     @staticmethod
     def _typo(bad: KnobError, raw: object, known: Sequence[str]) -> KnobError:

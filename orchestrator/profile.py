@@ -15,6 +15,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -372,7 +373,16 @@ def load_profile(name_or_path: str | None = None, *, base_dir: Path | None = Non
 
 class _UniqueKeys(yaml.SafeLoader):
     """YAML's safe loader, refusing a key given twice in one mapping: the later one would
-    silently win (a second ``gates:`` dropping the first's gates)."""
+    silently win (a second ``gates:`` dropping the first's gates). Only ``true`` and ``false``
+    are booleans (YAML 1.2's core schema): YAML 1.1's ``on``, ``off``, ``yes`` and ``no`` are
+    the words written, so an engine's ``choices: [on, off]`` renders ``--flag on`` (read as
+    booleans, it rendered ``--flag true``, and ``--set flag=off`` was refused). A setting that
+    is a yes-or-no takes those words as it took the booleans (``enabled: yes``)."""
+
+    yaml_implicit_resolvers = {  # noqa: RUF012 (PyYAML's class-level table, copied)
+        first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:bool"]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[object] = set()
@@ -384,6 +394,13 @@ class _UniqueKeys(yaml.SafeLoader):
                 )
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
+
+
+_UniqueKeys.add_implicit_resolver(
+    "tag:yaml.org,2002:bool",
+    re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+    list("tTfF"),
+)
 
 
 def _yaml_problem(e: OSError | yaml.YAMLError) -> str:

@@ -332,3 +332,60 @@ def test_a_bad_engine_path_in_the_environment_does_not_stop_a_profile_loading(
     command that loads the profile and boots nothing."""
     monkeypatch.setenv("ORCHESTRATE_LLAMA_SERVER", "relative/llama-server")
     assert load_profile("twin", base_dir=tmp_path).name == "twin"
+
+
+def _written(tmp_path: Path, knob: str, champion: str = "") -> Path:
+    """A profile written as a person writes one: YAML text, the knob ``knob`` in it as given."""
+    base = {k: v for k, v in profile().items() if k != "knobs"}
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(base, sort_keys=False) + "knobs:\n" + knob + champion)
+    return path
+
+
+def test_an_engines_on_off_choices_are_the_words_written_not_yaml_booleans(
+    tmp_path: Path,
+) -> None:
+    """YAML 1.1 reads on/off/yes/no as booleans: ``choices: [on, off]`` was True and False, the
+    launcher got ``--flash-attn true``, and ``--set flash_attn=off`` was refused as "not one of
+    True, False". Only true and false are booleans now; a bool knob still takes on and off."""
+    path = _written(
+        tmp_path,
+        "  - {name: flash_attn, type: choice, choices: [on, off, auto], default: on,\n"
+        "     render: {kind: flag, flag: --flash-attn}}\n"
+        "  - {name: graphs, type: bool, default: off, render: {kind: switch, flag: --graphs}}\n",
+        "champion: {flash_attn: off, graphs: yes}\n",
+    )
+    space = load_profile(str(path)).space
+    fa = space.spec("flash_attn")
+    assert fa.choices == ("on", "off", "auto") and fa.default == "on"
+    assert fa.parse("off") == "off"
+    assert space.spec("graphs").default is False
+    champion = load_profile(str(path)).initial_champion()
+    assert (champion["flash_attn"], champion["graphs"]) == ("off", True)
+
+
+def test_choices_the_engine_gets_alike_are_refused_at_the_knob() -> None:
+    """``choices: [1.0, 1]`` both render ``1``: a change between them deploys nothing."""
+    knob = {
+        "name": "x",
+        "type": "choice",
+        "choices": [1.0, 1, 2],
+        "default": 2,
+        "render": {"kind": "flag", "flag": "--x"},
+    }
+    with pytest.raises(ValueError, match=r"choices 1\.0 and 1 are the same value to the engine"):
+        Profile.model_validate(profile(knob))
+
+
+def test_a_default_off_the_knobs_steps_names_its_key_and_the_nearest_steps(tmp_path: Path) -> None:
+    knob = "  - {name: max_num_seqs, type: int, low: 64, high: 512, step: 100, default: 256,\n"
+    knob += "     render: {kind: flag, flag: --max-num-seqs}}\n"
+    got = orchestrate(
+        tmp_path, "cluster", "up", "--dry-run", "--profile", str(_written(tmp_path, knob))
+    )
+    assert got.returncode == 3, got.stderr
+    said = " ".join(got.stderr.split())
+    assert (
+        "knobs.max_num_seqs.default: 256 is not an integer from 64 to 512 in steps of 100" in said
+    )
+    assert "the nearest are 164 and 264): give one of them, or change low or step" in said
