@@ -171,9 +171,14 @@ class RoundDisplay:
             # a person's veto: its description says who and why; the status word once, first
             change, by = change.split(" vetoed by ", 1)
             by = f" by {by}"
+        # a person's veto names the proposal they decided by its number (``proposals veto
+        # N``) beside the experiment's: #5 above "proposal 5 waits" is another change
+        which = f"#{e.id}"
+        if by and e.proposal_id is not None and e.proposal_id != e.id:
+            which += f" (proposal {e.proposal_id})"
         self.console.print(
             Text.assemble(
-                f"  #{e.id} {change}: ",
+                f"  {which} {change}: ",
                 (status, _STYLE.get(status, "")),
                 f"{by}{objective}{delta}",
                 (f"  {reason}" if reason else "", "dim"),

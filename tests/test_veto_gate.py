@@ -298,7 +298,10 @@ def test_a_vetoed_change_says_its_reason_once(tmp_path: Path) -> None:
         runner.run(RoundOptions(budget=1, proposer="sweep", approve="ask"))
     [line] = [line for line in screen.getvalue().splitlines() if "vetoed" in line]
     assert line.count(why) == 1 and line.count("vetoed") == 1, line
-    assert line.strip() == f"#2 num_speculative_tokens 7 → 5: vetoed by {WHO}: {why}", line
+    # the proposal's number beside the experiment's: `proposals approve 2` is another change
+    assert (
+        line.strip() == f"#2 (proposal 1) num_speculative_tokens 7 → 5: vetoed by {WHO}: {why}"
+    ), line
 
 
 def test_an_edited_proposal_says_its_edit_and_a_vetoed_value_names_its_veto(
