@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from urllib.parse import urlsplit
 
 from agents.llm import ClaudeOptions, LLMError, Usage, clean_text
 from agents.llm_deadline import Deadline, DeadlinePassed
@@ -263,7 +264,8 @@ class ToolConversation:
                     + ("" if wait is None else f"; {retry_after_words(wait)}")
                 )
             raise LLMError(
-                f"Claude API refused the request ({what}); model {self.options.model}",
+                f"Claude API refused the request ({what}); model {self.options.model}, "
+                f"at {_endpoint(self.client.base_url)}: {_what_to_do(status)}",
                 model=self.options.model,
                 status=status,
                 error_type=error_type,
@@ -332,3 +334,23 @@ def _error_of(body: object) -> tuple[str, str]:
 
 def _first_line(text: str) -> str:
     return clean_text(text.splitlines()[0] if text else "", 200) or type(text).__name__
+
+
+def _endpoint(url: object) -> str:
+    """The API's address as a person checks it (``ANTHROPIC_BASE_URL``, a proxy): scheme,
+    host and path, never a user or password in it."""
+    parts = urlsplit(str(url))
+    host = parts.hostname or ""
+    port = f":{parts.port}" if parts.port else ""
+    return f"{parts.scheme}://{host}{port}{parts.path}".rstrip("/")
+
+
+def _what_to_do(status: int) -> str:
+    """What a person does about a refusal a retry cannot fix (HTTP ``status``); the round stops
+    before a boot, and the same command resumes it."""
+    fix = {
+        401: "check ANTHROPIC_API_KEY, a key this endpoint takes (and ANTHROPIC_BASE_URL)",
+        403: "the key may not use this model or endpoint: check ANTHROPIC_API_KEY",
+        404: "check the model name (proposer.claude.model) and ANTHROPIC_BASE_URL",
+    }.get(status, "check the model and ANTHROPIC_BASE_URL")
+    return f"{fix}, or use --proposer optuna; the same command then resumes the round"

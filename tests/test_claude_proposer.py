@@ -442,9 +442,13 @@ def test_an_error_a_retry_cannot_fix_is_an_llm_error_without_the_key(
         claude(messages_api).propose(context())
     assert caught.value.exit_code == 7
     assert caught.value.status == 401
+    # where it was refused and what to do: a key refused by a proxy's endpoint is the
+    # usual 401 of a key that works elsewhere
     assert str(caught.value) == (
         "Claude API refused the request (HTTP 401 authentication_error: invalid x-api-key "
-        f"***); model {DEFAULT_MODEL}"
+        f"***); model {DEFAULT_MODEL}, at {messages_api.url.rstrip('/')}: check "
+        "ANTHROPIC_API_KEY, a key this endpoint takes (and ANTHROPIC_BASE_URL), or use "
+        "--proposer optuna; the same command then resumes the round"
     )
     assert TEST_KEY not in repr(caught.value.args)
 
