@@ -43,8 +43,18 @@ class LevelInForce:
     boots: int
 
     def _level(self) -> str:
-        over = f" over {self.boots} boot(s)" if self.boots else ""
-        return f"its level in force is {self.level:.2f}{over}, what changes are compared with"
+        if not self.boots:
+            # no boot of it as its launchers render now (a knob gained or dropped, a flag
+            # changed): its last level is not what the next change is compared with
+            return (
+                f"its last level, {self.level:.2f}, is of its launchers as they rendered then, "
+                "set aside: the next round measures it again before any change is compared "
+                "with it"
+            )
+        return (
+            f"its level in force is {self.level:.2f} over {self.boots} boot(s), what changes "
+            "are compared with"
+        )
 
     def row_words(self) -> str:
         """What the champion's row says after its description (results.tsv, the report's

@@ -124,3 +124,30 @@ def test_cells_removed_or_added_since_the_champion_was_measured_are_said_with_it
         f"{champion.objective:.1f} is over the cells of then; it has none over the cells of now "
         "until the next round measures it again"
     ) in said, said
+
+
+def test_a_champion_whose_launchers_render_anew_has_no_level_in_force_in_status(
+    tmp_path: Path,
+) -> None:
+    """A knob gained since the champion was measured renders a flag its boots lacked: status
+    said "its level in force is …, what changes are compared with" and, on the next
+    line, that its measurements are set aside and it is measured again first. It now says the
+    level is of the launchers as they rendered then, set aside."""
+    url, _ = _upgraded_release("schema9", tmp_path)
+    text = (LEDGERS / "schema9.profile.yaml").read_text()
+    gained = (
+        "knobs:\n  - {name: max_num_seqs, type: int, low: 64, high: 512, step: 64, default: 256,\n"
+        "     render: {kind: flag, flag: --max-num-seqs}}\n"
+    )
+    (tmp_path / "profile.yaml").write_text(text.replace("knobs:\n", gained, 1))
+    env = {**os.environ, "ORCHESTRATE_LEDGER": url}
+    shown = orchestrate(tmp_path, "status", "-p", "profile.yaml", env=env)
+    assert shown.returncode == 0, shown.stderr
+    said = " ".join(shown.stdout.split())
+    assert "the champion is measured again before any change is judged against it" in said, said
+    assert "its level in force is" not in said, said
+    assert re.search(
+        r"its last level, [\d.]+, is of its launchers as they rendered then, set aside: the "
+        r"next round measures it again before any change is compared with it",
+        said,
+    ), said
