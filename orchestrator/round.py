@@ -5,11 +5,13 @@ committed to the ledger before the next begins. Running the same command after a
 up the unfinished round where the ledger says it stopped: a cell already recorded is not
 measured again, no engine is left running unrecorded, and the round's budget is honoured.
 
-The loop only dispatches. What a proposer sees is ``history``'s; one experiment taken to its
-verdict is ``experiment``'s, one boot ``boot``'s; the champion's evidence and noise estimate
-are ``champion``'s, its re-measurements ``remeasure``'s; what is booted next and when an
-experiment is decided is ``policy``'s (on ``verdict``'s statistics); a failure of the
-infrastructure's is ``faults``'s; MLflow is ``runlog``'s.
+The loop only dispatches. What a round says and settles as it starts or resumes is
+``round_opening``'s; its next proposal through the veto gate ``round_proposal``'s, on what
+the proposer sees (``history``'s); one experiment taken to its verdict is ``experiment``'s,
+one boot ``boot``'s; the champion's evidence and noise estimate are ``champion``'s, its
+re-measurements ``remeasure``'s; what is booted next and when an experiment is decided is
+``policy``'s (on ``verdict``'s statistics); a failure of the infrastructure's is
+``faults``'s; MLflow is ``runlog``'s.
 """
 
 from __future__ import annotations
@@ -18,8 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from agents import ProposalContext, ProposalExhausted, Proposer, proposed_by
-from agents.llm_fallback import fallback_line
+from agents import ProposalContext, ProposalExhausted, Proposer
 from knobs.vocabulary import (
     INFRASTRUCTURE,
     Kind,
@@ -33,35 +34,31 @@ from ledger import (
     Ledger,
     RoundRecord,
 )
-from orchestrator import budget, busy_host, cell_renames, knob_renames, resumes, revision
-from orchestrator.approval import ApprovalGate, NobodyDeciding
+from orchestrator import budget, busy_host, cell_renames, knob_renames
+from orchestrator.approval import ApprovalGate
 from orchestrator.baseline import crashed_baseline
 from orchestrator.boot import Booter
 from orchestrator.champion import ChampionEvidence
 from orchestrator.champion_level import CellsChanged, LevelInForce, level_in_force, shown
-from orchestrator.closures import CLOSED_BY
 from orchestrator.crashpoints import crashpoint
 from orchestrator.display import (
     RoundDisplay,
     exhausted,
-    kept_on_resume,
     stopped_by_cap,
 )
 from orchestrator.errors import OrchestrateError
-from orchestrator.evolution import outside_domain
 from orchestrator.experiment import ExperimentRunner
 from orchestrator.faults import InfrastructureFaults
 from orchestrator.gpu_hours import gpu_hours
-from orchestrator.history import proposal_context
 from orchestrator.intake import Intake
-from orchestrator.measurements import changed_cells
 from orchestrator.mirror import RETRY_S
 from orchestrator.profile import Profile
-from orchestrator.profile_champion import closed_lines, said_once
 from orchestrator.remeasure import ChampionRemeasure
 from orchestrator.round_close import owe
+from orchestrator.round_opening import RoundOpening
+from orchestrator.round_proposal import ProposalStep
 from orchestrator.runlog import RunLog
-from orchestrator.stops import last_stop, record_cap, record_stop, said_stop
+from orchestrator.stops import record_cap, record_stop
 from orchestrator.testbed import Sink, Testbed
 
 
@@ -151,6 +148,12 @@ class RoundRunner:
             self.runlog,
             display,
         )
+        self.opening = RoundOpening(
+            profile, ledger, self.champion, self.runlog, self.remeasures, display, self._renamed
+        )
+        self.proposals = ProposalStep(
+            profile, ledger, self.champion, proposer, gate, self.intake, display
+        )
 
     # ---- the loop ---------------------------------------------------------------------------
     def run(self, options: RoundOptions) -> RoundReport:
@@ -188,64 +191,7 @@ class RoundRunner:
             f"{self._candidates_done(rnd)} of {rnd.budget} experiments done, "
             f"proposer {options.proposer}, approve {options.approve}"
         )
-        change = None
-        if existing is not None:
-            # taken up again: recorded, with the boots the run before left open (``resumes``)
-            resumes.record(
-                self.ledger,
-                self.cluster,
-                rnd.id,
-                proposer=options.proposer,
-                approve=options.approve,
-                seed=options.seed,
-            )
-            change = self._profile_change(existing)
-            asked = {
-                "budget": str(options.budget),
-                "proposer": options.proposer,
-                "approval": options.approve,
-                "seed": str(options.seed),
-            }
-            stop = last_stop(self.ledger, self.cluster, rnd.id)
-            if stop is not None:
-                self.display.note(f"  it {said_stop(stop)}")
-            for line in kept_on_resume(existing, asked, change):
-                self.display.note(line)
-            # a baseline left undecided of a champion: edited since: closed as it is taken up
-            for line in closed_lines(self.profile, self.ledger, rnd.id):
-                self.display.note(line)
-            rnd = self._caps_on_resume(rnd, options)
-            # what a kill left open in MLflow, from the ledger; an MLflow that answered the
-            # command's start but not now (the same outage as the ledger's, which this resume
-            # waited out) is filled in later, as one that went away mid-round
-            self.runlog.mirror.write(lambda: self.runlog.reconcile(rnd))
-            self.remeasures.settle()
-        if change is None:  # a new round, or one resumed under the profile it started under
-            for line in self._changed_since_last_run():
-                self.display.note(line)
-        # the profile gained or lost a knob since the champion was recorded (``evolution``),
-        # and the profile recorded (``revision``)
-        revised = self.champion.revised()  # before the profile is recorded: what it changed
-        # champion: edited while the ledger has a champion: not used, said once
-        ignored = said_once(self.profile, self.ledger, self.champion.fitted())
-        if ignored is not None:
-            self.display.note(ignored)
-        for line in self.champion.record_knob_changes():
-            self.display.note(line)
-        champion = self.champion.fitted()
-        if champion is not None:  # a domain narrowed under it: kept, and said (``evolution``)
-            for line in outside_domain(self.profile.space, champion.config).values():
-                self.display.note(line)
-        for line in self._renamed:
-            self.display.note(line)
-        # a cell redefined since it was measured is measured again (``measurements.counts``)
-        for line in changed_cells(self.ledger, self.cluster, self.profile.cells).values():
-            self.display.note(line)
-        # a knob's flag dropped or gained: measured again under it (``rendering``)
-        restated = self.champion.restated(revised)
-        if restated is not None:
-            self.display.note(restated)
-        self.champion.realign()  # a knob put back as it was: its earlier level in force again
+        rnd = self.opening.open(rnd, existing, options)
         try:
             stopped_by = self._loop(rnd, started)
         except (OrchestrateError, KeyboardInterrupt) as err:
@@ -276,50 +222,6 @@ class RoundRunner:
             level=level_in_force(self.champion),
             cells=cells,
         )
-
-    def _profile_change(self, rnd: RoundRecord) -> str | None:
-        """What the profile changed since ``rnd`` started (``revision.said``); ``None``:
-        nothing (but what an upgrade alone changes)."""
-        if rnd.profile_digest == self.profile.digest:
-            return None
-        then = revision.recorded(self.ledger, self.cluster, rnd.profile_digest)
-        now = revision.Revision.of(self.profile)
-        return revision.said(then, now, (rnd.profile_name, rnd.profile_digest))
-
-    def _changed_since_last_run(self) -> list[str]:
-        """A round under a profile other than the one the cluster last ran under (a round's, or
-        ``cluster up``'s): what changed, in one line."""
-        last = revision.last(self.ledger, self.cluster)
-        if last is None or last.digest == self.profile.digest:
-            return []
-        now = revision.Revision.of(self.profile)
-        said = revision.said(last, now, (last.name, last.digest))
-        return (
-            [] if said is None else [f"  the profile changed since {self.cluster} last ran {said}"]
-        )
-
-    def _caps_on_resume(self, rnd: RoundRecord, options: RoundOptions) -> RoundRecord:
-        """A resume keeps the round's caps unless this command gives one, each said in one
-        line: the wall-clock cap counts from this command's start, the GPU-hours cap over the
-        whole round (every boot since it started)."""
-        used = gpu_hours(self.ledger, rnd, self.profile)
-        caps = (
-            ("--max-hours", rnd.max_hours, options.max_hours, "counted from now"),
-            ("--max-gpu-hours", rnd.max_gpu_hours, options.max_gpu_hours, f"{used:.2f} used"),
-        )
-        for flag, kept, asked, how in caps:
-            if asked is None:
-                if kept is not None:
-                    self.display.note(f"  round {rnd.id} keeps its {flag} {kept:g}, {how}")
-                continue
-            if asked != kept:
-                had = "none" if kept is None else f"{kept:g}"
-                self.display.note(f"  round {rnd.id} takes {flag} {asked:g}, {how} (it had {had})")
-                if flag == "--max-hours":
-                    self.ledger.set_round_max_hours(rnd.id, asked)
-                else:
-                    self.ledger.set_round_max_gpu_hours(rnd.id, asked)
-        return self.ledger.round(rnd.id)
 
     def _loop(self, rnd: RoundRecord, started: float) -> str:
         """Finish what a killed run left, then experiment to the budget; what stopped it."""
@@ -352,7 +254,7 @@ class RoundRunner:
                     self.faults.champion_failed(None, failure, champion=champion)
                     continue  # booted once more while due, before any change boots on it
             try:
-                experiment = self._next_experiment(rnd)
+                experiment = self.proposals.next_experiment(rnd)
             except ProposalExhausted as e:
                 done = self._candidates_done(rnd)
                 self.display.note(exhausted(rnd, done, str(e), e.left, e.refusals))
@@ -407,55 +309,8 @@ class RoundRunner:
 
     # ---- proposals --------------------------------------------------------------------------
     def context(self, rnd: RoundRecord) -> ProposalContext:
-        """What the proposer sees now, built from the ledger."""
-        return proposal_context(
-            self.profile, self.ledger, self.champion, rnd, self._candidates_done(rnd)
-        )
-
-    def _next_experiment(self, rnd: RoundRecord) -> ExperimentRecord | None:
-        """Propose, record, pass the veto gate; the experiment to run, or None if vetoed."""
-        index = self._candidates_done(rnd) + 1
-        pending = [p for p in self.ledger.proposals(round_id=rnd.id, status=ProposalStatus.PENDING)]
-        if pending:  # proposed before (a round stopped while it waited): nobody proposes now
-            record = pending[0]
-            self.display.experiment(index, rnd.budget, "from the queue")
-            self.display.phase(f"proposal #{record.id} from the queue, proposed by {record.source}")
-        else:
-            self.display.experiment(index, rnd.budget, "proposing")
-            context = self.context(rnd)
-            # who really proposes: an LLM proposer's fallback while its API cools off
-            self.display.phase(f"proposing ({proposed_by(self.proposer, context)})")
-            proposal = self.proposer.propose(context)
-            record = self.intake.record(rnd, proposal)
-            crashpoint("proposal.recorded")
-        self.display.experiment(index, rnd.budget, record.change.describe())
-        fell_back = fallback_line(record.source, record.notes)
-        if fell_back is not None:  # the LLM did not steer this one: said, with why
-            self.display.note(f"  {fell_back}")
-        why = self.intake.closure(record)
-        if why is not None and record.status == ProposalStatus.PENDING:
-            # a change the profile can no longer run (a knob lost, a domain narrowed since:
-            # ``evolution``): nobody is asked to approve it; closed by the profile, barring
-            # nothing
-            closed = self.ledger.decide_proposal(
-                record.id, status=ProposalStatus.VETOED, by=CLOSED_BY, reason=why.reason
-            )
-            self.intake.veto(rnd, closed)
-            return None
-        # the gate's mode: a resume's ``--approve`` runs it, whatever the round started with
-        self.display.phase(f"waiting for approval ({self.gate.mode})")
-        try:
-            decision = self.gate.decide(record, self.context(rnd))
-        except NobodyDeciding as paused:
-            # the timeout's veto is committed: its experiment row before the round stops
-            # (results.tsv, MLflow and known-bad have it, not only after a resume)
-            self.intake.veto(rnd, paused.decided)
-            raise
-        crashpoint("proposal.approved")
-        if decision.status == ProposalStatus.VETOED:
-            self.intake.veto(rnd, decision)
-            return None
-        return self.intake.experiment(rnd, decision)
+        """What the proposer sees now, built from the ledger (``ProposalStep.context``)."""
+        return self.proposals.context(rnd)
 
     # ---- experiments ------------------------------------------------------------------------
     def _baseline(self, rnd: RoundRecord) -> None:
