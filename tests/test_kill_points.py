@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import sqlite3
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -222,7 +223,8 @@ def test_killed_as_the_round_closes_the_next_round_completes_its_mlflow_run(
 ) -> None:
     """Killed as its report is written (review I): the ledger has the round done and its
     parent run ended, but not yet given the round's numbers, report and results.tsv. ``status``
-    and ``report`` say so, and the next round writes them before it starts, in one line."""
+    says so; ``report`` with MLflow away writes the page and says the close is still owed,
+    nothing lost; and the next round writes them before it starts, in one line."""
     write_profile(site.root, _profile_data(champion_boots=1))
     killed = site.round({ENV: "report.written"})
     assert killed.returncode == -9, killed.stderr
@@ -236,9 +238,19 @@ def test_killed_as_the_round_closes_the_next_round_completes_its_mlflow_run(
     assert status.returncode == 0, status.stderr
     assert owed in status.stdout, status.stdout
     args = ("report", "--round", str(closed.id), "--profile", "profile.yaml")
-    report = orchestrate(site.root, *args, env=site.env)
+    with socket.socket() as refused:  # bound, never listening: a tracking server away
+        refused.bind(("127.0.0.1", 0))
+        uri = f"http://127.0.0.1:{refused.getsockname()[1]}"
+        report = orchestrate(site.root, *args, env={**site.env, "MLFLOW_TRACKING_URI": uri})
     assert report.returncode == 0, report.stderr
-    assert f"MLflow's run of round {closed.id} lacks this report" in report.stdout, report.stdout
+    said = " ".join(report.stdout.split())
+    assert f"wrote reports/round-{closed.id}/report.html" in said, said
+    assert (
+        f"round {closed.id}'s report, results.tsv and numbers are not on its MLflow run yet ("
+    ) in said, said
+    assert "still owed, nothing is lost" in said, said
+    status = orchestrate(site.root, "status", "--profile", "profile.yaml", env=site.env)
+    assert owed in status.stdout, status.stdout
 
     after = site.round()
     assert after.returncode == 0, after.stderr
@@ -255,6 +267,39 @@ def test_killed_as_the_round_closes_the_next_round_completes_its_mlflow_run(
     assert str(decided.id) in [row.split("\t")[0] for row in tsv.read_text().splitlines()]
     status = orchestrate(site.root, "status", "--profile", "profile.yaml", env=site.env)
     assert owed not in status.stdout, status.stdout
+
+
+def test_the_report_of_a_round_whose_mlflow_close_is_owed_writes_it(site: Site) -> None:
+    """Killed as its report is written: ``orchestrate report --round N`` the morning after
+    said the round's MLflow close was owed and left it for the next round. It writes it now
+    (the page it wrote, results.tsv and the round's numbers), in one line, and nothing is
+    owed after: ``status`` says nothing of it, and a second report writes nothing more."""
+    write_profile(site.root, _profile_data(champion_boots=1))
+    killed = site.round({ENV: "report.written"})
+    assert killed.returncode == -9, killed.stderr
+    with Ledger(site.ledger_url) as ledger:
+        closed = ledger.rounds(CLUSTER)[-1]
+    assert closed.status == RoundStatus.DONE and closed.mlflow_run_id is not None
+    args = ("report", "--round", str(closed.id), "--profile", "profile.yaml")
+    report = orchestrate(site.root, *args, env=site.env)
+    assert report.returncode == 0, report.stderr
+    lines = report.stdout.strip().splitlines()
+    said = [line for line in lines if f"round {closed.id}'s" in line]
+    assert len(said) == 1, lines
+    assert "were not on its MLflow run" in said[0] and said[0].endswith("written now"), said
+    client = MlflowClient(site.env["MLFLOW_TRACKING_URI"])
+    run = client.get_run(closed.mlflow_run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.metrics["experiments"] == 1.0
+    assert {"report", "results.tsv"} <= {a.path for a in client.list_artifacts(run.info.run_id)}
+    status = orchestrate(site.root, "status", "--profile", "profile.yaml", env=site.env)
+    assert status.returncode == 0, status.stderr
+    assert f"MLflow's run of round {closed.id} lacks its close" not in status.stdout
+    again = orchestrate(site.root, *args, env=site.env)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.strip().splitlines() == [
+        f"wrote reports/round-{closed.id}/report.html (round {closed.id})"
+    ], again.stdout
 
 
 def _ledger_agrees(ledger: Ledger) -> None:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from knobs.vocabulary import RoundStatus
 from orchestrator.cli.common import out
 from orchestrator.errors import OrchestrateError
 
@@ -17,6 +18,7 @@ if TYPE_CHECKING:
     from ledger.mlflow_sink import MlflowSink
     from orchestrator.display import RoundDisplay
     from orchestrator.profile import Profile
+    from orchestrator.report import Written
     from orchestrator.round import RoundReport
 
 
@@ -76,39 +78,73 @@ def write_round_report(
     """The round's report (``orchestrate report``), written at its end (or where it stopped
     short) and logged to its MLflow parent run (not without a ``sink``). A report that cannot
     be written is said in one line: the round's record is complete without it, and
-    ``orchestrate report`` writes it again. A round done in the ledger owes MLflow this close
-    till it is written (``round_close``): the next round writes it where it was not."""
-    from ledger import tsv_text
-    from orchestrator import left_open, round_close
-    from orchestrator.compared_with import tsv_notes
+    ``orchestrate report`` writes it again. A round done in the ledger owes MLflow this
+    close till it is written (``round_close``): ``orchestrate report`` or the next round writes
+    it where it was not (``settle_owed_close``)."""
     from orchestrator.crashpoints import crashpoint
     from orchestrator.report import write_report
-    from orchestrator.report.data import launchers, summary
 
     try:
         written = write_report(prof, ledger, rnd.id)
-        crashpoint("report.written")
-        run_id = rnd.mlflow_run_id
-        if run_id and sink is not None:
-            # the parent run at a glance: the round in numbers, its report, its results.tsv
-            # and the champion's launchers
-            sink.log_metrics(run_id, summary(written.data))
-            for path in (written.page, *written.pictures):
-                sink.log_files(run_id, {"report": path})
-            experiments = left_open.read(
-                prof.verdict, ledger, ledger.experiments(cluster=prof.cluster.name)
-            )
-            texts = {"results.tsv": tsv_text(experiments, tsv_notes(prof, ledger))}
-            champion = written.data.champion_config
-            if champion is not None:
-                for rank, script in launchers(prof, champion).items():
-                    texts[f"champion/node-{rank}.sh"] = script
-            sink.log_texts(run_id, texts)
-            round_close.written(ledger, prof.cluster.name, rnd.id)  # where it was owed
     except OrchestrateError as e:
         display.note(f"the round's report was not written: {e.message}")
         return None
+    crashpoint("report.written")
+    if rnd.mlflow_run_id and sink is not None:
+        try:
+            log_close(prof, ledger, sink, rnd, written)
+        except OrchestrateError as e:
+            display.note(still_owed(rnd, e))
     return written.page
+
+
+def still_owed(rnd: RoundRecord, e: OrchestrateError) -> str:
+    """Round ``rnd``'s close is not in MLflow (``e``: why): still owed, nothing lost; written
+    by ``orchestrate report`` or the next round where the round is done, else by its resume."""
+    by = (
+        f"`orchestrate report --round {rnd.id}` or the next `orchestrate round` writes them"
+        if rnd.status == RoundStatus.DONE
+        else "the round's resume writes them"
+    )
+    return (
+        f"round {rnd.id}'s report, results.tsv and numbers are not on its MLflow run yet "
+        f"({e.message}): still owed, nothing is lost (the ledger has them); {by}"
+    )
+
+
+def log_close(
+    prof: Profile, ledger: Ledger, sink: MlflowSink, rnd: RoundRecord, written: Written
+) -> None:
+    """Round ``rnd``'s close on its MLflow parent run: the round in numbers, its report
+    (``written``), its results.tsv and the champion's launchers; recorded as written where
+    it was owed (``round_close``).
+
+    Raises:
+        MlflowSinkError: MLflow failed (the close stays owed).
+    """
+    from ledger import tsv_text
+    from orchestrator import left_open, round_close
+    from orchestrator.compared_with import tsv_notes
+    from orchestrator.report.data import launchers, summary
+
+    run_id = rnd.mlflow_run_id
+    if not run_id:
+        return
+    # the parent run at a glance: the round in numbers, its report, its results.tsv and the
+    # champion's launchers
+    sink.log_metrics(run_id, summary(written.data))
+    for path in (written.page, *written.pictures):
+        sink.log_files(run_id, {"report": path})
+    experiments = left_open.read(
+        prof.verdict, ledger, ledger.experiments(cluster=prof.cluster.name)
+    )
+    texts = {"results.tsv": tsv_text(experiments, tsv_notes(prof, ledger))}
+    champion = written.data.champion_config
+    if champion is not None:
+        for rank, script in launchers(prof, champion).items():
+            texts[f"champion/node-{rank}.sh"] = script
+    sink.log_texts(run_id, texts)
+    round_close.written(ledger, prof.cluster.name, rnd.id)  # where it was owed
 
 
 def write_owed_closes(
@@ -118,29 +154,56 @@ def write_owed_closes(
     that closed it was killed as it wrote it, or MLflow did not answer then), written before
     a round starts, one line each: a parent run with the numbers of an earlier stop is not
     left so for good."""
-    from ledger import MlflowSinkError
     from orchestrator import round_close
 
     for round_id in round_close.owed(ledger, prof.cluster.name):
-        rnd = ledger.round(round_id)
-        try:
-            present = rnd.mlflow_run_id is not None and sink.run_state(rnd.mlflow_run_id)
-        except MlflowSinkError as e:  # still owed: the round's end, or the next, writes it
-            display.note(f"round {round_id}'s close is not in MLflow yet: {e.message}")
-            continue
-        if not present:
-            # in the store an earlier round logged to (``--new-mlflow-store``): not this one's
-            display.note(
-                f"round {round_id}'s close is not in MLflow, whose store here lacks its run: "
-                "the ledger keeps its numbers (`orchestrate report` draws them)"
-            )
-            round_close.written(ledger, prof.cluster.name, round_id)
-            continue
+        settle_owed_close(prof, ledger, sink, ledger.round(round_id), display)
+
+
+def settle_owed_close(
+    prof: Profile,
+    ledger: Ledger,
+    sink: MlflowSink,
+    rnd: RoundRecord,
+    display: RoundDisplay,
+    written: Written | None = None,
+) -> None:
+    """Round ``rnd``'s close, owed (``round_close.owed``), written to MLflow, in one line: the
+    one home of what is done with a close owed, for the next round's start
+    (``write_owed_closes``) and ``orchestrate report`` (``written``: the report it wrote,
+    logged as it is; else the report is written again). An MLflow away leaves it owed; a store
+    that lacks the round's run (a round logged to an earlier store, ``--new-mlflow-store``)
+    settles it: the ledger keeps its numbers."""
+    from ledger import MlflowSinkError
+    from orchestrator import round_close
+
+    try:
+        present = rnd.mlflow_run_id is not None and sink.run_state(rnd.mlflow_run_id)
+    except MlflowSinkError as e:  # still owed: the round's end, or the next, writes it
+        display.note(still_owed(rnd, e))
+        return
+    if not present:
+        # in the store an earlier round logged to (``--new-mlflow-store``): not this one's
         display.note(
-            f"round {round_id}'s report, results.tsv and numbers were not on its MLflow run "
-            "(its command stopped as it wrote them): writing them"
+            f"round {rnd.id}'s close is not in MLflow, whose store here lacks its run: "
+            "the ledger keeps its numbers (`orchestrate report` draws them)"
         )
+        round_close.written(ledger, prof.cluster.name, rnd.id)
+        return
+    lacked = (
+        f"round {rnd.id}'s report, results.tsv and numbers were not on its MLflow run "
+        "(its command stopped as it wrote them)"
+    )
+    if written is None:
+        display.note(f"{lacked}: writing them")
         write_round_report(prof, ledger, sink, rnd, display)
+        return
+    try:
+        log_close(prof, ledger, sink, rnd, written)
+    except MlflowSinkError as e:
+        display.note(still_owed(rnd, e))
+        return
+    display.note(f"{lacked}: written now")
 
 
 def print_report(report: RoundReport, as_json: bool, page: Path | None) -> None:

@@ -170,8 +170,8 @@ def say_nodes(console: Console, prof: Profile, seen: Seen, data: dict[str, Any],
     for round_id in seen.unclosed:
         console.print(
             f"MLflow's run of round {round_id} lacks its close (the round's numbers, report and "
-            "results.tsv: the command that closed it stopped as it wrote them): the next "
-            "`orchestrate round` writes them"
+            f"results.tsv: the command that closed it stopped as it wrote them): `orchestrate "
+            f"report --round {round_id}` or the next `orchestrate round` writes them"
         )
     others = "the cluster's other nodes'" if len(data["nodes"]) > 1 else "a node's usual"
     for node in data["nodes"]:
