@@ -22,6 +22,7 @@ from mlflow.tracking import MlflowClient
 
 from knobs.vocabulary import ProposalStatus
 from ledger import Ledger, LedgerError
+from orchestrator.stops import last_stop
 from tests.fixtures.cli import ORCHESTRATE, orchestrate
 from tests.fixtures.profiles import twin_profile_data, write_profile
 from tests.fixtures.wait import wait_until
@@ -189,6 +190,69 @@ def test_a_round_that_stops_short_writes_its_report_and_results_as_far_as_it_got
     assert len(rows) == 1 + len(decided) and rows[1].split("\t")[4] == "keep", rows
     logged = {a.path for a in client.list_artifacts(rnd.mlflow_run_id, "report")}
     assert "report/report.html" in logged, logged
+
+
+def test_a_round_whose_report_cannot_be_written_says_so_in_one_line_and_keeps_its_exit(
+    tmp_path: Path,
+) -> None:
+    """A round whose report could not be written (its folder under a file here; a full or
+    read-only disk alike) said only why, with no word of how it is written later. One line
+    now names the round, the folder, why, and the command that writes it once it can be
+    (nothing lost): at the round's end (exit 0) and where it stops short (exit 5, its stop
+    recorded and its line still the command's last)."""
+    data = twin_profile_data()
+    data["cells"] = data["cells"][:1]
+    data["verdict"] = {"policy": "threshold", "threshold_pct": 2.0, "infra_retries": 0}
+    profile = str(write_profile(tmp_path, data))
+    env = {
+        **os.environ,
+        "ORCHESTRATE_LEDGER": f"sqlite:///{tmp_path}/orchestrate.db",
+        "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db",
+    }
+    (tmp_path / "reports").write_text("a file where the reports' folder goes\n")
+    folder = tmp_path / "reports" / "round-1"
+
+    def said_of_the_report(out: str) -> str:
+        lines = [line for line in out.splitlines() if "round 1's report" in line]
+        assert len(lines) == 1, out
+        (line,) = lines
+        assert line.startswith(f"round 1's report was not written into {folder} ("), line
+        assert "it is under reports, a file" in line, line
+        assert "nothing of the round is lost" in line, line
+        assert "`orchestrate report --round 1` writes it" in line, line
+        return line
+
+    # the baseline, then the cap before the first candidate: the round's end, exit 0
+    capped = orchestrate(
+        tmp_path, "round", "--budget", "2", "--max-hours", "0.0001", "--profile", profile,
+        env=env, timeout=300,
+    )  # fmt: skip
+    assert capped.returncode == 0, capped.stderr
+    assert "Traceback" not in capped.stderr
+    said_of_the_report(capped.stdout)
+    # the head's port taken: stopped short, exit 5
+    with socket.socket() as squatter:
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        squatter.bind(("127.0.0.1", data["cluster"]["port"]))
+        squatter.listen()
+        stopped = orchestrate(
+            tmp_path, "round", "--budget", "2", "--max-hours", "10", "--profile", profile,
+            env=env, timeout=300,
+        )  # fmt: skip
+    assert stopped.returncode == 5, stopped.stderr
+    said = stopped.stderr.strip().splitlines()
+    errors = [line for line in said if line.startswith("Error:")]
+    assert len(errors) == 1 and said[-1] == errors[0], said
+    assert "Traceback" not in stopped.stderr
+    said_of_the_report(stopped.stdout)
+    assert "as far as it got" not in stopped.stdout
+    with Ledger(env["ORCHESTRATE_LEDGER"]) as ledger:
+        assert last_stop(ledger, "twin-local", 1) is not None
+    # the folder made writable: the command the line names writes it, the stop in it
+    (tmp_path / "reports").unlink()
+    report = orchestrate(tmp_path, "report", "--round", "1", "--profile", profile, env=env)
+    assert report.returncode == 0, report.stderr
+    assert "(exit 5)" in (folder / "report.html").read_text()
 
 
 def test_an_interrupted_round_writes_its_report_and_still_exits_130(tmp_path: Path) -> None:

@@ -77,17 +77,17 @@ def write_round_report(
 ) -> Path | None:
     """The round's report (``orchestrate report``), written at its end (or where it stopped
     short) and logged to its MLflow parent run (not without a ``sink``). A report that cannot
-    be written is said in one line: the round's record is complete without it, and
-    ``orchestrate report`` writes it again. A round done in the ledger owes MLflow this
+    be written is said in one line (``not_written``): the round's record is complete without
+    it, and ``orchestrate report`` writes it again. A round done in the ledger owes MLflow this
     close till it is written (``round_close``): ``orchestrate report`` or the next round writes
     it where it was not (``settle_owed_close``)."""
     from orchestrator.crashpoints import crashpoint
-    from orchestrator.report import write_report
+    from orchestrator.report import default_dir, write_report
 
     try:
         written = write_report(prof, ledger, rnd.id)
     except OrchestrateError as e:
-        display.note(f"the round's report was not written: {e.message}")
+        display.note(not_written(rnd.id, default_dir(rnd.id), e))
         return None
     crashpoint("report.written")
     if rnd.mlflow_run_id and sink is not None:
@@ -96,6 +96,17 @@ def write_round_report(
         except OrchestrateError as e:
             display.note(still_owed(rnd, e))
     return written.page
+
+
+def not_written(round_id: int, folder: Path, e: OrchestrateError) -> str:
+    """The one line of round ``round_id``'s report that could not be written into ``folder``
+    (``e``: why): what, where, and what writes it once it can be; nothing of the round is
+    lost, and the command's exit and last line stay the round's."""
+    return (
+        f"round {round_id}'s report was not written into {folder.absolute()} ({e.message}): "
+        "nothing of the round is lost (the ledger has it); once that folder can be written "
+        f"(or into another, with --out DIR), `orchestrate report --round {round_id}` writes it"
+    )
 
 
 def still_owed(rnd: RoundRecord, e: OrchestrateError) -> str:
