@@ -15,6 +15,7 @@ import sqlite3
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from matplotlib import image
@@ -140,15 +141,7 @@ def test_a_round_that_stops_short_writes_its_report_and_results_as_far_as_it_got
     ``orchestrate report`` was run. It writes it now, and results.tsv on its MLflow parent
     run, as far as it got, the stop among them; the stop's line is still the command's last
     word and its exit code the command's."""
-    data = twin_profile_data()
-    data["cells"] = data["cells"][:1]
-    data["verdict"] = {"policy": "threshold", "threshold_pct": 2.0, "infra_retries": 0}
-    profile = str(write_profile(tmp_path, data))
-    env = {
-        **os.environ,
-        "ORCHESTRATE_LEDGER": f"sqlite:///{tmp_path}/orchestrate.db",
-        "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db",
-    }
+    data, profile, env = _one_cell_twin(tmp_path)
     page = tmp_path / "reports" / "round-1" / "report.html"
     # the baseline, then the cap (0.36 s) before the first candidate: the round stays open
     capped = orchestrate(
@@ -160,14 +153,7 @@ def test_a_round_that_stops_short_writes_its_report_and_results_as_far_as_it_got
     assert page.exists(), capped.stdout
     shutil.rmtree(tmp_path / "reports")
 
-    with socket.socket() as squatter:
-        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        squatter.bind(("127.0.0.1", data["cluster"]["port"]))
-        squatter.listen()
-        stopped = orchestrate(
-            tmp_path, "round", "--budget", "2", "--max-hours", "10", "--profile", profile,
-            env=env, timeout=300,
-        )  # fmt: skip
+    stopped = _round_with_the_heads_port_taken(tmp_path, data, profile, env)
     assert stopped.returncode == 5, stopped.stderr
     said = stopped.stderr.strip().splitlines()
     errors = [line for line in said if line.startswith("Error:")]
@@ -200,15 +186,7 @@ def test_a_round_whose_report_cannot_be_written_says_so_in_one_line_and_keeps_it
     now names the round, the folder, why, and the command that writes it once it can be
     (nothing lost): at the round's end (exit 0) and where it stops short (exit 5, its stop
     recorded and its line still the command's last)."""
-    data = twin_profile_data()
-    data["cells"] = data["cells"][:1]
-    data["verdict"] = {"policy": "threshold", "threshold_pct": 2.0, "infra_retries": 0}
-    profile = str(write_profile(tmp_path, data))
-    env = {
-        **os.environ,
-        "ORCHESTRATE_LEDGER": f"sqlite:///{tmp_path}/orchestrate.db",
-        "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db",
-    }
+    data, profile, env = _one_cell_twin(tmp_path)
     (tmp_path / "reports").write_text("a file where the reports' folder goes\n")
     folder = tmp_path / "reports" / "round-1"
 
@@ -231,14 +209,7 @@ def test_a_round_whose_report_cannot_be_written_says_so_in_one_line_and_keeps_it
     assert "Traceback" not in capped.stderr
     said_of_the_report(capped.stdout)
     # the head's port taken: stopped short, exit 5
-    with socket.socket() as squatter:
-        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        squatter.bind(("127.0.0.1", data["cluster"]["port"]))
-        squatter.listen()
-        stopped = orchestrate(
-            tmp_path, "round", "--budget", "2", "--max-hours", "10", "--profile", profile,
-            env=env, timeout=300,
-        )  # fmt: skip
+    stopped = _round_with_the_heads_port_taken(tmp_path, data, profile, env)
     assert stopped.returncode == 5, stopped.stderr
     said = stopped.stderr.strip().splitlines()
     errors = [line for line in said if line.startswith("Error:")]
@@ -474,3 +445,33 @@ def _interrupted_when(
             proc.kill()
             proc.communicate()
     return proc.returncode, out, err
+
+
+def _one_cell_twin(tmp_path: Path) -> tuple[dict[str, Any], str, dict[str, str]]:
+    """A twin profile of one cell whose boots are not tried again for the infrastructure, and
+    the environment of its ledger and MLflow store in ``tmp_path``."""
+    data = twin_profile_data()
+    data["cells"] = data["cells"][:1]
+    data["verdict"] = {"policy": "threshold", "threshold_pct": 2.0, "infra_retries": 0}
+    profile = str(write_profile(tmp_path, data))
+    env = {
+        **os.environ,
+        "ORCHESTRATE_LEDGER": f"sqlite:///{tmp_path}/orchestrate.db",
+        "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db",
+    }
+    return data, profile, env
+
+
+def _round_with_the_heads_port_taken(
+    tmp_path: Path, data: dict[str, Any], profile: str, env: dict[str, str]
+) -> subprocess.CompletedProcess[str]:
+    """``orchestrate round`` while another process listens on the head's port: its boots
+    fail for the infrastructure's reason, and it stops short with exit 5."""
+    with socket.socket() as squatter:
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        squatter.bind(("127.0.0.1", data["cluster"]["port"]))
+        squatter.listen()
+        return orchestrate(
+            tmp_path, "round", "--budget", "2", "--max-hours", "10", "--profile", profile,
+            env=env, timeout=300,
+        )  # fmt: skip

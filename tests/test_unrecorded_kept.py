@@ -34,7 +34,7 @@ from tests.fixtures.profiles import small_twin_profile_data, write_profile
 from tests.test_ledger import FILL_DISK
 from tests.test_ledger_outage import bring_back, take_away
 from tests.test_round_policy import ScriptedTestbed
-from tests.test_unrecorded_stop import AwayInCell, _resumed
+from tests.test_unrecorded_stop import LEDGER_HERE, NIGHT, AwayInCell, _resumed
 
 if TYPE_CHECKING:
     from ledger.mlflow_sink import MlflowSink
@@ -49,18 +49,13 @@ from ledger import Ledger, LedgerError
 from orchestrator.outages import through_ledger_outages
 from orchestrator.unrecorded import kept_on_stop
 copy, cluster = sys.argv[1], sys.argv[2]
-said = {}
-url = "sqlite:///" + os.path.abspath("orchestrate.db")
-def create(ledger, cluster, name="p"):
-    return ledger.create_round(cluster=cluster, profile_name=name, profile_digest="d", budget=1,
-                               proposer="optuna", approve="auto", seed=0)
-with Ledger(url) as ledger:
+said = {}"""
+    + LEDGER_HERE
+    + """with Ledger(url) as ledger:
     create(ledger, cluster)"""
     + FILL_DISK
-    + """    def night():  # until a page more is needed than the disk has
-        for i in range(64):
-            create(ledger, f"other{i}", "p" * 4000)
-    try:
+    + NIGHT
+    + """    try:
         with kept_on_stop(url, cluster) as stopping:
             stopping.keeps = True
             stopping.opened(ledger)  # as the round's command does, once the ledger opened

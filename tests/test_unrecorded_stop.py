@@ -232,6 +232,20 @@ def test_a_postgresql_ledger_away_past_the_last_wait_keeps_the_stop_and_the_cell
         assert "the ledger records now the stop it could not take" in said.getvalue()
 
 
+#: A script's ledger, in the folder it runs in, and how it creates a round (the scripts below
+#: and ``test_unrecorded_kept``'s).
+LEDGER_HERE = """
+url = "sqlite:///" + os.path.abspath("orchestrate.db")
+def create(ledger, cluster, name="p"):
+    return ledger.create_round(cluster=cluster, profile_name=name, profile_digest="d", budget=1,
+                               proposer="optuna", approve="auto", seed=0)
+"""
+#: A script's night that needs a page more than the full disk has (after ``FILL_DISK``).
+NIGHT = """    def night():  # until a page more is needed than the disk has
+        for i in range(64):
+            create(ledger, f"other{i}", "p" * 4000)
+"""
+
 #: In a tmpfs of 1 MiB: a round; the disk filled; a round's command whose writes find it full
 #: past the last wait; the disk freed; the next command's fold.
 _STILL_FULL = (
@@ -241,18 +255,13 @@ from ledger import Ledger, LedgerError
 from knobs.vocabulary import EventKind
 from orchestrator.outages import through_ledger_outages
 from orchestrator.unrecorded import Stopping, found, kept_on_stop
-said = {}
-url = "sqlite:///" + os.path.abspath("orchestrate.db")
-def create(ledger, cluster, name="p"):
-    return ledger.create_round(cluster=cluster, profile_name=name, profile_digest="d", budget=1,
-                               proposer="optuna", approve="auto", seed=0)
-with Ledger(url) as ledger:
+said = {}"""
+    + LEDGER_HERE
+    + """with Ledger(url) as ledger:
     create(ledger, "c")"""
     + FILL_DISK
-    + """    def night():  # until a page more is needed than the disk has
-        for i in range(64):
-            create(ledger, f"other{i}", "p" * 4000)
-    waits = []
+    + NIGHT
+    + """    waits = []
     try:
         with kept_on_stop(url, "c") as stopping:
             stopping.keeps, stopping.round_id = True, 1
